@@ -1,0 +1,34 @@
+"""planner: Parquet footers in, each epoch's plan as small tables out.
+
+Pure planning: reads Parquet metadata only, never token data (except to count a
+row group whose footer lacks statistics), and never imports torch or plitzer.
+
+>>> import planner
+>>> planner.permutation(4, planner.key(7, 0, 1)).tolist()
+[0, 3, 1, 2]
+"""
+
+from planner._hash import key, mix, permutation
+from planner.errors import CheckpointError, ConfigError, DataError, PlitzerError, StorageError
+from planner.index import Index, cache_dir, index
+from planner.plan import EpochPlan, Plan, PlanSettings, lane_of, plan, plan_epoch
+
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "DataError",
+    "EpochPlan",
+    "Index",
+    "Plan",
+    "PlanSettings",
+    "PlitzerError",
+    "StorageError",
+    "cache_dir",
+    "index",
+    "key",
+    "lane_of",
+    "mix",
+    "permutation",
+    "plan",
+    "plan_epoch",
+]

@@ -1,0 +1,34 @@
+"""plitzer: a deterministic, resumable loader for pre-tokenized Parquet.
+
+>>> import plitzer
+>>> sorted(n for n in ("Loader", "merge", "plan") if hasattr(plitzer, n))
+['Loader', 'merge', 'plan']
+"""
+
+from planner import index, plan
+from plitzer import synth
+from plitzer.batch import Batch, Tokens
+from plitzer.errors import CheckpointError, ConfigError, DataError, PlitzerError, StorageError
+from plitzer.loader import Loader, LoaderSettings
+from plitzer.state import load_checkpoint, merge, save_checkpoint
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Batch",
+    "CheckpointError",
+    "ConfigError",
+    "DataError",
+    "Loader",
+    "LoaderSettings",
+    "PlitzerError",
+    "StorageError",
+    "Tokens",
+    "__version__",
+    "index",
+    "load_checkpoint",
+    "merge",
+    "plan",
+    "save_checkpoint",
+    "synth",
+]

@@ -1,0 +1,202 @@
+"""A batch: one step's sequences for one rank, with their document boundaries.
+
+``batch.tokens`` is a ``(lanes // world, seq_len)`` array that leaves the loader
+without a copy through DLPack (``np.from_dlpack``, ``torch.from_dlpack``) and the
+Arrow PyCapsule interface (``pyarrow.array(batch.tokens)`` is a FixedSizeList
+array of length ``seq_len``). Document boundaries (for varlen attention) and
+provenance (which source documents a row holds) are computed only when asked,
+from the packer's bookkeeping, never by re-reading data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+from numpy.typing import NDArray
+
+from plitzer.pack import PackedWindow
+
+__all__ = ["Batch", "Tokens"]
+
+Piece = tuple[PackedWindow, int, int]
+Locate = Callable[[NDArray[np.int64]], tuple[list[str], NDArray[np.int64], NDArray[np.int64]]]
+
+
+class Tokens:
+    """A 2-D token array that exports itself through DLPack and Arrow, zero-copy.
+
+    >>> import numpy as np, pyarrow as pa
+    >>> t = Tokens(np.arange(6, dtype=np.int32).reshape(2, 3))
+    >>> np.from_dlpack(t).shape, pa.array(t).type
+    ((2, 3), FixedSizeListType(fixed_size_list<item: int32>[3]))
+    """
+
+    __slots__ = ("_array",)
+
+    def __init__(self, array: NDArray[Any]) -> None:
+        self._array = array
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._array.shape
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self._array.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self._array.ndim
+
+    def __len__(self) -> int:
+        return len(self._array)
+
+    def __getitem__(self, item: Any) -> Any:
+        return self._array[item]
+
+    def __repr__(self) -> str:
+        return f"Tokens(shape={self.shape}, dtype={self.dtype})"
+
+    def numpy(self) -> NDArray[Any]:
+        """The array itself (no copy)."""
+        return self._array
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> NDArray[Any]:
+        if dtype is not None and np.dtype(dtype) != self._array.dtype:
+            return self._array.astype(dtype)
+        return self._array.copy() if copy else self._array
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._array.__dlpack_device__()  # type: ignore[no-any-return]
+
+    def __arrow_c_array__(self, requested_schema: object | None = None) -> tuple[object, object]:
+        rows, width = self._array.shape
+        flat = pa.array(self._array.reshape(-1))  # a view: numpy memory is shared
+        fsl = pa.FixedSizeListArray.from_arrays(flat, width)
+        return fsl.__arrow_c_array__(requested_schema)  # type: ignore[no-any-return]
+
+
+@dataclass(eq=False)
+class Batch:
+    """One step's rows for one rank.
+
+    Attributes
+    ----------
+    tokens : Tokens
+        ``(rows, seq_len)`` tokens (int32, or uint32 for uint32 data).
+    step : int
+        Global step (counted from 0 over the whole run).
+    epoch : int
+        Epoch label: ``floor(step * lanes * seq_len / dataset_tokens)``.
+    lanes : range
+        The global lane of each row.
+    """
+
+    tokens: Tokens
+    step: int
+    epoch: int
+    lanes: range
+    _pieces: list[list[Piece]] = field(repr=False)
+    _locate: Locate = field(repr=False)
+    _segments: tuple[NDArray[np.int64], ...] | None = field(default=None, repr=False)
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.tokens.shape[1])
+
+    def _segs(self) -> tuple[NDArray[np.int64], ...]:
+        """Per document piece: row, length, source id, offset in the document, epoch, window.
+
+        One ``searchsorted`` and a few slices per (row, window) piece, whole-array
+        work inside it; empty documents are left out (they hold no token).
+        """
+        if self._segments is None:
+            parts: list[list[NDArray[np.int64]]] = [[], [], [], [], [], []]
+            for r, pieces in enumerate(self._pieces):
+                for w, a, b in pieces:
+                    i0 = int(np.searchsorted(w.doc_end, a, side="right"))
+                    i1 = int(np.searchsorted(w.doc_end, b, side="left")) + 1
+                    ends = w.doc_end[i0:i1]
+                    doc_starts = np.empty(len(ends), np.int64)
+                    doc_starts[1:] = ends[:-1]
+                    doc_starts[:1] = w.doc_end[i0 - 1] if i0 > 0 else 0
+                    lo = np.maximum(doc_starts, a)
+                    length = np.minimum(ends, b) - lo
+                    keep = length > 0
+                    n = int(keep.sum())
+                    parts[0].append(np.full(n, r, np.int64))
+                    parts[1].append(length[keep])
+                    parts[2].append(w.doc_id[i0:i1][keep])
+                    parts[3].append((lo - doc_starts)[keep])
+                    parts[4].append(np.full(n, w.epoch, np.int64))
+                    parts[5].append(np.full(n, w.window, np.int64))
+            self._segments = tuple(
+                np.concatenate(p) if p else np.zeros(0, np.int64) for p in parts
+            )
+        return self._segments
+
+    def _spans(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        """Per piece: row, start in the row, length."""
+        rows, lengths = self._segs()[:2]
+        cu = np.cumsum(lengths) - lengths
+        return rows, cu - rows * self.seq_len, lengths
+
+    @property
+    def doc_lengths(self) -> list[NDArray[np.int64]]:
+        """Per row, the lengths of the document pieces it holds, in order (sum = seq_len)."""
+        rows, _, lengths = self._spans()
+        cuts = np.searchsorted(rows, np.arange(1, len(self._pieces)))
+        return list(np.split(lengths, cuts))
+
+    @property
+    def cu_seqlens(self) -> NDArray[np.int32]:
+        """Cumulative piece lengths over the flattened batch, from 0 to rows*seq_len (int32)."""
+        _, _, lengths = self._spans()
+        return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+
+    @property
+    def max_seqlen(self) -> int:
+        _, _, lengths = self._spans()
+        return int(lengths.max()) if len(lengths) else 0
+
+    @property
+    def position_ids(self) -> NDArray[np.int32]:
+        """``(rows, seq_len)`` positions that restart at 0 at every document start."""
+        _, _, lengths = self._spans()
+        cu = np.concatenate([[0], np.cumsum(lengths)])
+        total = int(cu[-1])
+        pos = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1], lengths)
+        return pos.astype(np.int32).reshape(self.tokens.shape)
+
+    def documents(self) -> pl.DataFrame:
+        """The source of every piece of every row.
+
+        Columns: batch_row, lane, start (in the row), length, file, row_group,
+        row (in the row group), token_offset (in the document), epoch, window.
+        """
+        rows, start, length = self._spans()
+        _, _, ids, offset, epoch, window = self._segs()
+        files, row_group, row = self._locate(ids)
+        lanes = np.arange(self.lanes.start, self.lanes.stop, dtype=np.int64)
+        return pl.DataFrame(
+            {
+                "batch_row": rows,
+                "lane": lanes[rows],
+                "start": start,
+                "length": length,
+                "file": pl.Series(files, dtype=pl.String),
+                "row_group": row_group,
+                "row": row,
+                "token_offset": offset,
+                "epoch": epoch,
+                "window": window,
+            }
+        )

@@ -1,0 +1,413 @@
+"""The Loader: one rank's view of the global batch, step by step, resumable.
+
+Each of the rank's lanes has a cursor: the unit (epoch, window) it is in and its
+position in that unit's packed stream. A step takes ``seq_len`` tokens from every
+lane, moving a lane to the next unit when its slice runs out, so lanes drift
+apart by whole documents but never lose or repeat a token. Units that every lane
+has left are released; the scanner reads the next ones ahead, within ``budget``.
+
+The loader owns the step, the epoch edge (the epoch label of step ``t`` is
+``floor(t * lanes * seq_len / T)``) and the state; ``checkpoint`` writes each
+lane's position, which does not depend on the number of ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from planner.errors import CheckpointError, ConfigError, DataError
+from planner.index import Index, ensure_index
+from planner.plan import Plan, PlanSettings, _check_int
+from plitzer import state as ckpt
+from plitzer.batch import Batch, Piece, Tokens
+from plitzer.pack import PackedWindow
+from plitzer.scan import Scanner, unit_estimate
+
+__all__ = ["Loader", "LoaderSettings"]
+
+# A lane that gets no token for this many epochs of windows in a row will not get
+# one: its share of every window holds no document start (docs/design.md).
+_STARVED_EPOCHS = 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoaderSettings:
+    """Every setting of a Loader; each checks itself and names the fix."""
+
+    seed: int = 0
+    lanes: int = 512
+    window: int = 64
+    seq_len: int = 2048
+    budget: int = 8 << 30
+    rank: int = 0
+    world: int = 1
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        PlanSettings(seed=self.seed, lanes=self.lanes, window=self.window, world=self.world)
+        _check_int("seq_len", self.seq_len, 1, "seq_len is the tokens per sequence, e.g. 2048")
+        _check_int("budget", self.budget, 1, "budget is bytes of decoded tokens to hold, e.g. 8 << 30")
+        _check_int("rank", self.rank, 0, "rank is this process's index, 0..world-1")
+        if self.rank >= self.world:
+            msg = f"rank={self.rank} is out of range for world={self.world}; use a rank in 0..{self.world - 1}"
+            raise ConfigError(msg)
+        if self.threads is not None:
+            _check_int("threads", self.threads, 1, "threads decode row groups in parallel")
+
+
+class Loader:
+    """Deterministic, resumable batches of full sequences for one rank.
+
+    Parameters
+    ----------
+    source : str, PathLike, list, or planner.Index
+        Local folder or file, ``s3://bucket/prefix``, or a list of these.
+    seed, lanes, window, seq_len, budget, rank, world :
+        See docs/usage.md. ``lanes`` must be divisible by ``world``.
+    column : str, optional
+        Token column (default: the single ``list<int32|uint32>`` column).
+    storage_options : dict, optional
+        S3 settings (``endpoint``, ``region``, ``key``, ``secret``).
+    threads : int, optional
+        Decoding threads (default: the number of CPUs).
+
+    Examples
+    --------
+    >>> import plitzer, plitzer.synth, tempfile, numpy as np
+    >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=100_000, seed=0)
+    >>> loader = plitzer.Loader(d, seed=0, lanes=8, window=4, seq_len=128)
+    >>> batch = next(iter(loader))
+    >>> np.from_dlpack(batch.tokens).shape, batch.step, loader.step
+    ((8, 128), 0, 1)
+    >>> state = loader.checkpoint()
+    >>> other = plitzer.Loader(d, seed=0, lanes=8, window=4, seq_len=128, world=2, rank=1)
+    >>> other.resume(state)
+    >>> np.array_equal(next(iter(other)).tokens[:], next(iter(loader)).tokens[4:])
+    True
+    """
+
+    def __init__(
+        self,
+        source: Index | str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        seed: int = 0,
+        lanes: int = 512,
+        window: int = 64,
+        seq_len: int = 2048,
+        budget: int = 8 << 30,
+        rank: int = 0,
+        world: int = 1,
+        column: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        threads: int | None = None,
+    ) -> None:
+        self.settings = s = LoaderSettings(
+            seed=seed,
+            lanes=lanes,
+            window=window,
+            seq_len=seq_len,
+            budget=budget,
+            rank=rank,
+            world=world,
+            threads=threads,
+        )
+        self.index = ensure_index(source, column=column, storage_options=storage_options)
+        self.plan = Plan(self.index, PlanSettings(seed=seed, lanes=lanes, window=window, world=world))
+        self.tokens = self.plan.tokens
+        if self.tokens == 0:
+            msg = f"dataset {self.index.source!r} has no tokens (every document is empty); nothing to train on"
+            raise DataError(msg)
+        if self.tokens < lanes:
+            msg = (
+                f"lanes={lanes} exceeds the dataset's {self.tokens} tokens: some lanes could never "
+                "receive a document. Lower lanes (or use more data)"
+            )
+            raise ConfigError(msg)
+        frame = self.index.frame
+        need = _budget_floor(frame["tokens"].to_numpy(), frame["rows"].to_numpy(), window)
+        if budget < need:
+            msg = (
+                f"budget={budget:,} bytes cannot hold one window: up to {need:,} bytes (the "
+                f"{window} largest row groups, decoded and packed). Raise budget to at least "
+                f"{need:,}, or lower window"
+            )
+            raise ConfigError(msg)
+        per = lanes // world
+        self.rank_lanes = range(rank * per, (rank + 1) * per)
+        self._dtype = np.dtype(self.index.dtype)
+        self._doc_base = np.cumsum(frame["rows"].to_numpy()) - frame["rows"].to_numpy()
+        self._files = frame["file"].to_numpy()
+        self._row_groups = frame["row_group"].to_numpy()
+        self._scanner = Scanner(self.plan, rank=rank, budget=budget, threads=threads or os.cpu_count() or 2)
+        self._pid = os.getpid()
+        self._lock = threading.RLock()
+        self._set_positions(0, np.array([[k, 0, 0, 0, 0] for k in self.rank_lanes], dtype=np.int64))
+
+    # -- state -----------------------------------------------------------------
+
+    @property
+    def config(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "seed": s.seed,
+            "lanes": s.lanes,
+            "seq_len": s.seq_len,
+            "window": s.window,
+            "column": self.index.column,
+            "dtype": self.index.dtype,
+            "fingerprint": self.index.fingerprint,
+        }
+
+    @property
+    def step(self) -> int:
+        """Global step of the next batch."""
+        return self._step
+
+    @property
+    def epoch(self) -> int:
+        """Epoch label of the next batch."""
+        return self._step * self.settings.lanes * self.settings.seq_len // self.tokens
+
+    def __len__(self) -> int:
+        """Batches left in the current epoch."""
+        s = self.settings
+        per_step = s.lanes * s.seq_len
+        end = -(-(self.epoch + 1) * self.tokens // per_step)
+        return end - self._step
+
+    @property
+    def held_bytes(self) -> int:
+        """Decoded bytes held now (prefetched and queued)."""
+        return self._scanner.held_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        """Most decoded bytes held at once since construction."""
+        return self._scanner.peak_bytes
+
+    @property
+    def reads(self) -> int:
+        """Row groups read so far (one ranged read each)."""
+        return self._scanner.rows_read
+
+    def _set_positions(self, step: int, positions: NDArray[np.int64]) -> None:
+        nw = self.plan.windows
+        self._step = step
+        bad = positions[:, 2] >= nw
+        if bad.any():
+            w = int(positions[bad][0, 2])
+            msg = f"checkpoint position window {w} is out of range: the dataset has {nw} windows per epoch"
+            raise CheckpointError(msg)
+        self._unit = [int(e) * nw + int(w) for _, e, w, _, _ in positions]
+        self._pending: list[tuple[int, int] | None] = [(int(j), int(o)) for *_, j, o in positions]
+        self._win: list[PackedWindow | None] = [None] * len(positions)
+        self._pos = [0] * len(positions)
+        self._end = [0] * len(positions)
+        self._scanner.reset(min(self._unit))
+
+    def _enter(self, i: int) -> PackedWindow:
+        """Load lane ``i``'s current unit and place its cursor."""
+        w = self._scanner.get(self._unit[i])
+        start, end = int(w.lane_start[i]), int(w.lane_start[i + 1])
+        pos = start
+        pending = self._pending[i]
+        if pending is not None:
+            j, o = pending
+            self._pending[i] = None
+            d0, d1 = int(w.lane_doc[i]), int(w.lane_doc[i + 1])
+            if j > d1 - d0 or (j == d1 - d0 and o > 0):
+                msg = (
+                    f"checkpoint position of lane {self.rank_lanes[i]} (document {j}, offset {o}) "
+                    f"is past its slice of {d1 - d0} documents in epoch {w.epoch} window {w.window}: "
+                    "the checkpoint does not belong to this dataset or settings"
+                )
+                raise CheckpointError(msg)
+            if j < d1 - d0:
+                ds = w.doc_start(d0 + j, i)
+                if o > int(w.doc_end[d0 + j]) - ds:
+                    msg = f"checkpoint offset {o} of lane {self.rank_lanes[i]} is past the end of its document"
+                    raise CheckpointError(msg)
+                pos = ds + o
+            else:
+                pos = end
+        self._win[i], self._pos[i], self._end[i] = w, pos, end
+        return w
+
+    def checkpoint(self) -> bytes:
+        """This rank's state: its lanes' positions before the next batch."""
+        self._check_fork()
+        rows = []
+        nw = self.plan.windows
+        for i, k in enumerate(self.rank_lanes):
+            e, w = divmod(self._unit[i], nw)
+            win = self._win[i]
+            if win is None:
+                j, o = self._pending[i] or (0, 0)
+            else:
+                d0, d1 = int(win.lane_doc[i]), int(win.lane_doc[i + 1])
+                pos = self._pos[i]
+                # The document holding the next token: the first whose end is past pos.
+                j = int(np.searchsorted(win.doc_end[d0:d1], pos, side="right"))
+                o = pos - win.doc_start(d0 + j, i) if j < d1 - d0 else 0
+            rows.append([k, e, w, j, o])
+        return ckpt.encode(ckpt.State(self.config, self._step, np.array(rows, dtype=np.int64)))
+
+    def resume(self, state: bytes) -> None:
+        """Continue from a checkpoint taken at any world size.
+
+        ``state`` is a merged global checkpoint, or any part that covers this
+        rank's lanes. A checkpoint of other settings or another dataset is
+        refused with every differing field.
+        """
+        self._check_fork()
+        st = ckpt.decode(state)
+        diffs = ckpt.diff_config(st.config, self.config)
+        if diffs:
+            msg = "checkpoint does not match this loader: " + "; ".join(diffs)
+            raise CheckpointError(msg)
+        lanes = st.positions[:, 0]
+        idx = np.searchsorted(lanes, np.arange(self.rank_lanes.start, self.rank_lanes.stop))
+        ok = (idx < len(lanes)) & (lanes[np.minimum(idx, len(lanes) - 1)] == np.arange(self.rank_lanes.start, self.rank_lanes.stop))
+        if not ok.all():
+            missing = np.arange(self.rank_lanes.start, self.rank_lanes.stop)[~ok]
+            msg = (
+                f"checkpoint lacks lanes {missing[:10].tolist()} of rank {self.settings.rank}; "
+                "resume from plitzer.merge(parts of every rank)"
+            )
+            raise CheckpointError(msg)
+        with self._lock:
+            self._set_positions(st.step, st.positions[idx])
+
+    # -- iteration ---------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Batch]:
+        """The rest of the current epoch; the next loop gives the next epoch."""
+        epoch = self.epoch
+        while self.epoch == epoch:
+            yield self.next_batch()
+
+    def next_batch(self) -> Batch:
+        """The batch of the next step, whatever its epoch."""
+        self._check_fork()
+        with self._lock:
+            return self._next_batch()
+
+    def _next_batch(self) -> Batch:
+        length = self.settings.seq_len
+        n = len(self.rank_lanes)
+        out = np.empty((n, length), dtype=self._dtype)
+        pieces: list[list[Piece]] = []
+        win, pos, end, unit = self._win, self._pos, self._end, self._unit
+        for i in range(n):
+            row: list[Piece] = []
+            w = win[i]
+            if w is None:
+                w = self._enter(i)
+            p, e = pos[i], end[i]
+            col = 0
+            dry = 0
+            while col < length:
+                if p == e:
+                    dry += 1
+                    if dry > _STARVED_EPOCHS * self.plan.windows:
+                        self._starved(i)
+                    unit[i] += 1
+                    w = self._enter(i)
+                    p, e = pos[i], end[i]
+                    continue
+                t = min(e - p, length - col)
+                out[i, col : col + t] = w.flat[p : p + t]
+                row.append((w, p, p + t))
+                p += t
+                col += t
+            pieces.append(row)
+            if p == e:
+                # The slice is used up: the lane's position is the next window's start.
+                unit[i] += 1
+                win[i] = None
+                self._pending[i] = None
+            else:
+                pos[i] = p
+        self._scanner.release_before(min(unit))
+        step = self._step
+        self._step += 1
+        s = self.settings
+        return Batch(
+            tokens=Tokens(out),
+            step=step,
+            epoch=step * s.lanes * s.seq_len // self.tokens,
+            lanes=self.rank_lanes,
+            _pieces=pieces,
+            _locate=self._locate,
+        )
+
+    def _starved(self, i: int) -> None:
+        s = self.settings
+        msg = (
+            f"lane {self.rank_lanes[i]} received no token in {_STARVED_EPOCHS * self.plan.windows} "
+            f"windows in a row ({_STARVED_EPOCHS} epochs): windows of {s.window} row groups hold too few documents for "
+            f"lanes={s.lanes}, since a lane gets the documents that start in its 1/{s.lanes} of a "
+            "window. Raise window or lower lanes"
+        )
+        raise DataError(msg)
+
+    def _locate(self, doc_ids: NDArray[np.int64]) -> tuple[list[str], NDArray[np.int64], NDArray[np.int64]]:
+        rg = np.searchsorted(self._doc_base, doc_ids, side="right") - 1
+        return (
+            self._files[rg].tolist(),
+            self._row_groups[rg].astype(np.int64),
+            (doc_ids - self._doc_base[rg]).astype(np.int64),
+        )
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def _check_fork(self) -> None:
+        if os.getpid() != self._pid:
+            msg = (
+                "this Loader was created in another process and its reader threads did not "
+                "survive fork(); create the Loader in the process that uses it (with PyTorch: "
+                "num_workers=0)"
+            )
+            raise RuntimeError(msg)
+
+    def close(self) -> None:
+        """Stop the reader threads and free every buffer."""
+        self._scanner.close()
+        self._win = [None] * len(self._win)
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        scanner = getattr(self, "_scanner", None)
+        if scanner is not None and getattr(self, "_pid", None) == os.getpid():
+            scanner.close()
+
+    def __repr__(self) -> str:
+        s = self.settings
+        return (
+            f"Loader(step={self._step}, epoch={self.epoch}, lanes={s.lanes}, seq_len={s.seq_len}, "
+            f"window={s.window}, rank={s.rank}, world={s.world}, tokens={self.tokens:,})"
+        )
+
+
+def _budget_floor(tokens: NDArray[np.int64], rows: NDArray[np.int64], window: int) -> int:
+    """Bytes one worst-case window can need: its W largest row groups, decoded and packed.
+
+    Any epoch may put the W largest row groups in one window, so this bound holds
+    for every epoch and every rank; checking it once means no window fails later.
+    """
+    per = unit_estimate(tokens.astype(np.int64), rows.astype(np.int64))  # type: ignore[arg-type]
+    if len(per) <= window:
+        return int(per.sum())
+    return int(np.partition(per, len(per) - window)[-window:].sum())

@@ -1,0 +1,228 @@
+"""The scanner: reads a rank's planned row groups, window by window, ahead of use.
+
+A *unit* is one window of one epoch, numbered ``epoch * windows + window``: the
+sequence every rank walks through. For each unit the scanner takes the rank's
+reads from the plan (the same arrays ``Plan.reads`` shows), issues one ranged
+read per row group and decodes it in a thread pool (pyarrow releases the GIL),
+then packs the unit's lanes (``plitzer.pack``) in the same pool.
+
+Memory: ``budget`` caps the decoded bytes held. A unit is charged its estimate
+(decoded row groups plus the packed copy, from the footers) when its reads are
+started, and its real size once packed; it is released when every lane of the
+rank has moved past it. Units are started strictly in order, only while the
+charge fits, so a later unit never delays an earlier one and the consumer never
+waits on a read the budget allowed to start earlier. At most ``ahead`` units
+past the furthest one in use are started early. A unit the consumer needs
+*now* is always started, even past the budget (that happens only when lanes
+drift apart by more windows than the budget holds; ``peak_bytes`` shows it).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from planner.index import Index, check_no_null_tokens
+from planner.plan import Plan
+from plitzer.pack import PackedWindow, pack_window
+
+__all__ = ["Scanner", "unit_estimate"]
+
+
+def unit_estimate(tokens: Any, rows: Any) -> Any:
+    """Bytes charged while a unit is read and packed: decoded plus packed copy."""
+    return (4 * tokens + 8 * rows) + (4 * tokens + 16 * rows)
+
+
+@dataclass(eq=False)
+class _Unit:
+    unit: int
+    future: Future[PackedWindow]
+    charge: int
+    chunks: list[pa.Array | None] = field(default_factory=list)
+    left: int = 0
+
+
+class Scanner:
+    """Reads and packs units for one rank, in order, within a byte budget."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        rank: int,
+        budget: int,
+        threads: int,
+        ahead: int = 2,
+    ) -> None:
+        self.plan = plan
+        self.index: Index = plan.dataset
+        s = plan.settings
+        per = s.lanes // s.world
+        self.rank = rank
+        self.rank_lanes = range(rank * per, (rank + 1) * per)
+        self.budget = budget
+        self.windows = plan.windows
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="plitzer-scan")
+        self._lock = threading.Lock()
+        self._units: dict[int, _Unit] = {}
+        self._next = 0
+        self._released = 0
+        self._wanted = 0
+        self.ahead = ahead
+        self.held_bytes = 0
+        self.peak_bytes = 0
+        self.rows_read = 0
+        self.bytes_read = 0
+        f = self.index.frame
+        self._tokens = f["tokens"].to_numpy()
+        self._rows = f["rows"].to_numpy()
+        self._doc_base = np.cumsum(self._rows) - self._rows
+        self._dtype = np.dtype(self.index.dtype)
+        self._closed = False
+
+    # -- scheduling (consumer thread only) ---------------------------------------
+
+    def reset(self, unit: int) -> None:
+        """Forget every unit and start again at ``unit`` (after a resume)."""
+        with self._lock:
+            for u in self._units.values():
+                u.future.cancel()
+            self._units.clear()
+            self.held_bytes = 0
+        self._next = unit
+        self._released = unit
+        self._wanted = unit
+
+    def _reads(self, unit: int) -> tuple[int, int, np.ndarray, np.ndarray]:
+        epoch, window = divmod(unit, self.windows)
+        ep = self.plan.epoch(epoch)
+        positions = ep.reads_of(window, self.rank)
+        return epoch, window, ep.order[positions], ep.token_start[positions]
+
+    def _estimate(self, unit: int) -> int:
+        _, _, rgs, _ = self._reads(unit)
+        return unit_estimate(int(self._tokens[rgs].sum()), int(self._rows[rgs].sum()))
+
+    def _start(self, unit: int, charge: int) -> None:
+        epoch, window, rgs, starts = self._reads(unit)
+        fut: Future[PackedWindow] = Future()
+        u = _Unit(unit=unit, future=fut, charge=charge, chunks=[None] * len(rgs), left=len(rgs))
+        self._units[unit] = u
+        with self._lock:
+            self.held_bytes += charge
+            self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+        token_start = [int(x) for x in starts]
+        doc_base = [int(self._doc_base[g]) for g in rgs]
+        window_tokens = int(self.plan.epoch(epoch).window_tokens[window])
+
+        def pack() -> None:
+            try:
+                chunks = [c for c in u.chunks if c is not None]
+                u.chunks = []
+                pw = pack_window(
+                    chunks,
+                    token_start,
+                    doc_base,
+                    window_tokens=window_tokens,
+                    lanes=self.plan.settings.lanes,
+                    rank_lanes=self.rank_lanes,
+                    seed=self.plan.settings.seed,
+                    epoch=epoch,
+                    window=window,
+                    unit=unit,
+                    dtype=self._dtype,
+                )
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer
+                fut.set_exception(e)
+                return
+            with self._lock:
+                if unit in self._units:
+                    self.held_bytes += pw.nbytes - u.charge
+                    u.charge = pw.nbytes
+            fut.set_result(pw)
+
+        if not len(rgs):
+            self._pool.submit(pack)
+            return
+
+        def read(i: int, g: int) -> None:
+            if fut.done():
+                return
+            try:
+                arr = self.index.read_chunk(g)
+                row = self.index.frame.row(g, named=True)
+                check_no_null_tokens(arr, self.index.location(row["file_index"], row["row_group"]))
+                if len(arr) != row["rows"]:
+                    from planner.errors import DataError
+
+                    msg = (
+                        f"{self.index.location(row['file_index'], row['row_group'])}: decoded "
+                        f"{len(arr)} rows but the footer says {row['rows']}; the file is damaged"
+                    )
+                    raise DataError(msg)
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer
+                if not fut.done():
+                    fut.set_exception(e)
+                return
+            with self._lock:
+                u.chunks[i] = arr
+                u.left -= 1
+                last = u.left == 0
+                self.rows_read += 1
+                self.bytes_read += int(self.index.frame["byte_length"][g])
+            if last:
+                pack()
+
+        for i, g in enumerate(rgs.tolist()):
+            self._pool.submit(read, i, g)
+
+    def _prefetch(self) -> None:
+        while self._next <= self._wanted + self.ahead:
+            est = self._estimate(self._next)
+            with self._lock:
+                fits = self.held_bytes + est <= self.budget
+            if not fits:
+                return
+            self._start(self._next, est)
+            self._next += 1
+
+    def get(self, unit: int) -> PackedWindow:
+        """The packed unit, waiting for it if needed; starts later units as budget allows."""
+        if self._closed:
+            msg = "the loader is closed"
+            raise RuntimeError(msg)
+        self._wanted = max(self._wanted, unit)
+        while self._next <= unit:
+            self._start(self._next, self._estimate(self._next))
+            self._next += 1
+        self._prefetch()
+        return self._units[unit].future.result()
+
+    def release_before(self, unit: int) -> None:
+        """Every lane has moved past the units before ``unit``: free them."""
+        if unit <= self._released:
+            return
+        with self._lock:
+            for u in range(self._released, unit):
+                got = self._units.pop(u, None)
+                if got is not None:
+                    self.held_bytes -= got.charge
+        self._released = unit
+        self._prefetch()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            for u in self._units.values():
+                u.future.cancel()
+            self._units.clear()
+            self.held_bytes = 0
+        self._pool.shutdown(wait=True, cancel_futures=True)

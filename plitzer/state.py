@@ -1,0 +1,235 @@
+"""Checkpoints: small, typed, versioned bytes; never pickle.
+
+Layout (all integers little-endian)::
+
+    magic     8 bytes   b"PLTZCKPT"
+    version   u32       FORMAT_VERSION
+    length    u64       length of the document
+    document  UTF-8     canonical JSON (sorted keys, no spaces)
+    checksum  32 bytes  sha256 of everything before it
+
+The document holds the configuration that fixes the order (seed, lanes, seq_len,
+window, column, dtype, dataset fingerprint), the global step, and for each lane
+it covers its position: ``[lane, epoch, window, doc, offset]``, the next token
+being token ``offset`` of document ``doc`` (an ordinal in the shuffled slice) of
+the lane's slice of that window. A lane that finished a slice points at the
+start of the next window. Positions do not depend on the world size, so a
+checkpoint merged from all ranks resumes on any number of ranks.
+
+The decoder trusts nothing: every field is type- and range-checked, sizes are
+capped, and any problem is a :class:`CheckpointError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from planner.errors import CheckpointError
+
+__all__ = [
+    "CONFIG_FIELDS",
+    "FORMAT_VERSION",
+    "State",
+    "decode",
+    "diff_config",
+    "encode",
+    "load_checkpoint",
+    "merge",
+    "save_checkpoint",
+]
+
+MAGIC = b"PLTZCKPT"
+FORMAT_VERSION = 1
+MAX_BYTES = 64 << 20
+_HEADER = struct.Struct("<8sIQ")
+CONFIG_FIELDS: tuple[str, ...] = ("seed", "lanes", "seq_len", "window", "column", "dtype", "fingerprint")
+_INT_LIMIT = 2**63
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    """A decoded checkpoint: config, step, and positions (one row per covered lane)."""
+
+    config: Mapping[str, Any]
+    step: int
+    positions: NDArray[np.int64]  # (n, 5): lane, epoch, window, doc, offset; sorted by lane
+
+    @property
+    def lanes(self) -> NDArray[np.int64]:
+        return self.positions[:, 0]
+
+
+def encode(state: State) -> bytes:
+    doc = {
+        "config": {k: state.config[k] for k in CONFIG_FIELDS},
+        "step": int(state.step),
+        "lanes": [[int(x) for x in row] for row in state.positions],
+    }
+    payload = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    head = _HEADER.pack(MAGIC, FORMAT_VERSION, len(payload)) + payload
+    return head + hashlib.sha256(head).digest()
+
+
+def _fail(why: str) -> CheckpointError:
+    return CheckpointError(f"not a valid plitzer checkpoint: {why}")
+
+
+def _int(v: object, name: str, low: int = 0) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not (low <= v < _INT_LIMIT):
+        raise _fail(f"{name} is {v!r}, expected an integer >= {low}")
+    return v
+
+
+def decode(data: bytes | bytearray | memoryview) -> State:
+    """Parse and check checkpoint bytes; any problem raises CheckpointError."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        msg = f"a checkpoint is bytes, got {type(data).__name__}; pass what checkpoint() returned"
+        raise CheckpointError(msg)
+    data = bytes(data)
+    if len(data) > MAX_BYTES:
+        raise _fail(f"{len(data)} bytes exceeds the {MAX_BYTES} byte cap")
+    if data[:2] == b"\x80\x04" or data[:1] == b"\x80":
+        raise _fail("this is a pickle; plitzer never unpickles. Save loader.checkpoint() bytes instead")
+    if len(data) < _HEADER.size + 32 or data[:8] != MAGIC:
+        raise _fail("missing the PLTZCKPT magic (truncated, or another file)")
+    magic, version, length = _HEADER.unpack_from(data)
+    if version > FORMAT_VERSION:
+        msg = (
+            f"checkpoint format version {version} is newer than this plitzer's {FORMAT_VERSION}; "
+            "upgrade plitzer to resume it"
+        )
+        raise CheckpointError(msg)
+    if version < FORMAT_VERSION:
+        msg = f"checkpoint format version {version} is older than {FORMAT_VERSION} and cannot be migrated"
+        raise CheckpointError(msg)
+    if _HEADER.size + length + 32 != len(data):
+        raise _fail(f"length field says {length} bytes but {len(data) - _HEADER.size - 32} are present (truncated?)")
+    body = data[: _HEADER.size + length]
+    if hashlib.sha256(body).digest() != data[-32:]:
+        raise _fail("checksum mismatch (the bytes were damaged or edited)")
+    try:
+        doc = json.loads(body[_HEADER.size :].decode())
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise _fail(f"unreadable document ({e})") from e
+    if not isinstance(doc, dict) or set(doc) != {"config", "step", "lanes"}:
+        raise _fail("document must have exactly config, step and lanes")
+    config = doc["config"]
+    if not isinstance(config, dict) or set(config) != set(CONFIG_FIELDS):
+        raise _fail(f"config must have exactly {list(CONFIG_FIELDS)}")
+    for k in ("seed", "lanes", "seq_len", "window"):
+        _int(config[k], k, low=1 if k != "seed" else 0)
+    for k in ("column", "dtype", "fingerprint"):
+        if not isinstance(config[k], str):
+            raise _fail(f"{k} is {config[k]!r}, expected a string")
+    step = _int(doc["step"], "step")
+    rows = doc["lanes"]
+    if not isinstance(rows, list) or not rows or len(rows) > config["lanes"]:
+        raise _fail(f"lanes must list 1..{config['lanes']} lane positions")
+    for row in rows:
+        if not isinstance(row, list) or len(row) != 5:
+            raise _fail("each lane position is [lane, epoch, window, doc, offset]")
+        for v, name in zip(row, ("lane", "epoch", "window", "doc", "offset"), strict=True):
+            _int(v, name)
+    positions = np.array(rows, dtype=np.int64).reshape(-1, 5)
+    lanes = positions[:, 0]
+    if np.any(np.diff(lanes) <= 0) or lanes[-1] >= config["lanes"]:
+        raise _fail("lane numbers must be increasing and below lanes")
+    return State(config=config, step=step, positions=positions)
+
+
+def diff_config(checkpoint: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Every differing configuration field, with both values."""
+    return [
+        f"{k}: checkpoint {checkpoint[k]!r}, loader {current[k]!r}"
+        for k in CONFIG_FIELDS
+        if checkpoint[k] != current[k]
+    ]
+
+
+def merge(parts: Iterable[bytes]) -> bytes:
+    """One global checkpoint from every rank's part.
+
+    Refuses parts that disagree (configuration or step), overlap, or leave lanes
+    out, naming what differs.
+    """
+    states = [decode(p) for p in parts]
+    if not states:
+        msg = "merge() needs at least one checkpoint part"
+        raise CheckpointError(msg)
+    first = states[0]
+    for i, s in enumerate(states[1:], 1):
+        diffs = [
+            f"{k}: part 0 {first.config[k]!r}, part {i} {s.config[k]!r}"
+            for k in CONFIG_FIELDS
+            if first.config[k] != s.config[k]
+        ]
+        if s.step != first.step:
+            diffs.append(f"step: part 0 {first.step}, part {i} {s.step}")
+        if diffs:
+            msg = "checkpoint parts disagree, so they are not from one run at one step: " + "; ".join(diffs)
+            raise CheckpointError(msg)
+    positions = np.concatenate([s.positions for s in states])
+    positions = positions[np.argsort(positions[:, 0], kind="stable")]
+    lanes = positions[:, 0]
+    dup = np.unique(lanes[1:][np.diff(lanes) == 0])
+    if len(dup):
+        msg = f"checkpoint parts overlap: lanes {dup[:10].tolist()} appear in more than one part"
+        raise CheckpointError(msg)
+    b = int(first.config["lanes"])
+    missing = np.setdiff1d(np.arange(b), lanes)
+    if len(missing):
+        msg = (
+            f"checkpoint parts miss lanes {missing[:10].tolist()}{' ...' if len(missing) > 10 else ''} "
+            f"({len(missing)} of {b}); pass the parts of every rank"
+        )
+        raise CheckpointError(msg)
+    return encode(State(config=first.config, step=first.step, positions=positions))
+
+
+def save_checkpoint(path: str | os.PathLike[str], state: bytes) -> None:
+    """Write checkpoint bytes atomically: temp file, fsync, rename, fsync the folder.
+
+    A crash at any moment leaves either the previous file or the new one, whole.
+    """
+    decode(state)  # never write something that cannot be resumed
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(state)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, p)
+    try:
+        dfd = os.open(p.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> bytes:
+    """Read checkpoint bytes written by :func:`save_checkpoint` (checked)."""
+    p = Path(path)
+    size = p.stat().st_size
+    if size > MAX_BYTES:
+        raise _fail(f"{p}: {size} bytes exceeds the {MAX_BYTES} byte cap")
+    data = p.read_bytes()
+    decode(data)
+    return data
