@@ -9,8 +9,8 @@ row group whose footer lacks statistics), and never imports torch or plitzer.
 """
 
 from planner._hash import key, mix, permutation
+from planner.dataset import Index, cache_dir, index
 from planner.errors import CheckpointError, ConfigError, DataError, PlitzerError, StorageError
-from planner.index import Index, cache_dir, index
 from planner.plan import EpochPlan, Plan, PlanSettings, lane_of, plan, plan_epoch
 
 __all__ = [

@@ -33,8 +33,8 @@ import polars as pl
 from numpy.typing import NDArray
 
 from planner._hash import key, permutation
+from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError
-from planner.index import Index, ensure_index
 
 __all__ = ["EpochPlan", "Plan", "PlanSettings", "lane_of", "plan", "plan_epoch"]
 
@@ -109,7 +109,8 @@ class EpochPlan:
     def cuts(self, window: int, lanes: int) -> I64:
         """``c_0..c_B`` of one window (with ``c_B = T_w``)."""
         k = np.arange(lanes + 1, dtype=np.int64)
-        return (k * self.window_tokens[window]) // lanes
+        cuts: I64 = (k * self.window_tokens[window]) // lanes
+        return cuts
 
     def reads_of(self, window: int, rank: int) -> I64:
         """Positions a rank reads in a window, in stream order."""
@@ -121,16 +122,13 @@ class EpochPlan:
         return self.read_position[a:b]
 
 
-def plan_epoch(
-    tokens: I64, rows: I64, empty_docs: I64, settings: PlanSettings, epoch: int
-) -> EpochPlan:
+def plan_epoch(tokens: I64, rows: I64, empty_docs: I64, settings: PlanSettings, epoch: int) -> EpochPlan:
     """The plan of one epoch, from the index's per-row-group counts."""
     s = settings
     g = len(tokens)
     order = permutation(g, key(s.seed, epoch, 1))
     pos = np.arange(g, dtype=np.int64)
     window = pos // s.window
-    nw = -(-g // s.window)
     tok = tokens[order]
     n = rows[order]
     emp = empty_docs[order]
@@ -309,7 +307,13 @@ class Plan:
         try:
             for name, frame in tables.items():
                 con.register(name, frame.to_arrow())
-            return con.sql(query).pl()
+            # read_parquet('s3://...') in the query reaches the dataset's objects through
+            # the same s3fs filesystem (DuckDB's httpfs extension may not be installable).
+            fs = getattr(self.dataset.storage(0), "duckdb_filesystem", None)
+            if fs is not None:
+                con.register_filesystem(fs())
+            result: pl.DataFrame = con.sql(query).pl()
+            return result
         finally:
             con.close()
 
@@ -327,9 +331,7 @@ class Plan:
         sel = ep.read_rank == rank
         positions = ep.read_position[sel]
         windows = ep.read_window[sel]
-        f = self.index.with_columns(
-            (pl.col("rows").cum_sum().over("file_index") - pl.col("rows")).alias("row_offset")
-        )
+        f = self.index.with_columns((pl.col("rows").cum_sum().over("file_index") - pl.col("rows")).alias("row_offset"))
         col = self.dataset.column
         parts = []
         for p, w in zip(positions.tolist(), windows.tolist(), strict=True):

@@ -14,6 +14,7 @@ detect a file that changed after it was indexed.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import time
@@ -84,11 +85,7 @@ class LocalStorage:
     def list_files(self) -> list[FileStat]:
         if self.path.is_file():
             return [self._stat(self.path, self.path.name)]
-        found = [
-            (p.relative_to(self.path).as_posix(), p)
-            for p in self.path.rglob("*.parquet")
-            if p.is_file()
-        ]
+        found = [(p.relative_to(self.path).as_posix(), p) for p in self.path.rglob("*.parquet") if p.is_file()]
         found.sort(key=lambda t: t[0].encode())
         return [self._stat(p, name) for name, p in found]
 
@@ -121,119 +118,355 @@ class LocalStorage:
         return data
 
 
-_RETRY_ATTEMPTS = 6
+# Retries: attempt k (from 0) waits about backoff * 2**k (jittered, capped) first.
+_RETRY_ATTEMPTS = 8
+_RETRY_BACKOFF = 0.1
+_RETRY_CAP = 10.0
+# An attempt never runs longer than connect + read timeout plus the body at this rate,
+# so a server that trickles bytes cannot hold a read forever.
+_MIN_RATE = 1 << 20
+_S3_OPTIONS = (
+    "endpoint",
+    "region",
+    "key",
+    "secret",
+    "token",
+    "anon",
+    "attempts",
+    "backoff",
+    "read_timeout",
+    "connect_timeout",
+    "concurrency",
+    "client_kwargs",
+    "config_kwargs",
+    # passed to s3fs as they are
+    "profile",
+    "use_ssl",
+    "requester_pays",
+    "s3_additional_kwargs",
+    "session",
+)
+_ALIASES = {
+    "endpoint_url": "endpoint",
+    "region_name": "region",
+    "aws_access_key_id": "key",
+    "aws_secret_access_key": "secret",
+    "aws_session_token": "token",
+}
+
+
+class _Fatal(Exception):
+    """A failure that retrying cannot fix; carries the message for StorageError."""
+
+
+class _Retry(Exception):
+    """A failure worth another attempt (the message names the cause)."""
 
 
 class S3Storage:
-    """``s3://bucket/prefix`` through s3fs, with checked, retried ranged GETs.
+    """``s3://bucket/prefix`` through s3fs's aiobotocore client.
 
     ``storage_options`` takes ``endpoint``, ``region``, ``key``, ``secret``,
     ``token`` and ``anon``; anything omitted comes from the usual ``AWS_*``
-    variables. Every data read is one GET of exactly the requested range with
-    ``If-Match`` on the ETag recorded at indexing, so an object replaced under a
-    running job is refused instead of decoded.
+    variables (``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``, ``AWS_REGION``/
+    ``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID``, ...) and botocore's profiles.
+    Tuning: ``attempts`` (8), ``backoff`` (0.1 s, doubled per attempt),
+    ``read_timeout`` (30 s), ``connect_timeout`` (10 s), ``concurrency`` (16
+    reader threads the loader uses at least).
+
+    Listing is one paginated ``ListObjectsV2`` (1,000 objects a request). Every
+    read is one GET of exactly the requested range with ``If-Match`` on the ETag
+    recorded at indexing, so an object replaced under a running job is refused
+    instead of decoded. Throttling (503 SlowDown, 429), other 5xx, connection
+    resets, timeouts and bodies shorter than the range are retried with
+    jittered exponential backoff; after ``attempts`` the read fails with a
+    StorageError naming the object, the range and the last cause. A body whose
+    length differs from the range is never returned.
     """
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         import s3fs
 
         self.url = url.rstrip("/")
-        self.prefix = self.url[len("s3://") :]
-        opts = dict(storage_options or {})
-        client_kwargs: dict[str, Any] = dict(opts.pop("client_kwargs", {}))
-        config_kwargs: dict[str, Any] = dict(opts.pop("config_kwargs", {}))
-        endpoint = opts.pop("endpoint", None) or opts.pop("endpoint_url", None)
+        self.bucket, _, self.key = self.url[len("s3://") :].partition("/")
+        if not self.bucket:
+            msg = f"source {url!r} names no bucket; use s3://bucket/prefix"
+            raise ConfigError(msg)
+        opts: dict[str, Any] = {}
+        for k, v in dict(storage_options or {}).items():
+            name = _ALIASES.get(k, k)
+            if name not in _S3_OPTIONS:
+                msg = f"storage_options key {k!r} is not known; use some of {', '.join(_S3_OPTIONS)}"
+                raise ConfigError(msg)
+            opts[name] = v
+        client_kwargs: dict[str, Any] = dict(opts.pop("client_kwargs", None) or {})
+        config_kwargs: dict[str, Any] = dict(opts.pop("config_kwargs", None) or {})
+        endpoint = opts.pop("endpoint", None) or client_kwargs.get("endpoint_url")
         if endpoint is None:
             endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         if endpoint:
             client_kwargs["endpoint_url"] = endpoint
-        region = opts.pop("region", None) or opts.pop("region_name", None)
+        region = opts.pop("region", None) or client_kwargs.get("region_name")
+        if region is None:
+            region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
         if region:
             client_kwargs["region_name"] = region
-        read_timeout = opts.pop("read_timeout", 30)
-        connect_timeout = opts.pop("connect_timeout", 10)
-        config_kwargs.setdefault("read_timeout", read_timeout)
-        config_kwargs.setdefault("connect_timeout", connect_timeout)
-        # Our own retry loop below owns retries, so that every failure is counted,
-        # bounded and reported with the object and range; botocore's would hide them.
-        config_kwargs.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+        self.endpoint: str | None = endpoint or None
+        self.region: str | None = region or None
+        self.read_timeout = float(opts.pop("read_timeout", 30))
+        self.connect_timeout = float(opts.pop("connect_timeout", 10))
         self.attempts = int(opts.pop("attempts", _RETRY_ATTEMPTS))
-        self.backoff = float(opts.pop("backoff", 0.05))
-        self.endpoint = endpoint
+        self.backoff = float(opts.pop("backoff", _RETRY_BACKOFF))
+        self.concurrency = int(opts.pop("concurrency", 16))
+        for name, value, low in (
+            ("attempts", self.attempts, 1),
+            ("concurrency", self.concurrency, 1),
+            ("read_timeout", self.read_timeout, 1e-3),
+            ("connect_timeout", self.connect_timeout, 1e-3),
+            ("backoff", self.backoff, 0),
+        ):
+            if value < low:
+                msg = f"storage_options {name}={value} must be >= {low}"
+                raise ConfigError(msg)
+        config_kwargs.setdefault("read_timeout", self.read_timeout)
+        config_kwargs.setdefault("connect_timeout", self.connect_timeout)
+        # Footers are fetched by up to 32 threads at once; never queue on the pool.
+        config_kwargs.setdefault("max_pool_connections", max(64, 2 * self.concurrency))
+        # Our retry loop owns retries, so that every failure is counted, bounded and
+        # reported with the object and range; botocore's and s3fs's would hide them.
+        config_kwargs.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+        self.anon = bool(opts.get("anon", False))
+        self._key = opts.get("key")
+        self._secret = opts.get("secret")
+        self._token = opts.get("token")
         self.fs = s3fs.S3FileSystem(
             client_kwargs=client_kwargs,
             config_kwargs=config_kwargs,
-            retries=1,
             skip_instance_cache=True,
             **opts,
         )
 
+    def __repr__(self) -> str:
+        return f"S3Storage({self.url!r}, endpoint={self.endpoint!r})"
+
+    # -- the retry loop ------------------------------------------------------------
+
+    def _run(self, what: str, make: Any, deadline: float) -> Any:
+        """Run coroutine ``make()`` on s3fs's event loop, retrying transient failures."""
+        from fsspec.asyn import sync
+
+        last: BaseException | None = None
+        for attempt in range(self.attempts):
+            if attempt:
+                time.sleep(min(_RETRY_CAP, self.backoff * 2 ** (attempt - 1)) * (0.5 + random.random()))
+            try:
+                return sync(self.fs.loop, _with_deadline, make, deadline)
+            except _Fatal as e:
+                msg = f"{what}: {e}"
+                raise StorageError(msg) from e.__cause__
+            except Exception as e:
+                if not _transient(e):
+                    msg = (
+                        f"{what}: {type(e).__name__}: {e}; check storage_options and the "
+                        "credentials (key/secret or AWS_* variables)"
+                    )
+                    raise StorageError(msg) from e
+                last = e
+        cause = f"{type(last).__name__}: {last}" if last is not None else "unknown"
+        msg = (
+            f"{what} failed after {self.attempts} attempts; last cause: {cause}. Check the "
+            "endpoint and the network, or raise storage_options attempts/read_timeout"
+        )
+        raise StorageError(msg) from last
+
+    # -- listing ---------------------------------------------------------------------
+
     def list_files(self) -> list[FileStat]:
-        try:
-            infos = self.fs.find(self.prefix, detail=True)
-        except FileNotFoundError as e:
-            msg = f"{self.url}: no such bucket or prefix; check the URL and credentials"
-            raise ConfigError(msg) from e
-        except Exception as e:  # botocore raises many unrelated types
-            msg = f"{self.url}: listing failed ({type(e).__name__}: {e}); check the endpoint and credentials"
-            raise StorageError(msg) from e
+        key = self.key
+        single = key.endswith(".parquet")
+        prefix = key if single or not key else key + "/"
+
+        async def listing() -> list[dict[str, Any]]:
+            s3 = await self.fs.set_session()
+            out: list[dict[str, Any]] = []
+            try:
+                async for page in s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+                    out.extend(page.get("Contents", []))
+            except Exception as e:
+                _raise_fatal(e)
+                raise
+            return out
+
+        objects: list[dict[str, Any]] = self._run(
+            f"{self.url}: listing", listing, self.connect_timeout + 10 * self.read_timeout
+        )
+        if single and any(o["Key"] == key for o in objects):
+            objects = [o for o in objects if o["Key"] == key]
+            prefix = key.rsplit("/", 1)[0] + "/" if "/" in key else ""
         out = []
-        for path, info in infos.items():
-            if not path.endswith(".parquet") or info.get("type") == "directory":
+        for o in objects:
+            k: str = o["Key"]
+            if not k.endswith(".parquet") or not k.startswith(prefix):
                 continue
-            name = path[len(self.prefix) :].lstrip("/") or path.rsplit("/", 1)[-1]
-            etag = str(info.get("ETag") or info.get("etag") or "").strip('"')
-            out.append(FileStat(name=name, location=f"s3://{path}", size=int(info["size"]), version=etag))
+            out.append(
+                FileStat(
+                    name=k[len(prefix) :],
+                    location=f"s3://{self.bucket}/{k}",
+                    size=int(o["Size"]),
+                    version=str(o.get("ETag") or "").strip('"'),
+                )
+            )
         out.sort(key=lambda f: f.name.encode())
         return out
+
+    # -- ranged reads ------------------------------------------------------------------
 
     def read_range(self, file: FileStat, offset: int, length: int) -> bytes:
         _check_range(file, offset, length)
         if length == 0:
             return b""
         bucket, _, key = file.location[len("s3://") :].partition("/")
-        params: dict[str, Any] = {
-            "Bucket": bucket,
-            "Key": key,
-            "Range": f"bytes={offset}-{offset + length - 1}",
-        }
+        end = offset + length - 1
+        params: dict[str, Any] = {"Bucket": bucket, "Key": key, "Range": f"bytes={offset}-{end}"}
         if file.version:
             params["IfMatch"] = f'"{file.version}"'
-        last: BaseException | None = None
-        for attempt in range(self.attempts):
+
+        async def get() -> bytes:
+            s3 = await self.fs.set_session()
             try:
-                data = self.fs.call_s3("get_object", **params)
-                body = data["Body"]
-                # s3fs hands back an aiobotocore stream; read it within the same loop.
-                from fsspec.asyn import sync
-
-                raw: bytes = sync(self.fs.loop, body.read)
-                if len(raw) != length:
-                    last = StorageError(f"short body: {len(raw)} of {length} bytes")
-                else:
-                    return raw
+                resp = await s3.get_object(**params)
             except Exception as e:
-                if _precondition_failed(e):
+                _raise_fatal(e, file)
+                raise
+            body = resp["Body"]
+            try:
+                got = resp.get("ContentLength")
+                if got != length or not str(resp.get("ContentRange", "")).startswith(f"bytes {offset}-{end}/"):
+                    # Wrong range (or the whole object): drop the connection unread.
                     msg = (
-                        f"{file.location}: the object changed after it was indexed (ETag is no "
-                        f"longer {file.version}); a dataset must not change under a running job"
+                        f"response covers {resp.get('ContentRange') or 'the whole object'} "
+                        f"({got} bytes) instead of the {length} requested"
                     )
-                    raise StorageError(msg) from e
-                if isinstance(e, FileNotFoundError):
-                    msg = f"{file.location}: object disappeared after indexing"
-                    raise StorageError(msg) from e
-                last = e
-            time.sleep(self.backoff * (2**attempt) * (0.5 + random.random()))
+                    raise _Retry(msg)
+                try:
+                    raw: bytes = await body.read()
+                except Exception as e:
+                    _raise_fatal(e, file)
+                    raise
+            finally:
+                body.close()
+            if len(raw) != length:
+                msg = f"short body: {len(raw)} of {length} bytes"
+                raise _Retry(msg)
+            return raw
+
+        what = f"{file.location}: reading bytes [{offset}, {offset + length})"
+        data: bytes = self._run(what, get, self.connect_timeout + self.read_timeout + length / _MIN_RATE)
+        return data
+
+    # -- other readers of the same objects -------------------------------------------
+
+    def credentials(self) -> tuple[str | None, str | None, str | None]:
+        """(key, secret, token): explicit, else what botocore resolves (env, profile)."""
+        if self.anon or self._key:
+            return self._key, self._secret, self._token
+        from fsspec.asyn import sync
+
+        async def resolve() -> Any:
+            await self.fs.set_session()
+            creds = await self.fs.session.get_credentials()
+            return None if creds is None else await creds.get_frozen_credentials()
+
+        try:
+            frozen = sync(self.fs.loop, resolve, timeout=self.connect_timeout + self.read_timeout)
+        except Exception:  # no credentials found: let the other reader try its own
+            return None, None, None
+        if frozen is None:
+            return None, None, None
+        return frozen.access_key, frozen.secret_key, frozen.token
+
+    def polars_options(self) -> dict[str, str]:
+        """``storage_options`` for ``pl.scan_parquet`` that reach the same objects."""
+        out: dict[str, str] = {"aws_region": self.region or "us-east-1"}
+        if self.endpoint:
+            out["aws_endpoint_url"] = self.endpoint
+            if self.endpoint.startswith("http://"):
+                out["aws_allow_http"] = "true"
+        if self.anon:
+            out["aws_skip_signature"] = "true"
+            return out
+        key, secret, token = self.credentials()
+        if key:
+            out["aws_access_key_id"] = key
+        if secret:
+            out["aws_secret_access_key"] = secret
+        if token:
+            out["aws_session_token"] = token
+        return out
+
+    def duckdb_filesystem(self) -> Any:
+        """The fsspec filesystem to ``register_filesystem`` on a DuckDB connection."""
+        return self.fs
+
+
+async def _with_deadline(make: Any, deadline: float) -> Any:
+    cm = asyncio.timeout(deadline)
+    try:
+        async with cm:
+            return await make()
+    except TimeoutError as e:
+        if not cm.expired():
+            raise
+        msg = f"no complete response within {deadline:.1f} s"
+        raise _Retry(msg) from e
+
+
+def _transient(e: BaseException) -> bool:
+    """Whether another attempt may succeed: network, timeout, short body, 5xx, throttling."""
+    import aiohttp
+    from botocore import exceptions as bx
+
+    kinds = (
+        _Retry,
+        OSError,
+        TimeoutError,
+        aiohttp.ClientError,
+        bx.HTTPClientError,
+        bx.ConnectionError,
+        bx.IncompleteReadError,
+        bx.ResponseParserError,
+        bx.ClientError,  # only retryable ones get here: _raise_fatal took the rest
+    )
+    return isinstance(e, kinds)
+
+
+def _raise_fatal(e: BaseException, file: FileStat | None = None) -> None:
+    """Raise _Fatal for a failure that retrying cannot fix; return for a transient one."""
+    response = getattr(e, "response", None)
+    if not isinstance(response, dict):
+        return  # connection reset, timeout, short read, parse error: transient
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    if status >= 500 or status in (408, 429) or code in ("SlowDown", "Throttling", "RequestTimeout", "InternalError"):
+        return
+    where = "" if file is None else f" (indexed size {file.size}, ETag {file.version})"
+    if status == 412 or code == "PreconditionFailed":
         msg = (
-            f"{file.location}: reading bytes [{offset}, {offset + length}) failed after "
-            f"{self.attempts} attempts; last cause: {type(last).__name__}: {last}"
+            f"the object changed after it was indexed: its ETag is no longer {file.version if file else '?'}; "
+            "a dataset must not change under a running job: restore it, or start a new run "
+            "(the index is rebuilt on the next start)"
         )
-        raise StorageError(msg) from last
-
-
-def _precondition_failed(e: BaseException) -> bool:
-    text = f"{type(e).__name__} {e}"
-    return "PreconditionFailed" in text or "412" in text
+    elif code == "NoSuchBucket":
+        msg = "no such bucket; check the URL, the endpoint and the region"
+    elif code in ("NoSuchKey", "404") or status == 404:
+        msg = f"the object disappeared after indexing{where}; restore it or start a new run"
+    elif status == 403 or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        msg = f"access denied ({code}); check key/secret (or AWS_* variables) and the bucket policy"
+    elif status == 416 or code == "InvalidRange":
+        msg = f"the object is shorter than indexed{where}; it changed after indexing: start a new run"
+    else:
+        msg = f"the server refused the request ({status} {code}: {e})"
+    raise _Fatal(msg) from e
 
 
 def open_storages(

@@ -78,7 +78,7 @@ class Tokens:
         return self._array.__dlpack_device__()  # type: ignore[no-any-return]
 
     def __arrow_c_array__(self, requested_schema: object | None = None) -> tuple[object, object]:
-        rows, width = self._array.shape
+        width = self._array.shape[1]
         flat = pa.array(self._array.reshape(-1))  # a view: numpy memory is shared
         fsl = pa.FixedSizeListArray.from_arrays(flat, width)
         return fsl.__arrow_c_array__(requested_schema)  # type: ignore[no-any-return]
@@ -138,9 +138,7 @@ class Batch:
                     parts[3].append((lo - doc_starts)[keep])
                     parts[4].append(np.full(n, w.epoch, np.int64))
                     parts[5].append(np.full(n, w.window, np.int64))
-            self._segments = tuple(
-                np.concatenate(p) if p else np.zeros(0, np.int64) for p in parts
-            )
+            self._segments = tuple(np.concatenate(p) if p else np.zeros(0, np.int64) for p in parts)
         return self._segments
 
     def _spans(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
@@ -174,7 +172,8 @@ class Batch:
         cu = np.concatenate([[0], np.cumsum(lengths)])
         total = int(cu[-1])
         pos = np.arange(total, dtype=np.int64) - np.repeat(cu[:-1], lengths)
-        return pos.astype(np.int32).reshape(self.tokens.shape)
+        out: NDArray[np.int32] = pos.astype(np.int32).reshape(self.tokens.shape)
+        return out
 
     def documents(self) -> pl.DataFrame:
         """The source of every piece of every row.

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from planner.dataset import Index, ensure_index
 from planner.errors import CheckpointError, ConfigError, DataError
-from planner.index import Index, ensure_index
 from planner.plan import Plan, PlanSettings, _check_int
 from plitzer import state as ckpt
 from plitzer.batch import Batch, Piece, Tokens
@@ -76,7 +76,8 @@ class Loader:
     storage_options : dict, optional
         S3 settings (``endpoint``, ``region``, ``key``, ``secret``).
     threads : int, optional
-        Decoding threads (default: the number of CPUs).
+        Reader and decoding threads (default: the number of CPUs; on S3 at least
+        ``storage_options["concurrency"]``, 16, since its threads mostly wait on GETs).
 
     Examples
     --------
@@ -108,7 +109,7 @@ class Loader:
         *,
         threads: int | None = None,
     ) -> None:
-        self.settings = s = LoaderSettings(
+        self.settings = LoaderSettings(
             seed=seed,
             lanes=lanes,
             window=window,
@@ -145,7 +146,7 @@ class Loader:
         self._doc_base = np.cumsum(frame["rows"].to_numpy()) - frame["rows"].to_numpy()
         self._files = frame["file"].to_numpy()
         self._row_groups = frame["row_group"].to_numpy()
-        self._scanner = Scanner(self.plan, rank=rank, budget=budget, threads=threads or os.cpu_count() or 2)
+        self._scanner = Scanner(self.plan, rank=rank, budget=budget, threads=threads or _default_threads(self.index))
         self._pid = os.getpid()
         self._lock = threading.RLock()
         self._set_positions(0, np.array([[k, 0, 0, 0, 0] for k in self.rank_lanes], dtype=np.int64))
@@ -274,7 +275,9 @@ class Loader:
             raise CheckpointError(msg)
         lanes = st.positions[:, 0]
         idx = np.searchsorted(lanes, np.arange(self.rank_lanes.start, self.rank_lanes.stop))
-        ok = (idx < len(lanes)) & (lanes[np.minimum(idx, len(lanes) - 1)] == np.arange(self.rank_lanes.start, self.rank_lanes.stop))
+        ok = (idx < len(lanes)) & (
+            lanes[np.minimum(idx, len(lanes) - 1)] == np.arange(self.rank_lanes.start, self.rank_lanes.stop)
+        )
         if not ok.all():
             missing = np.arange(self.rank_lanes.start, self.rank_lanes.stop)[~ok]
             msg = (
@@ -399,6 +402,12 @@ class Loader:
             f"Loader(step={self._step}, epoch={self.epoch}, lanes={s.lanes}, seq_len={s.seq_len}, "
             f"window={s.window}, rank={s.rank}, world={s.world}, tokens={self.tokens:,})"
         )
+
+
+def _default_threads(index: Index) -> int:
+    """The CPUs, or more where the storage asks for it (S3: threads mostly wait on GETs)."""
+    want = {getattr(index.storage(i), "concurrency", 0) for i in range(len(index.files))}
+    return max(os.cpu_count() or 2, *want)
 
 
 def _budget_floor(tokens: NDArray[np.int64], rows: NDArray[np.int64], window: int) -> int:

@@ -20,14 +20,14 @@ drift apart by more windows than the budget holds; ``peak_bytes`` shows it).
 from __future__ import annotations
 
 import threading
-from typing import Any
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from planner.index import Index, check_no_null_tokens
+from planner.dataset import Index, check_no_null_tokens
 from planner.plan import Plan
 from plitzer.pack import PackedWindow, pack_window
 
@@ -107,7 +107,7 @@ class Scanner:
 
     def _estimate(self, unit: int) -> int:
         _, _, rgs, _ = self._reads(unit)
-        return unit_estimate(int(self._tokens[rgs].sum()), int(self._rows[rgs].sum()))
+        return int(unit_estimate(int(self._tokens[rgs].sum()), int(self._rows[rgs].sum())))
 
     def _start(self, unit: int, charge: int) -> None:
         epoch, window, rgs, starts = self._reads(unit)
@@ -138,7 +138,7 @@ class Scanner:
                     unit=unit,
                     dtype=self._dtype,
                 )
-            except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            except BaseException as e:
                 fut.set_exception(e)
                 return
             with self._lock:
@@ -166,7 +166,7 @@ class Scanner:
                         f"{len(arr)} rows but the footer says {row['rows']}; the file is damaged"
                     )
                     raise DataError(msg)
-            except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            except BaseException as e:
                 if not fut.done():
                     fut.set_exception(e)
                 return

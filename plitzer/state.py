@@ -86,7 +86,8 @@ def _fail(why: str) -> CheckpointError:
 
 def _int(v: object, name: str, low: int = 0) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not (low <= v < _INT_LIMIT):
-        raise _fail(f"{name} is {v!r}, expected an integer >= {low}")
+        why = f"{name} is {v!r}, expected an integer >= {low}"
+        raise _fail(why)
     return v
 
 
@@ -97,12 +98,15 @@ def decode(data: bytes | bytearray | memoryview) -> State:
         raise CheckpointError(msg)
     data = bytes(data)
     if len(data) > MAX_BYTES:
-        raise _fail(f"{len(data)} bytes exceeds the {MAX_BYTES} byte cap")
+        why = f"{len(data)} bytes exceeds the {MAX_BYTES} byte cap"
+        raise _fail(why)
     if data[:2] == b"\x80\x04" or data[:1] == b"\x80":
-        raise _fail("this is a pickle; plitzer never unpickles. Save loader.checkpoint() bytes instead")
+        why = "this is a pickle; plitzer never unpickles. Save loader.checkpoint() bytes instead"
+        raise _fail(why)
     if len(data) < _HEADER.size + 32 or data[:8] != MAGIC:
-        raise _fail("missing the PLTZCKPT magic (truncated, or another file)")
-    magic, version, length = _HEADER.unpack_from(data)
+        why = "missing the PLTZCKPT magic (truncated, or another file)"
+        raise _fail(why)
+    _, version, length = _HEADER.unpack_from(data)
     if version > FORMAT_VERSION:
         msg = (
             f"checkpoint format version {version} is newer than this plitzer's {FORMAT_VERSION}; "
@@ -113,37 +117,46 @@ def decode(data: bytes | bytearray | memoryview) -> State:
         msg = f"checkpoint format version {version} is older than {FORMAT_VERSION} and cannot be migrated"
         raise CheckpointError(msg)
     if _HEADER.size + length + 32 != len(data):
-        raise _fail(f"length field says {length} bytes but {len(data) - _HEADER.size - 32} are present (truncated?)")
+        why = f"length field says {length} bytes but {len(data) - _HEADER.size - 32} are present (truncated?)"
+        raise _fail(why)
     body = data[: _HEADER.size + length]
     if hashlib.sha256(body).digest() != data[-32:]:
-        raise _fail("checksum mismatch (the bytes were damaged or edited)")
+        why = "checksum mismatch (the bytes were damaged or edited)"
+        raise _fail(why)
     try:
         doc = json.loads(body[_HEADER.size :].decode())
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise _fail(f"unreadable document ({e})") from e
+        why = f"unreadable document ({e})"
+        raise _fail(why) from e
     if not isinstance(doc, dict) or set(doc) != {"config", "step", "lanes"}:
-        raise _fail("document must have exactly config, step and lanes")
+        why = "document must have exactly config, step and lanes"
+        raise _fail(why)
     config = doc["config"]
     if not isinstance(config, dict) or set(config) != set(CONFIG_FIELDS):
-        raise _fail(f"config must have exactly {list(CONFIG_FIELDS)}")
+        why = f"config must have exactly {list(CONFIG_FIELDS)}"
+        raise _fail(why)
     for k in ("seed", "lanes", "seq_len", "window"):
         _int(config[k], k, low=1 if k != "seed" else 0)
     for k in ("column", "dtype", "fingerprint"):
         if not isinstance(config[k], str):
-            raise _fail(f"{k} is {config[k]!r}, expected a string")
+            why = f"{k} is {config[k]!r}, expected a string"
+            raise _fail(why)
     step = _int(doc["step"], "step")
     rows = doc["lanes"]
     if not isinstance(rows, list) or not rows or len(rows) > config["lanes"]:
-        raise _fail(f"lanes must list 1..{config['lanes']} lane positions")
+        why = f"lanes must list 1..{config['lanes']} lane positions"
+        raise _fail(why)
     for row in rows:
         if not isinstance(row, list) or len(row) != 5:
-            raise _fail("each lane position is [lane, epoch, window, doc, offset]")
+            why = "each lane position is [lane, epoch, window, doc, offset]"
+            raise _fail(why)
         for v, name in zip(row, ("lane", "epoch", "window", "doc", "offset"), strict=True):
             _int(v, name)
     positions = np.array(rows, dtype=np.int64).reshape(-1, 5)
     lanes = positions[:, 0]
     if np.any(np.diff(lanes) <= 0) or lanes[-1] >= config["lanes"]:
-        raise _fail("lane numbers must be increasing and below lanes")
+        why = "lane numbers must be increasing and below lanes"
+        raise _fail(why)
     return State(config=config, step=step, positions=positions)
 
 
@@ -229,7 +242,8 @@ def load_checkpoint(path: str | os.PathLike[str]) -> bytes:
     p = Path(path)
     size = p.stat().st_size
     if size > MAX_BYTES:
-        raise _fail(f"{p}: {size} bytes exceeds the {MAX_BYTES} byte cap")
+        why = f"{p}: {size} bytes exceeds the {MAX_BYTES} byte cap"
+        raise _fail(why)
     data = p.read_bytes()
     decode(data)
     return data

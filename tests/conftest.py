@@ -13,18 +13,14 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 # Profiles with named budgets: "fast" for a local loop, "ci" (default in .ci/run) thorough.
-settings.register_profile(
-    "fast", max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+settings.register_profile("fast", max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile(
     "ci",
     max_examples=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-settings.register_profile(
-    "thorough", max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+settings.register_profile("thorough", max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 

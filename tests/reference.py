@@ -32,9 +32,7 @@ def epoch_windows(n_row_groups: int, seed: int, window: int, epoch: int) -> list
     return [p[i : i + window] for i in range(0, n_row_groups, window)]
 
 
-def lane_slices(
-    rg_docs: list[list[list[int]]], group: list[int], lanes: int
-) -> list[list[tuple[int, int]]]:
+def lane_slices(rg_docs: list[list[list[int]]], group: list[int], lanes: int) -> list[list[tuple[int, int]]]:
     """Per lane, its slice as (row group, row) in stream order."""
     docs = [(g, r) for g in group for r in range(len(rg_docs[g]))]
     total = sum(len(rg_docs[g][r]) for g, r in docs)

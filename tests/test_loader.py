@@ -179,9 +179,10 @@ def test_merge_refuses_bad_parts(synth_dir: Path) -> None:
 def test_resume_refuses_other_settings_naming_every_field(synth_dir: Path, tmp_path: Path) -> None:
     with plitzer.Loader(synth_dir, **CFG) as a:
         state = a.checkpoint()
-    with plitzer.Loader(synth_dir, **{**CFG, "seed": 9, "seq_len": 64}) as b, pytest.raises(
-        plitzer.CheckpointError
-    ) as err:
+    with (
+        plitzer.Loader(synth_dir, **{**CFG, "seed": 9, "seq_len": 64}) as b,
+        pytest.raises(plitzer.CheckpointError) as err,
+    ):
         b.resume(state)
     assert "seed: checkpoint 3, loader 9" in str(err.value)
     assert "seq_len: checkpoint 96, loader 64" in str(err.value)

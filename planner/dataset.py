@@ -35,7 +35,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from planner.errors import ConfigError, DataError, StorageError
+from planner.errors import ConfigError, DataError
 from planner.storage import FileStat, Storage, open_storages
 
 __all__ = ["INDEX_SCHEMA", "Index", "cache_dir", "decode_chunk", "index", "token_column_of"]
@@ -170,8 +170,7 @@ def token_column_of(schema: pa.Schema, column: str | None, where: str) -> tuple[
     if column is not None:
         if column not in schema.names:
             msg = (
-                f"{where}: token column {column!r} not found; columns are {schema.names}; "
-                "pass column= with one of them"
+                f"{where}: token column {column!r} not found; columns are {schema.names}; pass column= with one of them"
             )
             raise DataError(msg)
         t = schema.field(column).type
@@ -319,7 +318,10 @@ def _footer_path(st: FileStat) -> Path:
     return cache_dir() / "footers" / f"{_digest(st.location, st.size, st.version)}.footer"
 
 
-def _file_rows(entry: _FileEntry, column: str | None) -> tuple[list[tuple[int, ...]], str, pa.DataType]:
+_Row = tuple[int, int, int, int, int, int]  # row_group, rows, tokens, empty_docs, offset, length
+
+
+def _file_rows(entry: _FileEntry, column: str | None) -> tuple[list[_Row], str, pa.DataType]:
     """Per row group of one file: (row_group, rows, tokens, empty_docs, offset, length)."""
     st = entry.stat
     md = entry.metadata
@@ -345,7 +347,10 @@ def _file_rows(entry: _FileEntry, column: str | None) -> tuple[list[tuple[int, .
         length = cc.total_compressed_size
         where = f"{st.location}, row group {g}"
         if rg.num_rows > 0 and (start < 4 or start + length > st.size):
-            msg = f"{where}: the token column chunk [{start}, {start + length}) lies outside the file; the footer is damaged"
+            msg = (
+                f"{where}: the token column chunk [{start}, {start + length}) lies outside the file; "
+                "the footer is damaged"
+            )
             raise DataError(msg)
         stats = cc.statistics if cc.is_stats_set else None
         if rg.num_rows == 0:
@@ -356,7 +361,10 @@ def _file_rows(entry: _FileEntry, column: str | None) -> tuple[list[tuple[int, .
         else:
             tokens, empties = _count(entry, g, name, start, length, where)
         if tokens < 0 or empties < 0 or empties > rg.num_rows:
-            msg = f"{where}: footer statistics are inconsistent (tokens {tokens}, rows {rg.num_rows}); the footer is damaged"
+            msg = (
+                f"{where}: footer statistics are inconsistent (tokens {tokens}, rows {rg.num_rows}); "
+                "the footer is damaged"
+            )
             raise DataError(msg)
         rows.append((g, rg.num_rows, tokens, empties, start, length))
     return rows, name, dtype
@@ -441,16 +449,23 @@ def index(
     storages = open_storages(source, storage_options)
     entries: list[_FileEntry] = []
     for i, s in enumerate(storages):
-        for st in s.list_files():
-            if len(storages) > 1:
-                st = FileStat(name=f"{i}/{st.name}", location=st.location, size=st.size, version=st.version)
+        for found in s.list_files():
+            # Files of a list source are named by their source's position, so two
+            # folders with the same file names stay distinct.
+            st = (
+                found
+                if len(storages) == 1
+                else FileStat(f"{i}/{found.name}", found.location, found.size, found.version)
+            )
             entries.append(_FileEntry(stat=st, storage=s))
     src = ", ".join(s.url for s in storages)
     if not entries:
         msg = f"source {src!r} holds no *.parquet file; check the path (folders are searched recursively)"
         raise ConfigError(msg)
 
-    key = _digest(_INDEX_FORMAT, column, *[(e.stat.location, e.stat.size, e.stat.version, e.stat.name) for e in entries])
+    key = _digest(
+        _INDEX_FORMAT, column, *[(e.stat.location, e.stat.size, e.stat.version, e.stat.name) for e in entries]
+    )
     cached = cache_dir() / "index" / f"{key}.parquet"
     if cached.exists():
         try:
@@ -469,7 +484,7 @@ def index(
         except (OSError, KeyError, pa.ArrowException, AssertionError):
             cached.unlink(missing_ok=True)  # a damaged cache entry is rebuilt, never trusted
 
-    def load(entry: _FileEntry) -> tuple[list[tuple[int, ...]], str, pa.DataType]:
+    def load(entry: _FileEntry) -> tuple[list[_Row], str, pa.DataType]:
         path = _footer_path(entry.stat)
         raw = None
         if path.exists():
@@ -520,9 +535,7 @@ def index(
     frame = pl.DataFrame(cols, schema=INDEX_SCHEMA)
     dtype_name: TokenDtype = "uint32" if first_type.value_type == pa.uint32() else "int32"
     fp = _fingerprint(frame)
-    table = frame.to_arrow().replace_schema_metadata(
-        {"column": first_name, "dtype": dtype_name, "fingerprint": fp}
-    )
+    table = frame.to_arrow().replace_schema_metadata({"column": first_name, "dtype": dtype_name, "fingerprint": fp})
     try:
         buf = pa.BufferOutputStream()
         pq.write_table(table, buf)
@@ -543,6 +556,3 @@ def ensure_index(
             raise ConfigError(msg)
         return source
     return index(source, column=column, storage_options=storage_options)
-
-
-_ = StorageError  # re-exported for callers that catch storage problems from index()

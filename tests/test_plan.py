@@ -1,0 +1,167 @@
+"""The planner's invariants (SPEC sections 3, 4 and 6), as properties."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import planner
+from planner._hash import key, mix, mix_array, permutation
+from tests import reference
+
+
+@given(st.integers(0, 2**64 - 1))
+def test_mix_matches_the_reference_and_vectorizes(x: int) -> None:
+    assert mix(x) == reference.mix(x)
+    assert int(mix_array(np.array([x], dtype=np.uint64))[0]) == reference.mix(x)
+
+
+@given(st.integers(0, 300), st.integers(0, 2**64 - 1))
+def test_permutation_matches_the_reference(n: int, k: int) -> None:
+    assert permutation(n, k).tolist() == reference.permutation(n, k)
+
+
+def test_known_values() -> None:
+    # Pinned numbers, so that any port (Rust, C++, JS) can check itself.
+    assert mix(0) == 0xE220A8397B1DCDAF
+    assert key(0, 0, 1) == reference.key(0, 0, 1)
+    assert permutation(5, key(0, 0, 1)).tolist() == [2, 1, 3, 4, 0]
+
+
+def _index(tokens: list[int], rows: list[int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    t = np.array(tokens, dtype=np.int64)
+    r = np.array(rows if rows is not None else [max(1, x // 3) for x in tokens], dtype=np.int64)
+    return t, r, np.zeros_like(t)
+
+
+row_group_docs = st.lists(st.lists(st.integers(0, 50), min_size=0, max_size=5), min_size=1, max_size=30)
+settings = st.tuples(
+    st.integers(0, 2**64 - 1), st.sampled_from([1, 2, 4, 6, 8, 12]), st.integers(1, 6), st.integers(0, 3)
+)
+
+
+@given(rgs=row_group_docs, s=settings, data=st.data())
+def test_epoch_plan_invariants(rgs: list[list[int]], s: tuple[int, int, int, int], data: st.DataObject) -> None:
+    seed, lanes, window, epoch = s
+    world = data.draw(st.sampled_from([w for w in (1, 2, 3, 4, 6) if lanes % w == 0]))
+    tokens = np.array([sum(d) for d in rgs], dtype=np.int64)
+    rows = np.array([len(d) for d in rgs], dtype=np.int64)
+    empty = np.array([sum(1 for x in d if x == 0) for d in rgs], dtype=np.int64)
+    ps = planner.PlanSettings(seed=seed, lanes=lanes, window=window, world=world)
+    ep = planner.plan_epoch(tokens, rows, empty, ps, epoch)
+    g = len(rgs)
+    # Every row group exactly once; windows are consecutive runs of W.
+    assert sorted(ep.order.tolist()) == list(range(g))
+    assert ep.order.tolist() == reference.permutation(g, reference.key(seed, epoch, 1))
+    assert ep.window.tolist() == [i // window for i in range(g)]
+    nw = -(-g // window)
+    per = lanes // world
+    reads_total = 0
+    for w in range(nw):
+        group = ep.order[w * window : (w + 1) * window].tolist()
+        cuts = ep.cuts(w, lanes)
+        assert np.all(np.diff(cuts) >= 0) and cuts[0] == 0 and cuts[-1] == tokens[group].sum()
+        # Lanes of every document, by the naive model: every document in one lane,
+        # each lane's slice contiguous in the stream.
+        slices = reference.lane_slices([[[0] * n for n in d] for d in rgs], group, lanes)
+        flat = [x for sl in slices for x in sl]
+        assert flat == [(gg, r) for gg in group for r in range(len(rgs[gg]))]
+        for rank in range(world):
+            need = {gg for k in range(rank * per, (rank + 1) * per) for gg, _ in slices[k]}
+            got = ep.order[ep.reads_of(w, rank)].tolist()
+            assert need <= set(got), (w, rank, need, got)
+            assert got == [x for x in group if x in set(got)]  # stream order
+            reads_total += len(got)
+    assert reads_total <= int((rows > 0).sum()) + (world - 1) * nw
+
+
+def test_reads_amplification_bound_on_realistic_data() -> None:
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(500_000, 1_500_000, 2000)
+    rows = tokens // 1000
+    for world, window in [(8, 64), (8, 512), (4, 16)]:
+        ep = planner.plan_epoch(
+            tokens, rows, np.zeros_like(rows), planner.PlanSettings(lanes=512, window=window, world=world), 0
+        )
+        amp = len(ep.read_position) / len(tokens)
+        nw = -(-len(tokens) // window)
+        assert amp <= 1 + (world - 1) * nw / len(tokens) + 1e-9  # 1 + (world-1)/W when W divides G
+
+
+def test_seeds_and_epochs_change_the_order_and_nothing_else_does() -> None:
+    t, r, e = _index(list(range(1, 65)))
+    ps = planner.PlanSettings(seed=1, lanes=8, window=4)
+    a = planner.plan_epoch(t, r, e, ps, 0).order
+    assert np.array_equal(a, planner.plan_epoch(t, r, e, ps, 0).order)
+    assert not np.array_equal(a, planner.plan_epoch(t, r, e, ps, 1).order)
+    other = planner.PlanSettings(seed=2, lanes=8, window=4)
+    assert not np.array_equal(a, planner.plan_epoch(t, r, e, other, 0).order)
+    code = (
+        "import numpy as np, planner;"
+        "t=np.arange(1,65);r=np.maximum(1,t//3);"
+        "print(planner.plan_epoch(t,r,np.zeros_like(t),planner.PlanSettings(seed=1,lanes=8,window=4),0).order.tolist())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(a.tolist())
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import plitzer.synth
+
+    d = tmp_path_factory.mktemp("plan")
+    plitzer.synth.write(d, tokens=200_000, seed=1, docs_per_row_group=30, row_groups_per_file=5, mean_length=120)
+    return d
+
+
+def test_tables_have_the_spec_columns(data: Path) -> None:
+    p = planner.plan(data, seed=0, lanes=8, window=4, world=2)
+    assert p.row_groups(0).columns == [
+        "epoch", "window", "position", "file", "row_group", "rows", "tokens", "token_start", "first_rank", "last_rank",
+    ]  # fmt: skip
+    assert p.lanes(1).columns == ["epoch", "window", "lane", "rank", "token_start", "token_end"]
+    assert p.reads(2).columns == ["epoch", "window", "rank", "file", "row_group", "bytes"]
+    assert p.index.height == p.row_groups(0).height
+    lanes = p.lanes(0)
+    assert lanes.height == p.windows * 8
+    rg = p.row_groups(0)
+    # token_end of the last lane is the window's tokens.
+    t_w = rg.group_by("window").agg(pl.col("tokens").sum()).sort("window")["tokens"]
+    assert lanes.filter(pl.col("lane") == 7).sort("window")["token_end"].to_list() == t_w.to_list()
+
+
+def test_sql_over_the_tables(data: Path) -> None:
+    p = planner.plan(data, seed=0, lanes=8, window=4, world=2)
+    got = p.sql("select rank, count(*) as n from reads group by rank order by rank", epochs=[0, 1])
+    want = pl.concat([p.reads(0), p.reads(1)]).group_by("rank").len().sort("rank")
+    assert got["n"].to_list() == want["len"].to_list()
+    joined = p.sql("select sum(i.tokens) as t from row_groups r join index i using (file, row_group) where r.epoch = 0")
+    assert int(joined["t"][0]) == p.tokens
+    assert planner.plan is __import__("plitzer").plan
+
+
+def test_scan_yields_exactly_the_rows_a_rank_reads(data: Path) -> None:
+    p = planner.plan(data, seed=3, lanes=8, window=4, world=2)
+    for rank in range(2):
+        lf = p.scan(1, rank=rank)
+        assert isinstance(lf, pl.LazyFrame)
+        df = lf.collect()
+        reads = p.reads(1).filter(pl.col("rank") == rank)
+        want = reads.join(p.index, on=["file", "row_group"])["rows"].sum()
+        assert df.height == want
+        tok = df["tokens"].list.len().sum()
+        assert tok == reads.join(p.index, on=["file", "row_group"])["tokens"].sum()
+
+
+def test_bad_settings_are_config_errors() -> None:
+    with pytest.raises(planner.ConfigError, match="lanes=10 is not divisible by world=4"):
+        planner.PlanSettings(lanes=10, world=4)
+    with pytest.raises(ValueError, match="window=0"):
+        planner.PlanSettings(window=0)
