@@ -93,6 +93,7 @@ class _RangeFile(io.RawIOBase):
     def __init__(self, data: bytes, offset: int, size: int, where: str) -> None:
         super().__init__()
         self._data = data
+        self._view = memoryview(data)
         self._offset = offset
         self._size = size
         self._pos = 0
@@ -121,7 +122,7 @@ class _RangeFile(io.RawIOBase):
             msg = f"{self._where}: decoding needed bytes outside the token column chunk; the footer is damaged"
             raise DataError(msg)
         self._pos += n
-        return self._data[a : a + n]
+        return self._view[a : a + n]  # type: ignore[return-value]  # zero-copy: pyarrow takes any buffer
 
     def readinto(self, b: Any) -> int:
         data = self.read(len(b))

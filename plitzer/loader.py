@@ -211,7 +211,7 @@ class Loader:
         self._win: list[PackedWindow | None] = [None] * len(positions)
         self._pos = [0] * len(positions)
         self._end = [0] * len(positions)
-        self._scanner.reset(min(self._unit))
+        self._scanner.reset(self._unit)
 
     def _enter(self, i: int) -> PackedWindow:
         """Load lane ``i``'s current unit and place its cursor."""
@@ -309,11 +309,16 @@ class Loader:
         pieces: list[list[Piece]] = []
         win, pos, end, unit = self._win, self._pos, self._end, self._unit
         for i in range(n):
-            row: list[Piece] = []
             w = win[i]
             if w is None:
                 w = self._enter(i)
             p, e = pos[i], end[i]
+            if e - p > length:  # the common case: the whole row from one window
+                out[i] = w.flat[p : p + length]
+                pieces.append([(w, p, p + length)])
+                pos[i] = p + length
+                continue
+            row: list[Piece] = []
             col = 0
             dry = 0
             while col < length:

@@ -90,7 +90,9 @@ def _gather(chunks: list[pa.Array], order: NDArray[np.int64]) -> NDArray[Any]:
 
 def slice_keys(seed: int, epoch: int, window: int, lanes: range) -> NDArray[np.uint64]:
     """``key(seed, epoch, window, k, 2)`` for every lane ``k`` (a few hundred at most)."""
-    return np.array([key(seed, epoch, window, k, 2) for k in lanes], dtype=np.uint64)
+    prefix = np.uint64(key(seed, epoch, window))
+    h = mix_array(prefix ^ np.arange(lanes.start, lanes.stop, dtype=np.uint64))
+    return mix_array(h ^ np.uint64(2))
 
 
 def pack_window(
@@ -106,12 +108,15 @@ def pack_window(
     window: int,
     unit: int,
     dtype: np.dtype[Any],
+    keep: NDArray[np.bool_] | None = None,
 ) -> PackedWindow:
     """Pack the decoded row groups a rank read in one window into its lanes.
 
     ``chunks`` are the token columns of the rank's row groups in stream order,
     ``chunk_token_start`` where each starts in the window's stream, and
     ``chunk_doc_base`` the running number of each one's first document.
+    ``keep`` (one flag per rank lane) leaves out the documents of lanes that will
+    never read this window (after a resume); their slices are then empty.
     """
     lengths_parts = []
     starts_parts = []
@@ -136,11 +141,16 @@ def pack_window(
     lo = int(np.searchsorted(lane, rank_lanes.start, side="left"))
     hi = int(np.searchsorted(lane, rank_lanes.stop, side="left"))
     lane = lane[lo:hi]
+    if keep is not None:
+        kept = np.flatnonzero(keep[lane - rank_lanes.start]) + lo
+        lane = lane[kept - lo]
+    else:
+        kept = np.arange(lo, hi, dtype=np.int64)
     bounds = np.searchsorted(lane, np.arange(rank_lanes.start, rank_lanes.stop + 1), side="left")
-    ordinal = np.arange(hi - lo, dtype=np.int64) - bounds[lane - rank_lanes.start]
+    ordinal = np.arange(len(lane), dtype=np.int64) - bounds[lane - rank_lanes.start]
     keys = slice_keys(seed, epoch, window, rank_lanes)
     h = mix_array(keys[lane - rank_lanes.start] ^ ordinal.astype(np.uint64))
-    order = np.lexsort((ordinal, h, lane)) + lo
+    order = kept[np.lexsort((ordinal, h, lane))]
 
     packed_len = lengths[order]
     doc_end = np.cumsum(packed_len)

@@ -20,15 +20,17 @@ drift apart by more windows than the budget holds; ``peak_bytes`` shows it).
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from numpy.typing import NDArray
 
 from planner.dataset import Index, check_no_null_tokens
-from planner.plan import Plan
+from planner.plan import EpochPlan, Plan, lane_of
 from plitzer.pack import PackedWindow, pack_window
 
 __all__ = ["Scanner", "unit_estimate"]
@@ -82,14 +84,28 @@ class Scanner:
         f = self.index.frame
         self._tokens = f["tokens"].to_numpy()
         self._rows = f["rows"].to_numpy()
+        self._empty = f["empty_docs"].to_numpy()
         self._doc_base = np.cumsum(self._rows) - self._rows
+        self.lanes = plan.settings.lanes
+        self._first = np.zeros(len(self.rank_lanes), dtype=np.int64)
+        self._first_max = 0
         self._dtype = np.dtype(self.index.dtype)
         self._closed = False
 
     # -- scheduling (consumer thread only) ---------------------------------------
 
-    def reset(self, unit: int) -> None:
-        """Forget every unit and start again at ``unit`` (after a resume)."""
+    def reset(self, first_units: Sequence[int]) -> None:
+        """Forget every unit; lane ``i`` of the rank next needs unit ``first_units[i]``.
+
+        After a resume, lanes sit in different units. A unit behind some lanes'
+        positions is then needed only by the lanes at or before it, so only the row
+        groups that can hold those lanes' documents are read: resuming reads what
+        the positions need, not whole windows (docs/design.md, "Resuming").
+        """
+        first = np.asarray(first_units, dtype=np.int64)
+        unit = int(first.min())
+        self._first = first
+        self._first_max = int(first.max())
         with self._lock:
             for u in self._units.values():
                 u.future.cancel()
@@ -103,7 +119,29 @@ class Scanner:
         epoch, window = divmod(unit, self.windows)
         ep = self.plan.epoch(epoch)
         positions = ep.reads_of(window, self.rank)
+        if unit < self._first_max:
+            positions = positions[self._needed_positions(ep, positions, unit)]
         return epoch, window, ep.order[positions], ep.token_start[positions]
+
+    def _needed(self, unit: int) -> NDArray[np.bool_] | None:
+        """Which of the rank's lanes need ``unit`` (None: all of them)."""
+        return None if unit >= self._first_max else self._first <= unit
+
+    def _needed_positions(self, ep: EpochPlan, positions: NDArray[np.int64], unit: int) -> NDArray[np.bool_]:
+        """Of a window's read positions, those that can hold a needed lane's documents."""
+        needed = self._needed(unit)
+        assert needed is not None
+        rgs = ep.order[positions]
+        tok = self._tokens[rgs]
+        lo = ep.token_start[positions]
+        hi = lo + tok - ((tok > 0) & (self._empty[rgs] == 0))
+        t_w = ep.window_tokens[unit % self.windows]
+        first = self.rank_lanes.start
+        a = np.clip(lane_of(lo, t_w, self.lanes) - first, 0, len(needed) - 1)  # type: ignore[arg-type]
+        b = np.clip(lane_of(hi, t_w, self.lanes) - first, 0, len(needed) - 1)  # type: ignore[arg-type]
+        count = np.concatenate([[0], np.cumsum(needed)])
+        has: NDArray[np.bool_] = count[b + 1] - count[a] > 0
+        return has
 
     def _estimate(self, unit: int) -> int:
         _, _, rgs, _ = self._reads(unit)
@@ -120,6 +158,7 @@ class Scanner:
         token_start = [int(x) for x in starts]
         doc_base = [int(self._doc_base[g]) for g in rgs]
         window_tokens = int(self.plan.epoch(epoch).window_tokens[window])
+        keep = self._needed(unit)
 
         def pack() -> None:
             try:
@@ -132,6 +171,7 @@ class Scanner:
                     window_tokens=window_tokens,
                     lanes=self.plan.settings.lanes,
                     rank_lanes=self.rank_lanes,
+                    keep=keep,
                     seed=self.plan.settings.seed,
                     epoch=epoch,
                     window=window,
