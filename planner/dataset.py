@@ -33,6 +33,7 @@ from typing import Any, Literal
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from planner.errors import ConfigError, DataError
@@ -147,7 +148,8 @@ def decode_chunk(
     """
     f = _RangeFile(data, offset, file_size, where)
     try:
-        pf = pq.ParquetFile(f, metadata=metadata, pre_buffer=True)
+        # Page CRCs are verified whenever the writer stored them (docs/reliability.md).
+        pf = pq.ParquetFile(f, metadata=metadata, pre_buffer=True, page_checksum_verification=True)
         table = pf.read_row_group(row_group, columns=[column], use_threads=False)
     except DataError:
         raise
@@ -338,6 +340,7 @@ def _file_rows(entry: _FileEntry, column: str | None) -> tuple[list[_Row], str, 
         msg = f"{st.location}: token column {name!r} is nested ({len(leaf)} leaves); it must be a flat list"
         raise DataError(msg)
     j = leaf[0]
+    physical = md.schema.column(j).physical_type
     rows = []
     for g in range(md.num_row_groups):
         rg = md.row_group(g)
@@ -352,6 +355,11 @@ def _file_rows(entry: _FileEntry, column: str | None) -> tuple[list[_Row], str, 
                 f"{where}: the token column chunk [{start}, {start + length}) lies outside the file; "
                 "the footer is damaged"
             )
+            raise DataError(msg)
+        # pyarrow aborts the process (an uncaught C++ exception) when statistics are
+        # read from a column chunk whose type field was damaged; check it first.
+        if cc.physical_type != physical:
+            msg = f"{where}: the footer gives the token column type {cc.physical_type}, not {physical}; the footer is damaged"
             raise DataError(msg)
         stats = cc.statistics if cc.is_stats_set else None
         if rg.num_rows == 0:
@@ -387,6 +395,23 @@ def _count(entry: _FileEntry, g: int, column: str, start: int, length: int, wher
     check_no_null_tokens(arr, where)
     lengths = arr.value_lengths().fill_null(0).to_numpy()
     return int(lengths.sum()), int((lengths == 0).sum())
+
+
+def check_decoded(arr: pa.Array, *, rows: int, tokens: int, where: str) -> None:
+    """The decoded chunk must hold the rows and tokens its footer promised.
+
+    A damaged page can decode without an error into other lengths; counting is
+    cheap and catches it before a single token is handed out.
+    """
+    got_tokens = len(arr.values) if arr.offset == 0 and len(arr.values) == arr.offsets[-1].as_py() else None
+    if got_tokens is None:
+        got_tokens = int(pc.sum(pc.list_value_length(arr)).as_py() or 0)
+    if len(arr) != rows or got_tokens != tokens:
+        msg = (
+            f"{where}: decoded {len(arr)} rows and {got_tokens} tokens, but the footer says {rows} rows "
+            f"and {tokens} tokens; the file is damaged: restore it from a good copy"
+        )
+        raise DataError(msg)
 
 
 def check_no_null_tokens(arr: pa.Array, where: str, first_row: int = 0) -> None:

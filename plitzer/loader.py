@@ -300,7 +300,15 @@ class Loader:
         """The batch of the next step, whatever its epoch."""
         self._check_fork()
         with self._lock:
-            return self._next_batch()
+            # A step is all or nothing: if it is interrupted (KeyboardInterrupt, a
+            # storage error), the lanes' cursors are put back, so checkpoint() still
+            # describes the batch that was not delivered and a retry resumes cleanly.
+            saved = (self._unit[:], self._win[:], self._pos[:], self._end[:], self._pending[:])
+            try:
+                return self._next_batch()
+            except BaseException:
+                self._unit, self._win, self._pos, self._end, self._pending = saved
+                raise
 
     def _next_batch(self) -> Batch:
         length = self.settings.seq_len
@@ -335,6 +343,7 @@ class Loader:
                 row.append((w, p, p + t))
                 p += t
                 col += t
+                dry = 0
             pieces.append(row)
             if p == e:
                 # The slice is used up: the lane's position is the next window's start.

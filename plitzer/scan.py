@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from planner.dataset import Index, check_no_null_tokens
+from planner.dataset import Index, check_decoded, check_no_null_tokens
 from planner.plan import EpochPlan, Plan, lane_of
 from plitzer.pack import PackedWindow, pack_window
 
@@ -197,15 +197,9 @@ class Scanner:
             try:
                 arr = self.index.read_chunk(g)
                 row = self.index.frame.row(g, named=True)
-                check_no_null_tokens(arr, self.index.location(row["file_index"], row["row_group"]))
-                if len(arr) != row["rows"]:
-                    from planner.errors import DataError
-
-                    msg = (
-                        f"{self.index.location(row['file_index'], row['row_group'])}: decoded "
-                        f"{len(arr)} rows but the footer says {row['rows']}; the file is damaged"
-                    )
-                    raise DataError(msg)
+                where = self.index.location(row["file_index"], row["row_group"])
+                check_no_null_tokens(arr, where)
+                check_decoded(arr, rows=row["rows"], tokens=row["tokens"], where=where)
             except BaseException as e:
                 if not fut.done():
                     fut.set_exception(e)
