@@ -359,7 +359,10 @@ def _file_rows(entry: _FileEntry, column: str | None) -> tuple[list[_Row], str, 
         # pyarrow aborts the process (an uncaught C++ exception) when statistics are
         # read from a column chunk whose type field was damaged; check it first.
         if cc.physical_type != physical:
-            msg = f"{where}: the footer gives the token column type {cc.physical_type}, not {physical}; the footer is damaged"
+            msg = (
+                f"{where}: the footer gives the token column type {cc.physical_type}, not {physical}; "
+                "the footer is damaged"
+            )
             raise DataError(msg)
         stats = cc.statistics if cc.is_stats_set else None
         if rg.num_rows == 0:

@@ -60,7 +60,8 @@ def run(base: Path, work: Path, n: int, seed: int) -> dict[str, object]:
         except plitzer.PlitzerError as e:
             counts["error"] += 1
             errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
-            assert "x.parquet" in str(e), str(e)
+            if "x.parquet" not in str(e):
+                raise AssertionError(f"error does not name the file: {e}") from e
         for p in d.iterdir():
             p.unlink()
         d.rmdir()

@@ -69,10 +69,8 @@ def test_twenty_thousand_tiny_row_groups(tmp_path: Path) -> None:
     )
     ix = plitzer.index(tmp_path)
     assert ix.row_groups == n
-    seen = []
     with plitzer.Loader(ix, lanes=16, window=512, seq_len=64, seed=3) as ld:
-        for b in ld:
-            seen.append(tokens_of(b).ravel().copy())
+        seen = [tokens_of(b).ravel().copy() for b in ld]
     got = np.concatenate(seen)
     # One epoch: every token of the dataset exactly once, plus the start of the next epoch.
     total = int(offsets[-1])
