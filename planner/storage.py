@@ -15,6 +15,7 @@ detect a file that changed after it was indexed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import time
@@ -185,7 +186,11 @@ class S3Storage:
     """
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
-        import s3fs
+        try:
+            import s3fs
+        except ImportError as e:
+            msg = f"source {url!r}: reading S3 needs s3fs; install it with: pip install 'plitzer[s3]'"
+            raise ConfigError(msg) from e
 
         self.url = url.rstrip("/")
         self.bucket, _, self.key = self.url[len("s3://") :].partition("/")
@@ -234,7 +239,7 @@ class S3Storage:
         config_kwargs.setdefault("max_pool_connections", max(64, 2 * self.concurrency))
         # Our retry loop owns retries, so that every failure is counted, bounded and
         # reported with the object and range; botocore's and s3fs's would hide them.
-        config_kwargs.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+        config_kwargs.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
         self.anon = bool(opts.get("anon", False))
         self._key = opts.get("key")
         self._secret = opts.get("secret")
@@ -272,10 +277,11 @@ class S3Storage:
                     )
                     raise StorageError(msg) from e
                 last = e
-        cause = f"{type(last).__name__}: {last}" if last is not None else "unknown"
+        cause = str(last) if isinstance(last, _Retry) else f"{type(last).__name__}: {last}"
         msg = (
             f"{what} failed after {self.attempts} attempts; last cause: {cause}. Check the "
-            "endpoint and the network, or raise storage_options attempts/read_timeout"
+            "endpoint and the network; if the server throttles or is slow, raise "
+            "storage_options attempts, backoff or read_timeout"
         )
         raise StorageError(msg) from last
 
@@ -286,23 +292,37 @@ class S3Storage:
         single = key.endswith(".parquet")
         prefix = key if single or not key else key + "/"
 
-        async def listing() -> list[dict[str, Any]]:
+        async def page(token: str | None) -> dict[str, Any]:
             s3 = await self.fs.set_session()
-            out: list[dict[str, Any]] = []
+            params = {"Bucket": self.bucket, "Prefix": prefix}
+            if token:
+                params["ContinuationToken"] = token
             try:
-                async for page in s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
-                    out.extend(page.get("Contents", []))
+                result: dict[str, Any] = await s3.list_objects_v2(**params)
             except Exception as e:
                 _raise_fatal(e)
                 raise
-            return out
+            return result
 
-        objects: list[dict[str, Any]] = self._run(
-            f"{self.url}: listing", listing, self.connect_timeout + 10 * self.read_timeout
-        )
-        if single and any(o["Key"] == key for o in objects):
-            objects = [o for o in objects if o["Key"] == key]
-            prefix = key.rsplit("/", 1)[0] + "/" if "/" in key else ""
+        # One ListObjectsV2 request per 1,000 objects, each retried on its own.
+        objects: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            result = self._run(
+                f"{self.url}: listing",
+                functools.partial(page, token),
+                self.connect_timeout + 2 * self.read_timeout,
+            )
+            objects.extend(result.get("Contents", []))
+            token = result.get("NextContinuationToken")
+            if not result.get("IsTruncated") or not token:
+                break
+        if single:
+            exact = [o for o in objects if o["Key"] == key]
+            if exact:  # one object: named by its base name, like a local file
+                objects, prefix = exact, key.rsplit("/", 1)[0] + "/" if "/" in key else ""
+            else:  # a "folder" whose name ends in .parquet
+                prefix = key + "/"
         out = []
         for o in objects:
             k: str = o["Key"]
@@ -415,9 +435,10 @@ async def _with_deadline(make: Any, deadline: float) -> Any:
         async with cm:
             return await make()
     except TimeoutError as e:
-        if not cm.expired():
-            raise
-        msg = f"no complete response within {deadline:.1f} s"
+        if cm.expired():
+            msg = f"no complete response within {deadline:.1f} s"
+        else:  # the read timeout, while waiting for the headers or the body
+            msg = f"timed out: {type(e).__name__}: {e}".rstrip(": ")
         raise _Retry(msg) from e
 
 
@@ -425,6 +446,7 @@ def _transient(e: BaseException) -> bool:
     """Whether another attempt may succeed: network, timeout, short body, 5xx, throttling."""
     import aiohttp
     from botocore import exceptions as bx
+    from botocore.parsers import ResponseParserError
 
     kinds = (
         _Retry,
@@ -434,7 +456,7 @@ def _transient(e: BaseException) -> bool:
         bx.HTTPClientError,
         bx.ConnectionError,
         bx.IncompleteReadError,
-        bx.ResponseParserError,
+        ResponseParserError,
         bx.ClientError,  # only retryable ones get here: _raise_fatal took the rest
     )
     return isinstance(e, kinds)
