@@ -320,3 +320,38 @@ def test_bad_sources_and_options_are_clear_errors(s3: S3Data) -> None:
     dead = options(f"http://127.0.0.1:{free_port()}", **{**FAST, "attempts": 2})
     with pytest.raises(StorageError, match=r"listing failed after 2 attempts; last cause: .*Connect"):
         planner.index(s3.url["synth"], storage_options=dead)
+
+
+@pytest.mark.timeout(60)
+def test_credentials_never_appear_in_errors_logs_or_checkpoints(
+    s3: S3Data, proxy: FaultProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from tests.s3_fixtures import KEY, SECRET
+
+    caplog.set_level(logging.DEBUG)
+    texts: list[str] = []
+    with plitzer.Loader(s3.url["synth"], storage_options=s3.options(), **CFG) as loader:
+        loader.next_batch()
+        state = loader.checkpoint()
+        texts.append(repr(loader))
+        texts.append(repr(loader.index))
+    assert SECRET.encode() not in state and KEY.encode() not in state
+    for bad in (
+        lambda: planner.index("s3://no-such-bucket/x", storage_options=s3.options()),
+        lambda: planner.index(s3.url["synth"], storage_options={**s3.options(), "endpiont": "x"}),
+    ):
+        with pytest.raises(plitzer.PlitzerError) as err:
+            bad()
+        texts.append(str(err.value))
+        texts.append(repr(err.value.__cause__))
+    with _loader_through(proxy, s3, attempts=2) as loader:
+        proxy.reset(always("500"))
+        with pytest.raises(StorageError) as err:
+            loader.next_batch()
+        texts.append(str(err.value))
+    texts.extend(r.getMessage() for r in caplog.records)
+    assert texts
+    leaked = [t for t in texts if SECRET in t]
+    assert not leaked, leaked[:3]
