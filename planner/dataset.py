@@ -527,7 +527,7 @@ def index(
         return result
 
     show = progress if progress is not None else (len(entries) >= 64 and None)
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(entries)))) as pool:
         results = list(

@@ -9,6 +9,7 @@ from planner import index, plan
 from plitzer import synth
 from plitzer.batch import Batch, Tokens
 from plitzer.errors import CheckpointError, ConfigError, DataError, PlitzerError, StorageError
+from plitzer.explain import explain
 from plitzer.loader import Loader, LoaderSettings
 from plitzer.state import load_checkpoint, merge, save_checkpoint
 
@@ -25,6 +26,7 @@ __all__ = [
     "StorageError",
     "Tokens",
     "__version__",
+    "explain",
     "index",
     "load_checkpoint",
     "merge",

@@ -1,4 +1,4 @@
-"""The ``plitzer`` command line: synth, index, plan, demo.
+"""The ``plitzer`` command line: synth, index, plan, explain, audit, demo, bench.
 
 Each subcommand has ``--help`` with examples. Tables print with rich on a
 terminal and as plain text otherwise (or CSV/JSON/Parquet with ``--format``).
@@ -26,7 +26,26 @@ _EXAMPLES = {
         "  plitzer plan data/sample --table reads --epoch 1 --format csv --out reads.csv"
     ),
     "demo": "example: plitzer demo --dir data/demo --tokens 20000000",
-    "index": "example: plitzer index data/sample",
+    "index": (
+        "examples:\n"
+        "  plitzer index data/sample\n"
+        "  plitzer index s3://bucket/prefix --endpoint http://localhost:9000 --no-lengths"
+    ),
+    "explain": (
+        "examples:\n"
+        "  plitzer explain data/sample --step 1200 --lanes 64 --window 8 --seq-len 2048\n"
+        "  plitzer explain data/sample --step 1200 --lane 7 --lanes 64 --window 8 --format csv"
+    ),
+    "audit": (
+        "examples:\n"
+        "  plitzer audit data/sample --lanes 64 --window 8 --world 4 --out audit.html\n"
+        "  plitzer audit data/sample --lanes 512 --window 64 --world 8 --steps 100000 --out audit/"
+    ),
+    "bench": (
+        "examples:\n"
+        "  plitzer bench --help          (the baseline benchmark's own options)\n"
+        "  plitzer bench --loaders plitzer --time-limit 60"
+    ),
 }
 
 
@@ -115,7 +134,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     f = ix.frame
     summary = pl.DataFrame(
         {
-            "files": [f["file"].n_unique()],
+            "files": [len(ix.files)],
             "row_groups": [f.height],
             "documents": [int(f["rows"].sum())],
             "tokens": [int(f["tokens"].sum())],
@@ -133,6 +152,15 @@ def cmd_index(args: argparse.Namespace) -> int:
         pl.col("tokens").max().alias("max"),
     )
     _print_frame(per_rg, args.format, None, title="tokens per row group")
+    if args.no_lengths:
+        return 0
+    from plitzer.audit import length_histogram, length_summary
+    from plitzer.explain import document_lengths
+
+    # One pass over the token column (cached next to the index); --no-lengths skips it.
+    lengths = document_lengths(ix, progress=True)
+    _print_frame(length_summary(lengths), args.format, None, title="document lengths (tokens)")
+    _print_frame(length_histogram(lengths), args.format, None, title="document length distribution")
     return 0
 
 
@@ -175,6 +203,85 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from plitzer.explain import explain
+
+    docs = explain(
+        _source(args.data),
+        args.step,
+        args.lane,
+        seed=args.seed,
+        lanes=args.lanes,
+        window=args.window,
+        seq_len=args.seq_len,
+        budget=args.budget,
+        rank=args.rank,
+        world=args.world,
+        column=args.column,
+        storage_options=_storage_options(args),
+        progress=True,
+    )
+    if args.format == "table" and not args.out:
+        rows = docs["lane"].n_unique()
+        units = docs.select("epoch", "window").unique().sort("epoch", "window").rows()
+        where = ", ".join(f"epoch {e} window {w}" for e, w in units)
+        print(f"step {args.step}: {docs.height} document pieces in {rows} sequences of {args.seq_len} tokens ({where})")
+    _print_frame(docs, args.format, args.out, title=f"step {args.step}")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from plitzer.audit import audit
+
+    windows = [int(w) for w in args.windows.split(",")] if args.windows else None
+    report = audit(
+        _source(args.data),
+        seed=args.seed,
+        lanes=args.lanes,
+        window=args.window,
+        world=args.world,
+        seq_len=args.seq_len,
+        steps=args.steps,
+        windows=windows,
+        column=args.column,
+        storage_options=_storage_options(args),
+        progress=True,
+    )
+    for name in ("summary", "length_summary", "lane_balance_summary", "drift_summary", "reads_per_rank"):
+        _print_frame(report.tables[name], args.format, None, title=name.replace("_", " "))
+    _print_frame(report.tables["read_amplification"], args.format, None, title="read amplification")
+    _print_frame(report.tables["epochs_covered"], args.format, None, title="epochs covered")
+    dup = report.tables["duplicates"]
+    groups = dup["group"].n_unique() if dup.height else 0
+    print(f"duplicates: {dup.height} documents in {groups} groups of identical documents")
+    page = report.write(args.out)
+    print(f"wrote {page}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import importlib.util
+    import subprocess
+
+    try:
+        found = importlib.util.find_spec("plitzer.bench.baseline") is not None
+    except ImportError:
+        found = False
+    if not found:
+        print(
+            "plitzer bench: the baseline benchmark (plitzer.bench.baseline) is not installed in this "
+            "version; see benchmarks/ for the other benchmarks",
+            file=sys.stderr,
+        )
+        return 2
+    extra = list(args.args)
+    if extra[:1] == ["--"]:
+        extra = extra[1:]
+    if any(a in {"-h", "--help"} for a in extra):
+        print("plitzer bench runs `python -m plitzer.bench.baseline` with these arguments; its help:\n", flush=True)
+    return subprocess.call([sys.executable, "-m", "plitzer.bench.baseline", *extra])
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from plitzer.demo import run
 
@@ -205,6 +312,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_source(p)
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.add_argument(
+        "--no-lengths",
+        action="store_true",
+        help="skip the document-length distribution (it reads the token column once; then it is cached)",
+    )
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("plan", help="the plan tables, or SQL over them", epilog=_EXAMPLES["plan"], formatter_class=fmt)
@@ -216,6 +328,59 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
     p.add_argument("--out", default=None, help="write to this file instead of printing")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser(
+        "explain",
+        help="the source documents of every sequence of one step, without replaying the run",
+        description=(
+            "Which documents (file, row group, row, token span, epoch) each sequence of step K holds. "
+            "Computed from document lengths (one cached pass) and the plan, reading only the windows "
+            "that step needs."
+        ),
+        epilog=_EXAMPLES["explain"],
+        formatter_class=fmt,
+    )
+    _add_source(p)
+    p.add_argument("--step", type=int, required=True, help="global step K (from 0)")
+    p.add_argument("--lane", type=int, default=None, help="only this lane (row of the global batch)")
+    _add_settings(p, seq_len=True)
+    p.add_argument("--rank", type=int, default=0, help="with --world: only this rank's lanes")
+    p.add_argument("--budget", type=int, default=8 << 30, help="bytes of decoded tokens the loader may hold")
+    p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
+    p.add_argument("--out", default=None, help="write to this file instead of printing")
+    p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser(
+        "audit",
+        help="dataset and plan health: one HTML report with pictures",
+        description=(
+            "Document lengths, tokens per file and row group, lane balance and drift, reads per rank "
+            "and read amplification versus window, duplicate documents, and the epochs a number of "
+            "steps covers; printed as tables and written as an HTML report with PNG pictures."
+        ),
+        epilog=_EXAMPLES["audit"],
+        formatter_class=fmt,
+    )
+    _add_source(p)
+    _add_settings(p, seq_len=True)
+    p.add_argument("--steps", type=int, default=None, help="run length in steps for the epoch table (default: 1 epoch)")
+    p.add_argument("--windows", default=None, help="window sizes to compare, e.g. 1,4,16,64 (default: powers of 2)")
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.add_argument(
+        "--out",
+        default="plitzer-audit.html",
+        help="report.html (one self-contained page) or a folder (report.html and PNGs)",
+    )
+    p.set_defaults(func=cmd_audit)
+
+    p = sub.add_parser(
+        "bench",
+        help="run the baseline benchmark (python -m plitzer.bench.baseline)",
+        epilog=_EXAMPLES["bench"],
+        formatter_class=fmt,
+        add_help=False,
+    )
+    p.set_defaults(func=cmd_bench, args=[])
 
     p = sub.add_parser(
         "demo",
@@ -236,7 +401,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from planner.errors import PlitzerError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # `bench` passes every argument through (--help included) to plitzer.bench.baseline.
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "bench":
+        args.args = extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         code: int = args.func(args)
     except PlitzerError as e:

@@ -20,7 +20,7 @@ __all__ = ["run"]
 
 
 def run(folder: Path, *, tokens: int, seq_len: int, lanes: int, window: int) -> int:
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     import plitzer
 

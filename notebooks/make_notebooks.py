@@ -1,0 +1,285 @@
+"""Write the audit notebooks (without outputs): ``python notebooks/make_notebooks.py``.
+
+The notebooks are generated so that their text stays reviewable here; the stored
+``.ipynb`` files carry no outputs (tests/test_notebooks.py checks both that and
+that they run top to bottom and draw their pictures).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = Path(__file__).parent
+
+SETUP = """\
+%matplotlib inline
+import tempfile
+from pathlib import Path
+
+import duckdb
+import matplotlib.pyplot as plt
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+
+import plitzer
+from plitzer import audit
+from plitzer.explain import document_lengths, document_table
+
+pl.Config.set_tbl_rows(12)
+data = Path(tempfile.mkdtemp(prefix="plitzer-notebook-"))
+plitzer.synth.write(data, tokens=200_000, seed=0, docs_per_row_group=50, row_groups_per_file=4, mean_length=200)
+"""
+
+PLAN = [
+    new_markdown_cell(
+        "# Plan audit\n\n"
+        "The plan of a dataset is a few small tables: the row-group order of each epoch, its windows, "
+        "each lane's token range in each window, and the row groups each rank reads. This notebook "
+        "builds the plan of a generated dataset (200,000 tokens, 20 row groups) for 16 lanes, "
+        "windows of 4 row groups and 4 ranks, and asks it questions in SQL: which rank reads which "
+        "row groups, how balanced the lanes are, and what read amplification costs."
+    ),
+    new_code_cell(
+        SETUP + "\nsettings = dict(seed=0, lanes=16, window=4, world=4)\nplan = plitzer.plan(data, **settings)\nplan"
+    ),
+    new_markdown_cell("## The tables\n\nThe index: one row per row group, from the Parquet footers alone."),
+    new_code_cell("plan.index"),
+    new_markdown_cell(
+        "Epoch 0's row-group order, cut into windows; `token_start` is where each row group begins in "
+        "its window's stream, and `first_rank`..`last_rank` the ranks that read it."
+    ),
+    new_code_cell("plan.row_groups(0)"),
+    new_code_cell("plan.lanes(0).head(16)"),
+    new_code_cell("plan.reads(0)"),
+    new_markdown_cell(
+        "## Which rank reads which row groups\n\n"
+        "A rank reads, per window, only the row groups whose token range meets its lanes' cut range."
+    ),
+    new_code_cell(
+        'plan.sql("""\n'
+        "    select rank, count(*) as row_groups, sum(bytes) as bytes,\n"
+        "           string_agg(file || '#' || row_group, ', ' order by \"window\", file, row_group) as reads\n"
+        "    from reads group by rank order by rank\n"
+        '""")'
+    ),
+    new_code_cell(
+        "# The read matrix: a dot where a rank reads the row group at that position of epoch 0.\n"
+        'hits = plan.sql("""\n'
+        "    select r.rank, g.position from reads r\n"
+        '    join row_groups g using (epoch, "window", file, row_group)\n'
+        '""")\n'
+        "matrix = np.zeros((settings['world'], plan.index.height))\n"
+        'matrix[hits["rank"].to_numpy(), hits["position"].to_numpy()] = 1\n'
+        "fig, ax = plt.subplots(figsize=(9, 2.6))\n"
+        'ax.imshow(matrix, aspect="auto", interpolation="nearest", cmap="Blues")\n'
+        "for w in range(settings['window'], plan.index.height, settings['window']):\n"
+        '    ax.axvline(w - 0.5, color="gray", linewidth=0.8)\n'
+        'ax.set(xlabel="position in epoch 0 (gray lines: windows)", ylabel="rank", title="who reads what")\n'
+        "ax.set_xticks(range(plan.index.height))\n"
+        "ax.set_yticks(range(settings['world']))\n"
+        "plt.show()"
+    ),
+    new_markdown_cell(
+        "## How balanced are the lanes\n\nThe cut ranges are equal by construction (within one token per window):"
+    ),
+    new_code_cell(
+        'plan.sql("""\n'
+        "    select min(t) as min_tokens, max(t) as max_tokens from (\n"
+        "        select lane, sum(token_end - token_start) as t from lanes group by lane)\n"
+        '""")'
+    ),
+    new_markdown_cell(
+        "A lane receives the documents that *start* in its cut range, so what it really gets depends "
+        "on document lengths (one pass over the token column, cached). The lanes' streams drift apart "
+        "by whole documents; the loader holds every window between the slowest and fastest lane."
+    ),
+    new_code_cell(
+        "lengths = document_lengths(data)\n"
+        "balance = audit.lane_balance(plan, lengths, epoch=0)\n"
+        "drift = audit.lane_drift(plan, lengths, seq_len=256, steps=3 * 50)\n"
+        "fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.4))\n"
+        "audit.plot_lane_balance(balance, ax=a)\n"
+        "audit.plot_drift(drift, ax=b)\n"
+        "plt.show()\n"
+        "balance.describe()"
+    ),
+    new_markdown_cell(
+        "## Read amplification\n\n"
+        "Over all ranks, a row group is read once, or twice where a rank boundary cuts it: at most "
+        "`world - 1` extra reads per window, so about `1 + (world - 1) / window`."
+    ),
+    new_code_cell(
+        'plan.sql("""\n'
+        "    select count(*) as reads,\n"
+        "           (select count(*) from index where rows > 0) as row_groups,\n"
+        "           count(*) / (select count(*) from index where rows > 0) as amplification\n"
+        "    from reads\n"
+        '""")'
+    ),
+    new_code_cell(
+        "amp = audit.read_amplification(plan, lanes=settings['lanes'], world=settings['world'])\n"
+        "fig, ax = plt.subplots(figsize=(7, 3.4))\n"
+        "audit.plot_amplification(amp, ax=ax)\n"
+        "plt.show()\n"
+        "amp"
+    ),
+    new_markdown_cell("The same question over three epochs (each epoch has its own order):"),
+    new_code_cell(
+        'plan.sql("""\n'
+        "    select epoch, rank, count(*) as row_groups, sum(bytes) as bytes\n"
+        "    from reads group by epoch, rank order by epoch, rank\n"
+        '""", epochs=[0, 1, 2]).pivot(on="epoch", index="rank", values="row_groups")'
+    ),
+    new_markdown_cell(
+        "## A rank's rows, lazily\n\n`plan.scan` is a Polars LazyFrame of exactly the rows a rank reads."
+    ),
+    new_code_cell(
+        "rows = plan.scan(0, rank=1).select('window', 'file', 'row_group', 'row', pl.col('tokens').list.len())\n"
+        "rows.collect().group_by('window', 'file', 'row_group', maintain_order=True).agg(pl.len().alias('rows'))"
+    ),
+]
+
+DATA = [
+    new_markdown_cell(
+        "# Data audit\n\n"
+        "Document lengths, duplicates, tokens per source file, what a given step held, and a proof "
+        "that an epoch covers every document exactly once, by SQL over the batches' provenance. The "
+        "dataset is generated (200,000 tokens), plus one file that copies 12 documents, so that "
+        "there are duplicates to find."
+    ),
+    new_code_cell(
+        SETUP + "copied = pq.read_table(data / 'part-00000.parquet').slice(5, 12)\n"
+        "pq.write_table(copied, data / 'part-copies.parquet')\n"
+        "sorted(p.name for p in data.glob('*.parquet'))"
+    ),
+    new_markdown_cell(
+        "## Document lengths\n\n"
+        "One row per document, with its length and a 64-bit content hash (one pass over the token "
+        "column, cached under `PLITZER_CACHE`)."
+    ),
+    new_code_cell("docs = document_table(data)\ndocs"),
+    new_code_cell(
+        "fig, ax = plt.subplots(figsize=(7, 3.4))\n"
+        'audit.plot_lengths(docs["length"].to_numpy(), ax=ax)\n'
+        "plt.show()\n"
+        'audit.length_summary(docs["length"].to_numpy())'
+    ),
+    new_code_cell('audit.length_histogram(docs["length"].to_numpy())'),
+    new_markdown_cell("## Duplicates\n\nDocuments with the same length and content hash, in DuckDB:"),
+    new_code_cell(
+        'duckdb.sql("""\n'
+        "    select hash, any_value(length) as length, count(*) as copies,\n"
+        "           string_agg(file || '#' || row_group || ':' || row, ', ') as where_\n"
+        "    from docs where length > 0 group by hash having count(*) > 1 order by min(doc)\n"
+        '""").pl()'
+    ),
+    new_markdown_cell("or with `plitzer.audit.duplicates`, one row per copy:"),
+    new_code_cell("dups = audit.duplicates(data)\nassert dups['group'].n_unique() == 12\ndups.head(6)"),
+    new_markdown_cell("## Tokens per source file"),
+    new_code_cell(
+        'per_file = duckdb.sql("""\n'
+        "    select file, count(distinct row_group) as row_groups, count(*) as documents, sum(length) as tokens\n"
+        "    from docs group by file order by file\n"
+        '""").pl()\n'
+        "fig, ax = plt.subplots(figsize=(7, 3.2))\n"
+        'ax.barh(per_file["file"], per_file["tokens"], color="#4477aa")\n'
+        'ax.set(xlabel="tokens", title="tokens per source file")\n'
+        "ax.invert_yaxis()\n"
+        "plt.show()\n"
+        "per_file"
+    ),
+    new_markdown_cell(
+        "## What step K held\n\n"
+        "`plitzer.explain` finds each lane's position at step K from document lengths and reads only "
+        "the windows that step needs; nothing is replayed."
+    ),
+    new_code_cell(
+        "cfg = dict(seed=0, lanes=8, window=4, seq_len=256)\nstep = 60\nheld = plitzer.explain(data, step, **cfg)\nheld"
+    ),
+    new_code_cell(
+        "# Each row of the global batch, as its document pieces (colour: source file).\n"
+        "files = sorted(held['file'].unique())\n"
+        "colours = plt.cm.tab10(np.linspace(0, 1, 10))\n"
+        "fig, ax = plt.subplots(figsize=(9, 3.2))\n"
+        "for r in held.iter_rows(named=True):\n"
+        "    c = colours[files.index(r['file']) % 10]\n"
+        "    ax.barh(r['lane'], r['length'], left=r['start'], color=c, edgecolor='white')\n"
+        "    if r['length'] > 25:\n"
+        "        ax.text(r['start'] + 3, r['lane'], f\"{r['row_group']}:{r['row']}\", va='center', fontsize=7)\n"
+        "ax.set(xlabel='token in the sequence', ylabel='lane', title=f'step {step}: documents per sequence')\n"
+        "handles = [plt.Rectangle((0, 0), 1, 1, color=colours[i % 10]) for i in range(len(files))]\n"
+        "ax.legend(handles, files, fontsize=7, loc='upper left', bbox_to_anchor=(1.0, 1.0))\n"
+        "ax.invert_yaxis()\n"
+        "plt.show()"
+    ),
+    new_markdown_cell("The same step in a real run agrees:"),
+    new_code_cell(
+        "with plitzer.Loader(data, **cfg) as loader:\n"
+        "    for _ in range(step):\n"
+        "        loader.next_batch()\n"
+        "    real = loader.next_batch().documents()\n"
+        'assert real.drop("batch_row").equals(held.drop("step"))'
+    ),
+    new_markdown_cell(
+        "## Every document exactly once per epoch\n\n"
+        "Collect the provenance of every batch until every lane has moved past epoch 0 (lanes drift "
+        "apart by whole documents, so that is a few steps past the epoch's label), then check in SQL "
+        "that the pieces of epoch 0 tile every document of the dataset exactly once: one lane, "
+        "offsets from 0 to its length, no token missing or repeated."
+    ),
+    new_code_cell(
+        "frames = []\n"
+        "with plitzer.Loader(data, **cfg) as loader:\n"
+        "    while True:\n"
+        "        frame = loader.next_batch().documents()\n"
+        "        frames.append(frame)\n"
+        '        if frame.group_by("lane").agg(pl.col("epoch").min())["epoch"].min() > 0:\n'
+        "            break\n"
+        "pieces = pl.concat(frames)\n"
+        "len(frames), pieces.height"
+    ),
+    new_code_cell(
+        'proof = duckdb.sql("""\n'
+        "    with per_doc as (\n"
+        "        select file, row_group, row, count(distinct lane) as lanes, sum(length) as tokens,\n"
+        "               min(token_offset) as first, max(token_offset + length) as last\n"
+        "        from pieces where epoch = 0 group by file, row_group, row)\n"
+        "    select (select count(*) from docs where length > 0) as documents,\n"
+        "           count(p.file) as seen,\n"
+        "           count(*) filter (where p.lanes = 1 and p.tokens = d.length\n"
+        "                            and p.first = 0 and p.last = d.length) as exactly_once\n"
+        "    from docs d left join per_doc p using (file, row_group, row)\n"
+        "    where d.length > 0\n"
+        '""").pl()\n'
+        'assert proof["documents"][0] == proof["seen"][0] == proof["exactly_once"][0]\n'
+        "proof"
+    ),
+    new_code_cell(
+        "# Tokens of epoch 0 per lane: the lanes' epoch-0 streams together hold the dataset.\n"
+        'per_lane = pieces.filter(pl.col("epoch") == 0).group_by("lane").agg(pl.col("length").sum()).sort("lane")\n'
+        'assert per_lane["length"].sum() == docs["length"].sum()\n'
+        "fig, ax = plt.subplots(figsize=(7, 3))\n"
+        'ax.bar(per_lane["lane"], per_lane["length"], color="#ee7733")\n'
+        'ax.set(xlabel="lane", ylabel="tokens", title="epoch 0 tokens per lane")\n'
+        "plt.show()"
+    ),
+]
+
+
+def write(name: str, cells: list[object]) -> None:
+    nb = new_notebook(cells=cells)
+    for i, cell in enumerate(nb.cells):
+        cell.id = f"{Path(name).stem}-{i:02d}"  # stable ids: regenerating changes nothing
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    nbformat.validate(nb)
+    nbformat.write(nb, HERE / name)
+
+
+if __name__ == "__main__":
+    write("plan_audit.ipynb", PLAN)
+    write("data_audit.ipynb", DATA)

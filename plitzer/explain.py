@@ -1,0 +1,401 @@
+"""What step K held: the documents of each sequence, without replaying the run.
+
+Lane ``k`` consumes ``seq_len`` tokens per step from its stream (SPEC section 3), so
+at step ``K`` it is at token ``K * seq_len`` of that stream. The stream is the
+lane's slices, unit after unit (a unit is one window of one epoch), and a slice's
+token count depends only on where documents start in the window's stream::
+
+    window stream:  |d0 ...|d1 ..|d2 .......|d3 ...|     T_w tokens, cuts c_k = k*T_w // B
+    lane k's slice: from the first document start >= c_k
+                    to   the first document start >= c_(k+1)   (or T_w)
+
+So document *lengths* alone (one int per row, read once and cached) give every
+lane's slice sizes in every window of every epoch, hence the unit that holds
+token ``K * seq_len`` and the offset in it. Inside that slice the shuffle
+``permutation(n, key(seed, epoch, window, k, 2))`` gives the document and the
+token offset: exactly the position a checkpoint stores. :func:`explain` writes that
+checkpoint, resumes a :class:`~plitzer.Loader` from it (which reads only the
+windows those positions need) and returns the next batch's provenance.
+
+>>> import plitzer, plitzer.synth, tempfile
+>>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=60_000, seed=1, docs_per_row_group=50)
+>>> cfg = dict(seed=0, lanes=4, window=2, seq_len=64)
+>>> with plitzer.Loader(d, **cfg) as ld:
+...     run = [ld.next_batch().documents() for _ in range(40)]
+>>> got = plitzer.explain(d, 37, **cfg)
+>>> got.drop("step").equals(run[37].drop("batch_row"))
+True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from numpy.typing import NDArray
+
+from planner._hash import key, mix_array, permutation
+from planner.dataset import Index, cache_dir, check_no_null_tokens, ensure_index
+from planner.errors import ConfigError, DataError
+from planner.plan import Plan, _check_int, lane_of
+from plitzer import state as ckpt
+from plitzer.loader import Loader
+
+__all__ = ["document_lengths", "document_table", "explain", "lane_positions", "slice_tokens"]
+
+I64 = NDArray[np.int64]
+U64 = NDArray[np.uint64]
+Source = Index | str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+
+_FORMAT = "1"
+# A lane with no token in this many epochs in a row never gets one (as in the loader).
+_STARVED_EPOCHS = 4
+_memo: OrderedDict[str, tuple[I64, U64]] = OrderedDict()
+_memo_lock = threading.Lock()
+
+
+# -- the one pass over the data: document lengths and hashes -------------------------
+
+
+def _hash_documents(arr: pa.Array) -> tuple[I64, U64]:
+    """Length and a 64-bit content hash of every document of one decoded chunk.
+
+    The hash is ``mix(sum_i mix(token_i | i << 32) ^ mix(length))`` (mod 2**64), i
+    the token's position in its document: integer arithmetic only, so it is the
+    same on every machine and version (a cached table stays valid).
+    """
+    lengths = pc.list_value_length(arr).fill_null(0).to_numpy().astype(np.int64, copy=False)
+    values = arr.flatten().to_numpy(zero_copy_only=False)
+    tok = values.view(np.uint32).astype(np.uint64) if values.dtype.itemsize == 4 else values.astype(np.uint64)
+    starts = np.cumsum(lengths) - lengths
+    pos = np.arange(len(tok), dtype=np.int64) - np.repeat(starts, lengths)
+    h = mix_array(tok | (pos.astype(np.uint64) << np.uint64(32)))
+    sums = np.zeros(len(lengths), np.uint64)
+    full = lengths > 0
+    if full.any():
+        sums[full] = np.add.reduceat(h, starts[full])
+    return lengths, mix_array(sums ^ mix_array(lengths.astype(np.uint64)))
+
+
+def _cache_path(ix: Index) -> Path:
+    h = hashlib.sha256()
+    for part in (_FORMAT, ix.column, ix.fingerprint, *[(f.location, f.size, f.version) for f in ix.files]):
+        h.update(str(part).encode() + b"\0")
+    return cache_dir() / "documents" / f"{h.hexdigest()}.parquet"
+
+
+def _documents(ix: Index, *, progress: bool | None = None, threads: int | None = None) -> tuple[I64, U64]:
+    """Lengths and hashes of every document, in index order: memory, cache, else one pass."""
+    path = _cache_path(ix)
+    with _memo_lock:
+        got = _memo.get(str(path))
+        if got is not None:
+            _memo.move_to_end(str(path))
+            return got
+    rows = ix.frame["rows"].to_numpy().astype(np.int64)
+    result: tuple[I64, U64] | None = None
+    if path.exists():
+        try:
+            t = pq.read_table(path)
+            lengths = t["length"].to_numpy().astype(np.int64)
+            hashes = t["hash"].to_numpy().astype(np.uint64)
+            if len(lengths) == int(rows.sum()):
+                result = (lengths, hashes)
+        except (OSError, KeyError, pa.ArrowException):
+            pass  # a damaged cache entry is rebuilt, never trusted
+    if result is None:
+        result = _read_documents(ix, progress=progress, threads=threads)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            pq.write_table(pa.table({"length": result[0], "hash": result[1]}), tmp)
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only cache costs time, not correctness
+    with _memo_lock:
+        _memo[str(path)] = result
+        while len(_memo) > 4:
+            _memo.popitem(last=False)
+    return result
+
+
+def _read_documents(ix: Index, *, progress: bool | None, threads: int | None) -> tuple[I64, U64]:
+    from tqdm import tqdm
+
+    f = ix.frame
+    where = [ix.location(fi, g) for fi, g in zip(f["file_index"].to_list(), f["row_group"].to_list(), strict=True)]
+
+    def one(rg: int) -> tuple[I64, U64]:
+        if int(f["rows"][rg]) == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.uint64)
+        arr = ix.read_chunk(rg)
+        check_no_null_tokens(arr, where[rg])
+        lengths, hashes = _hash_documents(arr)
+        if len(lengths) != int(f["rows"][rg]) or int(lengths.sum()) != int(f["tokens"][rg]):
+            msg = (
+                f"{where[rg]}: decoded {len(lengths)} documents of {int(lengths.sum())} tokens but the "
+                f"index says {f['rows'][rg]} of {f['tokens'][rg]}; the file changed or is damaged: re-index it"
+            )
+            raise DataError(msg)
+        return lengths, hashes
+
+    workers = threads or min(32, (os.cpu_count() or 2) * 2)
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="plitzer-lengths") as pool:
+        parts = list(
+            tqdm(
+                pool.map(one, range(f.height)),
+                total=f.height,
+                desc="document lengths",
+                unit="rg",
+                disable=None if progress is None else not progress,
+                leave=False,
+            )
+        )
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.uint64)
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def document_lengths(
+    source: Source,
+    *,
+    column: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    progress: bool | None = None,
+    threads: int | None = None,
+) -> I64:
+    """The token count of every document (row), files and row groups in index order.
+
+    The first call reads every row group's token column once (with a progress bar
+    on a terminal) and caches the lengths, with a content hash per document, under
+    ``PLITZER_CACHE``; later calls read the cache.
+
+    >>> import plitzer, plitzer.synth, tempfile
+    >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=20_000, seed=0)
+    >>> n = document_lengths(d)
+    >>> int(n.sum()) == plitzer.index(d).tokens
+    True
+    """
+    ix = ensure_index(source, column=column, storage_options=storage_options)
+    return _documents(ix, progress=progress, threads=threads)[0]
+
+
+def document_table(
+    source: Source,
+    *,
+    column: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    progress: bool | None = None,
+    threads: int | None = None,
+) -> pl.DataFrame:
+    """One row per document: file, file_index, row_group, row, doc, length, hash.
+
+    ``doc`` is the document's running number over the dataset; ``hash`` is a 64-bit
+    content hash (equal documents have equal hashes), for finding duplicates.
+    """
+    ix = ensure_index(source, column=column, storage_options=storage_options)
+    lengths, hashes = _documents(ix, progress=progress, threads=threads)
+    f = ix.frame
+    rows = f["rows"].to_numpy().astype(np.int64)
+    rg = np.repeat(np.arange(f.height, dtype=np.int64), rows)
+    base = np.cumsum(rows) - rows
+    doc = np.arange(len(lengths), dtype=np.int64)
+    return pl.DataFrame(
+        {
+            "file": f["file"].gather(rg),
+            "file_index": f["file_index"].gather(rg),
+            "row_group": f["row_group"].gather(rg),
+            "row": doc - base[rg],
+            "doc": doc,
+            "length": lengths,
+            "hash": pl.Series(hashes, dtype=pl.UInt64),
+        }
+    )
+
+
+# -- lane streams from lengths --------------------------------------------------------
+
+
+class _Epoch:
+    """One epoch's documents in stream order, with window boundaries."""
+
+    def __init__(self, plan: Plan, lengths: I64, epoch: int) -> None:
+        ep = plan.epoch(epoch)
+        rows = plan.index["rows"].to_numpy().astype(np.int64)
+        base = np.cumsum(rows) - rows
+        n_o = rows[ep.order]
+        before = np.cumsum(n_o) - n_o
+        self.docs = np.repeat(base[ep.order] - before, n_o) + np.arange(int(n_o.sum()), dtype=np.int64)
+        self.lengths = lengths[self.docs]
+        self.starts = np.cumsum(self.lengths) - self.lengths  # over the whole epoch
+        self.window_tokens = ep.window_tokens
+        self.window_start = np.cumsum(ep.window_tokens) - ep.window_tokens
+        w0 = np.arange(0, len(ep.order), plan.settings.window)
+        per_window = np.add.reduceat(n_o, w0) if len(n_o) else np.zeros(0, np.int64)
+        self.window_doc = np.concatenate([[0], np.cumsum(per_window)]).astype(np.int64)
+        self.epoch = epoch
+
+    def slice_tokens(self, lanes: int) -> I64:
+        """Tokens of each lane's slice in each window: shape (windows, lanes)."""
+        k = np.arange(lanes + 1, dtype=np.int64)
+        t = self.window_tokens[:, None]
+        end = (self.window_start + self.window_tokens)[:, None]
+        cuts = self.window_start[:, None] + k[None, :] * t // lanes
+        # The first document start at or after each cut (past the last: the epoch's end),
+        # capped at the window's end: a cut with no document start after it opens an
+        # empty slice.
+        starts = np.append(self.starts, int(self.lengths.sum()))
+        begin = np.minimum(starts[np.searchsorted(self.starts, cuts, side="left")], end)
+        out: I64 = np.diff(begin, axis=1)
+        return out
+
+    def slice_of(self, window: int, lane: int, lanes: int) -> I64:
+        """Lengths of lane ``lane``'s documents in ``window``, in stream order."""
+        a, b = int(self.window_doc[window]), int(self.window_doc[window + 1])
+        local = self.starts[a:b] - self.window_start[window]
+        owner = lane_of(local, self.window_tokens[window], lanes)
+        lo, hi = np.searchsorted(owner, [lane, lane + 1], side="left")
+        out: I64 = self.lengths[a + lo : a + hi]
+        return out
+
+
+def slice_tokens(plan: Plan, lengths: I64, epoch: int) -> I64:
+    """Tokens each lane receives in each window of ``epoch``: an int array (windows, lanes).
+
+    Rows sum to the windows' token counts; the column sums are the lanes' epochs.
+
+    >>> import planner, plitzer.synth, tempfile
+    >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=30_000, seed=0, docs_per_row_group=40)
+    >>> p = planner.plan(d, lanes=4, window=2)
+    >>> s = slice_tokens(p, document_lengths(d), 0)
+    >>> s.shape == (p.windows, 4), int(s.sum()) == p.tokens
+    (True, True)
+    """
+    return _Epoch(plan, lengths, epoch).slice_tokens(plan.settings.lanes)
+
+
+def lane_positions(plan: Plan, lengths: I64, step: int, seq_len: int, lanes: Sequence[int] | range) -> I64:
+    """Checkpoint positions ``[lane, epoch, window, doc, offset]`` of ``lanes`` before ``step``.
+
+    Lane ``k`` is at token ``step * seq_len`` of its stream: the first unit whose
+    running slice total passes it, then the document (in the slice's shuffled
+    order) and the offset in it. Epochs are walked one at a time from 0, each a few
+    whole-array operations over the document lengths; no token is read.
+    """
+    s = plan.settings
+    ks = np.asarray(lanes, dtype=np.int64)
+    target = step * seq_len
+    done = np.zeros(len(ks), bool)
+    before = np.zeros(len(ks), np.int64)
+    dry = np.zeros(len(ks), np.int64)
+    out = np.zeros((len(ks), 5), np.int64)
+    out[:, 0] = ks
+    epoch = 0
+    while not done.all():
+        ep = _Epoch(plan, lengths, epoch)
+        tok = ep.slice_tokens(s.lanes)[:, ks]  # (windows, len(ks))
+        cum = before[None, :] + np.cumsum(tok, axis=0)
+        found = ~done & (cum[-1] > target)
+        for i in np.flatnonzero(found).tolist():
+            w = int(np.argmax(cum[:, i] > target))
+            offset = target - int(cum[w, i] - tok[w, i])
+            k = int(ks[i])
+            lens = ep.slice_of(w, k, s.lanes)
+            ends = np.cumsum(lens[permutation(len(lens), key(s.seed, epoch, w, k, 2))])
+            j = int(np.searchsorted(ends, offset, side="right"))
+            out[i, 1:] = (epoch, w, j, offset - (int(ends[j - 1]) if j else 0))
+        dry = np.where(tok.sum(axis=0) > 0, 0, dry + 1)
+        starved = ~done & ~found & (dry >= _STARVED_EPOCHS)
+        if starved.any():
+            msg = (
+                f"lane {int(ks[starved][0])} received no token in {_STARVED_EPOCHS} epochs in a row: windows of "
+                f"{s.window} row groups hold too few documents for lanes={s.lanes}. Raise window or lower lanes"
+            )
+            raise DataError(msg)
+        done |= found
+        before = cum[-1]
+        epoch += 1
+    return out
+
+
+def explain(
+    source: Source,
+    step: int,
+    lane: int | None = None,
+    *,
+    seed: int = 0,
+    lanes: int = 512,
+    window: int = 64,
+    seq_len: int = 2048,
+    budget: int = 8 << 30,
+    rank: int = 0,
+    world: int = 1,
+    column: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    threads: int | None = None,
+    progress: bool | None = None,
+) -> pl.DataFrame:
+    """The source documents of every sequence of global step ``step``.
+
+    Parameters
+    ----------
+    source : str, PathLike, list, or planner.Index
+        The dataset, as for :class:`plitzer.Loader`.
+    step : int
+        Global step (from 0 over the whole run).
+    lane : int, optional
+        Only this lane (a row of the global batch); by default every lane of
+        ``rank`` (every lane when ``world`` is 1).
+    seed, lanes, window, seq_len, budget, rank, world, column, storage_options, threads :
+        The run's settings, as for :class:`plitzer.Loader`. ``world`` and ``rank`` only
+        choose which lanes to explain; the answer does not depend on them.
+    progress : bool, optional
+        Show a progress bar for the first (cached) pass over document lengths.
+
+    Returns
+    -------
+    polars.DataFrame
+        One row per document piece: step, lane, start (in the sequence), length,
+        file, row_group, row, token_offset (in the document), epoch, window;
+        the same as ``batch.documents()`` of that step in a real run.
+
+    Only the windows that hold the lanes' positions are read (after the one
+    cached pass over document lengths); nothing is replayed.
+    """
+    step = _check_int("step", step, 0, "steps count from 0")
+    if lane is not None:
+        lane = _check_int("lane", lane, 0, "lanes count from 0")
+        if lane >= lanes:
+            msg = f"lane={lane} is out of range for lanes={lanes}; use a lane in 0..{lanes - 1}"
+            raise ConfigError(msg)
+        # One lane is the one lane of rank `lane` in a world of `lanes` ranks: the
+        # loader then reads only the row groups that can hold that lane's documents.
+        rank, world = lane, lanes
+    ix = ensure_index(source, column=column, storage_options=storage_options)
+    with Loader(
+        ix,
+        seed=seed,
+        lanes=lanes,
+        window=window,
+        seq_len=seq_len,
+        budget=budget,
+        rank=rank,
+        world=world,
+        threads=threads,
+    ) as loader:
+        lengths = _documents(ix, progress=progress, threads=threads)[0]
+        positions = lane_positions(loader.plan, lengths, step, seq_len, loader.rank_lanes)
+        loader.resume(ckpt.encode(ckpt.State(loader.config, step, positions)))
+        docs = loader.next_batch().documents()
+    return docs.drop("batch_row").select(pl.lit(step, pl.Int64).alias("step"), pl.all())

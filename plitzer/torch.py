@@ -1,0 +1,434 @@
+"""PyTorch: an ``IterableDataset`` of whole steps, with one global checkpoint.
+
+``plitzer.torch.Dataset`` takes the settings of :class:`plitzer.Loader`, reads
+``rank`` and ``world`` from ``torch.distributed`` when it is initialised, and
+yields one :class:`Batch` per step: this rank's rows of the global batch as a
+torch tensor (shared with the loader through DLPack, no copy) and the document
+boundaries for varlen attention as tensors. Use it with
+``DataLoader(dataset, batch_size=None, num_workers=0)``: the reading and
+decoding already run in plitzer's own threads, so worker processes are refused.
+
+``dataset.state_dict()``, called on every rank, gathers every rank's part and
+returns one global checkpoint, the same on every rank, that
+``load_state_dict()`` resumes on any number of ranks. ``state_dict(after=batch)``
+is the checkpoint right after a given batch, for loops that prefetch.
+
+This is the only module of plitzer that imports torch.
+
+>>> import tempfile, plitzer.synth, plitzer.torch
+>>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=20_000, seed=0)
+>>> ds = plitzer.torch.Dataset(d, lanes=4, window=2, seq_len=64)
+>>> batch = next(iter(ds))
+>>> batch.tokens.shape, batch.step, int(batch.cu_seqlens[-1]), ds.step
+(torch.Size([4, 64]), 0, 256, 1)
+>>> state = ds.state_dict()
+>>> again = plitzer.torch.Dataset(d, lanes=4, window=2, seq_len=64, rank=1, world=2)
+>>> again.load_state_dict(state)
+>>> bool((next(iter(again)).tokens == next(iter(ds)).tokens[2:]).all())
+True
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import polars as pl
+import torch
+import torch.distributed as dist
+from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.dlpack import from_dlpack
+
+from planner import Index
+from plitzer import state as ckpt
+from plitzer.batch import Batch as PlitzerBatch
+from plitzer.errors import CheckpointError, ConfigError
+from plitzer.loader import Loader
+
+__all__ = ["Batch", "Dataset"]
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Batch:
+    """One step for this rank, as tensors.
+
+    Attributes
+    ----------
+    tokens : torch.Tensor
+        ``(lanes // world, seq_len)``, int32 (uint32 for uint32 data; cast it with
+        ``.long()`` for ``nn.Embedding``). It shares memory with the loader's array
+        (DLPack), so no copy is made.
+    position_ids : torch.Tensor
+        ``(lanes // world, seq_len)`` int32 positions that restart at 0 at every
+        document start (a document cut by a row edge restarts at the row start).
+    cu_seqlens : torch.Tensor
+        int32 cumulative lengths of the document pieces over the flattened batch,
+        ``0 .. rows * seq_len``; no piece crosses a row edge (flash-attn varlen).
+    max_seqlen : int
+        Length of the longest piece.
+    doc_lengths : tuple of torch.Tensor
+        Per row, the int64 lengths of its document pieces in order (each sums to
+        ``seq_len``).
+    step : int
+        Global step of this batch (from 0 over the whole run).
+    epoch : int
+        Epoch label of this batch.
+    lanes : range
+        The global lane of each row.
+    state_after : bytes
+        This rank's checkpoint part right after this batch: resuming from it
+        gives the batch that follows. ``Dataset.state_dict(after=batch)`` gathers
+        it from every rank.
+    source : plitzer.Batch
+        The loader's batch (NumPy and Arrow views, ``documents()``).
+    """
+
+    tokens: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    doc_lengths: tuple[torch.Tensor, ...]
+    step: int
+    epoch: int
+    lanes: range
+    state_after: bytes
+    source: PlitzerBatch
+
+    @classmethod
+    def from_plitzer(cls, batch: PlitzerBatch, state_after: bytes) -> Batch:
+        """Wrap a loader batch: tokens through DLPack, boundaries from NumPy (no copy)."""
+        return cls(
+            tokens=from_dlpack(batch.tokens),
+            position_ids=torch.from_numpy(batch.position_ids),
+            cu_seqlens=torch.from_numpy(batch.cu_seqlens),
+            max_seqlen=batch.max_seqlen,
+            doc_lengths=tuple(torch.from_numpy(x) for x in batch.doc_lengths),
+            step=batch.step,
+            epoch=batch.epoch,
+            lanes=batch.lanes,
+            state_after=state_after,
+            source=batch,
+        )
+
+    def documents(self) -> pl.DataFrame:
+        """The source (file, row group, row, token offset) of every piece of every row."""
+        return self.source.documents()
+
+    def to(self, device: torch.device | str | int, *, non_blocking: bool = False) -> Batch:
+        """The same batch with every tensor on ``device``."""
+        return replace(
+            self,
+            tokens=self.tokens.to(device, non_blocking=non_blocking),
+            position_ids=self.position_ids.to(device, non_blocking=non_blocking),
+            cu_seqlens=self.cu_seqlens.to(device, non_blocking=non_blocking),
+            doc_lengths=tuple(x.to(device, non_blocking=non_blocking) for x in self.doc_lengths),
+        )
+
+    def pin_memory(self) -> Batch:
+        """A copy with every tensor in pinned (page-locked) host memory.
+
+        ``DataLoader(pin_memory=True)`` calls this. It needs an accelerator:
+        without one torch raises, as it does for a tensor.
+        """
+        return replace(
+            self,
+            tokens=self.tokens.pin_memory(),
+            position_ids=self.position_ids.pin_memory(),
+            cu_seqlens=self.cu_seqlens.pin_memory(),
+            doc_lengths=tuple(x.pin_memory() for x in self.doc_lengths),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"plitzer.torch.Batch(step={self.step}, epoch={self.epoch}, tokens={tuple(self.tokens.shape)} "
+            f"{self.tokens.dtype}, lanes={self.lanes.start}..{self.lanes.stop - 1}, pieces={len(self.cu_seqlens) - 1})"
+        )
+
+
+def _dist_ready() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _can_pin() -> bool:
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        return bool(accelerator.is_available())
+    return torch.cuda.is_available()
+
+
+def _collective_device(group: Any) -> torch.device:
+    """CPU for gloo and mpi groups; otherwise the current accelerator (nccl needs it)."""
+    backend = str(dist.get_backend(group)).lower()
+    if "gloo" in backend or "mpi" in backend or not _can_pin():
+        return torch.device("cpu")
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        kind = accelerator.current_accelerator()
+        return torch.device(kind.type, accelerator.current_device_index())
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+class Dataset(IterableDataset[Batch]):
+    """The loader of one rank as a PyTorch ``IterableDataset``: one item per step.
+
+    Parameters
+    ----------
+    source, seed, lanes, window, seq_len, budget, column, storage_options, threads :
+        As for :class:`plitzer.Loader`.
+    rank, world : int, optional
+        This rank and the number of ranks. Default: ``torch.distributed``'s rank
+        and world size in ``group`` when it is initialised, else 0 and 1. An
+        explicit value wins (for example the data-parallel rank under tensor
+        parallelism).
+    pin_memory : bool
+        Yield tensors in pinned memory (one copy per step). Without an
+        accelerator this warns once and yields ordinary tensors.
+    group : torch.distributed.ProcessGroup, optional
+        The group to read rank and world from and to gather checkpoints over
+        (default: the whole world). Ranks of the group that share a data rank
+        (tensor or pipeline parallel replicas) must be at the same position.
+
+    Iteration
+    ---------
+    ``for batch in dataset`` (or a ``DataLoader(dataset, batch_size=None,
+    num_workers=0)`` over it) yields the rest of the current epoch; the next loop
+    gives the next epoch, so ``while dataset.epoch < 3: for batch in loader: ...``
+    runs three epochs, also right after ``load_state_dict``. There is no
+    ``set_epoch``: the epoch is part of the position.
+
+    There is no ``__len__`` on purpose: DataLoader (and torchdata's
+    StatefulDataLoader, which carries its count of yielded items across a
+    resume) warns when an IterableDataset yields more than its length.
+    ``len(dataset.loader)`` is the number of batches left in this epoch.
+
+    State
+    -----
+    ``state_dict()`` is ``{"checkpoint": bytes, "step": int, "epoch": int}`` for
+    the next batch this dataset gives. It is collective when ``world > 1``:
+    call it on every rank at the same step. ``load_state_dict`` takes that dict,
+    the bytes, or the bytes as a uint8 tensor, on any world size.
+    """
+
+    def __init__(
+        self,
+        source: Index | str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        seed: int = 0,
+        lanes: int = 512,
+        window: int = 64,
+        seq_len: int = 2048,
+        budget: int = 8 << 30,
+        rank: int | None = None,
+        world: int | None = None,
+        column: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        threads: int | None = None,
+        pin_memory: bool = False,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        super().__init__()
+        self._group = group
+        if _dist_ready():
+            rank = dist.get_rank(group) if rank is None else rank
+            world = dist.get_world_size(group) if world is None else world
+        elif group is not None:
+            msg = "group= was given but torch.distributed is not initialised; call init_process_group first"
+            raise ConfigError(msg)
+        self._loader = Loader(
+            source,
+            seed=seed,
+            lanes=lanes,
+            window=window,
+            seq_len=seq_len,
+            budget=budget,
+            rank=0 if rank is None else rank,
+            world=1 if world is None else world,
+            column=column,
+            storage_options=storage_options,
+            threads=threads,
+        )
+        self._pin = bool(pin_memory)
+        if self._pin and not _can_pin():
+            warnings.warn(
+                "plitzer.torch.Dataset(pin_memory=True): no accelerator is available, so tensors are not pinned",
+                UserWarning,
+                stacklevel=2,
+            )
+            self._pin = False
+
+    # -- the loader's view --------------------------------------------------------
+
+    @property
+    def loader(self) -> Loader:
+        """The underlying :class:`plitzer.Loader` (settings, plan, held_bytes, reads)."""
+        return self._loader
+
+    @property
+    def rank(self) -> int:
+        return self._loader.settings.rank
+
+    @property
+    def world(self) -> int:
+        return self._loader.settings.world
+
+    @property
+    def epoch(self) -> int:
+        """Epoch label of the next batch."""
+        return self._loader.epoch
+
+    @property
+    def step(self) -> int:
+        """Global step of the next batch."""
+        return self._loader.step
+
+    # -- iteration ---------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Batch]:
+        """The rest of the current epoch; the next loop gives the next epoch."""
+        info = get_worker_info()
+        if info is not None:
+            msg = (
+                f"plitzer.torch.Dataset is running in DataLoader worker {info.id} of {info.num_workers}: "
+                "num_workers > 0 is not supported. Use DataLoader(dataset, batch_size=None, "
+                "num_workers=0): plitzer already reads and decodes in its own threads "
+                f"(threads={self._loader.settings.threads or os.cpu_count()}), and each worker "
+                "process would give the same steps again, so batches would repeat and the "
+                "checkpoint would not match what was trained"
+            )
+            raise ConfigError(msg)
+        return self._epoch(self._loader.epoch)
+
+    def _epoch(self, epoch: int) -> Iterator[Batch]:
+        loader = self._loader
+        while loader.epoch == epoch:
+            yield self.next_batch()
+
+    def next_batch(self) -> Batch:
+        """The batch of the next step, whatever its epoch."""
+        b = self._loader.next_batch()
+        out = Batch.from_plitzer(b, self._loader.checkpoint())
+        return out.pin_memory() if self._pin else out
+
+    # -- state -------------------------------------------------------------------
+
+    def state_dict(self, *, after: Batch | None = None) -> dict[str, Any]:
+        """One global checkpoint: ``{"checkpoint": bytes, "step": int, "epoch": int}``.
+
+        Without ``after``: the position of the next batch this dataset gives.
+        With ``after=batch``: the position right after ``batch`` (a batch this
+        dataset yielded), whatever was fetched since: use it when the training
+        loop prefetches. Collective when ``world > 1``: every rank calls it at
+        the same step; all get the same result.
+        """
+        if after is None:
+            part = self._loader.checkpoint()
+        elif isinstance(after, Batch):
+            part = after.state_after
+        else:
+            msg = f"state_dict(after=...) takes a plitzer.torch.Batch this dataset yielded, got {type(after).__name__}"
+            raise ConfigError(msg)
+        state = self._gather(part)
+        step = ckpt.decode(state).step
+        s = self._loader.settings
+        return {"checkpoint": state, "step": step, "epoch": step * s.lanes * s.seq_len // self._loader.tokens}
+
+    def load_state_dict(self, state: Mapping[str, Any] | bytes | bytearray | memoryview | torch.Tensor) -> None:
+        """Resume from a ``state_dict()`` (or its bytes) taken at any world size."""
+        self._loader.resume(_checkpoint_bytes(state))
+
+    def _gather(self, part: bytes) -> bytes:
+        world = self.world
+        if world == 1:
+            return part
+        if not _dist_ready():
+            msg = (
+                f"state_dict() with world={world} gathers every rank's part through torch.distributed, "
+                "which is not initialised. Call init_process_group first, or collect "
+                "dataset.loader.checkpoint() from each rank yourself and join them with plitzer.merge"
+            )
+            raise ConfigError(msg)
+        group = self._group
+        n = dist.get_world_size(group)
+        dev = _collective_device(group)
+        meta = torch.tensor([self.rank, world, len(part)], dtype=torch.int64, device=dev)
+        metas = [torch.empty_like(meta) for _ in range(n)]
+        dist.all_gather(metas, meta, group=group)
+        info = [tuple(int(v) for v in m.cpu().tolist()) for m in metas]
+        size = max(length for _, _, length in info)
+        buf = torch.zeros(size, dtype=torch.uint8, device=dev)
+        buf[: len(part)] = torch.from_numpy(np.frombuffer(part, dtype=np.uint8).copy()).to(dev)
+        bufs = [torch.empty_like(buf) for _ in range(n)]
+        dist.all_gather(bufs, buf, group=group)
+        worlds = sorted({w for _, w, _ in info})
+        if worlds != [world]:
+            msg = f"ranks disagree on world: {worlds}; every rank's Dataset needs the same world (and lanes)"
+            raise ConfigError(msg)
+        parts: dict[int, bytes] = {}
+        for (r, _, length), b in zip(info, bufs, strict=True):
+            data = bytes(b[:length].cpu().numpy())
+            if parts.setdefault(r, data) != data:
+                msg = (
+                    f"two processes with data rank {r} are at different positions; processes that "
+                    "share a data rank must consume the same batches"
+                )
+                raise CheckpointError(msg)
+        missing = sorted(set(range(world)) - set(parts))
+        if missing:
+            msg = (
+                f"state_dict() gathered no part from data ranks {missing} of world={world}: the process "
+                f"group has {n} processes; pass group= a group that holds every data rank"
+            )
+            raise ConfigError(msg)
+        try:
+            return ckpt.merge(parts[r] for r in range(world))
+        except CheckpointError as e:
+            msg = f"{e}. Call state_dict() on every rank at the same step"
+            raise CheckpointError(msg) from e
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the reader threads and free every buffer."""
+        self._loader.close()
+
+    def __enter__(self) -> Dataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> object:
+        msg = (
+            "plitzer.torch.Dataset cannot be copied to another process (DataLoader num_workers > 0, "
+            "or pickling): it holds running reader threads. Use DataLoader(dataset, batch_size=None, "
+            "num_workers=0) and create the Dataset in the process that trains"
+        )
+        raise ConfigError(msg)
+
+    def __repr__(self) -> str:
+        s = self._loader.settings
+        return (
+            f"plitzer.torch.Dataset(step={self.step}, epoch={self.epoch}, lanes={s.lanes}, seq_len={s.seq_len}, "
+            f"window={s.window}, rank={s.rank}, world={s.world})"
+        )
+
+
+def _checkpoint_bytes(state: object) -> bytes:
+    if isinstance(state, Mapping):
+        if "checkpoint" not in state:
+            msg = f"a plitzer.torch state dict has a 'checkpoint' entry; got keys {sorted(map(str, state))}"
+            raise CheckpointError(msg)
+        state = state["checkpoint"]
+    if isinstance(state, torch.Tensor):
+        if state.dtype != torch.uint8 or state.dim() != 1:
+            msg = f"a checkpoint tensor is 1-D uint8, got {state.dim()}-D {state.dtype}"
+            raise CheckpointError(msg)
+        return bytes(state.detach().cpu().numpy())
+    if isinstance(state, (bytes, bytearray, memoryview)):
+        return bytes(state)
+    msg = f"load_state_dict() takes what state_dict() returned (or its bytes), got {type(state).__name__}"
+    raise CheckpointError(msg)
