@@ -15,6 +15,7 @@ __all__ = [
     "DataError",
     "PlitzerError",
     "StorageError",
+    "UsageError",
 ]
 
 
@@ -36,3 +37,7 @@ class StorageError(PlitzerError, OSError):
 
 class CheckpointError(PlitzerError, ValueError):
     """A checkpoint is damaged, foreign, or does not match the loader."""
+
+
+class UsageError(PlitzerError, RuntimeError):
+    """An object is used where it cannot work: after close(), or in a forked child."""

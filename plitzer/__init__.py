@@ -8,7 +8,7 @@
 from planner import index, plan
 from plitzer import synth
 from plitzer.batch import Batch, Tokens
-from plitzer.errors import CheckpointError, ConfigError, DataError, PlitzerError, StorageError
+from plitzer.errors import CheckpointError, ConfigError, DataError, PlitzerError, StorageError, UsageError
 from plitzer.explain import explain
 from plitzer.loader import Loader, LoaderSettings
 from plitzer.state import load_checkpoint, merge, save_checkpoint
@@ -25,6 +25,7 @@ __all__ = [
     "PlitzerError",
     "StorageError",
     "Tokens",
+    "UsageError",
     "__version__",
     "explain",
     "index",

@@ -23,7 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from planner.dataset import Index, ensure_index
-from planner.errors import CheckpointError, ConfigError, DataError
+from planner.errors import CheckpointError, ConfigError, DataError, UsageError
 from planner.plan import Plan, PlanSettings, _check_int
 from plitzer import state as ckpt
 from plitzer.batch import Batch, Piece, Tokens
@@ -392,7 +392,7 @@ class Loader:
                 "survive fork(); create the Loader in the process that uses it (with PyTorch: "
                 "num_workers=0)"
             )
-            raise RuntimeError(msg)
+            raise UsageError(msg)
 
     def close(self) -> None:
         """Stop the reader threads and free every buffer."""

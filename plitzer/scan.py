@@ -30,6 +30,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from planner.dataset import Index, check_decoded, check_no_null_tokens
+from planner.errors import UsageError
 from planner.plan import EpochPlan, Plan, lane_of
 from plitzer.pack import PackedWindow, pack_window
 
@@ -229,8 +230,8 @@ class Scanner:
     def get(self, unit: int) -> PackedWindow:
         """The packed unit, waiting for it if needed; starts later units as budget allows."""
         if self._closed:
-            msg = "the loader is closed"
-            raise RuntimeError(msg)
+            msg = "the loader is closed; create a new Loader (and resume it) to go on"
+            raise UsageError(msg)
         self._wanted = max(self._wanted, unit)
         while self._next <= unit:
             self._start(self._next, self._estimate(self._next))

@@ -171,7 +171,7 @@ def test_close_stops_threads_and_with_block(data: Path) -> None:
         assert any(t.name.startswith("plitzer") for t in threading.enumerate())
     leaked = [t for t in threading.enumerate() if t.ident not in before and t.name.startswith("plitzer")]
     assert not leaked
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(plitzer.UsageError, match="closed"):
         ld.next_batch()
 
 
@@ -241,7 +241,7 @@ pid = os.fork()
 if pid == 0:
     try:
         ld.next_batch()
-    except RuntimeError as e:
+    except plitzer.UsageError as e:
         os._exit(0 if 'fork' in str(e) else 3)
     os._exit(4)
 _, status = os.waitpid(pid, 0)
