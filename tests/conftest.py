@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("fast", max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile(
     "ci",
-    max_examples=60,
+    max_examples=150,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
