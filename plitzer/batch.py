@@ -27,61 +27,32 @@ Piece = tuple[PackedWindow, int, int]
 Locate = Callable[[NDArray[np.int64]], tuple[list[str], NDArray[np.int64], NDArray[np.int64]]]
 
 
-class Tokens:
-    """A 2-D token array that exports itself through DLPack and Arrow, zero-copy.
+class Tokens(np.ndarray):  # type: ignore[type-arg]
+    """The ``(rows, seq_len)`` token array: a NumPy array that also speaks Arrow.
+
+    It is an ``ndarray`` (every NumPy operation works, and DLPack export for
+    ``np.from_dlpack`` and ``torch.from_dlpack`` is NumPy's own, zero-copy), plus the
+    Arrow PyCapsule interface: ``pyarrow.array(tokens)`` is a FixedSizeList array of
+    length ``seq_len`` over the same memory.
 
     >>> import numpy as np, pyarrow as pa
-    >>> t = Tokens(np.arange(6, dtype=np.int32).reshape(2, 3))
+    >>> t = np.arange(6, dtype=np.int32).reshape(2, 3).view(Tokens)
     >>> np.from_dlpack(t).shape, pa.array(t).type
     ((2, 3), FixedSizeListType(fixed_size_list<item: int32>[3]))
     """
 
-    __slots__ = ("_array",)
-
-    def __init__(self, array: NDArray[Any]) -> None:
-        self._array = array
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self._array.shape
-
-    @property
-    def dtype(self) -> np.dtype[Any]:
-        return self._array.dtype
-
-    @property
-    def ndim(self) -> int:
-        return self._array.ndim
-
-    def __len__(self) -> int:
-        return len(self._array)
-
-    def __getitem__(self, item: Any) -> Any:
-        return self._array[item]
-
-    def __repr__(self) -> str:
-        return f"Tokens(shape={self.shape}, dtype={self.dtype})"
-
     def numpy(self) -> NDArray[Any]:
-        """The array itself (no copy)."""
-        return self._array
-
-    def __array__(self, dtype: Any = None, copy: bool | None = None) -> NDArray[Any]:
-        if dtype is not None and np.dtype(dtype) != self._array.dtype:
-            return self._array.astype(dtype)
-        return self._array.copy() if copy else self._array
-
-    def __dlpack__(self, **kwargs: Any) -> Any:
-        return self._array.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return self._array.__dlpack_device__()  # type: ignore[no-any-return]
+        """The same memory as a plain ``ndarray``."""
+        return self.view(np.ndarray)
 
     def __arrow_c_array__(self, requested_schema: object | None = None) -> tuple[object, object]:
-        width = self._array.shape[1]
-        flat = pa.array(self._array.reshape(-1))  # a view: numpy memory is shared
-        fsl = pa.FixedSizeListArray.from_arrays(flat, width)
-        return fsl.__arrow_c_array__(requested_schema)  # type: ignore[no-any-return]
+        a = self.view(np.ndarray)
+        if a.ndim != 2:  # a row or a slice of rows: plain values
+            return pa.array(a.reshape(-1)).__arrow_c_array__(requested_schema)  # type: ignore[no-any-return]
+        if not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a)
+        flat = pa.array(a.reshape(-1))  # a view: NumPy's memory is shared
+        return pa.FixedSizeListArray.from_arrays(flat, a.shape[1]).__arrow_c_array__(requested_schema)  # type: ignore[no-any-return]
 
 
 @dataclass(eq=False)
@@ -107,6 +78,13 @@ class Batch:
     _pieces: list[list[Piece]] = field(repr=False)
     _locate: Locate = field(repr=False)
     _segments: tuple[NDArray[np.int64], ...] | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        rows, width = self.tokens.shape
+        return (
+            f"Batch(step={self.step}, epoch={self.epoch}, lanes={self.lanes.start}..{self.lanes.stop - 1}, "
+            f"tokens={rows}x{width} {self.tokens.dtype})"
+        )
 
     @property
     def seq_len(self) -> int:

@@ -357,7 +357,7 @@ class Loader:
         self._step += 1
         s = self.settings
         return Batch(
-            tokens=Tokens(out),
+            tokens=out.view(Tokens),
             step=step,
             epoch=step * s.lanes * s.seq_len // self.tokens,
             lanes=self.rank_lanes,
