@@ -41,7 +41,10 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=1200)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    print(f"lanes={args.lanes}, {args.docs_per_row_group} docs per row group, lognormal mean {args.mean}, sigma {args.sigma}")
+    print(
+        f"lanes={args.lanes}, {args.docs_per_row_group} docs per row group, "
+        f"lognormal mean {args.mean}, sigma {args.sigma}"
+    )
     marks = [n for n in (10, 100, 1000) if n < args.windows]
     print(f"{'W':>5} {'docs/lane/window':>17} " + " ".join(f"{'after ' + str(n):>11}" for n in marks))
     for w in (8, 64, 512):
