@@ -498,7 +498,9 @@ def index(
     cached = cache_dir() / "index" / f"{key}.parquet"
     if cached.exists():
         try:
-            table = pq.read_table(cached)
+            # ParquetFile.read, not read_table: read_table imports pyarrow.dataset and
+            # pandas on first use, a fifth of a second on every fresh process's start.
+            table = pq.ParquetFile(cached).read()
             meta = table.schema.metadata or {}
             frame = pl.from_arrow(table)
             assert isinstance(frame, pl.DataFrame)

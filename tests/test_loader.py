@@ -299,3 +299,35 @@ def test_position_ids_and_cu_seqlens_agree(synth_dir: Path) -> None:
             starts = np.flatnonzero(pos == 0)
             np.testing.assert_array_equal(starts, cu[:-1])
             assert b.max_seqlen == int(np.diff(cu).max())
+
+
+def test_kept_batches_and_their_exports_are_never_overwritten(synth_dir: Path) -> None:
+    """Output arrays are reused only when nothing refers to them any more."""
+    import pyarrow as pa
+    import torch
+
+    kept: list[tuple[object, np.ndarray]] = []
+    with plitzer.Loader(synth_dir, **CFG) as ld:
+        for i in range(24):
+            b = ld.next_batch()
+            snapshot = tokens_of(b).copy()
+            holder: object = (
+                b
+                if i % 4 == 0
+                else torch.from_dlpack(b.tokens)
+                if i % 4 == 1
+                else pa.array(b.tokens)
+                if i % 4 == 2
+                else None
+            )
+            if holder is not None:
+                kept.append((holder, snapshot))
+            del b
+        for holder, snapshot in kept:
+            if isinstance(holder, torch.Tensor):
+                np.testing.assert_array_equal(holder.numpy(), snapshot)
+            elif isinstance(holder, pa.Array):
+                np.testing.assert_array_equal(np.stack(holder.to_numpy(zero_copy_only=False)), snapshot)
+            else:
+                np.testing.assert_array_equal(tokens_of(holder), snapshot)
+        assert len(ld._buffers) <= 4
