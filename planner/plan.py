@@ -122,6 +122,16 @@ class EpochPlan:
         return self.read_position[a:b]
 
 
+def start_range(token_start: I64, tokens: I64, empty_docs: I64) -> tuple[I64, I64]:
+    """First and last token position at which a row group's documents can start.
+
+    A row group's documents start in ``[S, E-1]`` (``E = S + tokens``), or also at
+    ``E`` when it holds empty documents (they may trail), or only at ``S`` when it
+    has no tokens. Only the footer's counts are needed.
+    """
+    return token_start, token_start + tokens - ((tokens > 0) & (empty_docs == 0))
+
+
 def plan_epoch(tokens: I64, rows: I64, empty_docs: I64, settings: PlanSettings, epoch: int) -> EpochPlan:
     """The plan of one epoch, from the index's per-row-group counts."""
     s = settings
@@ -138,8 +148,7 @@ def plan_epoch(tokens: I64, rows: I64, empty_docs: I64, settings: PlanSettings, 
     token_start = before - before[starts][window] if g else before
     # Documents of a row group start in [S, E-1], or also at E = S + tokens when it
     # has empty documents (which may trail), or only at S when it has no tokens.
-    lo = token_start
-    hi = token_start + tok - ((tok > 0) & (emp == 0))
+    lo, hi = start_range(token_start, tok, emp)
     t_w = window_tokens[window]
     lanes_per_rank = s.lanes // s.world
     first = lane_of(lo, t_w, s.lanes) // lanes_per_rank

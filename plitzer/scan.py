@@ -31,7 +31,7 @@ from numpy.typing import NDArray
 
 from planner.dataset import Index, check_decoded, check_no_null_tokens
 from planner.errors import UsageError
-from planner.plan import EpochPlan, Plan, lane_of
+from planner.plan import EpochPlan, Plan, lane_of, start_range
 from plitzer.pack import PackedWindow, pack_window
 
 __all__ = ["Scanner", "unit_estimate"]
@@ -134,8 +134,7 @@ class Scanner:
         assert needed is not None
         rgs = ep.order[positions]
         tok = self._tokens[rgs]
-        lo = ep.token_start[positions]
-        hi = lo + tok - ((tok > 0) & (self._empty[rgs] == 0))
+        lo, hi = start_range(ep.token_start[positions], tok, self._empty[rgs])
         t_w = ep.window_tokens[unit % self.windows]
         first = self.rank_lanes.start
         a = np.clip(lane_of(lo, t_w, self.lanes) - first, 0, len(needed) - 1)  # type: ignore[arg-type]
