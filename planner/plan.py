@@ -146,8 +146,6 @@ def plan_epoch(tokens: I64, rows: I64, empty_docs: I64, settings: PlanSettings, 
     window_tokens = np.add.reduceat(tok, starts) if g else np.zeros(0, np.int64)
     before = np.cumsum(tok) - tok
     token_start = before - before[starts][window] if g else before
-    # Documents of a row group start in [S, E-1], or also at E = S + tokens when it
-    # has empty documents (which may trail), or only at S when it has no tokens.
     lo, hi = start_range(token_start, tok, emp)
     t_w = window_tokens[window]
     lanes_per_rank = s.lanes // s.world
