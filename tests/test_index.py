@@ -179,3 +179,31 @@ def test_planner_never_imports_plitzer_or_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("typ", "value"),
+    [
+        (pa.list_(pa.int16()), [1, 2]),
+        (pa.list_(pa.int64()), [1, 2]),
+        (pa.string(), "a b"),
+        (pa.list_(pa.list_(pa.int32())), [[1], [2]]),
+    ],
+)
+def test_token_column_of_another_type_names_file_and_fix(tmp_path: Path, typ: pa.DataType, value: object) -> None:
+    pq.write_table(pa.table({"tokens": pa.array([value], typ)}), tmp_path / "bad.parquet")
+    with pytest.raises(planner.DataError, match=r"bad\.parquet: column 'tokens' has type .* pick another column"):
+        planner.index(tmp_path, column="tokens")
+
+
+def test_a_file_replaced_under_a_running_loader_is_refused(tmp_path: Path) -> None:
+    import plitzer
+
+    write_dataset(tmp_path, [[[[1] * 50] * 20 for _ in range(6)]])
+    with plitzer.Loader(tmp_path, lanes=2, window=1, seq_len=10) as ld:
+        ld.next_batch()
+        time.sleep(0.01)
+        write_dataset(tmp_path, [[[[2] * 50] * 20 for _ in range(6)]])  # same size, new mtime
+        with pytest.raises(plitzer.StorageError, match=r"f000\.parquet: the file changed after it was indexed"):
+            for _ in range(200):
+                ld.next_batch()
