@@ -68,3 +68,11 @@ def timed() -> Iterator[Timing]:
     t.wall = time.perf_counter() - w0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     t.cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+
+
+def save_figure(fig: object, out: Path) -> None:
+    """Lay out, write and announce a matplotlib figure (every benchmark's last step)."""
+    fig.tight_layout()  # type: ignore[attr-defined]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)  # type: ignore[attr-defined]
+    print(f"wrote {out}")

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import dataset, warm_page_cache
+from _common import dataset, save_figure, warm_page_cache
 
 FIGURES = Path(__file__).resolve().parents[1] / "docs" / "figures"
 MIB = 2**20
@@ -110,10 +110,7 @@ def plot(rows: list[tuple[float, float, float, float, float]], out: Path) -> Non
     ax2.set_ylim(bottom=0)
     ax.legend(fontsize=8, loc="upper left")
     ax.set_title("Memory against budget")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    print(f"wrote {out}")
+    save_figure(fig, out)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from _common import dataset, timed, warm_page_cache
+from _common import dataset, save_figure, timed, warm_page_cache
 
 FIGURES = Path(__file__).resolve().parents[1] / "docs" / "figures"
 
@@ -91,10 +91,7 @@ def plot(rows: list[tuple[float, float, float, float]], out: Path, threads: int)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(f"Time per token against data size ({threads} threads, page cache)")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    print(f"wrote {out}")
+    save_figure(fig, out)
 
 
 if __name__ == "__main__":

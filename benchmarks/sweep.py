@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from _common import Timing, dataset, timed, warm_page_cache
+from _common import Timing, dataset, save_figure, timed, warm_page_cache
 
 FIGURES = Path(__file__).resolve().parents[1] / "docs" / "figures"
 
@@ -128,10 +128,7 @@ def plot(
     axs[0].set_ylabel("Mtokens/s")
     axs[0].legend(fontsize=8)
     fig.suptitle(f"plitzer throughput, one setting at a time ({cores} cores, page cache)")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    print(f"wrote {out}")
+    save_figure(fig, out)
 
 
 if __name__ == "__main__":
