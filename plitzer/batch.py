@@ -158,6 +158,15 @@ class Batch:
 
         Columns: batch_row, lane, start (in the row), length, file, row_group,
         row (in the row group), token_offset (in the document), epoch, window.
+
+        Examples
+        --------
+        >>> import plitzer, polars as pl, tempfile
+        >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=50_000, seed=4)
+        >>> with plitzer.Loader(d, lanes=4, window=2, seq_len=64) as loader:
+        ...     docs = loader.next_batch().documents()
+        >>> docs.group_by("batch_row").agg(pl.col("length").sum()).sort("batch_row")["length"].to_list()
+        [64, 64, 64, 64]
         """
         rows, start, length = self._spans()
         _, _, ids, offset, epoch, window = self._segs()

@@ -174,6 +174,19 @@ def merge(parts: Iterable[bytes]) -> bytes:
 
     Refuses parts that disagree (configuration or step), overlap, or leave lanes
     out, naming what differs.
+
+    Examples
+    --------
+    >>> import plitzer, tempfile
+    >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=50_000, seed=4)
+    >>> ranks = [plitzer.Loader(d, lanes=4, window=2, seq_len=64, rank=r, world=2) for r in (0, 1)]
+    >>> state = plitzer.merge([r.checkpoint() for r in ranks])
+    >>> plitzer.merge([ranks[0].checkpoint()])
+    Traceback (most recent call last):
+    ...
+    planner.errors.CheckpointError: checkpoint parts miss lanes [2, 3] (2 of 4); pass the parts of every rank
+    >>> for r in ranks:
+    ...     r.close()
     """
     states = [decode(p) for p in parts]
     if not states:
@@ -213,6 +226,18 @@ def save_checkpoint(path: str | os.PathLike[str], state: bytes) -> None:
     """Write checkpoint bytes atomically: temp file, fsync, rename, fsync the folder.
 
     A crash at any moment leaves either the previous file or the new one, whole.
+
+    Examples
+    --------
+    >>> import plitzer, tempfile, os
+    >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=50_000, seed=4)
+    >>> with plitzer.Loader(d, lanes=4, window=2, seq_len=64) as loader:
+    ...     _ = loader.next_batch()
+    ...     plitzer.save_checkpoint(os.path.join(d, "data.ckpt"), loader.checkpoint())
+    >>> with plitzer.Loader(d, lanes=4, window=2, seq_len=64) as again:
+    ...     again.resume(plitzer.load_checkpoint(os.path.join(d, "data.ckpt")))
+    ...     again.step
+    1
     """
     decode(state)  # never write something that cannot be resumed
     p = Path(path)
