@@ -48,6 +48,7 @@ def main() -> None:
     import polars as pl
 
     import planner
+    from plitzer.read import read_chunk
 
     ix = planner.index(d)
 
@@ -57,7 +58,7 @@ def main() -> None:
         return len(pf.read_row_group(g, columns=["tokens"], use_threads=False).column(0).chunk(0).values)
 
     def plitzer_ranged(i: int) -> int:
-        return len(ix.read_chunk(i).values)
+        return len(read_chunk(ix, i).values)
 
     def polars_slice(item: tuple[Path, int, int, int]) -> int:
         p, _, off, n = item

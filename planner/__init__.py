@@ -1,7 +1,8 @@
 """planner: Parquet footers in, each epoch's plan as small tables out.
 
-Pure planning: reads Parquet metadata only, never token data (except to count a
-row group whose footer lacks statistics), and never imports torch or plitzer.
+Pure planning: reads Parquet metadata only, never token data, and never imports
+torch or plitzer. (A row group whose footer lacks statistics is counted by the
+runtime's reader, ``plitzer.read.count_chunk``, passed in as a ``ChunkCounter``.)
 
 >>> import planner
 >>> planner.permutation(4, planner.key(7, 0, 1)).tolist()

@@ -8,8 +8,14 @@ runtime will issue), plus the dataset fingerprint.
 
 Token counts come from the footer: for a list column the leaf statistics'
 ``num_values`` is the number of non-null tokens, and the chunk's own
-``num_values`` minus that is the number of empty (or null) documents. Only a row
-group whose footer has no statistics is read, once, to count.
+``num_values`` minus that is the number of empty (or null) documents. planner
+reads metadata only: a row group whose footer has no statistics is counted by a
+:class:`ChunkCounter` that reads it once (the runtime's, ``plitzer.read``).
+
+The token column is a list or large_list of any integer type; batches are int32,
+or uint32 for uint32 and uint64 data (``Index.dtype``). Where a token may not fit
+(int64 or uint64 data whose footer min/max do not prove it), ``needs_check`` marks
+the row group and decoding checks every value.
 
 Footers and the finished index are cached under ``PLITZER_CACHE`` (default
 ``~/.cache/plitzer``), keyed by each file's location, size and mtime (ETag on S3),
@@ -20,7 +26,6 @@ and reads no footer.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import struct
 import threading
@@ -28,18 +33,31 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-import numpy as np
 import polars as pl
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from planner.errors import ConfigError, DataError
 from planner.storage import FileStat, Storage, open_storages
 
-__all__ = ["INDEX_SCHEMA", "Index", "cache_dir", "decode_chunk", "index", "token_column_of"]
+__all__ = [
+    "INDEX_SCHEMA",
+    "TOKEN_NAMES",
+    "ChunkCounter",
+    "Index",
+    "cache_dir",
+    "delivered_dtype",
+    "ensure_index",
+    "index",
+    "is_token_type",
+    "narrows",
+    "one_line",
+    "set_chunk_counter",
+    "token_column_of",
+    "token_range",
+]
 
 TokenDtype = Literal["int32", "uint32"]
 
@@ -53,8 +71,11 @@ INDEX_SCHEMA: dict[str, Any] = {
     "byte_offset": pl.Int64,
     "byte_length": pl.Int64,
     "file_size": pl.Int64,
+    # True where a token may not fit the batch dtype (int64 or uint64 data whose
+    # footer min/max are missing or out of range): decoding then checks every value.
+    "needs_check": pl.Boolean,
 }
-_INDEX_FORMAT = "1"
+_INDEX_FORMAT = "2"
 _TAIL = 64 << 10
 _FOOTER_CAP = 256 << 20
 
@@ -83,118 +104,113 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-class _RangeFile(io.RawIOBase):
-    """A read-only file that holds one byte range of a larger file.
+TOKEN_NAMES = ("input_ids", "tokens", "token_ids")
+"""Column names preferred, in this order of the schema, when ``column`` is omitted."""
 
-    pyarrow decodes a column chunk from a file object plus the cached footer; this
-    object serves exactly the chunk we fetched (one ranged read) and refuses any
-    other offset, so a decode can never trigger a second, hidden read.
-    """
-
-    def __init__(self, data: bytes, offset: int, size: int, where: str) -> None:
-        super().__init__()
-        self._data = data
-        self._view = memoryview(data)
-        self._offset = offset
-        self._size = size
-        self._pos = 0
-        self._where = where
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        self._pos = pos if whence == 0 else (self._pos + pos if whence == 1 else self._size + pos)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def size(self) -> int:
-        return self._size
-
-    def read(self, n: int | None = -1) -> bytes:
-        n = self._size - self._pos if n is None or n < 0 else n
-        a = self._pos - self._offset
-        if a < 0 or a + n > len(self._data):
-            msg = f"{self._where}: decoding needed bytes outside the token column chunk; the footer is damaged"
-            raise DataError(msg)
-        self._pos += n
-        return self._view[a : a + n]  # type: ignore[return-value]  # zero-copy: pyarrow takes any buffer
-
-    def readinto(self, b: Any) -> int:
-        data = self.read(len(b))
-        b[: len(data)] = data
-        return len(data)
+_RANGES = {"int32": (-(2**31), 2**31 - 1), "uint32": (0, 2**32 - 1)}
 
 
-def decode_chunk(
-    data: bytes,
-    *,
-    offset: int,
-    file_size: int,
-    metadata: pq.FileMetaData,
-    row_group: int,
-    column: str,
-    where: str,
-) -> pa.Array:
-    """Decode one row group's token column from the bytes of its column chunk.
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line (pyarrow's messages wrap, with indents)."""
+    return " ".join(str(e).split())
 
-    Returns a ListArray or LargeListArray; raises DataError (naming ``where``) for
-    damaged data, never a bare pyarrow error.
-    """
-    f = _RangeFile(data, offset, file_size, where)
-    try:
-        # Page CRCs are verified whenever the writer stored them (docs/reliability.md).
-        pf = pq.ParquetFile(f, metadata=metadata, pre_buffer=True, page_checksum_verification=True)
-        table = pf.read_row_group(row_group, columns=[column], use_threads=False)
-    except DataError:
-        raise
-    except (pa.ArrowException, OSError, ValueError, IndexError) as e:
-        msg = f"{where}: cannot decode the token column ({type(e).__name__}: {e}); the file is damaged"
-        raise DataError(msg) from e
-    col = table.column(0)
-    arr = col.chunk(0) if col.num_chunks == 1 else pa.concat_arrays(col.chunks)
-    return arr
+
+def is_token_type(t: pa.DataType) -> bool:
+    """A list or large_list of any integer width, signed or not."""
+    return bool((pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(t.value_type))
+
+
+def delivered_dtype(t: pa.DataType) -> TokenDtype:
+    """The batch dtype of a token column of type ``t``: uint32 for uint32 and uint64, else int32."""
+    return "uint32" if t.value_type in (pa.uint32(), pa.uint64()) else "int32"
+
+
+def narrows(t: pa.DataType) -> bool:
+    """Whether values of a token column of type ``t`` may not fit the batch dtype."""
+    return t.value_type in (pa.int64(), pa.uint64())
+
+
+def token_range(dtype: TokenDtype) -> tuple[int, int]:
+    """The smallest and largest token a batch of ``dtype`` holds."""
+    return _RANGES[dtype]
+
+
+def _describe(schema: pa.Schema, names: Sequence[str]) -> str:
+    return ", ".join(f"{n} ({schema.field(n).type})" for n in names)
 
 
 def token_column_of(schema: pa.Schema, column: str | None, where: str) -> tuple[str, pa.DataType]:
-    """The token column's name and type in ``schema`` (explicit, or the one candidate)."""
+    """The token column's name and type in ``schema`` (explicit, or found by the rule).
 
-    def ok(t: pa.DataType) -> bool:
-        return (pa.types.is_list(t) or pa.types.is_large_list(t)) and t.value_type in (
-            pa.int32(),
-            pa.uint32(),
-        )
-
+    When ``column`` is None: the one integer-list column named ``input_ids``,
+    ``tokens`` or ``token_ids``; else the one integer-list column. Anything else is
+    a ConfigError naming ``where``, the candidates with their types, and ``column=``.
+    """
     if column is not None:
         if column not in schema.names:
             msg = (
-                f"{where}: token column {column!r} not found; columns are {schema.names}; pass column= with one of them"
+                f"{where}: token column {column!r} not found; columns are {_describe(schema, schema.names)}; "
+                "pass column= with one of them"
             )
-            raise DataError(msg)
+            raise ConfigError(msg)
         t = schema.field(column).type
-        if not ok(t):
+        if not is_token_type(t):
             msg = (
-                f"{where}: column {column!r} has type {t}, but a token column must be "
-                "list<int32>, list<uint32> or their large_list forms; re-tokenize or pick another column"
+                f"{where}: column {column!r} has type {t}, but a token column must be a list or large_list "
+                "of integers (int8..int64, uint8..uint64); pass column= naming the pre-tokenized column, "
+                "or re-tokenize"
             )
-            raise DataError(msg)
+            raise ConfigError(msg)
         return column, t
-    candidates = [f.name for f in schema if ok(f.type)]
+    candidates = [f.name for f in schema if is_token_type(f.type)]
+    named = [n for n in candidates if n in TOKEN_NAMES]
+    if len(named) == 1:
+        return named[0], schema.field(named[0]).type
     if len(candidates) == 1:
         return candidates[0], schema.field(candidates[0]).type
     if not candidates:
         msg = (
-            f"{where}: no token column: none of {schema.names} is list<int32> or list<uint32>; "
-            "pass column= naming the pre-tokenized column"
+            f"{where}: no token column: no column is a list of integers (columns: "
+            f"{_describe(schema, schema.names)}); pass column= naming the pre-tokenized column"
         )
-        raise DataError(msg)
-    msg = f"{where}: several candidate token columns {candidates}; pass column= with one of them"
-    raise DataError(msg)
+        raise ConfigError(msg)
+    msg = (
+        f"{where}: several candidate token columns: {_describe(schema, named or candidates)}; "
+        "pass column= with one of them"
+    )
+    raise ConfigError(msg)
+
+
+class ChunkCounter(Protocol):
+    """Counts (tokens, empty documents) of one row group by reading its token column.
+
+    planner reads metadata only; a footer without statistics needs the column read
+    once to count, which the runtime does (``plitzer.read.count_chunk``, set as the
+    default by ``set_chunk_counter`` when plitzer is imported).
+    """
+
+    def __call__(
+        self,
+        storage: Storage,
+        file: FileStat,
+        metadata: pq.FileMetaData,
+        *,
+        row_group: int,
+        column: str,
+        offset: int,
+        length: int,
+        where: str,
+    ) -> tuple[int, int]: ...
+
+
+_counters: dict[str, ChunkCounter] = {}
+
+
+def set_chunk_counter(counter: ChunkCounter | None) -> None:
+    """Set the default counter for row groups whose footer lacks statistics."""
+    _counters.pop("default", None)
+    if counter is not None:
+        _counters["default"] = counter
 
 
 @dataclass
@@ -209,7 +225,7 @@ def _parse_footer(raw: bytes, where: str) -> pq.FileMetaData:
     try:
         return pq.read_metadata(pa.BufferReader(b"PAR1" + raw))
     except (pa.ArrowException, OSError, ValueError) as e:
-        msg = f"{where}: the Parquet footer is damaged ({type(e).__name__}: {e}); restore or rewrite the file"
+        msg = f"{where}: the Parquet footer is damaged ({type(e).__name__}: {one_line(e)}); restore or rewrite the file"
         raise DataError(msg) from e
 
 
@@ -248,7 +264,8 @@ class Index:
     column : str
         The token column.
     dtype : {"int32", "uint32"}
-        The token type, also the dtype of every batch.
+        The dtype of every batch and of every decoded chunk: uint32 when the
+        column is uint32 or uint64, else int32 (whatever the files' widths).
     fingerprint : str
         sha256 of (relative path, rows, tokens) of every row group, in order; it
         does not depend on where the dataset lives.
@@ -277,6 +294,9 @@ class Index:
     def storage(self, file_index: int) -> Storage:
         return self._files[file_index].storage
 
+    def file(self, file_index: int) -> FileStat:
+        return self._files[file_index].stat
+
     def metadata(self, file_index: int) -> pq.FileMetaData:
         """The file's parsed footer: from memory, else the cache, else storage."""
         e = self._files[file_index]
@@ -299,42 +319,40 @@ class Index:
         where = self._files[file_index].stat.location
         return where if row_group is None else f"{where}, row group {row_group}"
 
-    def read_chunk(self, rg: int) -> pa.Array:
-        """Read and decode row group ``rg`` (a row of ``frame``): one ranged read."""
-        row = self.frame.row(rg, named=True)
-        fi = row["file_index"]
-        e = self._files[fi]
-        where = self.location(fi, row["row_group"])
-        data = e.storage.read_range(e.stat, row["byte_offset"], row["byte_length"])
-        return decode_chunk(
-            data,
-            offset=row["byte_offset"],
-            file_size=e.stat.size,
-            metadata=self.metadata(fi),
-            row_group=row["row_group"],
-            column=self.column,
-            where=where,
-        )
-
 
 def _footer_path(st: FileStat) -> Path:
     return cache_dir() / "footers" / f"{_digest(st.location, st.size, st.version)}.footer"
 
 
-_Row = tuple[int, int, int, int, int, int]  # row_group, rows, tokens, empty_docs, offset, length
+_Row = tuple[int, int, int, int, int, int, bool]  # row_group, rows, tokens, empty_docs, offset, length, check
 
 
-def _file_rows(entry: _FileEntry, column: str | None) -> tuple[list[_Row], str, pa.DataType]:
-    """Per row group of one file: (row_group, rows, tokens, empty_docs, offset, length)."""
+def _fits(stats: Any, dtype: TokenDtype) -> bool:
+    """Whether the footer's min/max prove every token of the chunk fits ``dtype``."""
+    try:
+        if stats is None or not stats.has_min_max:
+            return False
+        lo, hi = token_range(dtype)
+        return lo <= int(stats.min) and int(stats.max) <= hi
+    except (pa.ArrowException, ValueError, TypeError):
+        return False  # unreadable statistics: check every value at decode
+
+
+def _file_rows(
+    entry: _FileEntry, column: str | None, count: ChunkCounter | None
+) -> tuple[list[_Row], str, pa.DataType]:
+    """Per row group of one file: (row_group, rows, tokens, empty_docs, offset, length, check)."""
     st = entry.stat
     md = entry.metadata
     assert md is not None
     try:
         schema = md.schema.to_arrow_schema()
     except (pa.ArrowException, ValueError) as e:
-        msg = f"{st.location}: unreadable schema ({e}); the footer is damaged"
+        msg = f"{st.location}: unreadable schema ({one_line(e)}); the footer is damaged"
         raise DataError(msg) from e
     name, dtype = token_column_of(schema, column, st.location)
+    delivered = delivered_dtype(dtype)
+    narrowing = narrows(dtype)
     leaf = [j for j in range(md.num_columns) if md.schema.column(j).path.split(".")[0] == name]
     if len(leaf) != 1:
         msg = f"{st.location}: token column {name!r} is nested ({len(leaf)} leaves); it must be a flat list"
@@ -350,7 +368,7 @@ def _file_rows(entry: _FileEntry, column: str | None) -> tuple[list[_Row], str, 
             start = min(start, cc.dictionary_page_offset)
         length = cc.total_compressed_size
         where = f"{st.location}, row group {g}"
-        if rg.num_rows > 0 and (start < 4 or start + length > st.size):
+        if rg.num_rows > 0 and (start < 4 or length < 0 or start + length > st.size):
             msg = (
                 f"{where}: the token column chunk [{start}, {start + length}) lies outside the file; "
                 "the footer is damaged"
@@ -371,65 +389,26 @@ def _file_rows(entry: _FileEntry, column: str | None) -> tuple[list[_Row], str, 
             tokens = int(stats.num_values)
             empties = int(cc.num_values) - tokens
         else:
-            tokens, empties = _count(entry, g, name, start, length, where)
+            counter = count if count is not None else _counters.get("default")
+            if counter is None:
+                msg = (
+                    f"{where}: the footer has no statistics for the token column, so its tokens must be counted "
+                    "by reading it once, and planner reads metadata only: import plitzer (or pass count=) "
+                    "to index this dataset"
+                )
+                raise DataError(msg)
+            tokens, empties = counter(
+                entry.storage, st, md, row_group=g, column=name, offset=start, length=length, where=where
+            )
         if tokens < 0 or empties < 0 or empties > rg.num_rows:
             msg = (
                 f"{where}: footer statistics are inconsistent (tokens {tokens}, rows {rg.num_rows}); "
                 "the footer is damaged"
             )
             raise DataError(msg)
-        rows.append((g, rg.num_rows, tokens, empties, start, length))
+        check = narrowing and tokens > 0 and not _fits(stats, delivered)
+        rows.append((g, rg.num_rows, tokens, empties, start, length, check))
     return rows, name, dtype
-
-
-def _count(entry: _FileEntry, g: int, column: str, start: int, length: int, where: str) -> tuple[int, int]:
-    """Count tokens and empty documents by reading the chunk once (no statistics)."""
-    assert entry.metadata is not None
-    data = entry.storage.read_range(entry.stat, start, length)
-    arr = decode_chunk(
-        data,
-        offset=start,
-        file_size=entry.stat.size,
-        metadata=entry.metadata,
-        row_group=g,
-        column=column,
-        where=where,
-    )
-    check_no_null_tokens(arr, where)
-    lengths = arr.value_lengths().fill_null(0).to_numpy()
-    return int(lengths.sum()), int((lengths == 0).sum())
-
-
-def check_decoded(arr: pa.Array, *, rows: int, tokens: int, where: str) -> None:
-    """The decoded chunk must hold the rows and tokens its footer promised.
-
-    A damaged page can decode without an error into other lengths; counting is
-    cheap and catches it before a single token is handed out.
-    """
-    got_tokens = len(arr.values) if arr.offset == 0 and len(arr.values) == arr.offsets[-1].as_py() else None
-    if got_tokens is None:
-        got_tokens = int(pc.sum(pc.list_value_length(arr)).as_py() or 0)
-    if len(arr) != rows or got_tokens != tokens:
-        msg = (
-            f"{where}: decoded {len(arr)} rows and {got_tokens} tokens, but the footer says {rows} rows "
-            f"and {tokens} tokens; the file is damaged: restore it from a good copy"
-        )
-        raise DataError(msg)
-
-
-def check_no_null_tokens(arr: pa.Array, where: str, first_row: int = 0) -> None:
-    """Raise DataError naming the row if any token inside a list is null."""
-    values = arr.values if arr.offset == 0 else arr.flatten()
-    if values.null_count == 0:
-        return
-    flat_null = np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0]
-    offsets = arr.offsets.to_numpy()
-    row = int(np.searchsorted(offsets, flat_null + offsets[0], side="right")) - 1
-    msg = (
-        f"{where}, row {first_row + row}: a null token inside a document; tokens must be "
-        "non-null integers: fix the tokenizer output or drop the row"
-    )
-    raise DataError(msg)
 
 
 def _fingerprint(frame: pl.DataFrame) -> str:
@@ -448,6 +427,7 @@ def index(
     *,
     progress: bool | None = None,
     threads: int = 32,
+    count: ChunkCounter | None = None,
 ) -> Index:
     """Build (or load from the cache) the row-group index of ``source``.
 
@@ -457,23 +437,33 @@ def index(
         A local folder (searched recursively for ``*.parquet``), one file,
         ``s3://bucket/prefix``, or a list of these (files of each source in turn).
     column : str, optional
-        The token column; by default the one ``list<int32|uint32>`` column.
+        The token column (a list or large_list of any integer type); by default
+        the one integer-list column named ``input_ids``, ``tokens`` or
+        ``token_ids``, else the one integer-list column.
     storage_options : dict, optional
         S3 settings: ``endpoint``, ``region``, ``key``, ``secret``, ``anon``.
     progress : bool, optional
         Show a progress bar while reading footers (default: when there are many
         files and stderr is a terminal).
+    count : callable, optional
+        Counts a row group whose footer lacks statistics by reading its token
+        column once (:class:`ChunkCounter`); by default the runtime's, set when
+        plitzer is imported. planner itself reads metadata only.
 
     Examples
     --------
-    >>> import planner, plitzer.synth, tempfile
+    An HF-style file: ``input_ids`` (list<int32>) beside an int8 ``attention_mask``.
+
+    >>> import os, tempfile, planner, pyarrow as pa, pyarrow.parquet as pq
     >>> d = tempfile.mkdtemp()
-    >>> _ = plitzer.synth.write(d, tokens=20_000, seed=1)
+    >>> ids = pa.array([[5, 6, 7], [8, 9]], pa.list_(pa.int32()))
+    >>> mask = pa.array([[1, 1, 1], [1, 1]], pa.list_(pa.int8()))
+    >>> pq.write_table(pa.table({"input_ids": ids, "attention_mask": mask}), os.path.join(d, "a.parquet"))
     >>> ix = planner.index(d)
+    >>> ix.column, ix.dtype, ix.tokens
+    ('input_ids', 'int32', 5)
     >>> ix.frame.columns[:5]
     ['file', 'file_index', 'row_group', 'rows', 'tokens']
-    >>> ix.tokens == ix.frame["tokens"].sum()
-    True
     """
     storages = open_storages(source, storage_options)
     entries: list[_FileEntry] = []
@@ -523,7 +513,7 @@ def index(
         if raw is None:
             raw = _fetch_footer(entry)
         entry.metadata = _parse_footer(raw, entry.stat.location)
-        result = _file_rows(entry, column)
+        result = _file_rows(entry, column, count)
         if not path.exists():
             _write_atomic(path, raw)
         return result
@@ -544,16 +534,20 @@ def index(
         )
 
     first_name, first_type = results[0][1], results[0][2]
+    dtype_name = delivered_dtype(first_type)
     cols: dict[str, list[Any]] = {k: [] for k in INDEX_SCHEMA}
     for fi, (entry, (rows, name, dtype)) in enumerate(zip(entries, results, strict=True)):
-        if name != first_name or dtype != first_type:
+        # list and large_list, and integer widths, may differ between files as long
+        # as the batches they give have the same dtype.
+        if name != first_name or delivered_dtype(dtype) != dtype_name:
             msg = (
-                f"{entry.stat.location}: token column {name!r} of type {dtype} differs from "
-                f"{first_name!r} of type {first_type} in {entries[0].stat.location}; all files "
-                "must agree: rewrite this file or pass column="
+                f"{entry.stat.location}: token column {name!r} of type {dtype} (batches of "
+                f"{delivered_dtype(dtype)}) differs from {first_name!r} of type {first_type} (batches of "
+                f"{dtype_name}) in {entries[0].stat.location}; all files must agree: rewrite this file "
+                "or pass column="
             )
             raise DataError(msg)
-        for g, n, tokens, empties, start, length in rows:
+        for g, n, tokens, empties, start, length, check in rows:
             cols["file"].append(entry.stat.name)
             cols["file_index"].append(fi)
             cols["row_group"].append(g)
@@ -563,8 +557,8 @@ def index(
             cols["byte_offset"].append(start)
             cols["byte_length"].append(length)
             cols["file_size"].append(entry.stat.size)
+            cols["needs_check"].append(check)
     frame = pl.DataFrame(cols, schema=INDEX_SCHEMA)
-    dtype_name: TokenDtype = "uint32" if first_type.value_type == pa.uint32() else "int32"
     fp = _fingerprint(frame)
     table = frame.to_arrow().replace_schema_metadata({"column": first_name, "dtype": dtype_name, "fingerprint": fp})
     try:

@@ -46,11 +46,12 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from planner._hash import key, mix_array, permutation
-from planner.dataset import Index, cache_dir, check_no_null_tokens, ensure_index
+from planner.dataset import Index, cache_dir, ensure_index
 from planner.errors import ConfigError, DataError
 from planner.plan import Plan, _check_int, lane_of
 from plitzer import state as ckpt
 from plitzer.loader import Loader
+from plitzer.read import read_chunk
 
 __all__ = ["document_lengths", "document_table", "explain", "lane_positions", "slice_tokens"]
 
@@ -139,8 +140,7 @@ def _read_documents(ix: Index, *, progress: bool | None, threads: int | None) ->
     def one(rg: int) -> tuple[I64, U64]:
         if int(f["rows"][rg]) == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.uint64)
-        arr = ix.read_chunk(rg)
-        check_no_null_tokens(arr, where[rg])
+        arr = read_chunk(ix, rg)
         lengths, hashes = _hash_documents(arr)
         if len(lengths) != int(f["rows"][rg]) or int(lengths.sum()) != int(f["tokens"][rg]):
             msg = (

@@ -29,10 +29,11 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from planner.dataset import Index, check_decoded, check_no_null_tokens
+from planner.dataset import Index
 from planner.errors import UsageError
 from planner.plan import EpochPlan, Plan, lane_of, start_range
 from plitzer.pack import PackedWindow, pack_window
+from plitzer.read import read_chunk
 
 __all__ = ["Scanner", "unit_estimate"]
 
@@ -195,11 +196,7 @@ class Scanner:
             if fut.done():
                 return
             try:
-                arr = self.index.read_chunk(g)
-                row = self.index.frame.row(g, named=True)
-                where = self.index.location(row["file_index"], row["row_group"])
-                check_no_null_tokens(arr, where)
-                check_decoded(arr, rows=row["rows"], tokens=row["tokens"], where=where)
+                arr = read_chunk(self.index, g)  # checked, as list<int32> or list<uint32>
             except BaseException as e:
                 if not fut.done():
                     fut.set_exception(e)

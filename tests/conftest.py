@@ -47,12 +47,15 @@ def write_dataset(
     statistics: bool = True,
     column: str = "tokens",
 ) -> list[Path]:
-    """Write files of row groups of documents exactly as given (row groups kept)."""
+    """Write files of row groups of documents exactly as given (row groups kept).
+
+    ``dtype`` is the integer type of the tokens (any numpy integer name).
+    """
     root.mkdir(parents=True, exist_ok=True)
     paths = []
     for fi, rgs in enumerate(files):
         path = root / f"f{fi:03d}.parquet"
-        typ = (pa.large_list if large else pa.list_)(pa.uint32() if dtype == "uint32" else pa.int32())
+        typ = (pa.large_list if large else pa.list_)(pa.from_numpy_dtype(np.dtype(dtype)))
         schema = pa.schema([(column, typ), ("n", pa.int64())])
         with pq.ParquetWriter(path, schema, write_statistics=statistics, compression="zstd") as w:
             for docs in rgs:

@@ -35,10 +35,31 @@ def test_counts_come_from_footers(tmp_path: Path) -> None:
 def test_footer_without_statistics_is_read_once_to_count(tmp_path: Path) -> None:
     write_dataset(tmp_path / "a", [DOCS], statistics=True)
     write_dataset(tmp_path / "b", [DOCS], statistics=False)
-    a, b = planner.index(tmp_path / "a"), planner.index(tmp_path / "b")
+    from plitzer.read import count_chunk
+
+    a, b = planner.index(tmp_path / "a"), planner.index(tmp_path / "b", count=count_chunk)
     assert a.frame["tokens"].to_list() == b.frame["tokens"].to_list()
     assert a.frame["empty_docs"].to_list() == b.frame["empty_docs"].to_list()
     assert a.fingerprint == b.fingerprint
+
+
+def test_planner_alone_reads_metadata_only(tmp_path: Path) -> None:
+    """Without plitzer, a footer without statistics is a clear error, not a read."""
+    import subprocess
+    import sys
+
+    write_dataset(tmp_path / "b", [DOCS], statistics=False)
+    code = (
+        "import sys, planner\n"
+        "try:\n    planner.index(sys.argv[1])\nexcept planner.DataError as e:\n    print(e)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'plitzer'))"
+    )
+    env = {**os.environ, "PLITZER_CACHE": str(tmp_path / "cache")}
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "b")], capture_output=True, text=True, check=True, env=env
+    ).stdout
+    assert "f000.parquet, row group 0: the footer has no statistics" in out and "import plitzer" in out
+    assert out.strip().endswith("[]")
 
 
 def test_null_documents_count_as_empty(tmp_path: Path) -> None:
@@ -47,11 +68,38 @@ def test_null_documents_count_as_empty(tmp_path: Path) -> None:
     assert f["tokens"].to_list() == [3] and f["empty_docs"].to_list() == [1]
 
 
-@pytest.mark.parametrize(("dtype", "large"), [("int32", False), ("uint32", False), ("int32", True), ("uint32", True)])
-def test_list_types(tmp_path: Path, dtype: str, large: bool) -> None:
-    write_dataset(tmp_path, [DOCS], dtype=dtype, large=large)
+@pytest.mark.parametrize("large", [False, True])
+@pytest.mark.parametrize(
+    ("width", "dtype"),
+    [
+        ("int8", "int32"),
+        ("uint8", "int32"),
+        ("int16", "int32"),
+        ("uint16", "int32"),
+        ("int32", "int32"),
+        ("uint32", "uint32"),
+        ("int64", "int32"),
+        ("uint64", "uint32"),
+    ],
+)
+def test_any_integer_width_is_a_token_column(tmp_path: Path, width: str, dtype: str, large: bool) -> None:
+    write_dataset(tmp_path, [DOCS], dtype=width, large=large)
     ix = planner.index(tmp_path)
     assert ix.dtype == dtype and ix.tokens == 12
+    # Narrowing is proved safe by the footer's min/max: no value is checked at decode.
+    assert ix.frame["needs_check"].to_list() == [False] * 3
+
+
+def test_needs_check_where_statistics_do_not_prove_the_values_fit(tmp_path: Path) -> None:
+    typ = pa.list_(pa.int64())
+    with pq.ParquetWriter(tmp_path / "x.parquet", pa.schema([("tokens", typ)])) as w:
+        w.write_table(pa.table({"tokens": pa.array([[1, 2]], typ)}))
+        w.write_table(pa.table({"tokens": pa.array([[1, 2**40]], typ)}))
+        w.write_table(pa.table({"tokens": pa.array([[-(2**31), 2**31 - 1]], typ)}))
+        w.write_table(pa.table({"tokens": pa.array([[], None], typ)}))
+    assert planner.index(tmp_path).frame["needs_check"].to_list() == [False, True, False, False]
+    write_dataset(tmp_path / "nostats", [DOCS], dtype="uint64", statistics=False)
+    assert planner.index(tmp_path / "nostats").frame["needs_check"].to_list() == [True, True, False]
 
 
 def test_file_without_row_groups_and_foreign_files(tmp_path: Path) -> None:
@@ -84,31 +132,58 @@ def test_single_file_and_list_sources(tmp_path: Path) -> None:
     assert both.frame["file"].to_list() == ["0/f000.parquet"] * 3 + ["1/f000.parquet"]
 
 
-def test_type_differs_in_one_file_is_named(tmp_path: Path) -> None:
+def test_files_may_differ_in_width_but_not_in_batch_dtype(tmp_path: Path) -> None:
     write_dataset(tmp_path, [DOCS])
-    pq.write_table(pa.table({"tokens": pa.array([[1, 2]], pa.list_(pa.int64()))}), tmp_path / "f001.parquet")
-    with pytest.raises(planner.DataError, match=r"f001\.parquet.*no token column"):
-        planner.index(tmp_path)
-    with pytest.raises(planner.DataError, match=r"f001\.parquet: column 'tokens' has type list<element: int64>"):
-        planner.index(tmp_path, column="tokens")
+    pq.write_table(pa.table({"tokens": pa.array([[1, 2]], pa.large_list(pa.int64()))}), tmp_path / "f001.parquet")
+    ix = planner.index(tmp_path)  # int32 and int64 both give int32 batches
+    assert ix.dtype == "int32" and ix.tokens == 14
     pq.write_table(pa.table({"tokens": pa.array([[1, 2]], pa.list_(pa.uint32()))}), tmp_path / "f001.parquet")
-    with pytest.raises(planner.DataError, match=r"f001\.parquet: token column 'tokens' of type list<.*uint32> differs"):
+    with pytest.raises(
+        planner.DataError, match=r"f001\.parquet: token column 'tokens' of type list<.*uint32> .* differs"
+    ):
         planner.index(tmp_path)
+    pq.write_table(pa.table({"tokens": pa.array([["a"]], pa.list_(pa.string()))}), tmp_path / "f001.parquet")
+    with pytest.raises(
+        planner.ConfigError, match=r"f001\.parquet: no token column.*tokens \(list<.*string>\).*column="
+    ):
+        planner.index(tmp_path)
+    with pytest.raises(planner.ConfigError, match=r"f001\.parquet: column 'tokens' has type list<element: string>"):
+        planner.index(tmp_path, column="tokens")
+    pq.write_table(pa.table({"other": pa.array([[1]], pa.list_(pa.int32()))}), tmp_path / "f001.parquet")
+    with pytest.raises(planner.ConfigError, match=r"f001\.parquet: token column 'tokens' not found; columns are other"):
+        planner.index(tmp_path, column="tokens")
 
 
-def test_no_candidate_and_two_candidates(tmp_path: Path) -> None:
-    pq.write_table(pa.table({"text": ["a"], "ids": pa.array([[1]], pa.list_(pa.int64()))}), tmp_path / "a.parquet")
-    with pytest.raises(planner.DataError, match="no token column: none of"):
-        planner.index(tmp_path)
-    two = tmp_path / "two"
-    two.mkdir()
-    t = pa.table({"a": pa.array([[1]], pa.list_(pa.int32())), "b": pa.array([[2]], pa.list_(pa.int32()))})
-    pq.write_table(t, two / "x.parquet")
-    with pytest.raises(planner.DataError, match=r"several candidate token columns \['a', 'b'\]"):
+def test_column_found_by_name_then_by_type(tmp_path: Path) -> None:
+    def one(name: str, **cols: pa.Array) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        pq.write_table(pa.table(cols), d / "x.parquet")
+        return d
+
+    ints = pa.array([[1, 2]], pa.list_(pa.int64()))
+    mask = pa.array([[1, 1]], pa.list_(pa.int8()))
+    text = pa.array(["a b"])
+    hf = one("hf", text=text, input_ids=pa.array([[1, 2]], pa.list_(pa.int32())), attention_mask=mask)
+    assert planner.index(hf).column == "input_ids"
+    for name in ("tokens", "token_ids"):
+        assert planner.index(one(name, mask=mask, **{name: ints})).column == name
+    assert planner.index(one("single", text=text, ids=ints)).column == "ids"
+    with pytest.raises(
+        planner.ConfigError,
+        match=r"no token column: no column is a list of integers \(columns: text \(string\)\); pass column=",
+    ):
+        planner.index(one("none", text=text))
+    two = one("two", a=ints, b=mask)
+    with pytest.raises(
+        planner.ConfigError,
+        match=r"several candidate token columns: a \(list<element: int64>\), b \(list<element: int8>\); pass column=",
+    ):
         planner.index(two)
     assert planner.index(two, column="b").column == "b"
-    with pytest.raises(planner.DataError, match="token column 'c' not found"):
-        planner.index(two, column="c")
+    both = one("both", input_ids=ints, tokens=ints)
+    with pytest.raises(planner.ConfigError, match=r"several candidate token columns: input_ids .*, tokens"):
+        planner.index(both)
 
 
 def test_empty_source_and_missing_path(tmp_path: Path) -> None:
@@ -184,16 +259,22 @@ def test_planner_never_imports_plitzer_or_torch() -> None:
 @pytest.mark.parametrize(
     ("typ", "value"),
     [
-        (pa.list_(pa.int16()), [1, 2]),
-        (pa.list_(pa.int64()), [1, 2]),
         (pa.string(), "a b"),
         (pa.list_(pa.list_(pa.int32())), [[1], [2]]),
+        (pa.list_(pa.string()), ["a"]),
+        (pa.list_(pa.null()), [None]),
+        (pa.list_(pa.float32()), [1.0]),
+        (pa.list_(pa.bool_()), [True]),
     ],
 )
 def test_token_column_of_another_type_names_file_and_fix(tmp_path: Path, typ: pa.DataType, value: object) -> None:
     pq.write_table(pa.table({"tokens": pa.array([value], typ)}), tmp_path / "bad.parquet")
-    with pytest.raises(planner.DataError, match=r"bad\.parquet: column 'tokens' has type .* pick another column"):
+    with pytest.raises(
+        planner.ConfigError, match=r"bad\.parquet: column 'tokens' has type .* list or large_list of integers"
+    ):
         planner.index(tmp_path, column="tokens")
+    with pytest.raises(planner.ConfigError, match=r"bad\.parquet: no token column"):
+        planner.index(tmp_path)
 
 
 def test_a_file_replaced_under_a_running_loader_is_refused(tmp_path: Path) -> None:

@@ -1,0 +1,267 @@
+"""The read path: one ranged read per row group, decoded and checked into tokens.
+
+``read_chunk(index, rg)`` reads exactly row group ``rg``'s token column chunk (one
+``pread``, or one ranged GET on S3), decodes it with pyarrow through a file object
+that serves only that byte range plus the cached footer (so a decode can never
+issue a second, hidden read), checks it, and returns a plain ``list<int32>`` (or
+``list<uint32>``, as ``index.dtype`` says) whatever the column's integer width and
+list type in the file:
+
+* a null token inside a document, or rows and tokens other than the footer's, is
+  a :class:`DataError` naming file, row group and row;
+* narrower integers are widened by one vectorized cast; int64 and uint64 are
+  narrowed, and where the index's ``needs_check`` says the footer's min/max do not
+  prove every value fits, every value is checked first (a value out of range is a
+  DataError naming file, row group and row);
+* large_list offsets become int32 offsets, so the packer always sees one type.
+
+planner reads metadata only; this module is where token data is read.
+``count_chunk`` is the :class:`planner.dataset.ChunkCounter` that counts a row
+group whose footer lacks statistics; importing this module makes it planner's
+default.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from planner.dataset import Index, TokenDtype, one_line, set_chunk_counter, token_range
+from planner.errors import DataError
+from planner.storage import FileStat, Storage
+
+__all__ = [
+    "check_decoded",
+    "check_no_null_tokens",
+    "count_chunk",
+    "decode_chunk",
+    "read_chunk",
+    "to_tokens",
+]
+
+_TARGET = {"int32": pa.int32(), "uint32": pa.uint32()}
+
+
+class _RangeFile(io.RawIOBase):
+    """A read-only file that holds one byte range of a larger file.
+
+    pyarrow decodes a column chunk from a file object plus the cached footer; this
+    object serves exactly the chunk we fetched (one ranged read) and refuses any
+    other offset, so a decode can never trigger a second, hidden read.
+    """
+
+    def __init__(self, data: bytes, offset: int, size: int, where: str) -> None:
+        super().__init__()
+        self._data = data
+        self._view = memoryview(data)
+        self._offset = offset
+        self._size = size
+        self._pos = 0
+        self._where = where
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self._pos = pos if whence == 0 else (self._pos + pos if whence == 1 else self._size + pos)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def size(self) -> int:
+        return self._size
+
+    def read(self, n: int | None = -1) -> bytes:
+        n = self._size - self._pos if n is None or n < 0 else n
+        a = self._pos - self._offset
+        if a < 0 or a + n > len(self._data):
+            msg = f"{self._where}: decoding needed bytes outside the token column chunk; the footer is damaged"
+            raise DataError(msg)
+        self._pos += n
+        return self._view[a : a + n]  # type: ignore[return-value]  # zero-copy: pyarrow takes any buffer
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
+def decode_chunk(
+    data: bytes,
+    *,
+    offset: int,
+    file_size: int,
+    metadata: pq.FileMetaData,
+    row_group: int,
+    column: str,
+    where: str,
+) -> pa.Array:
+    """Decode one row group's token column from the bytes of its column chunk.
+
+    Returns the column as the file holds it (a ListArray or LargeListArray of
+    some integer type); raises DataError (naming ``where``, on one line) for
+    damaged data, never a bare pyarrow error.
+    """
+    f = _RangeFile(data, offset, file_size, where)
+    try:
+        # Page CRCs are verified whenever the writer stored them (docs/reliability.md).
+        pf = pq.ParquetFile(f, metadata=metadata, pre_buffer=True, page_checksum_verification=True)
+        table = pf.read_row_group(row_group, columns=[column], use_threads=False)
+    except DataError:
+        raise
+    except (pa.ArrowException, OSError, ValueError, IndexError, TypeError) as e:
+        msg = f"{where}: cannot decode the token column ({type(e).__name__}: {one_line(e)}); the file is damaged"
+        raise DataError(msg) from e
+    col = table.column(0)
+    arr = col.chunk(0) if col.num_chunks == 1 else pa.concat_arrays(col.chunks)
+    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or not pa.types.is_integer(
+        arr.type.value_type
+    ):
+        msg = f"{where}: the token column decoded as {arr.type}, not a list of integers; the file is damaged"
+        raise DataError(msg)
+    return arr
+
+
+def _values(arr: pa.Array) -> pa.Array:
+    """The values the (unsliced or sliced) list array's rows cover, zero-copy."""
+    if len(arr) == 0:
+        return arr.values.slice(0, 0)
+    first, last = arr.offsets[0].as_py(), arr.offsets[-1].as_py()
+    return arr.values.slice(first, last - first)
+
+
+def _row_of(arr: pa.Array, value_index: int) -> int:
+    offsets = arr.offsets.to_numpy()
+    return int(np.searchsorted(offsets, value_index + offsets[0], side="right")) - 1
+
+
+def check_decoded(arr: pa.Array, *, rows: int, tokens: int, where: str) -> None:
+    """The decoded chunk must hold the rows and tokens its footer promised.
+
+    A damaged page can decode without an error into other lengths; counting is
+    cheap and catches it before a single token is handed out.
+    """
+    got_tokens = len(_values(arr))
+    if len(arr) != rows or got_tokens != tokens:
+        msg = (
+            f"{where}: decoded {len(arr)} rows and {got_tokens} tokens, but the footer says {rows} rows "
+            f"and {tokens} tokens; the file is damaged: restore it from a good copy"
+        )
+        raise DataError(msg)
+
+
+def check_no_null_tokens(arr: pa.Array, where: str, first_row: int = 0) -> None:
+    """Raise DataError naming the row if any token inside a list is null."""
+    values = _values(arr)
+    if values.null_count == 0:
+        return
+    flat_null = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
+    msg = (
+        f"{where}, row {first_row + _row_of(arr, flat_null)}: a null token inside a document; tokens must be "
+        "non-null integers: fix the tokenizer output or drop the row"
+    )
+    raise DataError(msg)
+
+
+def to_tokens(arr: pa.Array, dtype: TokenDtype, *, check: bool, where: str) -> pa.Array:
+    """``arr`` as a plain ``list<dtype>``: widened, or narrowed (checked when ``check``).
+
+    ``check`` is the index's ``needs_check``: False where the footer's min/max
+    prove every value fits (or no value can be out of range), so narrowing is one
+    unchecked cast. A value that does not fit is a DataError naming the row.
+    """
+    target = _TARGET[dtype]
+    if pa.types.is_list(arr.type) and arr.type.value_type == target:
+        return arr
+    source = arr.type.value_type
+    if check:
+        values = _values(arr)
+        lo, hi = token_range(dtype)
+        mm = pc.min_max(values)
+        small, large = mm["min"].as_py(), mm["max"].as_py()
+        if small is not None and (small < lo or large > hi):
+            v = values.to_numpy(zero_copy_only=False)
+            bad = v > hi if pa.types.is_unsigned_integer(source) else (v < lo) | (v > hi)
+            i = int(np.flatnonzero(bad)[0])
+            msg = (
+                f"{where}, row {_row_of(arr, i)}: token {values[i].as_py()} does not fit {dtype} (the column is "
+                f"{source}; batches are {dtype}, whose tokens lie in [{lo}, {hi}]); re-tokenize this row or "
+                "fix the file"
+            )
+            raise DataError(msg)
+    try:
+        return arr.cast(pa.list_(target), safe=False)
+    except (pa.ArrowException, ValueError) as e:  # a large_list of more than 2**31 - 1 tokens
+        msg = f"{where}: cannot convert the token column to list<{dtype}> ({one_line(e)}); split the row group"
+        raise DataError(msg) from e
+
+
+def read_chunk(index: Index, rg: int) -> pa.Array:
+    """Read, decode and check row group ``rg`` (a row of ``index.frame``): one ranged read.
+
+    Returns a ``list<int32>`` (``list<uint32>`` when ``index.dtype`` is uint32)
+    holding the row group's documents, or raises DataError naming file, row group
+    and (where one is at fault) row.
+    """
+    row = index.frame.row(rg, named=True)
+    fi = row["file_index"]
+    st = index.file(fi)
+    where = index.location(fi, row["row_group"])
+    data = index.storage(fi).read_range(st, row["byte_offset"], row["byte_length"])
+    arr = decode_chunk(
+        data,
+        offset=row["byte_offset"],
+        file_size=st.size,
+        metadata=index.metadata(fi),
+        row_group=row["row_group"],
+        column=index.column,
+        where=where,
+    )
+    check_no_null_tokens(arr, where)
+    check_decoded(arr, rows=row["rows"], tokens=row["tokens"], where=where)
+    return to_tokens(arr, index.dtype, check=bool(row["needs_check"]), where=where)
+
+
+def count_chunk(
+    storage: Storage,
+    file: FileStat,
+    metadata: pq.FileMetaData,
+    *,
+    row_group: int,
+    column: str,
+    offset: int,
+    length: int,
+    where: str,
+) -> tuple[int, int]:
+    """Tokens and empty documents of one row group, by reading it once (no statistics)."""
+    data = storage.read_range(file, offset, length)
+    arr = decode_chunk(
+        data,
+        offset=offset,
+        file_size=file.size,
+        metadata=metadata,
+        row_group=row_group,
+        column=column,
+        where=where,
+    )
+    check_no_null_tokens(arr, where)
+    lengths = pc.list_value_length(arr).fill_null(0).to_numpy()
+    if len(arr) != metadata.row_group(row_group).num_rows:
+        msg = (
+            f"{where}: decoded {len(arr)} rows, but the footer says {metadata.row_group(row_group).num_rows}; "
+            "the file is damaged: restore it from a good copy"
+        )
+        raise DataError(msg)
+    return int(lengths.sum()), int((lengths == 0).sum())
+
+
+set_chunk_counter(count_chunk)
