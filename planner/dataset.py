@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from planner.errors import ConfigError, DataError
+from planner.footer import check_level_histograms
 from planner.storage import FileStat, Storage, open_storages
 
 __all__ = [
@@ -223,10 +224,18 @@ class _FileEntry:
 
 def _parse_footer(raw: bytes, where: str) -> pq.FileMetaData:
     try:
-        return pq.read_metadata(pa.BufferReader(b"PAR1" + raw))
+        md = pq.read_metadata(pa.BufferReader(b"PAR1" + raw))
+        levels = [
+            (md.schema.column(j).max_repetition_level, md.schema.column(j).max_definition_level)
+            for j in range(md.num_columns)
+        ]
     except (pa.ArrowException, OSError, ValueError) as e:
         msg = f"{where}: the Parquet footer is damaged ({type(e).__name__}: {one_line(e)}); restore or rewrite the file"
         raise DataError(msg) from e
+    # Before any column chunk's metadata is touched: pyarrow aborts the process on
+    # level histograms that do not fit the schema (planner/footer.py).
+    check_level_histograms(raw[:-8], levels, where)
+    return md
 
 
 def _fetch_footer(entry: _FileEntry) -> bytes:

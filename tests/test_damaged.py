@@ -126,3 +126,78 @@ def test_fuzz_flips_and_truncations(tmp_path: Path) -> None:
     assert result["counts"]["different"] == 0, result
     assert result["counts"]["error"] + result["counts"]["identical"] == n
     assert result["counts"]["error"] > n // 2
+
+
+# -- odd and damaged files in the manner of apache/parquet-testing's bad_data ---------
+
+
+def _load_error(d: Path) -> str:
+    """The DataError that indexing or loading ``d`` raises (it must raise one)."""
+    with pytest.raises(plitzer.DataError) as err:
+        planner.index(d)
+        _epoch(d)
+    msg = str(err.value)
+    assert "x.parquet" in msg and "\n" not in msg, msg
+    return msg
+
+
+def _patch_footer(p: Path, old: bytes, new: bytes) -> None:
+    data = p.read_bytes()
+    flen = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - flen
+    footer = data[start:-8]
+    assert footer.count(old) == 1, footer
+    assert len(old) == len(new)
+    p.write_bytes(data[:start] + footer.replace(old, new) + data[-8:])
+
+
+def test_repetition_levels_that_start_with_1(tmp_path: Path) -> None:
+    from tests.handmade_parquet import write_two_level
+
+    docs = [[1, 2, 3], [], [4]]
+    # The first level says "this value continues the row before": there is none.
+    write_two_level(tmp_path / "x.parquet", [docs], rep_override=[[1, 1, 0, 0, 0]])
+    assert "repetition level" in _load_error(tmp_path)
+
+
+def test_negative_dictionary_page_count(tmp_path: Path) -> None:
+    t = pa.table({"tokens": pa.array([[i % 7, 3] for i in range(50)], pa.list_(pa.int32()))})
+    p = tmp_path / "x.parquet"
+    pq.write_table(t, p, use_dictionary=True, compression="none")
+    cc = pq.read_metadata(p).row_group(0).column(0)
+    assert cc.has_dictionary_page
+    data = bytearray(p.read_bytes())
+    at = cc.dictionary_page_offset
+    # DictionaryPageHeader (PageHeader field 7) begins with num_values (i32, 7 values:
+    # zigzag 14). Make it -7 (zigzag 13).
+    head = data[at : at + 40]
+    i = head.find(b"\x15\x0e", head.find(b"\x3c") if b"\x3c" in head else head.find(b"\x4c"))
+    assert i > 0
+    data[at + i + 1] = 0x0D
+    p.write_bytes(bytes(data))
+    _load_error(tmp_path)
+
+
+def test_required_column_holding_nulls(tmp_path: Path) -> None:
+    docs = [[1, None, 2], [3], [None, None], [4, 5]] * 5
+    p = tmp_path / "x.parquet"
+    pq.write_table(pa.table({"tokens": pa.array(docs, pa.list_(pa.int32()))}), p, store_schema=False)
+    # The element's repetition type: OPTIONAL (zigzag 2) becomes REQUIRED (0), so the
+    # pages' definition levels no longer match the schema.
+    _patch_footer(p, b"\x15\x02\x25\x02\x18\x07element", b"\x15\x02\x25\x00\x18\x07element")
+    _load_error(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (b"\x18\x06schema\x15\x02", b"\x18\x06schema\x15\x06"),  # the root claims 3 children
+        (b"\x15\x02\x25\x00\x18\x07element", b"\x15\x0e\x25\x00\x18\x07element"),  # INT32 becomes FLBA
+    ],
+)
+def test_corrupted_schema(tmp_path: Path, old: bytes, new: bytes) -> None:
+    p = tmp_path / "x.parquet"
+    typ = pa.list_(pa.field("element", pa.int32(), nullable=False))
+    pq.write_table(pa.table({"tokens": pa.array([[1, 2]] * 10, typ)}), p, store_schema=False)
+    _patch_footer(p, old, new)
+    _load_error(tmp_path)
