@@ -14,6 +14,15 @@ Also the time to the first batch after resuming at mid-epoch, next to the time t
 decode one window at the raw rate (the target).
 
     python benchmarks/throughput.py --tokens 60000000 --threads 2
+
+``--widths`` measures instead what another integer width costs: the same tokens
+written as list<uint16> (widened), list<int64> (narrowed, proved safe by the
+footer's min/max) and list<int64> without statistics (narrowed, every value
+checked), each read row group by row group with ``plitzer.read.read_chunk`` (one
+ranged read, decode, checks, conversion to int32) on one thread, in ns/token and
+against the same tokens as list<int32>:
+
+    python benchmarks/throughput.py --widths --tokens 20000000
 """
 
 from __future__ import annotations
@@ -36,7 +45,11 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--widths", action="store_true", help="measure widening and narrowing against int32")
     args = ap.parse_args()
+    if args.widths:
+        widths(args.tokens)
+        return
     d = dataset(args.tokens)
     warm_page_cache(d)
     pa.set_cpu_count(args.threads)
@@ -116,6 +129,68 @@ def main() -> None:
         f"resume at step {half}: first batch after {first:.3f} s (construct {construct:.3f} s); "
         f"lanes span {units} windows; one window decodes in {window_decode:.3f} s at the raw rate"
     )
+
+
+def widths(tokens: int, repeats: int = 5) -> None:
+    """ns/token of read_chunk over the same tokens stored at other widths, against int32."""
+    import tempfile
+
+    import planner
+    from plitzer.read import read_chunk, to_tokens
+
+    d = dataset(tokens)
+    src = pq.read_table(sorted(d.glob("*.parquet"))[0].parent, columns=["tokens"]).column(0).combine_chunks()
+    rows_per_group = 200  # about 200k tokens: decoded memory is reused, not page-faulted
+    cases = {
+        "int32": (pa.int32(), True),
+        "uint16 (widened)": (pa.uint16(), True),
+        "int64, min/max fit (narrowed, unchecked)": (pa.int64(), True),
+        "int64, no statistics (narrowed, checked)": (pa.int64(), False),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        results = {}
+        for name, (typ, stats) in cases.items():
+            folder = os.path.join(tmp, name.split()[0] + ("" if stats else "-nostats"))
+            os.makedirs(folder)
+            pq.write_table(
+                pa.table({"tokens": src.cast(pa.list_(typ))}),
+                os.path.join(folder, "data.parquet"),
+                row_group_size=rows_per_group,
+                write_statistics=stats,
+                compression="zstd",
+            )
+            warm_page_cache(__import__("pathlib").Path(folder))
+            ix = planner.index(folder)
+            n = ix.tokens
+            best = None
+            for _ in range(repeats):
+                with timed() as t:
+                    got = sum(len(read_chunk(ix, rg).values) for rg in range(ix.row_groups))
+                assert got == n
+                best = t if best is None or t.wall < best.wall else best
+            assert best is not None
+            results[name] = best.wall / n * 1e9
+            # The conversion alone (cast, plus the range check where needs_check): on
+            # chunks decoded as the file holds them.
+            f = ix.frame
+            raw = [
+                pq.ParquetFile(os.path.join(folder, "data.parquet")).read_row_group(g).column(0).chunk(0)
+                for g in range(ix.row_groups)
+            ]
+            conv = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                for a, c in zip(raw, f["needs_check"], strict=True):
+                    to_tokens(a, ix.dtype, check=bool(c), where="")
+                conv = min(conv, time.perf_counter() - t0)
+            checked = int(f["needs_check"].sum())
+            print(
+                f"{name:<44} {results[name]:6.2f} ns/token read_chunk, {conv / n * 1e9:5.2f} ns/token "
+                f"conversion alone ({checked}/{ix.row_groups} row groups checked)"
+            )
+        base = results["int32"]
+        for name, ns in results.items():
+            print(f"{name:<44} {ns / base:5.2f}x int32, {ns - base:+.2f} ns/token")
 
 
 if __name__ == "__main__":
