@@ -293,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="plitzer",
         description="Deterministic, resumable loader for pre-tokenized Parquet: plans, audits, demo.",
     )
+    from plitzer import __version__
+
+    parser.add_argument("--version", action="version", version=f"plitzer {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     fmt = argparse.RawDescriptionHelpFormatter
 
