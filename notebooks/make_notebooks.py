@@ -93,18 +93,19 @@ PLAN = [
         '""")'
     ),
     new_markdown_cell(
-        "A lane receives the documents that *start* in its cut range, so what it really gets depends "
-        "on document lengths (one pass over the token column, cached). The lanes' streams drift apart "
-        "by whole documents; the loader holds every window between the slowest and fastest lane."
+        "A lane receives exactly the tokens of its cut range (a document that crosses a cut is split "
+        "there and goes on in the next lane), and the cuts hand out the run's tokens round-robin, so "
+        "over any run every lane has within one token of every other: the lanes run in lockstep, and "
+        "a step reads from the window in use and at most the next."
     ),
     new_code_cell(
-        "lengths = document_lengths(data)\n"
-        "balance = audit.lane_balance(plan, lengths, epoch=0)\n"
-        "drift = audit.lane_drift(plan, lengths, seq_len=256, steps=3 * 50)\n"
+        "balance = audit.lane_balance(plan, epoch=0)\n"
+        "steps = audit.lockstep(plan, seq_len=256, steps=3 * 50)\n"
         "fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.4))\n"
         "audit.plot_lane_balance(balance, ax=a)\n"
-        "audit.plot_drift(drift, ax=b)\n"
+        "audit.plot_lockstep(steps, ax=b)\n"
         "plt.show()\n"
+        'assert steps["token_spread"].max() <= 1\n'
         "balance.describe()"
     ),
     new_markdown_cell(
@@ -226,10 +227,11 @@ DATA = [
     ),
     new_markdown_cell(
         "## Every document exactly once per epoch\n\n"
-        "Collect the provenance of every batch until every lane has moved past epoch 0 (lanes drift "
-        "apart by whole documents, so that is a few steps past the epoch's label), then check in SQL "
-        "that the pieces of epoch 0 tile every document of the dataset exactly once: one lane, "
-        "offsets from 0 to its length, no token missing or repeated."
+        "Collect the provenance of every batch until every lane has moved past epoch 0 (a step or "
+        "so past the epoch's label), then check in SQL that the pieces of epoch 0 tile every "
+        "document of the dataset exactly once: in one lane or split across neighbouring lanes, each "
+        "piece starting where the previous one ended, from offset 0 to the document's length, no "
+        "token missing or repeated."
     ),
     new_code_cell(
         "frames = []\n"
@@ -244,13 +246,18 @@ DATA = [
     ),
     new_code_cell(
         'proof = duckdb.sql("""\n'
-        "    with per_doc as (\n"
+        "    with ordered as (\n"
+        "        select *, lag(token_offset + length, 1, 0) over (\n"
+        "            partition by file, row_group, row order by token_offset) as previous_end\n"
+        "        from pieces where epoch = 0),\n"
+        "    per_doc as (\n"
         "        select file, row_group, row, count(distinct lane) as lanes, sum(length) as tokens,\n"
-        "               min(token_offset) as first, max(token_offset + length) as last\n"
-        "        from pieces where epoch = 0 group by file, row_group, row)\n"
+        "               min(token_offset) as first, max(token_offset + length) as last,\n"
+        "               count(*) filter (where token_offset <> previous_end) as gaps\n"
+        "        from ordered group by file, row_group, row)\n"
         "    select (select count(*) from docs where length > 0) as documents,\n"
         "           count(p.file) as seen,\n"
-        "           count(*) filter (where p.lanes = 1 and p.tokens = d.length\n"
+        "           count(*) filter (where p.gaps = 0 and p.tokens = d.length\n"
         "                            and p.first = 0 and p.last = d.length) as exactly_once\n"
         "    from docs d left join per_doc p using (file, row_group, row)\n"
         "    where d.length > 0\n"

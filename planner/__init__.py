@@ -12,7 +12,7 @@ runtime's reader, ``plitzer.read.count_chunk``, passed in as a ``ChunkCounter``.
 from planner._hash import key, mix, permutation
 from planner.dataset import Index, cache_dir, index
 from planner.errors import CheckpointError, ConfigError, DataError, PlitzerError, StorageError
-from planner.plan import EpochPlan, Plan, PlanSettings, lane_of, plan, plan_epoch
+from planner.plan import EpochPlan, Plan, PlanSettings, cut_at, lane_of, plan, plan_epoch
 
 __all__ = [
     "CheckpointError",
@@ -25,6 +25,7 @@ __all__ = [
     "PlitzerError",
     "StorageError",
     "cache_dir",
+    "cut_at",
     "index",
     "key",
     "lane_of",

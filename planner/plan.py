@@ -6,16 +6,23 @@ With G row groups, B lanes, W row groups per window and ``world`` ranks:
 2. Windows are consecutive runs of W row groups in that order (the last may be shorter).
 3. A window's stream is its row groups in that order, each one's documents in
    storage order; ``token_start`` is where a row group begins in that stream.
-4. Lane cuts ``c_k = floor(k * T_w / B)`` split the stream by tokens; a document
-   belongs to lane ``max{k : c_k <= start}``, so each lane's slice is one
-   contiguous stretch and every document is in exactly one lane.
+4. Lane cuts split the stream at exact token positions. With ``q, r = divmod(T_w, B)``
+   and ``z`` the run's tokens before this window mod B, lane ``k`` gets ``q + 1``
+   tokens when ``(k - z) mod B < r``, else ``q``: the cut arithmetic deals the run's
+   tokens to lanes like cards (token ``i`` of the run counts to lane ``i mod B``),
+   so every lane has received within one token of every other, at every window of
+   every run. A document that crosses a cut is split there into *pieces*.
 5. Rank ``r`` owns lanes ``[r*B/world, (r+1)*B/world)`` and reads only the row
-   groups that can hold a document starting in its cut range.
+   groups whose tokens meet its cut range (and those whose empty documents fall in it).
 
-A worked example: three row groups of 5, 0 and 7 tokens in one window, B = 4 lanes:
-T_w = 12, cuts 0, 3, 6, 9. A row group starting at token 5 with 7 tokens holds
-documents starting in [5, 11], i.e. lanes 1..3. The same numbers come out of
-``Plan.lanes`` and ``Plan.row_groups``, and the loader runs from these tables.
+A worked example (SPEC section 3): B = 4, T_w = 10, z = 3 gives q = 2, r = 2; lanes 3
+and 0 get 3 tokens, lanes 1 and 2 get 2: cuts 0, 3, 5, 7, 10; the next window has
+z = (3 + 10) mod 4 = 1.
+
+>>> cut_at(np.arange(5), 2, 2, 3, 4).tolist()
+[0, 3, 5, 7, 10]
+>>> lane_of(np.arange(10), 2, 2, 3, 4).tolist()
+[0, 0, 0, 1, 1, 2, 2, 3, 3, 3]
 
 Everything here is numpy on the index's columns: no I/O, no hidden state.
 """
@@ -36,12 +43,29 @@ from planner._hash import key, permutation
 from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError
 
-__all__ = ["EpochPlan", "Plan", "PlanSettings", "lane_of", "plan", "plan_epoch"]
+__all__ = [
+    "EpochPlan",
+    "Plan",
+    "PlanSettings",
+    "check_int",
+    "cut_at",
+    "epoch_of_step",
+    "lane_of",
+    "plan",
+    "plan_epoch",
+    "window_offsets",
+]
 
 I64 = NDArray[np.int64]
 
 
-def _check_int(name: str, value: object, low: int, fix: str) -> int:
+def epoch_of_step(step: int, *, lanes: int, seq_len: int, tokens: int) -> int:
+    """Epoch label of global step ``step``: ``floor(step * lanes * seq_len / tokens)`` (SPEC 3.8)."""
+    return step * lanes * seq_len // tokens
+
+
+def check_int(name: str, value: object, low: int, fix: str) -> int:
+    """``value`` as an int ``>= low``, or a ConfigError naming the field, the value and ``fix``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         msg = f"{name}={value!r} must be an integer >= {low}; {fix}"
         raise ConfigError(msg)
@@ -64,9 +88,9 @@ class PlanSettings:
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
             msg = f"seed={self.seed!r} must be an integer"
             raise ConfigError(msg)
-        _check_int("lanes", self.lanes, 1, "lanes is the number of sequences per global batch")
-        _check_int("window", self.window, 1, "window is the number of row groups shuffled together")
-        _check_int("world", self.world, 1, "world is the number of ranks (GPUs)")
+        check_int("lanes", self.lanes, 1, "lanes is the number of sequences per global batch")
+        check_int("window", self.window, 1, "window is the number of row groups shuffled together")
+        check_int("world", self.world, 1, "world is the number of ranks (GPUs)")
         if self.lanes % self.world:
             divisors = [d for d in range(1, self.lanes + 1) if self.lanes % d == 0]
             msg = (
@@ -76,15 +100,57 @@ class PlanSettings:
             raise ConfigError(msg)
 
 
-def lane_of(x: I64, window_tokens: I64, lanes: int) -> I64:
-    """Lane owning a document that starts at token ``x`` of a window of ``window_tokens``.
+def cut_at(k: Any, q: Any, r: Any, z: Any, lanes: int) -> I64:
+    """Cut ``c_k`` of windows with ``q, r = divmod(T_w, B)`` and offset ``z`` (arrays broadcast).
 
-    ``max{k : floor(k*T/B) <= x}`` equals ``ceil((x+1)*B/T) - 1`` capped at B-1,
-    computed without floating point; an empty window (T = 0) gives lane B-1.
+    ``c_k = k*q + (extra tokens of lanes below k)``; the extra tokens go to lanes
+    ``z, z+1, ..., z+r-1`` (mod B), so below ``k`` there are ``clip(k - z, 0, r)`` of
+    them plus, when that run wraps past lane B-1, ``min(z + r - B, k)``.
     """
-    t = np.maximum(window_tokens, 1)
-    lane = np.minimum(lanes - 1, ((x + 1) * lanes - 1) // t)
-    return np.where(window_tokens > 0, lane, lanes - 1)
+    k, q, r, z = (np.asarray(x, dtype=np.int64) for x in (k, q, r, z))
+    extra = np.clip(k - z, 0, r) + np.maximum(0, np.minimum(z + r - lanes, k))
+    out: I64 = k * q + extra
+    return out
+
+
+def lane_of(x: Any, q: Any, r: Any, z: Any, lanes: int) -> I64:
+    """Lane holding token position ``x`` of a window: ``max{k < B : c_k <= x}``.
+
+    The cuts are piecewise linear in ``k`` (slopes ``q`` and ``q + 1`` on at most
+    three runs of lanes), so each run is inverted with one integer division: no
+    floating point, no per-window cut table, any number of positions at once.
+    An empty document at position ``x`` belongs to this lane too (SPEC section 3).
+    """
+    x, q, r, z = (np.asarray(v, dtype=np.int64) for v in (x, q, r, z))
+    wrap = z + r > lanes
+    k1 = np.where(wrap, z + r - lanes, z)  # first run: lanes [0, k1)
+    k2 = np.where(wrap, z, z + r)  # second run: lanes [k1, k2); third: [k2, B]
+    m1 = np.where(wrap, q + 1, q)  # tokens per lane in the first and third runs
+    m2 = np.where(wrap, q, q + 1)
+    c1 = cut_at(k1, q, r, z, lanes)
+    c2 = cut_at(k2, q, r, z, lanes)
+
+    def last(k0: I64, k_end: Any, c0: I64, m: I64) -> I64:
+        # The last k in [k0, k_end] with c0 + (k - k0) * m <= x (given c0 <= x).
+        step = np.where(m > 0, (x - c0) // np.maximum(m, 1), k_end - k0)
+        out: I64 = np.minimum(k_end, k0 + step)
+        return out
+
+    zero = np.zeros_like(k1)
+    lane = np.where(x >= c2, last(k2, lanes, c2, m1), np.where(x >= c1, last(k1, k2, c1, m2), last(zero, k1, zero, m1)))
+    out: I64 = np.minimum(lane, lanes - 1)
+    return out
+
+
+def window_offsets(window_tokens: I64, epoch: int, dataset_tokens: int, lanes: int) -> I64:
+    """``z`` of every window of an epoch: the run's tokens before it, mod B.
+
+    ``(e * T + tokens of windows 0..w-1) mod B``, in int64 without overflow.
+    """
+    before = np.cumsum(window_tokens) - window_tokens
+    head = (epoch % lanes) * (dataset_tokens % lanes) % lanes
+    out: I64 = (head + before % lanes) % lanes
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +162,7 @@ class EpochPlan:
     window: I64  # window of each position
     token_start: I64  # first token of each position in its window's stream
     window_tokens: I64  # T_w per window
+    window_z: I64  # z per window: the run's tokens before it, mod B
     first_rank: I64  # first rank that reads each position (-1: nobody, no rows)
     last_rank: I64
     read_window: I64  # reads, sorted by (window, rank, position)
@@ -106,11 +173,17 @@ class EpochPlan:
     def windows(self) -> int:
         return len(self.window_tokens)
 
-    def cuts(self, window: int, lanes: int) -> I64:
-        """``c_0..c_B`` of one window (with ``c_B = T_w``)."""
-        k = np.arange(lanes + 1, dtype=np.int64)
-        cuts: I64 = (k * self.window_tokens[window]) // lanes
-        return cuts
+    def cuts(self, window: int, lanes: int, k: Any = None) -> I64:
+        """``c_0..c_B`` of one window (with ``c_B = T_w``), or ``c_k`` for the given ``k``."""
+        if k is None:
+            k = np.arange(lanes + 1, dtype=np.int64)
+        q, r = divmod(int(self.window_tokens[window]), lanes)
+        return cut_at(k, q, r, int(self.window_z[window]), lanes)
+
+    def lane_of(self, window: Any, x: Any, lanes: int) -> I64:
+        """Lane of token position ``x`` of ``window`` (both arrays broadcast)."""
+        t = self.window_tokens[window]
+        return lane_of(x, t // lanes, t % lanes, self.window_z[window], lanes)
 
     def reads_of(self, window: int, rank: int) -> I64:
         """Positions a rank reads in a window, in stream order."""
@@ -122,12 +195,13 @@ class EpochPlan:
         return self.read_position[a:b]
 
 
-def start_range(token_start: I64, tokens: I64, empty_docs: I64) -> tuple[I64, I64]:
-    """First and last token position at which a row group's documents can start.
+def piece_range(token_start: I64, tokens: I64, empty_docs: I64) -> tuple[I64, I64]:
+    """First and last stream position of a row group's pieces, from the footer's counts.
 
-    A row group's documents start in ``[S, E-1]`` (``E = S + tokens``), or also at
-    ``E`` when it holds empty documents (they may trail), or only at ``S`` when it
-    has no tokens. Only the footer's counts are needed.
+    Its tokens are ``[S, E-1]`` (``E = S + tokens``); an empty document sits at a
+    position in ``[S, E]`` (it may trail, at ``E``), so with empty documents the
+    range reaches ``E``; with no tokens it is just ``S``. The lanes of the two ends,
+    and those between, are the lanes the row group gives pieces to.
     """
     return token_start, token_start + tokens - ((tokens > 0) & (empty_docs == 0))
 
@@ -146,19 +220,24 @@ def plan_epoch(tokens: I64, rows: I64, empty_docs: I64, settings: PlanSettings, 
     window_tokens = np.add.reduceat(tok, starts) if g else np.zeros(0, np.int64)
     before = np.cumsum(tok) - tok
     token_start = before - before[starts][window] if g else before
-    lo, hi = start_range(token_start, tok, emp)
+    window_z = window_offsets(window_tokens, epoch, int(tokens.sum()), s.lanes)
+    lo, hi = piece_range(token_start, tok, emp)
     t_w = window_tokens[window]
+    q, r, z = t_w // s.lanes, t_w % s.lanes, window_z[window]
     lanes_per_rank = s.lanes // s.world
-    first = lane_of(lo, t_w, s.lanes) // lanes_per_rank
-    last = lane_of(hi, t_w, s.lanes) // lanes_per_rank
+    first = lane_of(lo, q, r, z, s.lanes) // lanes_per_rank
+    last = lane_of(hi, q, r, z, s.lanes) // lanes_per_rank
     first = np.where(n > 0, first, -1)
     last = np.where(n > 0, last, -1)
 
     # A rank with an empty cut range (c_lo == c_hi, possible when T_w < B) owns no
-    # document, so it reads nothing even if a row group spans across it.
-    r = np.arange(s.world, dtype=np.int64)
-    c_lo = (r * lanes_per_rank)[None, :] * window_tokens[:, None] // s.lanes
-    c_hi = ((r + 1) * lanes_per_rank)[None, :] * window_tokens[:, None] // s.lanes
+    # token, so it reads nothing even if a row group spans across it.
+    rk = np.arange(s.world, dtype=np.int64)[None, :]
+    wq = (window_tokens // s.lanes)[:, None]
+    wr = (window_tokens % s.lanes)[:, None]
+    wz = window_z[:, None]
+    c_lo = cut_at(rk * lanes_per_rank, wq, wr, wz, s.lanes)
+    c_hi = cut_at((rk + 1) * lanes_per_rank, wq, wr, wz, s.lanes)
     nonempty = c_lo < c_hi
     nonempty[:, -1] = True
 
@@ -175,6 +254,7 @@ def plan_epoch(tokens: I64, rows: I64, empty_docs: I64, settings: PlanSettings, 
         window=window,
         token_start=token_start,
         window_tokens=window_tokens.astype(np.int64, copy=False),
+        window_z=window_z,
         first_rank=first,
         last_rank=last,
         read_window=window[rep][sort],
@@ -222,7 +302,7 @@ class Plan:
 
     def epoch(self, epoch: int) -> EpochPlan:
         """The arrays of one epoch's plan (cached)."""
-        epoch = _check_int("epoch", epoch, 0, "epochs count from 0")
+        epoch = check_int("epoch", epoch, 0, "epochs count from 0")
         got = self._epochs.get(epoch)
         if got is None:
             got = plan_epoch(self._tokens, self._rows, self._empty, self.settings, epoch)
@@ -261,14 +341,15 @@ class Plan:
         window = np.repeat(np.arange(nw, dtype=np.int64), b)
         lane = np.tile(np.arange(b, dtype=np.int64), nw)
         t = ep.window_tokens[window]
+        q, r, z = t // b, t % b, ep.window_z[window]
         return pl.DataFrame(
             {
                 "epoch": np.full(len(lane), epoch, dtype=np.int64),
                 "window": window,
                 "lane": lane,
                 "rank": lane // (b // self.settings.world),
-                "token_start": lane * t // b,
-                "token_end": (lane + 1) * t // b,
+                "token_start": cut_at(lane, q, r, z, b),
+                "token_end": cut_at(lane + 1, q, r, z, b),
             }
         )
 
@@ -330,7 +411,7 @@ class Plan:
         Columns: epoch, window, position, file, row_group, row, and the token
         column. Nothing is read until the frame is collected.
         """
-        rank = _check_int("rank", rank, 0, "ranks count from 0")
+        rank = check_int("rank", rank, 0, "ranks count from 0")
         if rank >= self.settings.world:
             msg = f"rank={rank} is out of range for world={self.settings.world}; use 0..{self.settings.world - 1}"
             raise ConfigError(msg)

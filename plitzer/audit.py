@@ -7,9 +7,9 @@ return Polars frames, so a notebook can call them one by one:
 
 - :func:`length_histogram`, :func:`length_summary`: the document-length distribution.
 - :func:`duplicates`: documents with the same content hash (and length).
-- :func:`lane_balance`: tokens each lane receives in an epoch.
-- :func:`lane_drift`: how many windows apart the slowest and fastest lane are at
-  each step (the loader holds every window in between).
+- :func:`lane_balance`: tokens each lane receives in an epoch (within one of each other).
+- :func:`lockstep`: per step, the windows the lanes sit in, the windows the step
+  uses, and how far apart the lanes' token counts are (never more than one).
 - :func:`read_amplification`: reads per row group versus window, with the bound
   ``1 + (world - 1) / window`` of SPEC section 4.
 - :func:`epochs_covered`: how many epochs a number of steps covers.
@@ -42,7 +42,7 @@ from numpy.typing import NDArray
 
 from planner.dataset import Index, ensure_index
 from planner.plan import Plan, PlanSettings
-from plitzer.explain import _documents, _Epoch, document_table
+from plitzer.explain import _documents, document_table
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -54,7 +54,7 @@ __all__ = [
     "duplicates",
     "epochs_covered",
     "lane_balance",
-    "lane_drift",
+    "lockstep",
     "length_histogram",
     "length_summary",
     "read_amplification",
@@ -148,54 +148,68 @@ def duplicates(
     )
 
 
-def lane_balance(plan: Plan, lengths: I64, epoch: int = 0) -> pl.DataFrame:
-    """Tokens each lane receives in ``epoch``: lane, rank, tokens, vs_mean (tokens / mean - 1)."""
+def lane_balance(plan: Plan, epoch: int = 0) -> pl.DataFrame:
+    """Tokens each lane receives in ``epoch``: lane, rank, tokens, vs_mean (tokens / mean - 1).
+
+    From the plan's cut table alone; the lockstep rule keeps every lane within one
+    token of every other over the run, so ``tokens`` differ by at most one.
+    """
     s = plan.settings
-    tok = _Epoch(plan, lengths, epoch).slice_tokens(s.lanes).sum(axis=0)
-    mean = max(float(tok.mean()), 1e-9)
+    tok = plan.lanes(epoch).group_by("lane").agg((pl.col("token_end") - pl.col("token_start")).sum()).sort("lane")
+    t = tok["token_end"].to_numpy().astype(np.int64)
+    mean = max(float(t.mean()), 1e-9)
     lane = np.arange(s.lanes, dtype=np.int64)
     return pl.DataFrame(
-        {"lane": lane, "rank": lane // (s.lanes // s.world), "tokens": tok, "vs_mean": np.round(tok / mean - 1, 6)}
+        {"lane": lane, "rank": lane // (s.lanes // s.world), "tokens": t, "vs_mean": np.round(t / mean - 1, 6)}
     )
 
 
-def lane_drift(plan: Plan, lengths: I64, seq_len: int, steps: int | None = None) -> pl.DataFrame:
-    """Per step: the slowest and fastest lane's unit (window of the run) and how far apart.
+def lockstep(plan: Plan, seq_len: int, steps: int | None = None) -> pl.DataFrame:
+    """Per step: where the lanes are, which windows the step uses, and how even they are.
 
     Columns: step, epoch (label), slowest, fastest (units, ``epoch * windows +
-    window``), windows_apart, slowest_lane, fastest_lane. The loader holds
-    ``windows_apart + 1`` windows at that step. ``steps`` defaults to one epoch.
+    window``, of the lanes' next tokens), windows_apart, windows_in_use (the units
+    the step reads from: what the loader must hold), token_spread (the most and
+    fewest tokens any two lanes have received when the slowest lane's window ends,
+    from the plan's cut table; the contract says at most 1). ``steps`` defaults to
+    one epoch.
     """
     s = plan.settings
     total = plan.tokens
-    per_step = s.lanes * seq_len
+    b = s.lanes
+    per_step = b * seq_len
     if steps is None:
         steps = max(1, -(-total // per_step))
-    need = (steps - 1) * seq_len
-    cums: list[I64] = []
-    reached = np.zeros(s.lanes, np.int64)
+    run_needed = steps * per_step
+    ends: list[I64] = []  # run tokens through each unit
+    spreads: list[I64] = []
+    got = np.zeros(b, np.int64)
+    before = 0
     epoch = 0
-    while epoch == 0 or reached.min() <= need:
-        tok = _Epoch(plan, lengths, epoch).slice_tokens(s.lanes)
-        cum = reached[None, :] + np.cumsum(tok, axis=0)
-        cums.append(cum)
-        if epoch >= 4 and (cum[-1] == reached).any():
-            break  # a starving lane: its unit stays past the end, which the plot shows
-        reached = cum[-1]
+    while before < run_needed + b:
+        lanes = plan.lanes(epoch)
+        share = (lanes["token_end"] - lanes["token_start"]).to_numpy().astype(np.int64).reshape(-1, b)
+        cum = got[None, :] + np.cumsum(share, axis=0)
+        spreads.append(cum.max(axis=1) - cum.min(axis=1))
+        ends.append(before + np.cumsum(share.sum(axis=1)))
+        got = cum[-1]
+        before += total
         epoch += 1
-    cum_all = np.concatenate(cums)  # (units, lanes): tokens through each unit
-    targets = np.arange(steps, dtype=np.int64) * seq_len
-    units = np.stack([np.searchsorted(cum_all[:, k], targets, side="right") for k in range(s.lanes)], axis=1)
-    slow, fast = units.min(axis=1), units.max(axis=1)
+    run_end = np.concatenate(ends)
+    spread = np.concatenate(spreads)
+    t = np.arange(steps, dtype=np.int64)
+    slow = np.searchsorted(run_end, t * per_step, side="right")
+    fast = np.searchsorted(run_end, t * per_step + b - 1, side="right")
+    last = np.searchsorted(run_end, (t + 1) * per_step - 1, side="right")
     return pl.DataFrame(
         {
-            "step": np.arange(steps, dtype=np.int64),
-            "epoch": targets * s.lanes // max(total, 1),
+            "step": t,
+            "epoch": t * per_step // max(total, 1),
             "slowest": slow,
             "fastest": fast,
             "windows_apart": fast - slow,
-            "slowest_lane": units.argmin(axis=1).astype(np.int64),
-            "fastest_lane": units.argmax(axis=1).astype(np.int64),
+            "windows_in_use": last - slow + 1,
+            "token_spread": spread[slow],
         }
     )
 
@@ -360,16 +374,20 @@ def plot_lane_balance(balance: pl.DataFrame, ax: Axes | None = None) -> Figure:
     return fig
 
 
-def plot_drift(drift: pl.DataFrame, ax: Axes | None = None) -> Figure:
-    """Windows between the slowest and fastest lane, per step."""
+def plot_lockstep(steps: pl.DataFrame, ax: Axes | None = None) -> Figure:
+    """Windows in use per step, and the lanes' token spread (at most one: lockstep)."""
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = _axes(ax)
-    ax.step(drift["step"].to_numpy(), drift["windows_apart"].to_numpy(), where="post", color="#aa3377")
+    x = steps["step"].to_numpy()
+    ax.step(x, steps["windows_in_use"].to_numpy(), where="post", color="#aa3377", label="windows in use")
+    ax.step(x, steps["token_spread"].to_numpy(), where="post", color="#4477aa", label="token spread between lanes")
     ax.set_xlabel("step")
-    ax.set_ylabel("windows apart (slowest to fastest lane)")
+    ax.set_ylabel("windows / tokens")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_title("lane drift")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper right", fontsize="small")
+    ax.set_title("lanes in lockstep")
     return fig
 
 
@@ -462,7 +480,7 @@ _SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "Dataset": (("summary", "settings"), ()),
     "Document lengths": (("length_summary", "length_histogram"), ("lengths",)),
     "Tokens per file and row group": (("tokens_per_file",), ("tokens_per_file", "tokens_per_row_group")),
-    "Lane balance and drift": (("lane_balance_summary", "drift_summary"), ("lane_balance", "drift")),
+    "Lane balance and lockstep": (("lane_balance_summary", "lockstep_summary"), ("lane_balance", "lockstep")),
     "Reads": (("reads_per_rank", "read_amplification"), ("reads_per_rank", "read_amplification")),
     "Duplicate documents": (("duplicates",), ()),
     "Epochs": (("epochs_covered", "epoch_starts"), ()),
@@ -548,8 +566,8 @@ def audit(
     figures["tokens_per_file"] = plot_tokens_per_file(f)
     figures["tokens_per_row_group"] = plot_tokens_per_row_group(f)
 
-    balance = lane_balance(plan, lengths, 0)
-    drift = lane_drift(plan, lengths, seq_len, steps=min(steps, 20 * per_epoch))
+    balance = lane_balance(plan, 0)
+    drift = lockstep(plan, seq_len, steps=min(steps, 20 * per_epoch))
     tables["lane_balance_summary"] = balance.select(
         pl.col("tokens").min().alias("min_tokens"),
         pl.col("tokens").mean().alias("mean_tokens"),
@@ -558,17 +576,19 @@ def audit(
         pl.col("lane").get(pl.col("tokens").arg_max()).alias("richest_lane"),
         pl.col("lane").get(pl.col("tokens").arg_min()).alias("poorest_lane"),
     )
-    tables["drift_summary"] = drift.select(
+    tables["lockstep_summary"] = drift.select(
         pl.len().alias("steps"),
         pl.col("windows_apart").max().alias("max_windows_apart"),
-        pl.col("windows_apart").mean().alias("mean_windows_apart"),
-        pl.col("windows_apart").last().alias("last_windows_apart"),
+        pl.col("windows_in_use").max().alias("max_windows_in_use"),
+        pl.col("token_spread").max().alias("max_token_spread"),
+        (pl.col("token_spread").max() <= 1).alias("lockstep"),
     )
     figures["lane_balance"] = plot_lane_balance(balance)
-    figures["drift"] = plot_drift(drift)
-    notes["Lane balance and drift"] = (
-        "Tokens each lane receives in epoch 0, and per step how many windows separate the "
-        "slowest and the fastest lane (the loader holds every window in between)."
+    figures["lockstep"] = plot_lockstep(drift)
+    notes["Lane balance and lockstep"] = (
+        "Tokens each lane receives in epoch 0 (within one of each other), and per step the "
+        "windows the step reads from (what the loader holds, besides prefetch) and the spread "
+        "of tokens received between any two lanes, which the lockstep rule keeps at most 1."
     )
 
     rpr = reads_per_rank(plan, 0)

@@ -91,29 +91,29 @@ class Batch:
         return int(self.tokens.shape[1])
 
     def _segs(self) -> tuple[NDArray[np.int64], ...]:
-        """Per document piece: row, length, source id, offset in the document, epoch, window.
+        """Per piece in the rows: row, length, source id, offset in the document, epoch, window.
 
-        One ``searchsorted`` and a few slices per (row, window) piece, whole-array
+        One ``searchsorted`` and a few slices per (row, window) stretch, whole-array
         work inside it; empty documents are left out (they hold no token).
         """
         if self._segments is None:
             parts: list[list[NDArray[np.int64]]] = [[], [], [], [], [], []]
             for r, pieces in enumerate(self._pieces):
                 for w, a, b in pieces:
-                    i0 = int(np.searchsorted(w.doc_end, a, side="right"))
-                    i1 = int(np.searchsorted(w.doc_end, b, side="left")) + 1
-                    ends = w.doc_end[i0:i1]
-                    doc_starts = np.empty(len(ends), np.int64)
-                    doc_starts[1:] = ends[:-1]
-                    doc_starts[:1] = w.doc_end[i0 - 1] if i0 > 0 else 0
-                    lo = np.maximum(doc_starts, a)
+                    i0 = int(np.searchsorted(w.piece_end, a, side="right"))
+                    i1 = int(np.searchsorted(w.piece_end, b, side="left")) + 1
+                    ends = w.piece_end[i0:i1]
+                    starts = np.empty(len(ends), np.int64)
+                    starts[1:] = ends[:-1]
+                    starts[:1] = w.piece_end[i0 - 1] if i0 > 0 else 0
+                    lo = np.maximum(starts, a)
                     length = np.minimum(ends, b) - lo
                     keep = length > 0
                     n = int(keep.sum())
                     parts[0].append(np.full(n, r, np.int64))
                     parts[1].append(length[keep])
                     parts[2].append(w.doc_id[i0:i1][keep])
-                    parts[3].append((lo - doc_starts)[keep])
+                    parts[3].append((w.piece_offset[i0:i1] + lo - starts)[keep])
                     parts[4].append(np.full(n, w.epoch, np.int64))
                     parts[5].append(np.full(n, w.window, np.int64))
             self._segments = tuple(np.concatenate(p) if p else np.zeros(0, np.int64) for p in parts)
@@ -127,7 +127,11 @@ class Batch:
 
     @property
     def doc_lengths(self) -> list[NDArray[np.int64]]:
-        """Per row, the lengths of the document pieces it holds, in order (sum = seq_len)."""
+        """Per row, the lengths of the pieces it holds, in order (sum = seq_len).
+
+        A piece is a document, or the part of one that a lane cut or a sequence
+        boundary left in this row: attention should not cross its edges.
+        """
         rows, _, lengths = self._spans()
         cuts = np.searchsorted(rows, np.arange(1, len(self._pieces)))
         return list(np.split(lengths, cuts))

@@ -247,7 +247,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         storage_options=_storage_options(args),
         progress=True,
     )
-    for name in ("summary", "length_summary", "lane_balance_summary", "drift_summary", "reads_per_rank"):
+    for name in ("summary", "length_summary", "lane_balance_summary", "lockstep_summary", "reads_per_rank"):
         _print_frame(report.tables[name], args.format, None, title=name.replace("_", " "))
     _print_frame(report.tables["read_amplification"], args.format, None, title="read amplification")
     _print_frame(report.tables["epochs_covered"], args.format, None, title="epochs covered")
@@ -357,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
         "audit",
         help="dataset and plan health: one HTML report with pictures",
         description=(
-            "Document lengths, tokens per file and row group, lane balance and drift, reads per rank "
+            "Document lengths, tokens per file and row group, lane balance and lockstep, reads per rank "
             "and read amplification versus window, duplicate documents, and the epochs a number of "
             "steps covers; printed as tables and written as an HTML report with PNG pictures."
         ),

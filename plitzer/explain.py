@@ -1,21 +1,18 @@
 """What step K held: the documents of each sequence, without replaying the run.
 
-Lane ``k`` consumes ``seq_len`` tokens per step from its stream (SPEC section 3), so
-at step ``K`` it is at token ``K * seq_len`` of that stream. The stream is the
-lane's slices, unit after unit (a unit is one window of one epoch), and a slice's
-token count depends only on where documents start in the window's stream::
+The lane cuts deal the run's tokens to lanes like cards (SPEC section 3, rule 4):
+lane ``k``'s token ``P`` is token ``P * B + k`` of the run. At step ``K`` lane ``k`` is
+at token ``K * seq_len`` of its stream, so its window is the one holding run token
+``K * seq_len * B + k``, and its offset in that window's slice follows from the
+windows' token counts (the footers) alone::
 
-    window stream:  |d0 ...|d1 ..|d2 .......|d3 ...|     T_w tokens, cuts c_k = k*T_w // B
-    lane k's slice: from the first document start >= c_k
-                    to   the first document start >= c_(k+1)   (or T_w)
+    run:     | window 0 (T_0 tokens) | window 1 (T_1) | ... |   epoch after epoch
+    lane k:  received ceil((R - k) / B) tokens once the run has R tokens
 
-So document *lengths* alone (one int per row, read once and cached) give every
-lane's slice sizes in every window of every epoch, hence the unit that holds
-token ``K * seq_len`` and the offset in it. Inside that slice the shuffle
-``permutation(n, key(seed, epoch, window, k, 2))`` gives the document and the
-token offset: exactly the position a checkpoint stores. :func:`explain` writes that
-checkpoint, resumes a :class:`~plitzer.Loader` from it (which reads only the
-windows those positions need) and returns the next batch's provenance.
+:func:`explain` places a :class:`~plitzer.Loader` there with
+:meth:`~plitzer.Loader.seek` (which reads only the windows those positions need)
+and returns the next batch's provenance. The document pass below (one int and one
+hash per row, read once and cached) serves the audit's length and duplicate tables.
 
 >>> import plitzer, plitzer.synth, tempfile
 >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=60_000, seed=1, docs_per_row_group=50)
@@ -45,23 +42,20 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from planner._hash import key, mix_array, permutation
+from planner._hash import mix_array
 from planner.dataset import Index, cache_dir, ensure_index
 from planner.errors import ConfigError, DataError
-from planner.plan import Plan, _check_int, lane_of
-from plitzer import state as ckpt
+from planner.plan import check_int
 from plitzer.loader import Loader
 from plitzer.read import read_chunk
 
-__all__ = ["document_lengths", "document_table", "explain", "lane_positions", "slice_tokens"]
+__all__ = ["document_lengths", "document_table", "explain"]
 
 I64 = NDArray[np.int64]
 U64 = NDArray[np.uint64]
 Source = Index | str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 _FORMAT = "1"
-# A lane with no token in this many epochs in a row never gets one (as in the loader).
-_STARVED_EPOCHS = 4
 _memo: OrderedDict[str, tuple[I64, U64]] = OrderedDict()
 _memo_lock = threading.Lock()
 
@@ -224,111 +218,6 @@ def document_table(
     )
 
 
-# -- lane streams from lengths --------------------------------------------------------
-
-
-class _Epoch:
-    """One epoch's documents in stream order, with window boundaries."""
-
-    def __init__(self, plan: Plan, lengths: I64, epoch: int) -> None:
-        ep = plan.epoch(epoch)
-        rows = plan.index["rows"].to_numpy().astype(np.int64)
-        base = np.cumsum(rows) - rows
-        n_o = rows[ep.order]
-        before = np.cumsum(n_o) - n_o
-        self.docs = np.repeat(base[ep.order] - before, n_o) + np.arange(int(n_o.sum()), dtype=np.int64)
-        self.lengths = lengths[self.docs]
-        self.starts = np.cumsum(self.lengths) - self.lengths  # over the whole epoch
-        self.window_tokens = ep.window_tokens
-        self.window_start = np.cumsum(ep.window_tokens) - ep.window_tokens
-        w0 = np.arange(0, len(ep.order), plan.settings.window)
-        per_window = np.add.reduceat(n_o, w0) if len(n_o) else np.zeros(0, np.int64)
-        self.window_doc = np.concatenate([[0], np.cumsum(per_window)]).astype(np.int64)
-        self.epoch = epoch
-
-    def slice_tokens(self, lanes: int) -> I64:
-        """Tokens of each lane's slice in each window: shape (windows, lanes)."""
-        k = np.arange(lanes + 1, dtype=np.int64)
-        t = self.window_tokens[:, None]
-        end = (self.window_start + self.window_tokens)[:, None]
-        cuts = self.window_start[:, None] + k[None, :] * t // lanes
-        # The first document start at or after each cut (past the last: the epoch's end),
-        # capped at the window's end: a cut with no document start after it opens an
-        # empty slice.
-        starts = np.append(self.starts, int(self.lengths.sum()))
-        begin = np.minimum(starts[np.searchsorted(self.starts, cuts, side="left")], end)
-        out: I64 = np.diff(begin, axis=1)
-        return out
-
-    def slice_of(self, window: int, lane: int, lanes: int) -> I64:
-        """Lengths of lane ``lane``'s documents in ``window``, in stream order."""
-        a, b = int(self.window_doc[window]), int(self.window_doc[window + 1])
-        local = self.starts[a:b] - self.window_start[window]
-        owner = lane_of(local, self.window_tokens[window], lanes)
-        lo, hi = np.searchsorted(owner, [lane, lane + 1], side="left")
-        out: I64 = self.lengths[a + lo : a + hi]
-        return out
-
-
-def slice_tokens(plan: Plan, lengths: I64, epoch: int) -> I64:
-    """Tokens each lane receives in each window of ``epoch``: an int array (windows, lanes).
-
-    Rows sum to the windows' token counts; the column sums are the lanes' epochs.
-
-    >>> import planner, plitzer.synth, tempfile
-    >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=30_000, seed=0, docs_per_row_group=40)
-    >>> p = planner.plan(d, lanes=4, window=2)
-    >>> s = slice_tokens(p, document_lengths(d), 0)
-    >>> s.shape == (p.windows, 4), int(s.sum()) == p.tokens
-    (True, True)
-    """
-    return _Epoch(plan, lengths, epoch).slice_tokens(plan.settings.lanes)
-
-
-def lane_positions(plan: Plan, lengths: I64, step: int, seq_len: int, lanes: Sequence[int] | range) -> I64:
-    """Checkpoint positions ``[lane, epoch, window, doc, offset]`` of ``lanes`` before ``step``.
-
-    Lane ``k`` is at token ``step * seq_len`` of its stream: the first unit whose
-    running slice total passes it, then the document (in the slice's shuffled
-    order) and the offset in it. Epochs are walked one at a time from 0, each a few
-    whole-array operations over the document lengths; no token is read.
-    """
-    s = plan.settings
-    ks = np.asarray(lanes, dtype=np.int64)
-    target = step * seq_len
-    done = np.zeros(len(ks), bool)
-    before = np.zeros(len(ks), np.int64)
-    dry = np.zeros(len(ks), np.int64)
-    out = np.zeros((len(ks), 5), np.int64)
-    out[:, 0] = ks
-    epoch = 0
-    while not done.all():
-        ep = _Epoch(plan, lengths, epoch)
-        tok = ep.slice_tokens(s.lanes)[:, ks]  # (windows, len(ks))
-        cum = before[None, :] + np.cumsum(tok, axis=0)
-        found = ~done & (cum[-1] > target)
-        for i in np.flatnonzero(found).tolist():
-            w = int(np.argmax(cum[:, i] > target))
-            offset = target - int(cum[w, i] - tok[w, i])
-            k = int(ks[i])
-            lens = ep.slice_of(w, k, s.lanes)
-            ends = np.cumsum(lens[permutation(len(lens), key(s.seed, epoch, w, k, 2))])
-            j = int(np.searchsorted(ends, offset, side="right"))
-            out[i, 1:] = (epoch, w, j, offset - (int(ends[j - 1]) if j else 0))
-        dry = np.where(tok.sum(axis=0) > 0, 0, dry + 1)
-        starved = ~done & ~found & (dry >= _STARVED_EPOCHS)
-        if starved.any():
-            msg = (
-                f"lane {int(ks[starved][0])} received no token in {_STARVED_EPOCHS} epochs in a row: windows of "
-                f"{s.window} row groups hold too few documents for lanes={s.lanes}. Raise window or lower lanes"
-            )
-            raise DataError(msg)
-        done |= found
-        before = cum[-1]
-        epoch += 1
-    return out
-
-
 def explain(
     source: Source,
     step: int,
@@ -346,7 +235,7 @@ def explain(
     threads: int | None = None,
     progress: bool | None = None,
 ) -> pl.DataFrame:
-    """The source documents of every sequence of global step ``step``.
+    """The source pieces of every sequence of global step ``step``.
 
     Parameters
     ----------
@@ -361,7 +250,7 @@ def explain(
         The run's settings, as for :class:`plitzer.Loader`. ``world`` and ``rank`` only
         choose which lanes to explain; the answer does not depend on them.
     progress : bool, optional
-        Show a progress bar for the first (cached) pass over document lengths.
+        Unused (kept for compatibility): explaining a step reads no document pass.
 
     Returns
     -------
@@ -370,12 +259,11 @@ def explain(
         file, row_group, row, token_offset (in the document), epoch, window;
         the same as ``batch.documents()`` of that step in a real run.
 
-    Only the windows that hold the lanes' positions are read (after the one
-    cached pass over document lengths); nothing is replayed.
+    Only the windows that hold the lanes' positions are read; nothing is replayed.
     """
-    step = _check_int("step", step, 0, "steps count from 0")
+    step = check_int("step", step, 0, "steps count from 0")
     if lane is not None:
-        lane = _check_int("lane", lane, 0, "lanes count from 0")
+        lane = check_int("lane", lane, 0, "lanes count from 0")
         if lane >= lanes:
             msg = f"lane={lane} is out of range for lanes={lanes}; use a lane in 0..{lanes - 1}"
             raise ConfigError(msg)
@@ -394,8 +282,6 @@ def explain(
         world=world,
         threads=threads,
     ) as loader:
-        lengths = _documents(ix, progress=progress, threads=threads)[0]
-        positions = lane_positions(loader.plan, lengths, step, seq_len, loader.rank_lanes)
-        loader.resume(ckpt.encode(ckpt.State(loader.config, step, positions)))
+        loader.seek(step)
         docs = loader.next_batch().documents()
     return docs.drop("batch_row").select(pl.lit(step, pl.Int64).alias("step"), pl.all())

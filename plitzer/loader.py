@@ -2,9 +2,12 @@
 
 Each of the rank's lanes has a cursor: the unit (epoch, window) it is in and its
 position in that unit's packed stream. A step takes ``seq_len`` tokens from every
-lane, moving a lane to the next unit when its slice runs out, so lanes drift
-apart by whole documents but never lose or repeat a token. Units that every lane
-has left are released; the scanner reads the next ones ahead, within ``budget``.
+lane, moving a lane to the next unit when its slice runs out. The cuts deal the
+run's tokens to lanes like cards (token ``i`` of the run counts to lane ``i mod B``,
+SPEC section 3 rule 4), so lane ``k``'s token ``P`` is run token ``P*B + k``: at any
+step every lane is within one token of every other, the lanes sit in the same
+window or the next, and never lose or repeat a token. Units that every lane has
+left are released; the scanner reads the next ones ahead, within ``budget``.
 
 The loader owns the step, the epoch edge (the epoch label of step ``t`` is
 ``floor(t * lanes * seq_len / T)``) and the state; ``checkpoint`` writes each
@@ -25,17 +28,14 @@ from numpy.typing import NDArray
 
 from planner.dataset import Index, ensure_index
 from planner.errors import CheckpointError, ConfigError, DataError, UsageError
-from planner.plan import Plan, PlanSettings, _check_int
+from planner.plan import Plan, PlanSettings, check_int, epoch_of_step
 from plitzer import state as ckpt
 from plitzer.batch import Batch, Piece, Tokens
-from plitzer.pack import PackedWindow
-from plitzer.scan import Scanner, unit_estimate
+from plitzer.pack import PackedWindow, packed_bytes
+from plitzer.scan import Scanner
 
 __all__ = ["Loader", "LoaderSettings"]
 
-# A lane that gets no token for this many epochs of windows in a row will not get
-# one: its share of every window holds no document start (docs/design.md).
-_STARVED_EPOCHS = 4
 # Output arrays kept for reuse (each is lanes/world x seq_len tokens).
 _BUFFERS = 4
 
@@ -55,14 +55,14 @@ class LoaderSettings:
 
     def __post_init__(self) -> None:
         PlanSettings(seed=self.seed, lanes=self.lanes, window=self.window, world=self.world)
-        _check_int("seq_len", self.seq_len, 1, "seq_len is the tokens per sequence, e.g. 2048")
-        _check_int("budget", self.budget, 1, "budget is bytes of decoded tokens to hold, e.g. 8 << 30")
-        _check_int("rank", self.rank, 0, "rank is this process's index, 0..world-1")
+        check_int("seq_len", self.seq_len, 1, "seq_len is the tokens per sequence, e.g. 2048")
+        check_int("budget", self.budget, 1, "budget is bytes of decoded tokens to hold, e.g. 8 << 30")
+        check_int("rank", self.rank, 0, "rank is this process's index, 0..world-1")
         if self.rank >= self.world:
             msg = f"rank={self.rank} is out of range for world={self.world}; use a rank in 0..{self.world - 1}"
             raise ConfigError(msg)
         if self.threads is not None:
-            _check_int("threads", self.threads, 1, "threads decode row groups in parallel")
+            check_int("threads", self.threads, 1, "threads decode row groups in parallel")
 
 
 class Loader:
@@ -135,12 +135,14 @@ class Loader:
             )
             raise ConfigError(msg)
         frame = self.index.frame
-        need = _budget_floor(frame["tokens"].to_numpy(), frame["rows"].to_numpy(), window)
+        need, units = budget_floor(
+            frame["tokens"].to_numpy(), frame["rows"].to_numpy(), lanes=lanes, window=window, seq_len=seq_len
+        )
         if budget < need:
             msg = (
-                f"budget={budget:,} bytes cannot hold one window: up to {need:,} bytes (the "
-                f"{window} largest row groups, decoded and packed). Raise budget to at least "
-                f"{need:,}, or lower window"
+                f"budget={budget:,} bytes cannot hold the windows one step can touch: up to {need:,} bytes "
+                f"({units} windows of the largest row groups, decoded and packed: the window in use and the "
+                f"next, and any window shorter than a step). Raise budget to at least {need:,}, or lower window"
             )
             raise ConfigError(msg)
         per = lanes // world
@@ -178,7 +180,10 @@ class Loader:
     @property
     def epoch(self) -> int:
         """Epoch label of the next batch."""
-        return self._step * self.settings.lanes * self.settings.seq_len // self.tokens
+        return self._epoch_of(self._step)
+
+    def _epoch_of(self, step: int) -> int:
+        return epoch_of_step(step, lanes=self.settings.lanes, seq_len=self.settings.seq_len, tokens=self.tokens)
 
     def __len__(self) -> int:
         """Batches left in the current epoch."""
@@ -202,7 +207,12 @@ class Loader:
         """Row groups read so far (one ranged read each)."""
         return self._scanner.rows_read
 
-    def _set_positions(self, step: int, positions: NDArray[np.int64]) -> None:
+    def _set_positions(self, step: int, positions: NDArray[np.int64], *, in_slice: bool = False) -> None:
+        """Place every lane: rows ``[lane, epoch, window, piece, offset]`` (a checkpoint's).
+
+        With ``in_slice``, ``offset`` is the token offset in the lane's whole slice
+        and ``piece`` is ignored (what :meth:`seek` computes from the plan alone).
+        """
         nw = self.plan.windows
         self._step = step
         bad = positions[:, 2] >= nw
@@ -211,7 +221,7 @@ class Loader:
             msg = f"checkpoint position window {w} is out of range: the dataset has {nw} windows per epoch"
             raise CheckpointError(msg)
         self._unit = [int(e) * nw + int(w) for _, e, w, _, _ in positions]
-        self._pending: list[tuple[int, int] | None] = [(int(j), int(o)) for *_, j, o in positions]
+        self._pending: list[tuple[int, int] | None] = [(-1 if in_slice else int(j), int(o)) for *_, j, o in positions]
         self._win: list[PackedWindow | None] = [None] * len(positions)
         self._pos = [0] * len(positions)
         self._end = [0] * len(positions)
@@ -226,43 +236,83 @@ class Loader:
         if pending is not None:
             j, o = pending
             self._pending[i] = None
-            d0, d1 = int(w.lane_doc[i]), int(w.lane_doc[i + 1])
-            if j > d1 - d0 or (j == d1 - d0 and o > 0):
+            p0, p1 = int(w.lane_piece[i]), int(w.lane_piece[i + 1])
+            if j < 0:  # an offset in the slice (seek)
+                pos = start + o
+            elif j > p1 - p0 or (j == p1 - p0 and o > 0):
                 msg = (
-                    f"checkpoint position of lane {self.rank_lanes[i]} (document {j}, offset {o}) "
-                    f"is past its slice of {d1 - d0} documents in epoch {w.epoch} window {w.window}: "
+                    f"checkpoint position of lane {self.rank_lanes[i]} (piece {j}, offset {o}) "
+                    f"is past its slice of {p1 - p0} pieces in epoch {w.epoch} window {w.window}: "
                     "the checkpoint does not belong to this dataset or settings"
                 )
                 raise CheckpointError(msg)
-            if j < d1 - d0:
-                ds = w.doc_start(d0 + j, i)
-                if o > int(w.doc_end[d0 + j]) - ds:
-                    msg = f"checkpoint offset {o} of lane {self.rank_lanes[i]} is past the end of its document"
+            elif j < p1 - p0:
+                ps = w.piece_start(p0 + j, i)
+                if o > int(w.piece_end[p0 + j]) - ps:
+                    msg = f"checkpoint offset {o} of lane {self.rank_lanes[i]} is past the end of its piece"
                     raise CheckpointError(msg)
-                pos = ds + o
+                pos = ps + o
             else:
                 pos = end
+            if pos > end:
+                msg = f"position {pos - start} of lane {self.rank_lanes[i]} is past its slice of {end - start} tokens"
+                raise CheckpointError(msg)
         self._win[i], self._pos[i], self._end[i] = w, pos, end
         return w
 
     def checkpoint(self) -> bytes:
         """This rank's state: its lanes' positions before the next batch."""
         self._check_fork()
-        rows = []
-        nw = self.plan.windows
-        for i, k in enumerate(self.rank_lanes):
-            e, w = divmod(self._unit[i], nw)
-            win = self._win[i]
-            if win is None:
-                j, o = self._pending[i] or (0, 0)
-            else:
-                d0, d1 = int(win.lane_doc[i]), int(win.lane_doc[i + 1])
-                pos = self._pos[i]
-                # The document holding the next token: the first whose end is past pos.
-                j = int(np.searchsorted(win.doc_end[d0:d1], pos, side="right"))
-                o = pos - win.doc_start(d0 + j, i) if j < d1 - d0 else 0
-            rows.append([k, e, w, j, o])
-        return ckpt.encode(ckpt.State(self.config, self._step, np.array(rows, dtype=np.int64)))
+        with self._lock:
+            rows = []
+            nw = self.plan.windows
+            for i, k in enumerate(self.rank_lanes):
+                pending = self._pending[i]
+                if self._win[i] is None and pending is not None and pending[0] < 0:
+                    self._enter(i)  # after seek(): the piece is known once the window is packed
+                e, w = divmod(self._unit[i], nw)
+                win = self._win[i]
+                if win is None:
+                    j, o = self._pending[i] or (0, 0)
+                else:
+                    p0, p1 = int(win.lane_piece[i]), int(win.lane_piece[i + 1])
+                    pos = self._pos[i]
+                    # The piece holding the next token: the first whose end is past pos.
+                    j = int(np.searchsorted(win.piece_end[p0:p1], pos, side="right"))
+                    o = pos - win.piece_start(p0 + j, i) if j < p1 - p0 else 0
+                rows.append([k, e, w, j, o])
+            return ckpt.encode(ckpt.State(self.config, self._step, np.array(rows, dtype=np.int64)))
+
+    def seek(self, step: int) -> None:
+        """Jump to global step ``step``, as if every step before it had been taken.
+
+        No checkpoint is needed and nothing is replayed: lane ``k``'s next token is
+        run token ``step * seq_len * lanes + k`` (the cuts deal tokens like cards), so
+        its window and the offset in its slice follow from the windows' token counts.
+        Only the windows those positions need are read.
+        """
+        self._check_fork()
+        step = check_int("step", step, 0, "steps count from 0")
+        s = self.settings
+        ks = np.arange(self.rank_lanes.start, self.rank_lanes.stop, dtype=np.int64)
+        run = step * s.seq_len * s.lanes + ks  # exact: Python ints via object math below if huge
+        epoch = run // self.tokens
+        rows = np.zeros((len(ks), 5), np.int64)
+        rows[:, 0] = ks
+        for e in np.unique(epoch).tolist():
+            sel = epoch == e
+            ep = self.plan.epoch(int(e))
+            ends = np.cumsum(ep.window_tokens)
+            within = run[sel] - e * self.tokens
+            w = np.searchsorted(ends, within, side="right")
+            before = e * self.tokens + (ends[w] - ep.window_tokens[w])
+            # lane k has received ceil((R - k) / B) tokens once the run has R tokens
+            got = (before - ks[sel] + s.lanes - 1) // s.lanes
+            rows[sel, 1] = e
+            rows[sel, 2] = w
+            rows[sel, 4] = step * s.seq_len - got
+        with self._lock:
+            self._set_positions(step, rows, in_slice=True)
 
     def resume(self, state: bytes) -> None:
         """Continue from a checkpoint taken at any world size.
@@ -332,12 +382,11 @@ class Loader:
                 continue
             row: list[Piece] = []
             col = 0
-            dry = 0
             while col < length:
                 if p == e:
-                    dry += 1
-                    if dry > _STARVED_EPOCHS * self.plan.windows:
-                        self._starved(i)
+                    # Lockstep: every lane gets a token at least every B tokens of the
+                    # run, so this passes through at most the windows shorter than a
+                    # step (never a whole epoch of empty slices).
                     unit[i] += 1
                     w = self._enter(i)
                     p, e = pos[i], end[i]
@@ -347,7 +396,6 @@ class Loader:
                 row.append((w, p, p + t))
                 p += t
                 col += t
-                dry = 0
             pieces.append(row)
             if p == e:
                 # The slice is used up: the lane's position is the next window's start.
@@ -359,11 +407,10 @@ class Loader:
         self._scanner.release_before(min(unit))
         step = self._step
         self._step += 1
-        s = self.settings
         return Batch(
             tokens=out.view(Tokens),
             step=step,
-            epoch=step * s.lanes * s.seq_len // self.tokens,
+            epoch=self._epoch_of(step),
             lanes=self.rank_lanes,
             _pieces=pieces,
             _locate=self._locate,
@@ -386,16 +433,6 @@ class Loader:
         if len(pool) < _BUFFERS:
             pool.append(out)
         return out
-
-    def _starved(self, i: int) -> None:
-        s = self.settings
-        msg = (
-            f"lane {self.rank_lanes[i]} received no token in {_STARVED_EPOCHS * self.plan.windows} "
-            f"windows in a row ({_STARVED_EPOCHS} epochs): windows of {s.window} row groups hold too few documents for "
-            f"lanes={s.lanes}, since a lane gets the documents that start in its 1/{s.lanes} of a "
-            "window. Raise window or lower lanes"
-        )
-        raise DataError(msg)
 
     def _locate(self, doc_ids: NDArray[np.int64]) -> tuple[list[str], NDArray[np.int64], NDArray[np.int64]]:
         rg = np.searchsorted(self._doc_base, doc_ids, side="right") - 1
@@ -450,13 +487,34 @@ def _default_threads(index: Index) -> int:
     return max(os.cpu_count() or 2, *want)
 
 
-def _budget_floor(tokens: NDArray[np.int64], rows: NDArray[np.int64], window: int) -> int:
-    """Bytes one worst-case window can need: its W largest row groups, decoded and packed.
+def budget_floor(tokens: NDArray[Any], rows: NDArray[Any], *, lanes: int, window: int, seq_len: int) -> tuple[int, int]:
+    """Bytes the units of one step can hold at most, and how many units that is.
 
-    Any epoch may put the W largest row groups in one window, so this bound holds
-    for every epoch and every rank; checking it once means no window fails later.
+    At step ``t`` every lane is inside the run's tokens ``[t*L*B - B, (t+1)*L*B)``
+    (lockstep), so the units in use are the windows overlapping ``X = (L + 1) * B``
+    tokens of the run: the two at its ends, and those wholly inside it, which exist
+    only when a window can hold at most ``X`` tokens (with tiny row groups, or the
+    short last window of an epoch). Any epoch may put the largest row groups
+    together, so the bound takes the largest row groups for each unit. Checked once
+    at construction, it means no step ever starts a read past the budget.
     """
-    per = unit_estimate(tokens.astype(np.int64), rows.astype(np.int64))  # type: ignore[arg-type]
-    if len(per) <= window:
-        return int(per.sum())
-    return int(np.partition(per, len(per) - window)[-window:].sum())
+    tok = np.asarray(tokens, dtype=np.int64)
+    est = np.sort(8 * tok + 32 * np.asarray(rows, dtype=np.int64))[::-1]  # decoded + packed, per row group
+    g, total = len(tok), int(tok.sum())
+    if g == 0:
+        return 0, 0
+    x = (seq_len + 1) * lanes
+    per_epoch = -(-g // window)
+    epochs = x // max(total, 1) + 2  # epochs an interval of x tokens can touch
+    asc = np.sort(tok)
+    full = int(asc[:window].sum()) if g >= window else None
+    short = g % window
+    inside_full = 0
+    if full is not None:
+        inside_full = x // full if full > 0 else epochs * per_epoch
+    inside_short = epochs - 1 if short and int(asc[:short].sum()) <= x else 0
+    units = min(2 + inside_full + inside_short, epochs * per_epoch)
+    count = min(2 + inside_full, units) * window + inside_short * short
+    whole, part = divmod(count, g)
+    need = whole * int(est.sum()) + int(est[:part].sum()) + units * int(packed_bytes(0, 0, lanes))
+    return need, units

@@ -2,27 +2,33 @@
 
 A worked example. One window, B = 2 lanes, three documents in stream order::
 
-    d0 = [a a a]        starts at 0
-    d1 = [b b]          starts at 3
-    d2 = [c c c c c]    starts at 5          T_w = 10, cuts c_0 = 0, c_1 = 5
+    d0 = [a a a]        stream positions 0..2
+    d1 = [b b]          3..4
+    d2 = [c c c c c]    5..9            T_w = 10, z = 0: cuts c_0 = 0, c_1 = 5, c_2 = 10
 
-Document ``d`` belongs to lane ``max{k : c_k <= start_d}``: lane 0 gets d0, d1
-(starts 0 and 3), lane 1 gets d2. Each lane's slice is then shuffled by
-``permutation(n, key(seed, epoch, window, lane, 2))``; say lane 0's becomes
-d1, d0. The lanes' streams continue from the previous window::
+Lane ``k`` gets the tokens ``[c_k, c_{k+1})`` of the stream, as *pieces*: lane 0
+gets d0 and d1 (positions 0..4), lane 1 gets d2. Had the cut fallen at 4, d1 would
+be split there: ``[b]`` the last piece of lane 0, ``[b]`` the first of lane 1. Each
+lane's slice of pieces is then shuffled by ``permutation(n, key(seed, epoch, window,
+lane, 2))``; say lane 0's becomes d1, d0. The lanes' streams continue from the
+previous window::
 
     lane 0: ... | b b a a a
     lane 1: ... | c c c c c
 
 and with ``seq_len = 4`` every step takes the next 4 tokens of every lane, so a
 sequence can hold the end of one document and the start of the next, or a piece
-of a document longer than a sequence. Nothing is padded and nothing is dropped.
+of a document longer than a sequence. Nothing is padded and nothing is dropped,
+and since the cuts hand every lane ``q`` or ``q + 1`` tokens, round-robin over the
+run, the lanes stay in lockstep (SPEC section 3, rule 4).
 
-This module does the per-window part with whole-array operations: lane of every
-document (integer arithmetic), the per-slice shuffles (one ``lexsort`` over
-hashes), and one Polars list ``gather`` that lays out the rank's lanes contiguously. It
-runs in a worker thread; Polars releases the GIL for the copy. The per-step part
-(``take L tokens from every lane``) is in ``plitzer.loader``.
+This module does the per-window part with whole-array operations: the pieces of
+every document (cuts inside it, by ``searchsorted``), the lane of every piece, the
+per-slice shuffles (one ``lexsort`` over hashes), and one Polars list ``gather``
+over list arrays whose offsets are the piece boundaries (zero-copy views of the
+decoded columns), which lays out the rank's lanes contiguously. It runs in a worker
+thread; Polars releases the GIL for the copy. The per-step part (``take L tokens
+from every lane``) is in ``plitzer.loader``.
 """
 
 from __future__ import annotations
@@ -37,20 +43,21 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from planner._hash import key, mix_array
-from planner.plan import lane_of
+from planner.plan import cut_at
 
 __all__ = ["PackedWindow", "pack_window"]
 
 
 @dataclass(slots=True, eq=False)
 class PackedWindow:
-    """The rank's lanes of one window, each slice's documents in shuffled order.
+    """The rank's lanes of one window, each slice's pieces in shuffled order.
 
     ``flat[lane_start[i]:lane_start[i+1]]`` is the token stream of the rank's
-    ``i``-th lane in this window. Packed document ``d`` ends at ``doc_end[d]``
-    (a position in ``flat``) and is source document ``doc_id[d]`` (a running
-    number over the dataset's rows); lane ``i``'s documents are
-    ``lane_doc[i]:lane_doc[i+1]``, in shuffled order, empty documents included.
+    ``i``-th lane in this window. Packed piece ``p`` ends at ``piece_end[p]`` (a
+    position in ``flat``); it is tokens ``[piece_offset[p], piece_offset[p] + length)``
+    of source document ``doc_id[p]`` (a running number over the dataset's rows).
+    Lane ``i``'s pieces are ``lane_piece[i]:lane_piece[i+1]``, in shuffled order,
+    empty documents included (as pieces of length 0).
     """
 
     unit: int
@@ -58,30 +65,45 @@ class PackedWindow:
     window: int
     flat: NDArray[Any]  # int32 or uint32
     lane_start: NDArray[np.int64]
-    lane_doc: NDArray[np.int64]
-    doc_end: NDArray[np.int64]
+    lane_piece: NDArray[np.int64]
+    piece_end: NDArray[np.int64]
     doc_id: NDArray[np.int64]
+    piece_offset: NDArray[np.int64]
 
     @property
     def nbytes(self) -> int:
         return int(
-            self.flat.nbytes + self.lane_start.nbytes + self.lane_doc.nbytes + self.doc_end.nbytes + self.doc_id.nbytes
+            self.flat.nbytes
+            + self.lane_start.nbytes
+            + self.lane_piece.nbytes
+            + self.piece_end.nbytes
+            + self.doc_id.nbytes
+            + self.piece_offset.nbytes
         )
 
-    def doc_start(self, d: int, lane: int) -> int:
-        """Start (in ``flat``) of packed document ``d`` of rank lane ``lane``."""
-        return int(self.doc_end[d - 1]) if d > self.lane_doc[lane] else int(self.lane_start[lane])
+    def piece_start(self, p: int, lane: int) -> int:
+        """Start (in ``flat``) of packed piece ``p`` of rank lane ``lane``."""
+        return int(self.piece_end[p - 1]) if p > self.lane_piece[lane] else int(self.lane_start[lane])
 
 
-def _gather(chunks: list[pa.Array], order: NDArray[np.int64]) -> NDArray[Any]:
-    """The tokens of documents ``order`` (indexes over all chunks), concatenated.
+def packed_bytes(tokens: Any, rows: Any, lanes: int) -> Any:
+    """An upper bound of :attr:`PackedWindow.nbytes` for ``lanes`` rank lanes.
 
-    Polars' list gather copies each document's values with one memcpy, in Rust,
+    4 bytes per token, 24 per piece; a window has at most one piece per document
+    plus one per cut inside a document (fewer than ``lanes + 1``).
+    """
+    return 4 * tokens + 24 * (rows + lanes + 1) + 16 * (lanes + 1)
+
+
+def _gather(parts: list[pa.Array], order: NDArray[np.int64]) -> NDArray[Any]:
+    """The tokens of pieces ``order`` (indexes over all parts' lists), concatenated.
+
+    Polars' list gather copies each piece's values with one memcpy, in Rust,
     without the GIL, and reuses its allocator's memory (about 0.4 ns/token warm,
     measured in docs/design.md); Arrow's ``take`` on a list array first builds an
-    int64 index per token and was 6x slower. No Python loop over documents.
+    int64 index per token and was 6x slower. No Python loop over pieces.
     """
-    series = pl.concat([pl.Series(c) for c in chunks], rechunk=False) if len(chunks) > 1 else pl.Series(chunks[0])
+    series = pl.concat([pl.Series(c) for c in parts], rechunk=False) if len(parts) > 1 else pl.Series(parts[0])
     taken = series.gather(order).to_arrow()
     if isinstance(taken, pa.ChunkedArray):
         taken = taken.combine_chunks()
@@ -95,12 +117,30 @@ def slice_keys(seed: int, epoch: int, window: int, lanes: range) -> NDArray[np.u
     return mix_array(h ^ np.uint64(2))
 
 
+def _documents(arr: pa.Array) -> tuple[pa.Array, NDArray[np.int64], NDArray[np.int64]]:
+    """A list chunk, its documents' lengths and the value index of each document's start.
+
+    A null list is an empty document. Arrow lets a null slot span values; the
+    Parquet reader never writes one, but if one comes, the chunk is rebuilt so that
+    every document's values start where the previous one's end.
+    """
+    lens = pc.list_value_length(arr).fill_null(0).to_numpy().astype(np.int64, copy=False)
+    offsets = arr.offsets.to_numpy().astype(np.int64, copy=False)
+    if len(lens) and int(offsets[-1] - offsets[0]) != int(lens.sum()):
+        ends = np.cumsum(lens)
+        cls = pa.LargeListArray if pa.types.is_large_list(arr.type) else pa.ListArray
+        arr = cls.from_arrays(pa.array(np.concatenate([[0], ends])), pc.list_flatten(arr))
+        offsets = arr.offsets.to_numpy().astype(np.int64, copy=False)
+    return arr, lens, offsets[:-1]
+
+
 def pack_window(
     chunks: list[pa.Array],
     chunk_token_start: list[int],
     chunk_doc_base: list[int],
     *,
     window_tokens: int,
+    window_z: int,
     lanes: int,
     rank_lanes: range,
     seed: int,
@@ -115,50 +155,94 @@ def pack_window(
     ``chunks`` are the token columns of the rank's row groups in stream order,
     ``chunk_token_start`` where each starts in the window's stream, and
     ``chunk_doc_base`` the running number of each one's first document.
-    ``keep`` (one flag per rank lane) leaves out the documents of lanes that will
+    ``window_z`` is the run's tokens before this window, mod ``lanes``.
+    ``keep`` (one flag per rank lane) leaves out the pieces of lanes that will
     never read this window (after a resume); their slices are then empty.
     """
-    lengths_parts = []
-    starts_parts = []
-    ids_parts = []
-    for arr, start, base in zip(chunks, chunk_token_start, chunk_doc_base, strict=True):
-        n = len(arr)
-        lens = pc.list_value_length(arr).fill_null(0).to_numpy().astype(np.int64, copy=False)
-        lengths_parts.append(lens)
-        starts_parts.append(start + np.cumsum(lens) - lens)
-        ids_parts.append(np.arange(base, base + n, dtype=np.int64))
     nl = len(rank_lanes)
-    if not chunks:
-        lengths = starts = ids = np.zeros(0, np.int64)
-    else:
-        lengths = np.concatenate(lengths_parts)
-        starts = np.concatenate(starts_parts)
-        ids = np.concatenate(ids_parts)
+    q, r = divmod(window_tokens, lanes)
+    # The rank's cuts c_{k0} .. c_{k1}: its lanes' token ranges, end to end.
+    cuts = cut_at(np.arange(rank_lanes.start, rank_lanes.stop + 1), q, r, window_z, lanes)
+    c0, c1 = int(cuts[0]), int(cuts[-1])
+    at_end = rank_lanes.stop == lanes  # an empty document at T_w is lane B-1's
 
-    lane = lane_of(starts, np.int64(window_tokens), lanes)  # type: ignore[arg-type]
-    # Documents are in stream order, so lanes are sorted: the rank's documents are
-    # one contiguous run, and each lane's slice one contiguous run inside it.
-    lo = int(np.searchsorted(lane, rank_lanes.start, side="left"))
-    hi = int(np.searchsorted(lane, rank_lanes.stop, side="left"))
-    lane = lane[lo:hi]
-    if keep is not None:
-        kept = np.flatnonzero(keep[lane - rank_lanes.start]) + lo
-        lane = lane[kept - lo]
+    arrays, starts_p, lens_p, vbase_p, ids_p, chunk_p = [], [], [], [], [], []
+    for c, (chunk_arr, start, base) in enumerate(zip(chunks, chunk_token_start, chunk_doc_base, strict=True)):
+        arr, lens, vstart = _documents(chunk_arr)
+        ds = start + np.cumsum(lens) - lens
+        arrays.append(arr)
+        starts_p.append(ds)
+        lens_p.append(lens)
+        vbase_p.append(vstart - ds)  # stream position + vbase = index into arr.values
+        ids_p.append(np.arange(base, base + len(arr), dtype=np.int64))
+        chunk_p.append(np.full(len(arr), c, np.int64))
+    if chunks:
+        ds, lens = np.concatenate(starts_p), np.concatenate(lens_p)
+        vbase, ids, chunk = np.concatenate(vbase_p), np.concatenate(ids_p), np.concatenate(chunk_p)
     else:
-        kept = np.arange(lo, hi, dtype=np.int64)
-    bounds = np.searchsorted(lane, np.arange(rank_lanes.start, rank_lanes.stop + 1), side="left")
-    ordinal = np.arange(len(lane), dtype=np.int64) - bounds[lane - rank_lanes.start]
+        ds = lens = vbase = ids = chunk = np.zeros(0, np.int64)
+    de = ds + lens
+
+    # Only the documents that give this rank a piece: tokens in [c0, c1), or an empty
+    # document at a position in [c0, c1) (or at T_w, for the rank of lane B-1). In
+    # stream order these are one contiguous run of documents.
+    mine = np.where(
+        lens > 0,
+        (np.minimum(de, c1) > np.maximum(ds, c0)),
+        ((ds >= c0) & (ds < c1)) | (at_end & (ds == c1)),
+    )
+    sel = np.flatnonzero(mine)
+    ds, de, lens, vbase, ids, chunk = ds[sel], de[sel], lens[sel], vbase[sel], ids[sel], chunk[sel]
+
+    # Pieces: each document split at the rank's cuts strictly inside it, clipped to
+    # [c0, c1). Cuts inside document d are cuts[lo[d]:hi[d]].
+    s_clip, e_clip = np.maximum(ds, c0), np.minimum(de, c1)
+    lo = np.searchsorted(cuts, s_clip, side="right")
+    hi = np.searchsorted(cuts, e_clip, side="left")
+    npieces = 1 + np.maximum(hi - lo, 0)
+    rep = np.repeat(np.arange(len(ds), dtype=np.int64), npieces)
+    j = np.arange(len(rep), dtype=np.int64) - (np.cumsum(npieces) - npieces)[rep]
+    last_cut = len(cuts) - 1
+    p_start = np.where(j == 0, s_clip[rep], cuts[np.minimum(lo[rep] + j - 1, last_cut)])
+    p_end = np.where(j == npieces[rep] - 1, e_clip[rep], cuts[np.minimum(lo[rep] + j, last_cut)])
+    p_end = np.maximum(p_end, p_start)  # empty documents: length 0
+    local = np.minimum(np.searchsorted(cuts, p_start, side="right") - 1, nl - 1)
+
+    # The list arrays of the pieces, one per chunk: offsets are the piece boundaries
+    # in the chunk's values (pieces never cross a row group), values are shared.
+    p_chunk = chunk[rep]
+    v_start = p_start + vbase[rep]
+    v_end = p_end + vbase[rep]
+    parts = []
+    bounds_c = np.searchsorted(p_chunk, np.arange(len(chunks) + 1), side="left")
+    for c in range(len(chunks)):
+        i0, i1 = int(bounds_c[c]), int(bounds_c[c + 1])
+        if i0 == i1:
+            continue
+        offsets = np.empty(i1 - i0 + 1, np.int64)
+        offsets[:-1] = v_start[i0:i1]
+        offsets[-1] = v_end[i1 - 1]
+        arr = arrays[c]
+        large = pa.types.is_large_list(arr.type)
+        cls = pa.LargeListArray if large else pa.ListArray
+        off = pa.array(offsets, pa.int64() if large else pa.int32())
+        parts.append(cls.from_arrays(off, arr.values))
+
+    kept = np.flatnonzero(keep[local]) if keep is not None else np.arange(len(local), dtype=np.int64)
+    lane = local[kept]
+    bounds = np.searchsorted(lane, np.arange(nl + 1), side="left")
+    ordinal = np.arange(len(lane), dtype=np.int64) - bounds[lane]
     keys = slice_keys(seed, epoch, window, rank_lanes)
-    h = mix_array(keys[lane - rank_lanes.start] ^ ordinal.astype(np.uint64))
+    h = mix_array(keys[lane] ^ ordinal.astype(np.uint64))
     order = kept[np.lexsort((ordinal, h, lane))]
 
-    packed_len = lengths[order]
-    doc_end = np.cumsum(packed_len)
-    lane_doc = bounds.astype(np.int64)
-    lane_start = np.concatenate([[0], doc_end])[lane_doc]
+    packed_len = (p_end - p_start)[order]
+    piece_end = np.cumsum(packed_len)
+    lane_piece = bounds.astype(np.int64)
+    lane_start = np.concatenate([[0], piece_end])[lane_piece]
 
-    total = int(doc_end[-1]) if len(doc_end) else 0
-    flat = _gather(chunks, order).view(dtype) if total else np.zeros(0, dtype=dtype)
+    total = int(piece_end[-1]) if len(piece_end) else 0
+    flat = _gather(parts, order).view(dtype) if total else np.zeros(0, dtype=dtype)
     assert len(flat) == total and len(lane_start) == nl + 1
     return PackedWindow(
         unit=unit,
@@ -166,7 +250,8 @@ def pack_window(
         window=window,
         flat=flat,
         lane_start=lane_start.astype(np.int64, copy=False),
-        lane_doc=lane_doc,
-        doc_end=doc_end,
-        doc_id=ids[order],
+        lane_piece=lane_piece,
+        piece_end=piece_end,
+        doc_id=ids[rep][order],
+        piece_offset=(p_start - ds[rep])[order],
     )

@@ -12,9 +12,15 @@ started, and its real size once packed; it is released when every lane of the
 rank has moved past it. Units are started strictly in order, only while the
 charge fits, so a later unit never delays an earlier one and the consumer never
 waits on a read the budget allowed to start earlier. At most ``ahead`` units
-past the furthest one in use are started early. A unit the consumer needs
-*now* is always started, even past the budget (that happens only when lanes
-drift apart by more windows than the budget holds; ``peak_bytes`` shows it).
+past the furthest one in use are started early.
+
+The units a step needs are always started, and they always fit: lanes run in
+lockstep (SPEC section 3, rule 4), so at step ``t`` every lane is inside the run's
+tokens ``[t*L*B, (t+1)*L*B + B)``, and the units held are the windows overlapping
+that range, a number bounded from the footers alone (``plitzer.loader.budget_floor``),
+which the Loader checks against ``budget`` at construction. ``peak_bytes`` and
+``peak_units`` record what was held; ``overruns`` counts units started past the
+budget, which the tests assert never happens.
 """
 
 from __future__ import annotations
@@ -31,16 +37,19 @@ from numpy.typing import NDArray
 
 from planner.dataset import Index
 from planner.errors import UsageError
-from planner.plan import EpochPlan, Plan, lane_of, start_range
-from plitzer.pack import PackedWindow, pack_window
+from planner.plan import EpochPlan, Plan, piece_range
+from plitzer.pack import PackedWindow, pack_window, packed_bytes
 from plitzer.read import read_chunk
 
 __all__ = ["Scanner", "unit_estimate"]
 
 
-def unit_estimate(tokens: Any, rows: Any) -> Any:
-    """Bytes charged while a unit is read and packed: decoded plus packed copy."""
-    return (4 * tokens + 8 * rows) + (4 * tokens + 16 * rows)
+def unit_estimate(tokens: Any, rows: Any, lanes: int) -> Any:
+    """Bytes charged while a unit is read and packed: decoded plus packed copy.
+
+    ``lanes`` is the rank's lane count (each cut inside a document adds a piece).
+    """
+    return (4 * tokens + 8 * rows) + packed_bytes(tokens, rows, lanes)
 
 
 @dataclass(eq=False)
@@ -81,6 +90,8 @@ class Scanner:
         self.ahead = ahead
         self.held_bytes = 0
         self.peak_bytes = 0
+        self.peak_units = 0
+        self.overruns = 0
         self.rows_read = 0
         self.bytes_read = 0
         f = self.index.frame
@@ -135,18 +146,18 @@ class Scanner:
         assert needed is not None
         rgs = ep.order[positions]
         tok = self._tokens[rgs]
-        lo, hi = start_range(ep.token_start[positions], tok, self._empty[rgs])
-        t_w = ep.window_tokens[unit % self.windows]
+        lo, hi = piece_range(ep.token_start[positions], tok, self._empty[rgs])
+        w = unit % self.windows
         first = self.rank_lanes.start
-        a = np.clip(lane_of(lo, t_w, self.lanes) - first, 0, len(needed) - 1)  # type: ignore[arg-type]
-        b = np.clip(lane_of(hi, t_w, self.lanes) - first, 0, len(needed) - 1)  # type: ignore[arg-type]
+        a = np.clip(ep.lane_of(w, lo, self.lanes) - first, 0, len(needed) - 1)
+        b = np.clip(ep.lane_of(w, hi, self.lanes) - first, 0, len(needed) - 1)
         count = np.concatenate([[0], np.cumsum(needed)])
         has: NDArray[np.bool_] = count[b + 1] - count[a] > 0
         return has
 
     def _estimate(self, unit: int) -> int:
         _, _, rgs, _ = self._reads(unit)
-        return int(unit_estimate(int(self._tokens[rgs].sum()), int(self._rows[rgs].sum())))
+        return int(unit_estimate(int(self._tokens[rgs].sum()), int(self._rows[rgs].sum()), len(self.rank_lanes)))
 
     def _start(self, unit: int, charge: int) -> None:
         epoch, window, rgs, starts = self._reads(unit)
@@ -154,11 +165,16 @@ class Scanner:
         u = _Unit(unit=unit, future=fut, charge=charge, chunks=[None] * len(rgs), left=len(rgs))
         self._units[unit] = u
         with self._lock:
+            if self.held_bytes + charge > self.budget:
+                self.overruns += 1
             self.held_bytes += charge
             self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+            self.peak_units = max(self.peak_units, len(self._units))
         token_start = [int(x) for x in starts]
         doc_base = [int(self._doc_base[g]) for g in rgs]
-        window_tokens = int(self.plan.epoch(epoch).window_tokens[window])
+        ep = self.plan.epoch(epoch)
+        window_tokens = int(ep.window_tokens[window])
+        window_z = int(ep.window_z[window])
         keep = self._needed(unit)
 
         def pack() -> None:
@@ -170,6 +186,7 @@ class Scanner:
                     token_start,
                     doc_base,
                     window_tokens=window_tokens,
+                    window_z=window_z,
                     lanes=self.plan.settings.lanes,
                     rank_lanes=self.rank_lanes,
                     keep=keep,

@@ -10,11 +10,16 @@ Layout (all integers little-endian)::
 
 The document holds the configuration that fixes the order (seed, lanes, seq_len,
 window, column, dtype, dataset fingerprint), the global step, and for each lane
-it covers its position: ``[lane, epoch, window, doc, offset]``, the next token
-being token ``offset`` of document ``doc`` (an ordinal in the shuffled slice) of
-the lane's slice of that window. A lane that finished a slice points at the
-start of the next window. Positions do not depend on the world size, so a
-checkpoint merged from all ranks resumes on any number of ranks.
+it covers its position: ``[lane, epoch, window, piece, offset]``, the next token
+being token ``offset`` of piece ``piece`` (an ordinal in the shuffled slice) of
+the lane's slice of that window (see :class:`Position`). A lane that finished a
+slice points at the start of the next window. Positions do not depend on the world
+size, so a checkpoint merged from all ranks resumes on any number of ranks.
+
+Format versions: 1 (plitzer 0.1) stored ``doc`` under the first lane rule, where a
+document went whole to one lane; 2 (plitzer 0.2) stores pieces under the lockstep
+rule (SPEC section 3, rule 4). The orders differ, so a format 1 checkpoint is
+refused with both versions named, never misread.
 
 The decoder trusts nothing: every field is type- and range-checked, sizes are
 capped, and any problem is a :class:`CheckpointError`.
@@ -29,7 +34,7 @@ import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -39,6 +44,7 @@ from planner.errors import CheckpointError
 __all__ = [
     "CONFIG_FIELDS",
     "FORMAT_VERSION",
+    "Position",
     "State",
     "decode",
     "diff_config",
@@ -49,11 +55,42 @@ __all__ = [
 ]
 
 MAGIC = b"PLTZCKPT"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# What each older format was, for the refusal message.
+_OLDER = {1: "plitzer 0.1, whose lanes took whole documents; 0.2 cuts lanes at exact token positions"}
 MAX_BYTES = 64 << 20
 _HEADER = struct.Struct("<8sIQ")
 CONFIG_FIELDS: tuple[str, ...] = ("seed", "lanes", "seq_len", "window", "column", "dtype", "fingerprint")
 _INT_LIMIT = 2**63
+
+
+def package_version() -> str:
+    """The installed plitzer's version (for messages; "unknown" from a bare checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("plitzer")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """One lane's place in its token stream, as a checkpoint stores it.
+
+    The next token of lane ``lane`` is token ``offset`` of piece ``piece`` (its
+    ordinal in the shuffled slice, SPEC section 3 rule 5) of the lane's slice of
+    window ``window`` of epoch ``epoch``; ``piece`` equal to the slice's piece count
+    (with offset 0) means the slice is used up.
+    """
+
+    lane: int
+    epoch: int
+    window: int
+    piece: int
+    offset: int
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("lane", "epoch", "window", "piece", "offset")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +99,15 @@ class State:
 
     config: Mapping[str, Any]
     step: int
-    positions: NDArray[np.int64]  # (n, 5): lane, epoch, window, doc, offset; sorted by lane
+    positions: NDArray[np.int64]  # (n, 5): the fields of Position, one row per lane, sorted by lane
 
     @property
     def lanes(self) -> NDArray[np.int64]:
         return self.positions[:, 0]
+
+    def position(self, i: int) -> Position:
+        """Row ``i`` of :attr:`positions` as a :class:`Position`."""
+        return Position(*(int(v) for v in self.positions[i]))
 
 
 def encode(state: State) -> bytes:
@@ -109,12 +150,17 @@ def decode(data: bytes | bytearray | memoryview) -> State:
     _, version, length = _HEADER.unpack_from(data)
     if version > FORMAT_VERSION:
         msg = (
-            f"checkpoint format version {version} is newer than this plitzer's {FORMAT_VERSION}; "
-            "upgrade plitzer to resume it"
+            f"checkpoint format version {version} is newer than format {FORMAT_VERSION} of this plitzer "
+            f"{package_version()}; upgrade plitzer to resume it"
         )
         raise CheckpointError(msg)
     if version < FORMAT_VERSION:
-        msg = f"checkpoint format version {version} is older than {FORMAT_VERSION} and cannot be migrated"
+        what = _OLDER.get(version, "an older plitzer")
+        msg = (
+            f"checkpoint format version {version} ({what}) cannot be resumed by format {FORMAT_VERSION} of this "
+            f"plitzer {package_version()}: the order changed, so the positions would be misread. Finish that run "
+            "with the plitzer that wrote it, or start this one from step 0 (CHANGELOG.md, docs/compatibility.md)"
+        )
         raise CheckpointError(msg)
     if _HEADER.size + length + 32 != len(data):
         why = f"length field says {length} bytes but {len(data) - _HEADER.size - 32} are present (truncated?)"
@@ -148,9 +194,9 @@ def decode(data: bytes | bytearray | memoryview) -> State:
         raise _fail(why)
     for row in rows:
         if not isinstance(row, list) or len(row) != 5:
-            why = "each lane position is [lane, epoch, window, doc, offset]"
+            why = "each lane position is [lane, epoch, window, piece, offset]"
             raise _fail(why)
-        for v, name in zip(row, ("lane", "epoch", "window", "doc", "offset"), strict=True):
+        for v, name in zip(row, Position.FIELDS, strict=True):
             _int(v, name)
     positions = np.array(rows, dtype=np.int64).reshape(-1, 5)
     lanes = positions[:, 0]

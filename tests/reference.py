@@ -32,17 +32,34 @@ def epoch_windows(n_row_groups: int, seed: int, window: int, epoch: int) -> list
     return [p[i : i + window] for i in range(0, n_row_groups, window)]
 
 
-def lane_slices(rg_docs: list[list[list[int]]], group: list[int], lanes: int) -> list[list[tuple[int, int]]]:
-    """Per lane, its slice as (row group, row) in stream order."""
+def cuts(total: int, lanes: int, z: int) -> list[int]:
+    """c_0..c_B of a window of ``total`` tokens whose run offset mod B is ``z`` (rule 4)."""
+    q, r = divmod(total, lanes)
+    out = [0]
+    for k in range(lanes):
+        out.append(out[-1] + q + (1 if (k - z) % lanes < r else 0))
+    return out
+
+
+def lane_slices(
+    rg_docs: list[list[list[int]]], group: list[int], lanes: int, z: int
+) -> list[list[tuple[int, int, int, int]]]:
+    """Per lane, its slice as pieces (row group, row, offset in the document, length), in stream order."""
     docs = [(g, r) for g in group for r in range(len(rg_docs[g]))]
     total = sum(len(rg_docs[g][r]) for g, r in docs)
-    cuts = [k * total // lanes for k in range(lanes)]
-    out: list[list[tuple[int, int]]] = [[] for _ in range(lanes)]
+    c = cuts(total, lanes, z)
+    out: list[list[tuple[int, int, int, int]]] = [[] for _ in range(lanes)]
     s = 0
     for g, r in docs:
-        k = max(k for k in range(lanes) if cuts[k] <= s)
-        out[k].append((g, r))
-        s += len(rg_docs[g][r])
+        n = len(rg_docs[g][r])
+        if n == 0:
+            k = max(k for k in range(lanes) if c[k] <= s)
+            out[k].append((g, r, 0, 0))
+        for k in range(lanes):
+            lo, hi = max(s, c[k]), min(s + n, c[k + 1])
+            if lo < hi:
+                out[k].append((g, r, lo - s, hi - lo))
+        s += n
     return out
 
 
@@ -51,11 +68,13 @@ def lane_streams(
 ) -> list[list[tuple[int, int, int, int, int]]]:
     """Per lane, its token stream as (token, epoch, row group, row, offset) over ``epochs``."""
     streams: list[list[tuple[int, int, int, int, int]]] = [[] for _ in range(lanes)]
+    run = 0  # tokens of the run before the window
     for e in range(epochs):
         for w, group in enumerate(epoch_windows(len(rg_docs), seed, window, e)):
-            for k, sl in enumerate(lane_slices(rg_docs, group, lanes)):
+            for k, sl in enumerate(lane_slices(rg_docs, group, lanes, run % lanes)):
                 for i in permutation(len(sl), key(seed, e, w, k, 2)):
-                    g, r = sl[i]
-                    for o, t in enumerate(rg_docs[g][r]):
-                        streams[k].append((t, e, g, r, o))
+                    g, r, o, n = sl[i]
+                    for x in range(o, o + n):
+                        streams[k].append((rg_docs[g][r][x], e, g, r, x))
+            run += sum(len(d) for g in group for d in rg_docs[g])
     return streams

@@ -1,4 +1,4 @@
-"""Audits: the report and its pictures, duplicates, lane positions and drift, epochs."""
+"""Audits: the report and its pictures, duplicates, seek and lockstep, epochs."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import planner
 import plitzer
 from plitzer import audit as au
 from plitzer import state as ckpt
-from plitzer.explain import document_lengths, document_table, lane_positions, slice_tokens
+from plitzer.explain import document_lengths, document_table
 from tests.conftest import write_dataset
 
 CFG = {"seed": 2, "lanes": 8, "window": 3, "seq_len": 80}
@@ -31,7 +31,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_report_folder_and_single_page(data: Path, tmp_path: Path) -> None:
     report = au.audit(data, lanes=8, window=4, world=2, seq_len=96, windows=[1, 2, 4, 8])
     names = set(report.figures)
-    assert {"lengths", "tokens_per_file", "lane_balance", "drift", "reads_per_rank", "read_amplification"} <= names
+    assert {"lengths", "tokens_per_file", "lane_balance", "lockstep", "reads_per_rank", "read_amplification"} <= names
     page = report.write(tmp_path / "folder")
     assert page == tmp_path / "folder" / "report.html"
     text = page.read_text()
@@ -42,7 +42,7 @@ def test_report_folder_and_single_page(data: Path, tmp_path: Path) -> None:
     single = report.write(tmp_path / "one.html")
     embedded = re.findall(r"src='data:image/png;base64,", single.read_text())
     assert len(embedded) == len(names)
-    for section in ("Document lengths", "Lane balance and drift", "Reads", "Duplicate documents", "Epochs"):
+    for section in ("Document lengths", "Lane balance and lockstep", "Reads", "Duplicate documents", "Epochs"):
         assert f"<h2>{section}</h2>" in text
     ix = plitzer.index(data)
     assert report.tables["summary"]["documents"][0] == int(ix.frame["rows"].sum())
@@ -90,34 +90,40 @@ def test_document_table_matches_the_files(data: Path) -> None:
     assert (joined["rows"] == joined["rows_docs"]).all() and (joined["tokens"] == joined["tokens_docs"]).all()
 
 
-def test_lane_positions_equal_the_loaders_checkpoints(data: Path) -> None:
-    """lane_positions (from lengths only) is the loader's own checkpoint at every step."""
+def test_seek_and_lockstep_agree_with_the_loaders_checkpoints(data: Path) -> None:
+    """seek(t) (from the plan alone) lands where the run's own checkpoint of step t is,
+    and the lockstep table's lane windows are the checkpoints' units."""
     p = planner.plan(data, seed=CFG["seed"], lanes=CFG["lanes"], window=CFG["window"])
-    lengths = document_lengths(data)
     with plitzer.Loader(data, **CFG) as loader:
         n = len(loader) + 40
-        states = []
+        states, raw = [], []
         for _ in range(n):
-            states.append(ckpt.decode(loader.checkpoint()).positions)
+            raw.append(loader.checkpoint())
+            states.append(ckpt.decode(raw[-1]).positions)
             loader.next_batch()
     for t in range(0, n, 7):
-        np.testing.assert_array_equal(lane_positions(p, lengths, t, CFG["seq_len"], range(8)), states[t], f"step {t}")
-    drift = au.lane_drift(p, lengths, CFG["seq_len"], steps=n)
+        with plitzer.Loader(data, **CFG) as again:
+            again.seek(t)
+            np.testing.assert_array_equal(ckpt.decode(again.checkpoint()).positions, states[t], f"step {t}")
+    table = au.lockstep(p, CFG["seq_len"], steps=n)
     units = np.stack([s[:, 1] * p.windows + s[:, 2] for s in states])
-    np.testing.assert_array_equal(drift["slowest"].to_numpy(), units.min(axis=1))
-    np.testing.assert_array_equal(drift["fastest"].to_numpy(), units.max(axis=1))
+    np.testing.assert_array_equal(table["slowest"].to_numpy(), units.min(axis=1))
+    np.testing.assert_array_equal(table["fastest"].to_numpy(), units.max(axis=1))
+    assert table["token_spread"].max() <= 1
+    assert table["windows_in_use"].max() <= 2 and table["windows_apart"].max() <= 1
 
 
-def test_lane_balance_and_slices_add_up(data: Path) -> None:
+def test_lane_balance_adds_up_and_lanes_differ_by_at_most_one(data: Path) -> None:
     p = planner.plan(data, lanes=8, window=3, world=4)
-    lengths = document_lengths(data)
     for epoch in (0, 1):
-        s = slice_tokens(p, lengths, epoch)
-        np.testing.assert_array_equal(s.sum(axis=1), p.epoch(epoch).window_tokens)
-        bal = au.lane_balance(p, lengths, epoch)
+        lanes = p.lanes(epoch)
+        share = (lanes["token_end"] - lanes["token_start"]).to_numpy().reshape(-1, 8)
+        np.testing.assert_array_equal(share.sum(axis=1), p.epoch(epoch).window_tokens)
+        bal = au.lane_balance(p, epoch)
         assert bal["tokens"].sum() == p.tokens
         assert bal["rank"].to_list() == [0, 0, 1, 1, 2, 2, 3, 3]
-        np.testing.assert_array_equal(bal["tokens"].to_numpy(), s.sum(axis=0))
+        np.testing.assert_array_equal(bal["tokens"].to_numpy(), share.sum(axis=0))
+        assert bal["tokens"].max() - bal["tokens"].min() <= 1
 
 
 def test_read_amplification_is_the_plans_and_within_bound(data: Path) -> None:

@@ -51,7 +51,9 @@ def test_windows_with_fewer_tokens_than_lanes(tmp_path: Path) -> None:
 
 def test_row_group_larger_than_the_budget_fails_at_construction(tmp_path: Path) -> None:
     numbered_dataset(tmp_path, [[[50_000]]])
-    with pytest.raises(plitzer.ConfigError, match=r"budget=100,000 bytes cannot hold one window.*Raise budget"):
+    with pytest.raises(
+        plitzer.ConfigError, match=r"budget=100,000 bytes cannot hold the windows one step can touch.*Raise budget"
+    ):
         plitzer.Loader(tmp_path, lanes=2, window=1, seq_len=16, budget=100_000)
 
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import planner
 from planner._hash import key, mix, mix_array, permutation
+from planner.plan import window_offsets
 from tests import reference
 
 
@@ -64,22 +65,51 @@ def test_epoch_plan_invariants(rgs: list[list[int]], s: tuple[int, int, int, int
     nw = -(-g // window)
     per = lanes // world
     reads_total = 0
+    run = epoch * int(tokens.sum())
+    docs = [[[0] * n for n in d] for d in rgs]
     for w in range(nw):
         group = ep.order[w * window : (w + 1) * window].tolist()
         cuts = ep.cuts(w, lanes)
-        assert np.all(np.diff(cuts) >= 0) and cuts[0] == 0 and cuts[-1] == tokens[group].sum()
-        # Lanes of every document, by the naive model: every document in one lane,
-        # each lane's slice contiguous in the stream.
-        slices = reference.lane_slices([[[0] * n for n in d] for d in rgs], group, lanes)
-        flat = [x for sl in slices for x in sl]
-        assert flat == [(gg, r) for gg in group for r in range(len(rgs[gg]))]
+        assert cuts.tolist() == reference.cuts(int(tokens[group].sum()), lanes, run % lanes)
+        assert int(ep.window_z[w]) == run % lanes
+        # Pieces by the naive model: together, in lane order, they tile the window's
+        # stream, document after document; lanes get q or q + 1 tokens.
+        slices = reference.lane_slices(docs, group, lanes, run % lanes)
+        stream = [(gg, r, o) for gg in group for r, n in enumerate(rgs[gg]) for o in range(n)]
+        tiled = [(gg, r, o + i) for sl in slices for gg, r, o, n in sl for i in range(n)]
+        assert tiled == stream
+        shares = [sum(n for *_, n in sl) for sl in slices]
+        assert max(shares) - min(shares) <= 1
         for rank in range(world):
-            need = {gg for k in range(rank * per, (rank + 1) * per) for gg, _ in slices[k]}
+            need = {gg for k in range(rank * per, (rank + 1) * per) for gg, *_ in slices[k]}
             got = ep.order[ep.reads_of(w, rank)].tolist()
             assert need <= set(got), (w, rank, need, got)
+            if not empty[group].any():
+                assert need == set(got), (w, rank, need, got)  # exactly what the rank needs
             assert got == [x for x in group if x in set(got)]  # stream order
             reads_total += len(got)
+        run += int(tokens[group].sum())
     assert reads_total <= int((rows > 0).sum()) + (world - 1) * nw
+
+
+@given(total=st.integers(0, 400), lanes=st.integers(1, 40), z=st.integers(0, 10**6), data=st.data())
+def test_lane_of_inverts_the_cuts(total: int, lanes: int, z: int, data: st.DataObject) -> None:
+    """The closed-form lane of a position is max{k < B : c_k <= x} over the naive cuts."""
+    z %= lanes
+    cuts = reference.cuts(total, lanes, z)
+    q, r = divmod(total, lanes)
+    np.testing.assert_array_equal(planner.cut_at(np.arange(lanes + 1), q, r, z, lanes), cuts)
+    xs = np.arange(total + 1)
+    want = [max(k for k in range(lanes) if cuts[k] <= x) for x in xs.tolist()]
+    np.testing.assert_array_equal(planner.lane_of(xs, q, r, z, lanes), want)
+
+
+def test_worked_example_of_the_spec() -> None:
+    """SPEC section 3 rule 4: B = 4, T_w = 10, z = 3 gives cuts 0, 3, 5, 7, 10."""
+    assert reference.cuts(10, 4, 3) == [0, 3, 5, 7, 10]
+    assert planner.cut_at(np.arange(5), 2, 2, 3, 4).tolist() == [0, 3, 5, 7, 10]
+    assert window_offsets(np.array([10, 5]), 0, 15, 4).tolist() == [0, 2]
+    assert window_offsets(np.array([10, 5]), 1, 15, 4).tolist() == [3, 1]
 
 
 def test_reads_amplification_bound_on_realistic_data() -> None:
