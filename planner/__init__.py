@@ -10,7 +10,8 @@ runtime's reader, ``plitzer.read.count_chunk``, passed in as a ``ChunkCounter``.
 """
 
 from planner._hash import key, mix, permutation
-from planner.dataset import Index, cache_dir, index
+from planner.cache import cache_dir
+from planner.dataset import Index, index
 from planner.errors import CheckpointError, ConfigError, DataError, PlitzerError, StorageError
 from planner.plan import EpochPlan, Plan, PlanSettings, cut_at, lane_of, plan, plan_epoch
 

@@ -16,6 +16,7 @@ __all__ = [
     "PlitzerError",
     "StorageError",
     "UsageError",
+    "one_line",
 ]
 
 
@@ -41,3 +42,8 @@ class CheckpointError(PlitzerError, ValueError):
 
 class UsageError(PlitzerError, RuntimeError):
     """An object is used where it cannot work: after close(), or in a forked child."""
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line (pyarrow's messages wrap, with indents)."""
+    return " ".join(str(e).split())

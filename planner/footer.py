@@ -1,23 +1,228 @@
-"""Checks on raw footer bytes that pyarrow cannot survive.
+"""One file's footer: fetched with one ranged read, checked, parsed, turned into index rows.
+
+:func:`fetch` reads the footer (a single ranged read of the file's tail when the
+footer fits in 64 KiB, else a second one), :func:`parse` checks it and parses it,
+:func:`row_groups` gives the file's index rows: per row group its rows, exact
+token count (the leaf statistics' non-null value count), empty documents and the
+token column chunk's byte range. :func:`cached` and :func:`remember` keep the
+footer bytes in the local cache, keyed by the file's location, size and version.
 
 pyarrow (26) aborts the whole process, an uncaught C++ exception, when Python
 code asks for a column chunk's metadata (``row_group(i).column(j)``) whose level
 histograms (``SizeStatistics``) do not match the schema's levels: a damaged
 footer, or a schema patched so that a required column holds nulls. So before any
-such call, the footer's Thrift (compact protocol) is walked here, in Python, and
-a mismatch is a :class:`DataError` naming the file, row group and column.
-
-The walk is generic (it skips every field it does not need), bounded (every
-length is checked against the bytes left, nesting is capped) and only reads.
+such call, :func:`check_level_histograms` walks the footer's Thrift (compact
+protocol) in Python, and a mismatch is a :class:`DataError` naming the file, row
+group and column. The walk is generic (it skips every field it does not need),
+bounded (every length is checked against the bytes left, nesting is capped) and
+only reads.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
 
-from planner.errors import DataError
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-__all__ = ["check_level_histograms"]
+from planner.cache import cache_dir, digest, write_atomic
+from planner.column import TokenDtype, delivered_dtype, narrows, token_column_of, token_range
+from planner.errors import DataError, one_line
+from planner.storage import FileStat, Storage
+
+__all__ = [
+    "ChunkCounter",
+    "Row",
+    "cached",
+    "check_level_histograms",
+    "fetch",
+    "parse",
+    "remember",
+    "row_groups",
+    "set_chunk_counter",
+]
+
+_TAIL = 64 << 10
+_FOOTER_CAP = 256 << 20
+
+
+class ChunkCounter(Protocol):
+    """Counts (tokens, empty documents) of one row group by reading its token column.
+
+    planner reads metadata only; a footer without statistics needs the column read
+    once to count, which the runtime does (``plitzer.read.count_chunk``, set as the
+    default by ``set_chunk_counter`` when plitzer is imported).
+    """
+
+    def __call__(
+        self,
+        storage: Storage,
+        file: FileStat,
+        metadata: pq.FileMetaData,
+        *,
+        row_group: int,
+        column: str,
+        offset: int,
+        length: int,
+        where: str,
+    ) -> tuple[int, int]: ...
+
+
+_counters: dict[str, ChunkCounter] = {}
+
+
+def set_chunk_counter(counter: ChunkCounter | None) -> None:
+    """Set the default counter for row groups whose footer lacks statistics."""
+    _counters.pop("default", None)
+    if counter is not None:
+        _counters["default"] = counter
+
+
+def parse(raw: bytes, where: str) -> pq.FileMetaData:
+    """The parsed footer, checked first for what would abort pyarrow; a DataError naming ``where``."""
+    try:
+        md = pq.read_metadata(pa.BufferReader(b"PAR1" + raw))
+        levels = [
+            (md.schema.column(j).max_repetition_level, md.schema.column(j).max_definition_level)
+            for j in range(md.num_columns)
+        ]
+    except (pa.ArrowException, OSError, ValueError) as e:
+        msg = f"{where}: the Parquet footer is damaged ({type(e).__name__}: {one_line(e)}); restore or rewrite the file"
+        raise DataError(msg) from e
+    # Before any column chunk's metadata is touched: pyarrow aborts the process on
+    # level histograms that do not fit the schema (check_level_histograms, below).
+    check_level_histograms(raw[:-8], levels, where)
+    return md
+
+
+def fetch(storage: Storage, st: FileStat) -> bytes:
+    """The footer bytes plus its 8-byte tail (length and magic): one read if it fits."""
+    if st.size == 0:
+        msg = f"{st.location}: the file is empty (0 bytes), not Parquet; delete it or restore it"
+        raise DataError(msg)
+    if st.size < 12:
+        msg = f"{st.location}: {st.size} bytes is too short for Parquet; the file is truncated"
+        raise DataError(msg)
+    n = min(st.size, _TAIL)
+    tail = storage.read_range(st, st.size - n, n)
+    if tail[-4:] != b"PAR1":
+        msg = f"{st.location}: no Parquet magic at the end of the file; it is not Parquet or it is truncated"
+        raise DataError(msg)
+    (flen,) = struct.unpack("<I", tail[-8:-4])
+    if flen + 12 > st.size or flen > _FOOTER_CAP:
+        msg = f"{st.location}: footer length {flen} does not fit the file's {st.size} bytes; the file is truncated"
+        raise DataError(msg)
+    if flen + 8 > n:
+        tail = storage.read_range(st, st.size - flen - 8, flen + 8)
+    return tail[-(flen + 8) :]
+
+
+def _path(st: FileStat) -> Path:
+    return cache_dir() / "footers" / f"{digest(st.location, st.size, st.version)}.footer"
+
+
+def cached(st: FileStat) -> bytes | None:
+    """The file's footer bytes from the local cache, or None."""
+    path = _path(st)
+    return path.read_bytes() if path.exists() else None
+
+
+def remember(st: FileStat, raw: bytes) -> None:
+    """Keep the file's footer bytes in the local cache."""
+    write_atomic(_path(st), raw)
+
+
+Row = tuple[int, int, int, int, int, int, bool]  # row_group, rows, tokens, empty_docs, offset, length, check
+
+
+def _fits(stats: Any, dtype: TokenDtype) -> bool:
+    """Whether the footer's min/max prove every token of the chunk fits ``dtype``."""
+    try:
+        if stats is None or not stats.has_min_max:
+            return False
+        lo, hi = token_range(dtype)
+        return lo <= int(stats.min) and int(stats.max) <= hi
+    except (pa.ArrowException, ValueError, TypeError):
+        return False  # unreadable statistics: check every value at decode
+
+
+def row_groups(
+    storage: Storage, st: FileStat, md: pq.FileMetaData, column: str | None, count: ChunkCounter | None
+) -> tuple[list[Row], str, pa.DataType]:
+    """One file's index rows, its token column's name and its type.
+
+    A row per row group: (row_group, rows, tokens, empty_docs, offset, length,
+    check), where offset and length are the token column chunk's byte range and
+    check says whether decoding must check every value (``narrows``).
+    """
+    try:
+        schema = md.schema.to_arrow_schema()
+    except (pa.ArrowException, ValueError) as e:
+        msg = f"{st.location}: unreadable schema ({one_line(e)}); the footer is damaged"
+        raise DataError(msg) from e
+    name, dtype = token_column_of(schema, column, st.location)
+    delivered = delivered_dtype(dtype)
+    narrowing = narrows(dtype)
+    leaf = [j for j in range(md.num_columns) if md.schema.column(j).path.split(".")[0] == name]
+    if len(leaf) != 1:
+        msg = f"{st.location}: token column {name!r} is nested ({len(leaf)} leaves); it must be a flat list"
+        raise DataError(msg)
+    j = leaf[0]
+    physical = md.schema.column(j).physical_type
+    rows = []
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        cc = rg.column(j)
+        start = cc.data_page_offset
+        if cc.has_dictionary_page and cc.dictionary_page_offset is not None and cc.dictionary_page_offset > 0:
+            start = min(start, cc.dictionary_page_offset)
+        length = cc.total_compressed_size
+        where = f"{st.location}, row group {g}"
+        if rg.num_rows > 0 and (start < 4 or length < 0 or start + length > st.size):
+            msg = (
+                f"{where}: the token column chunk [{start}, {start + length}) lies outside the file; "
+                "the footer is damaged"
+            )
+            raise DataError(msg)
+        # pyarrow aborts the process (an uncaught C++ exception) when statistics are
+        # read from a column chunk whose type field was damaged; check it first.
+        if cc.physical_type != physical:
+            msg = (
+                f"{where}: the footer gives the token column type {cc.physical_type}, not {physical}; "
+                "the footer is damaged"
+            )
+            raise DataError(msg)
+        stats = cc.statistics if cc.is_stats_set else None
+        if rg.num_rows == 0:
+            tokens, empties = 0, 0
+        elif stats is not None and stats.has_null_count:
+            tokens = int(stats.num_values)
+            empties = int(cc.num_values) - tokens
+        else:
+            counter = count if count is not None else _counters.get("default")
+            if counter is None:
+                msg = (
+                    f"{where}: the footer has no statistics for the token column, so its tokens must be counted "
+                    "by reading it once, and planner reads metadata only: import plitzer (or pass count=) "
+                    "to index this dataset"
+                )
+                raise DataError(msg)
+            tokens, empties = counter(
+                storage, st, md, row_group=g, column=name, offset=start, length=length, where=where
+            )
+        if tokens < 0 or empties < 0 or empties > rg.num_rows:
+            msg = (
+                f"{where}: footer statistics are inconsistent (tokens {tokens}, rows {rg.num_rows}); "
+                "the footer is damaged"
+            )
+            raise DataError(msg)
+        check = narrowing and tokens > 0 and not _fits(stats, delivered)
+        rows.append((g, rg.num_rows, tokens, empties, start, length, check))
+    return rows, name, dtype
+
 
 _MAX_DEPTH = 64
 

@@ -26,7 +26,6 @@ True
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections import OrderedDict
@@ -43,7 +42,8 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from planner._hash import mix_array
-from planner.dataset import Index, cache_dir, ensure_index
+from planner.cache import cache_dir, digest, write_atomic
+from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError, DataError
 from planner.plan import check_int
 from plitzer.loader import Loader
@@ -84,10 +84,8 @@ def _hash_documents(arr: pa.Array) -> tuple[I64, U64]:
 
 
 def _cache_path(ix: Index) -> Path:
-    h = hashlib.sha256()
-    for part in (_FORMAT, ix.column, ix.fingerprint, *[(f.location, f.size, f.version) for f in ix.files]):
-        h.update(str(part).encode() + b"\0")
-    return cache_dir() / "documents" / f"{h.hexdigest()}.parquet"
+    key = digest(_FORMAT, ix.column, ix.fingerprint, *[(f.location, f.size, f.version) for f in ix.files])
+    return cache_dir() / "documents" / f"{key}.parquet"
 
 
 def _documents(ix: Index, *, progress: bool | None = None, threads: int | None = None) -> tuple[I64, U64]:
@@ -112,10 +110,9 @@ def _documents(ix: Index, *, progress: bool | None = None, threads: int | None =
     if result is None:
         result = _read_documents(ix, progress=progress, threads=threads)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            pq.write_table(pa.table({"length": result[0], "hash": result[1]}), tmp)
-            os.replace(tmp, path)
+            buf = pa.BufferOutputStream()
+            pq.write_table(pa.table({"length": result[0], "hash": result[1]}), buf)
+            write_atomic(path, buf.getvalue().to_pybytes())
         except OSError:
             pass  # a read-only cache costs time, not correctness
     with _memo_lock:

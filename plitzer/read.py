@@ -16,7 +16,7 @@ list type in the file:
 * large_list offsets become int32 offsets, so the packer always sees one type.
 
 planner reads metadata only; this module is where token data is read.
-``count_chunk`` is the :class:`planner.dataset.ChunkCounter` that counts a row
+``count_chunk`` is the :class:`planner.footer.ChunkCounter` that counts a row
 group whose footer lacks statistics; importing this module makes it planner's
 default.
 """
@@ -31,8 +31,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from planner.dataset import Index, TokenDtype, one_line, set_chunk_counter, token_range
-from planner.errors import DataError
+from planner.column import TokenDtype, token_range
+from planner.dataset import Index
+from planner.errors import DataError, one_line
+from planner.footer import set_chunk_counter
 from planner.storage import FileStat, Storage
 
 __all__ = [

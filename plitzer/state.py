@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
+from planner.cache import write_atomic
 from planner.errors import CheckpointError
 
 __all__ = [
@@ -286,26 +287,7 @@ def save_checkpoint(path: str | os.PathLike[str], state: bytes) -> None:
     1
     """
     decode(state)  # never write something that cannot be resumed
-    p = Path(path)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(state)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, p)
-    try:
-        dfd = os.open(p.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    write_atomic(path, state, durable=True)
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> bytes:
