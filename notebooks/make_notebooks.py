@@ -62,7 +62,7 @@ PLAN = [
     new_code_cell(
         'plan.sql("""\n'
         "    select rank, count(*) as row_groups, sum(bytes) as bytes,\n"
-        "           string_agg(file || '#' || row_group, ', ' order by \"window\", file, row_group) as reads\n"
+        "           string_agg(file || '#' || row_group, ', ' order by window_index, file, row_group) as reads\n"
         "    from reads group by rank order by rank\n"
         '""")'
     ),
@@ -70,7 +70,7 @@ PLAN = [
         "# The read matrix: a dot where a rank reads the row group at that position of epoch 0.\n"
         'hits = plan.sql("""\n'
         "    select r.rank, g.position from reads r\n"
-        '    join row_groups g using (epoch, "window", file, row_group)\n'
+        '    join row_groups g using (epoch, window_index, file, row_group)\n'
         '""")\n'
         "matrix = np.zeros((settings['world'], plan.index.height))\n"
         'matrix[hits["rank"].to_numpy(), hits["position"].to_numpy()] = 1\n'
@@ -139,8 +139,8 @@ PLAN = [
         "## A rank's rows, lazily\n\n`plan.scan` is a Polars LazyFrame of exactly the rows a rank reads."
     ),
     new_code_cell(
-        "rows = plan.scan(0, rank=1).select('window', 'file', 'row_group', 'row', pl.col('tokens').list.len())\n"
-        "rows.collect().group_by('window', 'file', 'row_group', maintain_order=True).agg(pl.len().alias('rows'))"
+        "rows = plan.scan(0, rank=1).select('window_index', 'file', 'row_group', 'row', pl.col('tokens').list.len())\n"
+        "rows.collect().group_by('window_index', 'file', 'row_group', maintain_order=True).agg(pl.len().alias('rows'))"
     ),
 ]
 

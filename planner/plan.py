@@ -314,14 +314,18 @@ class Plan:
         return got
 
     def row_groups(self, epoch: int) -> pl.DataFrame:
-        """epoch, window, position, file, row_group, rows, tokens, token_start, first_rank, last_rank."""
+        """epoch, window_index, position, file, row_group, rows, tokens, token_start, first_rank, last_rank.
+
+        ``window_index`` is the window's number in the epoch (``window`` is a keyword in
+        DuckDB, so no plan table has a column of that name).
+        """
         ep = self.epoch(epoch)
         f = self.index[ep.order]
         read = ep.first_rank >= 0
         return pl.DataFrame(
             {
                 "epoch": np.full(len(ep.order), epoch, dtype=np.int64),
-                "window": ep.window,
+                "window_index": ep.window,
                 "position": np.arange(len(ep.order), dtype=np.int64),
                 "file": f["file"],
                 "row_group": f["row_group"],
@@ -334,7 +338,7 @@ class Plan:
         )
 
     def lanes(self, epoch: int) -> pl.DataFrame:
-        """epoch, window, lane, rank, token_start, token_end: each lane's cut range."""
+        """epoch, window_index, lane, rank, token_start, token_end: each lane's cut range."""
         ep = self.epoch(epoch)
         b = self.settings.lanes
         nw = ep.windows
@@ -345,7 +349,7 @@ class Plan:
         return pl.DataFrame(
             {
                 "epoch": np.full(len(lane), epoch, dtype=np.int64),
-                "window": window,
+                "window_index": window,
                 "lane": lane,
                 "rank": lane // (b // self.settings.world),
                 "token_start": cut_at(lane, q, r, z, b),
@@ -354,13 +358,13 @@ class Plan:
         )
 
     def reads(self, epoch: int) -> pl.DataFrame:
-        """epoch, window, rank, file, row_group, bytes: each rank's reads, in order."""
+        """epoch, window_index, rank, file, row_group, bytes: each rank's reads, in order."""
         ep = self.epoch(epoch)
         f = self.index[ep.order[ep.read_position]]
         return pl.DataFrame(
             {
                 "epoch": np.full(len(ep.read_position), epoch, dtype=np.int64),
-                "window": ep.read_window,
+                "window_index": ep.read_window,
                 "rank": ep.read_rank,
                 "file": f["file"],
                 "row_group": f["row_group"],
@@ -408,7 +412,7 @@ class Plan:
     def scan(self, epoch: int, rank: int = 0) -> pl.LazyFrame:
         """A LazyFrame of exactly the rows (documents) that ``rank`` reads in ``epoch``.
 
-        Columns: epoch, window, position, file, row_group, row, and the token
+        Columns: epoch, window_index, position, file, row_group, row, and the token
         column. Nothing is read until the frame is collected.
         """
         rank = check_int("rank", rank, 0, "ranks count from 0")
@@ -432,7 +436,7 @@ class Plan:
                 .with_row_index("row")
                 .select(
                     pl.lit(epoch, pl.Int64).alias("epoch"),
-                    pl.lit(w, pl.Int64).alias("window"),
+                    pl.lit(w, pl.Int64).alias("window_index"),
                     pl.lit(p, pl.Int64).alias("position"),
                     pl.lit(r["file"]).alias("file"),
                     pl.lit(r["row_group"], pl.Int64).alias("row_group"),
@@ -445,7 +449,7 @@ class Plan:
             return pl.LazyFrame(
                 schema={
                     "epoch": pl.Int64,
-                    "window": pl.Int64,
+                    "window_index": pl.Int64,
                     "position": pl.Int64,
                     "file": pl.String,
                     "row_group": pl.Int64,

@@ -161,7 +161,8 @@ class Batch:
         """The source of every piece of every row.
 
         Columns: batch_row, lane, start (in the row), length, file, row_group,
-        row (in the row group), token_offset (in the document), epoch, window.
+        row (in the row group), token_offset (in the document), epoch, window_index
+        (the window of the piece's epoch; not ``window``, a keyword in DuckDB).
 
         Examples
         --------
@@ -187,6 +188,6 @@ class Batch:
                 "row": row,
                 "token_offset": offset,
                 "epoch": epoch,
-                "window": window,
+                "window_index": window,
             }
         )

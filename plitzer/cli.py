@@ -223,7 +223,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     )
     if args.format == "table" and not args.out:
         rows = docs["lane"].n_unique()
-        units = docs.select("epoch", "window").unique().sort("epoch", "window").rows()
+        units = docs.select("epoch", "window_index").unique().sort("epoch", "window_index").rows()
         where = ", ".join(f"epoch {e} window {w}" for e, w in units)
         print(f"step {args.step}: {docs.height} document pieces in {rows} sequences of {args.seq_len} tokens ({where})")
     _print_frame(docs, args.format, args.out, title=f"step {args.step}")

@@ -139,13 +139,8 @@ def test_explain_with_empty_and_null_documents(tmp_path: Path, trial: int) -> No
     ]
     write_dataset(tmp_path, files, dtype="uint32" if trial % 2 else "int32")
     cfg = {"seed": trial, "lanes": 2 + 2 * (trial % 2), "window": 1 + trial % 3, "seq_len": 13 + 7 * trial}
-    try:
-        with plitzer.Loader(tmp_path, **cfg) as loader:
-            run = [loader.next_batch().documents() for _ in range(30)]
-    except plitzer.DataError:  # a starving lane (the loader's message): explain says so too
-        with pytest.raises(plitzer.DataError, match="Raise window or lower lanes"):
-            plitzer.explain(tmp_path, 29, **cfg)
-        return
+    with plitzer.Loader(tmp_path, **cfg) as loader:  # lockstep: no lane starves, however few documents
+        run = [loader.next_batch().documents() for _ in range(30)]
     for step in range(0, 30, 3):
         assert plitzer.explain(tmp_path, step, **cfg).drop("step").equals(run[step].drop("batch_row")), step
 

@@ -60,7 +60,7 @@ def compute(root: Path) -> dict[str, object]:
                 "reads": [
                     f"{w}/{r}/{f}:{g}"
                     for w, r, f, g in zip(
-                        reads["window"], reads["rank"], reads["file"], reads["row_group"], strict=True
+                        reads["window_index"], reads["rank"], reads["file"], reads["row_group"], strict=True
                     )
                 ],
             }

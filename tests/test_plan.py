@@ -154,17 +154,18 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_tables_have_the_spec_columns(data: Path) -> None:
     p = planner.plan(data, seed=0, lanes=8, window=4, world=2)
     assert p.row_groups(0).columns == [
-        "epoch", "window", "position", "file", "row_group", "rows", "tokens", "token_start", "first_rank", "last_rank",
+        "epoch", "window_index", "position", "file", "row_group", "rows", "tokens", "token_start",
+        "first_rank", "last_rank",
     ]  # fmt: skip
-    assert p.lanes(1).columns == ["epoch", "window", "lane", "rank", "token_start", "token_end"]
-    assert p.reads(2).columns == ["epoch", "window", "rank", "file", "row_group", "bytes"]
+    assert p.lanes(1).columns == ["epoch", "window_index", "lane", "rank", "token_start", "token_end"]
+    assert p.reads(2).columns == ["epoch", "window_index", "rank", "file", "row_group", "bytes"]
     assert p.index.height == p.row_groups(0).height
     lanes = p.lanes(0)
     assert lanes.height == p.windows * 8
     rg = p.row_groups(0)
     # token_end of the last lane is the window's tokens.
-    t_w = rg.group_by("window").agg(pl.col("tokens").sum()).sort("window")["tokens"]
-    assert lanes.filter(pl.col("lane") == 7).sort("window")["token_end"].to_list() == t_w.to_list()
+    t_w = rg.group_by("window_index").agg(pl.col("tokens").sum()).sort("window_index")["tokens"]
+    assert lanes.filter(pl.col("lane") == 7).sort("window_index")["token_end"].to_list() == t_w.to_list()
 
 
 def test_sql_over_the_tables(data: Path) -> None:
@@ -195,3 +196,30 @@ def test_bad_settings_are_config_errors() -> None:
         planner.PlanSettings(lanes=10, world=4)
     with pytest.raises(ValueError, match="window=0"):
         planner.PlanSettings(window=0)
+
+
+def test_every_column_is_bare_sql_and_every_documented_query_runs(data: Path) -> None:
+    """No plan table has a column that needs quoting in DuckDB (``window`` is a keyword),
+    and every ``plan.sql`` query and ``--sql`` of the README, docs/usage.md and the
+    notebooks runs against a real plan."""
+    import re
+
+    p = planner.plan(data, lanes=8, window=2, world=2)
+    for table in ("index", "row_groups", "lanes", "reads"):
+        cols = p.sql(f"select * from {table} limit 0").columns
+        assert "window" not in cols
+        p.sql(f"select {', '.join(cols)} from {table}")  # every column, unquoted
+    import json
+
+    root = Path(__file__).parent.parent
+    texts = [(root / f).read_text() for f in ("README.md", "docs/usage.md")]
+    for nb in sorted((root / "notebooks").glob("*.ipynb")):
+        cells = json.loads(nb.read_text())["cells"]
+        texts += ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    queries = []
+    for text in texts:
+        queries += re.findall(r'plan\.sql\(\s*"""(.*?)"""', text, re.DOTALL)
+        queries += re.findall(r'--sql "([^"]+)"', text)
+    assert len(queries) >= 5
+    for q in queries:
+        p.sql(q, epochs=[0, 1])

@@ -107,7 +107,7 @@ def test_versions_and_pickles(good_state: bytes) -> None:
     doc = json.loads(good_state[20:-32])
     with pytest.raises(plitzer.CheckpointError, match="upgrade plitzer"):
         ckpt.decode(_forge(doc, version=ckpt.FORMAT_VERSION + 1))
-    with pytest.raises(plitzer.CheckpointError, match="format version 0 .* format 2 of this plitzer"):
+    with pytest.raises(plitzer.CheckpointError, match=r"format version 0 .* format 2 of this plitzer"):
         ckpt.decode(_forge(doc, version=0))
     # A plitzer 0.1 checkpoint (format 1, the first lane rule) is refused naming both
     # versions and the plitzer that wrote it, never misread as a lockstep position.

@@ -151,8 +151,8 @@ def test_one_ranged_get_per_planned_row_group(s3: S3Data, proxy: FaultProxy, wor
     # (the lanes that finished epoch 0 early, and the prefetch of the next windows).
     def planned(epoch: int) -> list[list[int]]:
         r = plan.reads(epoch).filter(pl.col("rank") == rank)
-        rows = ix.frame.with_row_index("i").join(r, on=["file", "row_group"]).sort("window")
-        return [rows.filter(pl.col("window") == w)["i"].to_list() for w in range(plan.windows)]
+        rows = ix.frame.with_row_index("i").join(r, on=["file", "row_group"]).sort("window_index")
+        return [rows.filter(pl.col("window_index") == w)["i"].to_list() for w in range(plan.windows)]
 
     epoch0 = Counter(i for w in planned(0) for i in w)
     assert all(got[i] >= n for i, n in epoch0.items()), "a planned read is missing"
