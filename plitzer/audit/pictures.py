@@ -1,0 +1,183 @@
+"""The audit's pictures: one matplotlib Figure per table, no pyplot, no display.
+
+Each ``plot_*`` draws on ``ax`` when given, else on a new bare Figure (rendered
+with Agg by ``savefig``). Axes are labelled with what a reader knows: file names,
+row-group numbers, lanes, ranks and steps as whole numbers, never fractional
+positions.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import polars as pl
+from numpy.typing import NDArray
+
+from plitzer.audit.tables import I64
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "plot_amplification",
+    "plot_lane_balance",
+    "plot_lengths",
+    "plot_lockstep",
+    "plot_reads_per_rank",
+    "plot_tokens_per_file",
+    "plot_tokens_per_row_group",
+]
+
+
+def _figure(width: float = 7.0, height: float = 3.6) -> tuple[Figure, Axes]:
+    # A bare Figure (no pyplot): nothing global changes, no display is needed, and
+    # savefig renders with Agg.
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        msg = "the audit's pictures need matplotlib: pip install 'plitzer[bench]' (or matplotlib)"
+        raise ImportError(msg) from e
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def _axes(ax: Axes | None) -> tuple[Figure, Axes]:
+    if ax is None:
+        return _figure()
+    from matplotlib.figure import Figure
+
+    fig = ax.get_figure(root=True)
+    assert isinstance(fig, Figure)
+    return fig, ax
+
+
+def _whole(ax: Axes) -> None:
+    """Ticks on the x axis at whole numbers only (lanes, ranks, steps)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _label(ax: Axes, at: NDArray[np.int64], names: list[str], most: int = 24) -> None:
+    """Ticks at ``at`` named ``names``: every one when few, else every k-th (then at most ``most``)."""
+    step = max(1, -(-len(at) // most))
+    tilt = len(at) > 4 and max(map(len, names)) > 3  # long names side by side overlap
+    ax.set_xticks(
+        at[::step].tolist(),
+        names[::step],
+        rotation=45 if tilt else 0,
+        ha="right" if tilt else "center",
+        fontsize="small",
+    )
+
+
+def plot_lengths(lengths: I64, ax: Axes | None = None) -> Figure:
+    """Histogram of document lengths, on log-spaced bins."""
+    fig, ax = _axes(ax)
+    n = np.asarray(lengths, dtype=np.int64)
+    n = n[n > 0]
+    top = max(2, int(n.max()) if len(n) else 2)
+    bins = np.unique(np.geomspace(1, top + 1, 60).astype(np.int64))
+    ax.hist(n, bins=bins.tolist(), color="#4477aa")
+    ax.set_xscale("log")
+    ax.set_xlabel("document length (tokens)")
+    ax.set_ylabel("documents")
+    if len(n):
+        ax.axvline(float(np.median(n)), color="#cc6677", linestyle="--", label=f"median {int(np.median(n))}")
+        ax.legend()
+    ax.set_title("document lengths")
+    return fig
+
+
+def plot_tokens_per_file(index: pl.DataFrame, ax: Axes | None = None) -> Figure:
+    """Tokens per file (bars), each bar labelled with its file's name."""
+    fig, ax = _axes(ax)
+    per = index.group_by("file_index", "file", maintain_order=True).agg(pl.col("tokens").sum())
+    x = np.arange(per.height)
+    ax.bar(x, per["tokens"].to_numpy(), color="#4477aa")
+    _label(ax, x, per["file"].to_list())
+    ax.set_xlabel("file")
+    ax.set_ylabel("tokens")
+    ax.set_title("tokens per file")
+    return fig
+
+
+def plot_tokens_per_row_group(index: pl.DataFrame, ax: Axes | None = None) -> Figure:
+    """Tokens of every row group, in index order: ticks are row-group numbers, lines part files."""
+    fig, ax = _axes(ax)
+    ax.bar(np.arange(index.height), index["tokens"].to_numpy(), width=1.0, color="#228833")
+    _label(ax, np.arange(index.height), [str(g) for g in index["row_group"].to_list()])
+    starts = (
+        index.with_row_index("at")
+        .group_by("file_index", maintain_order=True)
+        .agg(pl.col("at").first(), pl.col("file").first())
+    )
+    named = starts.height <= 12  # beyond that the names would overlap
+    for at, name in starts.select("at", "file").iter_rows():
+        ax.axvline(at - 0.5, color="gray", linewidth=0.5)
+        if named:
+            ax.text(at - 0.4, 0.98, name, transform=ax.get_xaxis_transform(), va="top", fontsize="x-small")
+    ax.set_xlabel("row group in its file (files in order, each from its line)")
+    ax.set_ylabel("tokens")
+    ax.set_title("tokens per row group")
+    return fig
+
+
+def plot_lane_balance(balance: pl.DataFrame, ax: Axes | None = None) -> Figure:
+    """Each lane's tokens in an epoch, relative to the mean."""
+    fig, ax = _axes(ax)
+    ax.bar(balance["lane"].to_numpy(), 100 * balance["vs_mean"].to_numpy(), width=1.0, color="#ee7733")
+    ax.axhline(0, color="black", linewidth=0.8)
+    _whole(ax)
+    ax.set_xlabel("lane")
+    ax.set_ylabel("tokens vs mean (%)")
+    ax.set_title("lane balance over one epoch")
+    return fig
+
+
+def plot_lockstep(steps: pl.DataFrame, ax: Axes | None = None) -> Figure:
+    """Windows in use per step, and the lanes' token spread (at most one: lockstep)."""
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = _axes(ax)
+    x = steps["step"].to_numpy()
+    ax.step(x, steps["windows_in_use"].to_numpy(), where="post", color="#aa3377", label="windows in use")
+    ax.step(x, steps["token_spread"].to_numpy(), where="post", color="#4477aa", label="token spread between lanes")
+    _whole(ax)
+    ax.set_xlabel("step")
+    ax.set_ylabel("windows / tokens")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper right", fontsize="small")
+    ax.set_title("lanes in lockstep")
+    return fig
+
+
+def plot_reads_per_rank(reads: pl.DataFrame, ax: Axes | None = None) -> Figure:
+    """Bytes each rank reads in an epoch."""
+    fig, ax = _axes(ax)
+    ax.bar(reads["rank"].to_numpy(), reads["bytes"].to_numpy() / 2**20, color="#4477aa")
+    _whole(ax)
+    ax.set_xlabel("rank")
+    ax.set_ylabel("MiB read per epoch")
+    ax.set_title("reads per rank")
+    return fig
+
+
+def plot_amplification(amp: pl.DataFrame, ax: Axes | None = None) -> Figure:
+    """Read amplification versus window, with the bound 1 + (world-1)/window."""
+    fig, ax = _axes(ax)
+    w = amp["window"].to_numpy()
+    ax.plot(w, amp["amplification"].to_numpy(), marker="o", label="measured (row groups)")
+    ax.plot(w, amp["bytes_amplification"].to_numpy(), marker=".", linestyle=":", label="measured (bytes)")
+    ax.plot(w, amp["bound"].to_numpy(), linestyle="--", color="gray", label="bound: world-1 extra reads per window")
+    ax.plot(w, amp["nominal_bound"].to_numpy(), linestyle=":", color="gray", label="1 + (world-1)/W")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("window (row groups)")
+    ax.set_ylabel("reads per row group")
+    ax.set_title("read amplification versus window")
+    ax.legend()
+    return fig

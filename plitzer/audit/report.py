@@ -1,0 +1,235 @@
+"""The audit report: every table and picture for one dataset and plan, as one HTML page."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from planner.dataset import ensure_index
+from planner.plan import Plan, PlanSettings
+from plitzer.audit.pictures import (
+    plot_amplification,
+    plot_lane_balance,
+    plot_lengths,
+    plot_lockstep,
+    plot_reads_per_rank,
+    plot_tokens_per_file,
+    plot_tokens_per_row_group,
+)
+from plitzer.audit.tables import (
+    Source,
+    duplicates,
+    epoch_starts,
+    epochs_covered,
+    lane_balance,
+    length_histogram,
+    length_summary,
+    lockstep,
+    read_amplification,
+    reads_per_rank,
+)
+from plitzer.explain import _documents
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["Report", "audit"]
+
+
+@dataclass
+class Report:
+    """An audit's tables (Polars frames) and figures (matplotlib), ready to write."""
+
+    title: str
+    tables: dict[str, pl.DataFrame]
+    figures: dict[str, Figure]
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def png(self, name: str) -> bytes:
+        buf = io.BytesIO()
+        self.figures[name].savefig(buf, format="png", dpi=96)
+        return buf.getvalue()
+
+    def html(self, images: Mapping[str, str] | None = None) -> str:
+        """The page; ``images`` maps figure names to URLs (default: embedded PNGs)."""
+        parts = [
+            "<!doctype html><html><head><meta charset='utf-8'>",
+            f"<title>{html.escape(self.title)}</title>",
+            "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto}"
+            "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;"
+            "text-align:right}th{background:#eee}img{max-width:100%}</style></head><body>",
+            f"<h1>{html.escape(self.title)}</h1>",
+        ]
+        for section, (tables, figures) in _SECTIONS.items():
+            if not any(t in self.tables for t in tables) and not any(f in self.figures for f in figures):
+                continue
+            parts.append(f"<h2>{html.escape(section)}</h2>")
+            if section in self.notes:
+                parts.append(f"<p>{html.escape(self.notes[section])}</p>")
+            for f in figures:
+                if f in self.figures:
+                    src = (images or {}).get(f) or "data:image/png;base64," + base64.b64encode(self.png(f)).decode()
+                    parts.append(f"<p><img alt='{html.escape(f)}' src='{html.escape(src)}'></p>")
+            parts.extend(_html_table(self.tables[t], t) for t in tables if t in self.tables)
+        parts.append("</body></html>")
+        return "\n".join(parts)
+
+    def write(self, out: str | os.PathLike[str]) -> Path:
+        """Write the report: ``*.html`` is one self-contained page; otherwise ``out`` is a
+        folder that receives ``report.html`` and one PNG per figure. Returns the page's path."""
+        path = Path(out)
+        if path.suffix.lower() in {".html", ".htm"}:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(self.html(), encoding="utf-8")
+            return path
+        path.mkdir(parents=True, exist_ok=True)
+        links = {}
+        for name in self.figures:
+            (path / f"{name}.png").write_bytes(self.png(name))
+            links[name] = f"{name}.png"
+        page = path / "report.html"
+        page.write_text(self.html(links), encoding="utf-8")
+        return page
+
+
+_SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "Dataset": (("summary", "settings"), ()),
+    "Document lengths": (("length_summary", "length_histogram"), ("lengths",)),
+    "Tokens per file and row group": (("tokens_per_file",), ("tokens_per_file", "tokens_per_row_group")),
+    "Lane balance and lockstep": (("lane_balance_summary", "lockstep_summary"), ("lane_balance", "lockstep")),
+    "Reads": (("reads_per_rank", "read_amplification"), ("reads_per_rank", "read_amplification")),
+    "Duplicate documents": (("duplicates",), ()),
+    "Epochs": (("epochs_covered", "epoch_starts"), ()),
+}
+
+
+def _html_table(df: pl.DataFrame, caption: str, limit: int = 50) -> str:
+    def cell(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:,.4g}"
+        if isinstance(v, int) and not isinstance(v, bool):
+            return f"{v:,}"
+        return html.escape("" if v is None else str(v))
+
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in df.head(limit).iter_rows())
+    more = f"<p>... {df.height - limit:,} more rows</p>" if df.height > limit else ""
+    return f"<table><caption>{html.escape(caption)}</caption><tr>{head}</tr>{body}</table>{more}"
+
+
+def audit(
+    source: Source,
+    *,
+    seed: int = 0,
+    lanes: int = 512,
+    window: int = 64,
+    world: int = 1,
+    seq_len: int = 2048,
+    steps: int | None = None,
+    windows: Sequence[int] | None = None,
+    column: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    progress: bool | None = None,
+) -> Report:
+    """Audit a dataset and its plan for the given settings.
+
+    ``steps`` (default: one epoch) is the run length for the epoch table; ``windows``
+    the window sizes compared for read amplification. Reads every row group's token
+    column once (lengths and hashes, cached); the rest is footers and plan tables.
+    """
+    ix = ensure_index(source, column=column, storage_options=storage_options)
+    plan = Plan(ix, PlanSettings(seed=seed, lanes=lanes, window=window, world=world))
+    lengths = _documents(ix, progress=progress)[0]
+    f = ix.frame
+    total = ix.tokens
+    per_epoch = -(-total // (lanes * seq_len))
+    steps = per_epoch if steps is None else steps
+
+    tables: dict[str, pl.DataFrame] = {}
+    figures: dict[str, Figure] = {}
+    notes: dict[str, str] = {}
+    tables["summary"] = pl.DataFrame(
+        {
+            "files": [len(ix.files)],
+            "row_groups": [f.height],
+            "documents": [int(f["rows"].sum())],
+            "tokens": [total],
+            "token_bytes": [int(f["byte_length"].sum())],
+            "column": [ix.column],
+            "dtype": [ix.dtype],
+            "fingerprint": [ix.fingerprint[:16]],
+        }
+    )
+    tables["settings"] = pl.DataFrame(
+        {
+            "seed": [seed],
+            "lanes": [lanes],
+            "window": [window],
+            "world": [world],
+            "seq_len": [seq_len],
+            "windows_per_epoch": [plan.windows],
+            "steps_per_epoch": [per_epoch],
+        }
+    )
+    tables["length_summary"] = length_summary(lengths)
+    tables["length_histogram"] = length_histogram(lengths)
+    figures["lengths"] = plot_lengths(lengths)
+    tables["tokens_per_file"] = (
+        f.group_by("file_index", "file", maintain_order=True)
+        .agg(pl.len().alias("row_groups"), pl.col("rows").sum().alias("documents"), pl.col("tokens").sum())
+        .sort("file_index")
+    )
+    figures["tokens_per_file"] = plot_tokens_per_file(f)
+    figures["tokens_per_row_group"] = plot_tokens_per_row_group(f)
+
+    balance = lane_balance(plan, 0)
+    drift = lockstep(plan, seq_len, steps=min(steps, 20 * per_epoch))
+    tables["lane_balance_summary"] = balance.select(
+        pl.col("tokens").min().alias("min_tokens"),
+        pl.col("tokens").mean().alias("mean_tokens"),
+        pl.col("tokens").max().alias("max_tokens"),
+        pl.col("vs_mean").abs().max().alias("max_abs_vs_mean"),
+        pl.col("lane").get(pl.col("tokens").arg_max()).alias("richest_lane"),
+        pl.col("lane").get(pl.col("tokens").arg_min()).alias("poorest_lane"),
+    )
+    tables["lockstep_summary"] = drift.select(
+        pl.len().alias("steps"),
+        pl.col("windows_apart").max().alias("max_windows_apart"),
+        pl.col("windows_in_use").max().alias("max_windows_in_use"),
+        pl.col("token_spread").max().alias("max_token_spread"),
+        (pl.col("token_spread").max() <= 1).alias("lockstep"),
+    )
+    figures["lane_balance"] = plot_lane_balance(balance)
+    figures["lockstep"] = plot_lockstep(drift)
+    notes["Lane balance and lockstep"] = (
+        "Tokens each lane receives in epoch 0 (within one of each other), and per step the "
+        "windows the step reads from (what the loader holds, besides prefetch) and the spread "
+        "of tokens received between any two lanes, which the lockstep rule keeps at most 1."
+    )
+
+    rpr = reads_per_rank(plan, 0)
+    amp = read_amplification(ix, lanes=lanes, world=world, windows=windows, seed=seed)
+    tables["reads_per_rank"] = rpr
+    tables["read_amplification"] = amp
+    figures["reads_per_rank"] = plot_reads_per_rank(rpr)
+    figures["read_amplification"] = plot_amplification(amp)
+
+    dup = duplicates(ix)
+    tables["duplicates"] = dup
+    groups = int(dup["group"].n_unique()) if dup.height else 0
+    kept = int(dup.group_by("group").agg(pl.col("length").first())["length"].sum()) if dup.height else 0
+    notes["Duplicate documents"] = (
+        f"{dup.height:,} documents in {groups:,} groups of identical documents: "
+        f"{dup.height - groups:,} redundant copies, {int(dup['length'].sum()) - kept:,} redundant tokens."
+    )
+    tables["epochs_covered"] = epochs_covered(total, lanes, seq_len, steps)
+    tables["epoch_starts"] = epoch_starts(total, lanes, seq_len, min(50, steps * lanes * seq_len // total + 1))
+    return Report(title=f"plitzer audit: {ix.source}", tables=tables, figures=figures, notes=notes)

@@ -1,0 +1,266 @@
+"""The audit's tables: plain functions that return Polars frames.
+
+Each takes document lengths, a plan, or a source, and computes one view of the
+dataset or plan; :func:`plitzer.audit.audit` gathers them into a report.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import polars as pl
+from numpy.typing import NDArray
+
+from planner.dataset import Index, ensure_index
+from planner.plan import Plan, PlanSettings
+from plitzer.explain import document_table
+
+__all__ = [
+    "I64",
+    "Source",
+    "duplicates",
+    "epoch_starts",
+    "epochs_covered",
+    "lane_balance",
+    "length_histogram",
+    "length_summary",
+    "lockstep",
+    "read_amplification",
+    "reads_per_rank",
+]
+
+I64 = NDArray[np.int64]
+Source = Index | str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+
+
+def length_summary(lengths: I64) -> pl.DataFrame:
+    """documents, empty, min, p1, p10, median, mean, p90, p99, max of document lengths."""
+    n = np.asarray(lengths, dtype=np.int64)
+    q = np.percentile(n, [1, 10, 50, 90, 99]).round().astype(np.int64) if len(n) else np.zeros(5, np.int64)
+    return pl.DataFrame(
+        {
+            "documents": [len(n)],
+            "empty": [int((n == 0).sum())],
+            "min": [int(n.min()) if len(n) else 0],
+            "p1": [int(q[0])],
+            "p10": [int(q[1])],
+            "median": [int(q[2])],
+            "mean": [round(float(n.mean()), 1) if len(n) else 0.0],
+            "p90": [int(q[3])],
+            "p99": [int(q[4])],
+            "max": [int(n.max()) if len(n) else 0],
+        }
+    )
+
+
+def length_histogram(lengths: I64) -> pl.DataFrame:
+    """Documents and tokens per power-of-two length bin: [0, 1), [1, 2), [2, 4), [4, 8), ...
+
+    >>> length_histogram(np.array([0, 1, 2, 3, 9]))["documents"].to_list()
+    [1, 1, 2, 0, 1]
+    """
+    n = np.asarray(lengths, dtype=np.int64)
+    b = np.zeros(len(n), np.int64)
+    pos = n > 0
+    b[pos] = np.floor(np.log2(n[pos])).astype(np.int64) + 1
+    top = int(b.max()) + 1 if len(b) else 1
+    docs = np.bincount(b, minlength=top)
+    toks = np.bincount(b, weights=n, minlength=top).astype(np.int64)
+    lo = np.array([0] + [1 << i for i in range(top - 1)], dtype=np.int64)
+    hi = np.array([1] + [1 << (i + 1) for i in range(top - 1)], dtype=np.int64)
+    total = max(1, int(n.sum()))
+    return pl.DataFrame(
+        {
+            "from": lo,
+            "below": hi,
+            "documents": docs,
+            "tokens": toks,
+            "token_share": np.round(toks / total, 4),
+        }
+    )
+
+
+def duplicates(
+    source: Source, *, column: str | None = None, storage_options: Mapping[str, Any] | None = None
+) -> pl.DataFrame:
+    """Every copy of every non-empty document that occurs more than once (same length and hash).
+
+    Columns: group (0, 1, ... by first occurrence), copies, length, hash, file,
+    row_group, row, doc. The hash is 64 bits, so a false match is about as likely
+    as 1 in 2**64 / documents**2.
+    """
+    docs = document_table(source, column=column, storage_options=storage_options).filter(pl.col("length") > 0)
+    dup = docs.filter(pl.len().over("hash", "length") > 1)
+    if dup.is_empty():
+        return dup.select(
+            pl.lit(0, pl.Int64).alias("group"),
+            pl.lit(0, pl.Int64).alias("copies"),
+            "length",
+            "hash",
+            "file",
+            "row_group",
+            "row",
+            "doc",
+        )
+    return (
+        dup.with_columns(
+            pl.col("doc").min().over("hash", "length").alias("_first"),
+            pl.len().over("hash", "length").cast(pl.Int64).alias("copies"),
+        )
+        .with_columns(pl.col("_first").rank("dense").cast(pl.Int64).sub(1).alias("group"))
+        .sort("group", "doc")
+        .select("group", "copies", "length", "hash", "file", "row_group", "row", "doc")
+    )
+
+
+def lane_balance(plan: Plan, epoch: int = 0) -> pl.DataFrame:
+    """Tokens each lane receives in ``epoch``: lane, rank, tokens, vs_mean (tokens / mean - 1).
+
+    From the plan's cut table alone; the lockstep rule keeps every lane within one
+    token of every other over the run, so ``tokens`` differ by at most one.
+    """
+    s = plan.settings
+    tok = plan.lanes(epoch).group_by("lane").agg((pl.col("token_end") - pl.col("token_start")).sum()).sort("lane")
+    t = tok["token_end"].to_numpy().astype(np.int64)
+    mean = max(float(t.mean()), 1e-9)
+    lane = np.arange(s.lanes, dtype=np.int64)
+    return pl.DataFrame(
+        {"lane": lane, "rank": lane // (s.lanes // s.world), "tokens": t, "vs_mean": np.round(t / mean - 1, 6)}
+    )
+
+
+def lockstep(plan: Plan, seq_len: int, steps: int | None = None) -> pl.DataFrame:
+    """Per step: where the lanes are, which windows the step uses, and how even they are.
+
+    Columns: step, epoch (label), slowest, fastest (units, ``epoch * windows +
+    window``, of the lanes' next tokens), windows_apart, windows_in_use (the units
+    the step reads from: what the loader must hold), token_spread (the most and
+    fewest tokens any two lanes have received when the slowest lane's window ends,
+    from the plan's cut table; the contract says at most 1). ``steps`` defaults to
+    one epoch.
+    """
+    s = plan.settings
+    total = plan.tokens
+    b = s.lanes
+    per_step = b * seq_len
+    if steps is None:
+        steps = max(1, -(-total // per_step))
+    run_needed = steps * per_step
+    ends: list[I64] = []  # run tokens through each unit
+    spreads: list[I64] = []
+    got = np.zeros(b, np.int64)
+    before = 0
+    epoch = 0
+    while before < run_needed + b:
+        lanes = plan.lanes(epoch)
+        share = (lanes["token_end"] - lanes["token_start"]).to_numpy().astype(np.int64).reshape(-1, b)
+        cum = got[None, :] + np.cumsum(share, axis=0)
+        spreads.append(cum.max(axis=1) - cum.min(axis=1))
+        ends.append(before + np.cumsum(share.sum(axis=1)))
+        got = cum[-1]
+        before += total
+        epoch += 1
+    run_end = np.concatenate(ends)
+    spread = np.concatenate(spreads)
+    t = np.arange(steps, dtype=np.int64)
+    slow = np.searchsorted(run_end, t * per_step, side="right")
+    fast = np.searchsorted(run_end, t * per_step + b - 1, side="right")
+    last = np.searchsorted(run_end, (t + 1) * per_step - 1, side="right")
+    return pl.DataFrame(
+        {
+            "step": t,
+            "epoch": t * per_step // max(total, 1),
+            "slowest": slow,
+            "fastest": fast,
+            "windows_apart": fast - slow,
+            "windows_in_use": last - slow + 1,
+            "token_spread": spread[slow],
+        }
+    )
+
+
+def reads_per_rank(plan: Plan, epoch: int = 0) -> pl.DataFrame:
+    """rank, row_groups, bytes, share (of the dataset's token-column bytes) in ``epoch``."""
+    reads = plan.reads(epoch)
+    dataset_bytes = max(1, int(plan.index["byte_length"].sum()))
+    return (
+        pl.DataFrame({"rank": np.arange(plan.settings.world, dtype=np.int64)})
+        .join(
+            reads.group_by("rank").agg(pl.len().cast(pl.Int64).alias("row_groups"), pl.col("bytes").sum()),
+            on="rank",
+            how="left",
+        )
+        .fill_null(0)
+        .with_columns((pl.col("bytes") / dataset_bytes).round(4).alias("share"))
+        .sort("rank")
+    )
+
+
+def read_amplification(
+    source: Source | Plan, *, lanes: int, world: int, windows: Sequence[int] | None = None, seed: int = 0
+) -> pl.DataFrame:
+    """Reads per non-empty row group over all ranks, for each window size (epoch 0).
+
+    Columns: window, reads, row_groups, amplification, bound, nominal_bound,
+    bytes_read, bytes_amplification. ``nominal_bound`` is SPEC section 4's
+    ``1 + (world-1)/window``; ``bound`` is ``1 + windows * (world-1) / row_groups``,
+    the same bound counted per window, which a short last window makes slightly larger.
+    """
+    ix = source.dataset if isinstance(source, Plan) else ensure_index(source)
+    g = ix.row_groups
+    if windows is None:
+        windows = sorted({w for w in (1, 2, 4, 8, 16, 32, 64, 128, 256) if w <= max(1, g)} | {max(1, g)})
+    nonempty = max(1, int((ix.frame["rows"] > 0).sum()))
+    dataset_bytes = max(1, int(ix.frame["byte_length"].sum()))
+    rows = []
+    for w in windows:
+        p = Plan(ix, PlanSettings(seed=seed, lanes=lanes, window=w, world=world))
+        r = p.reads(0)
+        b = int(r["bytes"].sum())
+        # Each window costs at most world - 1 extra reads, so a short last window counts fully.
+        bound = 1 + p.windows * (world - 1) / nonempty
+        rows.append((w, r.height, nonempty, r.height / nonempty, bound, 1 + (world - 1) / w, b, b / dataset_bytes))
+    return pl.DataFrame(
+        rows,
+        schema=[
+            "window",
+            "reads",
+            "row_groups",
+            "amplification",
+            "bound",
+            "nominal_bound",
+            "bytes_read",
+            "bytes_amplification",
+        ],
+        orient="row",
+    )
+
+
+def epochs_covered(tokens: int, lanes: int, seq_len: int, steps: int) -> pl.DataFrame:
+    """What ``steps`` steps cover: tokens, epochs (fraction), and the last step's epoch label.
+
+    >>> epochs_covered(tokens=1000, lanes=2, seq_len=100, steps=12)["epochs"][0]
+    2.4
+    """
+    per_step = lanes * seq_len
+    return pl.DataFrame(
+        {
+            "steps": [steps],
+            "tokens": [steps * per_step],
+            "epochs": [steps * per_step / tokens],
+            "complete_epochs": [steps * per_step // tokens],
+            "last_step_epoch": [max(0, steps - 1) * per_step // tokens],
+            "steps_per_epoch": [tokens / per_step],
+        }
+    )
+
+
+def epoch_starts(tokens: int, lanes: int, seq_len: int, epochs: int) -> pl.DataFrame:
+    """epoch, first_step, steps: the steps labelled with each epoch (SPEC section 3, point 8)."""
+    per_step = lanes * seq_len
+    e = np.arange(epochs + 1, dtype=np.int64)
+    first = -(-e * tokens // per_step)
+    return pl.DataFrame({"epoch": e[:-1], "first_step": first[:-1], "steps": np.diff(first)})
