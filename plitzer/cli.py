@@ -1,4 +1,4 @@
-"""The ``plitzer`` command line: synth, index, plan, explain, audit, demo, bench.
+"""The ``plitzer`` command line: synth, index, plan, explain, audit, tokenize, demo, bench.
 
 Each subcommand has ``--help`` with examples. Tables print with rich on a
 terminal and as plain text otherwise (or CSV/JSON/Parquet with ``--format``).
@@ -40,6 +40,11 @@ _EXAMPLES = {
         "examples:\n"
         "  plitzer audit data/sample --lanes 64 --window 8 --world 4 --out audit.html\n"
         "  plitzer audit data/sample --lanes 512 --window 64 --world 8 --steps 100000 --out audit/"
+    ),
+    "tokenize": (
+        "examples:\n"
+        "  plitzer tokenize data/raw data/tokens --tokenizer tokenizer.model\n"
+        "  plitzer tokenize data/raw data/tokens --tokenizer tokenizer.json --text-column content --engine ray"
     ),
     "bench": (
         "examples:\n"
@@ -288,6 +293,31 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run(Path(args.dir), tokens=args.tokens, seq_len=args.seq_len, lanes=args.lanes, window=args.window)
 
 
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    from plitzer.tokenize import tokenize
+
+    r = tokenize(
+        args.src,
+        args.dst,
+        tokenizer=args.tokenizer,
+        text_column=args.text_column,
+        token_column=args.column,
+        add_eos=not args.no_eos,
+        add_bos=args.bos,
+        row_group_tokens=args.row_group_tokens,
+        engine=args.engine,
+        jobs=args.jobs,
+        address=args.address,
+        progress=None,
+    )
+    rate = r.tokens / r.seconds if r.seconds > 0 else 0.0
+    print(
+        f"wrote {r.written} files ({r.skipped} already complete): {r.rows:,} documents, {r.tokens:,} tokens "
+        f"in {r.seconds:.1f} s ({rate:,.0f} tokens/s)"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="plitzer",
@@ -375,6 +405,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="report.html (one self-contained page) or a folder (report.html and PNGs)",
     )
     p.set_defaults(func=cmd_audit)
+
+    p = sub.add_parser(
+        "tokenize",
+        help="write pre-tokenized Parquet from text Parquet (resumable; every core, or a Ray cluster)",
+        description=(
+            "Tokenize the text column of every *.parquet below SRC into DST (same relative paths): "
+            "list<int32> token column, zstd, page checksums, row groups of at most about "
+            "--row-group-tokens tokens. Complete files are skipped on a rerun."
+        ),
+        epilog=_EXAMPLES["tokenize"],
+        formatter_class=fmt,
+    )
+    p.add_argument("src", help="text Parquet: a folder (searched recursively) or one file")
+    p.add_argument("dst", help="output folder")
+    p.add_argument("--tokenizer", required=True, help="SentencePiece .model or tokenizers JSON file")
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--column", default="input_ids", help="name of the token column written")
+    p.add_argument("--no-eos", action="store_true", help="do not end each document with EOS")
+    p.add_argument("--bos", action="store_true", help="start each document with BOS")
+    p.add_argument("--row-group-tokens", type=int, default=1 << 20, help="split larger input row groups (0: never)")
+    p.add_argument("--engine", choices=["local", "ray"], default="local")
+    p.add_argument("--address", default=None, help="with --engine ray: the cluster (default: start a local one)")
+    p.add_argument("--jobs", type=int, default=None, help="local processes (default: one per core)")
+    p.set_defaults(func=cmd_tokenize)
 
     p = sub.add_parser(
         "bench",

@@ -214,6 +214,10 @@ def read_chunk(index: Index, rg: int) -> pa.Array:
     holding the row group's documents, or raises DataError naming file, row group
     and (where one is at fault) row.
     """
+    own = getattr(index, "read_tokens", None)
+    if own is not None:  # a text index (plitzer.text) tokenizes its row groups as it reads them
+        result: pa.Array = own(rg)
+        return result
     row = index.frame.row(rg, named=True)
     fi = row["file_index"]
     st = index.file(fi)

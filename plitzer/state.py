@@ -61,7 +61,23 @@ FORMAT_VERSION = 2
 _OLDER = {1: "plitzer 0.1, whose lanes took whole documents; 0.2 cuts lanes at exact token positions"}
 MAX_BYTES = 64 << 20
 _HEADER = struct.Struct("<8sIQ")
-CONFIG_FIELDS: tuple[str, ...] = ("seed", "lanes", "seq_len", "window", "column", "dtype", "fingerprint")
+CONFIG_FIELDS: tuple[str, ...] = (
+    "seed",
+    "lanes",
+    "seq_len",
+    "window",
+    "column",
+    "dtype",
+    "fingerprint",
+    "tokenizer",
+    "add_bos",
+    "add_eos",
+)
+# Fields of text sources (plitzer.text: the tokenizer's identity and the BOS/EOS
+# policy), added within format 2: written only when they differ from these values
+# (a checkpoint of token data is byte for byte what plitzer 0.2 wrote), and read as
+# these when absent.
+_OPTIONAL: dict[str, Any] = {"tokenizer": "", "add_bos": False, "add_eos": False}
 _INT_LIMIT = 2**63
 
 
@@ -113,7 +129,11 @@ class State:
 
 def encode(state: State) -> bytes:
     doc = {
-        "config": {k: state.config[k] for k in CONFIG_FIELDS},
+        "config": {
+            k: state.config.get(k, _OPTIONAL.get(k))
+            for k in CONFIG_FIELDS
+            if k not in _OPTIONAL or state.config.get(k, _OPTIONAL[k]) != _OPTIONAL[k]
+        },
         "step": int(state.step),
         "lanes": [[int(x) for x in row] for row in state.positions],
     }
@@ -179,9 +199,17 @@ def decode(data: bytes | bytearray | memoryview) -> State:
         why = "document must have exactly config, step and lanes"
         raise _fail(why)
     config = doc["config"]
-    if not isinstance(config, dict) or set(config) != set(CONFIG_FIELDS):
-        why = f"config must have exactly {list(CONFIG_FIELDS)}"
+    if not isinstance(config, dict) or not (set(CONFIG_FIELDS) - set(_OPTIONAL) <= set(config) <= set(CONFIG_FIELDS)):
+        why = f"config must have exactly {list(CONFIG_FIELDS)} (those of text sources may be left out)"
         raise _fail(why)
+    config = {**_OPTIONAL, **config}
+    if not isinstance(config["tokenizer"], str):
+        why = f"tokenizer is {config['tokenizer']!r}, expected a string"
+        raise _fail(why)
+    for k in ("add_bos", "add_eos"):
+        if not isinstance(config[k], bool):
+            why = f"{k} is {config[k]!r}, expected true or false"
+            raise _fail(why)
     for k in ("seed", "lanes", "seq_len", "window"):
         _int(config[k], k, low=1 if k != "seed" else 0)
     for k in ("column", "dtype", "fingerprint"):
@@ -209,11 +237,8 @@ def decode(data: bytes | bytearray | memoryview) -> State:
 
 def diff_config(checkpoint: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """Every differing configuration field, with both values."""
-    return [
-        f"{k}: checkpoint {checkpoint[k]!r}, loader {current[k]!r}"
-        for k in CONFIG_FIELDS
-        if checkpoint[k] != current[k]
-    ]
+    a, b = {**_OPTIONAL, **checkpoint}, {**_OPTIONAL, **current}
+    return [f"{k}: checkpoint {a[k]!r}, loader {b[k]!r}" for k in CONFIG_FIELDS if a[k] != b[k]]
 
 
 def merge(parts: Iterable[bytes]) -> bytes:
