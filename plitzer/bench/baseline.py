@@ -403,7 +403,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import pyarrow.parquet as pq
 
-    from plitzer.bench._run_one import parquet_files
+    from plitzer.bench.runners import parquet_files
 
     loaders = [x.strip() for x in args.loaders.split(",") if x.strip()]
     unknown = sorted(set(loaders) - set(LOADERS))
