@@ -217,7 +217,9 @@ def _from_bytes(blob: bytes, where: str, eos_id: int | None, bos_id: int | None)
                 return _tekken_tokenizer(where, blob, eos_id, bos_id)
             msg = f"{where}: not a Hugging Face tokenizers JSON ({one_line(e)})"
             raise ConfigError(msg) from e
-        return _tokenizers_tokenizer(tok, blob, eos_id, bos_id)
+        # The identity hashes the JSON as tokenizers writes it (to_str), so that a
+        # file and the same tokenizer as an object agree, whatever the file's layout.
+        return _tokenizers_tokenizer(tok, tok.to_str().encode(), eos_id, bos_id)
     try:
         return _sentencepiece_tokenizer(blob, eos_id, bos_id)
     except (RuntimeError, OSError) as e:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -145,9 +146,11 @@ def convert_file(job: _Job, tok: TextTokenizer) -> tuple[int, int, int]:
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.partial")
     rows = tokens = text_bytes = 0
+    lock = threading.Lock()
 
     def one(g: int) -> tuple[pa.Array, int]:
-        col = pf.read_row_group(g, columns=[job.text_column], use_threads=False).column(0)
+        with lock:  # a ParquetFile reads one row group at a time; tokenizing runs in parallel
+            col = pf.read_row_group(g, columns=[job.text_column], use_threads=False).column(0)
         arr = col.chunk(0) if col.num_chunks == 1 else pa.concat_arrays(col.chunks)
         where = f"{job.src}, row group {g}"
         return tokens_array(encode_texts(tok, texts_of(arr)), bos=bos, eos=eos, dtype=dtype, where=where), int(
