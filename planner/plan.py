@@ -42,6 +42,7 @@ from numpy.typing import NDArray
 from planner._hash import key, permutation
 from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError
+from planner.storage import Storage
 
 __all__ = [
     "EpochPlan",
@@ -401,9 +402,8 @@ class Plan:
                 con.register(name, frame.to_arrow())
             # read_parquet('s3://...') in the query reaches the dataset's objects through
             # the same s3fs filesystem (DuckDB's httpfs extension may not be installable).
-            fs = getattr(self.dataset.storage(0), "duckdb_filesystem", None)
-            if fs is not None:
-                con.register_filesystem(fs())
+            for fs in _duckdb_filesystems(self.dataset):
+                con.register_filesystem(fs)
             result: pl.DataFrame = con.sql(query).pl()
             return result
         finally:
@@ -430,7 +430,7 @@ class Plan:
             r = f.row(int(ep.order[p]), named=True)
             loc = self.dataset.location(r["file_index"])
             lf = (
-                _scan_parquet(loc, self.dataset)
+                _scan_parquet(loc, self.dataset.storage(r["file_index"]))
                 .select(col)
                 .slice(r["row_offset"], r["rows"])
                 .with_row_index("row")
@@ -460,11 +460,26 @@ class Plan:
         return pl.concat(parts)
 
 
-def _scan_parquet(location: str, idx: Index) -> pl.LazyFrame:
-    opts = getattr(idx.storage(0), "polars_options", None)
-    if location.startswith("s3://") and opts is not None:
-        return pl.scan_parquet(location, storage_options=opts())
-    return pl.scan_parquet(location)
+def _scan_parquet(location: str, storage: Storage) -> pl.LazyFrame:
+    """Polars' scan of one file, with the options of the storage that listed it."""
+    return pl.scan_parquet(location, storage_options=storage.polars_options() or None)
+
+
+def _duckdb_filesystems(idx: Index) -> list[Any]:
+    """One filesystem per protocol among the files' storages, the first file's first.
+
+    DuckDB keys a registered filesystem by its protocol and refuses a second one
+    with the same protocol, so when a list source holds S3 sources with different
+    endpoints or credentials, SQL reaches them all through the first one's
+    (docs/design.md, "The layer picture"); the loader itself reads each file through its own.
+    """
+    found: dict[str, Any] = {}
+    for f in range(len(idx.files)):
+        fs = idx.storage(f).duckdb_filesystem()
+        if fs is not None:
+            protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+            found.setdefault(protocol, fs)
+    return list(found.values())
 
 
 def plan(

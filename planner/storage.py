@@ -18,7 +18,6 @@ import asyncio
 import functools
 import os
 import random
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,9 +45,16 @@ class FileStat:
 
 
 class Storage(Protocol):
-    """The storage boundary: listing, and ranged reads that are checked."""
+    """The storage boundary: listing, ranged reads that are checked, and how others reach it.
+
+    Every file of an index keeps the storage it was listed by (``Index.storage(f)``),
+    so a list source that mixes backends, or S3 endpoints and credentials, reads
+    each file through its own.
+    """
 
     url: str
+    concurrency: int
+    """Reader threads this storage wants at least (S3: threads mostly wait on GETs)."""
 
     def list_files(self) -> list[FileStat]:
         """Every ``*.parquet`` file below the source, in bytewise order of ``name``."""
@@ -56,6 +62,14 @@ class Storage(Protocol):
 
     def read_range(self, file: FileStat, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes at ``offset``, or a StorageError."""
+        ...
+
+    def polars_options(self) -> dict[str, str]:
+        """``storage_options`` for ``pl.scan_parquet`` that reach the same files (empty: none needed)."""
+        ...
+
+    def duckdb_filesystem(self) -> Any:
+        """The fsspec filesystem a DuckDB connection needs to read these files, or None."""
         ...
 
 
@@ -75,6 +89,7 @@ class LocalStorage:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path).expanduser().resolve()
         self.url = str(self.path)
+        self.concurrency = os.cpu_count() or 2
         if not self.path.exists():
             msg = f"source {str(path)!r} does not exist; pass a folder, a .parquet file or s3://bucket/prefix"
             raise ConfigError(msg)
@@ -117,6 +132,12 @@ class LocalStorage:
             )
             raise StorageError(msg)
         return data
+
+    def polars_options(self) -> dict[str, str]:
+        return {}  # Polars reads local paths itself
+
+    def duckdb_filesystem(self) -> Any:
+        return None  # DuckDB reads local paths itself
 
 
 # Retries: attempt k (from 0) waits about backoff * 2**k (jittered, capped) first.
@@ -188,6 +209,7 @@ class S3Storage:
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         try:
             import s3fs
+            import tenacity  # noqa: F401  (the retries, in _run)
         except ImportError as e:
             msg = f"source {url!r}: reading S3 needs s3fs; install it with: pip install 'plitzer[s3]'"
             raise ConfigError(msg) from e
@@ -237,8 +259,9 @@ class S3Storage:
         config_kwargs.setdefault("connect_timeout", self.connect_timeout)
         # Footers are fetched by up to 32 threads at once; never queue on the pool.
         config_kwargs.setdefault("max_pool_connections", max(64, 2 * self.concurrency))
-        # Our retry loop owns retries, so that every failure is counted, bounded and
-        # reported with the object and range; botocore's and s3fs's would hide them.
+        # Our retries (tenacity, in _run) own them, so that every failure is counted,
+        # bounded and reported with the object and range; botocore's and s3fs's would
+        # hide them, and they cannot see a body cut short or a response past its deadline.
         config_kwargs.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
         self.anon = bool(opts.get("anon", False))
         self._key = opts.get("key")
@@ -257,33 +280,44 @@ class S3Storage:
     # -- the retry loop ------------------------------------------------------------
 
     def _run(self, what: str, make: Any, deadline: float) -> Any:
-        """Run coroutine ``make()`` on s3fs's event loop, retrying transient failures."""
+        """Run coroutine ``make()`` on s3fs's event loop, retrying transient failures.
+
+        tenacity counts and spaces the attempts; what counts as transient is ours
+        (:func:`_transient`, :func:`_raise_fatal`): botocore's own retries see
+        neither a body cut short nor a deadline, so they are off (``__init__``).
+        """
+        import tenacity
         from fsspec.asyn import sync
 
-        last: BaseException | None = None
-        for attempt in range(self.attempts):
-            if attempt:
-                time.sleep(min(_RETRY_CAP, self.backoff * 2 ** (attempt - 1)) * (0.5 + random.random()))
-            try:
-                return sync(self.fs.loop, _with_deadline, make, deadline)
-            except _Fatal as e:
-                msg = f"{what}: {e}"
-                raise StorageError(msg) from e.__cause__
-            except Exception as e:
-                if not _transient(e):
-                    msg = (
-                        f"{what}: {type(e).__name__}: {e}; check storage_options and the "
-                        "credentials (key/secret or AWS_* variables)"
-                    )
-                    raise StorageError(msg) from e
-                last = e
-        cause = str(last) if isinstance(last, _Retry) else f"{type(last).__name__}: {last}"
-        msg = (
-            f"{what} failed after {self.attempts} attempts; last cause: {cause}. Check the "
-            "endpoint and the network; if the server throttles or is slow, raise "
-            "storage_options attempts, backoff or read_timeout"
+        def wait(state: tenacity.RetryCallState) -> float:
+            # Attempt k (from 1) waits backoff * 2**(k-1), jittered by 0.5..1.5, capped.
+            return float(min(_RETRY_CAP, self.backoff * 2.0 ** (state.attempt_number - 1)) * (0.5 + random.random()))
+
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self.attempts),
+            wait=wait,
+            retry=tenacity.retry_if_exception(_transient),
+            reraise=True,
         )
-        raise StorageError(msg) from last
+        try:
+            return retrying(sync, self.fs.loop, _with_deadline, make, deadline)
+        except _Fatal as e:
+            msg = f"{what}: {e}"
+            raise StorageError(msg) from e.__cause__
+        except Exception as e:
+            if not _transient(e):
+                msg = (
+                    f"{what}: {type(e).__name__}: {e}; check storage_options and the "
+                    "credentials (key/secret or AWS_* variables)"
+                )
+                raise StorageError(msg) from e
+            cause = str(e) if isinstance(e, _Retry) else f"{type(e).__name__}: {e}"
+            msg = (
+                f"{what} failed after {self.attempts} attempts; last cause: {cause}. Check the "
+                "endpoint and the network; if the server throttles or is slow, raise "
+                "storage_options attempts, backoff or read_timeout"
+            )
+            raise StorageError(msg) from e
 
     # -- listing ---------------------------------------------------------------------
 
@@ -349,6 +383,7 @@ class S3Storage:
         end = offset + length - 1
         params: dict[str, Any] = {"Bucket": bucket, "Key": key, "Range": f"bytes={offset}-{end}"}
         if file.version:
+            # By hand: no retry library knows an object replaced under a job; 412 is fatal.
             params["IfMatch"] = f'"{file.version}"'
 
         async def get() -> bytes:
@@ -376,6 +411,7 @@ class S3Storage:
             finally:
                 body.close()
             if len(raw) != length:
+                # By hand: botocore retries a request that fails, never a body that ends early.
                 msg = f"short body: {len(raw)} of {length} bytes"
                 raise _Retry(msg)
             return raw

@@ -483,7 +483,7 @@ class Loader:
 
 def _default_threads(index: Index) -> int:
     """The CPUs, or more where the storage asks for it (S3: threads mostly wait on GETs)."""
-    want = {getattr(index.storage(i), "concurrency", 0) for i in range(len(index.files))}
+    want = {index.storage(i).concurrency for i in range(len(index.files))}
     return max(os.cpu_count() or 2, *want)
 
 
