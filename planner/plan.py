@@ -46,6 +46,7 @@ from planner.storage import Storage
 
 __all__ = [
     "EpochPlan",
+    "layout_epoch",
     "Plan",
     "PlanSettings",
     "check_int",
@@ -208,10 +209,24 @@ def piece_range(token_start: I64, tokens: I64, empty_docs: I64) -> tuple[I64, I6
 
 
 def plan_epoch(tokens: I64, rows: I64, empty_docs: I64, settings: PlanSettings, epoch: int) -> EpochPlan:
-    """The plan of one epoch, from the index's per-row-group counts."""
+    """The plan of one epoch, from the index's per-row-group counts (SPEC section 3)."""
+    order = permutation(len(tokens), key(settings.seed, epoch, 1))
+    run_before = epoch * int(tokens.sum())
+    return layout_epoch(order, tokens, rows, empty_docs, settings, epoch, run_before)
+
+
+def layout_epoch(
+    order: I64, tokens: I64, rows: I64, empty_docs: I64, settings: PlanSettings, epoch: int, run_before: int
+) -> EpochPlan:
+    """Windows, lane cuts and reads of an epoch whose row groups come in ``order``.
+
+    ``order`` holds row-group ids (rows of the index) in stream order; windows are
+    consecutive runs of W of them; ``run_before`` is the run's tokens before the
+    epoch (``z`` of its first window is that mod B). Shared by section 3's epochs and
+    a mixture's (:mod:`planner.mixture`).
+    """
     s = settings
-    g = len(tokens)
-    order = permutation(g, key(s.seed, epoch, 1))
+    g = len(order)
     pos = np.arange(g, dtype=np.int64)
     window = pos // s.window
     tok = tokens[order]
@@ -221,7 +236,8 @@ def plan_epoch(tokens: I64, rows: I64, empty_docs: I64, settings: PlanSettings, 
     window_tokens = np.add.reduceat(tok, starts) if g else np.zeros(0, np.int64)
     before = np.cumsum(tok) - tok
     token_start = before - before[starts][window] if g else before
-    window_z = window_offsets(window_tokens, epoch, int(tokens.sum()), s.lanes)
+    prefix = np.cumsum(window_tokens) - window_tokens
+    window_z = (run_before % s.lanes + prefix % s.lanes) % s.lanes
     lo, hi = piece_range(token_start, tok, emp)
     t_w = window_tokens[window]
     q, r, z = t_w // s.lanes, t_w % s.lanes, window_z[window]
@@ -300,6 +316,35 @@ class Plan:
     def windows(self) -> int:
         """Windows per epoch (the same for every epoch)."""
         return -(-len(self._tokens) // self.settings.window)
+
+    # A *unit* is one window of the run, numbered from 0 over all epochs; the loader
+    # and the scanner walk units. Here every epoch has ``windows`` of them; a mixture
+    # (planner.mixture) numbers its windows over the whole run instead.
+
+    def unit(self, epoch: int, window: int) -> int:
+        """The unit of ``window`` of ``epoch``."""
+        return epoch * self.windows + window
+
+    def unit_epoch_window(self, unit: int) -> tuple[int, int]:
+        """The epoch and window of ``unit``."""
+        e, w = divmod(unit, self.windows)
+        return e, w
+
+    def windows_in(self, epoch: int) -> int:
+        """Windows of ``epoch``."""
+        return self.windows
+
+    def _extra_tables(self) -> dict[str, pl.DataFrame]:
+        """More tables for :meth:`sql` (a mixture's sources and stages)."""
+        return {}
+
+    def run_before(self, epoch: int) -> int:
+        """Tokens of the run before ``epoch`` (``epoch * T`` here)."""
+        return epoch * self.tokens
+
+    def epoch_of_run(self, run: int) -> int:
+        """The epoch holding run token ``run``."""
+        return run // self.tokens
 
     def epoch(self, epoch: int) -> EpochPlan:
         """The arrays of one epoch's plan (cached)."""
@@ -381,8 +426,10 @@ class Plan:
 
         Examples
         --------
-        >>> import planner, plitzer.synth, tempfile
-        >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=50_000, seed=2)
+        >>> import planner, tempfile, pyarrow as pa, pyarrow.parquet as pq
+        >>> d = tempfile.mkdtemp()
+        >>> docs = pa.array([[i % 89] * (10 + i % 40) for i in range(300)], pa.list_(pa.int32()))
+        >>> pq.write_table(pa.table({"tokens": docs}), f"{d}/part.parquet", row_group_size=30)
         >>> p = planner.plan(d, lanes=8, window=2, world=2)
         >>> p.sql("select count(*) as n from row_groups")["n"][0] == p.index.height
         True
@@ -390,12 +437,13 @@ class Plan:
         import duckdb
 
         eps = list(epochs)
-        tables = {
+        tables: dict[str, pl.DataFrame] = {
             "index": self.index,
             "row_groups": pl.concat([self.row_groups(e) for e in eps]) if eps else self.row_groups(0).clear(),
             "lanes": pl.concat([self.lanes(e) for e in eps]) if eps else self.lanes(0).clear(),
             "reads": pl.concat([self.reads(e) for e in eps]) if eps else self.reads(0).clear(),
         }
+        tables.update(self._extra_tables())
         con = duckdb.connect()
         try:
             for name, frame in tables.items():
@@ -483,7 +531,7 @@ def _duckdb_filesystems(idx: Index) -> list[Any]:
 
 
 def plan(
-    source: Index | str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    source: Index | str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Mapping[str, Any],
     seed: int = 0,
     lanes: int = 512,
     window: int = 64,
@@ -491,16 +539,33 @@ def plan(
     *,
     column: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    weights: Any = None,
+    seq_len: int | None = None,
 ) -> Plan:
-    """The plan of ``source`` (a path, URL, list, or an :class:`Index`).
+    """The plan of ``source`` (a path, URL, list, an :class:`Index`, or a dict of named sources).
+
+    A dict of named sources is a mixture (:mod:`planner.mixture`): ``weights`` are its
+    shares of tokens, a dict or stages ``[(step, dict), ...]`` (stages need ``seq_len``
+    to place their steps); without weights each source weighs its tokens.
 
     Examples
     --------
-    >>> import planner, plitzer.synth, tempfile
-    >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=50_000, seed=3)
+    >>> import planner, tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> d = tempfile.mkdtemp()
+    >>> docs = pa.array([[i % 97] * (20 + i % 50) for i in range(400)], pa.list_(pa.int32()))
+    >>> pq.write_table(pa.table({"tokens": docs}), f"{d}/part.parquet", row_group_size=25)
     >>> p = planner.plan(d, seed=0, lanes=8, window=4, world=2)
     >>> sorted(p.reads(0)["rank"].unique().to_list())
     [0, 1]
     """
     settings = PlanSettings(seed=seed, lanes=lanes, window=window, world=world)
-    return Plan(ensure_index(source, column=column, storage_options=storage_options), settings)
+    from planner import mixture
+
+    if mixture.is_mixture(source):
+        ix = mixture.mixture_index(source, column=column, storage_options=storage_options)  # type: ignore[arg-type]
+        stages = mixture.parse_stages(weights, ix.names, [p.tokens for p in ix.parts])
+        return mixture.MixturePlan(ix, settings, stages, seq_len=seq_len)
+    if weights is not None:
+        msg = "weights= needs named sources: pass a dict such as {'web': 'data/web', 'code': 'data/code'}"
+        raise ConfigError(msg)
+    return Plan(ensure_index(source, column=column, storage_options=storage_options), settings)  # type: ignore[arg-type]

@@ -21,10 +21,12 @@ from numpy.typing import NDArray
 
 from plitzer.pack import PackedWindow
 
-__all__ = ["Batch", "Tokens"]
+__all__ = ["Batch", "Located", "Tokens"]
 
 Piece = tuple[PackedWindow, int, int]
-Locate = Callable[[NDArray[np.int64]], tuple[list[str], NDArray[np.int64], NDArray[np.int64]]]
+# file, row group, row of each document; and its source's name in a mixture (else None)
+Located = tuple[list[str], NDArray[np.int64], NDArray[np.int64], list[str] | None]
+Locate = Callable[[NDArray[np.int64]], Located]
 
 
 class Tokens(np.ndarray):  # type: ignore[type-arg]
@@ -160,7 +162,8 @@ class Batch:
     def documents(self) -> pl.DataFrame:
         """The source of every piece of every row.
 
-        Columns: batch_row, lane, start (in the row), length, file, row_group,
+        Columns: batch_row, lane, start (in the row), length, source (a mixture's
+        source name; only for mixtures), file, row_group,
         row (in the row group), token_offset (in the document), epoch, window_index
         (the window of the piece's epoch; not ``window``, a keyword in DuckDB).
 
@@ -175,14 +178,18 @@ class Batch:
         """
         rows, start, length = self._spans()
         _, _, ids, offset, epoch, window = self._segs()
-        files, row_group, row = self._locate(ids)
+        files, row_group, row, sources = self._locate(ids)
         lanes = np.arange(self.lanes.start, self.lanes.stop, dtype=np.int64)
-        return pl.DataFrame(
+        columns: dict[str, Any] = {
+            "batch_row": rows,
+            "lane": lanes[rows],
+            "start": start,
+            "length": length,
+        }
+        if sources is not None:
+            columns["source"] = pl.Series(sources, dtype=pl.String)
+        columns.update(
             {
-                "batch_row": rows,
-                "lane": lanes[rows],
-                "start": start,
-                "length": length,
                 "file": pl.Series(files, dtype=pl.String),
                 "row_group": row_group,
                 "row": row,
@@ -191,3 +198,4 @@ class Batch:
                 "window_index": window,
             }
         )
+        return pl.DataFrame(columns)

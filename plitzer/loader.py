@@ -19,50 +19,27 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from planner.dataset import Index, ensure_index
+from planner.dataset import Index
 from planner.errors import CheckpointError, ConfigError, DataError, UsageError
-from planner.plan import Plan, PlanSettings, check_int, epoch_of_step
+from planner.mixture import MixtureIndex, MixturePlan, Weights
+from planner.plan import check_int, epoch_of_step
 from plitzer import state as ckpt
-from plitzer.batch import Batch, Piece, Tokens
+from plitzer.batch import Batch, Located, Piece, Tokens
 from plitzer.pack import PackedWindow, packed_bytes
 from plitzer.scan import Scanner
+from plitzer.settings import LoaderSettings, Source, make_plan, open_source
+from plitzer.text import text_config
 
 __all__ = ["Loader", "LoaderSettings"]
 
 # Output arrays kept for reuse (each is lanes/world x seq_len tokens).
 _BUFFERS = 4
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LoaderSettings:
-    """Every setting of a Loader; each checks itself and names the fix."""
-
-    seed: int = 0
-    lanes: int = 512
-    window: int = 64
-    seq_len: int = 2048
-    budget: int = 8 << 30
-    rank: int = 0
-    world: int = 1
-    threads: int | None = None
-
-    def __post_init__(self) -> None:
-        PlanSettings(seed=self.seed, lanes=self.lanes, window=self.window, world=self.world)
-        check_int("seq_len", self.seq_len, 1, "seq_len is the tokens per sequence, e.g. 2048")
-        check_int("budget", self.budget, 1, "budget is bytes of decoded tokens to hold, e.g. 8 << 30")
-        check_int("rank", self.rank, 0, "rank is this process's index, 0..world-1")
-        if self.rank >= self.world:
-            msg = f"rank={self.rank} is out of range for world={self.world}; use a rank in 0..{self.world - 1}"
-            raise ConfigError(msg)
-        if self.threads is not None:
-            check_int("threads", self.threads, 1, "threads decode row groups in parallel")
 
 
 class Loader:
@@ -81,6 +58,13 @@ class Loader:
     threads : int, optional
         Reader and decoding threads (default: the number of CPUs; on S3 at least
         ``storage_options["concurrency"]``, 16, since its threads mostly wait on GETs).
+    text_column, tokenizer, add_eos, add_bos :
+        Text in (docs/design.md, "Text in"): with ``tokenizer`` (a SentencePiece
+        ``.model`` file, a ``tokenizers`` JSON file or ``tokenizers.Tokenizer``, or
+        a callable; see :func:`plitzer.text.load_tokenizer`), ``text_column`` holds
+        text that is tokenized as it is read: each document's ids, BOS first when
+        ``add_bos``, EOS last when ``add_eos``. The batches are those of the same
+        data tokenized first (``plitzer tokenize``).
 
     Examples
     --------
@@ -99,7 +83,7 @@ class Loader:
 
     def __init__(
         self,
-        source: Index | str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        source: Source,
         seed: int = 0,
         lanes: int = 512,
         window: int = 64,
@@ -110,9 +94,14 @@ class Loader:
         column: str | None = None,
         storage_options: Mapping[str, Any] | None = None,
         *,
+        weights: Weights = None,
         threads: int | None = None,
+        text_column: str = "text",
+        tokenizer: Any = None,
+        add_eos: bool = True,
+        add_bos: bool = False,
     ) -> None:
-        self.settings = LoaderSettings(
+        settings = LoaderSettings.of(
             seed=seed,
             lanes=lanes,
             window=window,
@@ -120,10 +109,31 @@ class Loader:
             budget=budget,
             rank=rank,
             world=world,
+            column=column,
+            storage_options=storage_options,
+            weights=weights,
             threads=threads,
+            text_column=text_column,
+            tokenizer=tokenizer,
+            add_eos=add_eos,
+            add_bos=add_bos,
         )
-        self.index = ensure_index(source, column=column, storage_options=storage_options)
-        self.plan = Plan(self.index, PlanSettings(seed=seed, lanes=lanes, window=window, world=world))
+        self._open(source, settings)
+
+    @classmethod
+    def from_settings(cls, source: Source, settings: LoaderSettings) -> Loader:
+        """A Loader of already-built settings (what torch.Dataset, explain and the CLI use)."""
+        loader = cls.__new__(cls)
+        loader._open(source, settings)
+        return loader
+
+    def _open(self, source: Source, settings: LoaderSettings) -> None:
+        self.settings = settings
+        s = settings
+        lanes, window, seq_len, budget = s.lanes, s.window, s.seq_len, s.budget
+        rank, world, threads = s.rank, s.world, s.threads
+        self.index = open_source(source, settings)
+        self.plan = make_plan(self.index, settings)
         self.tokens = self.plan.tokens
         if self.tokens == 0:
             msg = f"dataset {self.index.source!r} has no tokens (every document is empty); nothing to train on"
@@ -151,6 +161,7 @@ class Loader:
         self._doc_base = np.cumsum(frame["rows"].to_numpy()) - frame["rows"].to_numpy()
         self._files = frame["file"].to_numpy()
         self._row_groups = frame["row_group"].to_numpy()
+        self._sources = frame["source"].to_numpy() if isinstance(self.index, MixtureIndex) else None
         self._scanner = Scanner(self.plan, rank=rank, budget=budget, threads=threads or _default_threads(self.index))
         self._pid = os.getpid()
         self._buffers: list[NDArray[Any]] = []
@@ -170,6 +181,17 @@ class Loader:
             "column": self.index.column,
             "dtype": self.index.dtype,
             "fingerprint": self.index.fingerprint,
+            **text_config(self.index),  # type: ignore[arg-type]
+            **self._mixture_config(),
+        }
+
+    def _mixture_config(self) -> dict[str, Any]:
+        if not isinstance(self.plan, MixturePlan):
+            return {}
+        ix = self.plan.mixture
+        return {
+            "sources": [[n, p.fingerprint] for n, p in zip(ix.names, ix.parts, strict=True)],
+            "stages": [[st.start, st.as_dict(ix.names)] for st in self.plan.stages],
         }
 
     @property
@@ -213,14 +235,13 @@ class Loader:
         With ``in_slice``, ``offset`` is the token offset in the lane's whole slice
         and ``piece`` is ignored (what :meth:`seek` computes from the plan alone).
         """
-        nw = self.plan.windows
         self._step = step
-        bad = positions[:, 2] >= nw
-        if bad.any():
-            w = int(positions[bad][0, 2])
-            msg = f"checkpoint position window {w} is out of range: the dataset has {nw} windows per epoch"
-            raise CheckpointError(msg)
-        self._unit = [int(e) * nw + int(w) for _, e, w, _, _ in positions]
+        for _, e, w, _, _ in positions.tolist():
+            nw = self.plan.windows_in(e)
+            if w >= nw:
+                msg = f"checkpoint position window {w} is out of range: epoch {e} of the dataset has {nw} windows"
+                raise CheckpointError(msg)
+        self._unit = [self.plan.unit(int(e), int(w)) for _, e, w, _, _ in positions]
         self._pending: list[tuple[int, int] | None] = [(-1 if in_slice else int(j), int(o)) for *_, j, o in positions]
         self._win: list[PackedWindow | None] = [None] * len(positions)
         self._pos = [0] * len(positions)
@@ -265,12 +286,11 @@ class Loader:
         self._check_fork()
         with self._lock:
             rows = []
-            nw = self.plan.windows
             for i, k in enumerate(self.rank_lanes):
                 pending = self._pending[i]
                 if self._win[i] is None and pending is not None and pending[0] < 0:
                     self._enter(i)  # after seek(): the piece is known once the window is packed
-                e, w = divmod(self._unit[i], nw)
+                e, w = self.plan.unit_epoch_window(self._unit[i])
                 win = self._win[i]
                 if win is None:
                     j, o = self._pending[i] or (0, 0)
@@ -295,17 +315,18 @@ class Loader:
         step = check_int("step", step, 0, "steps count from 0")
         s = self.settings
         ks = np.arange(self.rank_lanes.start, self.rank_lanes.stop, dtype=np.int64)
-        run = step * s.seq_len * s.lanes + ks  # exact: Python ints via object math below if huge
-        epoch = run // self.tokens
+        run = step * s.seq_len * s.lanes + ks
+        epoch = np.array([self.plan.epoch_of_run(int(x)) for x in (run[0], run[-1])])
+        epoch = np.where(run >= self.plan.run_before(int(epoch[-1])), epoch[-1], epoch[0])
         rows = np.zeros((len(ks), 5), np.int64)
         rows[:, 0] = ks
         for e in np.unique(epoch).tolist():
             sel = epoch == e
             ep = self.plan.epoch(int(e))
             ends = np.cumsum(ep.window_tokens)
-            within = run[sel] - e * self.tokens
-            w = np.searchsorted(ends, within, side="right")
-            before = e * self.tokens + (ends[w] - ep.window_tokens[w])
+            start = self.plan.run_before(int(e))
+            w = np.searchsorted(ends, run[sel] - start, side="right")
+            before = start + (ends[w] - ep.window_tokens[w])
             # lane k has received ceil((R - k) / B) tokens once the run has R tokens
             got = (before - ks[sel] + s.lanes - 1) // s.lanes
             rows[sel, 1] = e
@@ -323,7 +344,7 @@ class Loader:
         """
         self._check_fork()
         st = ckpt.decode(state)
-        diffs = ckpt.diff_config(st.config, self.config)
+        diffs = ckpt.diff_config(st.config, self.config, step=st.step)
         if diffs:
             msg = "checkpoint does not match this loader: " + "; ".join(diffs)
             raise CheckpointError(msg)
@@ -434,12 +455,13 @@ class Loader:
             pool.append(out)
         return out
 
-    def _locate(self, doc_ids: NDArray[np.int64]) -> tuple[list[str], NDArray[np.int64], NDArray[np.int64]]:
+    def _locate(self, doc_ids: NDArray[np.int64]) -> Located:
         rg = np.searchsorted(self._doc_base, doc_ids, side="right") - 1
         return (
             self._files[rg].tolist(),
             self._row_groups[rg].astype(np.int64),
             (doc_ids - self._doc_base[rg]).astype(np.int64),
+            None if self._sources is None else self._sources[rg].tolist(),
         )
 
     # -- lifecycle ---------------------------------------------------------------
@@ -481,7 +503,7 @@ class Loader:
         )
 
 
-def _default_threads(index: Index) -> int:
+def _default_threads(index: Index | MixtureIndex) -> int:
     """The CPUs, or more where the storage asks for it (S3: threads mostly wait on GETs)."""
     want = {index.storage(i).concurrency for i in range(len(index.files))}
     return max(os.cpu_count() or 2, *want)

@@ -214,6 +214,10 @@ def read_chunk(index: Index, rg: int) -> pa.Array:
     holding the row group's documents, or raises DataError naming file, row group
     and (where one is at fault) row.
     """
+    part = getattr(index, "part", None)
+    if part is not None:  # a mixture (planner.mixture): the source's own index reads it
+        sub, local = part(rg)
+        return read_chunk(sub, local)
     own = getattr(index, "read_tokens", None)
     if own is not None:  # a text index (plitzer.text) tokenizes its row groups as it reads them
         result: pa.Array = own(rg)

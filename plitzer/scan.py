@@ -80,7 +80,6 @@ class Scanner:
         self.rank = rank
         self.rank_lanes = range(rank * per, (rank + 1) * per)
         self.budget = budget
-        self.windows = plan.windows
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="plitzer-scan")
         self._lock = threading.Lock()
         self._units: dict[int, _Unit] = {}
@@ -129,7 +128,7 @@ class Scanner:
         self._wanted = unit
 
     def _reads(self, unit: int) -> tuple[int, int, np.ndarray, np.ndarray]:
-        epoch, window = divmod(unit, self.windows)
+        epoch, window = self.plan.unit_epoch_window(unit)
         ep = self.plan.epoch(epoch)
         positions = ep.reads_of(window, self.rank)
         if unit < self._first_max:
@@ -147,7 +146,7 @@ class Scanner:
         rgs = ep.order[positions]
         tok = self._tokens[rgs]
         lo, hi = piece_range(ep.token_start[positions], tok, self._empty[rgs])
-        w = unit % self.windows
+        w = self.plan.unit_epoch_window(unit)[1]
         first = self.rank_lanes.start
         a = np.clip(ep.lane_of(w, lo, self.lanes) - first, 0, len(needed) - 1)
         b = np.clip(ep.lane_of(w, hi, self.lanes) - first, 0, len(needed) - 1)

@@ -72,12 +72,16 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "tokenizer",
     "add_bos",
     "add_eos",
+    "sources",
+    "stages",
 )
 # Fields of text sources (plitzer.text: the tokenizer's identity and the BOS/EOS
 # policy), added within format 2: written only when they differ from these values
 # (a checkpoint of token data is byte for byte what plitzer 0.2 wrote), and read as
 # these when absent.
-_OPTIONAL: dict[str, Any] = {"tokenizer": "", "add_bos": False, "add_eos": False}
+# Mixtures (planner.mixture) add their sources ([name, fingerprint] each) and stages
+# ([start step, {source: weight}] each) the same way.
+_OPTIONAL: dict[str, Any] = {"tokenizer": "", "add_bos": False, "add_eos": False, "sources": [], "stages": []}
 _INT_LIMIT = 2**63
 
 
@@ -210,6 +214,7 @@ def decode(data: bytes | bytearray | memoryview) -> State:
         if not isinstance(config[k], bool):
             why = f"{k} is {config[k]!r}, expected true or false"
             raise _fail(why)
+    _check_mixture(config)
     for k in ("seed", "lanes", "seq_len", "window"):
         _int(config[k], k, low=1 if k != "seed" else 0)
     for k in ("column", "dtype", "fingerprint"):
@@ -235,10 +240,49 @@ def decode(data: bytes | bytearray | memoryview) -> State:
     return State(config=config, step=step, positions=positions)
 
 
-def diff_config(checkpoint: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """Every differing configuration field, with both values."""
+def _check_mixture(config: Mapping[str, Any]) -> None:
+    sources, stages = config["sources"], config["stages"]
+    ok = isinstance(sources, list) and all(
+        isinstance(x, list) and len(x) == 2 and all(isinstance(v, str) for v in x) for x in sources
+    )
+    if not ok:
+        why = "sources must list [name, fingerprint] pairs"
+        raise _fail(why)
+    ok = isinstance(stages, list) and all(
+        isinstance(x, list)
+        and len(x) == 2
+        and not isinstance(x[0], bool)
+        and isinstance(x[0], int)
+        and x[0] >= 0
+        and isinstance(x[1], dict)
+        and all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in x[1].items())
+        for x in stages
+    )
+    if not ok:
+        why = "stages must list [start step, {source: weight}] pairs"
+        raise _fail(why)
+
+
+def diff_config(checkpoint: Mapping[str, Any], current: Mapping[str, Any], *, step: int | None = None) -> list[str]:
+    """Every differing configuration field, with both values.
+
+    With ``step`` (a resume at that step), a mixture's stages that start after it
+    may differ: only the stages in effect up to ``step`` must agree.
+    """
     a, b = {**_OPTIONAL, **checkpoint}, {**_OPTIONAL, **current}
-    return [f"{k}: checkpoint {a[k]!r}, loader {b[k]!r}" for k in CONFIG_FIELDS if a[k] != b[k]]
+    out = [f"{k}: checkpoint {a[k]!r}, loader {b[k]!r}" for k in CONFIG_FIELDS if k != "stages" and a[k] != b[k]]
+    sa, sb = a["stages"], b["stages"]
+    if step is not None:
+        sa = [x for x in sa if x[0] <= step]
+        sb = [x for x in sb if x[0] <= step]
+        if sa != sb:
+            out.append(
+                f"stages up to step {step}: checkpoint {sa!r}, loader {sb!r} (only stages that start after the "
+                "checkpoint's step may change)"
+            )
+    elif sa != sb:
+        out.append(f"stages: checkpoint {sa!r}, loader {sb!r}")
+    return out
 
 
 def merge(parts: Iterable[bytes]) -> bytes:

@@ -78,3 +78,101 @@ def lane_streams(
                         streams[k].append((rg_docs[g][r][x], e, g, r, x))
             run += sum(len(d) for g in group for d in rg_docs[g])
     return streams
+
+
+# -- mixtures (SPEC section 8, planner.mixture) ---------------------------------------
+
+
+def source_key(name: str) -> int:
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+
+
+def mixture_windows(
+    sources: list[list[int]],
+    names: list[str],
+    stages: list[tuple[int, list[int]]],
+    seed: int,
+    lanes: int,
+    window: int,
+    seq_len: int,
+    run_tokens: int,
+) -> list[tuple[list[tuple[int, int, int]], int]]:
+    """Windows of a mixture's stream until the run passes ``run_tokens``.
+
+    ``sources[s]`` are source s's row groups' token counts; ``stages`` are (start
+    step, integer weights). Each window is ([(source, row group, source epoch)], its
+    first run token). One item at a time, straight from the text of planner.mixture.
+    """
+    n = len(sources)
+    consumed = [0] * n
+    out: list[tuple[list[tuple[int, int, int]], int]] = []
+    run = 0
+    stage = 0
+    while run <= run_tokens:
+        weights = stages[stage][1]
+        end = stages[stage + 1][0] * lanes * seq_len if stage + 1 < len(stages) else None
+        total = sum(weights)
+        items = []
+        for s in range(n):
+            if weights[s] == 0:
+                continue
+            g = len(sources[s])
+            c = 0
+            for j in range(consumed[s], consumed[s] + 3000):
+                k = j // g
+                rg = permutation(g, key(seed, source_key(names[s]), k, 3))[j % g]
+                c += sources[s][rg]
+                items.append((c * total // weights[s], s, j, rg, k))
+        items.sort()
+        pos = 0
+        switched = False
+        while run <= run_tokens:
+            if end is not None and run >= end:
+                switched = True
+                break
+            win = items[pos : pos + window]
+            pos += window
+            for _, s, _, _, _ in win:
+                consumed[s] += 1
+            out.append(([(s, rg, k) for _, s, _, rg, k in win], run))
+            run += sum(sources[s][rg] for _, s, _, rg, _ in win)
+        if switched:
+            stage += 1
+    return out
+
+
+def mixture_lane_streams(
+    rg_docs: list[list[list[list[int]]]],
+    names: list[str],
+    stages: list[tuple[int, list[int]]],
+    seed: int,
+    lanes: int,
+    window: int,
+    seq_len: int,
+    steps: int,
+) -> list[list[int]]:
+    """Per lane, its tokens over ``steps`` steps of a mixture (``rg_docs[s][g]`` = documents)."""
+    tokens = [[sum(len(d) for d in rg) for rg in src] for src in rg_docs]
+    total = sum(map(sum, tokens))
+    need = (steps + 2) * lanes * seq_len
+    wins = mixture_windows(tokens, names, stages, seed, lanes, window, seq_len, need + total)
+    flat = [rg for src in rg_docs for rg in src]
+    base = [0]
+    for src in rg_docs:
+        base.append(base[-1] + len(src))
+    streams: list[list[int]] = [[] for _ in range(lanes)]
+    first_of_epoch: dict[int, int] = {}
+    for u, (win, start) in enumerate(wins):
+        e = start // total
+        first_of_epoch.setdefault(e, u)
+        w = u - first_of_epoch[e]
+        group = [base[s] + rg for s, rg, _ in win]
+        for k, sl in enumerate(lane_slices(flat, group, lanes, start % lanes)):
+            for i in permutation(len(sl), key(seed, e, w, k, 2)):
+                g, r, o, m = sl[i]
+                streams[k].extend(flat[g][r][o : o + m])
+        if min(len(x) for x in streams) >= steps * seq_len:
+            break
+    return streams

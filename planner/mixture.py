@@ -1,0 +1,641 @@
+"""Mixtures: named sources with weights and stages, interleaved into one stream of row groups.
+
+A mixture is a few named sources (each a dataset of SPEC section 2, with its own
+column and storage options) and weights: shares of *tokens*, constant or in stages
+that start at global steps. Everything here is integer arithmetic on footer counts.
+
+Each source has its own infinite stream of row groups: its epochs one after the
+other, source epoch ``k`` being ``permutation(G_s, key(seed, source_key(name), k, 3))``
+of its row groups. Within a stage, the sources' streams are merged by *virtual finish time*, as weighted
+fair queueing does: the ``m``-th row group a source gives in the stage gets the key
+``floor(C_s(m) * W / w_s)``, with ``C_s(m)`` its tokens in the stage through that row
+group, ``w_s`` its weight and ``W`` the stage's total weight: the position in the
+stage's token stream at which the source *should* have given that much. The mixture
+takes row groups in key order (ties: source order, then stream order). Integers only:
+no floating point decides the order (weights are exact integers; see
+:func:`parse_stages`). After any prefix of a stage a source is behind its weight's
+share by less than one of its own row groups, and ahead by at most its share of one
+largest row group of every source (docs/design.md, "Mixtures", proves it and gives a
+worked example).
+
+The merged stream is cut into windows of W row groups over the whole run, each
+window cut into lanes as in section 3 (the run's tokens so far give ``z``). A stage
+that starts at step ``t`` starts at the first window whose first token is at or after
+run token ``t * lanes * seq_len``; every source goes on from where the previous stage
+left it. A mixture epoch is ``T = sum of the sources' tokens`` of the run: epoch ``e``
+holds the windows whose first token falls in ``[e*T, (e+1)*T)``. With weights
+proportional to the sources' sizes each source's epochs line up with the mixture's;
+a source weighted above its size repeats, one below is partly used per mixture epoch.
+
+A mixture of one source with constant weights is exactly SPEC section 3.
+
+>>> from planner.mixture import interleave_demo
+>>> interleave_demo([[3, 3, 3, 3], [2, 2, 2, 2]], weights=[1, 1])  # (source, row group) in stream order
+[(1, 0), (0, 0), (1, 1), (0, 1), (1, 2), (1, 3), (0, 2), (0, 3)]
+>>> interleave_demo([[3, 3, 3, 3], [2, 2, 2, 2]], weights=[3, 1])
+[(0, 0), (0, 1), (1, 0), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3)]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+from numpy.typing import NDArray
+
+from planner._hash import key, permutation
+from planner.column import TokenDtype
+from planner.dataset import Index, ensure_index
+from planner.errors import ConfigError
+from planner.plan import EpochPlan, Plan, PlanSettings, layout_epoch, plan_epoch
+from planner.storage import FileStat, Storage
+
+__all__ = [
+    "MixtureIndex",
+    "MixturePlan",
+    "SourceSpec",
+    "Stage",
+    "finish_keys",
+    "interleave_demo",
+    "is_mixture",
+    "mixture_index",
+    "parse_stages",
+    "source_key",
+    "source_specs",
+]
+
+I64 = NDArray[np.int64]
+Weights = Mapping[str, Any] | Sequence[tuple[int, Mapping[str, Any]]] | None
+_SOURCE_KEYS = {"path", "column", "storage_options"}
+_MAX_TOTAL_WEIGHT = 1 << 24
+
+
+def is_mixture(source: object) -> bool:
+    """A dict of named sources (or an index built from one)."""
+    return isinstance(source, (Mapping, MixtureIndex))
+
+
+def source_key(name: str) -> int:
+    """The 64-bit key of a source's name in its permutations (first 8 bytes of sha256)."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSpec:
+    """One named source: a path (or list of paths), its token column and storage options."""
+
+    name: str
+    path: str | list[str]
+    column: str | None = None
+    storage_options: Mapping[str, Any] | None = None
+
+
+def source_specs(
+    sources: Mapping[str, Any], *, column: str | None = None, storage_options: Mapping[str, Any] | None = None
+) -> list[SourceSpec]:
+    """Check a dict of named sources; sources are ordered by name (bytewise).
+
+    Each value is a path, a list of paths, or a dict with ``path`` and optionally
+    ``column`` and ``storage_options``; ``column`` and ``storage_options`` given to
+    the loader are the defaults.
+    """
+    if not sources:
+        msg = "sources={} names no source; give at least one, e.g. {'web': 'data/web'}"
+        raise ConfigError(msg)
+    specs = []
+    for name in sorted(sources):
+        if not isinstance(name, str) or not name:
+            msg = f"source name {name!r} must be a non-empty string"
+            raise ConfigError(msg)
+        value = sources[name]
+        if isinstance(value, Mapping):
+            extra = set(value) - _SOURCE_KEYS
+            if extra or "path" not in value:
+                msg = (
+                    f"source {name!r}: {sorted(extra) if extra else 'no path'}; a source is a path or a dict with "
+                    f"'path' and optionally 'column' and 'storage_options'"
+                )
+                raise ConfigError(msg)
+            path = value["path"]
+            col = value.get("column", column)
+            opts = value.get("storage_options", storage_options)
+        else:
+            path, col, opts = value, column, storage_options
+        if isinstance(path, (str, os.PathLike)):
+            path = os.fspath(path)
+        elif isinstance(path, Sequence) and all(isinstance(p, (str, os.PathLike)) for p in path):
+            path = [os.fspath(p) for p in path]
+        else:
+            msg = f"source {name!r}: path {path!r} must be a path, an s3:// URL or a list of them"
+            raise ConfigError(msg)
+        specs.append(SourceSpec(name=name, path=path, column=col, storage_options=opts))
+    return specs
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """Weights (integers, in source order) from global step ``start`` on."""
+
+    start: int
+    weights: tuple[int, ...]
+
+    def as_dict(self, names: Sequence[str]) -> dict[str, int]:
+        return dict(zip(names, self.weights, strict=True))
+
+
+def _weight(name: str, value: object, where: str) -> Fraction:
+    if isinstance(value, bool) or not isinstance(value, (int, float, Fraction, np.integer, np.floating)):
+        msg = f"{where}: weight of {name!r} is {value!r}; a weight is a number >= 0 (a share of tokens)"
+        raise ConfigError(msg)
+    try:
+        w = Fraction(str(value)) if isinstance(value, (float, np.floating)) else Fraction(value)  # type: ignore[arg-type]
+    except (ValueError, OverflowError) as e:
+        msg = f"{where}: weight of {name!r} is {value!r}; a weight is a finite number >= 0"
+        raise ConfigError(msg) from e
+    if w < 0:
+        msg = f"{where}: weight of {name!r} is {value!r}; weights must be >= 0 (0 leaves the source out)"
+        raise ConfigError(msg)
+    return w
+
+
+def _stage_weights(mapping: object, names: Sequence[str], where: str) -> tuple[int, ...]:
+    if not isinstance(mapping, Mapping):
+        msg = f"{where} must be a dict of source name to weight, got {mapping!r}"
+        raise ConfigError(msg)
+    unknown = sorted(set(map(str, mapping)) - set(names))
+    if unknown:
+        msg = f"{where}: unknown source {unknown[0]!r}; the sources are {list(names)}"
+        raise ConfigError(msg)
+    missing = [n for n in names if n not in mapping]
+    if missing:
+        msg = f"{where}: no weight for source {missing[0]!r}; give every source a weight (0 to leave it out)"
+        raise ConfigError(msg)
+    fr = [_weight(n, mapping[n], where) for n in names]
+    if not any(fr):
+        msg = f"{where}: every weight is 0; give at least one source a weight above 0"
+        raise ConfigError(msg)
+    den = math.lcm(*(f.denominator for f in fr))
+    ints = [int(f * den) for f in fr]
+    g = math.gcd(*ints)
+    ints = [i // g for i in ints]
+    total = sum(ints)
+    if total > _MAX_TOTAL_WEIGHT:
+        # Keep keys within int64 over any run: shares rounded down to 1 / 2**24
+        # (a source with a weight keeps at least 1).
+        ints = [max(1, i * _MAX_TOTAL_WEIGHT // total) if i else 0 for i in ints]
+    return tuple(ints)
+
+
+def parse_stages(weights: Weights, names: Sequence[str], tokens: Sequence[int]) -> tuple[Stage, ...]:
+    """The stages of ``weights``: a dict (one stage from step 0), a list of
+    ``(step, dict)``, or None (each source weighted by its tokens: natural mixing).
+
+    Weights become integers per stage, exactly (0.7 is 7/10) and reduced by their
+    gcd; where they still sum past 2**24 (natural mixing of large sources) they are
+    rounded down to that resolution, a source with a weight keeping at least 1.
+
+    >>> [st.weights for st in parse_stages({"a": 0.7, "b": 0.3}, ["a", "b"], [10, 10])]
+    [(7, 3)]
+    >>> parse_stages([(0, {"a": 1, "b": 1}), (100, {"a": 0, "b": 2})], ["a", "b"], [5, 5])[1]
+    Stage(start=100, weights=(0, 1))
+    """
+    if weights is None:
+        return (Stage(0, _stage_weights(dict(zip(names, tokens, strict=True)), names, "weights")),)
+    if isinstance(weights, Mapping):
+        return (Stage(0, _stage_weights(weights, names, "weights")),)
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence) or not weights:
+        msg = f"weights={weights!r}: give a dict of weights, or a list of (step, dict) stages starting at step 0"
+        raise ConfigError(msg)
+    stages: list[Stage] = []
+    for i, item in enumerate(weights):
+        if not (isinstance(item, Sequence) and len(item) == 2):
+            msg = f"weights[{i}] = {item!r}: a stage is (step, {{source: weight}})"
+            raise ConfigError(msg)
+        step, mapping = item
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            msg = f"weights[{i}]: stage step {step!r} must be an integer >= 0 (a global step)"
+            raise ConfigError(msg)
+        if i == 0 and step != 0:
+            msg = f"weights[0]: the first stage starts at step {step}; it must start at step 0"
+            raise ConfigError(msg)
+        if i and step <= stages[-1].start:
+            msg = (
+                f"weights[{i}]: stage step {step} is not after the previous stage's {stages[-1].start}; "
+                "list stages in increasing step order"
+            )
+            raise ConfigError(msg)
+        stages.append(Stage(int(step), _stage_weights(mapping, names, f"weights[{i}] (step {step})")))
+    return tuple(stages)
+
+
+class MixtureIndex:
+    """The sources' indexes side by side: one frame, one run of files.
+
+    ``frame`` is the sources' frames one after the other (sources in name order),
+    with ``source`` and ``source_index`` columns and ``file_index`` numbered over
+    all files; row-group ids (rows of the frame) are global. :meth:`part` maps a
+    global row group to its source's index and row.
+    """
+
+    def __init__(self, specs: Sequence[SourceSpec], parts: Sequence[Index]) -> None:
+        self.specs = list(specs)
+        self.parts = list(parts)
+        self.names = [s.name for s in specs]
+        dtypes = {ix.dtype for ix in parts}
+        if len(dtypes) > 1:
+            each = ", ".join(f"{n}: {ix.dtype}" for n, ix in zip(self.names, parts, strict=True))
+            msg = (
+                f"sources deliver different token dtypes ({each}); a batch has one dtype: use sources whose "
+                "columns all fit int32, or all need uint32"
+            )
+            raise ConfigError(msg)
+        for n, ix in zip(self.names, parts, strict=True):
+            if ix.tokens == 0:
+                msg = f"source {n!r} ({ix.source}) has no tokens; remove it from the mixture"
+                raise ConfigError(msg)
+        self.dtype: TokenDtype = parts[0].dtype
+        files = np.array([len(ix.files) for ix in parts], dtype=np.int64)
+        rgs = np.array([ix.row_groups for ix in parts], dtype=np.int64)
+        self._file_base = np.concatenate([[0], np.cumsum(files)])
+        self._rg_base = np.concatenate([[0], np.cumsum(rgs)])
+        frames = []
+        for i, (n, ix) in enumerate(zip(self.names, parts, strict=True)):
+            frames.append(
+                ix.frame.with_columns(
+                    (pl.col("file_index") + int(self._file_base[i])).alias("file_index"),
+                    pl.lit(n).alias("source"),
+                    pl.lit(i, pl.Int64).alias("source_index"),
+                    pl.int_range(pl.len(), dtype=pl.Int64).alias("source_row_group"),
+                )
+            )
+        self.frame = pl.concat(frames, how="vertical_relaxed")
+        self.column = ",".join(f"{n}={ix.column}" for n, ix in zip(self.names, parts, strict=True))
+        h = hashlib.sha256()
+        for n, ix in zip(self.names, parts, strict=True):
+            h.update(f"{n}\t{ix.fingerprint}\n".encode())
+        self.fingerprint = h.hexdigest()
+        self.source = "{" + ", ".join(f"{n!r}: {ix.source!r}" for n, ix in zip(self.names, parts, strict=True)) + "}"
+
+    def __repr__(self) -> str:
+        return f"MixtureIndex({len(self.parts)} sources, {self.row_groups} row groups, {self.tokens:,} tokens)"
+
+    @property
+    def files(self) -> list[FileStat]:
+        return [f for ix in self.parts for f in ix.files]
+
+    @property
+    def tokens(self) -> int:
+        return int(self.frame["tokens"].sum())
+
+    @property
+    def row_groups(self) -> int:
+        return self.frame.height
+
+    def _file(self, file_index: int) -> tuple[Index, int]:
+        i = int(np.searchsorted(self._file_base, file_index, side="right")) - 1
+        return self.parts[i], file_index - int(self._file_base[i])
+
+    def part(self, row_group: int) -> tuple[Index, int]:
+        """The source index holding global row group ``row_group``, and its row there."""
+        i = int(np.searchsorted(self._rg_base, row_group, side="right")) - 1
+        return self.parts[i], row_group - int(self._rg_base[i])
+
+    def source_of(self, row_group: int) -> str:
+        return self.names[int(np.searchsorted(self._rg_base, row_group, side="right")) - 1]
+
+    def storage(self, file_index: int) -> Storage:
+        ix, fi = self._file(file_index)
+        return ix.storage(fi)
+
+    def file(self, file_index: int) -> FileStat:
+        ix, fi = self._file(file_index)
+        return ix.file(fi)
+
+    def metadata(self, file_index: int) -> pq.FileMetaData:
+        ix, fi = self._file(file_index)
+        return ix.metadata(fi)
+
+    def location(self, file_index: int, row_group: int | None = None) -> str:
+        ix, fi = self._file(file_index)
+        return ix.location(fi, row_group)
+
+    def column_of(self, file_index: int) -> str:
+        return self._file(file_index)[0].column
+
+    def sources_table(self) -> pl.DataFrame:
+        """name, path, column, fingerprint, tokens, row_groups, files: one row per source."""
+        return pl.DataFrame(
+            {
+                "name": self.names,
+                "path": [s.path if isinstance(s.path, str) else ",".join(s.path) for s in self.specs],
+                "column": [ix.column for ix in self.parts],
+                "fingerprint": [ix.fingerprint for ix in self.parts],
+                "tokens": [ix.tokens for ix in self.parts],
+                "row_groups": [ix.row_groups for ix in self.parts],
+                "files": [len(ix.files) for ix in self.parts],
+            }
+        )
+
+
+def mixture_index(
+    sources: Mapping[str, Any] | MixtureIndex,
+    *,
+    column: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> MixtureIndex:
+    """Index every source of a dict of named sources (footers only, cached)."""
+    if isinstance(sources, MixtureIndex):
+        return sources
+    specs = source_specs(sources, column=column, storage_options=storage_options)
+    parts = [ensure_index(s.path, column=s.column, storage_options=s.storage_options) for s in specs]
+    return MixtureIndex(specs, parts)
+
+
+class _Source:
+    """One source's infinite stream of row groups: its epochs' permutations in turn."""
+
+    def __init__(self, name: str, tokens: I64, base: int, seed: int) -> None:
+        self.g = len(tokens)
+        self.tokens = tokens
+        self.base = base
+        self.key = source_key(name)
+        self.seed = seed
+        self._perm: dict[int, I64] = {}
+
+    def items(self, start: int, stop: int) -> tuple[I64, I64, I64]:
+        """Items ``[start, stop)`` of the stream: global row group, tokens, source epoch."""
+        j = np.arange(start, stop, dtype=np.int64)
+        k = j // self.g
+        out = np.empty(len(j), np.int64)
+        for e in np.unique(k).tolist():
+            perm = self._perm.get(e)
+            if perm is None:
+                perm = permutation(self.g, key(self.seed, self.key, e, 3))
+                if len(self._perm) > 8:
+                    self._perm.clear()
+                self._perm[e] = perm
+            sel = k == e
+            out[sel] = perm[j[sel] - e * self.g]
+        return out + self.base, self.tokens[out], k
+
+
+class MixturePlan(Plan):
+    """The plan of a mixture: section 3's windows and lanes over the interleaved stream.
+
+    Units (windows) are numbered over the whole run; epoch ``e`` holds the windows
+    whose first token is in ``[e*T, (e+1)*T)``. The stream is generated lazily, a
+    batch of windows at a time, and kept (a few int64 per row group of the run).
+    """
+
+    def __init__(
+        self, idx: MixtureIndex, settings: PlanSettings, stages: Sequence[Stage], seq_len: int | None = None
+    ) -> None:
+        super().__init__(idx, settings)  # type: ignore[arg-type]
+        self.mixture = idx
+        self.stages = tuple(stages)
+        if len(self.stages) > 1 and seq_len is None:
+            msg = "weights in stages start at global steps: give seq_len= to place them (tokens per step)"
+            raise ConfigError(msg)
+        self.seq_len = seq_len
+        self.names = idx.names
+        sizes = idx._rg_base
+        self._sources = [
+            _Source(n, self._tokens[int(sizes[i]) : int(sizes[i + 1])], int(sizes[i]), settings.seed)
+            for i, n in enumerate(self.names)
+        ]
+        self._single = len(self._sources) == 1
+        # the stream generated so far, in whole windows
+        self._items = np.zeros(0, np.int64)
+        self._sepochs = np.zeros(0, np.int64)
+        self._wtok = np.zeros(0, np.int64)
+        self._wstart = np.zeros(1, np.int64)  # run tokens before each window (and after the last)
+        self._consumed = [0] * len(self._sources)  # items of each source's stream taken
+        self._stage_given = [0] * len(self._sources)  # tokens of each source in this stage
+        self._stage = 0
+
+    def __repr__(self) -> str:
+        s = self.settings
+        return (
+            f"MixturePlan({len(self.names)} sources, {self.dataset.row_groups} row groups, {self.tokens:,} tokens, "
+            f"seed={s.seed}, lanes={s.lanes}, window={s.window}, world={s.world}, stages={len(self.stages)})"
+        )
+
+    # -- the stream ----------------------------------------------------------------------
+
+    def _stage_end(self) -> float:
+        if self._stage + 1 < len(self.stages):
+            assert self.seq_len is not None
+            return self.stages[self._stage + 1].start * self.settings.lanes * self.seq_len
+        return math.inf
+
+    def _grow(self, windows: int) -> None:
+        """Generate at least ``windows`` more whole windows of the stream (or up to a stage's end)."""
+        w_size = self.settings.window
+        stage = self.stages[self._stage]
+        active = [i for i, w in enumerate(stage.weights) if w > 0]
+        total_w = sum(stage.weights[i] for i in active)
+        need = windows * w_size
+        # Each active source's next items (its share of `need` plus one of its epochs of
+        # slack), keyed by virtual finish time floor(C_s(m) * W / w_s), C_s counting
+        # the source's tokens since the stage began.
+        ids_l, tok_l, sep_l, key_l, src_l, num_l = [], [], [], [], [], []
+        for i in active:
+            src = self._sources[i]
+            start = self._consumed[i]
+            stop = start + -(-need * stage.weights[i] // total_w) + src.g
+            ids, tok, sep = src.items(start, stop)
+            ids_l.append(ids)
+            tok_l.append(tok)
+            sep_l.append(sep)
+            key_l.append(finish_keys(self._stage_given[i] + np.cumsum(tok), stage.weights[i], total_w))
+            src_l.append(np.full(len(ids), i, np.int64))
+            num_l.append(np.arange(start, stop, dtype=np.int64))
+        # Only keys below every source's last generated key are certain: a source's
+        # later items have keys at least its last one.
+        horizon = min(int(k[-1]) for k in key_l)
+        keys = np.concatenate(key_l)
+        srcs = np.concatenate(src_l)
+        order = np.lexsort((np.concatenate(num_l), srcs, keys))
+        if len(active) > 1:
+            order = order[keys[order] < horizon]
+        n_win = len(order) // w_size
+        if n_win == 0:  # too few certain items for one window: ask for more
+            self._grow(2 * windows)
+            return
+        order = order[: n_win * w_size]
+        ids, tok = np.concatenate(ids_l)[order], np.concatenate(tok_l)[order]
+        sep, srcs = np.concatenate(sep_l)[order], srcs[order]
+        wtok = tok.reshape(n_win, w_size).sum(axis=1)
+        starts = int(self._wstart[-1]) + np.cumsum(wtok) - wtok
+        end = self._stage_end()
+        # The first window starting at or after the next stage's first token is that stage's.
+        cut = int(np.searchsorted(starts, end, side="left")) if end != math.inf else n_win
+        if cut > 0:
+            k = cut * w_size
+            self._append(ids[:k], sep[:k], wtok[:cut])
+            counts = np.bincount(srcs[:k], minlength=len(self._sources))
+            gave = np.bincount(srcs[:k], weights=tok[:k], minlength=len(self._sources))
+            for i in range(len(self._sources)):
+                self._consumed[i] += int(counts[i])
+                self._stage_given[i] += int(gave[i])
+        if cut < n_win:
+            self._stage += 1
+            self._stage_given = [0] * len(self._sources)
+
+    def _append(self, ids: I64, sep: I64, wtok: I64) -> None:
+        self._items = np.concatenate([self._items, ids])
+        self._sepochs = np.concatenate([self._sepochs, sep])
+        self._wtok = np.concatenate([self._wtok, wtok])
+        self._wstart = np.concatenate([self._wstart, int(self._wstart[-1]) + np.cumsum(wtok)])
+
+    def _ensure_run(self, run: int) -> None:
+        """Generate windows until the stream reaches past run token ``run``."""
+        while int(self._wstart[-1]) <= run:
+            left = run - int(self._wstart[-1])
+            mean = max(1, self.tokens // max(1, self.dataset.row_groups))
+            self._grow(max(1, min(4096, left // (mean * self.settings.window) + 1)))
+
+    # -- epochs and units ----------------------------------------------------------------
+
+    def _first_window(self, epoch: int) -> int:
+        """The first window (unit) of ``epoch``: the first starting at or after e*T."""
+        self._ensure_run(epoch * self.tokens)
+        return int(np.searchsorted(self._wstart[:-1], epoch * self.tokens, side="left"))
+
+    def unit(self, epoch: int, window: int) -> int:
+        if self._single:
+            return super().unit(epoch, window)
+        return self._first_window(epoch) + window
+
+    def unit_epoch_window(self, unit: int) -> tuple[int, int]:
+        if self._single:
+            return super().unit_epoch_window(unit)
+        while len(self._wtok) <= unit:
+            self._ensure_run(int(self._wstart[-1]))
+        e = int(self._wstart[unit]) // self.tokens
+        return e, unit - self._first_window(e)
+
+    def windows_in(self, epoch: int) -> int:
+        if self._single:
+            return super().windows_in(epoch)
+        return self._first_window(epoch + 1) - self._first_window(epoch)
+
+    @property
+    def windows(self) -> int:
+        """Windows of epoch 0 (a mixture's epochs may differ by a window or two)."""
+        return super().windows if self._single else self.windows_in(0)
+
+    def run_before(self, epoch: int) -> int:
+        if self._single:
+            return super().run_before(epoch)
+        return int(self._wstart[self._first_window(epoch)])
+
+    def epoch_of_run(self, run: int) -> int:
+        if self._single:
+            return super().epoch_of_run(run)
+        self._ensure_run(run)
+        u = int(np.searchsorted(self._wstart, run, side="right")) - 1
+        return int(self._wstart[u]) // self.tokens
+
+    def epoch(self, epoch: int) -> EpochPlan:
+        got = self._epochs.get(epoch)
+        if got is not None:
+            self._epochs.move_to_end(epoch)
+            return got
+        if self._single:
+            got = plan_epoch(self._tokens, self._rows, self._empty, self.settings, epoch)
+        else:
+            a, b = self._first_window(epoch), self._first_window(epoch + 1)
+            w = self.settings.window
+            order = self._items[a * w : b * w]
+            got = layout_epoch(order, self._tokens, self._rows, self._empty, self.settings, epoch, int(self._wstart[a]))
+        self._epochs[epoch] = got
+        if len(self._epochs) > 4:
+            self._epochs.popitem(last=False)
+        return got
+
+    def source_epochs(self, epoch: int) -> I64:
+        """Source epoch of every position of ``epoch`` (the row group's source's own epoch)."""
+        if self._single:
+            return np.full(len(self._tokens), epoch, np.int64)
+        a, b = self._first_window(epoch), self._first_window(epoch + 1)
+        w = self.settings.window
+        out: I64 = self._sepochs[a * w : b * w]
+        return out
+
+    # -- tables ------------------------------------------------------------------------------
+
+    def row_groups(self, epoch: int) -> pl.DataFrame:
+        """As :meth:`Plan.row_groups`, with ``source`` and ``source_epoch``."""
+        ep = self.epoch(epoch)
+        return (
+            super()
+            .row_groups(epoch)
+            .with_columns(
+                pl.Series("source", self.index["source"].to_numpy()[ep.order], dtype=pl.String),
+                pl.Series("source_epoch", self.source_epochs(epoch), dtype=pl.Int64),
+            )
+        )
+
+    def reads(self, epoch: int) -> pl.DataFrame:
+        """As :meth:`Plan.reads`, with ``source`` and ``source_epoch``."""
+        ep = self.epoch(epoch)
+        return (
+            super()
+            .reads(epoch)
+            .with_columns(
+                pl.Series("source", self.index["source"].to_numpy()[ep.order[ep.read_position]], dtype=pl.String),
+                pl.Series("source_epoch", self.source_epochs(epoch)[ep.read_position], dtype=pl.Int64),
+            )
+        )
+
+    def sources(self) -> pl.DataFrame:
+        """name, path, column, fingerprint, tokens, row_groups, files: one row per source."""
+        return self.mixture.sources_table()
+
+    def stages_table(self) -> pl.DataFrame:
+        """stage, start_step, source, weight, target_share: the weights of every stage."""
+        rows: dict[str, list[Any]] = {"stage": [], "start_step": [], "source": [], "weight": [], "target_share": []}
+        for i, st in enumerate(self.stages):
+            total = sum(st.weights)
+            for n, w in zip(self.names, st.weights, strict=True):
+                rows["stage"].append(i)
+                rows["start_step"].append(st.start)
+                rows["source"].append(n)
+                rows["weight"].append(w)
+                rows["target_share"].append(w / total)
+        return pl.DataFrame(rows)
+
+    def _extra_tables(self) -> dict[str, pl.DataFrame]:
+        return {"sources": self.sources(), "stages": self.stages_table()}
+
+
+def finish_keys(c: I64, weight: int, total: int) -> I64:
+    """``floor(c * total / weight)`` without overflow (``total <= 2**24``, keys about the stage's tokens)."""
+    q, r = np.divmod(c, weight)
+    out: I64 = q * total + (r * total) // weight
+    return out
+
+
+def interleave_demo(tokens: Sequence[Sequence[int]], weights: Sequence[int]) -> list[tuple[int, int]]:
+    """The merge rule on its own, for the docs: sources' row groups in stream order, one stage.
+
+    ``tokens[s]`` are source s's row groups' token counts in its stream order (no
+    shuffle here); returns (source, row group) pairs in the order the mixture takes them.
+    """
+    total = sum(weights)
+    items = []
+    for s, (ts, w) in enumerate(zip(tokens, weights, strict=True)):
+        c = 0
+        for m, t in enumerate(ts):
+            c += t
+            items.append((c * total // w, s, m))
+    return [(s, m) for _, s, m in sorted(items)]

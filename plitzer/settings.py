@@ -1,0 +1,172 @@
+"""One settings object for every entry point: Loader, torch.Dataset, explain, audit, the CLI.
+
+Each entry point takes the same keywords (:class:`Keywords`), builds one
+:class:`LoaderSettings` from them (every field checks itself and names the fix), and
+opens its source and plan through :func:`open_source` and :func:`make_plan`, so a
+keyword added here (a mixture's ``weights``, a text source's ``tokenizer``) reaches
+all of them at once.
+
+>>> s = LoaderSettings.of(lanes=8, window=2, seq_len=16)
+>>> s.plan, s.lanes, s.seq_len
+(PlanSettings(seed=0, lanes=8, window=2, world=1), 8, 16)
+>>> LoaderSettings.of(seq_len=0)
+Traceback (most recent call last):
+...
+planner.errors.ConfigError: seq_len=0 must be >= 1; seq_len is the tokens per sequence, e.g. 2048
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+from planner.dataset import Index, ensure_index
+from planner.errors import ConfigError
+from planner.mixture import MixtureIndex, MixturePlan, Weights, is_mixture, mixture_index, parse_stages
+from planner.plan import Plan, PlanSettings, check_int
+
+__all__ = ["Keywords", "LoaderSettings", "Source", "make_plan", "open_source"]
+
+Source = Index | MixtureIndex | str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Mapping[str, Any]
+
+
+class Keywords(TypedDict, total=False):
+    """The keywords every entry point takes (see :class:`plitzer.Loader` for each)."""
+
+    seed: int
+    lanes: int
+    window: int
+    seq_len: int
+    budget: int
+    rank: int
+    world: int
+    column: str | None
+    storage_options: Mapping[str, Any] | None
+    weights: Weights
+    threads: int | None
+    text_column: str
+    tokenizer: Any
+    add_eos: bool
+    add_bos: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoaderSettings:
+    """Every setting of a run: the plan's (seed, lanes, window, world) and the loader's."""
+
+    plan: PlanSettings = field(default_factory=PlanSettings)
+    seq_len: int = 2048
+    budget: int = 8 << 30
+    rank: int = 0
+    threads: int | None = None
+    column: str | None = None
+    storage_options: Mapping[str, Any] | None = None
+    weights: Weights = None
+    text_column: str = "text"
+    tokenizer: Any = None
+    add_eos: bool = True
+    add_bos: bool = False
+
+    def __post_init__(self) -> None:
+        check_int("seq_len", self.seq_len, 1, "seq_len is the tokens per sequence, e.g. 2048")
+        check_int("budget", self.budget, 1, "budget is bytes of decoded tokens to hold, e.g. 8 << 30")
+        check_int("rank", self.rank, 0, "rank is this process's index, 0..world-1")
+        if self.rank >= self.plan.world:
+            world = self.plan.world
+            msg = f"rank={self.rank} is out of range for world={world}; use a rank in 0..{world - 1}"
+            raise ConfigError(msg)
+        if self.threads is not None:
+            check_int("threads", self.threads, 1, "threads decode row groups in parallel")
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        seed: int = 0,
+        lanes: int = 512,
+        window: int = 64,
+        world: int = 1,
+        seq_len: int = 2048,
+        budget: int = 8 << 30,
+        rank: int = 0,
+        column: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        weights: Weights = None,
+        threads: int | None = None,
+        text_column: str = "text",
+        tokenizer: Any = None,
+        add_eos: bool = True,
+        add_bos: bool = False,
+    ) -> LoaderSettings:
+        """The settings of these keywords, each checked."""
+        return cls(
+            plan=PlanSettings(seed=seed, lanes=lanes, window=window, world=world),
+            seq_len=seq_len,
+            budget=budget,
+            rank=rank,
+            threads=threads,
+            column=column,
+            storage_options=storage_options,
+            weights=weights,
+            text_column=text_column,
+            tokenizer=tokenizer,
+            add_eos=add_eos,
+            add_bos=add_bos,
+        )
+
+    @property
+    def seed(self) -> int:
+        return self.plan.seed
+
+    @property
+    def lanes(self) -> int:
+        return self.plan.lanes
+
+    @property
+    def window(self) -> int:
+        return self.plan.window
+
+    @property
+    def world(self) -> int:
+        return self.plan.world
+
+
+def open_source(source: Source, settings: LoaderSettings) -> Index | MixtureIndex:
+    """The index of ``source``: token data, text (with a tokenizer), or a mixture (a dict)."""
+    s = settings
+    if is_mixture(source):
+        if s.tokenizer is not None:
+            msg = (
+                "tokenizer= with a mixture: tokenize each text source first (plitzer tokenize SRC DST) and mix "
+                "the token datasets"
+            )
+            raise ConfigError(msg)
+        return mixture_index(source, column=s.column, storage_options=s.storage_options)  # type: ignore[arg-type]
+    if s.weights is not None:
+        msg = "weights= needs named sources: pass a dict such as {'web': 'data/web', 'code': 'data/code'}"
+        raise ConfigError(msg)
+    if s.tokenizer is not None:  # text in (plitzer.text): tokenized as read, counted once
+        if isinstance(source, Index):
+            msg = "tokenizer= needs the text source, not an Index; pass the path (or a plitzer.text.text_index)"
+            raise ConfigError(msg)
+        from plitzer.text import text_index
+
+        return text_index(
+            source,  # type: ignore[arg-type]
+            tokenizer=s.tokenizer,
+            text_column=s.text_column,
+            add_eos=s.add_eos,
+            add_bos=s.add_bos,
+            storage_options=s.storage_options,
+        )
+    return ensure_index(source, column=s.column, storage_options=s.storage_options)  # type: ignore[arg-type]
+
+
+def make_plan(index: Index | MixtureIndex, settings: LoaderSettings) -> Plan:
+    """The plan the loader runs from (and that ``plan.sql`` shows) for these settings."""
+    if isinstance(index, MixtureIndex):
+        stages = parse_stages(settings.weights, index.names, [ix.tokens for ix in index.parts])
+        return MixturePlan(index, settings.plan, stages, seq_len=settings.seq_len)
+    return Plan(index, settings.plan)
