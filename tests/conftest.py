@@ -1,9 +1,9 @@
-"""Shared fixtures: a private index cache, hypothesis profiles, dataset writers."""
+"""Shared fixtures: a private index cache, hypothesis profiles, generated datasets, dataset writers."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +33,31 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ.pop("PLITZER_CACHE", None)
     else:
         os.environ["PLITZER_CACHE"] = old
+
+
+SynthDataset = Callable[..., Path]
+
+
+@pytest.fixture(scope="session")
+def synth_dataset(tmp_path_factory: pytest.TempPathFactory) -> SynthDataset:
+    """``synth_dataset(tokens, **settings)``: a folder written by ``plitzer.synth.write``.
+
+    Written once per session for each set of arguments, and shared by every module
+    that asks for the same one, so tests must not change the files.
+    """
+    import plitzer.synth
+
+    made: dict[tuple[int, tuple[tuple[str, object], ...]], Path] = {}
+
+    def make(tokens: int, **settings: object) -> Path:
+        key = (tokens, tuple(sorted(settings.items())))
+        if key not in made:
+            d = tmp_path_factory.mktemp("synth")
+            plitzer.synth.write(d, tokens, **settings)  # type: ignore[arg-type]
+            made[key] = d
+        return made[key]
+
+    return make
 
 
 Docs = Sequence[Sequence[int] | None]  # one row group: documents (None = null list)

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+import planner.cache
 import plitzer
 import plitzer.state
 import plitzer.torch
@@ -74,7 +75,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 class _HangingOs:
-    """``os`` for plitzer.state whose write() stores half the bytes and then stops."""
+    """``os`` for planner.cache (save_checkpoint's atomic write) whose write() stores half the bytes and then stops."""
 
     def __init__(self, marker: Path) -> None:
         self.marker = marker
@@ -189,7 +190,7 @@ def main() -> int:
             if progress:
                 _write_atomic(out / f"model-{step}.json", json.dumps({"step": step, "hash": h.hex()}))
                 if step == a.hang_in_save:
-                    plitzer.state.os = _HangingOs(out / "hanging")  # type: ignore[attr-defined]
+                    planner.cache.os = _HangingOs(out / "hanging")  # type: ignore[attr-defined]
                 plitzer.save_checkpoint(out / "data.ckpt", state["checkpoint"])
                 progress.write(f"ckpt {step}\n")
                 progress.flush()

@@ -39,6 +39,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import SynthDataset
+
 HOST = "127.0.0.1"
 KEY, SECRET, REGION = "plitzer-test", "plitzer-test-secret", "us-east-1"
 FAULTS = ("503", "500", "reset", "truncate", "short", "stall", "stall_body")
@@ -356,18 +358,15 @@ class S3Data:
 
 
 @pytest.fixture(scope="session")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Data]:
+def s3(synth_dataset: SynthDataset) -> Iterator[S3Data]:
     """moto's S3 server with bucket ``plitzer`` holding ``synth/`` (five files)."""
-    import plitzer.synth
-
     server = MotoServer()
     try:
         client = server.client()
         bucket = "plitzer"
         client.create_bucket(Bucket=bucket)
         data = S3Data(server=server, bucket=bucket)
-        d = tmp_path_factory.mktemp("s3-synth")
-        plitzer.synth.write(d, tokens=200_000, seed=11, docs_per_row_group=50, row_groups_per_file=4, mean_length=200)
+        d = synth_dataset(tokens=200_000, seed=11, docs_per_row_group=50, row_groups_per_file=4, mean_length=200)
         upload(client, bucket, d, "synth")
         data.local["synth"], data.url["synth"] = d, f"s3://{bucket}/synth"
         yield data

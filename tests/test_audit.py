@@ -16,15 +16,14 @@ import plitzer
 from plitzer import audit as au
 from plitzer import state as ckpt
 from plitzer.explain import document_lengths, document_table
-from tests.conftest import write_dataset
+from tests.conftest import SynthDataset, write_dataset
 
 CFG = {"seed": 2, "lanes": 8, "window": 3, "seq_len": 80}
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("audit")
-    plitzer.synth.write(d, tokens=200_000, seed=4, docs_per_row_group=50, row_groups_per_file=4, mean_length=200)
+def data(synth_dataset: SynthDataset) -> Path:
+    d = synth_dataset(tokens=200_000, seed=4, docs_per_row_group=50, row_groups_per_file=4, mean_length=200)
     return d
 
 

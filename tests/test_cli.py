@@ -16,7 +16,7 @@ import pytest
 import planner
 import plitzer
 from plitzer.cli import main
-from tests.conftest import write_dataset
+from tests.conftest import SynthDataset, write_dataset
 from tests.s3_fixtures import S3Data, s3
 
 __all__ = ["s3"]  # the session's S3 server fixture, imported for pytest
@@ -29,9 +29,8 @@ def _flags(cfg: dict[str, int]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("cli")
-    plitzer.synth.write(d, tokens=200_000, seed=11, docs_per_row_group=50, row_groups_per_file=4, mean_length=200)
+def data(synth_dataset: SynthDataset) -> Path:
+    d = synth_dataset(tokens=200_000, seed=11, docs_per_row_group=50, row_groups_per_file=4, mean_length=200)
     return d
 
 

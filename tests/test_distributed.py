@@ -30,6 +30,7 @@ if sys.platform == "win32":  # pragma: no cover
 
 import plitzer
 import plitzer.state
+from tests.conftest import SynthDataset
 from tests.dist_worker import SETTINGS, ZERO, fold, row_digests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,9 +40,8 @@ EVERY = 4
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("synth")
-    plitzer.synth.write(d, tokens=100_000, seed=11, docs_per_row_group=50, row_groups_per_file=4, mean_length=150)
+def data(synth_dataset: SynthDataset) -> Path:
+    d = synth_dataset(tokens=100_000, seed=11, docs_per_row_group=50, row_groups_per_file=4, mean_length=150)
     plitzer.index(d)  # fill the index cache once, before the processes start
     return d
 

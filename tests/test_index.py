@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -215,11 +214,17 @@ def test_second_call_reads_no_footer(tmp_path: Path, monkeypatch: pytest.MonkeyP
     again.metadata(0)  # the runtime's footer comes from the cache too
 
 
+def _newer(path: Path, than_ns: int) -> None:
+    """Give ``path`` an mtime one second after ``than_ns``, without waiting for the clock."""
+    os.utime(path, ns=(than_ns + 10**9, than_ns + 10**9))
+
+
 def test_changed_file_invalidates_the_cache(tmp_path: Path) -> None:
     write_dataset(tmp_path, [DOCS])
     a = planner.index(tmp_path)
-    time.sleep(0.01)
+    before = (tmp_path / "f000.parquet").stat().st_mtime_ns
     write_dataset(tmp_path, [[[[1, 2, 3, 4]]]])
+    _newer(tmp_path / "f000.parquet", before)
     b = planner.index(tmp_path)
     assert b.frame["tokens"].to_list() == [4] and a.fingerprint != b.fingerprint
 
@@ -283,8 +288,9 @@ def test_a_file_replaced_under_a_running_loader_is_refused(tmp_path: Path) -> No
     write_dataset(tmp_path, [[[[1] * 50] * 20 for _ in range(6)]])
     with plitzer.Loader(tmp_path, lanes=2, window=1, seq_len=10) as ld:
         ld.next_batch()
-        time.sleep(0.01)
+        before = (tmp_path / "f000.parquet").stat().st_mtime_ns
         write_dataset(tmp_path, [[[[2] * 50] * 20 for _ in range(6)]])  # same size, new mtime
+        _newer(tmp_path / "f000.parquet", before)
         with pytest.raises(plitzer.StorageError, match=r"f000\.parquet: the file changed after it was indexed"):
             for _ in range(200):
                 ld.next_batch()

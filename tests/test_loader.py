@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 import plitzer
 from plitzer.loader import budget_floor
-from tests.conftest import docs_by_row_group, numbered_dataset, tokens_of, write_dataset
+from tests.conftest import SynthDataset, docs_by_row_group, numbered_dataset, tokens_of, write_dataset
 from tests.reference import lane_streams
 
 doc_len = st.one_of(st.integers(0, 30), st.integers(0, 400)).filter(lambda n: True)
@@ -79,9 +80,8 @@ def test_same_global_batch_at_every_world(tmp_path_factory, lengths, cfg, data) 
 
 
 @pytest.fixture(scope="module")
-def synth_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("synth")
-    plitzer.synth.write(d, tokens=300_000, seed=5, docs_per_row_group=40, row_groups_per_file=4, mean_length=150)
+def synth_dir(synth_dataset: SynthDataset) -> Path:
+    d = synth_dataset(tokens=300_000, seed=5, docs_per_row_group=40, row_groups_per_file=4, mean_length=150)
     return d
 
 
@@ -145,43 +145,41 @@ def test_resume_in_another_world(synth_dir: Path, world_a: int, world_b: int) ->
     k, steps = 17, 30
     with plitzer.Loader(synth_dir, **CFG) as ref:
         full = [tokens_of(ref.next_batch()).copy() for _ in range(steps)]
-    loaders = [plitzer.Loader(synth_dir, rank=r, world=world_a, **CFG) for r in range(world_a)]
-    for _ in range(k):
-        for ld in loaders:
-            ld.next_batch()
-    state = plitzer.merge([ld.checkpoint() for ld in loaders])
-    for ld in loaders:
-        ld.close()
-    resumed = [plitzer.Loader(synth_dir, rank=r, world=world_b, **CFG) for r in range(world_b)]
-    for ld in resumed:
-        ld.resume(state)
-    for t in range(k, steps):
-        got = np.concatenate([tokens_of(ld.next_batch()) for ld in resumed])
-        np.testing.assert_array_equal(got, full[t])
-    # Resuming twice in a row works and changes nothing.
-    resumed[0].resume(state)
-    resumed[0].resume(state)
-    assert resumed[0].step == k
-    for ld in resumed:
-        ld.close()
+    with contextlib.ExitStack() as stack:
+        loaders = [stack.enter_context(plitzer.Loader(synth_dir, rank=r, world=world_a, **CFG)) for r in range(world_a)]
+        for _ in range(k):
+            for ld in loaders:
+                ld.next_batch()
+        state = plitzer.merge([ld.checkpoint() for ld in loaders])
+    with contextlib.ExitStack() as stack:
+        resumed = [stack.enter_context(plitzer.Loader(synth_dir, rank=r, world=world_b, **CFG)) for r in range(world_b)]
+        for ld in resumed:
+            ld.resume(state)
+        for t in range(k, steps):
+            got = np.concatenate([tokens_of(ld.next_batch()) for ld in resumed])
+            np.testing.assert_array_equal(got, full[t])
+        # Resuming twice in a row works and changes nothing.
+        resumed[0].resume(state)
+        resumed[0].resume(state)
+        assert resumed[0].step == k
 
 
 def test_merge_refuses_bad_parts(synth_dir: Path) -> None:
-    a = plitzer.Loader(synth_dir, rank=0, world=2, **CFG)
-    b = plitzer.Loader(synth_dir, rank=1, world=2, **CFG)
-    with pytest.raises(plitzer.CheckpointError, match="miss lanes"):
-        plitzer.merge([a.checkpoint()])
-    with pytest.raises(plitzer.CheckpointError, match="overlap"):
-        plitzer.merge([a.checkpoint(), a.checkpoint(), b.checkpoint()])
-    a.next_batch()
-    with pytest.raises(plitzer.CheckpointError, match="step: part 0 1, part 1 0"):
-        plitzer.merge([a.checkpoint(), b.checkpoint()])
-    other = plitzer.Loader(synth_dir, rank=1, world=2, **{**CFG, "seed": 4})
-    other.next_batch()
-    with pytest.raises(plitzer.CheckpointError, match="seed: part 0 3, part 1 4"):
-        plitzer.merge([a.checkpoint(), other.checkpoint()])
-    for x in (a, b, other):
-        x.close()
+    with (
+        plitzer.Loader(synth_dir, rank=0, world=2, **CFG) as a,
+        plitzer.Loader(synth_dir, rank=1, world=2, **CFG) as b,
+        plitzer.Loader(synth_dir, rank=1, world=2, **{**CFG, "seed": 4}) as other,
+    ):
+        with pytest.raises(plitzer.CheckpointError, match="miss lanes"):
+            plitzer.merge([a.checkpoint()])
+        with pytest.raises(plitzer.CheckpointError, match="overlap"):
+            plitzer.merge([a.checkpoint(), a.checkpoint(), b.checkpoint()])
+        a.next_batch()
+        with pytest.raises(plitzer.CheckpointError, match="step: part 0 1, part 1 0"):
+            plitzer.merge([a.checkpoint(), b.checkpoint()])
+        other.next_batch()
+        with pytest.raises(plitzer.CheckpointError, match="seed: part 0 3, part 1 4"):
+            plitzer.merge([a.checkpoint(), other.checkpoint()])
 
 
 def test_resume_refuses_other_settings_naming_every_field(synth_dir: Path, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import planner
 from planner._hash import key, mix, mix_array, permutation
 from planner.plan import window_offsets
 from tests import reference
+from tests.conftest import SynthDataset
 
 
 @given(st.integers(0, 2**64 - 1))
@@ -143,11 +144,8 @@ def test_seeds_and_epochs_change_the_order_and_nothing_else_does() -> None:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import plitzer.synth
-
-    d = tmp_path_factory.mktemp("plan")
-    plitzer.synth.write(d, tokens=200_000, seed=1, docs_per_row_group=30, row_groups_per_file=5, mean_length=120)
+def data(synth_dataset: SynthDataset) -> Path:
+    d = synth_dataset(tokens=200_000, seed=1, docs_per_row_group=30, row_groups_per_file=5, mean_length=120)
     return d
 
 

@@ -21,14 +21,14 @@ from hypothesis import strategies as st
 
 import plitzer
 from plitzer import state as ckpt
+from tests.conftest import SynthDataset
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("rel")
-    plitzer.synth.write(d, tokens=150_000, seed=2, docs_per_row_group=40, row_groups_per_file=4, mean_length=120)
+def data(synth_dataset: SynthDataset) -> Path:
+    d = synth_dataset(tokens=150_000, seed=2, docs_per_row_group=40, row_groups_per_file=4, mean_length=120)
     return d
 
 
@@ -196,33 +196,32 @@ def test_abandoned_loader_is_collected(data: Path) -> None:
 def test_interrupted_step_leaves_a_usable_checkpoint(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with plitzer.Loader(data, **CFG) as ref:
         want = [np.from_dlpack(ref.next_batch().tokens).copy() for _ in range(60)]
-    ld = plitzer.Loader(data, **CFG)
-    for _ in range(5):
-        ld.next_batch()
-    real = ld._scanner.get
-    calls = {"n": 0}
+    with plitzer.Loader(data, **CFG) as ld:
+        for _ in range(5):
+            ld.next_batch()
+        real = ld._scanner.get
+        calls = {"n": 0}
 
-    def flaky(unit: int) -> object:
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise KeyboardInterrupt
-        return real(unit)
+        def flaky(unit: int) -> object:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise KeyboardInterrupt
+            return real(unit)
 
-    monkeypatch.setattr(ld._scanner, "get", flaky)
-    hit = False
-    for t in range(5, 60):
-        try:
-            got = np.from_dlpack(ld.next_batch().tokens)
-        except KeyboardInterrupt:
-            hit = True
-            state = ld.checkpoint()
-            with plitzer.Loader(data, **CFG) as other:
-                other.resume(state)
-                np.testing.assert_array_equal(np.from_dlpack(other.next_batch().tokens), want[t])
-            got = np.from_dlpack(ld.next_batch().tokens)  # and the same loader goes on
-        np.testing.assert_array_equal(got, want[t])
-    assert hit
-    ld.close()
+        monkeypatch.setattr(ld._scanner, "get", flaky)
+        hit = False
+        for t in range(5, 60):
+            try:
+                got = np.from_dlpack(ld.next_batch().tokens)
+            except KeyboardInterrupt:
+                hit = True
+                state = ld.checkpoint()
+                with plitzer.Loader(data, **CFG) as other:
+                    other.resume(state)
+                    np.testing.assert_array_equal(np.from_dlpack(other.next_batch().tokens), want[t])
+                got = np.from_dlpack(ld.next_batch().tokens)  # and the same loader goes on
+            np.testing.assert_array_equal(got, want[t])
+        assert hit
 
 
 def test_two_loaders_in_one_process_do_not_interfere(data: Path) -> None:

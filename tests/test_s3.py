@@ -8,6 +8,7 @@ retried to identical batches, persistent ones a clear StorageError, never a hang
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -104,15 +105,15 @@ def test_checkpoint_moves_between_s3_and_disk(s3: S3Data) -> None:
             np.testing.assert_array_equal(tokens_of(disk.next_batch()), full[t])
         back = disk.checkpoint()
     # disk -> S3 (4 ranks)
-    parts = [plitzer.Loader(s3.url["synth"], storage_options=s3.options(), world=4, rank=r, **CFG) for r in range(4)]
-    try:
+    with contextlib.ExitStack() as stack:
+        parts = [
+            stack.enter_context(plitzer.Loader(s3.url["synth"], storage_options=s3.options(), world=4, rank=r, **CFG))
+            for r in range(4)
+        ]
         for ld in parts:
             ld.resume(back)
         for t in range(k2, steps):
             np.testing.assert_array_equal(np.concatenate([tokens_of(ld.next_batch()) for ld in parts]), full[t])
-    finally:
-        for ld in parts:
-            ld.close()
 
 
 def _chunk_ranges(ix: planner.Index) -> dict[tuple[str, str], int]:

@@ -16,15 +16,14 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 import plitzer  # noqa: E402
 import plitzer.torch  # noqa: E402
-from tests.conftest import tokens_of  # noqa: E402
+from tests.conftest import SynthDataset, tokens_of  # noqa: E402
 
 CFG = {"seed": 3, "lanes": 8, "window": 3, "seq_len": 96, "threads": 2}
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("synth")
-    plitzer.synth.write(d, tokens=60_000, seed=5, docs_per_row_group=40, row_groups_per_file=4, mean_length=150)
+def data(synth_dataset: SynthDataset) -> Path:
+    d = synth_dataset(tokens=60_000, seed=5, docs_per_row_group=40, row_groups_per_file=4, mean_length=150)
     return d
 
 
