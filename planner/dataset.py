@@ -298,6 +298,10 @@ def ensure_index(
     column: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
 ) -> Index:
+    from planner.mixture import MixtureIndex  # a mixture's index passes through as it is
+
+    if isinstance(source, MixtureIndex):
+        return source  # type: ignore[return-value]
     if isinstance(source, Index):
         if column is not None and column != source.column:
             msg = f"column={column!r} differs from the index's token column {source.column!r}; pass the same column"

@@ -15,6 +15,8 @@ from typing import Any
 
 import polars as pl
 
+from planner.errors import ConfigError
+
 __all__ = ["main"]
 
 _EXAMPLES = {
@@ -23,7 +25,12 @@ _EXAMPLES = {
         "examples:\n"
         "  plitzer plan data/sample --lanes 512 --window 64 --world 8\n"
         '  plitzer plan data/sample --world 8 --sql "select rank, count(*) n, sum(bytes) b from reads group by rank"\n'
-        "  plitzer plan data/sample --table reads --epoch 1 --format csv --out reads.csv"
+        "  plitzer plan data/sample --table reads --epoch 1 --format csv --out reads.csv\n"
+        "  plitzer plan --mixture mix.toml --lanes 512 --window 64 --table sources\n"
+        "mixture file (TOML), one table per source:\n"
+        '  [sources.web]\n  path = "data/web"\n  weight = 3\n'
+        '  [sources.code]\n  path = "data/code"\n  column = "input_ids"\n  weight = 1\n'
+        "or stages instead of weights: [[stages]] step = 0, weights = {web = 3, code = 1}"
     ),
     "demo": "example: plitzer demo --dir data/demo --tokens 20000000",
     "index": (
@@ -95,13 +102,100 @@ def _source(values: list[str]) -> str | list[str]:
     return values[0] if len(values) == 1 else values
 
 
+def read_mixture(path: str) -> tuple[dict[str, Any], Any]:
+    """Sources and weights of a mixture file (TOML): one table per source.
+
+    ``[sources.NAME]`` holds ``path`` and optionally ``column``, ``storage_options``
+    and ``weight``; weights in stages are ``[[stages]]`` tables with ``step`` and
+    ``weights = {NAME = w, ...}`` instead. Without weights each source weighs its tokens.
+
+        [sources.web]
+        path = "data/web"
+        weight = 3
+        [sources.code]
+        path = "data/code"
+        column = "input_ids"
+        weight = 1
+    """
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        msg = f"mixture file {path}: {e}; see `plitzer plan --help` for its format"
+        raise ConfigError(" ".join(msg.split())) from e
+    unknown = set(doc) - {"sources", "stages"}
+    sources = doc.get("sources")
+    if unknown or not isinstance(sources, dict) or not sources:
+        msg = f"mixture file {path}: needs [sources.NAME] tables (and optionally [[stages]]), found {sorted(doc)}"
+        raise ConfigError(msg)
+    out: dict[str, Any] = {}
+    weights: dict[str, Any] = {}
+    for name, table in sources.items():
+        if not isinstance(table, dict):
+            msg = f"mixture file {path}: sources.{name} must be a table with path = ..."
+            raise ConfigError(msg)
+        spec = dict(table)
+        if "weight" in spec:
+            weights[name] = spec.pop("weight")
+        out[name] = spec
+    stages = doc.get("stages")
+    if stages is not None and weights:
+        msg = f"mixture file {path}: give weights per source or [[stages]], not both"
+        raise ConfigError(msg)
+    if stages is not None:
+        bad = [s for s in stages if not isinstance(s, dict) or set(s) != {"step", "weights"}]
+        if bad:
+            msg = f"mixture file {path}: each [[stages]] table has step = N and weights = {{NAME = w, ...}}"
+            raise ConfigError(msg)
+        return out, [(s["step"], s["weights"]) for s in stages]
+    if weights and len(weights) != len(out):
+        missing = sorted(set(out) - set(weights))
+        msg = (
+            f"mixture file {path}: no weight for source {missing[0]!r}; give every source a weight (0 to leave it out)"
+        )
+        raise ConfigError(msg)
+    return out, (weights or None)
+
+
+def _sources_table(p: Any) -> pl.DataFrame:
+    from planner.mixture import MixturePlan
+
+    if isinstance(p, MixturePlan):
+        return p.sources()
+    msg = "--table sources: this plan has one source (give --mixture FILE for a mixture)"
+    raise ConfigError(msg)
+
+
+def _source_of(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The command's source and weights: the data arguments, or a --mixture file."""
+    mixture = getattr(args, "mixture", None)
+    if mixture:
+        if args.data:
+            msg = "give the data paths or --mixture FILE, not both"
+            raise ConfigError(msg)
+        return read_mixture(mixture)
+    if not args.data:
+        msg = "no data: give a folder, .parquet file or s3:// URL, or --mixture FILE"
+        raise ConfigError(msg)
+    return _source(args.data), None
+
+
 def _storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
     opts = {k: getattr(args, k) for k in ("endpoint", "region") if getattr(args, k, None)}
     return opts or None
 
 
 def _add_source(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data", nargs="+", help="folder, .parquet file or s3://bucket/prefix (several allowed)")
+    p.add_argument("data", nargs="*", help="folder, .parquet file or s3://bucket/prefix (several allowed)")
+    p.add_argument(
+        "--mixture",
+        default=None,
+        metavar="FILE",
+        help="a mixture file (TOML): [sources.NAME] tables with path, column, weight; or [[stages]] "
+        "tables with step and weights = {NAME = w}",
+    )
     p.add_argument("--column", default=None, help="token column (default: the one list<int32|uint32> column)")
     p.add_argument("--endpoint", default=None, help="S3 endpoint URL")
     p.add_argument("--region", default=None, help="S3 region")
@@ -135,7 +229,11 @@ def cmd_synth(args: argparse.Namespace) -> int:
 def cmd_index(args: argparse.Namespace) -> int:
     import planner
 
-    ix = planner.index(_source(args.data), column=args.column, storage_options=_storage_options(args), progress=True)
+    source, _ = _source_of(args)
+    if isinstance(source, dict):
+        msg = "index reads one dataset; for a mixture use `plitzer plan --mixture FILE --table sources`"
+        raise ConfigError(msg)
+    ix = planner.index(source, column=args.column, storage_options=_storage_options(args), progress=True)
     f = ix.frame
     summary = pl.DataFrame(
         {
@@ -172,14 +270,17 @@ def cmd_index(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     import planner
 
+    source, weights = _source_of(args)
     p = planner.plan(
-        _source(args.data),
+        source,
         seed=args.seed,
         lanes=args.lanes,
         window=args.window,
         world=args.world,
         column=args.column,
         storage_options=_storage_options(args),
+        weights=weights,
+        seq_len=getattr(args, "seq_len", None),
     )
     if args.sql:
         _print_frame(p.sql(args.sql, epochs=[args.epoch]), args.format, args.out)
@@ -190,6 +291,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "row_groups": lambda: p.row_groups(args.epoch),
             "lanes": lambda: p.lanes(args.epoch),
             "reads": lambda: p.reads(args.epoch),
+            "sources": lambda: _sources_table(p),
         }
         _print_frame(tables[args.table](), args.format, args.out, title=f"{args.table}, epoch {args.epoch}")
         return 0
@@ -211,8 +313,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from plitzer.explain import explain
 
+    source, weights = _source_of(args)
     docs = explain(
-        _source(args.data),
+        source,
         args.step,
         args.lane,
         seed=args.seed,
@@ -224,6 +327,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         world=args.world,
         column=args.column,
         storage_options=_storage_options(args),
+        weights=weights,
         progress=True,
     )
     if args.format == "table" and not args.out:
@@ -239,8 +343,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from plitzer.audit import audit
 
     windows = [int(w) for w in args.windows.split(",")] if args.windows else None
+    source, weights = _source_of(args)
     report = audit(
-        _source(args.data),
+        source,
+        weights=weights,
         seed=args.seed,
         lanes=args.lanes,
         window=args.window,
@@ -354,10 +460,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="the plan tables, or SQL over them", epilog=_EXAMPLES["plan"], formatter_class=fmt)
     _add_source(p)
-    _add_settings(p)
+    _add_settings(p, seq_len=True)
     p.add_argument("--epoch", type=int, default=0)
-    p.add_argument("--sql", default=None, help="DuckDB SQL over index, row_groups, lanes, reads")
-    p.add_argument("--table", choices=["index", "row_groups", "lanes", "reads"], default=None)
+    p.add_argument(
+        "--sql", default=None, help="DuckDB SQL over index, row_groups, lanes, reads (and a mixture's sources, stages)"
+    )
+    p.add_argument("--table", choices=["index", "row_groups", "lanes", "reads", "sources"], default=None)
     p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
     p.add_argument("--out", default=None, help="write to this file instead of printing")
     p.set_defaults(func=cmd_plan)

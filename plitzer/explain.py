@@ -31,8 +31,9 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import polars as pl
@@ -48,6 +49,8 @@ from planner.errors import ConfigError, DataError
 from planner.plan import check_int
 from plitzer.loader import Loader
 from plitzer.read import read_chunk
+from plitzer.settings import Keywords, LoaderSettings
+from plitzer.settings import Source as AnySource
 
 __all__ = ["document_lengths", "document_table", "explain"]
 
@@ -216,36 +219,29 @@ def document_table(
 
 
 def explain(
-    source: Source,
+    source: AnySource,
     step: int,
     lane: int | None = None,
     *,
-    seed: int = 0,
-    lanes: int = 512,
-    window: int = 64,
-    seq_len: int = 2048,
-    budget: int = 8 << 30,
-    rank: int = 0,
-    world: int = 1,
-    column: str | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    threads: int | None = None,
     progress: bool | None = None,
+    **settings: Unpack[Keywords],
 ) -> pl.DataFrame:
     """The source pieces of every sequence of global step ``step``.
 
     Parameters
     ----------
-    source : str, PathLike, list, or planner.Index
-        The dataset, as for :class:`plitzer.Loader`.
+    source : str, PathLike, list, dict of named sources, or an index
+        The dataset (or mixture), as for :class:`plitzer.Loader`.
     step : int
         Global step (from 0 over the whole run).
     lane : int, optional
         Only this lane (a row of the global batch); by default every lane of
         ``rank`` (every lane when ``world`` is 1).
-    seed, lanes, window, seq_len, budget, rank, world, column, storage_options, threads :
-        The run's settings, as for :class:`plitzer.Loader`. ``world`` and ``rank`` only
-        choose which lanes to explain; the answer does not depend on them.
+    **settings :
+        The run's settings, the keywords of :class:`plitzer.Loader` (seed, lanes,
+        window, seq_len, budget, rank, world, column, storage_options, weights,
+        threads, text_column, tokenizer, add_eos, add_bos). ``world`` and ``rank``
+        only choose which lanes to explain; the answer does not depend on them.
     progress : bool, optional
         Unused (kept for compatibility): explaining a step reads no document pass.
 
@@ -259,26 +255,16 @@ def explain(
     Only the windows that hold the lanes' positions are read; nothing is replayed.
     """
     step = check_int("step", step, 0, "steps count from 0")
+    s = LoaderSettings.of(**settings)
     if lane is not None:
         lane = check_int("lane", lane, 0, "lanes count from 0")
-        if lane >= lanes:
-            msg = f"lane={lane} is out of range for lanes={lanes}; use a lane in 0..{lanes - 1}"
+        if lane >= s.lanes:
+            msg = f"lane={lane} is out of range for lanes={s.lanes}; use a lane in 0..{s.lanes - 1}"
             raise ConfigError(msg)
         # One lane is the one lane of rank `lane` in a world of `lanes` ranks: the
         # loader then reads only the row groups that can hold that lane's documents.
-        rank, world = lane, lanes
-    ix = ensure_index(source, column=column, storage_options=storage_options)
-    with Loader(
-        ix,
-        seed=seed,
-        lanes=lanes,
-        window=window,
-        seq_len=seq_len,
-        budget=budget,
-        rank=rank,
-        world=world,
-        threads=threads,
-    ) as loader:
+        s = replace(s, plan=replace(s.plan, world=s.lanes), rank=lane)
+    with Loader.from_settings(source, s) as loader:
         loader.seek(step)
         docs = loader.next_batch().documents()
     return docs.drop("batch_row").select(pl.lit(step, pl.Int64).alias("step"), pl.all())

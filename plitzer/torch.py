@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import polars as pl
@@ -43,11 +43,12 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.dlpack import from_dlpack
 
-from planner import Index
+from planner.plan import epoch_of_step
 from plitzer import state as ckpt
 from plitzer.batch import Batch as PlitzerBatch
 from plitzer.errors import CheckpointError, ConfigError
 from plitzer.loader import Loader
+from plitzer.settings import Keywords, LoaderSettings, Source
 
 __all__ = ["Batch", "Dataset"]
 
@@ -177,8 +178,9 @@ class Dataset(IterableDataset[Batch]):
 
     Parameters
     ----------
-    source, seed, lanes, window, seq_len, budget, column, storage_options, threads :
-        As for :class:`plitzer.Loader`.
+    source, seed, lanes, window, seq_len, budget, column, storage_options, weights, threads,
+    text_column, tokenizer, add_eos, add_bos :
+        As for :class:`plitzer.Loader` (keywords; a dict of named sources is a mixture).
     rank, world : int, optional
         This rank and the number of ranks. Default: ``torch.distributed``'s rank
         and world size in ``group`` when it is initialised, else 0 and 1. An
@@ -215,42 +217,24 @@ class Dataset(IterableDataset[Batch]):
 
     def __init__(
         self,
-        source: Index | str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-        seed: int = 0,
-        lanes: int = 512,
-        window: int = 64,
-        seq_len: int = 2048,
-        budget: int = 8 << 30,
-        rank: int | None = None,
-        world: int | None = None,
-        column: str | None = None,
-        storage_options: Mapping[str, Any] | None = None,
+        source: Source,
         *,
-        threads: int | None = None,
         pin_memory: bool = False,
         group: dist.ProcessGroup | None = None,
+        **settings: Unpack[Keywords],
     ) -> None:
         super().__init__()
         self._group = group
+        kw: dict[str, Any] = dict(settings)
+        rank, world = kw.pop("rank", None), kw.pop("world", None)
         if _dist_ready():
             rank = dist.get_rank(group) if rank is None else rank
             world = dist.get_world_size(group) if world is None else world
         elif group is not None:
             msg = "group= was given but torch.distributed is not initialised; call init_process_group first"
             raise ConfigError(msg)
-        self._loader = Loader(
-            source,
-            seed=seed,
-            lanes=lanes,
-            window=window,
-            seq_len=seq_len,
-            budget=budget,
-            rank=0 if rank is None else rank,
-            world=1 if world is None else world,
-            column=column,
-            storage_options=storage_options,
-            threads=threads,
-        )
+        cfg = LoaderSettings.of(rank=0 if rank is None else rank, world=1 if world is None else world, **kw)
+        self._loader = Loader.from_settings(source, cfg)
         self._pin = bool(pin_memory)
         if self._pin and not _can_pin():
             warnings.warn(
@@ -334,7 +318,11 @@ class Dataset(IterableDataset[Batch]):
         state = self._gather(part)
         step = ckpt.decode(state).step
         s = self._loader.settings
-        return {"checkpoint": state, "step": step, "epoch": step * s.lanes * s.seq_len // self._loader.tokens}
+        return {
+            "checkpoint": state,
+            "step": step,
+            "epoch": epoch_of_step(step, lanes=s.lanes, seq_len=s.seq_len, tokens=self._loader.tokens),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any] | bytes | bytearray | memoryview | torch.Tensor) -> None:
         """Resume from a ``state_dict()`` (or its bytes) taken at any world size."""

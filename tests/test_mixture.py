@@ -16,6 +16,9 @@ import plitzer
 from planner.mixture import parse_stages
 from tests.conftest import docs_by_row_group, numbered_dataset, tokens_of
 from tests.reference import lane_streams, mixture_lane_streams
+from tests.s3_fixtures import S3Data, s3
+
+__all__ = ["s3"]  # the fixture, imported for pytest
 
 NAMES = ["code", "math", "web", "wiki"]
 source_lengths = st.lists(  # one source: files of row groups of document lengths
@@ -276,3 +279,45 @@ def test_empty_source_and_dtype_mismatch_are_config_errors(tmp_path: Path, three
     write_dataset(tmp_path / "u32", [[[[1, 2, 3] * 50]]], dtype="uint32")
     with pytest.raises(plitzer.ConfigError, match="different token dtypes"):
         plitzer.Loader({"u32": str(tmp_path / "u32"), "web": three["web"]}, **CFG)
+
+
+def test_s3_and_local_sources_in_one_mixture(s3: S3Data, three: dict[str, str]) -> None:
+    """A source on S3 (with its own storage options) beside local ones: the same batches
+    as the same mixture all on disk."""
+    url, local = s3.url["synth"], str(s3.local["synth"])
+    weights = {"books": 1, "remote": 2, "web": 1}
+    on_disk = {"books": three["books"], "remote": local, "web": three["web"]}
+    mixed = {"books": three["books"], "remote": {"path": url, "storage_options": s3.options()}, "web": three["web"]}
+    with plitzer.Loader(on_disk, weights=weights, **CFG) as a, plitzer.Loader(mixed, weights=weights, **CFG) as b:
+        for _ in range(40):
+            np.testing.assert_array_equal(tokens_of(a.next_batch()), tokens_of(b.next_batch()))
+        assert set(b.next_batch().documents()["source"].to_list()) <= {"books", "remote", "web"}
+
+
+def test_cli_mixture_file(three: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from plitzer.cli import main
+
+    constant = tmp_path / "mix.toml"
+    constant.write_text(
+        "".join(
+            f'[sources.{n}]\npath = "{p}"\nweight = {w}\n' for (n, p), w in zip(three.items(), (1, 1, 2), strict=True)
+        )
+    )
+    query = "select source, count(*) as n, sum(tokens) as t from row_groups group by source order by source"
+    flags = ["--lanes", "8", "--window", "3", "--format", "csv"]
+    assert main(["plan", "--mixture", str(constant), "--sql", query, *flags]) == 0
+    got = pl.read_csv(capsys.readouterr().out.encode())
+    want = plitzer.plan(three, weights={"books": 1, "code": 1, "web": 2}, lanes=8, window=3).sql(query)
+    assert got["source"].to_list() == want["source"].to_list() and got["n"].to_list() == want["n"].to_list()
+    staged = tmp_path / "stages.toml"
+    staged.write_text(
+        "".join(f'[sources.{n}]\npath = "{p}"\n' for n, p in three.items())
+        + "[[stages]]\nstep = 0\nweights = { books = 1, code = 1, web = 1 }\n"
+        + "[[stages]]\nstep = 50\nweights = { books = 0, code = 1, web = 3 }\n"
+    )
+    assert main(["plan", "--mixture", str(staged), "--seq-len", "64", "--table", "sources", *flags]) == 0
+    assert pl.read_csv(capsys.readouterr().out.encode())["name"].to_list() == ["books", "code", "web"]
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[sources.web]\npath = "x"\nweight = 1\n[sources.code]\npath = "y"\n')
+    assert main(["plan", "--mixture", str(bad), *flags]) != 0
+    assert "no weight for source 'code'" in capsys.readouterr().err

@@ -31,6 +31,7 @@ from plitzer.audit.pictures import (
     plot_lane_balance,
     plot_lengths,
     plot_lockstep,
+    plot_mixture,
     plot_reads_per_rank,
     plot_tokens_per_file,
     plot_tokens_per_row_group,
@@ -44,8 +45,10 @@ from plitzer.audit.tables import (
     length_histogram,
     length_summary,
     lockstep,
+    mixture_shares,
     read_amplification,
     reads_per_rank,
+    source_repetitions,
 )
 
 __all__ = [
@@ -58,13 +61,16 @@ __all__ = [
     "length_histogram",
     "length_summary",
     "lockstep",
+    "mixture_shares",
     "plot_amplification",
     "plot_lane_balance",
     "plot_lengths",
     "plot_lockstep",
+    "plot_mixture",
     "plot_reads_per_rank",
     "plot_tokens_per_file",
     "plot_tokens_per_row_group",
     "read_amplification",
     "reads_per_rank",
+    "source_repetitions",
 ]

@@ -181,3 +181,19 @@ def plot_amplification(amp: pl.DataFrame, ax: Axes | None = None) -> Figure:
     ax.set_title("read amplification versus window")
     ax.legend()
     return fig
+
+
+def plot_mixture(shares: pl.DataFrame, ax: Axes | None = None) -> Figure:
+    """Each source's delivered share of tokens per step (solid) against its target (dashed)."""
+    fig, ax = _axes(ax)
+    for i, (name, g) in enumerate(shares.sort("window").group_by("source", maintain_order=True)):
+        color = f"C{i}"
+        x = g["step"].to_numpy()
+        ax.step(x, 100 * g["delivered_share"].to_numpy(), where="post", color=color, label=f"{name[0]}")
+        ax.step(x, 100 * g["target_share"].to_numpy(), where="post", color=color, linestyle="--", linewidth=0.8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("share of tokens (%)")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper right", fontsize="small")
+    ax.set_title("mixture: delivered (solid) against target (dashed)")
+    return fig

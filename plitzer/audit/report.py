@@ -9,17 +9,17 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Unpack
 
 import polars as pl
 
-from planner.dataset import ensure_index
-from planner.plan import Plan, PlanSettings
+from planner.mixture import MixturePlan
 from plitzer.audit.pictures import (
     plot_amplification,
     plot_lane_balance,
     plot_lengths,
     plot_lockstep,
+    plot_mixture,
     plot_reads_per_rank,
     plot_tokens_per_file,
     plot_tokens_per_row_group,
@@ -33,10 +33,13 @@ from plitzer.audit.tables import (
     length_histogram,
     length_summary,
     lockstep,
+    mixture_shares,
     read_amplification,
     reads_per_rank,
+    source_repetitions,
 )
 from plitzer.explain import _documents
+from plitzer.settings import Keywords, LoaderSettings, make_plan, open_source
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -128,16 +131,10 @@ def _html_table(df: pl.DataFrame, caption: str, limit: int = 50) -> str:
 def audit(
     source: Source,
     *,
-    seed: int = 0,
-    lanes: int = 512,
-    window: int = 64,
-    world: int = 1,
-    seq_len: int = 2048,
     steps: int | None = None,
     windows: Sequence[int] | None = None,
-    column: str | None = None,
-    storage_options: Mapping[str, Any] | None = None,
     progress: bool | None = None,
+    **settings: Unpack[Keywords],
 ) -> Report:
     """Audit a dataset and its plan for the given settings.
 
@@ -145,9 +142,11 @@ def audit(
     the window sizes compared for read amplification. Reads every row group's token
     column once (lengths and hashes, cached); the rest is footers and plan tables.
     """
-    ix = ensure_index(source, column=column, storage_options=storage_options)
-    plan = Plan(ix, PlanSettings(seed=seed, lanes=lanes, window=window, world=world))
-    lengths = _documents(ix, progress=progress)[0]
+    cfg = LoaderSettings.of(**settings)
+    seed, lanes, window, world, seq_len = cfg.seed, cfg.lanes, cfg.window, cfg.world, cfg.seq_len
+    ix = open_source(source, cfg)
+    plan = make_plan(ix, cfg)
+    lengths = _documents(ix, progress=progress)[0]  # type: ignore[arg-type]
     f = ix.frame
     total = ix.tokens
     per_epoch = -(-total // (lanes * seq_len))
@@ -215,14 +214,27 @@ def audit(
         "of tokens received between any two lanes, which the lockstep rule keeps at most 1."
     )
 
+    if isinstance(plan, MixturePlan):
+        epochs = max(1, min(20, steps * lanes * seq_len // total + 1))
+        shares = mixture_shares(plan, seq_len, epochs)
+        tables["mixture_shares"] = shares
+        tables["source_repetitions"] = source_repetitions(plan, epochs)
+        tables["sources"] = plan.sources()
+        figures["mixture"] = plot_mixture(shares)
+        notes["Mixture"] = (
+            "Per source, its share of the run's tokens within each stage, window after window, "
+            "against its target (dashed); and how many times each source has been repeated "
+            "(source epochs begun) by the end of each mixture epoch."
+        )
+
     rpr = reads_per_rank(plan, 0)
-    amp = read_amplification(ix, lanes=lanes, world=world, windows=windows, seed=seed)
+    amp = read_amplification(plan, lanes=lanes, world=world, windows=windows, seed=seed)
     tables["reads_per_rank"] = rpr
     tables["read_amplification"] = amp
     figures["reads_per_rank"] = plot_reads_per_rank(rpr)
     figures["read_amplification"] = plot_amplification(amp)
 
-    dup = duplicates(ix)
+    dup = duplicates(ix)  # type: ignore[arg-type]
     tables["duplicates"] = dup
     groups = int(dup["group"].n_unique()) if dup.height else 0
     kept = int(dup.group_by("group").agg(pl.col("length").first())["length"].sum()) if dup.height else 0

@@ -15,6 +15,7 @@ import polars as pl
 from numpy.typing import NDArray
 
 from planner.dataset import Index, ensure_index
+from planner.mixture import MixturePlan
 from planner.plan import Plan, PlanSettings
 from plitzer.explain import document_table
 
@@ -264,3 +265,67 @@ def epoch_starts(tokens: int, lanes: int, seq_len: int, epochs: int) -> pl.DataF
     e = np.arange(epochs + 1, dtype=np.int64)
     first = -(-e * tokens // per_step)
     return pl.DataFrame({"epoch": e[:-1], "first_step": first[:-1], "steps": np.diff(first)})
+
+
+def mixture_shares(plan: MixturePlan, seq_len: int, epochs: int = 1) -> pl.DataFrame:
+    """Per window of a mixture and source: target against delivered share of tokens.
+
+    Columns: window (of the run), step (the first step that reads it), stage,
+    source, target_share (its weight / the stage's), delivered_share (its tokens /
+    all tokens, from the stage's first window through this one). The contract keeps
+    ``delivered - target`` within one row group of the source, in tokens.
+    """
+    rg = pl.concat([plan.row_groups(e) for e in range(epochs)])
+    w = plan.settings.window
+    n_win = rg.height // w
+    starts = plan._wstart[:n_win]
+    per_step = plan.settings.lanes * seq_len
+    bounds = np.array([st.start * per_step for st in plan.stages], dtype=np.int64)
+    stage = np.searchsorted(bounds, starts, side="right") - 1
+    names = plan.names
+    src = np.searchsorted(np.array(names), rg["source"].to_numpy())[: n_win * w]
+    tok = rg["tokens"].to_numpy()[: n_win * w].astype(np.int64)
+    per = np.zeros((n_win, len(names)), np.int64)
+    np.add.at(per, (np.repeat(np.arange(n_win), w), src), tok)
+    out = []
+    for s in np.unique(stage).tolist():
+        sel = np.flatnonzero(stage == s)
+        cum = np.cumsum(per[sel], axis=0)
+        total = np.maximum(cum.sum(axis=1, keepdims=True), 1)
+        weights = np.array(plan.stages[s].weights, dtype=np.float64)
+        for j, name in enumerate(names):
+            out.append(
+                pl.DataFrame(
+                    {
+                        "window": sel.astype(np.int64),
+                        "step": starts[sel] // per_step,
+                        "stage": np.full(len(sel), s, np.int64),
+                        "source": [name] * len(sel),
+                        "target_share": np.full(len(sel), weights[j] / weights.sum()),
+                        "delivered_share": cum[:, j] / total[:, 0],
+                    }
+                )
+            )
+    return pl.concat(out).sort("window", "source") if out else pl.DataFrame()
+
+
+def source_repetitions(plan: MixturePlan, epochs: int = 1) -> pl.DataFrame:
+    """Per mixture epoch and source: row groups read, source epochs begun, repetitions.
+
+    ``repetitions`` is the source's row groups read so far over its row-group count:
+    above 1 a source is being repeated (upsampled), below 1 partly used.
+    """
+    sizes = dict(zip(plan.names, [p.row_groups for p in plan.mixture.parts], strict=True))
+    rg = pl.concat([plan.row_groups(e) for e in range(epochs)])
+    per = (
+        rg.group_by("epoch", "source")
+        .agg(pl.len().alias("row_groups"), pl.col("source_epoch").max().alias("last_source_epoch"))
+        .sort("source", "epoch")
+        .with_columns(pl.col("row_groups").cum_sum().over("source").alias("read_so_far"))
+        .with_columns(
+            (pl.col("read_so_far") / pl.col("source").replace_strict(sizes, return_dtype=pl.Float64)).alias(
+                "repetitions"
+            )
+        )
+    )
+    return per.sort("epoch", "source")
