@@ -13,26 +13,22 @@ Reported, all on every core of this machine:
    counting pass, tokens delivered per second (target: at least 0.8x rate 1);
 4. ``plitzer tokenize`` (local engine), text Parquet to token Parquet.
 
-    python benchmarks/tokenize.py                      # mistral-common's SentencePiece model
-    python benchmarks/tokenize.py --tokenizer tokenizer.json --mb 50
+    python benchmarks/tokenize_text.py                      # mistral-common's SentencePiece model
+    python benchmarks/tokenize_text.py --tokenizer tokenizer.json --mb 50
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# This file is named tokenize.py, like a module of the standard library that pandas
-# and inspect import: take its folder off the path before anything imports it.
-if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
-    del sys.path[0]
-
+# Not named tokenize.py: that is a module of the standard library (linecache, inspect
+# and so polars import it), and a script's folder comes first on sys.path, so a
+# benchmarks/tokenize_text.py would shadow it for every benchmark here.
 import argparse
 import importlib.util
 import os
 import sysconfig
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
