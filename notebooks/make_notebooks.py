@@ -70,7 +70,7 @@ PLAN = [
         "# The read matrix: a dot where a rank reads the row group at that position of epoch 0.\n"
         'hits = plan.sql("""\n'
         "    select r.rank, g.position from reads r\n"
-        '    join row_groups g using (epoch, window_index, file, row_group)\n'
+        "    join row_groups g using (epoch, window_index, file, row_group)\n"
         '""")\n'
         "matrix = np.zeros((settings['world'], plan.index.height))\n"
         'matrix[hits["rank"].to_numpy(), hits["position"].to_numpy()] = 1\n'
@@ -141,6 +141,40 @@ PLAN = [
     new_code_cell(
         "rows = plan.scan(0, rank=1).select('window_index', 'file', 'row_group', 'row', pl.col('tokens').list.len())\n"
         "rows.collect().group_by('window_index', 'file', 'row_group', maintain_order=True).agg(pl.len().alias('rows'))"
+    ),
+    new_markdown_cell(
+        "## A mixture: target against delivered\n\n"
+        "Several named sources with token shares, here in two stages (from step 0, then from step 150). "
+        "The plan gains `source` and `source_epoch` columns and two tables, `sources` and `stages`; "
+        "each source's share stays within one of its row groups of its weight, window after window."
+    ),
+    new_code_cell(
+        "plitzer.synth.write(data / 'code', tokens=60_000, seed=1, docs_per_row_group=30, mean_length=80)\n"
+        "sources = {'web': str(data), 'code': str(data / 'code')}\n"
+        "stages = [(0, {'web': 1, 'code': 1}), (150, {'web': 3, 'code': 1})]\n"
+        "mix = plitzer.plan(sources, weights=stages, seq_len=128, lanes=16, window=4, world=4)\n"
+        'mix.sql("select * from stages")'
+    ),
+    new_code_cell(
+        "shares = audit.mixture_shares(mix, seq_len=128, epochs=3)\n"
+        "fig, ax = plt.subplots(figsize=(8, 3.4))\n"
+        "audit.plot_mixture(shares, ax=ax)\n"
+        "plt.show()\n"
+        "# delivered share minus target, at the end of each stage\n"
+        "shares.group_by('stage', 'source').agg(pl.all().sort_by('window').last())"
+        ".with_columns((pl.col('delivered_share') - pl.col('target_share')).alias('error'))"
+        ".select('stage', 'source', 'target_share', 'delivered_share', 'error').sort('stage', 'source')"
+    ),
+    new_markdown_cell("How often each source is used: source epochs begun by the end of each mixture epoch."),
+    new_code_cell(
+        "reps = audit.source_repetitions(mix, epochs=3)\n"
+        "fig, ax = plt.subplots(figsize=(7, 3))\n"
+        "for name, g in reps.group_by('source', maintain_order=True):\n"
+        "    ax.plot(g['epoch'], g['repetitions'], marker='o', label=name[0])\n"
+        "ax.set(xlabel='mixture epoch', ylabel='row groups read / row groups', title='repetitions per source')\n"
+        "ax.legend()\n"
+        "plt.show()\n"
+        "reps"
     ),
 ]
 
