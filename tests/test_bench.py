@@ -17,6 +17,9 @@ import pytest
 import plitzer.synth
 from plitzer.bench import baseline
 
+# The harness hands every loader's batches over as torch tensors (the `baseline` extra).
+pytest.importorskip("torch")
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
