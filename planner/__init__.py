@@ -9,10 +9,10 @@ runtime's reader, ``plitzer.read.count_chunk``, passed in as a ``ChunkCounter``.
 [0, 3, 1, 2]
 """
 
-from planner._hash import key, mix, permutation
 from planner.cache import cache_dir
 from planner.dataset import Index, index
 from planner.errors import CheckpointError, ConfigError, DataError, PlitzerError, StorageError
+from planner.hashing import key, mix, permutation
 from planner.plan import EpochPlan, Plan, PlanSettings, cut_at, lane_of, plan, plan_epoch
 
 __all__ = [

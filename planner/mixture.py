@@ -51,10 +51,10 @@ import polars as pl
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from planner._hash import key, permutation
 from planner.column import TokenDtype
 from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError
+from planner.hashing import key, permutation
 from planner.plan import EpochPlan, Plan, PlanSettings, layout_epoch, plan_epoch
 from planner.storage import FileStat, Storage
 
@@ -561,6 +561,13 @@ class MixturePlan(Plan):
         if len(self._epochs) > 4:
             self._epochs.popitem(last=False)
         return got
+
+    def window_starts(self, windows: int) -> I64:
+        """The run's tokens before each of the first ``windows`` windows (units) of the run."""
+        while len(self._wtok) < windows:
+            self._ensure_run(int(self._wstart[-1]))
+        out: I64 = self._wstart[:windows]
+        return out
 
     def source_epochs(self, epoch: int) -> I64:
         """Source epoch of every position of ``epoch`` (the row group's source's own epoch)."""

@@ -39,9 +39,9 @@ import numpy as np
 import polars as pl
 from numpy.typing import NDArray
 
-from planner._hash import key, permutation
 from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError
+from planner.hashing import key, permutation
 from planner.storage import Storage
 
 __all__ = [

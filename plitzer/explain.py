@@ -42,17 +42,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from planner._hash import mix_array
 from planner.cache import cache_dir, digest, write_atomic
 from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError, DataError
+from planner.hashing import mix_array
 from planner.plan import check_int
 from plitzer.loader import Loader
 from plitzer.read import read_chunk
 from plitzer.settings import Keywords, LoaderSettings
 from plitzer.settings import Source as AnySource
 
-__all__ = ["document_lengths", "document_table", "explain"]
+__all__ = ["document_lengths", "document_pass", "document_table", "explain"]
 
 I64 = NDArray[np.int64]
 U64 = NDArray[np.uint64]
@@ -91,7 +91,7 @@ def _cache_path(ix: Index) -> Path:
     return cache_dir() / "documents" / f"{key}.parquet"
 
 
-def _documents(ix: Index, *, progress: bool | None = None, threads: int | None = None) -> tuple[I64, U64]:
+def document_pass(ix: Index, *, progress: bool | None = None, threads: int | None = None) -> tuple[I64, U64]:
     """Lengths and hashes of every document, in index order: memory, cache, else one pass."""
     path = _cache_path(ix)
     with _memo_lock:
@@ -182,7 +182,7 @@ def document_lengths(
     True
     """
     ix = ensure_index(source, column=column, storage_options=storage_options)
-    return _documents(ix, progress=progress, threads=threads)[0]
+    return document_pass(ix, progress=progress, threads=threads)[0]
 
 
 def document_table(
@@ -199,7 +199,7 @@ def document_table(
     content hash (equal documents have equal hashes), for finding duplicates.
     """
     ix = ensure_index(source, column=column, storage_options=storage_options)
-    lengths, hashes = _documents(ix, progress=progress, threads=threads)
+    lengths, hashes = document_pass(ix, progress=progress, threads=threads)
     f = ix.frame
     rows = f["rows"].to_numpy().astype(np.int64)
     rg = np.repeat(np.arange(f.height, dtype=np.int64), rows)

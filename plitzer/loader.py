@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,28 @@ from plitzer.scan import Scanner
 from plitzer.settings import LoaderSettings, Source, make_plan, open_source
 from plitzer.text import text_config
 
-__all__ = ["Loader", "LoaderSettings"]
+__all__ = ["Cursor", "Loader", "LoaderSettings"]
+
+
+@dataclass(slots=True)
+class Cursor:
+    """Where one of the rank's lanes is: its unit, and its place in that unit's packed stream.
+
+    ``window`` is the packed unit once the lane has entered it (``None`` before);
+    ``pos`` and ``end`` are the next token and the slice's end in ``window.flat``.
+    ``pending`` is where to place the lane when it enters: ``(piece, offset)`` from a
+    checkpoint, or ``(-1, offset in the slice)`` from :meth:`Loader.seek`.
+    """
+
+    unit: int
+    window: PackedWindow | None = None
+    pos: int = 0
+    end: int = 0
+    pending: tuple[int, int] | None = None
+
+    def copy(self) -> Cursor:
+        return Cursor(self.unit, self.window, self.pos, self.end, self.pending)
+
 
 # Output arrays kept for reuse (each is lanes/world x seq_len tokens).
 _BUFFERS = 4
@@ -241,22 +263,22 @@ class Loader:
             if w >= nw:
                 msg = f"checkpoint position window {w} is out of range: epoch {e} of the dataset has {nw} windows"
                 raise CheckpointError(msg)
-        self._unit = [self.plan.unit(int(e), int(w)) for _, e, w, _, _ in positions]
-        self._pending: list[tuple[int, int] | None] = [(-1 if in_slice else int(j), int(o)) for *_, j, o in positions]
-        self._win: list[PackedWindow | None] = [None] * len(positions)
-        self._pos = [0] * len(positions)
-        self._end = [0] * len(positions)
-        self._scanner.reset(self._unit)
+        self._cursors = [
+            Cursor(unit=self.plan.unit(int(e), int(w)), pending=(-1 if in_slice else int(j), int(o)))
+            for _, e, w, j, o in positions.tolist()
+        ]
+        self._scanner.reset([c.unit for c in self._cursors])
 
     def _enter(self, i: int) -> PackedWindow:
         """Load lane ``i``'s current unit and place its cursor."""
-        w = self._scanner.get(self._unit[i])
+        c = self._cursors[i]
+        w = self._scanner.get(c.unit)
         start, end = int(w.lane_start[i]), int(w.lane_start[i + 1])
         pos = start
-        pending = self._pending[i]
+        pending = c.pending
         if pending is not None:
             j, o = pending
-            self._pending[i] = None
+            c.pending = None
             p0, p1 = int(w.lane_piece[i]), int(w.lane_piece[i + 1])
             if j < 0:  # an offset in the slice (seek)
                 pos = start + o
@@ -278,7 +300,7 @@ class Loader:
             if pos > end:
                 msg = f"position {pos - start} of lane {self.rank_lanes[i]} is past its slice of {end - start} tokens"
                 raise CheckpointError(msg)
-        self._win[i], self._pos[i], self._end[i] = w, pos, end
+        c.window, c.pos, c.end = w, pos, end
         return w
 
     def checkpoint(self) -> bytes:
@@ -287,16 +309,16 @@ class Loader:
         with self._lock:
             rows = []
             for i, k in enumerate(self.rank_lanes):
-                pending = self._pending[i]
-                if self._win[i] is None and pending is not None and pending[0] < 0:
+                c = self._cursors[i]
+                if c.window is None and c.pending is not None and c.pending[0] < 0:
                     self._enter(i)  # after seek(): the piece is known once the window is packed
-                e, w = self.plan.unit_epoch_window(self._unit[i])
-                win = self._win[i]
+                e, w = self.plan.unit_epoch_window(c.unit)
+                win = c.window
                 if win is None:
-                    j, o = self._pending[i] or (0, 0)
+                    j, o = c.pending or (0, 0)
                 else:
                     p0, p1 = int(win.lane_piece[i]), int(win.lane_piece[i + 1])
-                    pos = self._pos[i]
+                    pos = c.pos
                     # The piece holding the next token: the first whose end is past pos.
                     j = int(np.searchsorted(win.piece_end[p0:p1], pos, side="right"))
                     o = pos - win.piece_start(p0 + j, i) if j < p1 - p0 else 0
@@ -378,11 +400,11 @@ class Loader:
             # A step is all or nothing: if it is interrupted (KeyboardInterrupt, a
             # storage error), the lanes' cursors are put back, so checkpoint() still
             # describes the batch that was not delivered and a retry resumes cleanly.
-            saved = (self._unit[:], self._win[:], self._pos[:], self._end[:], self._pending[:])
+            saved = [c.copy() for c in self._cursors]
             try:
                 return self._next_batch()
             except BaseException:
-                self._unit, self._win, self._pos, self._end, self._pending = saved
+                self._cursors = saved
                 raise
 
     def _next_batch(self) -> Batch:
@@ -390,16 +412,17 @@ class Loader:
         n = len(self.rank_lanes)
         out = self._output(n, length)
         pieces: list[list[Piece]] = []
-        win, pos, end, unit = self._win, self._pos, self._end, self._unit
+        cursors = self._cursors
         for i in range(n):
-            w = win[i]
+            c = cursors[i]
+            w = c.window
             if w is None:
                 w = self._enter(i)
-            p, e = pos[i], end[i]
+            p, e = c.pos, c.end
             if e - p > length:  # the common case: the whole row from one window
                 out[i] = w.flat[p : p + length]
                 pieces.append([(w, p, p + length)])
-                pos[i] = p + length
+                c.pos = p + length
                 continue
             row: list[Piece] = []
             col = 0
@@ -408,9 +431,9 @@ class Loader:
                     # Lockstep: every lane gets a token at least every B tokens of the
                     # run, so this passes through at most the windows shorter than a
                     # step (never a whole epoch of empty slices).
-                    unit[i] += 1
+                    c.unit += 1
                     w = self._enter(i)
-                    p, e = pos[i], end[i]
+                    p, e = c.pos, c.end
                     continue
                 t = min(e - p, length - col)
                 out[i, col : col + t] = w.flat[p : p + t]
@@ -420,12 +443,12 @@ class Loader:
             pieces.append(row)
             if p == e:
                 # The slice is used up: the lane's position is the next window's start.
-                unit[i] += 1
-                win[i] = None
-                self._pending[i] = None
+                c.unit += 1
+                c.window = None
+                c.pending = None
             else:
-                pos[i] = p
-        self._scanner.release_before(min(unit))
+                c.pos = p
+        self._scanner.release_before(min(c.unit for c in cursors))
         step = self._step
         self._step += 1
         return Batch(
@@ -478,7 +501,8 @@ class Loader:
     def close(self) -> None:
         """Stop the reader threads and free every buffer."""
         self._scanner.close()
-        self._win = [None] * len(self._win)
+        for c in self._cursors:
+            c.window = None
 
     def __enter__(self) -> Loader:
         return self

@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from planner._hash import key, mix_array
+from planner.hashing import key, mix_array
 from planner.plan import cut_at
 
 __all__ = ["PackedWindow", "pack_window"]

@@ -102,7 +102,7 @@ def _share_bounds(plan: planner.mixture.MixturePlan, epochs: int) -> None:
     src = np.searchsorted(np.array(names), rg["source"].to_numpy())
     w = plan.settings.window
     n_win = len(tok) // w
-    starts = plan._wstart[:n_win]
+    starts = plan.window_starts(n_win)
     max_rg = [int(p.frame["tokens"].max()) for p in plan.mixture.parts]
     per_step = plan.settings.lanes * (plan.seq_len or 0)
     for i, stage in enumerate(plan.stages):
@@ -209,7 +209,7 @@ def test_stage_change_repeats_and_skips_nothing(three: dict[str, str]) -> None:
     with plitzer.Loader(three, weights=STAGES, **CFG) as ld:
         p = ld.plan
         rg = pl.concat([p.row_groups(e) for e in range(3)])
-        starts = p._wstart[: rg.height // CFG["window"]]
+        starts = p.window_starts(rg.height // CFG["window"])
     for name, g in rg.group_by("source"):
         seq = g.select("source_epoch", "file", "row_group").rows()
         epochs = [e for e, *_ in seq]

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import planner
-from planner._hash import key, mix, mix_array, permutation
+from planner.hashing import key, mix, mix_array, permutation
 from planner.plan import window_offsets
 from tests import reference
 from tests.conftest import SynthDataset

@@ -38,7 +38,7 @@ from plitzer.audit.tables import (
     reads_per_rank,
     source_repetitions,
 )
-from plitzer.explain import _documents
+from plitzer.explain import document_pass
 from plitzer.settings import Keywords, LoaderSettings, make_plan, open_source
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ def audit(
     seed, lanes, window, world, seq_len = cfg.seed, cfg.lanes, cfg.window, cfg.world, cfg.seq_len
     ix = open_source(source, cfg)
     plan = make_plan(ix, cfg)
-    lengths = _documents(ix, progress=progress)[0]  # type: ignore[arg-type]
+    lengths = document_pass(ix, progress=progress)[0]  # type: ignore[arg-type]
     f = ix.frame
     total = ix.tokens
     per_epoch = -(-total // (lanes * seq_len))

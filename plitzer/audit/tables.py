@@ -278,7 +278,7 @@ def mixture_shares(plan: MixturePlan, seq_len: int, epochs: int = 1) -> pl.DataF
     rg = pl.concat([plan.row_groups(e) for e in range(epochs)])
     w = plan.settings.window
     n_win = rg.height // w
-    starts = plan._wstart[:n_win]
+    starts = plan.window_starts(n_win)
     per_step = plan.settings.lanes * seq_len
     bounds = np.array([st.start * per_step for st in plan.stages], dtype=np.int64)
     stage = np.searchsorted(bounds, starts, side="right") - 1
