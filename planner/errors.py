@@ -10,6 +10,7 @@ what is wrong, where (setting, file, row group, row) and how to fix it.
 from __future__ import annotations
 
 __all__ = [
+    "PerformanceWarning",
     "CheckpointError",
     "ConfigError",
     "DataError",
@@ -47,3 +48,7 @@ class UsageError(PlitzerError, RuntimeError):
 def one_line(e: BaseException) -> str:
     """An exception's message on one line (pyarrow's messages wrap, with indents)."""
     return " ".join(str(e).split())
+
+
+class PerformanceWarning(UserWarning):
+    """Settings that work but run slower than they could (say once, with the fix)."""

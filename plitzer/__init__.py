@@ -8,7 +8,15 @@
 from planner import index, plan
 from plitzer import synth
 from plitzer.batch import Batch, Tokens
-from plitzer.errors import CheckpointError, ConfigError, DataError, PlitzerError, StorageError, UsageError
+from plitzer.errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    PerformanceWarning,
+    PlitzerError,
+    StorageError,
+    UsageError,
+)
 from plitzer.explain import explain
 from plitzer.loader import Loader, LoaderSettings
 from plitzer.state import load_checkpoint, merge, save_checkpoint
@@ -20,6 +28,7 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "DataError",
+    "PerformanceWarning",
     "Loader",
     "LoaderSettings",
     "PlitzerError",

@@ -4,6 +4,22 @@ The classes are defined in :mod:`planner.errors` (``planner`` never imports
 ``plitzer``) and are the same objects here.
 """
 
-from planner.errors import CheckpointError, ConfigError, DataError, PlitzerError, StorageError, UsageError
+from planner.errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    PerformanceWarning,
+    PlitzerError,
+    StorageError,
+    UsageError,
+)
 
-__all__ = ["CheckpointError", "ConfigError", "DataError", "PlitzerError", "StorageError", "UsageError"]
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "DataError",
+    "PerformanceWarning",
+    "PlitzerError",
+    "StorageError",
+    "UsageError",
+]

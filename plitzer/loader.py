@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from planner.dataset import Index
-from planner.errors import CheckpointError, ConfigError, DataError, UsageError
+from planner.errors import CheckpointError, ConfigError, DataError, PerformanceWarning, UsageError
 from planner.mixture import MixtureIndex, MixturePlan, Weights
 from planner.plan import check_int, epoch_of_step
 from plitzer import state as ckpt
@@ -177,6 +178,19 @@ class Loader:
                 f"next, and any window shorter than a step). Raise budget to at least {need:,}, or lower window"
             )
             raise ConfigError(msg)
+        inflight, _ = budget_floor(
+            frame["tokens"].to_numpy(), frame["rows"].to_numpy(), lanes=lanes, window=window, seq_len=seq_len, ahead=1
+        )
+        if budget < inflight:
+            # Works, but the next window is read only once the current one is released:
+            # decoding and training take turns instead of overlapping.
+            warnings.warn(
+                f"budget={budget:,} bytes holds the windows a step uses but not the next one as well, so "
+                f"reads wait for the consumer; set budget to at least {inflight:,} bytes for two windows in "
+                "flight (docs/design.md, 'The budget')",
+                PerformanceWarning,
+                stacklevel=3,
+            )
         per = lanes // world
         self.rank_lanes = range(rank * per, (rank + 1) * per)
         self._dtype = np.dtype(self.index.dtype)
@@ -533,8 +547,13 @@ def _default_threads(index: Index | MixtureIndex) -> int:
     return max(os.cpu_count() or 2, *want)
 
 
-def budget_floor(tokens: NDArray[Any], rows: NDArray[Any], *, lanes: int, window: int, seq_len: int) -> tuple[int, int]:
+def budget_floor(
+    tokens: NDArray[Any], rows: NDArray[Any], *, lanes: int, window: int, seq_len: int, ahead: int = 0
+) -> tuple[int, int]:
     """Bytes the units of one step can hold at most, and how many units that is.
+
+    With ``ahead``, as many more worst-case windows (prefetch: ``ahead=1`` is what two
+    windows in flight need, the one in use being read while the next is decoded).
 
     At step ``t`` every lane is inside the run's tokens ``[t*L*B - B, (t+1)*L*B)``
     (lockstep), so the units in use are the windows overlapping ``X = (L + 1) * B``
@@ -559,8 +578,9 @@ def budget_floor(tokens: NDArray[Any], rows: NDArray[Any], *, lanes: int, window
     if full is not None:
         inside_full = x // full if full > 0 else epochs * per_epoch
     inside_short = epochs - 1 if short and int(asc[:short].sum()) <= x else 0
-    units = min(2 + inside_full + inside_short, epochs * per_epoch)
-    count = min(2 + inside_full, units) * window + inside_short * short
+    base = min(2 + inside_full + inside_short, epochs * per_epoch)
+    count = (min(2 + inside_full, base) + ahead) * window + inside_short * short
+    units = base + ahead
     whole, part = divmod(count, g)
     need = whole * int(est.sum()) + int(est[:part].sum()) + units * int(packed_bytes(0, 0, lanes))
     return need, units

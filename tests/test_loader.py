@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -236,9 +237,19 @@ def test_budget_is_respected_and_too_small_is_an_error(synth_dir: Path) -> None:
     assert units >= 2
     with pytest.raises(plitzer.ConfigError, match=f"at least {need:,}"):
         plitzer.Loader(ix, budget=need - 1, **CFG)
+    inflight, _ = budget_floor(
+        frame["tokens"].to_numpy(), frame["rows"].to_numpy(), lanes=8, window=3, seq_len=CFG["seq_len"], ahead=1
+    )
+    assert inflight > need
+    # At the floor it works, and says once what two windows in flight need.
+    with pytest.warns(plitzer.PerformanceWarning, match=f"at least {inflight:,} bytes for two windows in flight"):
+        plitzer.Loader(ix, budget=need, **CFG).close()
     # At the floor itself, and at a budget with room to prefetch: never past it.
-    for budget in (need, 3 * need):
-        with plitzer.Loader(ix, budget=budget, **CFG) as loader:
+    for budget in (need, inflight, 3 * need):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore" if budget < inflight else "error", plitzer.PerformanceWarning)
+            loader = plitzer.Loader(ix, budget=budget, **CFG)
+        with loader:
             for _ in range(len(loader) + 10):
                 loader.next_batch()
                 assert loader.held_bytes <= budget

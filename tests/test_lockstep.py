@@ -32,6 +32,7 @@ def tiny_row_groups(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.filterwarnings("ignore::plitzer.PerformanceWarning")  # the floor has no room to prefetch
 @pytest.mark.parametrize(("window", "world", "budget"), [(1, 1, "floor"), (2, 2, "large")])
 def test_thousands_of_windows_hold_two_plus_prefetch(
     tiny_row_groups: Path, window: int, world: int, budget: str
@@ -88,6 +89,7 @@ def test_old_rule_would_have_drifted(tiny_row_groups: Path) -> None:
     assert worst_old > 1000  # tokens: whole windows' worth apart
 
 
+@pytest.mark.filterwarnings("ignore::plitzer.PerformanceWarning")
 @pytest.mark.parametrize(("seq_len", "window", "steps"), [(64, 1, 300), (300, 2, 100), (2048, 3, 25)])
 def test_windows_shorter_than_a_step_stay_within_the_floor(
     tiny_row_groups: Path, seq_len: int, window: int, steps: int

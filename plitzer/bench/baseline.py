@@ -392,7 +392,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--lanes", type=int, default=None, help="default: the same tokens per step as --batch")
     ap.add_argument("--window", type=int, default=16)
-    ap.add_argument("--budget", type=int, default=1 << 30, help="plitzer's budget in bytes (default 1 GiB)")
+    ap.add_argument(
+        "--budget",
+        type=int,
+        default=None,
+        help="plitzer's budget in bytes (default: what two windows in flight need, so reads overlap training)",
+    )
     ap.add_argument("--time-limit", type=float, default=60.0, help="seconds of steady state measured at most")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds before a subprocess is killed")
     ap.add_argument("--no-resume", action="store_true", help="skip the resume test")
@@ -416,9 +421,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows_total = sum(pq.read_metadata(f).num_rows for f in files)
     import plitzer
 
-    tokens = plitzer.index(args.data, column=args.column).tokens
+    ix = plitzer.index(args.data, column=args.column)
+    tokens = ix.tokens
     mean_doc = tokens / max(1, rows_total)
     lanes = args.lanes or match_lanes(args.batch, mean_doc, args.seq_len)
+    if args.budget is None:
+        from plitzer.loader import budget_floor
+
+        frame = ix.frame
+        args.budget, _ = budget_floor(
+            frame["tokens"].to_numpy(),
+            frame["rows"].to_numpy(),
+            lanes=lanes,
+            window=args.window,
+            seq_len=args.seq_len,
+            ahead=1,
+        )
     work = Path(args.work or Path.home() / ".cache" / "plitzer" / "bench-work")
     work.mkdir(parents=True, exist_ok=True)
     size = sum(len(Path(f).read_bytes()) for f in files)  # warms the page cache
