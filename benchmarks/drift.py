@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from planner.plan import cut_at
+from planner.lanes import cut_at
 
 
 def old_rule_spread(

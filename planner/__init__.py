@@ -13,7 +13,8 @@ from planner.cache import cache_dir
 from planner.dataset import Index, index
 from planner.errors import CheckpointError, ConfigError, DataError, PlitzerError, StorageError
 from planner.hashing import key, mix, permutation
-from planner.plan import EpochPlan, Plan, PlanSettings, cut_at, lane_of, plan, plan_epoch
+from planner.lanes import cut_at, lane_of
+from planner.plan import EpochPlan, Plan, PlanSettings, plan, plan_epoch
 
 __all__ = [
     "CheckpointError",

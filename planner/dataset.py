@@ -45,6 +45,7 @@ from planner.storage import FileStat, Storage, open_storages
 
 __all__ = [
     "INDEX_SCHEMA",
+    "FileEntry",
     "Index",
     "ensure_index",
     "index",
@@ -68,7 +69,7 @@ _INDEX_FORMAT = "2"
 
 
 @dataclass
-class _FileEntry:
+class FileEntry:
     stat: FileStat
     storage: Storage
     metadata: pq.FileMetaData | None = None
@@ -98,7 +99,7 @@ class Index:
     dtype: TokenDtype
     fingerprint: str
     source: str
-    _files: list[_FileEntry] = field(repr=False)
+    _files: list[FileEntry] = field(repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -193,7 +194,7 @@ def index(
     ['file', 'file_index', 'row_group', 'rows', 'tokens']
     """
     storages = open_storages(source, storage_options)
-    entries: list[_FileEntry] = []
+    entries: list[FileEntry] = []
     for i, s in enumerate(storages):
         for found in s.list_files():
             # Files of a list source are named by their source's position, so two
@@ -203,7 +204,7 @@ def index(
                 if len(storages) == 1
                 else FileStat(f"{i}/{found.name}", found.location, found.size, found.version)
             )
-            entries.append(_FileEntry(stat=st, storage=s))
+            entries.append(FileEntry(stat=st, storage=s))
     src = ", ".join(s.url for s in storages)
     if not entries:
         msg = f"source {src!r} holds no *.parquet file; check the path (folders are searched recursively)"
@@ -230,7 +231,7 @@ def index(
         except (OSError, KeyError, pa.ArrowException, AssertionError):
             cached.unlink(missing_ok=True)  # a damaged cache entry is rebuilt, never trusted
 
-    def load(entry: _FileEntry) -> tuple[list[footer.Row], str, pa.DataType]:
+    def load(entry: FileEntry) -> tuple[list[footer.Row], str, pa.DataType]:
         raw = footer.cached(entry.stat)
         fresh = raw is None
         if raw is None:

@@ -19,10 +19,7 @@ A worked example (SPEC section 3): B = 4, T_w = 10, z = 3 gives q = 2, r = 2; la
 and 0 get 3 tokens, lanes 1 and 2 get 2: cuts 0, 3, 5, 7, 10; the next window has
 z = (3 + 10) mod 4 = 1.
 
->>> cut_at(np.arange(5), 2, 2, 3, 4).tolist()
-[0, 3, 5, 7, 10]
->>> lane_of(np.arange(10), 2, 2, 3, 4).tolist()
-[0, 0, 0, 1, 1, 2, 2, 3, 3, 3]
+The lane arithmetic itself is :mod:`planner.lanes`.
 
 Everything here is numpy on the index's columns: no I/O, no hidden state.
 """
@@ -42,6 +39,7 @@ from numpy.typing import NDArray
 from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
+from planner.lanes import cut_at, lane_of, piece_range
 from planner.storage import Storage
 
 __all__ = [
@@ -50,12 +48,9 @@ __all__ = [
     "Plan",
     "PlanSettings",
     "check_int",
-    "cut_at",
     "epoch_of_step",
-    "lane_of",
     "plan",
     "plan_epoch",
-    "window_offsets",
 ]
 
 I64 = NDArray[np.int64]
@@ -102,59 +97,6 @@ class PlanSettings:
             raise ConfigError(msg)
 
 
-def cut_at(k: Any, q: Any, r: Any, z: Any, lanes: int) -> I64:
-    """Cut ``c_k`` of windows with ``q, r = divmod(T_w, B)`` and offset ``z`` (arrays broadcast).
-
-    ``c_k = k*q + (extra tokens of lanes below k)``; the extra tokens go to lanes
-    ``z, z+1, ..., z+r-1`` (mod B), so below ``k`` there are ``clip(k - z, 0, r)`` of
-    them plus, when that run wraps past lane B-1, ``min(z + r - B, k)``.
-    """
-    k, q, r, z = (np.asarray(x, dtype=np.int64) for x in (k, q, r, z))
-    extra = np.clip(k - z, 0, r) + np.maximum(0, np.minimum(z + r - lanes, k))
-    out: I64 = k * q + extra
-    return out
-
-
-def lane_of(x: Any, q: Any, r: Any, z: Any, lanes: int) -> I64:
-    """Lane holding token position ``x`` of a window: ``max{k < B : c_k <= x}``.
-
-    The cuts are piecewise linear in ``k`` (slopes ``q`` and ``q + 1`` on at most
-    three runs of lanes), so each run is inverted with one integer division: no
-    floating point, no per-window cut table, any number of positions at once.
-    An empty document at position ``x`` belongs to this lane too (SPEC section 3).
-    """
-    x, q, r, z = (np.asarray(v, dtype=np.int64) for v in (x, q, r, z))
-    wrap = z + r > lanes
-    k1 = np.where(wrap, z + r - lanes, z)  # first run: lanes [0, k1)
-    k2 = np.where(wrap, z, z + r)  # second run: lanes [k1, k2); third: [k2, B]
-    m1 = np.where(wrap, q + 1, q)  # tokens per lane in the first and third runs
-    m2 = np.where(wrap, q, q + 1)
-    c1 = cut_at(k1, q, r, z, lanes)
-    c2 = cut_at(k2, q, r, z, lanes)
-
-    def last(k0: I64, k_end: Any, c0: I64, m: I64) -> I64:
-        # The last k in [k0, k_end] with c0 + (k - k0) * m <= x (given c0 <= x).
-        step = np.where(m > 0, (x - c0) // np.maximum(m, 1), k_end - k0)
-        out: I64 = np.minimum(k_end, k0 + step)
-        return out
-
-    zero = np.zeros_like(k1)
-    lane = np.where(x >= c2, last(k2, lanes, c2, m1), np.where(x >= c1, last(k1, k2, c1, m2), last(zero, k1, zero, m1)))
-    out: I64 = np.minimum(lane, lanes - 1)
-    return out
-
-
-def window_offsets(window_tokens: I64, epoch: int, dataset_tokens: int, lanes: int) -> I64:
-    """``z`` of every window of an epoch: the run's tokens before it, mod B.
-
-    ``(e * T + tokens of windows 0..w-1) mod B``, in int64 without overflow.
-    """
-    before = np.cumsum(window_tokens) - window_tokens
-    head = (epoch % lanes) * (dataset_tokens % lanes) % lanes
-    out: I64 = (head + before % lanes) % lanes
-    return out
-
-
 @dataclass(frozen=True, slots=True)
 class EpochPlan:
     """One epoch's plan as arrays (positions are indexes into the epoch order)."""
@@ -195,17 +137,6 @@ class EpochPlan:
         a = lo + np.searchsorted(ranks, rank, side="left")
         b = lo + np.searchsorted(ranks, rank, side="right")
         return self.read_position[a:b]
-
-
-def piece_range(token_start: I64, tokens: I64, empty_docs: I64) -> tuple[I64, I64]:
-    """First and last stream position of a row group's pieces, from the footer's counts.
-
-    Its tokens are ``[S, E-1]`` (``E = S + tokens``); an empty document sits at a
-    position in ``[S, E]`` (it may trail, at ``E``), so with empty documents the
-    range reaches ``E``; with no tokens it is just ``S``. The lanes of the two ends,
-    and those between, are the lanes the row group gives pieces to.
-    """
-    return token_start, token_start + tokens - ((tokens > 0) & (empty_docs == 0))
 
 
 def plan_epoch(tokens: I64, rows: I64, empty_docs: I64, settings: PlanSettings, epoch: int) -> EpochPlan:
@@ -559,11 +490,12 @@ def plan(
     [0, 1]
     """
     settings = PlanSettings(seed=seed, lanes=lanes, window=window, world=world)
-    from planner import mixture
+    from planner import mixture  # mixture builds on this module: imported when used
+    from planner.sources import parse_stages
 
     if mixture.is_mixture(source):
         ix = mixture.mixture_index(source, column=column, storage_options=storage_options)  # type: ignore[arg-type]
-        stages = mixture.parse_stages(weights, ix.names, [p.tokens for p in ix.parts])
+        stages = parse_stages(weights, ix.names, [p.tokens for p in ix.parts])
         return mixture.MixturePlan(ix, settings, stages, seq_len=seq_len)
     if weights is not None:
         msg = "weights= needs named sources: pass a dict such as {'web': 'data/web', 'code': 'data/code'}"

@@ -27,18 +27,19 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from planner.dataset import Index
 from planner.errors import CheckpointError, ConfigError, DataError, PerformanceWarning, UsageError
-from planner.mixture import MixtureIndex, MixturePlan, Weights
+from planner.lanes import lane_positions
+from planner.mixture import MixtureIndex, MixturePlan
 from planner.plan import check_int, epoch_of_step
+from planner.sources import Weights
 from plitzer import state as ckpt
 from plitzer.batch import Batch, Located, Piece, Tokens
-from plitzer.pack import PackedWindow, packed_bytes
-from plitzer.scan import Scanner
-from plitzer.settings import LoaderSettings, Source, make_plan, open_source
+from plitzer.pack import PackedWindow
+from plitzer.scan import Scanner, budget_floor
+from plitzer.settings import LoaderSettings, Source, default_threads, make_plan, open_source
 from plitzer.text import text_config
 
-__all__ = ["Cursor", "Loader", "LoaderSettings"]
+__all__ = ["Cursor", "Loader", "LoaderSettings", "budget_floor"]
 
 
 @dataclass(slots=True)
@@ -198,7 +199,7 @@ class Loader:
         self._files = frame["file"].to_numpy()
         self._row_groups = frame["row_group"].to_numpy()
         self._sources = frame["source"].to_numpy() if isinstance(self.index, MixtureIndex) else None
-        self._scanner = Scanner(self.plan, rank=rank, budget=budget, threads=threads or _default_threads(self.index))
+        self._scanner = Scanner(self.plan, rank=rank, budget=budget, threads=threads or default_threads(self.index))
         self._pid = os.getpid()
         self._buffers: list[NDArray[Any]] = []
         self._lock = threading.RLock()
@@ -350,24 +351,7 @@ class Loader:
         self._check_fork()
         step = check_int("step", step, 0, "steps count from 0")
         s = self.settings
-        ks = np.arange(self.rank_lanes.start, self.rank_lanes.stop, dtype=np.int64)
-        run = step * s.seq_len * s.lanes + ks
-        epoch = np.array([self.plan.epoch_of_run(int(x)) for x in (run[0], run[-1])])
-        epoch = np.where(run >= self.plan.run_before(int(epoch[-1])), epoch[-1], epoch[0])
-        rows = np.zeros((len(ks), 5), np.int64)
-        rows[:, 0] = ks
-        for e in np.unique(epoch).tolist():
-            sel = epoch == e
-            ep = self.plan.epoch(int(e))
-            ends = np.cumsum(ep.window_tokens)
-            start = self.plan.run_before(int(e))
-            w = np.searchsorted(ends, run[sel] - start, side="right")
-            before = start + (ends[w] - ep.window_tokens[w])
-            # lane k has received ceil((R - k) / B) tokens once the run has R tokens
-            got = (before - ks[sel] + s.lanes - 1) // s.lanes
-            rows[sel, 1] = e
-            rows[sel, 2] = w
-            rows[sel, 4] = step * s.seq_len - got
+        rows = lane_positions(self.plan, step, s.seq_len, s.lanes, self.rank_lanes)
         with self._lock:
             self._set_positions(step, rows, in_slice=True)
 
@@ -539,48 +523,3 @@ class Loader:
             f"Loader(step={self._step}, epoch={self.epoch}, lanes={s.lanes}, seq_len={s.seq_len}, "
             f"window={s.window}, rank={s.rank}, world={s.world}, tokens={self.tokens:,})"
         )
-
-
-def _default_threads(index: Index | MixtureIndex) -> int:
-    """The CPUs, or more where the storage asks for it (S3: threads mostly wait on GETs)."""
-    want = {index.storage(i).concurrency for i in range(len(index.files))}
-    return max(os.cpu_count() or 2, *want)
-
-
-def budget_floor(
-    tokens: NDArray[Any], rows: NDArray[Any], *, lanes: int, window: int, seq_len: int, ahead: int = 0
-) -> tuple[int, int]:
-    """Bytes the units of one step can hold at most, and how many units that is.
-
-    With ``ahead``, as many more worst-case windows (prefetch: ``ahead=1`` is what two
-    windows in flight need, the one in use being read while the next is decoded).
-
-    At step ``t`` every lane is inside the run's tokens ``[t*L*B - B, (t+1)*L*B)``
-    (lockstep), so the units in use are the windows overlapping ``X = (L + 1) * B``
-    tokens of the run: the two at its ends, and those wholly inside it, which exist
-    only when a window can hold at most ``X`` tokens (with tiny row groups, or the
-    short last window of an epoch). Any epoch may put the largest row groups
-    together, so the bound takes the largest row groups for each unit. Checked once
-    at construction, it means no step ever starts a read past the budget.
-    """
-    tok = np.asarray(tokens, dtype=np.int64)
-    est = np.sort(8 * tok + 32 * np.asarray(rows, dtype=np.int64))[::-1]  # decoded + packed, per row group
-    g, total = len(tok), int(tok.sum())
-    if g == 0:
-        return 0, 0
-    x = (seq_len + 1) * lanes
-    per_epoch = -(-g // window)
-    epochs = x // max(total, 1) + 2  # epochs an interval of x tokens can touch
-    asc = np.sort(tok)
-    full = int(asc[:window].sum()) if g >= window else None
-    short = g % window
-    inside_full = 0
-    if full is not None:
-        inside_full = x // full if full > 0 else epochs * per_epoch
-    inside_short = epochs - 1 if short and int(asc[:short].sum()) <= x else 0
-    base = min(2 + inside_full + inside_short, epochs * per_epoch)
-    count = (min(2 + inside_full, base) + ahead) * window + inside_short * short
-    units = base + ahead
-    whole, part = divmod(count, g)
-    need = whole * int(est.sum()) + int(est[:part].sum()) + units * int(packed_bytes(0, 0, lanes))
-    return need, units

@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from planner.hashing import key, mix_array
-from planner.plan import cut_at
+from planner.lanes import cut_at
 
 __all__ = ["PackedWindow", "pack_window"]
 

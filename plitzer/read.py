@@ -38,6 +38,7 @@ from planner.footer import set_chunk_counter
 from planner.storage import FileStat, Storage
 
 __all__ = [
+    "RangeFile",
     "check_decoded",
     "check_no_null_tokens",
     "count_chunk",
@@ -49,7 +50,7 @@ __all__ = [
 _TARGET = {"int32": pa.int32(), "uint32": pa.uint32()}
 
 
-class _RangeFile(io.RawIOBase):
+class RangeFile(io.RawIOBase):
     """A read-only file that holds one byte range of a larger file.
 
     pyarrow decodes a column chunk from a file object plus the cached footer; this
@@ -113,7 +114,7 @@ def decode_chunk(
     some integer type); raises DataError (naming ``where``, on one line) for
     damaged data, never a bare pyarrow error.
     """
-    f = _RangeFile(data, offset, file_size, where)
+    f = RangeFile(data, offset, file_size, where)
     try:
         # Page CRCs are verified whenever the writer stored them (docs/reliability.md).
         pf = pq.ParquetFile(f, metadata=metadata, pre_buffer=True, page_checksum_verification=True)

@@ -37,11 +37,12 @@ from numpy.typing import NDArray
 
 from planner.dataset import Index
 from planner.errors import UsageError
-from planner.plan import EpochPlan, Plan, piece_range
+from planner.lanes import piece_range
+from planner.plan import EpochPlan, Plan
 from plitzer.pack import PackedWindow, pack_window, packed_bytes
 from plitzer.read import read_chunk
 
-__all__ = ["Scanner", "unit_estimate"]
+__all__ = ["Scanner", "budget_floor", "unit_estimate"]
 
 
 def unit_estimate(tokens: Any, rows: Any, lanes: int) -> Any:
@@ -273,3 +274,42 @@ class Scanner:
             self._units.clear()
             self.held_bytes = 0
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def budget_floor(
+    tokens: NDArray[Any], rows: NDArray[Any], *, lanes: int, window: int, seq_len: int, ahead: int = 0
+) -> tuple[int, int]:
+    """Bytes the units of one step can hold at most, and how many units that is.
+
+    With ``ahead``, as many more worst-case windows (prefetch: ``ahead=1`` is what two
+    windows in flight need, the one in use being read while the next is decoded).
+
+    At step ``t`` every lane is inside the run's tokens ``[t*L*B - B, (t+1)*L*B)``
+    (lockstep), so the units in use are the windows overlapping ``X = (L + 1) * B``
+    tokens of the run: the two at its ends, and those wholly inside it, which exist
+    only when a window can hold at most ``X`` tokens (with tiny row groups, or the
+    short last window of an epoch). Any epoch may put the largest row groups
+    together, so the bound takes the largest row groups for each unit. Checked once
+    at construction, it means no step ever starts a read past the budget.
+    """
+    tok = np.asarray(tokens, dtype=np.int64)
+    est = np.sort(8 * tok + 32 * np.asarray(rows, dtype=np.int64))[::-1]  # decoded + packed, per row group
+    g, total = len(tok), int(tok.sum())
+    if g == 0:
+        return 0, 0
+    x = (seq_len + 1) * lanes
+    per_epoch = -(-g // window)
+    epochs = x // max(total, 1) + 2  # epochs an interval of x tokens can touch
+    asc = np.sort(tok)
+    full = int(asc[:window].sum()) if g >= window else None
+    short = g % window
+    inside_full = 0
+    if full is not None:
+        inside_full = x // full if full > 0 else epochs * per_epoch
+    inside_short = epochs - 1 if short and int(asc[:short].sum()) <= x else 0
+    base = min(2 + inside_full + inside_short, epochs * per_epoch)
+    count = (min(2 + inside_full, base) + ahead) * window + inside_short * short
+    units = base + ahead
+    whole, part = divmod(count, g)
+    need = whole * int(est.sum()) + int(est[:part].sum()) + units * int(packed_bytes(0, 0, lanes))
+    return need, units

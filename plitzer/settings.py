@@ -24,10 +24,11 @@ from typing import Any, TypedDict
 
 from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError
-from planner.mixture import MixtureIndex, MixturePlan, Weights, is_mixture, mixture_index, parse_stages
+from planner.mixture import MixtureIndex, MixturePlan, is_mixture, mixture_index
 from planner.plan import Plan, PlanSettings, check_int
+from planner.sources import Weights, parse_stages
 
-__all__ = ["Keywords", "LoaderSettings", "Source", "make_plan", "open_source"]
+__all__ = ["Keywords", "LoaderSettings", "Source", "default_threads", "make_plan", "open_source"]
 
 Source = Index | MixtureIndex | str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Mapping[str, Any]
 
@@ -170,3 +171,9 @@ def make_plan(index: Index | MixtureIndex, settings: LoaderSettings) -> Plan:
         stages = parse_stages(settings.weights, index.names, [ix.tokens for ix in index.parts])
         return MixturePlan(index, settings.plan, stages, seq_len=settings.seq_len)
     return Plan(index, settings.plan)
+
+
+def default_threads(index: Index | MixtureIndex) -> int:
+    """The CPUs, or more where the storage asks for it (S3: threads mostly wait on GETs)."""
+    want = {index.storage(i).concurrency for i in range(len(index.files))}
+    return max(os.cpu_count() or 2, *want)

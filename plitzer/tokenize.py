@@ -49,7 +49,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from planner.errors import ConfigError, DataError, one_line
-from plitzer.text import TextTokenizer, encode_texts, load_tokenizer, rebuild, texts_of, tokens_array
+from plitzer.text import encode_texts, texts_of, tokens_array
+from plitzer.tokenizer import TextTokenizer, load_tokenizer, rebuild
 
 __all__ = ["ROW_GROUP_TOKENS", "TokenizeResult", "convert_file", "tokenize"]
 

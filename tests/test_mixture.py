@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import planner
 import plitzer
-from planner.mixture import parse_stages
+from planner.sources import parse_stages
 from tests.conftest import docs_by_row_group, numbered_dataset, tokens_of
 from tests.reference import lane_streams, mixture_lane_streams
 from tests.s3_fixtures import S3Data, s3

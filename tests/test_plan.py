@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import planner
 from planner.hashing import key, mix, mix_array, permutation
-from planner.plan import window_offsets
+from planner.lanes import window_offsets
 from tests import reference
 from tests.conftest import SynthDataset
 

@@ -261,14 +261,17 @@ def test_an_object_changed_since_indexing_is_refused(s3: S3Data, tmp_path: Path)
 def test_listing_pages_are_followed(s3: S3Data, proxy: FaultProxy) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from planner.storage import S3Storage
+    from planner.s3 import S3Storage
 
     client = s3.client()
     keys = [f"paged/d{i % 7}/{i:05d}.parquet" for i in range(1234)] + ["paged/readme.md"]
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda k: client.put_object(Bucket=s3.bucket, Key=k, Body=b"x"), keys))
     proxy.reset(SeededFaults(seed=1, rate=0.5, kinds=("503", "reset"), lists=True))
-    files = S3Storage(f"s3://{s3.bucket}/paged", options(proxy.endpoint, **FAST)).list_files()
+    # A page of 1,000 keys from moto takes a while on a busy machine: the point here is
+    # paging and per-page retries, not timeouts, so the read timeout is generous.
+    patient = {**FAST, "read_timeout": 10, "attempts": 8}
+    files = S3Storage(f"s3://{s3.bucket}/paged", options(proxy.endpoint, **patient)).list_files()
     assert [f.name for f in files] == sorted((k[len("paged/") :] for k in keys[:-1]), key=str.encode)
     assert all(f.size == 1 and f.version for f in files)
     pages = [r for r in proxy.log() if r.is_list and not r.fault]

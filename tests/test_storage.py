@@ -12,8 +12,9 @@ import os
 import pytest
 
 import planner
-from planner.storage import LocalStorage, S3Storage
-from plitzer.loader import _default_threads
+from planner.s3 import S3Storage
+from planner.storage import LocalStorage
+from plitzer.settings import default_threads
 from tests.s3_fixtures import S3Data, s3
 
 __all__ = ["s3"]  # the fixture, imported for pytest
@@ -43,4 +44,4 @@ def test_a_list_source_mixing_disk_and_s3_scans_each_file_with_its_own_storage(s
     got = both.sql(f"select count(*) as n from read_parquet('{remote}/*.parquet')")
     assert 2 * got["n"][0] == both.index["rows"].sum()
     # The loader's reader threads: as many as the S3 storage asks for, even when it is not first.
-    assert _default_threads(both.dataset) == max(os.cpu_count() or 2, 16)
+    assert default_threads(both.dataset) == max(os.cpu_count() or 2, 16)
