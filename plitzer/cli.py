@@ -21,7 +21,10 @@ from plitzer.mixfile import read_mixture
 __all__ = ["main"]
 
 _EXAMPLES = {
-    "synth": "example: plitzer synth data/sample --tokens 20000000",
+    "synth": (
+        "examples:\n  plitzer synth data/sample --tokens 20000000\n"
+        "  plitzer synth --text data/text --tokens 200000000   # real text, a real tokenizer"
+    ),
     "plan": (
         "examples:\n"
         "  plitzer plan data/sample --lanes 512 --window 64 --world 8\n"
@@ -155,6 +158,16 @@ def _add_settings(p: argparse.ArgumentParser, *, seq_len: bool = False) -> None:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
+    if args.text:
+        from plitzer.synth_text import write_text
+
+        files, passes = write_text(
+            args.out, args.tokens, tokenizer=args.tokenizer, row_group_tokens=args.row_group_tokens
+        )
+        size = sum(p.stat().st_size for p in files)
+        again = f" (the machine's text taken {passes} times)" if passes > 1 else ""
+        print(f"wrote {len(files)} files ({size / 2**20:.1f} MiB) of real text, {args.tokens:,}+ tokens{again}")
+        return 0
     from plitzer.synth import write
 
     paths = write(
@@ -388,6 +401,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--docs-per-row-group", type=int, default=1000)
     p.add_argument("--row-groups-per-file", type=int, default=16)
     p.add_argument("--mean-length", type=float, default=1000.0)
+    p.add_argument(
+        "--text",
+        action="store_true",
+        help="real text instead: installed packages' sources and docs, tokenized (plitzer[text] and mistral-common)",
+    )
+    p.add_argument("--tokenizer", default=None, help="with --text: a .model or tokenizer.json (default: mistral's)")
+    p.add_argument("--row-group-tokens", type=int, default=4_500_000, help="with --text: tokens per row group")
     p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser(

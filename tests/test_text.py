@@ -28,6 +28,7 @@ import plitzer
 from plitzer.errors import CheckpointError, ConfigError
 from plitzer.text import load_tokenizer, text_index
 from plitzer.tokenize import tokenize
+from tests.conftest import tokens_of
 
 tokenizers = pytest.importorskip("tokenizers")
 spm = pytest.importorskip("sentencepiece")
@@ -364,3 +365,23 @@ def test_tokenize_on_ray(local_ray: Any, bpe: Any, tmp_path: Path) -> None:
     assert (a.written, b.written, a.tokens) == (3, 3, b.tokens)
     assert _tree(tmp_path / "local") == _tree(tmp_path / "ray")
     assert os.path.exists(tmp_path / "ray" / "sub" / "00.parquet")
+
+
+def test_synth_text_writes_real_text_shards(tmp_path: Path) -> None:
+    """plitzer synth --text: real text under a folder, a real tokenizer, large row groups,
+    every document ending with EOS, and the loader reads it."""
+    pytest.importorskip("mistral_common")
+    from plitzer.synth_text import default_tokenizer, write_text
+
+    src = Path(plitzer.__file__).parent  # real text: plitzer's own sources
+    files, passes = write_text(tmp_path / "t", 30_000, roots=[src], row_group_tokens=8_000, progress=False)
+    tok = load_tokenizer(default_tokenizer())
+    table = pq.read_table(files)
+    lengths = [len(x) for x in table["input_ids"].to_pylist()]
+    assert sum(lengths) >= 30_000 and passes >= 1
+    assert all(doc[-1] == tok.eos_id for doc in table["input_ids"].to_pylist())
+    md = pq.read_metadata(files[0])
+    assert md.num_row_groups >= 1 and md.row_group(0).num_rows >= 1
+    assert max(lengths) > 20 * min(lengths)  # lengths spread widely, as real documents do
+    with plitzer.Loader(tmp_path / "t", lanes=4, window=2, seq_len=256) as ld:
+        assert tokens_of(ld.next_batch()).shape == (4, 256)
