@@ -3,7 +3,7 @@
 python .ci/checks.py wheel DIST/plitzer-X-py3-none-any.whl
     The wheel holds the packages planner and plitzer (with their py.typed markers),
     the licences and its metadata, nothing else; prints its size and file list.
-python .ci/checks.py junit REPORT.xml [--same-as OTHER.xml]
+python .ci/checks.py junit REPORT.xml [--same-as OTHER.xml] [--tests N]
     A pytest run really ran tests: some passed, none failed or errored; with
     --same-as, it ran exactly as many tests as the other run (nothing went missing).
 """
@@ -56,7 +56,7 @@ def _counts(path: Path) -> dict[str, int]:
     return {k: sum(int(s.get(k, 0)) for s in suites) for k in keys}
 
 
-def check_junit(path: Path, same_as: Path | None) -> list[str]:
+def check_junit(path: Path, same_as: Path | None, tests: int | None = None) -> list[str]:
     c = _counts(path)
     passed = c["tests"] - c["failures"] - c["errors"] - c["skipped"]
     print(
@@ -72,6 +72,8 @@ def check_junit(path: Path, same_as: Path | None) -> list[str]:
         other = _counts(same_as)["tests"]
         if other != c["tests"]:
             bad.append(f"{path.name} ran {c['tests']} tests, {same_as.name} ran {other}")
+    if tests is not None and tests != c["tests"]:
+        bad.append(f"{path.name} ran {c['tests']} tests, the checkout collects {tests} for the same selection")
     return bad
 
 
@@ -83,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     j = sub.add_parser("junit")
     j.add_argument("report", type=Path)
     j.add_argument("--same-as", type=Path, default=None)
+    j.add_argument("--tests", type=int, default=None, help="the number of tests the run must have run")
     args = p.parse_args(argv)
-    bad = check_wheel(args.wheel) if args.what == "wheel" else check_junit(args.report, args.same_as)
+    bad = check_wheel(args.wheel) if args.what == "wheel" else check_junit(args.report, args.same_as, args.tests)
     for b in bad:
         print(f"FAIL {b}", file=sys.stderr)
     return 1 if bad else 0

@@ -39,6 +39,10 @@ STEPS = 90  # one epoch is about 65 steps: the runs cross an epoch edge
 EVERY = 4
 
 
+# Real processes and gloo: the slowest tests; the checkout run of .ci/run runs them.
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def data(synth_dataset: SynthDataset) -> Path:
     d = synth_dataset(tokens=100_000, seed=11, docs_per_row_group=50, row_groups_per_file=4, mean_length=150)

@@ -57,6 +57,7 @@ def test_row_group_larger_than_the_budget_fails_at_construction(tmp_path: Path) 
         plitzer.Loader(tmp_path, lanes=2, window=1, seq_len=16, budget=100_000)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_twenty_thousand_tiny_row_groups(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)

@@ -32,6 +32,7 @@ def tiny_row_groups(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::plitzer.PerformanceWarning")  # the floor has no room to prefetch
 @pytest.mark.parametrize(("window", "world", "budget"), [(1, 1, "floor"), (2, 2, "large")])
 def test_thousands_of_windows_hold_two_plus_prefetch(

@@ -257,6 +257,7 @@ def test_an_object_changed_since_indexing_is_refused(s3: S3Data, tmp_path: Path)
     assert {f.version for f in again.files}.isdisjoint(f.version for f in loader.index.files)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_listing_pages_are_followed(s3: S3Data, proxy: FaultProxy) -> None:
     from concurrent.futures import ThreadPoolExecutor
