@@ -27,7 +27,7 @@ bytes whether or not the run was interrupted.
 
 Engines: ``local`` converts files in a pool of processes (one per core, or as many
 as there are files; each tokenizes its file's row groups on the cores left over);
-``ray`` runs the same per-file work as Ray tasks (``ray.init(address=...)``), for
+``ray`` runs the same per-file work as Ray Data tasks (``ray.init(address=...)``), for
 corpora one machine cannot tokenize in time. Sources and destination must then be
 paths every worker sees (a shared filesystem).
 """
@@ -38,6 +38,7 @@ import json
 import os
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -278,16 +279,25 @@ def tokenize(
             pass
         elif engine == "ray":
             import ray
+            import ray.data
 
             if not ray.is_initialized():
                 ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-            spec_ref = ray.put(tok.spec)
-            remote = ray.remote(_ray_job)
-            pending = [remote.remote(spec_ref, j) for j in todo]
-            while pending:
-                ready, pending = ray.wait(pending, num_returns=1)
-                for r in ray.get(ready):
-                    done(r)
+            # Ray Data: one row (and one block, so one task) per file; each task converts
+            # its file exactly as a local worker does, and yields what it wrote.
+            spec = tok.spec
+            items = [dict(j.__dict__) for j in todo]
+
+            def convert(row: dict[str, Any]) -> dict[str, Any]:
+                rel, n_rows, n_tokens, n_bytes = _ray_job(spec, _Job(**row))
+                return {"rel": rel, "rows": n_rows, "tokens": n_tokens, "bytes": n_bytes}
+
+            with warnings.catch_warnings():
+                # Ray Data's own context warns about its own deprecated settings.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                ds = ray.data.from_items(items, override_num_blocks=len(items))
+                for out in ds.map(convert).iter_rows():
+                    done((out["rel"], out["rows"], out["tokens"], out["bytes"]))
         elif workers == 1:
             for j in todo:
                 r_rows, r_tokens, r_bytes = convert_file(j, tok)
