@@ -111,7 +111,8 @@ PLAN = [
     new_markdown_cell(
         "## Read amplification\n\n"
         "Over all ranks, a row group is read once, or twice where a rank boundary cuts it: at most "
-        "`world - 1` extra reads per window, so about `1 + (world - 1) / window`."
+        "`world - 1` extra reads per window, so at most `1 + (world - 1) * windows / G` (about "
+        "`1 + (world - 1) / window`; a short last window adds a little)."
     ),
     new_code_cell(
         'plan.sql("""\n'

@@ -257,10 +257,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         reads.group_by("rank").agg(pl.len().alias("row_groups"), pl.col("bytes").sum().alias("bytes")).sort("rank")
     )
     g = p.index.height
-    amplification = reads.height / max(1, int((p.index["rows"] > 0).sum()))
+    nonempty = max(1, int((p.index["rows"] > 0).sum()))
+    amplification = reads.height / nonempty
+    windows = p.windows_in(args.epoch)
     print(
-        f"{p!r}\nepoch {args.epoch}: {p.windows} windows, {reads.height} reads for {g} row groups "
-        f"(read amplification {amplification:.4f}; bound 1 + (world-1)/W = "
+        f"{p!r}\nepoch {args.epoch}: {windows} windows, {reads.height} reads for {g} row groups "
+        f"(read amplification {amplification:.4f}; bound 1 + (world-1) * windows / G = "
+        f"{1 + (args.world - 1) * windows / nonempty:.4f}, about 1 + (world-1)/W = "
         f"{1 + (args.world - 1) / args.window:.4f})"
     )
     _print_frame(per_rank, args.format, args.out, title="reads per rank")
