@@ -123,7 +123,8 @@ def main() -> None:
         again.resume(state)
         again.next_batch()
         first = time.perf_counter() - t0
-        units = len(set(again._unit))
+        # The windows the lanes stand in: (epoch, window) of every lane's position.
+        units = len({(int(e), int(w)) for _, e, w, _, _ in plitzer.state.decode(again.checkpoint()).positions})
     window_decode = args.window * (tokens / ix.row_groups) / (rate * 1e6)
     print(
         f"resume at step {half}: first batch after {first:.3f} s (construct {construct:.3f} s); "
