@@ -23,6 +23,7 @@ default.
 
 from __future__ import annotations
 
+import functools
 import io
 from typing import Any
 
@@ -43,6 +44,8 @@ __all__ = [
     "check_no_null_tokens",
     "count_chunk",
     "decode_chunk",
+    "decode_column",
+    "read_column",
     "read_chunk",
     "to_tokens",
 ]
@@ -98,6 +101,36 @@ class RangeFile(io.RawIOBase):
         return len(data)
 
 
+def decode_column(
+    data: bytes,
+    *,
+    offset: int,
+    file_size: int,
+    metadata: pq.FileMetaData,
+    row_group: int,
+    column: str,
+    where: str,
+    what: str = "token",
+) -> pa.Array:
+    """Decode one row group's ``column`` from the bytes of its column chunk, as the file holds it.
+
+    Damaged data is a DataError naming ``where`` (on one line), never a bare pyarrow
+    error; ``what`` names the column in that message ("token", "text").
+    """
+    f = RangeFile(data, offset, file_size, where)
+    try:
+        # Page CRCs are verified whenever the writer stored them (docs/reliability.md).
+        pf = pq.ParquetFile(f, metadata=metadata, pre_buffer=True, page_checksum_verification=True)
+        table = pf.read_row_group(row_group, columns=[column], use_threads=False)
+    except DataError:
+        raise
+    except (pa.ArrowException, OSError, ValueError, IndexError, TypeError) as e:
+        msg = f"{where}: cannot decode the {what} column ({type(e).__name__}: {one_line(e)}); the file is damaged"
+        raise DataError(msg) from e
+    col = table.column(0)
+    return col.chunk(0) if col.num_chunks == 1 else pa.concat_arrays(col.chunks)
+
+
 def decode_chunk(
     data: bytes,
     *,
@@ -114,24 +147,38 @@ def decode_chunk(
     some integer type); raises DataError (naming ``where``, on one line) for
     damaged data, never a bare pyarrow error.
     """
-    f = RangeFile(data, offset, file_size, where)
-    try:
-        # Page CRCs are verified whenever the writer stored them (docs/reliability.md).
-        pf = pq.ParquetFile(f, metadata=metadata, pre_buffer=True, page_checksum_verification=True)
-        table = pf.read_row_group(row_group, columns=[column], use_threads=False)
-    except DataError:
-        raise
-    except (pa.ArrowException, OSError, ValueError, IndexError, TypeError) as e:
-        msg = f"{where}: cannot decode the token column ({type(e).__name__}: {one_line(e)}); the file is damaged"
-        raise DataError(msg) from e
-    col = table.column(0)
-    arr = col.chunk(0) if col.num_chunks == 1 else pa.concat_arrays(col.chunks)
+    arr = decode_column(
+        data, offset=offset, file_size=file_size, metadata=metadata, row_group=row_group, column=column, where=where
+    )
     if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or not pa.types.is_integer(
         arr.type.value_type
     ):
         msg = f"{where}: the token column decoded as {arr.type}, not a list of integers; the file is damaged"
         raise DataError(msg)
     return arr
+
+
+def read_column(index: Index, rg: int, *, what: str = "token") -> tuple[pa.Array, dict[str, Any], str]:
+    """Row group ``rg``'s column chunk (one ranged read), decoded as the file holds it.
+
+    Returns the array, the row group's index row and where it is (for messages).
+    """
+    row = index.frame.row(rg, named=True)
+    fi = row["file_index"]
+    st = index.file(fi)
+    where = index.location(fi, row["row_group"])
+    data = index.storage(fi).read_range(st, row["byte_offset"], row["byte_length"])
+    decode = decode_chunk if what == "token" else functools.partial(decode_column, what=what)
+    arr = decode(
+        data,
+        offset=row["byte_offset"],
+        file_size=st.size,
+        metadata=index.metadata(fi),
+        row_group=row["row_group"],
+        column=index.column,
+        where=where,
+    )
+    return arr, row, where
 
 
 def _values(arr: pa.Array) -> pa.Array:
@@ -223,20 +270,7 @@ def read_chunk(index: Index, rg: int) -> pa.Array:
     if own is not None:  # a text index (plitzer.text) tokenizes its row groups as it reads them
         result: pa.Array = own(rg)
         return result
-    row = index.frame.row(rg, named=True)
-    fi = row["file_index"]
-    st = index.file(fi)
-    where = index.location(fi, row["row_group"])
-    data = index.storage(fi).read_range(st, row["byte_offset"], row["byte_length"])
-    arr = decode_chunk(
-        data,
-        offset=row["byte_offset"],
-        file_size=st.size,
-        metadata=index.metadata(fi),
-        row_group=row["row_group"],
-        column=index.column,
-        where=where,
-    )
+    arr, row, where = read_column(index, rg)
     check_no_null_tokens(arr, where)
     check_decoded(arr, rows=row["rows"], tokens=row["tokens"], where=where)
     return to_tokens(arr, index.dtype, check=bool(row["needs_check"]), where=where)

@@ -60,7 +60,7 @@ from planner.column import TokenDtype, token_range
 from planner.dataset import INDEX_SCHEMA, FileEntry, Index
 from planner.errors import ConfigError, DataError, one_line
 from planner.storage import FileStat, open_storages
-from plitzer.read import RangeFile
+from plitzer.read import decode_column, read_column
 from plitzer.tokenizer import TextTokenizer, load_tokenizer
 
 __all__ = [
@@ -159,22 +159,6 @@ def tokens_array(
 # -- the index -----------------------------------------------------------------------
 
 
-def _decode_text(
-    data: bytes, *, offset: int, file_size: int, metadata: pq.FileMetaData, row_group: int, column: str, where: str
-) -> pa.Array:
-    f = RangeFile(data, offset, file_size, where)
-    try:
-        pf = pq.ParquetFile(f, metadata=metadata, pre_buffer=True, page_checksum_verification=True)
-        table = pf.read_row_group(row_group, columns=[column], use_threads=False)
-    except DataError:
-        raise
-    except (pa.ArrowException, OSError, ValueError, IndexError, TypeError) as e:
-        msg = f"{where}: cannot decode the text column ({type(e).__name__}: {one_line(e)}); the file is damaged"
-        raise DataError(msg) from e
-    col = table.column(0)
-    return col.chunk(0) if col.num_chunks == 1 else pa.concat_arrays(col.chunks)
-
-
 @dataclass
 class TextIndex(Index):
     """An :class:`Index` of text whose row groups are tokenized as they are read."""
@@ -185,20 +169,7 @@ class TextIndex(Index):
 
     def read_text(self, rg: int) -> pa.Array:
         """Row group ``rg``'s text column (one ranged read)."""
-        row = self.frame.row(rg, named=True)
-        fi = row["file_index"]
-        st = self.file(fi)
-        where = self.location(fi, row["row_group"])
-        data = self.storage(fi).read_range(st, row["byte_offset"], row["byte_length"])
-        arr = _decode_text(
-            data,
-            offset=row["byte_offset"],
-            file_size=st.size,
-            metadata=self.metadata(fi),
-            row_group=row["row_group"],
-            column=self.column,
-            where=where,
-        )
+        arr, row, where = read_column(self, rg, what="text")
         if len(arr) != row["rows"]:
             msg = f"{where}: decoded {len(arr)} rows, but the footer says {row['rows']}; the file is damaged"
             raise DataError(msg)
@@ -357,8 +328,15 @@ def text_index(
             where = f"{e.stat.location}, row group {g}"
             start, length = _chunk_range(md, g, leaves[fi], e.stat.size, where)
             data = e.storage.read_range(e.stat, start, length)
-            arr = _decode_text(
-                data, offset=start, file_size=e.stat.size, metadata=md, row_group=g, column=text_column, where=where
+            arr = decode_column(
+                data,
+                offset=start,
+                file_size=e.stat.size,
+                metadata=md,
+                row_group=g,
+                column=text_column,
+                where=where,
+                what="text",
             )
             ids = encode_texts(tok, texts_of(arr))
             return fg, np.fromiter((len(x) for x in ids), np.int64, len(ids))
