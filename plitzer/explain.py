@@ -38,7 +38,6 @@ from typing import Any, Unpack
 import numpy as np
 import polars as pl
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
@@ -48,7 +47,7 @@ from planner.errors import ConfigError, DataError
 from planner.hashing import mix_array
 from planner.plan import check_int
 from plitzer.loader import Loader
-from plitzer.read import read_chunk
+from plitzer.read import list_lengths, read_chunk
 from plitzer.settings import Keywords, LoaderSettings
 from plitzer.settings import Source as AnySource
 
@@ -73,7 +72,7 @@ def _hash_documents(arr: pa.Array) -> tuple[I64, U64]:
     the token's position in its document: integer arithmetic only, so it is the
     same on every machine and version (a cached table stays valid).
     """
-    lengths = pc.list_value_length(arr).fill_null(0).to_numpy().astype(np.int64, copy=False)
+    lengths = list_lengths(arr)
     values = arr.flatten().to_numpy(zero_copy_only=False)
     tok = values.view(np.uint32).astype(np.uint64) if values.dtype.itemsize == 4 else values.astype(np.uint64)
     starts = np.cumsum(lengths) - lengths

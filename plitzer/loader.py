@@ -46,7 +46,7 @@ __all__ = ["Cursor", "Loader", "LoaderSettings", "budget_floor"]
 class Cursor:
     """Where one of the rank's lanes is: its unit, and its place in that unit's packed stream.
 
-    ``window`` is the packed unit once the lane has entered it (``None`` before);
+    ``window`` is the packed part of its unit once the lane has entered it (``None`` before);
     ``pos`` and ``end`` are the next token and the slice's end in ``window.flat``.
     ``pending`` is where to place the lane when it enters: ``(piece, offset)`` from a
     checkpoint, or ``(-1, offset in the slice)`` from :meth:`Loader.seek`.
@@ -287,14 +287,14 @@ class Loader:
     def _enter(self, i: int) -> PackedWindow:
         """Load lane ``i``'s current unit and place its cursor."""
         c = self._cursors[i]
-        w = self._scanner.get(c.unit)
-        start, end = int(w.lane_start[i]), int(w.lane_start[i + 1])
+        w = self._scanner.get(c.unit, i)
+        start, end = w.slice_of(i)
         pos = start
         pending = c.pending
         if pending is not None:
             j, o = pending
             c.pending = None
-            p0, p1 = int(w.lane_piece[i]), int(w.lane_piece[i + 1])
+            p0, p1 = w.pieces_of(i)
             if j < 0:  # an offset in the slice (seek)
                 pos = start + o
             elif j > p1 - p0 or (j == p1 - p0 and o > 0):
@@ -332,7 +332,7 @@ class Loader:
                 if win is None:
                     j, o = c.pending or (0, 0)
                 else:
-                    p0, p1 = int(win.lane_piece[i]), int(win.lane_piece[i + 1])
+                    p0, p1 = win.pieces_of(i)
                     pos = c.pos
                     # The piece holding the next token: the first whose end is past pos.
                     j = int(np.searchsorted(win.piece_end[p0:p1], pos, side="right"))

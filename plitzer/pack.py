@@ -44,19 +44,22 @@ from numpy.typing import NDArray
 
 from planner.hashing import key, mix_array
 from planner.lanes import cut_at
+from plitzer.read import list_lengths, numpy_view
 
 __all__ = ["PackedWindow", "pack_window"]
 
 
 @dataclass(slots=True, eq=False)
 class PackedWindow:
-    """The rank's lanes of one window, each slice's pieces in shuffled order.
+    """Some of the rank's lanes of one window, each slice's pieces in shuffled order.
 
-    ``flat[lane_start[i]:lane_start[i+1]]`` is the token stream of the rank's
+    It holds the rank's lanes ``first, first + 1, ...`` (counted within the rank;
+    the scanner packs a window in parts). With ``j = i - first``,
+    ``flat[lane_start[j]:lane_start[j+1]]`` is the token stream of the rank's
     ``i``-th lane in this window. Packed piece ``p`` ends at ``piece_end[p]`` (a
     position in ``flat``); it is tokens ``[piece_offset[p], piece_offset[p] + length)``
     of source document ``doc_id[p]`` (a running number over the dataset's rows).
-    Lane ``i``'s pieces are ``lane_piece[i]:lane_piece[i+1]``, in shuffled order,
+    Lane ``i``'s pieces are ``lane_piece[j]:lane_piece[j+1]``, in shuffled order,
     empty documents included (as pieces of length 0).
     """
 
@@ -69,6 +72,17 @@ class PackedWindow:
     piece_end: NDArray[np.int64]
     doc_id: NDArray[np.int64]
     piece_offset: NDArray[np.int64]
+    first: int = 0
+
+    def slice_of(self, lane: int) -> tuple[int, int]:
+        """Start and end in ``flat`` of rank lane ``lane``'s slice."""
+        j = lane - self.first
+        return int(self.lane_start[j]), int(self.lane_start[j + 1])
+
+    def pieces_of(self, lane: int) -> tuple[int, int]:
+        """Rank lane ``lane``'s packed pieces: ``p0:p1``."""
+        j = lane - self.first
+        return int(self.lane_piece[j]), int(self.lane_piece[j + 1])
 
     @property
     def nbytes(self) -> int:
@@ -83,7 +97,8 @@ class PackedWindow:
 
     def piece_start(self, p: int, lane: int) -> int:
         """Start (in ``flat``) of packed piece ``p`` of rank lane ``lane``."""
-        return int(self.piece_end[p - 1]) if p > self.lane_piece[lane] else int(self.lane_start[lane])
+        j = lane - self.first
+        return int(self.piece_end[p - 1]) if p > self.lane_piece[j] else int(self.lane_start[j])
 
 
 def packed_bytes(tokens: Any, rows: Any, lanes: int) -> Any:
@@ -93,6 +108,17 @@ def packed_bytes(tokens: Any, rows: Any, lanes: int) -> Any:
     plus one per cut inside a document (fewer than ``lanes + 1``).
     """
     return 4 * tokens + 24 * (rows + lanes + 1) + 16 * (lanes + 1)
+
+
+def arrow_ints(a: NDArray[Any], typ: pa.DataType) -> pa.Array:
+    """A NumPy integer array as an Arrow array of ``typ``, without ``pa.array``.
+
+    ``pa.array`` on a NumPy array imports pandas the first time (to ask whether it
+    is a pandas object: 0.23 s measured), which a fresh process's first batch would
+    wait for; building from the buffer does not.
+    """
+    data = np.ascontiguousarray(a, dtype=typ.to_pandas_dtype())
+    return pa.Array.from_buffers(typ, len(data), [None, pa.py_buffer(data)])
 
 
 def _gather(parts: list[pa.Array], order: NDArray[np.int64]) -> NDArray[Any]:
@@ -107,7 +133,7 @@ def _gather(parts: list[pa.Array], order: NDArray[np.int64]) -> NDArray[Any]:
     taken = series.gather(order).to_arrow()
     if isinstance(taken, pa.ChunkedArray):
         taken = taken.combine_chunks()
-    return taken.flatten().to_numpy(zero_copy_only=True)  # type: ignore[no-any-return]
+    return numpy_view(taken.flatten())
 
 
 def slice_keys(seed: int, epoch: int, window: int, lanes: range) -> NDArray[np.uint64]:
@@ -124,13 +150,13 @@ def _documents(arr: pa.Array) -> tuple[pa.Array, NDArray[np.int64], NDArray[np.i
     Parquet reader never writes one, but if one comes, the chunk is rebuilt so that
     every document's values start where the previous one's end.
     """
-    lens = pc.list_value_length(arr).fill_null(0).to_numpy().astype(np.int64, copy=False)
-    offsets = arr.offsets.to_numpy().astype(np.int64, copy=False)
+    lens = list_lengths(arr)
+    offsets = numpy_view(arr.offsets).astype(np.int64, copy=False)
     if len(lens) and int(offsets[-1] - offsets[0]) != int(lens.sum()):
         ends = np.cumsum(lens)
         cls = pa.LargeListArray if pa.types.is_large_list(arr.type) else pa.ListArray
-        arr = cls.from_arrays(pa.array(np.concatenate([[0], ends])), pc.list_flatten(arr))
-        offsets = arr.offsets.to_numpy().astype(np.int64, copy=False)
+        arr = cls.from_arrays(arrow_ints(np.concatenate([[0], ends]), pa.int64()), pc.list_flatten(arr))
+        offsets = numpy_view(arr.offsets).astype(np.int64, copy=False)
     return arr, lens, offsets[:-1]
 
 
@@ -149,6 +175,7 @@ def pack_window(
     unit: int,
     dtype: np.dtype[Any],
     keep: NDArray[np.bool_] | None = None,
+    first: int = 0,
 ) -> PackedWindow:
     """Pack the decoded row groups a rank read in one window into its lanes.
 
@@ -158,6 +185,8 @@ def pack_window(
     ``window_z`` is the run's tokens before this window, mod ``lanes``.
     ``keep`` (one flag per rank lane) leaves out the pieces of lanes that will
     never read this window (after a resume); their slices are then empty.
+    ``first`` is the index within the rank of ``rank_lanes.start`` (when packing
+    part of the rank's lanes): what :class:`PackedWindow` methods subtract.
     """
     nl = len(rank_lanes)
     q, r = divmod(window_tokens, lanes)
@@ -225,7 +254,7 @@ def pack_window(
         arr = arrays[c]
         large = pa.types.is_large_list(arr.type)
         cls = pa.LargeListArray if large else pa.ListArray
-        off = pa.array(offsets, pa.int64() if large else pa.int32())
+        off = arrow_ints(offsets, pa.int64() if large else pa.int32())
         parts.append(cls.from_arrays(off, arr.values))
 
     kept = np.flatnonzero(keep[local]) if keep is not None else np.arange(len(local), dtype=np.int64)
@@ -254,4 +283,5 @@ def pack_window(
         piece_end=piece_end,
         doc_id=ids[rep][order],
         piece_offset=(p_start - ds[rep])[order],
+        first=first,
     )

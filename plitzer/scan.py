@@ -4,7 +4,12 @@ A *unit* is one window of one epoch, numbered ``epoch * windows + window``: the
 sequence every rank walks through. For each unit the scanner takes the rank's
 reads from the plan (the same arrays ``Plan.reads`` shows), issues one ranged
 read per row group and decodes it in a thread pool (pyarrow releases the GIL),
-then packs the unit's lanes (``plitzer.pack``) in the same pool.
+then packs the unit's lanes (``plitzer.pack``) in the same pool, in parts: a
+lane's slice is a stretch of the window stream, so the lanes whose row groups
+are decoded are packed at once, in the reader thread that finished the last of
+them, while the other row groups still decode. Row groups are read in stream
+order, so the first batch waits for the window's decode plus the packing of its
+last part only (about one row group's worth), not of the whole window.
 
 Memory: ``budget`` caps the decoded bytes held. A unit is charged its estimate
 (decoded row groups plus the packed copy, from the footers) when its reads are
@@ -25,9 +30,11 @@ budget, which the tests assert never happens.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from bisect import bisect_right
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,11 +62,33 @@ def unit_estimate(tokens: Any, rows: Any, lanes: int) -> Any:
 
 @dataclass(eq=False)
 class _Unit:
+    """One unit being read and packed: its row groups, and its lanes in parts.
+
+    Part ``j`` packs the rank lanes ``[lane0[j], lane0[j+1])`` as soon as the row
+    groups their slices touch (``users``: the parts each row group serves) are
+    decoded, in the reader thread that decoded the last of them, so packing runs
+    while later row groups decode and the first lanes are ready first.
+    """
+
     unit: int
-    future: Future[PackedWindow]
+    parts: list[Future[PackedWindow]]
+    lane0: list[int]
     charge: int
     chunks: list[pa.Array | None] = field(default_factory=list)
-    left: int = 0
+    users: list[list[int]] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    left: int = 0  # parts not packed yet
+    packed: int = 0  # bytes of the parts packed so far
+    dead: bool = False  # failed or cancelled: nothing more to do
+
+    def kill(self, error: BaseException | None = None) -> None:
+        self.dead = True
+        for f in self.parts:
+            with contextlib.suppress(InvalidStateError):  # finished meanwhile in another thread
+                if error is None:
+                    f.cancel()
+                elif not f.done():
+                    f.set_exception(error)
 
 
 class Scanner:
@@ -121,7 +150,7 @@ class Scanner:
         self._first_max = int(first.max())
         with self._lock:
             for u in self._units.values():
-                u.future.cancel()
+                u.kill()
             self._units.clear()
             self.held_bytes = 0
         self._next = unit
@@ -161,8 +190,27 @@ class Scanner:
 
     def _start(self, unit: int, charge: int) -> None:
         epoch, window, rgs, starts = self._reads(unit)
-        fut: Future[PackedWindow] = Future()
-        u = _Unit(unit=unit, future=fut, charge=charge, chunks=[None] * len(rgs), left=len(rgs))
+        ep = self.plan.epoch(epoch)
+        nl = len(self.rank_lanes)
+        # Parts of about equal lanes, as many as row groups: lanes' slices are
+        # consecutive stretches of the window stream, so part j is ready about when
+        # row group j is, and the first batch waits for the last part's packing only.
+        n_parts = max(1, min(len(rgs), nl))
+        lane0 = [j * nl // n_parts for j in range(n_parts + 1)]
+        parts: list[Future[PackedWindow]] = [Future() for _ in range(n_parts)]
+        u = _Unit(unit=unit, parts=parts, lane0=lane0, charge=charge, chunks=[None] * len(rgs), left=n_parts)
+        # The row groups each part needs: those whose tokens [s, s + n] meet the part's
+        # cut range [c_a, c_b] (closed: empty documents sit at the ends of either).
+        cuts = ep.cuts(window, self.lanes, np.asarray(lane0, dtype=np.int64) + self.rank_lanes.start)
+        tok = self._tokens[rgs]
+        first = np.searchsorted(starts + tok, cuts[:-1], side="left")
+        last = np.searchsorted(starts, cuts[1:], side="right")
+        needs = [range(int(first[j]), int(last[j])) for j in range(n_parts)]
+        u.users = [[] for _ in rgs]
+        for j, r in enumerate(needs):
+            for c in r:
+                u.users[c].append(j)
+        u.waiting = [len(r) for r in needs]
         self._units[unit] = u
         with self._lock:
             if self.held_bytes + charge > self.budget:
@@ -172,60 +220,73 @@ class Scanner:
             self.peak_units = max(self.peak_units, len(self._units))
         token_start = [int(x) for x in starts]
         doc_base = [int(self._doc_base[g]) for g in rgs]
-        ep = self.plan.epoch(epoch)
         window_tokens = int(ep.window_tokens[window])
         window_z = int(ep.window_z[window])
         keep = self._needed(unit)
+        settings = self.plan.settings
 
-        def pack() -> None:
+        def pack(j: int) -> None:
+            """Pack part ``j`` (its row groups are decoded), then free what no part needs."""
+            if u.dead:
+                return
+            a, b = lane0[j], lane0[j + 1]
+            r = needs[j]
             try:
-                chunks = [c for c in u.chunks if c is not None]
-                u.chunks = []
                 pw = pack_window(
-                    chunks,
-                    token_start,
-                    doc_base,
+                    [u.chunks[c] for c in r],  # type: ignore[misc]
+                    token_start[r.start : r.stop],
+                    doc_base[r.start : r.stop],
                     window_tokens=window_tokens,
                     window_z=window_z,
-                    lanes=self.plan.settings.lanes,
-                    rank_lanes=self.rank_lanes,
-                    keep=keep,
-                    seed=self.plan.settings.seed,
+                    lanes=settings.lanes,
+                    rank_lanes=range(self.rank_lanes.start + a, self.rank_lanes.start + b),
+                    keep=None if keep is None else keep[a:b],
+                    seed=settings.seed,
                     epoch=epoch,
                     window=window,
                     unit=unit,
                     dtype=self._dtype,
+                    first=a,
                 )
             except BaseException as e:
-                fut.set_exception(e)
+                u.kill(e)
                 return
             with self._lock:
-                if unit in self._units:
-                    self.held_bytes += pw.nbytes - u.charge
-                    u.charge = pw.nbytes
-            fut.set_result(pw)
+                for c in r:
+                    u.users[c].remove(j)
+                    if not u.users[c]:
+                        u.chunks[c] = None  # decoded row group no longer needed
+                u.packed += pw.nbytes
+                u.left -= 1
+                if u.left == 0 and self._units.get(unit) is u:
+                    self.held_bytes += u.packed - u.charge
+                    u.charge = u.packed
+            with contextlib.suppress(InvalidStateError):  # cancelled by reset() or close()
+                parts[j].set_result(pw)
 
-        if not len(rgs):
-            self._pool.submit(pack)
-            return
+        for j in range(n_parts):
+            if not u.waiting[j]:
+                self._pool.submit(pack, j)
 
         def read(i: int, g: int) -> None:
-            if fut.done():
+            if u.dead:
                 return
             try:
                 arr = read_chunk(self.index, g)  # checked, as list<int32> or list<uint32>
             except BaseException as e:
-                if not fut.done():
-                    fut.set_exception(e)
+                u.kill(e)
                 return
+            ready = []
             with self._lock:
                 u.chunks[i] = arr
-                u.left -= 1
-                last = u.left == 0
+                for j in u.users[i]:
+                    u.waiting[j] -= 1
+                    if u.waiting[j] == 0:
+                        ready.append(j)
                 self.rows_read += 1
                 self.bytes_read += int(self.index.frame["byte_length"][g])
-            if last:
-                pack()
+            for j in sorted(ready):
+                pack(j)
 
         for i, g in enumerate(rgs.tolist()):
             self._pool.submit(read, i, g)
@@ -240,8 +301,11 @@ class Scanner:
             self._start(self._next, est)
             self._next += 1
 
-    def get(self, unit: int) -> PackedWindow:
-        """The packed unit, waiting for it if needed; starts later units as budget allows."""
+    def get(self, unit: int, lane: int = 0) -> PackedWindow:
+        """The packed part of ``unit`` that holds rank lane ``lane``, waiting for it if needed.
+
+        Starts later units as the budget allows.
+        """
         if self._closed:
             msg = "the loader is closed; create a new Loader (and resume it) to go on"
             raise UsageError(msg)
@@ -250,7 +314,8 @@ class Scanner:
             self._start(self._next, self._estimate(self._next))
             self._next += 1
         self._prefetch()
-        return self._units[unit].future.result()
+        u = self._units[unit]
+        return u.parts[bisect_right(u.lane0, lane) - 1].result()
 
     def release_before(self, unit: int) -> None:
         """Every lane has moved past the units before ``unit``: free them."""
@@ -270,7 +335,7 @@ class Scanner:
         self._closed = True
         with self._lock:
             for u in self._units.values():
-                u.future.cancel()
+                u.kill()
             self._units.clear()
             self.held_bytes = 0
         self._pool.shutdown(wait=True, cancel_futures=True)

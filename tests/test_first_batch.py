@@ -1,0 +1,91 @@
+"""The first batch: lanes are packed in parts as their row groups decode, and a fresh
+process reaches its first batch without paying for imports it does not need."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import plitzer
+import plitzer.scan
+from plitzer.read import read_chunk
+from tests.conftest import SynthDataset
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def data(synth_dataset: SynthDataset) -> Path:
+    return synth_dataset(tokens=200_000, seed=5, docs_per_row_group=50, row_groups_per_file=4, mean_length=120)
+
+
+CFG = {"seed": 3, "lanes": 16, "window": 8, "seq_len": 64, "threads": 2}
+
+
+def test_first_lanes_are_ready_before_the_window_is_decoded(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lane 0's part is packed while the window's last row group is still being read."""
+    with plitzer.Loader(data, **CFG) as ref:  # type: ignore[arg-type]
+        want = np.from_dlpack(ref.next_batch().tokens).copy()
+        plan = ref.plan
+    ep = plan.epoch(0)
+    rgs = ep.order[ep.reads_of(0, 0)].tolist()
+    assert len(rgs) == CFG["window"]
+    last = rgs[-1]
+    gate = threading.Event()
+    real = read_chunk
+
+    def slow_last(index: object, g: int) -> object:
+        if g == last:
+            assert gate.wait(30), "the test never released the last row group"
+        return real(index, g)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(plitzer.scan, "read_chunk", slow_last)
+    with plitzer.Loader(data, **CFG) as ld:  # type: ignore[arg-type]
+        scanner = ld._scanner
+        scanner.reset([0] * CFG["lanes"])
+        first = scanner.get(0, 0)  # returns although the last row group is not read
+        assert first.first == 0 and first.window == 0
+        unit = scanner._units[0]
+        assert len(unit.parts) == CFG["window"]
+        assert not unit.parts[-1].done()  # the last part waits for the last row group
+        gate.set()
+        parts = [f.result(timeout=30) for f in unit.parts]
+        # Parts cover the rank's lanes end to end, each lane once.
+        assert [p.first for p in parts] == unit.lane0[:-1]
+        ld.seek(0)
+        got = np.from_dlpack(ld.next_batch().tokens)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_read_error_in_one_part_fails_every_part(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with plitzer.Loader(data, **CFG) as ref:  # type: ignore[arg-type]
+        ep = ref.plan.epoch(0)
+    bad = int(ep.order[ep.reads_of(0, 0)][3])
+    real = read_chunk
+
+    def broken(index: object, g: int) -> object:
+        if g == bad:
+            msg = f"row group {g} is damaged"
+            raise plitzer.DataError(msg)
+        return real(index, g)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(plitzer.scan, "read_chunk", broken)
+    with plitzer.Loader(data, **CFG) as ld, pytest.raises(plitzer.DataError, match=f"row group {bad}"):  # type: ignore[arg-type]
+        ld.next_batch()
+
+
+def test_the_first_batch_does_not_import_pandas(data: Path) -> None:
+    """pyarrow's ``to_numpy`` and ``pa.array`` import pandas on first use (0.23 s):
+    a cost on the first batch of every fresh process that the read and pack paths avoid."""
+    code = (
+        "import sys, plitzer\n"
+        f"ld = plitzer.Loader({str(data)!r}, seed=0, lanes=16, window=8, seq_len=64, threads=2)\n"
+        "ld.next_batch(); ld.checkpoint(); ld.close()\n"
+        "assert 'pandas' not in sys.modules, 'pandas was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=120)
