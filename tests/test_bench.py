@@ -75,8 +75,10 @@ def test_plitzer_end_to_end(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFi
     assert p["convert_s"] == 0 and p["converted_mib"] == 0
     assert p["exact"] == "yes" and p["lost"] == 0 and p["repeated"] == 0
     assert p["resume_s"] is not None and p["resume_s"] >= 0
+    assert rows["pyarrow"]["window_s"] > 0 and rows["pyarrow"]["resume_window_s"] > 0
     printed = capsys.readouterr().out
     assert "| loader | convert (s) |" in printed and "| plitzer | 0.0 | 0.0 |" in printed
+    assert "plitzer's first batch: " in printed and "x the decode of its first window; resume: " in printed
 
 
 @pytest.mark.slow

@@ -18,6 +18,11 @@ JSON file. Modes:
 ``resume``
     A new process resumes from that state (time to its first batch) and runs to
     the end of the epoch.
+``window``
+    The reference for plitzer's first batch and resume: in a fresh process, the
+    time to decode one window's row groups (rank 0 of ``--world``, from the plan)
+    with pyarrow on ``--workers`` threads: the window the first batch needs, and the
+    one the lanes stand in at the step ``save`` stops at.
 
 ``save`` and ``resume`` record a digest of every delivered document (plitzer: of
 every batch) so that the harness can compare the two streams.
@@ -171,11 +176,44 @@ def run_resume(r: Runner, out: dict[str, Any], state_path: Path, records: Path) 
     del it
 
 
+def run_window(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    """Seconds to decode (pyarrow, ``workers`` threads) the rank's share of a window, fresh process."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow.parquet as pq
+
+    import planner
+
+    plan = planner.plan(args.data, seed=args.seed, lanes=args.lanes, window=args.window, world=args.world)
+    ix = plan.dataset
+    files, groups = ix.frame["file"].to_list(), ix.frame["row_group"].to_list()
+    ep = plan.epoch(0)
+    per_step = args.lanes * args.seq_len
+    stop = max(1, -(-ix.tokens // per_step) // 2)  # the step run_save stops at
+    starts = np.cumsum(ep.window_tokens) - ep.window_tokens
+    mid = int(np.searchsorted(starts, stop * per_step, side="right")) - 1
+    root = Path(args.data)
+    for name, window in (("window", 0), ("resume_window", mid)):
+        rgs = ep.order[ep.reads_of(window, 0)].tolist()
+
+        def decode(g: int) -> int:
+            f = root / files[g] if root.is_dir() else root
+            col = pq.ParquetFile(f).read_row_group(groups[g], columns=[ix.column], use_threads=False).column(0)
+            return sum(len(c.values) for c in col.chunks)
+
+        t = time.perf_counter()
+        with ThreadPoolExecutor(args.workers) as pool:
+            tokens = sum(pool.map(decode, rgs))
+        out[f"{name}_s"] = time.perf_counter() - t
+        out[f"{name}_tokens"] = tokens
+        out[f"{name}_index"] = window
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m plitzer.bench._run_one")
     ap.add_argument("loader", choices=sorted(RUNNERS))
     ap.add_argument("--data", required=True)
-    ap.add_argument("--mode", choices=["convert", "throughput", "save", "resume"], required=True)
+    ap.add_argument("--mode", choices=["convert", "throughput", "save", "resume", "window"], required=True)
     ap.add_argument("--out", required=True, help="JSON file to write (records go beside it)")
     ap.add_argument("--work", required=True, help="folder for converted copies")
     ap.add_argument("--batch", type=int, default=64)
@@ -186,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--budget", type=int, default=1 << 30)
+    ap.add_argument("--world", type=int, default=1, help="window mode: the rank's share of world")
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--state", default=None, help="state file (save, resume)")
     args = ap.parse_args(argv)
@@ -200,6 +239,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         out["convert_s"] = time.perf_counter() - t
     elif args.mode == "throughput":
         run_throughput(runner, out)
+    elif args.mode == "window":
+        run_window(args, out)
     elif args.mode == "save":
         run_save(runner, out, Path(args.state), out_path.parent)
     else:

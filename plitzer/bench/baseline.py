@@ -292,6 +292,8 @@ class Row:
     peak_rss_mib: float | None = None
     peak_pss_mib: float | None = None
     first_batch_s: float | None = None
+    window_s: float | None = None  # pyarrow: one window's decode (the first batch's reference)
+    resume_window_s: float | None = None  # and the window the lanes stand in at resume
     capped: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -320,6 +322,21 @@ def table(rows: Sequence[Row]) -> str:
             f"| {_fmt(r.first_batch_s, '.2f')} |"
         )
     return "\n".join(lines)
+
+
+def window_reference(row: Row, python: str, base: list[str], folder: Path, args: argparse.Namespace) -> None:
+    """The pyarrow row's window decodes: what plitzer's first batch and resume compare to."""
+    w = run_one(python, "pyarrow", "window", base, folder, args.timeout)
+    if w.error:
+        row.notes.append(w.error)
+        return
+    wo = w.out
+    row.window_s, row.resume_window_s = wo["window_s"], wo["resume_window_s"]
+    row.notes.append(
+        f"decoding window 0 (rank 0's share, {wo['window_tokens']:,} tokens) on {args.workers} threads in a "
+        f"fresh process: {wo['window_s']:.2f} s; window {wo['resume_window_index']} (where a resume at "
+        f"mid-epoch stands, {wo['resume_window_tokens']:,} tokens): {wo['resume_window_s']:.2f} s"
+    )
 
 
 def bench_loader(loader: str, python: str, base: list[str], work: Path, args: argparse.Namespace) -> Row:
@@ -351,6 +368,8 @@ def bench_loader(loader: str, python: str, base: list[str], work: Path, args: ar
     row.capped = bool(o["capped"])
     if "peak_held_bytes" in o:
         row.notes.append(f"decoded bytes held at peak: {o['peak_held_bytes'] / 2**20:,.0f} MiB")
+    if loader == "pyarrow":
+        window_reference(row, python, base, folder, args)
     if loader == "pyarrow" or args.no_resume:
         return row
     state = folder / "state.bin"
@@ -485,6 +504,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"[{loader}]   {note}", flush=True)
     print()
     print(table(rows))
+    ref = next((r for r in rows if r.loader == "pyarrow"), None)
+    mine = next((r for r in rows if r.loader == "plitzer"), None)
+    if ref and mine and ref.window_s and mine.first_batch_s is not None:
+        line = f"\nplitzer's first batch: {mine.first_batch_s / ref.window_s:.2f}x the decode of its first window"
+        if mine.resume_s is not None and ref.resume_window_s:
+            line += f"; resume: {mine.resume_s / ref.resume_window_s:.2f}x the decode of the window it resumes in"
+        print(line + " (both on all cores, in a fresh process; the target is at most 1.2x)")
+    hf = next((r for r in rows if r.loader == "hf"), None)
+    if hf and mine and hf.mtok_s and mine.mtok_s:
+        print(
+            f"plitzer / hf: {mine.mtok_s / hf.mtok_s:.2f}x the tokens/s"
+            + (f", {mine.ns_token / hf.ns_token:.2f}x the CPU per token" if mine.ns_token and hf.ns_token else "")
+        )
     if any(r.capped for r in rows):
         print(f"\n* measured for {args.time_limit:.0f} s of steady state, not a whole epoch")
     record = {
