@@ -5,6 +5,9 @@
 ['Loader', 'merge', 'plan']
 """
 
+# First: allocator defaults that must be in place before Polars and pyarrow load.
+from plitzer import _allocators  # noqa: F401, I001
+
 from planner import index, plan
 from plitzer import synth
 from plitzer.batch import Batch, Tokens

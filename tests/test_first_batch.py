@@ -3,6 +3,8 @@ process reaches its first batch without paying for imports it does not need."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import threading
@@ -89,3 +91,34 @@ def test_the_first_batch_does_not_import_pandas(data: Path) -> None:
         "assert 'pandas' not in sys.modules, 'pandas was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=120)
+
+
+def _env_after_import(env: dict[str, str], first: str = "") -> dict[str, object]:
+    code = (
+        f"{first}\nimport json, os, plitzer\n"
+        "print(json.dumps({'applied': plitzer._allocators.applied,"
+        " 'rjem': os.environ.get('_RJEM_MALLOC_CONF'), 'mi': os.environ.get('MIMALLOC_PURGE_DELAY')}))"
+    )
+    base = {k: v for k, v in os.environ.items() if k not in {"_RJEM_MALLOC_CONF", "MIMALLOC_PURGE_DELAY"}}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={**base, **env}, cwd=REPO, capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_allocator_defaults_keep_freed_window_buffers() -> None:
+    """Polars' jemalloc and pyarrow's mimalloc keep freed pages a few seconds (docs/design.md, 'Page faults')."""
+    got = _env_after_import({})
+    assert got["applied"] == {"polars": True, "pyarrow": True}
+    # Polars prepends its own defaults; jemalloc takes the last value of a repeated key.
+    assert str(got["rjem"]).endswith("dirty_decay_ms:5000,muzzy_decay_ms:5000")
+    assert got["mi"] == "5000"
+
+
+def test_allocator_defaults_yield_to_the_user() -> None:
+    got = _env_after_import({"MIMALLOC_PURGE_DELAY": "10"})
+    assert got["mi"] == "10" and got["applied"] == {"polars": True, "pyarrow": False}
+    got = _env_after_import({"PLITZER_ALLOCATOR": "default"})
+    assert got["applied"] == {"polars": False, "pyarrow": False} and got["mi"] is None
+    got = _env_after_import({}, first="import polars, pyarrow")  # loaded first: too late to change
+    assert got["applied"] == {"polars": False, "pyarrow": False} and got["mi"] is None
