@@ -125,10 +125,20 @@ def main() -> None:
         first = time.perf_counter() - t0
         # The windows the lanes stand in: (epoch, window) of every lane's position.
         units = len({(int(e), int(w)) for _, e, w, _, _ in plitzer.state.decode(again.checkpoint()).positions})
-    window_decode = args.window * (tokens / ix.row_groups) / (rate * 1e6)
+    # The reference: decoding, at the raw rate, the windows that step's tokens lie in
+    # (run tokens [half * B * L, (half + 1) * B * L) of epoch 0: the window the lanes
+    # stand in, and the next one when the step crosses into it).
+    ep = again.plan.epoch(0)
+    starts = np.cumsum(ep.window_tokens) - ep.window_tokens
+    per_step = args.lanes * args.seq_len
+    w0 = int(np.searchsorted(starts, half * per_step, side="right")) - 1
+    w1 = int(np.searchsorted(starts, (half + 1) * per_step - 1, side="right")) - 1
+    need = int(ep.window_tokens[w0 : w1 + 1].sum())
+    window_decode = need / (rate * 1e6)
     print(
-        f"resume at step {half}: first batch after {first:.3f} s (construct {construct:.3f} s); "
-        f"lanes span {units} windows; one window decodes in {window_decode:.3f} s at the raw rate"
+        f"resume at step {half}: first batch after {first:.3f} s (construct {construct:.3f} s); lanes span "
+        f"{units} windows and the step reaches {w1 - w0 + 1} ({need:,} tokens), which decode in "
+        f"{window_decode:.3f} s at the raw rate: {first / window_decode:.2f}x (target 1.2x)"
     )
 
 

@@ -47,7 +47,8 @@ class Cursor:
     """Where one of the rank's lanes is: its unit, and its place in that unit's packed stream.
 
     ``window`` is the packed part of its unit once the lane has entered it (``None`` before);
-    ``pos`` and ``end`` are the next token and the slice's end in ``window.flat``.
+    ``pos`` and ``end`` are the next token and the slice's end (positions in the
+    part's stream), and ``piece`` a packed piece at or before the one holding ``pos``.
     ``pending`` is where to place the lane when it enters: ``(piece, offset)`` from a
     checkpoint, or ``(-1, offset in the slice)`` from :meth:`Loader.seek`.
     """
@@ -57,9 +58,10 @@ class Cursor:
     pos: int = 0
     end: int = 0
     pending: tuple[int, int] | None = None
+    piece: int = 0
 
     def copy(self) -> Cursor:
-        return Cursor(self.unit, self.window, self.pos, self.end, self.pending)
+        return Cursor(self.unit, self.window, self.pos, self.end, self.pending, self.piece)
 
 
 # Output arrays kept for reuse (each is lanes/world x seq_len tokens).
@@ -282,7 +284,12 @@ class Loader:
             Cursor(unit=self.plan.unit(int(e), int(w)), pending=(-1 if in_slice else int(j), int(o)))
             for _, e, w, j, o in positions.tolist()
         ]
-        self._scanner.reset([c.unit for c in self._cursors])
+        # The units the next step reaches: where the lanes stand after it (lockstep:
+        # a function of the step alone). The scanner packs those without the copy.
+        s = self.settings
+        after = lane_positions(self.plan, step + 1, s.seq_len, s.lanes, self.rank_lanes)
+        reach = max(self.plan.unit(int(e), int(w)) for _, e, w, _, _ in after.tolist())
+        self._scanner.reset([c.unit for c in self._cursors], urgent_through=reach)
 
     def _enter(self, i: int) -> PackedWindow:
         """Load lane ``i``'s current unit and place its cursor."""
@@ -316,6 +323,7 @@ class Loader:
                 msg = f"position {pos - start} of lane {self.rank_lanes[i]} is past its slice of {end - start} tokens"
                 raise CheckpointError(msg)
         c.window, c.pos, c.end = w, pos, end
+        c.piece = int(w.lane_piece[i - w.first])
         return w
 
     def checkpoint(self) -> bytes:
@@ -418,12 +426,26 @@ class Loader:
                 w = self._enter(i)
             p, e = c.pos, c.end
             if e - p > length:  # the common case: the whole row from one window
-                out[i] = w.flat[p : p + length]
-                pieces.append([(w, p, p + length)])
-                c.pos = p + length
-                continue
+                flat = w.flat
+                if flat is not None:  # packed with a copy: one slice
+                    out[i] = flat[p : p + length]
+                    pieces.append([(w, p, p + length)])
+                    c.pos = p + length
+                    continue
+                # Not copied (the consumer was waiting for it): from the decoded row
+                # group, in one slice when one piece holds the whole row.
+                k, ends = c.piece, w.piece_end
+                while ends[k] <= p:  # used-up pieces and empty documents
+                    k += 1
+                if ends[k] - p >= length:
+                    b = int(w.src_base[k]) + p
+                    out[i] = w.values[w.src_chunk[k]][b : b + length]
+                    pieces.append([(w, p, p + length)])
+                    c.pos, c.piece = p + length, k
+                    continue
             row: list[Piece] = []
             col = 0
+            k = c.piece
             while col < length:
                 if p == e:
                     # Lockstep: every lane gets a token at least every B tokens of the
@@ -431,10 +453,10 @@ class Loader:
                     # step (never a whole epoch of empty slices).
                     c.unit += 1
                     w = self._enter(i)
-                    p, e = c.pos, c.end
+                    p, e, k = c.pos, c.end, c.piece
                     continue
                 t = min(e - p, length - col)
-                out[i, col : col + t] = w.flat[p : p + t]
+                k = w.copy_into(out[i, col : col + t], p, k)
                 row.append((w, p, p + t))
                 p += t
                 col += t
@@ -445,7 +467,7 @@ class Loader:
                 c.window = None
                 c.pending = None
             else:
-                c.pos = p
+                c.pos, c.piece = p, k
         self._scanner.release_before(min(c.unit for c in cursors))
         step = self._step
         self._step += 1

@@ -24,11 +24,16 @@ run, the lanes stay in lockstep (SPEC section 3, rule 4).
 
 This module does the per-window part with whole-array operations: the pieces of
 every document (cuts inside it, by ``searchsorted``), the lane of every piece, the
-per-slice shuffles (one ``lexsort`` over hashes), and one Polars list ``gather``
-over list arrays whose offsets are the piece boundaries (zero-copy views of the
-decoded columns), which lays out the rank's lanes contiguously. It runs in a worker
-thread; Polars releases the GIL for the copy. The per-step part (``take L tokens
-from every lane``) is in ``plitzer.loader``.
+per-slice shuffles (one ``lexsort`` over hashes), and, for every packed piece,
+where its tokens lie in the decoded row groups. Then, by default, one Polars list
+``gather`` over list arrays whose offsets are the piece boundaries (zero-copy views
+of the decoded columns) lays the rank's lanes out contiguously (``flat``), in a
+worker thread, without the GIL, so that the per-step part (``take L tokens from
+every lane``, in ``plitzer.loader``) is one slice copy per lane. With ``copy=False``
+the gather is skipped: the stream stays a sequence of views into the decoded
+columns and the step copies piece by piece. The scanner asks for that when the
+consumer is already waiting for the window (the first batch, a resume, a budget
+that cannot read ahead): the batch then waits for the decode alone.
 """
 
 from __future__ import annotations
@@ -54,28 +59,34 @@ class PackedWindow:
     """Some of the rank's lanes of one window, each slice's pieces in shuffled order.
 
     It holds the rank's lanes ``first, first + 1, ...`` (counted within the rank;
-    the scanner packs a window in parts). With ``j = i - first``,
-    ``flat[lane_start[j]:lane_start[j+1]]`` is the token stream of the rank's
-    ``i``-th lane in this window. Packed piece ``p`` ends at ``piece_end[p]`` (a
-    position in ``flat``); it is tokens ``[piece_offset[p], piece_offset[p] + length)``
-    of source document ``doc_id[p]`` (a running number over the dataset's rows).
-    Lane ``i``'s pieces are ``lane_piece[j]:lane_piece[j+1]``, in shuffled order,
-    empty documents included (as pieces of length 0).
+    the scanner packs a window in parts). Positions are in the part's *stream*: the
+    lanes' slices end to end, each slice's packed pieces in order. With
+    ``j = i - first``, positions ``[lane_start[j], lane_start[j+1])`` are the rank's
+    ``i``-th lane in this window, and its pieces are ``lane_piece[j]:lane_piece[j+1]``
+    (shuffled; empty documents are pieces of length 0). Packed piece ``p`` ends at
+    ``piece_end[p]``; it is tokens ``[piece_offset[p], piece_offset[p] + length)`` of
+    source document ``doc_id[p]`` (a running number over the dataset's rows), and
+    its token at stream position ``x`` is ``values[src_chunk[p]][src_base[p] + x]``,
+    and, when the window was packed with a copy, ``flat[x]``. :meth:`tokens` copies
+    any stretch of the stream; :meth:`copy_into` is the step's copy.
     """
 
     unit: int
     epoch: int
     window: int
-    flat: NDArray[Any]  # int32 or uint32
+    values: list[NDArray[Any]]  # the decoded row groups' tokens (int32 or uint32), shared
     lane_start: NDArray[np.int64]
     lane_piece: NDArray[np.int64]
     piece_end: NDArray[np.int64]
+    src_chunk: NDArray[np.int64]
+    src_base: NDArray[np.int64]
     doc_id: NDArray[np.int64]
     piece_offset: NDArray[np.int64]
     first: int = 0
+    flat: NDArray[Any] | None = None  # the stream, contiguous (packed with a copy)
 
     def slice_of(self, lane: int) -> tuple[int, int]:
-        """Start and end in ``flat`` of rank lane ``lane``'s slice."""
+        """Start and end (stream positions) of rank lane ``lane``'s slice."""
         j = lane - self.first
         return int(self.lane_start[j]), int(self.lane_start[j + 1])
 
@@ -86,28 +97,65 @@ class PackedWindow:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the piece tables and the packed copy (decoded values are counted by the scanner)."""
         return int(
-            self.flat.nbytes
+            (0 if self.flat is None else self.flat.nbytes)
             + self.lane_start.nbytes
             + self.lane_piece.nbytes
             + self.piece_end.nbytes
+            + self.src_chunk.nbytes
+            + self.src_base.nbytes
             + self.doc_id.nbytes
             + self.piece_offset.nbytes
         )
 
     def piece_start(self, p: int, lane: int) -> int:
-        """Start (in ``flat``) of packed piece ``p`` of rank lane ``lane``."""
+        """Start (stream position) of packed piece ``p`` of rank lane ``lane``."""
         j = lane - self.first
         return int(self.piece_end[p - 1]) if p > self.lane_piece[j] else int(self.lane_start[j])
+
+    def copy_into(self, dst: NDArray[Any], start: int, piece: int) -> int:
+        """Copy stream positions ``[start, start + len(dst))`` into ``dst``.
+
+        ``piece`` is a packed piece at or before the one holding ``start`` (the
+        lane's cursor keeps it); returns the piece holding the last token copied.
+        """
+        n = len(dst)
+        if self.flat is not None:
+            dst[:] = self.flat[start : start + n]
+            return piece
+        ends, base, chunk, values = self.piece_end, self.src_base, self.src_chunk, self.values
+        x, col = start, 0
+        while col < n:
+            pe = int(ends[piece])
+            if pe <= x:  # used up, or an empty document
+                piece += 1
+                continue
+            t = min(pe - x, n - col)
+            b = int(base[piece]) + x
+            dst[col : col + t] = values[chunk[piece]][b : b + t]
+            x += t
+            col += t
+        return piece
+
+    def tokens(self, start: int, end: int) -> NDArray[Any]:
+        """Stream positions ``[start, end)`` as a new array (for tests and tools)."""
+        dtype = self.flat.dtype if self.flat is not None else self.values[0].dtype if self.values else np.int32
+        out = np.empty(end - start, dtype=dtype)
+        if end > start:
+            self.copy_into(out, start, int(np.searchsorted(self.piece_end, start, side="right")))
+        return out
 
 
 def packed_bytes(tokens: Any, rows: Any, lanes: int) -> Any:
     """An upper bound of :attr:`PackedWindow.nbytes` for ``lanes`` rank lanes.
 
-    4 bytes per token, 24 per piece; a window has at most one piece per document
-    plus one per cut inside a document (fewer than ``lanes + 1``).
+    4 bytes per token (the packed copy), 40 per piece (five int64 tables); a window
+    has at most one piece per document plus one per cut inside a document (fewer
+    than ``lanes + 1``). Each part adds a row to the two 8-byte lane tables, and
+    there are at most as many parts as row groups, so at most ``rows``.
     """
-    return 4 * tokens + 24 * (rows + lanes + 1) + 16 * (lanes + 1)
+    return 4 * tokens + 40 * (rows + lanes + 1) + 16 * (lanes + 1 + rows)
 
 
 def arrow_ints(a: NDArray[Any], typ: pa.DataType) -> pa.Array:
@@ -176,6 +224,7 @@ def pack_window(
     dtype: np.dtype[Any],
     keep: NDArray[np.bool_] | None = None,
     first: int = 0,
+    copy: bool = True,
 ) -> PackedWindow:
     """Pack the decoded row groups a rank read in one window into its lanes.
 
@@ -187,6 +236,8 @@ def pack_window(
     never read this window (after a resume); their slices are then empty.
     ``first`` is the index within the rank of ``rank_lanes.start`` (when packing
     part of the rank's lanes): what :class:`PackedWindow` methods subtract.
+    ``copy=False`` skips the gather into ``flat``: the result then refers to the
+    decoded columns, which stay alive as long as it does.
     """
     nl = len(rank_lanes)
     q, r = divmod(window_tokens, lanes)
@@ -237,25 +288,28 @@ def pack_window(
     p_end = np.maximum(p_end, p_start)  # empty documents: length 0
     local = np.minimum(np.searchsorted(cuts, p_start, side="right") - 1, nl - 1)
 
-    # The list arrays of the pieces, one per chunk: offsets are the piece boundaries
-    # in the chunk's values (pieces never cross a row group), values are shared.
+    # Where each piece's tokens are: row group (chunk) and the index in its values of
+    # the piece's first token (pieces never cross a row group).
     p_chunk = chunk[rep]
     v_start = p_start + vbase[rep]
-    v_end = p_end + vbase[rep]
     parts = []
-    bounds_c = np.searchsorted(p_chunk, np.arange(len(chunks) + 1), side="left")
-    for c in range(len(chunks)):
-        i0, i1 = int(bounds_c[c]), int(bounds_c[c + 1])
-        if i0 == i1:
-            continue
-        offsets = np.empty(i1 - i0 + 1, np.int64)
-        offsets[:-1] = v_start[i0:i1]
-        offsets[-1] = v_end[i1 - 1]
-        arr = arrays[c]
-        large = pa.types.is_large_list(arr.type)
-        cls = pa.LargeListArray if large else pa.ListArray
-        off = arrow_ints(offsets, pa.int64() if large else pa.int32())
-        parts.append(cls.from_arrays(off, arr.values))
+    if copy:
+        # The list arrays of the pieces, one per chunk: offsets are the piece
+        # boundaries in the chunk's values, values are shared.
+        v_end = p_end + vbase[rep]
+        bounds_c = np.searchsorted(p_chunk, np.arange(len(chunks) + 1), side="left")
+        for c in range(len(chunks)):
+            i0, i1 = int(bounds_c[c]), int(bounds_c[c + 1])
+            if i0 == i1:
+                continue
+            offsets = np.empty(i1 - i0 + 1, np.int64)
+            offsets[:-1] = v_start[i0:i1]
+            offsets[-1] = v_end[i1 - 1]
+            arr = arrays[c]
+            large = pa.types.is_large_list(arr.type)
+            cls = pa.LargeListArray if large else pa.ListArray
+            off = arrow_ints(offsets, pa.int64() if large else pa.int32())
+            parts.append(cls.from_arrays(off, arr.values))
 
     kept = np.flatnonzero(keep[local]) if keep is not None else np.arange(len(local), dtype=np.int64)
     lane = local[kept]
@@ -271,17 +325,33 @@ def pack_window(
     lane_start = np.concatenate([[0], piece_end])[lane_piece]
 
     total = int(piece_end[-1]) if len(piece_end) else 0
-    flat = _gather(parts, order).view(dtype) if total else np.zeros(0, dtype=dtype)
-    assert len(flat) == total and len(lane_start) == nl + 1
+    assert len(lane_start) == nl + 1
+    flat = None
+    values: list[NDArray[Any]] = []
+    if copy:
+        flat = _gather(parts, order).view(dtype) if total else np.zeros(0, dtype=dtype)
+        assert len(flat) == total
+        src_chunk = src_base = np.zeros(0, np.int64)
+    else:
+        for arr in arrays:
+            v = numpy_view(arr.values)
+            assert v.dtype.itemsize == np.dtype(dtype).itemsize, (v.dtype, dtype)
+            values.append(v.view(dtype))
+        src_chunk = p_chunk[order]
+        # Token at stream position x of piece p: values[src_chunk[p]][src_base[p] + x].
+        src_base = v_start[order] - (piece_end - packed_len)
     return PackedWindow(
         unit=unit,
         epoch=epoch,
         window=window,
-        flat=flat,
+        values=values,
         lane_start=lane_start.astype(np.int64, copy=False),
         lane_piece=lane_piece,
         piece_end=piece_end,
+        src_chunk=src_chunk,
+        src_base=src_base,
         doc_id=ids[rep][order],
         piece_offset=(p_start - ds[rep])[order],
         first=first,
+        flat=flat,
     )

@@ -12,7 +12,7 @@ order, so the first batch waits for the window's decode plus the packing of its
 last part only (about one row group's worth), not of the whole window.
 
 Memory: ``budget`` caps the decoded bytes held. A unit is charged its estimate
-(decoded row groups plus the packed copy, from the footers) when its reads are
+(decoded row groups plus the packed copy and tables, from the footers) when its reads are
 started, and its real size once packed; it is released when every lane of the
 rank has moved past it. Units are started strictly in order, only while the
 charge fits, so a later unit never delays an earlier one and the consumer never
@@ -53,9 +53,10 @@ __all__ = ["Scanner", "budget_floor", "unit_estimate"]
 
 
 def unit_estimate(tokens: Any, rows: Any, lanes: int) -> Any:
-    """Bytes charged while a unit is read and packed: decoded plus packed copy.
+    """Bytes charged while a unit is read and packed: decoded, plus the packed copy and tables.
 
     ``lanes`` is the rank's lane count (each cut inside a document adds a piece).
+    A unit packed without the copy holds less; its charge drops to what it holds.
     """
     return (4 * tokens + 8 * rows) + packed_bytes(tokens, rows, lanes)
 
@@ -78,7 +79,7 @@ class _Unit:
     users: list[list[int]] = field(default_factory=list)
     waiting: list[int] = field(default_factory=list)
     left: int = 0  # parts not packed yet
-    packed: int = 0  # bytes of the parts packed so far
+    packed: int = 0  # bytes so far: row groups decoded and the parts' piece tables
     dead: bool = False  # failed or cancelled: nothing more to do
 
     def kill(self, error: BaseException | None = None) -> None:
@@ -131,23 +132,27 @@ class Scanner:
         self.lanes = plan.settings.lanes
         self._first = np.zeros(len(self.rank_lanes), dtype=np.int64)
         self._first_max = 0
+        self._urgent = -1
         self._dtype = np.dtype(self.index.dtype)
         self._closed = False
 
     # -- scheduling (consumer thread only) ---------------------------------------
 
-    def reset(self, first_units: Sequence[int]) -> None:
+    def reset(self, first_units: Sequence[int], urgent_through: int = -1) -> None:
         """Forget every unit; lane ``i`` of the rank next needs unit ``first_units[i]``.
 
         After a resume, lanes sit in different units. A unit behind some lanes'
         positions is then needed only by the lanes at or before it, so only the row
         groups that can hold those lanes' documents are read: resuming reads what
         the positions need, not whole windows (docs/design.md, "Resuming").
+        Units up to ``urgent_through`` (those the next step reaches) are packed
+        without the copy, so that the first batch waits for their decode only.
         """
         first = np.asarray(first_units, dtype=np.int64)
         unit = int(first.min())
         self._first = first
         self._first_max = int(first.max())
+        self._urgent = urgent_through
         with self._lock:
             for u in self._units.values():
                 u.kill()
@@ -188,7 +193,14 @@ class Scanner:
         _, _, rgs, _ = self._reads(unit)
         return int(unit_estimate(int(self._tokens[rgs].sum()), int(self._rows[rgs].sum()), len(self.rank_lanes)))
 
-    def _start(self, unit: int, charge: int) -> None:
+    def _start(self, unit: int, charge: int, *, copy: bool = True) -> None:
+        """Read and pack ``unit``; ``copy=False`` when the consumer already waits for it.
+
+        A unit packed without the copy is ready as soon as its row groups are decoded
+        (the packer only builds its piece tables); the step then copies from the
+        decoded row groups piece by piece, which costs more per step with short
+        documents, so units read ahead are packed with the copy.
+        """
         epoch, window, rgs, starts = self._reads(unit)
         ep = self.plan.epoch(epoch)
         nl = len(self.rank_lanes)
@@ -247,6 +259,7 @@ class Scanner:
                     unit=unit,
                     dtype=self._dtype,
                     first=a,
+                    copy=copy,
                 )
             except BaseException as e:
                 u.kill(e)
@@ -255,7 +268,7 @@ class Scanner:
                 for c in r:
                     u.users[c].remove(j)
                     if not u.users[c]:
-                        u.chunks[c] = None  # decoded row group no longer needed
+                        u.chunks[c] = None  # packed (or held by the parts as views, without the copy)
                 u.packed += pw.nbytes
                 u.left -= 1
                 if u.left == 0 and self._units.get(unit) is u:
@@ -279,6 +292,8 @@ class Scanner:
             ready = []
             with self._lock:
                 u.chunks[i] = arr
+                if not copy:
+                    u.packed += arr.nbytes  # the decoded tokens stay: they are the parts' streams
                 for j in u.users[i]:
                     u.waiting[j] -= 1
                     if u.waiting[j] == 0:
@@ -298,7 +313,7 @@ class Scanner:
                 fits = self.held_bytes + est <= self.budget
             if not fits:
                 return
-            self._start(self._next, est)
+            self._start(self._next, est, copy=self._next > self._urgent)
             self._next += 1
 
     def get(self, unit: int, lane: int = 0) -> PackedWindow:
@@ -311,7 +326,7 @@ class Scanner:
             raise UsageError(msg)
         self._wanted = max(self._wanted, unit)
         while self._next <= unit:
-            self._start(self._next, self._estimate(self._next))
+            self._start(self._next, self._estimate(self._next), copy=False)
             self._next += 1
         self._prefetch()
         u = self._units[unit]
@@ -358,7 +373,7 @@ def budget_floor(
     at construction, it means no step ever starts a read past the budget.
     """
     tok = np.asarray(tokens, dtype=np.int64)
-    est = np.sort(8 * tok + 32 * np.asarray(rows, dtype=np.int64))[::-1]  # decoded + packed, per row group
+    est = np.sort(8 * tok + 64 * np.asarray(rows, dtype=np.int64))[::-1]  # decoded + packed, per row group
     g, total = len(tok), int(tok.sum())
     if g == 0:
         return 0, 0
