@@ -122,3 +122,61 @@ def test_allocator_defaults_yield_to_the_user() -> None:
     assert got["applied"] == {"polars": False, "pyarrow": False} and got["mi"] is None
     got = _env_after_import({}, first="import polars, pyarrow")  # loaded first: too late to change
     assert got["applied"] == {"polars": False, "pyarrow": False} and got["mi"] is None
+
+
+def test_packing_without_the_copy_gives_the_same_stream(data: Path) -> None:
+    """``copy=False`` (views of the decoded row groups) and the packed copy hold the same tokens."""
+    from plitzer.pack import pack_window
+
+    with plitzer.Loader(data, **CFG) as ld:  # type: ignore[arg-type]
+        plan, index = ld.plan, ld.index
+    rows = index.frame["rows"].to_numpy()
+    doc_base = np.cumsum(rows) - rows
+    for epoch, window in [(0, 0), (0, 1), (1, 2)]:
+        ep = plan.epoch(epoch)
+        pos = ep.reads_of(window, 0)
+        rgs = ep.order[pos]
+        chunks = [read_chunk(index, int(g)) for g in rgs]
+        kw = {
+            "window_tokens": int(ep.window_tokens[window]),
+            "window_z": int(ep.window_z[window]),
+            "lanes": CFG["lanes"],
+            "seed": CFG["seed"],
+            "epoch": epoch,
+            "window": window,
+            "unit": 0,
+            "dtype": np.dtype(np.int32),
+        }
+        for lanes in (range(0, 16), range(5, 11)):
+            args = (chunks, [int(x) for x in ep.token_start[pos]], [int(doc_base[g]) for g in rgs])
+            copied = pack_window(*args, rank_lanes=lanes, first=lanes.start, copy=True, **kw)  # type: ignore[arg-type]
+            viewed = pack_window(*args, rank_lanes=lanes, first=lanes.start, copy=False, **kw)  # type: ignore[arg-type]
+            assert copied.flat is not None and viewed.flat is None
+            total = int(copied.lane_start[-1])
+            assert total > 0
+            np.testing.assert_array_equal(viewed.tokens(0, total), copied.flat)
+            np.testing.assert_array_equal(viewed.piece_end, copied.piece_end)
+            # Any stretch, from any piece at or before it (what a lane's cursor holds).
+            for a, b in [(0, 1), (3, total // 2), (total // 3, total)]:
+                out = np.empty(b - a, np.int32)
+                viewed.copy_into(out, a, 0)
+                np.testing.assert_array_equal(out, copied.flat[a:b])
+
+
+def test_a_budget_that_cannot_read_ahead_gives_the_same_batches(data: Path) -> None:
+    """At the budget floor units are asked for before they are read ahead, so they are
+    packed without the copy: the batches are the same."""
+    from plitzer.loader import budget_floor
+
+    with plitzer.Loader(data, **CFG) as ref:  # type: ignore[arg-type]
+        f = ref.index.frame
+        want = [np.from_dlpack(ref.next_batch().tokens).copy() for _ in range(40)]
+    floor, _ = budget_floor(
+        f["tokens"].to_numpy(), f["rows"].to_numpy(), lanes=CFG["lanes"], window=CFG["window"], seq_len=CFG["seq_len"]
+    )
+    with pytest.warns(plitzer.PerformanceWarning):
+        ld = plitzer.Loader(data, **CFG, budget=floor)  # type: ignore[arg-type]
+    with ld:
+        for t in range(40):
+            np.testing.assert_array_equal(np.from_dlpack(ld.next_batch().tokens), want[t])
+        assert ld._scanner.overruns == 0
