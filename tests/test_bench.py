@@ -45,6 +45,8 @@ def run(tiny: Path, tmp_path: Path, loaders: str) -> dict[str, dict[str, Any]]:
             "4",
             "--time-limit",
             "10",
+            "--repeat",
+            "2",
             "--work",
             str(tmp_path / "work"),
             "--json",
@@ -78,7 +80,12 @@ def test_plitzer_end_to_end(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFi
     assert rows["pyarrow"]["window_s"] > 0 and rows["pyarrow"]["resume_window_s"] > 0
     printed = capsys.readouterr().out
     assert "| loader | convert (s) |" in printed and "| plitzer | 0.0 | 0.0 |" in printed
-    assert "plitzer's first batch: " in printed and "x the decode of its first window; resume: " in printed
+    assert "plitzer's first batch: median " in printed and "x decoding its first window on all cores" in printed
+    assert "; resume: " in printed
+    record = json.loads((tmp_path / "rows.json").read_text())
+    runs = record["first_batch"]["runs"]
+    assert len(runs["first"]) == len(runs["window"]) == len(runs["resume"]) == 2, printed
+    assert all(x > 0 for v in runs.values() for x in v)
 
 
 @pytest.mark.slow

@@ -18,6 +18,10 @@ JSON file. Modes:
 ``resume``
     A new process resumes from that state (time to its first batch) and runs to
     the end of the epoch.
+``first``
+    Only the time to the first batch: from building the loader (from the state in
+    ``--state``, when given) to its first batch, then exit. The harness repeats it,
+    alternating with ``window``, for the first batch's and resume's ratios.
 ``window``
     The reference for plitzer's first batch and resume: in a fresh process, the
     time to decode one window's row groups (rank 0 of ``--world``, from the plan)
@@ -176,6 +180,15 @@ def run_resume(r: Runner, out: dict[str, Any], state_path: Path, records: Path) 
     del it
 
 
+def run_first(r: Runner, out: dict[str, Any], state_path: Path | None) -> None:
+    state = state_path.read_bytes() if state_path is not None else None
+    t0 = time.perf_counter()
+    it = r.open(state)
+    next(it)
+    out["first_s"] = time.perf_counter() - t0
+    del it
+
+
 def run_window(args: argparse.Namespace, out: dict[str, Any]) -> None:
     """Seconds to decode (pyarrow, ``workers`` threads) the rank's share of a window, fresh process."""
     from concurrent.futures import ThreadPoolExecutor
@@ -213,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m plitzer.bench._run_one")
     ap.add_argument("loader", choices=sorted(RUNNERS))
     ap.add_argument("--data", required=True)
-    ap.add_argument("--mode", choices=["convert", "throughput", "save", "resume", "window"], required=True)
+    ap.add_argument("--mode", choices=["convert", "throughput", "save", "resume", "window", "first"], required=True)
     ap.add_argument("--out", required=True, help="JSON file to write (records go beside it)")
     ap.add_argument("--work", required=True, help="folder for converted copies")
     ap.add_argument("--batch", type=int, default=64)
@@ -241,6 +254,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         run_throughput(runner, out)
     elif args.mode == "window":
         run_window(args, out)
+    elif args.mode == "first":
+        run_first(runner, out, Path(args.state) if args.state else None)
     elif args.mode == "save":
         run_save(runner, out, Path(args.state), out_path.parent)
     else:
