@@ -39,11 +39,13 @@ def main() -> None:
     warm_page_cache(d)
     import plitzer
     from plitzer.bench.baseline import run_one
-    from plitzer.loader import _budget_floor
+    from plitzer.loader import budget_floor
 
     ix = plitzer.index(d)
     f = ix.frame
-    floor = _budget_floor(f["tokens"].to_numpy(), f["rows"].to_numpy(), args.window)
+    floor, _ = budget_floor(
+        f["tokens"].to_numpy(), f["rows"].to_numpy(), lanes=args.lanes, window=args.window, seq_len=args.seq_len
+    )
     budgets = sorted({floor if b == "floor" else int(b) * MIB for b in args.budgets.split(",")} | {floor})
     budgets = [b for b in budgets if b >= floor]
     work = Path(tempfile.mkdtemp(prefix="plitzer-memory-"))
