@@ -292,7 +292,8 @@ def numpy_view(a: pa.Array) -> NDArray[Any]:
 
 def list_lengths(arr: pa.Array) -> NDArray[np.int64]:
     """Each list's length, 0 for a null list (what ``list_value_length().fill_null(0)`` gives)."""
-    lens = np.diff(numpy_view(arr.offsets).astype(np.int64, copy=False))
+    off = numpy_view(arr.offsets).astype(np.int64, copy=False)
+    lens: NDArray[np.int64] = off[1:] - off[:-1]
     if arr.null_count:
         valid = np.frombuffer(arr.buffers()[0], dtype=np.uint8)
         bits = np.unpackbits(valid, bitorder="little")[arr.offset : arr.offset + len(arr)]
