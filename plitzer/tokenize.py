@@ -50,6 +50,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from planner.errors import ConfigError, DataError, one_line
+from plitzer.read import list_lengths
 from plitzer.text import encode_texts, texts_of, tokens_array
 from plitzer.tokenizer import TextTokenizer, load_tokenizer, rebuild
 
@@ -172,7 +173,7 @@ def convert_file(job: _Job, tok: TextTokenizer) -> tuple[int, int, int]:
             if i + ahead < len(groups):
                 futures.append(pool.submit(one, groups[i + ahead]))
             futures[i] = None  # type: ignore[call-overload]  # free it once written
-            lengths = np.diff(arr.offsets.to_numpy())
+            lengths = list_lengths(arr)
             for a, b in _splits(lengths, job.row_group_tokens):
                 writer.write_table(
                     pa.table({job.token_column: arr.slice(a, b - a)}, schema=schema), row_group_size=b - a

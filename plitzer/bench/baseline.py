@@ -292,8 +292,8 @@ class Row:
     peak_rss_mib: float | None = None
     peak_pss_mib: float | None = None
     first_batch_s: float | None = None
-    window_s: float | None = None  # pyarrow: one window's decode (the first batch's reference)
-    resume_window_s: float | None = None  # and the window the lanes stand in at resume
+    window_s: float | None = None  # pyarrow: one window's decode, median (the first batch's reference)
+    resume_window_s: float | None = None  # and of the window the lanes stand in at resume
     capped: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -324,25 +324,11 @@ def table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def window_reference(row: Row, python: str, base: list[str], folder: Path, args: argparse.Namespace) -> None:
-    """The pyarrow row's window decodes: what plitzer's first batch and resume compare to."""
-    w = run_one(python, "pyarrow", "window", base, folder, args.timeout)
-    if w.error:
-        row.notes.append(w.error)
-        return
-    wo = w.out
-    row.window_s, row.resume_window_s = wo["window_s"], wo["resume_window_s"]
-    row.notes.append(
-        f"decoding window 0 (rank 0's share, {wo['window_tokens']:,} tokens) on {args.workers} threads in a "
-        f"fresh process: {wo['window_s']:.2f} s; window {wo['resume_window_index']} (where a resume at "
-        f"mid-epoch stands, {wo['resume_window_tokens']:,} tokens): {wo['resume_window_s']:.2f} s"
-    )
-
-
-def first_batch_ratios(python: str, base: list[str], work: Path, args: argparse.Namespace) -> dict[str, Any]:
+def first_batch_ratios(ref: Row, python: str, base: list[str], work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """plitzer's first batch and resume against decoding the windows they need, each in a
     fresh process, alternated ``--repeat`` times (fresh processes vary by a third here):
-    medians and their ratios, printed and returned."""
+    medians and their ratios, printed and returned; the decodes' medians go in the
+    pyarrow row ``ref``."""
     folder = work / "runs" / "first"
     shutil.rmtree(folder, ignore_errors=True)
     state = work / "runs" / "plitzer" / "state.bin"
@@ -354,8 +340,9 @@ def first_batch_ratios(python: str, base: list[str], work: Path, args: argparse.
             if m.error:
                 print(f"[first batch] {m.error}", flush=True)
                 return {}
-        got["window"].append(w.out["window_s"])
-        got["resume_window"].append(w.out["resume_window_s"])
+        wo = w.out
+        got["window"].append(wo["window_s"])
+        got["resume_window"].append(wo["resume_window_s"])
         got["first"].append(f.out["first_s"])
         if state.exists():
             r = run_one(python, "plitzer", "first", [*base, "--state", str(state)], folder, args.timeout)
@@ -364,8 +351,15 @@ def first_batch_ratios(python: str, base: list[str], work: Path, args: argparse.
             else:
                 got["resume"].append(r.out["first_s"])
     med = {k: float(np.median(v)) for k, v in got.items() if v}
+    ref.window_s, ref.resume_window_s = med["window"], med["resume_window"]
+    print(
+        f"\n[first batch] references: decoding window 0 (rank 0's share, {wo['window_tokens']:,} tokens) and "
+        f"window {wo['resume_window_index']} (where a resume at mid-epoch stands, {wo['resume_window_tokens']:,} "
+        f"tokens) with pyarrow on {args.workers} threads, each in a fresh process",
+        flush=True,
+    )
     line = (
-        f"\nplitzer's first batch: median {med['first']:.2f} s over {args.repeat} fresh processes, "
+        f"plitzer's first batch: median {med['first']:.2f} s over {args.repeat} fresh processes, "
         f"{med['first'] / med['window']:.2f}x decoding its first window on all cores ({med['window']:.2f} s)"
     )
     if "resume" in med:
@@ -406,8 +400,6 @@ def bench_loader(loader: str, python: str, base: list[str], work: Path, args: ar
     row.capped = bool(o["capped"])
     if "peak_held_bytes" in o:
         row.notes.append(f"decoded bytes held at peak: {o['peak_held_bytes'] / 2**20:,.0f} MiB")
-    if loader == "pyarrow":
-        window_reference(row, python, base, folder, args)
     if loader == "pyarrow" or args.no_resume:
         return row
     state = folder / "state.bin"
@@ -551,8 +543,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ref = next((r for r in rows if r.loader == "pyarrow"), None)
     mine = next((r for r in rows if r.loader == "plitzer"), None)
     starts: dict[str, Any] = {}
-    if ref and mine and ref.window_s and mine.first_batch_s is not None and args.repeat > 0:
-        starts = first_batch_ratios(sys.executable, base, work, args)
+    if ref and mine and mine.first_batch_s is not None and args.repeat > 0:
+        starts = first_batch_ratios(ref, sys.executable, base, work, args)
     hf = next((r for r in rows if r.loader == "hf"), None)
     if hf and mine and hf.mtok_s and mine.mtok_s:
         print(
