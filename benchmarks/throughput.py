@@ -1,19 +1,25 @@
-"""The loader's throughput against the raw decode of the same token columns.
+"""The loader's throughput against the fastest raw decode of the same token columns.
 
-In one run, on the same files (page cache), with the same number of threads:
+In one process, on the same files (page cache), with the same number of threads,
+alternated ``--repeat`` times so that drift in the machine's speed hits every row:
 
-* raw decode: ``pq.read_table(file, columns=[tokens])`` for every file, Arrow's
-  thread pool set to the same thread count: the ceiling, since no loader can
-  deliver tokens faster than they decode;
-* the loader: full (lanes x seq_len) batches, shuffled and packed. Epoch 0 of a
-  fresh process pays for growing the process's memory (page faults, slow in this
-  VM) and for filling the pipeline (the first window must be decoded before the
-  first batch); later epochs show the steady state of a long run.
+* the decode, two ways, and the faster of the two is the reference (a ratio against
+  a slower decode would flatter the loader): ``pq.read_table(file, columns=[col])``
+  for every file on Arrow's thread pool, and ``ParquetFile(f, metadata=cached,
+  pre_buffer=True).read_row_group(g, columns=[col], use_threads=False)`` for every
+  row group on N threads (what the loader itself runs);
+* the loader, one epoch from construction (``Loader(index, ...)`` then every batch of
+  epoch 0: what a short run sees, first window included);
+* the loader's steady state: epochs 1.. of one loader (a long run).
 
-Also the time to the first batch after resuming at mid-epoch, next to the time to
-decode one window at the raw rate (the target).
+Each row prints tokens/s, cores used, CPU ns/token, and the ratio to the reference;
+the CPU ratio (loader ns/token over the decode's) is what the hot path adds.
 
-    python benchmarks/throughput.py --tokens 60000000 --threads 2
+    python benchmarks/throughput.py --tokens 38000000 --threads 2
+
+``--lanes-sweep 64,512,4096`` measures the time per step at those lane counts with
+the same tokens per step (seq_len scaled down as lanes go up): the per-step work
+should not grow with lanes.
 
 ``--widths`` measures instead what another integer width costs: the same tokens
 written as list<uint16> (widened), list<int64> (narrowed, proved safe by the
@@ -29,117 +35,181 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from _common import Timing, dataset, timed, warm_page_cache
+from _common import Timing, timed, warm_page_cache
+
+
+def fineweb_shaped(tokens: int, root: str | None = None) -> Path:
+    """Synthetic FineWeb-Edu-shaped data: 12 row groups of 800 documents a file, lognormal
+    lengths (mean 900), Zipf ids, zstd; generated once and kept."""
+    import plitzer.synth
+
+    base = Path(root or os.environ.get("PLITZER_BENCH_DATA", "data"))
+    d = base / f"fineweb-{tokens // 1_000_000}M"
+    if not (d / ".done").exists():
+        print(f"generating {tokens:,} tokens into {d} ...", flush=True)
+        plitzer.synth.write(d, tokens=tokens, seed=0, mean_length=900, docs_per_row_group=800, row_groups_per_file=12)
+        (d / ".done").write_text("ok")
+    return d
+
+
+class Decoders:
+    """The two raw decodes of the token column, each timed as a whole pass."""
+
+    def __init__(self, d: Path, column: str, threads: int) -> None:
+        self.files = sorted(d.glob("*.parquet"))
+        self.column = column
+        self.threads = threads
+        self.footers = [pq.read_metadata(f) for f in self.files]
+        self.groups = [(i, g) for i, md in enumerate(self.footers) for g in range(md.num_row_groups)]
+
+    def read_table(self) -> int:
+        n = 0
+        for f in self.files:
+            col = pq.read_table(f, columns=[self.column], use_threads=True).column(0)
+            n += sum(len(c.values) for c in col.chunks)
+        return n
+
+    def row_groups(self) -> int:
+        def one(ig: tuple[int, int]) -> int:
+            i, g = ig
+            pf = pq.ParquetFile(self.files[i], metadata=self.footers[i], pre_buffer=True)
+            col = pf.read_row_group(g, columns=[self.column], use_threads=False).column(0)
+            return sum(len(c.values) for c in col.chunks)
+
+        with ThreadPoolExecutor(self.threads) as pool:
+            return sum(pool.map(one, self.groups))
+
+
+def row(label: str, t: Timing, n: int, ref: Timing, ref_n: int) -> str:
+    ratio = t.rate(n) / ref.rate(ref_n)
+    cpu = t.ns_per_token(n) / ref.ns_per_token(ref_n)
+    return f"{label:<44} {t.rate(n):8.1f} {t.cores():6.2f} {t.ns_per_token(n):11.1f} {ratio:8.2f} {cpu:8.2f}"
+
+
+def median_timing(ts: list[Timing]) -> Timing:
+    """The run of median wall time (its CPU with it)."""
+    return sorted(ts, key=lambda t: t.wall)[len(ts) // 2]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, default=60_000_000)
+    ap.add_argument("--tokens", type=int, default=38_000_000)
+    ap.add_argument("--data", help="a Parquet folder (default: FineWeb-shaped synthetic data of --tokens)")
+    ap.add_argument("--column", default=None)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--lanes", type=int, default=512)
+    ap.add_argument("--lanes", type=int, default=64)
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=2048)
-    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--budget", type=int, default=2 << 30)
+    ap.add_argument("--epochs", type=int, default=3, help="steady-state epochs (after the first)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--lanes-sweep", default="", help="comma-separated lane counts for the per-step sweep")
     ap.add_argument("--widths", action="store_true", help="measure widening and narrowing against int32")
     args = ap.parse_args()
     if args.widths:
         widths(args.tokens)
         return
-    d = dataset(args.tokens)
+    d = Path(args.data) if args.data else fineweb_shaped(args.tokens)
     warm_page_cache(d)
     pa.set_cpu_count(args.threads)
     pa.set_io_thread_count(args.threads)
-    files = sorted(d.glob("*.parquet"))
 
     import plitzer
 
-    settings = {"seed": 0, "lanes": args.lanes, "window": args.window, "seq_len": args.seq_len}
-    ix = plitzer.index(d)
+    ix = plitzer.index(d, column=args.column)
     tokens = ix.tokens
+    dec = Decoders(d, ix.column, args.threads)
+    settings = {
+        "seed": 0,
+        "lanes": args.lanes,
+        "window": args.window,
+        "seq_len": args.seq_len,
+        "budget": args.budget,
+        "threads": args.threads,
+    }
+    if args.lanes_sweep:
+        sweep(ix, settings, [int(x) for x in args.lanes_sweep.split(",")])
+        return
 
-    def raw() -> Timing:
-        with timed() as t:
-            n = 0
-            for f in files:
-                col = pq.read_table(f, columns=["tokens"], use_threads=True).column(0)
-                n += sum(len(c.values) for c in col.chunks)
-        assert n == tokens
-        return t
+    def epoch_from_construction() -> tuple[Timing, int]:
+        with timed() as t, plitzer.Loader(ix, **settings) as loader:  # type: ignore[arg-type]
+            steps = sum(1 for _ in loader)
+        return t, steps * args.lanes * args.seq_len
 
-    alone = min((raw() for _ in range(3)), key=lambda t: t.wall)  # before any loader exists
-    raws = []
-    epochs: list[tuple[Timing, int]] = []
-    with plitzer.Loader(ix, threads=args.threads, **settings) as loader:  # type: ignore[arg-type]
-        for _ in range(args.epochs):
-            raws.append(raw())
+    decodes: dict[str, list[Timing]] = {"read_table": [], "row_groups": []}
+    cold: list[tuple[Timing, int]] = []
+    for _ in range(args.repeat):
+        for name, fn in (("read_table", dec.read_table), ("row_groups", dec.row_groups)):
             with timed() as t:
-                steps = 0
-                for batch in loader:
-                    np.from_dlpack(batch.tokens)
-                    steps += 1
-            epochs.append((t, steps * args.lanes * args.seq_len))
-        peak = loader.peak_bytes
-    best_raw = min(raws, key=lambda t: t.wall)
-    print(f"{tokens:,} tokens in {len(files)} files, {ix.row_groups} row groups; {args.threads} threads")
-    print(f"settings: {settings}")
-    print(f"{'reader':<46} {'Mtok/s':>8} {'cores':>6} {'CPU ns/tok':>11} {'vs raw':>7}")
-    rate = best_raw.rate(tokens)
-    print(
-        f"{'raw decode alone (pq.read_table per file)':<46} {alone.rate(tokens):8.1f} {alone.cores():6.2f} "
-        f"{alone.ns_per_token(tokens):11.1f} {alone.rate(tokens) / rate:7.2f}"
-    )
-    print(
-        f"{'raw decode between loader epochs, best':<46} {rate:8.1f} {best_raw.cores():6.2f} "
-        f"{best_raw.ns_per_token(tokens):11.1f} {1:7.2f}"
-    )
-    for e, (t, n) in enumerate(epochs):
-        label = f"plitzer Loader, epoch {e}" + (" (cold process)" if e == 0 else "")
-        print(f"{label:<46} {t.rate(n):8.1f} {t.cores():6.2f} {t.ns_per_token(n):11.1f} {t.rate(n) / rate:7.2f}")
-    steady = epochs[1:] or epochs
+                assert fn() == tokens
+            decodes[name].append(t)
+        cold.append(epoch_from_construction())
+    steady: list[tuple[Timing, int]] = []
+    with plitzer.Loader(ix, **settings) as loader:  # type: ignore[arg-type]
+        for _ in loader:  # epoch 0: fill the pipeline
+            pass
+        for _ in range(args.epochs):
+            with timed() as t:
+                steps = sum(1 for _ in loader)
+            steady.append((t, steps * args.lanes * args.seq_len))
+            for name, fn in (("read_table", dec.read_table), ("row_groups", dec.row_groups)):
+                with timed() as t:
+                    fn()
+                decodes[name].append(t)
+        stats = loader.stats
+    meds = {k: median_timing(v) for k, v in decodes.items()}
+    best_name = min(meds, key=lambda k: meds[k].wall)
+    ref = meds[best_name]
+    print(f"{tokens:,} tokens in {len(dec.files)} files, {ix.row_groups} row groups; {args.threads} threads")
+    print(f"settings: {settings}; medians of {args.repeat} (decodes: {len(decodes['read_table'])}) alternated runs")
+    print(f"{'reader':<44} {'Mtok/s':>8} {'cores':>6} {'CPU ns/tok':>11} {'vs ref':>8} {'CPU x':>8}")
+    print(row("decode: pq.read_table per file (threads)", meds["read_table"], tokens, ref, tokens))
+    print(row("decode: read_row_group on N threads", meds["row_groups"], tokens, ref, tokens))
+    c = median_timing([t for t, _ in cold])
+    cn = cold[0][1]
+    print(row("plitzer, one epoch from construction", c, cn, ref, tokens))
     wall = sum(t.wall for t, _ in steady)
     cpu = sum(t.cpu for t, _ in steady)
     n = sum(k for _, k in steady)
+    st = Timing(wall, cpu)
+    print(row(f"plitzer, steady state (epochs 1..{args.epochs})", st, n, ref, tokens))
     print(
-        f"steady state (epochs 1..{len(epochs) - 1}): {n / wall / 1e6:.1f} Mtok/s, {cpu / n * 1e9:.1f} CPU ns/token, "
-        f"loader / raw decode = {n / wall / 1e6 / rate:.2f}x between epochs, "
-        f"{n / wall / 1e6 / alone.rate(tokens):.2f}x against the decode alone (target >= 0.9x); "
-        f"peak held {peak / 2**20:.0f} MiB"
+        f"reference: {best_name}. From construction {c.rate(cn) / ref.rate(tokens):.2f}x (target 0.9x), steady "
+        f"state {st.rate(n) / ref.rate(tokens):.2f}x (target 0.95x), CPU per token "
+        f"{st.ns_per_token(n) / ref.ns_per_token(tokens):.2f}x the decode's (target 1.1x); peak held "
+        f"{stats.peak_bytes / 2**20:.0f} MiB, consumer waited {stats.wait_seconds:.2f} s"
     )
 
-    # Resume at mid-epoch: time to the first batch, against one window's decode.
-    with plitzer.Loader(ix, threads=args.threads, **settings) as loader:  # type: ignore[arg-type]
-        half = len(loader) // 2
-        for _ in range(half):
-            loader.next_batch()
-        state = loader.checkpoint()
-    t0 = time.perf_counter()
-    with plitzer.Loader(ix, threads=args.threads, **settings) as again:  # type: ignore[arg-type]
-        construct = time.perf_counter() - t0
-        again.resume(state)
-        again.next_batch()
-        first = time.perf_counter() - t0
-        # The windows the lanes stand in: (epoch, window) of every lane's position.
-        units = len({(int(e), int(w)) for _, e, w, _, _ in plitzer.state.decode(again.checkpoint()).positions})
-    # The reference: decoding, at the raw rate, the windows that step's tokens lie in
-    # (run tokens [half * B * L, (half + 1) * B * L) of epoch 0: the window the lanes
-    # stand in, and the next one when the step crosses into it).
-    ep = again.plan.epoch(0)
-    starts = np.cumsum(ep.window_tokens) - ep.window_tokens
-    per_step = args.lanes * args.seq_len
-    w0 = int(np.searchsorted(starts, half * per_step, side="right")) - 1
-    w1 = int(np.searchsorted(starts, (half + 1) * per_step - 1, side="right")) - 1
-    need = int(ep.window_tokens[w0 : w1 + 1].sum())
-    window_decode = need / (rate * 1e6)
-    print(
-        f"resume at step {half}: first batch after {first:.3f} s (construct {construct:.3f} s); lanes span "
-        f"{units} windows and the step reaches {w1 - w0 + 1} ({need:,} tokens), which decode in "
-        f"{window_decode:.3f} s at the raw rate: {first / window_decode:.2f}x (target 1.2x)"
-    )
+
+def sweep(ix: object, settings: dict[str, int], lane_counts: list[int]) -> None:
+    """Per-step wall and CPU time at several lane counts, same tokens per step, steady state."""
+    import plitzer
+
+    per_step = settings["lanes"] * settings["seq_len"]
+    print(f"{'lanes':>6} {'seq_len':>8} {'steps':>6} {'ms/step':>9} {'CPU ms/step':>12} {'vs first':>9}")
+    first = None
+    for lanes in lane_counts:
+        seq_len = per_step // lanes
+        cfg = {**settings, "lanes": lanes, "seq_len": seq_len}
+        with plitzer.Loader(ix, **cfg) as loader:  # type: ignore[arg-type]
+            for _ in loader:
+                pass
+            times = []
+            for _ in range(2):
+                with timed() as t:
+                    steps = sum(1 for _ in loader)
+                times.append((t, steps))
+        wall = statistics.median(t.wall / k for t, k in times) * 1e3
+        cpu = statistics.median(t.cpu / k for t, k in times) * 1e3
+        first = first or wall
+        print(f"{lanes:6d} {seq_len:8d} {times[0][1]:6d} {wall:9.3f} {cpu:12.3f} {wall / first:9.2f}")
 
 
 def widths(tokens: int, repeats: int = 5) -> None:
@@ -149,7 +219,7 @@ def widths(tokens: int, repeats: int = 5) -> None:
     import planner
     from plitzer.read import read_chunk, to_tokens
 
-    d = dataset(tokens)
+    d = fineweb_shaped(tokens)
     src = pq.read_table(sorted(d.glob("*.parquet"))[0].parent, columns=["tokens"]).column(0).combine_chunks()
     rows_per_group = 200  # about 200k tokens: decoded memory is reused, not page-faulted
     cases = {

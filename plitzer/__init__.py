@@ -24,7 +24,7 @@ from plitzer.explain import explain
 from plitzer.loader import Loader, LoaderSettings
 from plitzer.state import load_checkpoint, merge, save_checkpoint
 
-__version__ = "0.2.0"  # the one source of the version: pyproject.toml reads it from here
+__version__ = "0.3.0"  # the one source of the version: pyproject.toml reads it from here
 
 __all__ = [
     "Batch",

@@ -19,11 +19,10 @@ import polars as pl
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from plitzer.pack import PackedWindow
+from plitzer.pack import Segments
 
 __all__ = ["Batch", "Located", "Tokens"]
 
-Piece = tuple[PackedWindow, int, int]
 # file, row group, row of each document; and its source's name in a mixture (else None)
 Located = tuple[list[str], NDArray[np.int64], NDArray[np.int64], list[str] | None]
 Locate = Callable[[NDArray[np.int64]], Located]
@@ -77,9 +76,9 @@ class Batch:
     step: int
     epoch: int
     lanes: range
-    _pieces: list[list[Piece]] = field(repr=False)
+    _segments: Segments | Callable[[], Segments] = field(repr=False)
     _locate: Locate = field(repr=False)
-    _segments: tuple[NDArray[np.int64], ...] | None = field(default=None, repr=False)
+    _after: Callable[[], bytes] = field(repr=False)
 
     def __repr__(self) -> str:
         rows, width = self.tokens.shape
@@ -92,40 +91,32 @@ class Batch:
     def seq_len(self) -> int:
         return int(self.tokens.shape[1])
 
-    def _segs(self) -> tuple[NDArray[np.int64], ...]:
-        """Per piece in the rows: row, length, source id, offset in the document, epoch, window.
+    def state_after(self) -> bytes:
+        """This rank's checkpoint right after this batch (encoded now: it is not kept per step)."""
+        return self._after()
 
-        One ``searchsorted`` and a few slices per (row, window) stretch, whole-array
-        work inside it; empty documents are left out (they hold no token).
-        """
-        if self._segments is None:
-            parts: list[list[NDArray[np.int64]]] = [[], [], [], [], [], []]
-            for r, pieces in enumerate(self._pieces):
-                for w, a, b in pieces:
-                    i0 = int(np.searchsorted(w.piece_end, a, side="right"))
-                    i1 = int(np.searchsorted(w.piece_end, b, side="left")) + 1
-                    ends = w.piece_end[i0:i1]
-                    starts = np.empty(len(ends), np.int64)
-                    starts[1:] = ends[:-1]
-                    starts[:1] = w.piece_end[i0 - 1] if i0 > 0 else 0
-                    lo = np.maximum(starts, a)
-                    length = np.minimum(ends, b) - lo
-                    keep = length > 0
-                    n = int(keep.sum())
-                    parts[0].append(np.full(n, r, np.int64))
-                    parts[1].append(length[keep])
-                    parts[2].append(w.doc_id[i0:i1][keep])
-                    parts[3].append((w.piece_offset[i0:i1] + lo - starts)[keep])
-                    parts[4].append(np.full(n, w.epoch, np.int64))
-                    parts[5].append(np.full(n, w.window, np.int64))
-            self._segments = tuple(np.concatenate(p) if p else np.zeros(0, np.int64) for p in parts)
+    def _segs(self) -> Segments:
+        """The pieces in the rows, in row order (from the packer's tables, computed once)."""
+        if not isinstance(self._segments, Segments):
+            self._segments = self._segments()
         return self._segments
 
     def _spans(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
         """Per piece: row, start in the row, length."""
-        rows, lengths = self._segs()[:2]
+        segs = self._segs()
+        rows, lengths = segs.row, segs.length
         cu = np.cumsum(lengths) - lengths
         return rows, cu - rows * self.seq_len, lengths
+
+    @property
+    def piece_lengths(self) -> NDArray[np.int64]:
+        """The lengths of every piece, row after row (``diff(cu_seqlens)``)."""
+        return self._segs().length
+
+    @property
+    def pieces_per_row(self) -> NDArray[np.int64]:
+        """How many pieces each row holds."""
+        return np.bincount(self._segs().row, minlength=self.tokens.shape[0]).astype(np.int64)
 
     @property
     def doc_lengths(self) -> list[NDArray[np.int64]]:
@@ -135,7 +126,7 @@ class Batch:
         boundary left in this row: attention should not cross its edges.
         """
         rows, _, lengths = self._spans()
-        cuts = np.searchsorted(rows, np.arange(1, len(self._pieces)))
+        cuts = np.searchsorted(rows, np.arange(1, self.tokens.shape[0]))
         return list(np.split(lengths, cuts))
 
     @property
@@ -177,7 +168,8 @@ class Batch:
         [64, 64, 64, 64]
         """
         rows, start, length = self._spans()
-        _, _, ids, offset, epoch, window = self._segs()
+        segs = self._segs()
+        ids, offset, epoch, window = segs.doc, segs.offset, segs.epoch, segs.window
         files, row_group, row, sources = self._locate(ids)
         lanes = np.arange(self.lanes.start, self.lanes.stop, dtype=np.int64)
         columns: dict[str, Any] = {

@@ -1,27 +1,29 @@
 """The Loader: one rank's view of the global batch, step by step, resumable.
 
-Each of the rank's lanes has a cursor: the unit (epoch, window) it is in and its
-position in that unit's packed stream. A step takes ``seq_len`` tokens from every
-lane, moving a lane to the next unit when its slice runs out. The cuts deal the
-run's tokens to lanes like cards (token ``i`` of the run counts to lane ``i mod B``,
-SPEC section 3 rule 4), so lane ``k``'s token ``P`` is run token ``P*B + k``: at any
-step every lane is within one token of every other, the lanes sit in the same
-window or the next, and never lose or repeat a token. Units that every lane has
-left are released; the scanner reads the next ones ahead, within ``budget``.
+Lanes run in lockstep: the cuts deal the run's tokens to lanes like cards (token
+``i`` of the run goes to lane ``i mod B``, docs/design.md "The order"), so lane
+``k``'s token ``P`` is run token ``P*B + k``, and at step ``t`` every lane takes its
+tokens ``[t*L, (t+1)*L)``. The step alone says where every lane is: there are no
+per-lane cursors. The scanner (``plitzer.scan``) packs each window step-major, so a
+step that lies wholly inside one window is a view of that window's block (no
+copy, no per-lane work); a step that straddles windows is assembled from their ends
+by one gather (``plitzer.pack.assemble``). Units that every lane has left are
+released; the scanner reads the next ones ahead, within ``budget``.
 
 The loader owns the step, the epoch edge (the epoch label of step ``t`` is
-``floor(t * lanes * seq_len / T)``) and the state; ``checkpoint`` writes each
-lane's position, which does not depend on the number of ranks.
+``floor(t * lanes * seq_len / T)``) and the state; ``checkpoint`` derives each
+lane's position from the step when it is called, and the positions do not depend
+on the number of ranks.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
 import warnings
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -30,42 +32,45 @@ from numpy.typing import NDArray
 from planner.errors import CheckpointError, ConfigError, DataError, PerformanceWarning, UsageError
 from planner.lanes import lane_positions
 from planner.mixture import MixtureIndex, MixturePlan
-from planner.plan import check_int, epoch_of_step
+from planner.plan import Plan, check_int, epoch_of_step
 from planner.sources import Weights
 from plitzer import state as ckpt
-from plitzer.batch import Batch, Located, Piece, Tokens
-from plitzer.pack import PackedWindow
-from plitzer.scan import Scanner, budget_floor
+from plitzer.batch import Batch, Located, Tokens
+from plitzer.cost import budget_floor
+from plitzer.pack import PackedUnit, Segments, Slices, assemble
+from plitzer.scan import Scanner, Stats
 from plitzer.settings import LoaderSettings, Source, default_threads, make_plan, open_source
 from plitzer.text import text_config
 
-__all__ = ["Cursor", "Loader", "LoaderSettings", "budget_floor"]
+__all__ = ["Loader", "LoaderSettings", "budget_floor"]
+
+I64 = NDArray[np.int64]
 
 
-@dataclass(slots=True)
-class Cursor:
-    """Where one of the rank's lanes is: its unit, and its place in that unit's packed stream.
+def open_plan(source: Source, settings: LoaderSettings) -> Plan:
+    """The plan a loader of ``settings`` runs from: lists files and reads footers (the I/O)."""
+    return make_plan(open_source(source, settings), settings)
 
-    ``window`` is the packed part of its unit once the lane has entered it (``None`` before);
-    ``pos`` and ``end`` are the next token and the slice's end (positions in the
-    part's stream), and ``piece`` a packed piece at or before the one holding ``pos``.
-    ``pending`` is where to place the lane when it enters: ``(piece, offset)`` from a
-    checkpoint, or ``(-1, offset in the slice)`` from :meth:`Loader.seek`.
+
+def positions_at(plan: Plan, step: int, seq_len: int, rank_lanes: range, slices: Callable[[int], Slices]) -> I64:
+    """Checkpoint rows ``[lane, epoch, window, piece, offset]`` of ``rank_lanes`` before ``step``.
+
+    The step says where each lane is (:func:`planner.lanes.lane_positions`: the window
+    of its next token and the offset in its slice); ``slices(unit)`` turns an offset
+    inside a slice into the shuffled piece and the offset in it. A lane at its
+    slice's start is ``(0, 0)`` there.
     """
-
-    unit: int
-    window: PackedWindow | None = None
-    pos: int = 0
-    end: int = 0
-    pending: tuple[int, int] | None = None
-    piece: int = 0
-
-    def copy(self) -> Cursor:
-        return Cursor(self.unit, self.window, self.pos, self.end, self.pending, self.piece)
-
-
-# Output arrays kept for reuse (each is lanes/world x seq_len tokens).
-_BUFFERS = 4
+    lanes = plan.settings.lanes
+    rows = lane_positions(plan, step, seq_len, lanes, rank_lanes)
+    offsets = rows[:, 4].copy()
+    rows[:, 3:] = 0
+    inside = np.flatnonzero(offsets > 0)
+    if len(inside):
+        units = np.array([plan.unit(int(e), int(w)) for e, w in rows[inside, 1:3].tolist()], np.int64)
+        for unit in np.unique(units).tolist():
+            sel = inside[units == unit]
+            rows[sel, 3], rows[sel, 4] = slices(int(unit)).positions(sel, offsets[sel])
+    return rows
 
 
 class Loader:
@@ -144,23 +149,31 @@ class Loader:
             add_eos=add_eos,
             add_bos=add_bos,
         )
-        self._open(source, settings)
+        self._build(open_plan(source, settings), settings)
 
     @classmethod
     def from_settings(cls, source: Source, settings: LoaderSettings) -> Loader:
         """A Loader of already-built settings (what torch.Dataset, explain and the CLI use)."""
+        return cls.from_plan(open_plan(source, settings), settings)
+
+    @classmethod
+    def from_plan(cls, plan: Plan, settings: LoaderSettings) -> Loader:
+        """A Loader that runs ``plan`` (no I/O: the footers are in the plan's index).
+
+        ``plan`` must have been made for ``settings`` (:func:`open_plan`); no thread
+        starts before the first batch.
+        """
         loader = cls.__new__(cls)
-        loader._open(source, settings)
+        loader._build(plan, settings)
         return loader
 
-    def _open(self, source: Source, settings: LoaderSettings) -> None:
+    def _build(self, plan: Plan, settings: LoaderSettings) -> None:
         self.settings = settings
         s = settings
         lanes, window, seq_len, budget = s.lanes, s.window, s.seq_len, s.budget
-        rank, world, threads = s.rank, s.world, s.threads
-        self.index = open_source(source, settings)
-        self.plan = make_plan(self.index, settings)
-        self.tokens = self.plan.tokens
+        self.plan = plan
+        self.index = plan.dataset
+        self.tokens = plan.tokens
         if self.tokens == 0:
             msg = f"dataset {self.index.source!r} has no tokens (every document is empty); nothing to train on"
             raise DataError(msg)
@@ -171,9 +184,8 @@ class Loader:
             )
             raise ConfigError(msg)
         frame = self.index.frame
-        need, units = budget_floor(
-            frame["tokens"].to_numpy(), frame["rows"].to_numpy(), lanes=lanes, window=window, seq_len=seq_len
-        )
+        tok, rows = frame["tokens"].to_numpy(), frame["rows"].to_numpy()
+        need, units = budget_floor(tok, rows, lanes=lanes, window=window, seq_len=seq_len)
         if budget < need:
             msg = (
                 f"budget={budget:,} bytes cannot hold the windows one step can touch: up to {need:,} bytes "
@@ -181,9 +193,7 @@ class Loader:
                 f"next, and any window shorter than a step). Raise budget to at least {need:,}, or lower window"
             )
             raise ConfigError(msg)
-        inflight, _ = budget_floor(
-            frame["tokens"].to_numpy(), frame["rows"].to_numpy(), lanes=lanes, window=window, seq_len=seq_len, ahead=1
-        )
+        inflight, _ = budget_floor(tok, rows, lanes=lanes, window=window, seq_len=seq_len, ahead=1)
         if budget < inflight:
             # Works, but the next window is read only once the current one is released:
             # decoding and training take turns instead of overlapping.
@@ -192,25 +202,30 @@ class Loader:
                 f"reads wait for the consumer; set budget to at least {inflight:,} bytes for two windows in "
                 "flight (docs/design.md, 'The budget')",
                 PerformanceWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
-        per = lanes // world
-        self.rank_lanes = range(rank * per, (rank + 1) * per)
-        self._dtype = np.dtype(self.index.dtype)
-        self._doc_base = np.cumsum(frame["rows"].to_numpy()) - frame["rows"].to_numpy()
+        per = lanes // s.world
+        self.rank_lanes = range(s.rank * per, (s.rank + 1) * per)
+        self._doc_base = np.cumsum(rows) - rows
         self._files = frame["file"].to_numpy()
         self._row_groups = frame["row_group"].to_numpy()
         self._sources = frame["source"].to_numpy() if isinstance(self.index, MixtureIndex) else None
-        self._scanner = Scanner(self.plan, rank=rank, budget=budget, threads=threads or default_threads(self.index))
+        threads = s.threads or default_threads(self.index)
+        self._scanner = Scanner(plan, rank=s.rank, budget=budget, threads=threads, seq_len=seq_len)
         self._pid = os.getpid()
-        self._buffers: list[NDArray[Any]] = []
         self._lock = threading.RLock()
-        self._set_positions(0, np.array([[k, 0, 0, 0, 0] for k in self.rank_lanes], dtype=np.int64))
+        self._window_ends: dict[int, I64] = {}
+        self._config = self._make_config()
+        self._place(0)
 
     # -- state -----------------------------------------------------------------
 
     @property
     def config(self) -> dict[str, Any]:
+        """The settings that fix the order, as a checkpoint records them."""
+        return dict(self._config)
+
+    def _make_config(self) -> dict[str, Any]:
         s = self.settings
         return {
             "seed": s.seed,
@@ -254,99 +269,103 @@ class Loader:
         return end - self._step
 
     @property
+    def stats(self) -> Stats:
+        """Bytes held (and by batches the caller still holds), peak, units in flight, reads, waits, retries."""
+        return self._scanner.stats
+
+    @property
     def held_bytes(self) -> int:
         """Decoded bytes held now (prefetched and queued)."""
-        return self._scanner.held_bytes
+        return self._scanner.stats.held_bytes
 
     @property
     def peak_bytes(self) -> int:
         """Most decoded bytes held at once since construction."""
-        return self._scanner.peak_bytes
+        return self._scanner.stats.peak_bytes
 
     @property
     def reads(self) -> int:
         """Row groups read so far (one ranged read each)."""
-        return self._scanner.rows_read
+        return self._scanner.stats.rows_read
 
-    def _set_positions(self, step: int, positions: NDArray[np.int64], *, in_slice: bool = False) -> None:
-        """Place every lane: rows ``[lane, epoch, window, piece, offset]`` (a checkpoint's).
-
-        With ``in_slice``, ``offset`` is the token offset in the lane's whole slice
-        and ``piece`` is ignored (what :meth:`seek` computes from the plan alone).
-        """
+    def _place(self, step: int) -> None:
+        """Make ``step`` the next step: forget the units in use, start over from the footers."""
         self._step = step
-        for _, e, w, _, _ in positions.tolist():
-            nw = self.plan.windows_in(e)
-            if w >= nw:
-                msg = f"checkpoint position window {w} is out of range: epoch {e} of the dataset has {nw} windows"
-                raise CheckpointError(msg)
-        self._cursors = [
-            Cursor(unit=self.plan.unit(int(e), int(w)), pending=(-1 if in_slice else int(j), int(o)))
-            for _, e, w, j, o in positions.tolist()
-        ]
-        # The units the next step reaches: where the lanes stand after it (lockstep:
-        # a function of the step alone). The scanner packs those without the copy.
-        s = self.settings
-        after = lane_positions(self.plan, step + 1, s.seq_len, s.lanes, self.rank_lanes)
-        reach = max(self.plan.unit(int(e), int(w)) for _, e, w, _, _ in after.tolist())
-        self._scanner.reset([c.unit for c in self._cursors], urgent_through=reach)
+        self._cur: PackedUnit | None = None
+        self._cur_block: NDArray[Any] | None = None
+        self._resumed: NDArray[np.int64] | None = None
+        self._checks: dict[int, tuple[I64, I64, I64, I64]] = {}
+        self._scanner.reset(step)
 
-    def _enter(self, i: int) -> PackedWindow:
-        """Load lane ``i``'s current unit and place its cursor."""
-        c = self._cursors[i]
-        w = self._scanner.get(c.unit, i)
-        start, end = w.slice_of(i)
-        pos = start
-        pending = c.pending
-        if pending is not None:
-            j, o = pending
-            c.pending = None
-            p0, p1 = w.pieces_of(i)
-            if j < 0:  # an offset in the slice (seek)
-                pos = start + o
-            elif j > p1 - p0 or (j == p1 - p0 and o > 0):
+    def _unit_of_run(self, run: int) -> int:
+        """The unit holding run token ``run``."""
+        e = self.plan.epoch_of_run(run)
+        ends = self._window_ends.get(e)
+        if ends is None:
+            ends = np.cumsum(self.plan.epoch(e).window_tokens)
+            if len(self._window_ends) > 4:
+                self._window_ends.clear()
+            self._window_ends[e] = ends
+        w = int(np.searchsorted(ends, run - self.plan.run_before(e), side="right"))
+        return self.plan.unit(e, w)
+
+    def _units_of_step(self, step: int) -> tuple[int, int]:
+        """The first and last unit step ``step`` takes tokens from, for this rank's lanes."""
+        s = self.settings
+        k0, k1 = self.rank_lanes.start, self.rank_lanes.stop - 1
+        first = self._unit_of_run(step * s.seq_len * s.lanes + k0)
+        last = self._unit_of_run(((step + 1) * s.seq_len - 1) * s.lanes + k1)
+        return first, last
+
+    def _get(self, unit: int) -> PackedUnit:
+        """The packed ``unit``, checking the positions a resume left to check there."""
+        u = self._scanner.get(unit)
+        check = self._checks.pop(unit, None)
+        if check is not None:
+            lanes, pieces, offsets, want = check
+            got = u.slices.offsets(lanes, pieces, offsets)
+            bad = np.flatnonzero(got != want)
+            if len(bad):
+                i = int(bad[0])
+                lane, where = int(lanes[i]), f"(piece {int(pieces[i])}, offset {int(offsets[i])})"
+                sl = u.slices
+                n = int(sl.lane_piece[lane + 1] - sl.lane_piece[lane])
+                size = int(sl.lane_start[lane + 1] - sl.lane_start[lane])
+                problem = (
+                    f"is past its slice of {n} pieces ({size} tokens)"
+                    if got[i] < 0
+                    else f"is not where step {self._step} puts it (token {int(want[i])} of its slice)"
+                )
                 msg = (
-                    f"checkpoint position of lane {self.rank_lanes[i]} (piece {j}, offset {o}) "
-                    f"is past its slice of {p1 - p0} pieces in epoch {w.epoch} window {w.window}: "
-                    "the checkpoint does not belong to this dataset or settings"
+                    f"checkpoint position of lane {self.rank_lanes.start + lane} {where} in epoch {u.epoch} "
+                    f"window {u.window} {problem}: the checkpoint does not belong to this dataset or settings"
                 )
                 raise CheckpointError(msg)
-            elif j < p1 - p0:
-                ps = w.piece_start(p0 + j, i)
-                if o > int(w.piece_end[p0 + j]) - ps:
-                    msg = f"checkpoint offset {o} of lane {self.rank_lanes[i]} is past the end of its piece"
-                    raise CheckpointError(msg)
-                pos = ps + o
-            else:
-                pos = end
-            if pos > end:
-                msg = f"position {pos - start} of lane {self.rank_lanes[i]} is past its slice of {end - start} tokens"
-                raise CheckpointError(msg)
-        c.window, c.pos, c.end = w, pos, end
-        c.piece = int(w.lane_piece[i - w.first])
-        return w
+        return u
 
     def checkpoint(self) -> bytes:
         """This rank's state: its lanes' positions before the next batch."""
         self._check_fork()
         with self._lock:
-            rows = []
-            for i, k in enumerate(self.rank_lanes):
-                c = self._cursors[i]
-                if c.window is None and c.pending is not None and c.pending[0] < 0:
-                    self._enter(i)  # after seek(): the piece is known once the window is packed
-                e, w = self.plan.unit_epoch_window(c.unit)
-                win = c.window
-                if win is None:
-                    j, o = c.pending or (0, 0)
-                else:
-                    p0, p1 = win.pieces_of(i)
-                    pos = c.pos
-                    # The piece holding the next token: the first whose end is past pos.
-                    j = int(np.searchsorted(win.piece_end[p0:p1], pos, side="right"))
-                    o = pos - win.piece_start(p0 + j, i) if j < p1 - p0 else 0
-                rows.append([k, e, w, j, o])
-            return ckpt.encode(ckpt.State(self.config, self._step, np.array(rows, dtype=np.int64)))
+            rows = self._resumed
+            if rows is None:
+                s = self.settings
+                rows = positions_at(self.plan, self._step, s.seq_len, self.rank_lanes, lambda u: self._get(u).slices)
+            return ckpt.encode(ckpt.State(self._config, self._step, rows))
+
+    def _state_after(self, step: int, units: dict[int, Slices]) -> Callable[[], bytes]:
+        """The checkpoint right after step ``step``, encoded when called.
+
+        Lanes inside a slice after the step are in windows the step took tokens
+        from, whose slices ``units`` holds (small tables: not the tokens).
+        """
+        config, plan, seq_len, lanes = self._config, self.plan, self.settings.seq_len, self.rank_lanes
+
+        def encode() -> bytes:  # holds the plan and small tables, not the loader
+            rows = positions_at(plan, step + 1, seq_len, lanes, units.__getitem__)
+            return ckpt.encode(ckpt.State(config, step + 1, rows))
+
+        return encode
 
     def seek(self, step: int) -> None:
         """Jump to global step ``step``, as if every step before it had been taken.
@@ -358,10 +377,8 @@ class Loader:
         """
         self._check_fork()
         step = check_int("step", step, 0, "steps count from 0")
-        s = self.settings
-        rows = lane_positions(self.plan, step, s.seq_len, s.lanes, self.rank_lanes)
         with self._lock:
-            self._set_positions(step, rows, in_slice=True)
+            self._place(step)
 
     def resume(self, state: bytes) -> None:
         """Continue from a checkpoint taken at any world size.
@@ -376,20 +393,65 @@ class Loader:
         if diffs:
             msg = "checkpoint does not match this loader: " + "; ".join(diffs)
             raise CheckpointError(msg)
+        mine = np.arange(self.rank_lanes.start, self.rank_lanes.stop)
         lanes = st.positions[:, 0]
-        idx = np.searchsorted(lanes, np.arange(self.rank_lanes.start, self.rank_lanes.stop))
-        ok = (idx < len(lanes)) & (
-            lanes[np.minimum(idx, len(lanes) - 1)] == np.arange(self.rank_lanes.start, self.rank_lanes.stop)
-        )
+        idx = np.searchsorted(lanes, mine)
+        ok = (idx < len(lanes)) & (lanes[np.minimum(idx, len(lanes) - 1)] == mine)
         if not ok.all():
-            missing = np.arange(self.rank_lanes.start, self.rank_lanes.stop)[~ok]
+            missing = mine[~ok]
             msg = (
                 f"checkpoint lacks lanes {missing[:10].tolist()} of rank {self.settings.rank}; "
                 "resume from plitzer.merge(parts of every rank)"
             )
             raise CheckpointError(msg)
+        rows = st.positions[idx]
         with self._lock:
-            self._set_positions(st.step, st.positions[idx])
+            checks = self._check_positions(st.step, rows)
+            self._place(st.step)
+            self._resumed = rows
+            self._checks = checks
+
+    def _check_positions(self, step: int, rows: I64) -> dict[int, tuple[I64, I64, I64, I64]]:
+        """Refuse positions that are not where ``step`` puts the lanes; what needs the pieces, later.
+
+        Lanes run in lockstep, so a checkpoint's positions follow from its step.
+        A position at a slice's start (piece 0, offset 0) is checked from the footers;
+        one inside a slice must be in the lane's window, and its piece and offset are
+        checked when that window is packed (:meth:`_get`).
+        """
+        s = self.settings
+        for _, e, w, _, _ in rows.tolist():
+            nw = self.plan.windows_in(e)
+            if w >= nw:
+                msg = f"checkpoint position window {w} is out of range: epoch {e} of the dataset has {nw} windows"
+                raise CheckpointError(msg)
+        want = lane_positions(self.plan, step, s.seq_len, s.lanes, self.rank_lanes)
+        at_start = (rows[:, 3] == 0) & (rows[:, 4] == 0)
+        later: dict[int, list[int]] = {}
+        for i in range(len(rows)):
+            e, w = int(rows[i, 1]), int(rows[i, 2])
+            unit = self.plan.unit(e, w)
+            if at_start[i]:
+                if int(self._scanner.lane_base(unit)[i]) != step * s.seq_len:
+                    self._refuse(rows[i], step, want[i])
+            elif (e, w) != (int(want[i, 1]), int(want[i, 2])):
+                self._refuse(rows[i], step, want[i])
+            else:
+                later.setdefault(unit, []).append(i)
+        checks: dict[int, tuple[I64, I64, I64, I64]] = {}
+        for unit, sel in later.items():
+            ix = np.array(sel, np.int64)
+            checks[unit] = (ix, rows[ix, 3], rows[ix, 4], want[ix, 4])
+        return checks
+
+    def _refuse(self, row: I64, step: int, want: I64) -> None:
+        msg = (
+            f"checkpoint position of lane {int(row[0])} (epoch {int(row[1])}, window {int(row[2])}, piece "
+            f"{int(row[3])}, offset {int(row[4])}) is not where step {step} puts it (epoch {int(want[1])}, "
+            f"window {int(want[2])}, token {int(want[4])} of its slice): the checkpoint does not belong to "
+            "this dataset or settings"
+        )
+        raise CheckpointError(msg)
 
     # -- iteration ---------------------------------------------------------------
 
@@ -400,103 +462,59 @@ class Loader:
             yield self.next_batch()
 
     def next_batch(self) -> Batch:
-        """The batch of the next step, whatever its epoch."""
+        """The batch of the next step, whatever its epoch.
+
+        A step is all or nothing: if it is interrupted (KeyboardInterrupt, a storage
+        error), the step does not advance, so ``checkpoint()`` still describes the
+        batch that was not delivered and a retry resumes cleanly.
+        """
         self._check_fork()
         with self._lock:
-            # A step is all or nothing: if it is interrupted (KeyboardInterrupt, a
-            # storage error), the lanes' cursors are put back, so checkpoint() still
-            # describes the batch that was not delivered and a retry resumes cleanly.
-            saved = [c.copy() for c in self._cursors]
-            try:
-                return self._next_batch()
-            except BaseException:
-                self._cursors = saved
-                raise
+            return self._next_batch()
 
     def _next_batch(self) -> Batch:
-        length = self.settings.seq_len
-        n = len(self.rank_lanes)
-        out = self._output(n, length)
-        pieces: list[list[Piece]] = []
-        cursors = self._cursors
-        for i in range(n):
-            c = cursors[i]
-            w = c.window
-            if w is None:
-                w = self._enter(i)
-            p, e = c.pos, c.end
-            if e - p > length:  # the common case: the whole row from one window
-                flat = w.flat
-                if flat is not None:  # packed with a copy: one slice
-                    out[i] = flat[p : p + length]
-                    pieces.append([(w, p, p + length)])
-                    c.pos = p + length
-                    continue
-                # Not copied (the consumer was waiting for it): from the decoded row
-                # group, in one slice when one piece holds the whole row.
-                k, ends = c.piece, w.piece_end
-                while ends[k] <= p:  # used-up pieces and empty documents
-                    k += 1
-                if ends[k] - p >= length:
-                    b = int(w.src_base[k]) + p
-                    out[i] = w.values[w.src_chunk[k]][b : b + length]
-                    pieces.append([(w, p, p + length)])
-                    c.pos, c.piece = p + length, k
-                    continue
-            row: list[Piece] = []
-            col = 0
-            k = c.piece
-            while col < length:
-                if p == e:
-                    # Lockstep: every lane gets a token at least every B tokens of the
-                    # run, so this passes through at most the windows shorter than a
-                    # step (never a whole epoch of empty slices).
-                    c.unit += 1
-                    w = self._enter(i)
-                    p, e, k = c.pos, c.end, c.piece
-                    continue
-                t = min(e - p, length - col)
-                k = w.copy_into(out[i, col : col + t], p, k)
-                row.append((w, p, p + t))
-                p += t
-                col += t
-            pieces.append(row)
-            if p == e:
-                # The slice is used up: the lane's position is the next window's start.
-                c.unit += 1
-                c.window = None
-                c.pending = None
-            else:
-                c.pos, c.piece = p, k
-        self._scanner.release_before(min(c.unit for c in cursors))
-        step = self._step
-        self._step += 1
+        t = self._step
+        cur = self._cur
+        if cur is not None and cur.t0 <= t < cur.t1:  # the common case: a view of the block
+            assert self._cur_block is not None
+            return self._deliver(t, self._cur_block[t - cur.t0], functools.partial(cur.segments, t), [cur])
+        first, last = self._units_of_step(t)
+        if first == last:
+            u = self._get(first)
+            if u.t0 <= t < u.t1:
+                self._cur, self._cur_block = u, u.block
+                return self._deliver(t, self._cur_block[t - u.t0], functools.partial(u.segments, t), [u])
+        units = [self._get(x) for x in range(first, last + 1)]
+        tokens, segments = assemble(units, t, len(self.rank_lanes), self.settings.seq_len)
+        self._cur, self._cur_block = None, None
+        return self._deliver(t, tokens, segments, units)
+
+    def _deliver(
+        self,
+        t: int,
+        tokens: NDArray[Any],
+        segments: Segments | Callable[[], Segments],
+        units: list[PackedUnit],
+    ) -> Batch:
+        """Advance past step ``t`` (which took tokens from ``units``); release what no lane needs."""
+        after = self._state_after(t, {u.unit: u.slices for u in units})
+        self._step = t + 1
+        self._resumed = None
+        cur = self._cur
+        if cur is None or not (cur.t0 <= t + 1 < cur.t1):
+            nxt, _ = self._units_of_step(t + 1)
+            if cur is not None and cur.unit < nxt:
+                self._cur, self._cur_block = None, None
+            self._scanner.release_before(nxt)
         return Batch(
-            tokens=out.view(Tokens),
-            step=step,
-            epoch=self._epoch_of(step),
+            tokens=tokens.view(Tokens),
+            step=t,
+            epoch=self._epoch_of(t),
             lanes=self.rank_lanes,
-            _pieces=pieces,
+            _segments=segments,
             _locate=self._locate,
+            _after=after,
         )
-
-    def _output(self, rows: int, length: int) -> NDArray[Any]:
-        """A ``(rows, length)`` array for the next batch, reusing one nobody holds.
-
-        A fresh 4 MiB array per step is mmapped and page-faulted by the allocator each
-        time (1.3 ns/token measured, against 0.56 reused). A buffer is reused only when
-        its reference count shows that no batch, tensor, view or Arrow array refers to
-        it any more, so a batch a user keeps is never overwritten.
-        """
-        pool = self._buffers
-        for i in range(len(pool)):
-            # References: the list's, and getrefcount's argument.
-            if sys.getrefcount(pool[i]) == 2:
-                return pool[i]
-        out = np.empty((rows, length), dtype=self._dtype)
-        if len(pool) < _BUFFERS:
-            pool.append(out)
-        return out
 
     def _locate(self, doc_ids: NDArray[np.int64]) -> Located:
         rg = np.searchsorted(self._doc_base, doc_ids, side="right") - 1
@@ -521,8 +539,7 @@ class Loader:
     def close(self) -> None:
         """Stop the reader threads and free every buffer."""
         self._scanner.close()
-        for c in self._cursors:
-            c.window = None
+        self._cur, self._cur_block = None, None
 
     def __enter__(self) -> Loader:
         return self

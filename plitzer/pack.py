@@ -1,4 +1,4 @@
-"""The packer: a window's documents into each lane's token stream, vectorized.
+"""The packer: a window's documents into step-major blocks of full sequences, vectorized.
 
 A worked example. One window, B = 2 lanes, three documents in stream order::
 
@@ -11,29 +11,30 @@ gets d0 and d1 (positions 0..4), lane 1 gets d2. Had the cut fallen at 4, d1 wou
 be split there: ``[b]`` the last piece of lane 0, ``[b]`` the first of lane 1. Each
 lane's slice of pieces is then shuffled by ``permutation(n, key(seed, epoch, window,
 lane, 2))``; say lane 0's becomes d1, d0. The lanes' streams continue from the
-previous window::
+previous window (here each lane had 3 tokens before it, ``x`` and ``y``)::
 
-    lane 0: ... | b b a a a
-    lane 1: ... | c c c c c
+    lane 0:  x x x | b b a a a
+    lane 1:  y y y | c c c c c
 
-and with ``seq_len = 4`` every step takes the next 4 tokens of every lane, so a
-sequence can hold the end of one document and the start of the next, or a piece
-of a document longer than a sequence. Nothing is padded and nothing is dropped,
-and since the cuts hand every lane ``q`` or ``q + 1`` tokens, round-robin over the
-run, the lanes stay in lockstep (SPEC section 3, rule 4).
+With ``seq_len = 4``, step ``t`` takes tokens ``[4t, 4t + 4)`` of every lane: step 0
+is ``x x x b`` / ``y y y c`` (it straddles two windows), step 1 is ``b a a a`` /
+``c c c c`` (wholly in this window). So every piece is also cut where a row ends,
+and the window's *sub-pieces* are ordered by (step, lane, position in the lane): laid
+out in that order, a step wholly inside the window is ``lanes x seq_len``
+consecutive tokens, and its batch is a view of the packed block, not a copy. A
+step that straddles windows (at most one at each end of a window, or a few for
+windows shorter than a step) is assembled from the ends of the windows it touches
+(:func:`assemble`). Nothing is padded and nothing is dropped, and since the cuts
+hand every lane ``q`` or ``q + 1`` tokens, round-robin over the run, the lanes stay
+in lockstep (docs/design.md, "The order").
 
-This module does the per-window part with whole-array operations: the pieces of
-every document (cuts inside it, by ``searchsorted``), the lane of every piece, the
-per-slice shuffles (one ``lexsort`` over hashes), and, for every packed piece,
-where its tokens lie in the decoded row groups. Then, by default, one Polars list
-``gather`` over list arrays whose offsets are the piece boundaries (zero-copy views
-of the decoded columns) lays the rank's lanes out contiguously (``flat``), in a
-worker thread, without the GIL, so that the per-step part (``take L tokens from
-every lane``, in ``plitzer.loader``) is one slice copy per lane. With ``copy=False``
-the gather is skipped: the stream stays a sequence of views into the decoded
-columns and the step copies piece by piece. The scanner asks for that when the
-consumer is already waiting for the window (the first batch, a resume, a budget
-that cannot read ahead): the batch then waits for the decode alone.
+All of it is whole-array work: the pieces of every document (cuts inside it, by
+``searchsorted``), their lanes, the per-slice shuffles (one ``lexsort`` over
+hashes), the row cuts (one ``repeat``), and the layout: one Polars list ``gather``
+over list arrays whose offsets are the sub-pieces' boundaries in the decoded columns
+(zero-copy views) writes each token once, in Rust, without the GIL, into memory
+its allocator recycles (docs/design.md, "The hot path"). No Python loop over
+documents, pieces or lanes.
 """
 
 from __future__ import annotations
@@ -49,113 +50,177 @@ from numpy.typing import NDArray
 
 from planner.hashing import key, mix_array
 from planner.lanes import cut_at
+from plitzer.cost import LANE_BYTES, PIECE_BYTES
 from plitzer.read import list_lengths, numpy_view
 
-__all__ = ["PackedWindow", "pack_window"]
+__all__ = ["Memory", "PackedUnit", "Segments", "Slices", "StepRange", "assemble", "pack_unit"]
+
+I64 = NDArray[np.int64]
+
+
+class Memory:
+    """Owns the packed tokens of one unit; every batch view of them refers to it.
+
+    NumPy views (``block[t]``), DLPack tensors and Arrow arrays made from them keep
+    this object alive, so the scanner learns that the last view is gone by a
+    ``weakref.finalize`` on it, and only then stops counting its bytes against the
+    budget (the allocator then reuses the memory for a later window).
+    """
+
+    __slots__ = ("__array_interface__", "__weakref__", "_dtype", "_size", "_values")
+
+    def __init__(self, values: pa.Array, dtype: np.dtype[Any]) -> None:
+        buf = values.buffers()[1]
+        n = len(values)
+        address = 0 if buf is None or n == 0 else buf.address + values.offset * dtype.itemsize
+        self._values = values  # holds the memory
+        self._dtype = dtype
+        self._size = n
+        self.__array_interface__ = {"data": (address, False), "shape": (n,), "typestr": dtype.str, "version": 3}
+
+    def array(self) -> NDArray[Any]:
+        """The tokens as a NumPy array whose base is this object."""
+        if self._size == 0:
+            return np.zeros(0, self._dtype)
+        return np.asarray(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Segments:
+    """The pieces of some rows, in row order: what a batch's document boundaries come from.
+
+    ``row`` (within the rank's rows), ``length`` (> 0), ``doc`` (a running number over
+    the dataset's documents), ``offset`` (of the piece's first token in the document),
+    and the piece's ``epoch`` and ``window``.
+    """
+
+    row: I64
+    length: I64
+    doc: I64
+    offset: I64
+    epoch: I64
+    window: I64
+
+
+@dataclass(frozen=True, slots=True)
+class StepRange:
+    """Steps ``[first, stop)`` that one unit gives sub-pieces to, and where each step's are."""
+
+    first: int
+    bounds: I64  # step first + i's sub-pieces are bounds[i]:bounds[i+1]
+
+    @property
+    def stop(self) -> int:
+        return self.first + len(self.bounds) - 1
+
+    def of(self, step: int) -> tuple[int, int]:
+        i = step - self.first
+        if i < 0 or i >= len(self.bounds) - 1:
+            return 0, 0
+        return int(self.bounds[i]), int(self.bounds[i + 1])
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Slices:
+    """The rank's shuffled slices of one window: where a lane's position is a piece and offset.
+
+    Rank lane ``i``'s pieces are ``lane_piece[i]:lane_piece[i+1]``, ending at
+    ``piece_end`` (positions in the rank's slices laid end to end; lane ``i``'s slice
+    starts at ``lane_start[i]``). Small (16 bytes a piece), and apart from the packed
+    tokens, so a checkpoint taken later can hold it without holding them.
+    """
+
+    lane_start: I64
+    lane_piece: I64
+    piece_end: I64
+
+    def positions(self, lanes: I64, offsets: I64) -> tuple[I64, I64]:
+        """A checkpoint's ``(piece, offset)`` of rank lanes ``lanes`` at ``offsets`` into their slices.
+
+        The piece is the first of the shuffled slice whose end is past the offset
+        (empty documents and used-up pieces before it are skipped); offset 0 is
+        ``(0, 0)``, the slice's start, whatever its first pieces are.
+        """
+        target = self.lane_start[lanes] + offsets
+        j = np.searchsorted(self.piece_end, target, side="right")
+        prev = np.where(j > 0, self.piece_end[np.maximum(j - 1, 0)], 0) if len(self.piece_end) else target
+        prev = np.maximum(prev, self.lane_start[lanes])
+        zero = offsets == 0
+        piece = np.where(zero, 0, j - self.lane_piece[lanes])
+        offset = np.where(zero, 0, target - prev)
+        return piece.astype(np.int64), offset.astype(np.int64)
+
+    def offsets(self, lanes: I64, pieces: I64, offsets: I64) -> I64:
+        """The inverse of :meth:`positions`: tokens into each slice, -1 where out of range."""
+        ends = np.concatenate([[0], self.piece_end])  # ends[g + 1] is piece g's end
+        p0, p1 = self.lane_piece[lanes], self.lane_piece[lanes + 1]
+        s = self.lane_start[lanes]
+        ok = (pieces >= 0) & (pieces <= p1 - p0) & (offsets >= 0)
+        g = np.clip(p0 + pieces, 0, len(self.piece_end))
+        start = np.maximum(np.where(pieces > 0, ends[g], s), s)
+        end = np.where(pieces < p1 - p0, ends[np.minimum(g + 1, len(self.piece_end))], start)
+        ok &= offsets <= end - start
+        out: I64 = np.where(ok, start + offsets - s, -1)
+        return out
 
 
 @dataclass(slots=True, eq=False)
-class PackedWindow:
-    """Some of the rank's lanes of one window, each slice's pieces in shuffled order.
+class PackedUnit:
+    """The rank's lanes of one window, packed step-major.
 
-    It holds the rank's lanes ``first, first + 1, ...`` (counted within the rank;
-    the scanner packs a window in parts). Positions are in the part's *stream*: the
-    lanes' slices end to end, each slice's packed pieces in order. With
-    ``j = i - first``, positions ``[lane_start[j], lane_start[j+1])`` are the rank's
-    ``i``-th lane in this window, and its pieces are ``lane_piece[j]:lane_piece[j+1]``
-    (shuffled; empty documents are pieces of length 0). Packed piece ``p`` ends at
-    ``piece_end[p]``; it is tokens ``[piece_offset[p], piece_offset[p] + length)`` of
-    source document ``doc_id[p]`` (a running number over the dataset's rows), and
-    its token at stream position ``x`` is ``values[src_chunk[p]][src_base[p] + x]``,
-    and, when the window was packed with a copy, ``flat[x]``. :meth:`tokens` copies
-    any stretch of the stream; :meth:`copy_into` is the step's copy.
+    ``flat`` holds the window's tokens for the rank in (step, lane, position) order;
+    the steps ``[t0, t1)`` whose rows lie wholly in this window are ``block``, a
+    ``(t1 - t0, lanes, seq_len)`` view of it, so step ``t``'s batch is ``block[t - t0]``.
+    The sub-pieces (``row``, ``length``, ``doc``, ``offset``, and ``start`` in ``flat``)
+    are in the same order; ``steps`` says where each step's are.
+
+    ``slices`` are the shuffled slices, what checkpoints need.
     """
 
     unit: int
     epoch: int
     window: int
-    values: list[NDArray[Any]]  # the decoded row groups' tokens (int32 or uint32), shared
-    lane_start: NDArray[np.int64]
-    lane_piece: NDArray[np.int64]
-    piece_end: NDArray[np.int64]
-    src_chunk: NDArray[np.int64]
-    src_base: NDArray[np.int64]
-    doc_id: NDArray[np.int64]
-    piece_offset: NDArray[np.int64]
-    first: int = 0
-    flat: NDArray[Any] | None = None  # the stream, contiguous (packed with a copy)
+    rows: int  # the rank's lanes
+    seq_len: int
+    t0: int
+    t1: int
+    memory: Memory | None
+    flat: NDArray[Any]
+    arrow: pa.Array  # flat as Arrow (what assemble() gathers from)
+    steps: StepRange
+    row: I64
+    length: I64
+    doc: I64
+    offset: I64
+    start: I64
+    slices: Slices
 
-    def slice_of(self, lane: int) -> tuple[int, int]:
-        """Start and end (stream positions) of rank lane ``lane``'s slice."""
-        j = lane - self.first
-        return int(self.lane_start[j]), int(self.lane_start[j + 1])
+    @property
+    def block(self) -> NDArray[Any]:
+        """Steps ``[t0, t1)``: ``(t1 - t0, rows, seq_len)``, a view of :attr:`flat`."""
+        n = self.t1 - self.t0
+        if n <= 0:
+            return self.flat[:0].reshape(0, self.rows, self.seq_len)
+        first = int(self.start[self.steps.of(self.t0)[0]])
+        return self.flat[first : first + n * self.rows * self.seq_len].reshape(n, self.rows, self.seq_len)
 
-    def pieces_of(self, lane: int) -> tuple[int, int]:
-        """Rank lane ``lane``'s packed pieces: ``p0:p1``."""
-        j = lane - self.first
-        return int(self.lane_piece[j]), int(self.lane_piece[j + 1])
+    def segments(self, step: int) -> Segments:
+        """The sub-pieces of ``step`` in this unit (views of the tables)."""
+        a, b = self.steps.of(step)
+        n = b - a
+        return Segments(
+            row=self.row[a:b],
+            length=self.length[a:b],
+            doc=self.doc[a:b],
+            offset=self.offset[a:b],
+            epoch=np.full(n, self.epoch, np.int64),
+            window=np.full(n, self.window, np.int64),
+        )
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the piece tables and the packed copy (decoded values are counted by the scanner)."""
-        return int(
-            (0 if self.flat is None else self.flat.nbytes)
-            + self.lane_start.nbytes
-            + self.lane_piece.nbytes
-            + self.piece_end.nbytes
-            + self.src_chunk.nbytes
-            + self.src_base.nbytes
-            + self.doc_id.nbytes
-            + self.piece_offset.nbytes
-        )
-
-    def piece_start(self, p: int, lane: int) -> int:
-        """Start (stream position) of packed piece ``p`` of rank lane ``lane``."""
-        j = lane - self.first
-        return int(self.piece_end[p - 1]) if p > self.lane_piece[j] else int(self.lane_start[j])
-
-    def copy_into(self, dst: NDArray[Any], start: int, piece: int) -> int:
-        """Copy stream positions ``[start, start + len(dst))`` into ``dst``.
-
-        ``piece`` is a packed piece at or before the one holding ``start`` (the
-        lane's cursor keeps it); returns the piece holding the last token copied.
-        """
-        n = len(dst)
-        if self.flat is not None:
-            dst[:] = self.flat[start : start + n]
-            return piece
-        ends, base, chunk, values = self.piece_end, self.src_base, self.src_chunk, self.values
-        x, col = start, 0
-        while col < n:
-            pe = int(ends[piece])
-            if pe <= x:  # used up, or an empty document
-                piece += 1
-                continue
-            t = min(pe - x, n - col)
-            b = int(base[piece]) + x
-            dst[col : col + t] = values[chunk[piece]][b : b + t]
-            x += t
-            col += t
-        return piece
-
-    def tokens(self, start: int, end: int) -> NDArray[Any]:
-        """Stream positions ``[start, end)`` as a new array (for tests and tools)."""
-        dtype = self.flat.dtype if self.flat is not None else self.values[0].dtype if self.values else np.int32
-        out = np.empty(end - start, dtype=dtype)
-        if end > start:
-            self.copy_into(out, start, int(np.searchsorted(self.piece_end, start, side="right")))
-        return out
-
-
-def packed_bytes(tokens: Any, rows: Any, lanes: int) -> Any:
-    """An upper bound of :attr:`PackedWindow.nbytes` for ``lanes`` rank lanes.
-
-    4 bytes per token (the packed copy), 40 per piece (five int64 tables); a window
-    has at most one piece per document plus one per cut inside a document (fewer
-    than ``lanes + 1``). Each part adds a row to the two 8-byte lane tables, and
-    there are at most as many parts as row groups, so at most ``rows``.
-    """
-    return 4 * tokens + 40 * (rows + lanes + 1) + 16 * (lanes + 1 + rows)
+        """Bytes held: the packed tokens and the tables (the cost model's ``packed_bytes``)."""
+        return int(self.flat.nbytes + PIECE_BYTES * len(self.row) + LANE_BYTES * len(self.slices.lane_start))
 
 
 def arrow_ints(a: NDArray[Any], typ: pa.DataType) -> pa.Array:
@@ -169,19 +234,30 @@ def arrow_ints(a: NDArray[Any], typ: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(typ, len(data), [None, pa.py_buffer(data)])
 
 
-def _gather(parts: list[pa.Array], order: NDArray[np.int64]) -> NDArray[Any]:
-    """The tokens of pieces ``order`` (indexes over all parts' lists), concatenated.
+def _lists(values: pa.Array, starts: I64, ends: I64) -> pa.Array:
+    """A large-list array over ``values``: list ``i`` is ``values[starts[i]:ends[i]]``.
 
-    Polars' list gather copies each piece's values with one memcpy, in Rust,
-    without the GIL, and reuses its allocator's memory (about 0.4 ns/token warm,
-    measured in docs/design.md); Arrow's ``take`` on a list array first builds an
-    int64 index per token and was 6x slower. No Python loop over pieces.
+    Consecutive lists must tile a stretch of ``values`` (``ends[i] == starts[i+1]``).
     """
-    series = pl.concat([pl.Series(c) for c in parts], rechunk=False) if len(parts) > 1 else pl.Series(parts[0])
+    offsets = np.empty(len(starts) + 1, np.int64)
+    offsets[:-1] = starts
+    offsets[-1] = ends[-1] if len(ends) else 0
+    return pa.LargeListArray.from_arrays(arrow_ints(offsets, pa.int64()), values)
+
+
+def _gather(lists: list[pa.Array], order: I64) -> pa.Array:
+    """The values of lists ``order`` (indexes over all the lists, end to end), concatenated.
+
+    Polars' list gather copies each list's values with one memcpy, in Rust, without
+    the GIL, into memory its allocator recycles (about 0.4 ns/token warm,
+    docs/design.md); Arrow's ``take`` on a list array builds an int64 index per token
+    first and was 6x slower. No Python loop over pieces.
+    """
+    series = pl.Series(lists[0]) if len(lists) == 1 else pl.concat([pl.Series(c) for c in lists], rechunk=False)
     taken = series.gather(order).to_arrow()
     if isinstance(taken, pa.ChunkedArray):
         taken = taken.combine_chunks()
-    return numpy_view(taken.flatten())
+    return taken.flatten()
 
 
 def slice_keys(seed: int, epoch: int, window: int, lanes: range) -> NDArray[np.uint64]:
@@ -191,7 +267,7 @@ def slice_keys(seed: int, epoch: int, window: int, lanes: range) -> NDArray[np.u
     return mix_array(h ^ np.uint64(2))
 
 
-def _documents(arr: pa.Array) -> tuple[pa.Array, NDArray[np.int64], NDArray[np.int64]]:
+def _documents(arr: pa.Array) -> tuple[pa.Array, I64, I64]:
     """A list chunk, its documents' lengths and the value index of each document's start.
 
     A null list is an empty document. Arrow lets a null slot span values; the
@@ -208,61 +284,39 @@ def _documents(arr: pa.Array) -> tuple[pa.Array, NDArray[np.int64], NDArray[np.i
     return arr, lens, offsets[:-1]
 
 
-def pack_window(
-    chunks: list[pa.Array],
-    chunk_token_start: list[int],
-    chunk_doc_base: list[int],
-    *,
-    window_tokens: int,
-    window_z: int,
-    lanes: int,
-    rank_lanes: range,
-    seed: int,
-    epoch: int,
-    window: int,
-    unit: int,
-    dtype: np.dtype[Any],
-    keep: NDArray[np.bool_] | None = None,
-    first: int = 0,
-    copy: bool = True,
-) -> PackedWindow:
-    """Pack the decoded row groups a rank read in one window into its lanes.
+@dataclass(frozen=True, slots=True)
+class _Pieces:
+    """A window's pieces for the rank's lanes, in stream order (see :func:`_pieces`)."""
 
-    ``chunks`` are the token columns of the rank's row groups in stream order,
-    ``chunk_token_start`` where each starts in the window's stream, and
-    ``chunk_doc_base`` the running number of each one's first document.
-    ``window_z`` is the run's tokens before this window, mod ``lanes``.
-    ``keep`` (one flag per rank lane) leaves out the pieces of lanes that will
-    never read this window (after a resume); their slices are then empty.
-    ``first`` is the index within the rank of ``rank_lanes.start`` (when packing
-    part of the rank's lanes): what :class:`PackedWindow` methods subtract.
-    ``copy=False`` skips the gather into ``flat``: the result then refers to the
-    decoded columns, which stay alive as long as it does.
-    """
-    nl = len(rank_lanes)
-    q, r = divmod(window_tokens, lanes)
-    # The rank's cuts c_{k0} .. c_{k1}: its lanes' token ranges, end to end.
-    cuts = cut_at(np.arange(rank_lanes.start, rank_lanes.stop + 1), q, r, window_z, lanes)
-    c0, c1 = int(cuts[0]), int(cuts[-1])
-    at_end = rank_lanes.stop == lanes  # an empty document at T_w is lane B-1's
+    start: I64  # window stream position
+    end: I64
+    local: I64  # rank lane (within the rank)
+    doc: I64
+    offset: I64  # of the first token in its document
+    chunk: I64  # decoded row group holding it
+    value: I64  # index of its first token in that row group's values
 
-    arrays, starts_p, lens_p, vbase_p, ids_p, chunk_p = [], [], [], [], [], []
-    for c, (chunk_arr, start, base) in enumerate(zip(chunks, chunk_token_start, chunk_doc_base, strict=True)):
-        arr, lens, vstart = _documents(chunk_arr)
+
+def _pieces(
+    arrays: list[pa.Array], chunk_token_start: list[int], chunk_doc_base: list[int], cuts: I64, *, at_end: bool
+) -> _Pieces:
+    """Every document of the read row groups that gives the rank a piece, split at the rank's cuts."""
+    starts_p, lens_p, vbase_p, ids_p, chunk_p = [], [], [], [], []
+    for c, (arr, start, base) in enumerate(zip(arrays, chunk_token_start, chunk_doc_base, strict=True)):
+        _, lens, vstart = _documents(arr)
         ds = start + np.cumsum(lens) - lens
-        arrays.append(arr)
         starts_p.append(ds)
         lens_p.append(lens)
         vbase_p.append(vstart - ds)  # stream position + vbase = index into arr.values
         ids_p.append(np.arange(base, base + len(arr), dtype=np.int64))
         chunk_p.append(np.full(len(arr), c, np.int64))
-    if chunks:
+    if arrays:
         ds, lens = np.concatenate(starts_p), np.concatenate(lens_p)
         vbase, ids, chunk = np.concatenate(vbase_p), np.concatenate(ids_p), np.concatenate(chunk_p)
     else:
         ds = lens = vbase = ids = chunk = np.zeros(0, np.int64)
     de = ds + lens
-
+    c0, c1 = int(cuts[0]), int(cuts[-1])
     # Only the documents that give this rank a piece: tokens in [c0, c1), or an empty
     # document at a position in [c0, c1) (or at T_w, for the rank of lane B-1). In
     # stream order these are one contiguous run of documents.
@@ -272,10 +326,9 @@ def pack_window(
         ((ds >= c0) & (ds < c1)) | (at_end & (ds == c1)),
     )
     sel = np.flatnonzero(mine)
-    ds, de, lens, vbase, ids, chunk = ds[sel], de[sel], lens[sel], vbase[sel], ids[sel], chunk[sel]
-
-    # Pieces: each document split at the rank's cuts strictly inside it, clipped to
-    # [c0, c1). Cuts inside document d are cuts[lo[d]:hi[d]].
+    ds, de, vbase, ids, chunk = ds[sel], de[sel], vbase[sel], ids[sel], chunk[sel]
+    # Each document split at the rank's cuts strictly inside it, clipped to [c0, c1).
+    # Cuts inside document d are cuts[lo[d]:hi[d]].
     s_clip, e_clip = np.maximum(ds, c0), np.minimum(de, c1)
     lo = np.searchsorted(cuts, s_clip, side="right")
     hi = np.searchsorted(cuts, e_clip, side="left")
@@ -286,72 +339,216 @@ def pack_window(
     p_start = np.where(j == 0, s_clip[rep], cuts[np.minimum(lo[rep] + j - 1, last_cut)])
     p_end = np.where(j == npieces[rep] - 1, e_clip[rep], cuts[np.minimum(lo[rep] + j, last_cut)])
     p_end = np.maximum(p_end, p_start)  # empty documents: length 0
+    nl = len(cuts) - 1
     local = np.minimum(np.searchsorted(cuts, p_start, side="right") - 1, nl - 1)
+    return _Pieces(
+        start=p_start,
+        end=p_end,
+        local=local,
+        doc=ids[rep],
+        offset=p_start - ds[rep],
+        chunk=chunk[rep],
+        value=p_start + vbase[rep],
+    )
 
-    # Where each piece's tokens are: row group (chunk) and the index in its values of
-    # the piece's first token (pieces never cross a row group).
-    p_chunk = chunk[rep]
-    v_start = p_start + vbase[rep]
-    parts = []
-    if copy:
-        # The list arrays of the pieces, one per chunk: offsets are the piece
-        # boundaries in the chunk's values, values are shared.
-        v_end = p_end + vbase[rep]
-        bounds_c = np.searchsorted(p_chunk, np.arange(len(chunks) + 1), side="left")
-        for c in range(len(chunks)):
-            i0, i1 = int(bounds_c[c]), int(bounds_c[c + 1])
-            if i0 == i1:
-                continue
-            offsets = np.empty(i1 - i0 + 1, np.int64)
-            offsets[:-1] = v_start[i0:i1]
-            offsets[-1] = v_end[i1 - 1]
-            arr = arrays[c]
-            large = pa.types.is_large_list(arr.type)
-            cls = pa.LargeListArray if large else pa.ListArray
-            off = arrow_ints(offsets, pa.int64() if large else pa.int32())
-            parts.append(cls.from_arrays(off, arr.values))
 
-    kept = np.flatnonzero(keep[local]) if keep is not None else np.arange(len(local), dtype=np.int64)
-    lane = local[kept]
+def _layout(order: I64, nsub: I64, first_step: I64, local: I64, from_step: int, lanes: int) -> I64:
+    """Stream-order sub-piece ids in (step, lane, position) order: a counting sort, O(n).
+
+    Walked in packed order (lane by lane, each lane's pieces in stream position), the
+    sub-pieces of one (step, lane) are consecutive and in position order, so each one's
+    place is its key's start (counts of smaller keys) plus its rank in the run. A
+    lexsort would cost O(n log n) per window, and with short rows there is a sub-piece
+    every ``seq_len`` tokens.
+    """
+    sub_base = np.cumsum(nsub) - nsub  # first stream-order sub-piece of each piece
+    n_p = nsub[order]
+    rep = np.repeat(order, n_p)  # pieces in packed order, once per sub-piece
+    k = np.arange(len(rep), dtype=np.int64) - np.repeat(np.cumsum(n_p) - n_p, n_p)
+    step = first_step[rep] + k
+    ids = sub_base[rep] + k
+    keep = step >= from_step
+    if not keep.all():
+        step, ids, rep = step[keep], ids[keep], rep[keep]
+    if not len(ids):
+        return ids
+    s0 = int(step.min())
+    key = (step - s0) * lanes + local[rep]
+    counts = np.bincount(key)
+    key_start = np.cumsum(counts) - counts
+    i = np.arange(len(key), dtype=np.int64)
+    new_run = np.ones(len(key), bool)
+    new_run[1:] = key[1:] != key[:-1]
+    run_start = np.maximum.accumulate(np.where(new_run, i, 0))
+    out = np.empty(len(ids), np.int64)
+    out[key_start[key] + i - run_start] = ids
+    return out
+
+
+def pack_unit(
+    chunks: list[pa.Array],
+    chunk_token_start: list[int],
+    chunk_doc_base: list[int],
+    *,
+    window_tokens: int,
+    window_z: int,
+    lanes: int,
+    rank_lanes: range,
+    lane_base: I64,
+    seq_len: int,
+    seed: int,
+    epoch: int,
+    window: int,
+    unit: int,
+    dtype: np.dtype[Any],
+    keep: NDArray[np.bool_] | None = None,
+    from_step: int = 0,
+) -> PackedUnit:
+    """Pack the decoded row groups a rank read in one window into step-major blocks.
+
+    ``chunks`` are the token columns of the rank's row groups in stream order,
+    ``chunk_token_start`` where each starts in the window's stream, and
+    ``chunk_doc_base`` the running number of each one's first document.
+    ``window_z`` is the run's tokens before this window, mod ``lanes``; ``lane_base``
+    the tokens each rank lane received before this window (so its slice is lane
+    stream positions ``[lane_base[i], lane_base[i] + n_i)``, and step ``t`` is
+    ``[t * seq_len, (t + 1) * seq_len)`` of every lane). ``keep`` (one flag per rank
+    lane) leaves out lanes that will never read this window, and ``from_step`` the
+    steps before it (after a resume).
+    """
+    nl = len(rank_lanes)
+    q, r = divmod(window_tokens, lanes)
+    # The rank's cuts c_{k0} .. c_{k1}: its lanes' token ranges, end to end.
+    cuts = cut_at(np.arange(rank_lanes.start, rank_lanes.stop + 1), q, r, window_z, lanes)
+    arrays = [_documents(c)[0] for c in chunks]
+    pc_ = _pieces(arrays, chunk_token_start, chunk_doc_base, cuts, at_end=rank_lanes.stop == lanes)
+
+    # The shuffled slices (SPEC section 3, rule 5): ordinal of each piece in its lane's
+    # slice in stream order, then one lexsort by (lane, hash of ordinal).
+    kept = np.flatnonzero(keep[pc_.local]) if keep is not None else np.arange(len(pc_.local), dtype=np.int64)
+    lane = pc_.local[kept]
     bounds = np.searchsorted(lane, np.arange(nl + 1), side="left")
     ordinal = np.arange(len(lane), dtype=np.int64) - bounds[lane]
     keys = slice_keys(seed, epoch, window, rank_lanes)
     h = mix_array(keys[lane] ^ ordinal.astype(np.uint64))
-    order = kept[np.lexsort((ordinal, h, lane))]
-
-    packed_len = (p_end - p_start)[order]
+    order = kept[np.lexsort((ordinal, h, lane))]  # packed order, as indexes of stream-order pieces
+    length = pc_.end - pc_.start
+    packed_len = length[order]
     piece_end = np.cumsum(packed_len)
     lane_piece = bounds.astype(np.int64)
     lane_start = np.concatenate([[0], piece_end])[lane_piece]
 
-    total = int(piece_end[-1]) if len(piece_end) else 0
-    assert len(lane_start) == nl + 1
-    flat = None
-    values: list[NDArray[Any]] = []
-    if copy:
-        flat = _gather(parts, order).view(dtype) if total else np.zeros(0, dtype=dtype)
-        assert len(flat) == total
-        src_chunk = src_base = np.zeros(0, np.int64)
+    # Each piece's place in its lane's stream, scattered back to stream order, where
+    # pieces tile the decoded values (what the list arrays need).
+    lane_pos = np.zeros(len(length), np.int64)
+    lane_pos[order] = lane_base[pc_.local[order]] + (piece_end - packed_len) - lane_start[pc_.local[order]]
+    live = np.zeros(len(length), bool)
+    live[order] = True
+    live &= length > 0
+    # Row cuts: piece p covers steps floor(s / L) .. floor((e - 1) / L) of its lane.
+    s_lane = lane_pos
+    e_lane = lane_pos + length
+    first_step = s_lane // seq_len
+    nsub = np.where(live, (e_lane - 1) // seq_len - first_step + 1, 0)
+    rep = np.repeat(np.arange(len(length), dtype=np.int64), nsub)
+    k = np.arange(len(rep), dtype=np.int64) - (np.cumsum(nsub) - nsub)[rep]
+    step = first_step[rep] + k
+    sub_s = np.maximum(s_lane[rep], step * seq_len)
+    sub_e = np.minimum(e_lane[rep], (step + 1) * seq_len)
+    sub_v = pc_.value[rep] + (sub_s - s_lane[rep])
+
+    # The list arrays of the sub-pieces, one per chunk, over the decoded values
+    # (sub-pieces of a chunk tile a stretch of its values, in stream order).
+    sub_chunk = pc_.chunk[rep]
+    cb = np.searchsorted(sub_chunk, np.arange(len(arrays) + 1), side="left")
+    lists, list_base = [], []
+    total_lists = 0
+    for c, arr in enumerate(arrays):
+        i0, i1 = int(cb[c]), int(cb[c + 1])
+        list_base.append(total_lists)
+        if i0 == i1:
+            continue
+        lists.append(_lists(arr.values, sub_v[i0:i1], sub_v[i0:i1] + (sub_e - sub_s)[i0:i1]))
+        total_lists += i1 - i0
+    # Sub-pieces are numbered in stream order, which is chunk order, so list i is
+    # sub-piece i. The layout orders them by (step, lane, position in the lane).
+    sub_lane = pc_.local[rep]
+    layout = _layout(order, nsub, first_step, pc_.local, from_step, nl)
+    out_len = (sub_e - sub_s)[layout]
+    out_step = step[layout]
+    if len(layout):
+        values = _gather(lists, layout)
+        assert values.type == pa.from_numpy_dtype(dtype), (values.type, dtype)
     else:
-        for arr in arrays:
-            v = numpy_view(arr.values)
-            assert v.dtype.itemsize == np.dtype(dtype).itemsize, (v.dtype, dtype)
-            values.append(v.view(dtype))
-        src_chunk = p_chunk[order]
-        # Token at stream position x of piece p: values[src_chunk[p]][src_base[p] + x].
-        src_base = v_start[order] - (piece_end - packed_len)
-    return PackedWindow(
+        values = pa.array(np.zeros(0, dtype))
+    memory = Memory(values, dtype) if len(values) else None
+    flat = memory.array() if memory is not None else np.zeros(0, dtype)
+    assert len(flat) == int(out_len.sum())
+
+    # Steps wholly inside this window for every rank lane: [t0, t1).
+    n_lane = np.diff(lane_start)
+    ends = lane_base + n_lane
+    t0 = max(-(-int(lane_base.max()) // seq_len) if nl else 0, from_step)
+    t1 = int(ends.min()) // seq_len if nl else t0
+    if keep is not None and not keep.all():
+        t1 = t0  # lanes left out: no step is whole here (they all straddle or are past)
+    t1 = max(t1, t0)
+    s_first = int(out_step[0]) if len(out_step) else t0
+    s_stop = int(out_step[-1]) + 1 if len(out_step) else t0
+    step_bounds = np.searchsorted(out_step, np.arange(s_first, s_stop + 1), side="left").astype(np.int64)
+    start = np.cumsum(out_len) - out_len
+    return PackedUnit(
         unit=unit,
         epoch=epoch,
         window=window,
-        values=values,
-        lane_start=lane_start.astype(np.int64, copy=False),
-        lane_piece=lane_piece,
-        piece_end=piece_end,
-        src_chunk=src_chunk,
-        src_base=src_base,
-        doc_id=ids[rep][order],
-        piece_offset=(p_start - ds[rep])[order],
-        first=first,
+        rows=nl,
+        seq_len=seq_len,
+        t0=t0,
+        t1=t1,
+        memory=memory,
         flat=flat,
+        arrow=values,
+        steps=StepRange(s_first, step_bounds),
+        row=sub_lane[layout],
+        length=out_len,
+        doc=pc_.doc[rep][layout],
+        offset=(pc_.offset[rep] + (sub_s - s_lane[rep]))[layout],
+        start=start,
+        slices=Slices(lane_start.astype(np.int64, copy=False), lane_piece, piece_end),
     )
+
+
+def assemble(units: list[PackedUnit], step: int, rows: int, seq_len: int) -> tuple[NDArray[Any], Segments]:
+    """Step ``step``'s rows from the windows it straddles (each unit's sub-pieces of that step).
+
+    One Polars gather: every unit's sub-pieces of the step are lists over its packed
+    tokens; ordered by (row, unit) they are the step's rows, end to end.
+    """
+    lists, row_p, unit_p, parts = [], [], [], []
+    for u_i, u in enumerate(units):
+        a, b = u.steps.of(step)
+        if a == b:
+            continue
+        lists.append(_lists(u.arrow, u.start[a:b], u.start[a:b] + u.length[a:b]))
+        row_p.append(u.row[a:b])
+        unit_p.append(np.full(b - a, u_i, np.int64))
+        parts.append((u, a, b))
+    row = np.concatenate(row_p)
+    unit_of = np.concatenate(unit_p)
+    order = np.lexsort((np.arange(len(row)), unit_of, row))
+    dtype = units[0].flat.dtype
+    values = _gather(lists, order)
+    tokens = numpy_view(values).view(dtype).reshape(rows, seq_len)
+
+    def cat(name: str) -> I64:
+        return np.concatenate([getattr(u, name)[a:b] for u, a, b in parts])[order]
+
+    segs = Segments(
+        row=row[order],
+        length=cat("length"),
+        doc=cat("doc"),
+        offset=cat("offset"),
+        epoch=np.concatenate([np.full(b - a, u.epoch, np.int64) for u, a, b in parts])[order],
+        window=np.concatenate([np.full(b - a, u.window, np.int64) for u, a, b in parts])[order],
+    )
+    return tokens, segs

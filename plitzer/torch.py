@@ -73,7 +73,11 @@ class Batch:
         Length of the longest piece.
     doc_lengths : tuple of torch.Tensor
         Per row, the int64 lengths of its document pieces in order (each sums to
-        ``seq_len``).
+        ``seq_len``): views of ``piece_lengths``, split when read.
+    piece_lengths : torch.Tensor
+        int64 lengths of every piece, row after row (``diff(cu_seqlens)``).
+    pieces_per_row : torch.Tensor
+        int64 number of pieces in each row.
     step : int
         Global step of this batch (from 0 over the whole run).
     epoch : int
@@ -82,7 +86,8 @@ class Batch:
         The global lane of each row.
     state_after : bytes
         This rank's checkpoint part right after this batch: resuming from it
-        gives the batch that follows. ``Dataset.state_dict(after=batch)`` gathers
+        gives the batch that follows. Encoded when read (a property), not on
+        every step. ``Dataset.state_dict(after=batch)`` gathers
         it from every rank.
     source : plitzer.Batch
         The loader's batch (NumPy and Arrow views, ``documents()``).
@@ -92,26 +97,34 @@ class Batch:
     position_ids: torch.Tensor
     cu_seqlens: torch.Tensor
     max_seqlen: int
-    doc_lengths: tuple[torch.Tensor, ...]
+    piece_lengths: torch.Tensor
+    pieces_per_row: torch.Tensor
     step: int
     epoch: int
     lanes: range
-    state_after: bytes
     source: PlitzerBatch
 
+    @property
+    def doc_lengths(self) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.split(self.piece_lengths, self.pieces_per_row.tolist()))
+
+    @property
+    def state_after(self) -> bytes:
+        return self.source.state_after()
+
     @classmethod
-    def from_plitzer(cls, batch: PlitzerBatch, state_after: bytes) -> Batch:
+    def from_plitzer(cls, batch: PlitzerBatch) -> Batch:
         """Wrap a loader batch: tokens through DLPack, boundaries from NumPy (no copy)."""
         return cls(
             tokens=from_dlpack(batch.tokens),
             position_ids=torch.from_numpy(batch.position_ids),
             cu_seqlens=torch.from_numpy(batch.cu_seqlens),
             max_seqlen=batch.max_seqlen,
-            doc_lengths=tuple(torch.from_numpy(x) for x in batch.doc_lengths),
+            piece_lengths=torch.from_numpy(batch.piece_lengths),
+            pieces_per_row=torch.from_numpy(batch.pieces_per_row),
             step=batch.step,
             epoch=batch.epoch,
             lanes=batch.lanes,
-            state_after=state_after,
             source=batch,
         )
 
@@ -126,7 +139,8 @@ class Batch:
             tokens=self.tokens.to(device, non_blocking=non_blocking),
             position_ids=self.position_ids.to(device, non_blocking=non_blocking),
             cu_seqlens=self.cu_seqlens.to(device, non_blocking=non_blocking),
-            doc_lengths=tuple(x.to(device, non_blocking=non_blocking) for x in self.doc_lengths),
+            piece_lengths=self.piece_lengths.to(device, non_blocking=non_blocking),
+            pieces_per_row=self.pieces_per_row.to(device, non_blocking=non_blocking),
         )
 
     def pin_memory(self) -> Batch:
@@ -140,7 +154,8 @@ class Batch:
             tokens=self.tokens.pin_memory(),
             position_ids=self.position_ids.pin_memory(),
             cu_seqlens=self.cu_seqlens.pin_memory(),
-            doc_lengths=tuple(x.pin_memory() for x in self.doc_lengths),
+            piece_lengths=self.piece_lengths.pin_memory(),
+            pieces_per_row=self.pieces_per_row.pin_memory(),
         )
 
     def __repr__(self) -> str:
@@ -294,7 +309,7 @@ class Dataset(IterableDataset[Batch]):
     def next_batch(self) -> Batch:
         """The batch of the next step, whatever its epoch."""
         b = self._loader.next_batch()
-        out = Batch.from_plitzer(b, self._loader.checkpoint())
+        out = Batch.from_plitzer(b)
         return out.pin_memory() if self._pin else out
 
     # -- state -------------------------------------------------------------------

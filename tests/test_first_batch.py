@@ -1,5 +1,5 @@
-"""The first batch: lanes are packed in parts as their row groups decode, and a fresh
-process reaches its first batch without paying for imports it does not need."""
+"""The first batch: it waits for its window's decode and packing, nothing more, and a
+fresh process reaches it without paying for imports it does not need."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +30,8 @@ def data(synth_dataset: SynthDataset) -> Path:
 CFG = {"seed": 3, "lanes": 16, "window": 8, "seq_len": 64, "threads": 2}
 
 
-def test_first_lanes_are_ready_before_the_window_is_decoded(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Lane 0's part is packed while the window's last row group is still being read."""
+def test_the_first_batch_waits_for_its_window_and_nothing_else(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first window is READING until its last row group decodes, then packed and served."""
     with plitzer.Loader(data, **CFG) as ref:  # type: ignore[arg-type]
         want = np.from_dlpack(ref.next_batch().tokens).copy()
         plan = ref.plan
@@ -48,23 +49,21 @@ def test_first_lanes_are_ready_before_the_window_is_decoded(data: Path, monkeypa
 
     monkeypatch.setattr(plitzer.scan, "read_chunk", slow_last)
     with plitzer.Loader(data, **CFG) as ld:  # type: ignore[arg-type]
-        scanner = ld._scanner
-        scanner.reset([0] * CFG["lanes"])
-        first = scanner.get(0, 0)  # returns although the last row group is not read
-        assert first.first == 0 and first.window == 0
-        unit = scanner._units[0]
-        assert len(unit.parts) == CFG["window"]
-        assert not unit.parts[-1].done()  # the last part waits for the last row group
+        assert ld.stats.units_in_flight == 0  # construction starts no read
+        got: list[np.ndarray] = []
+        worker = threading.Thread(target=lambda: got.append(np.from_dlpack(ld.next_batch().tokens)))
+        worker.start()
+        deadline = time.monotonic() + 30
+        while ld.stats.rows_read < len(rgs) - 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ld.stats.units_in_flight >= 1 and not got  # waits for the last row group
         gate.set()
-        parts = [f.result(timeout=30) for f in unit.parts]
-        # Parts cover the rank's lanes end to end, each lane once.
-        assert [p.first for p in parts] == unit.lane0[:-1]
-        ld.seek(0)
-        got = np.from_dlpack(ld.next_batch().tokens)
-    np.testing.assert_array_equal(got, want)
+        worker.join(30)
+        assert ld.stats.wait_seconds > 0
+    np.testing.assert_array_equal(got[0], want)
 
 
-def test_a_read_error_in_one_part_fails_every_part(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_read_error_fails_the_step(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with plitzer.Loader(data, **CFG) as ref:  # type: ignore[arg-type]
         ep = ref.plan.epoch(0)
     bad = int(ep.order[ep.reads_of(0, 0)][3])
@@ -124,19 +123,24 @@ def test_allocator_defaults_yield_to_the_user() -> None:
     assert got["applied"] == {"polars": False, "pyarrow": False} and got["mi"] is None
 
 
-def test_packing_without_the_copy_gives_the_same_stream(data: Path) -> None:
-    """``copy=False`` (views of the decoded row groups) and the packed copy hold the same tokens."""
-    from plitzer.pack import pack_window
+def test_a_unit_packed_for_some_lanes_is_those_rows_of_all_lanes(data: Path) -> None:
+    """pack_unit for a rank's lanes gives those rows of the all-lanes packing, and from_step
+    drops exactly the steps before it: the step-major layout does not depend on the world size."""
+    from plitzer.pack import pack_unit
+    from plitzer.scan import lane_base
 
     with plitzer.Loader(data, **CFG) as ld:  # type: ignore[arg-type]
         plan, index = ld.plan, ld.index
     rows = index.frame["rows"].to_numpy()
     doc_base = np.cumsum(rows) - rows
+    seq_len = CFG["seq_len"]
     for epoch, window in [(0, 0), (0, 1), (1, 2)]:
         ep = plan.epoch(epoch)
         pos = ep.reads_of(window, 0)
         rgs = ep.order[pos]
         chunks = [read_chunk(index, int(g)) for g in rgs]
+        unit = plan.unit(epoch, window)
+        base = lane_base(plan, unit, range(16))
         kw = {
             "window_tokens": int(ep.window_tokens[window]),
             "window_z": int(ep.window_z[window]),
@@ -144,28 +148,23 @@ def test_packing_without_the_copy_gives_the_same_stream(data: Path) -> None:
             "seed": CFG["seed"],
             "epoch": epoch,
             "window": window,
-            "unit": 0,
+            "unit": unit,
+            "seq_len": seq_len,
             "dtype": np.dtype(np.int32),
         }
-        for lanes in (range(0, 16), range(5, 11)):
-            args = (chunks, [int(x) for x in ep.token_start[pos]], [int(doc_base[g]) for g in rgs])
-            copied = pack_window(*args, rank_lanes=lanes, first=lanes.start, copy=True, **kw)  # type: ignore[arg-type]
-            viewed = pack_window(*args, rank_lanes=lanes, first=lanes.start, copy=False, **kw)  # type: ignore[arg-type]
-            assert copied.flat is not None and viewed.flat is None
-            total = int(copied.lane_start[-1])
-            assert total > 0
-            np.testing.assert_array_equal(viewed.tokens(0, total), copied.flat)
-            np.testing.assert_array_equal(viewed.piece_end, copied.piece_end)
-            # Any stretch, from any piece at or before it (what a lane's cursor holds).
-            for a, b in [(0, 1), (3, total // 2), (total // 3, total)]:
-                out = np.empty(b - a, np.int32)
-                viewed.copy_into(out, a, 0)
-                np.testing.assert_array_equal(out, copied.flat[a:b])
+        args = (chunks, [int(x) for x in ep.token_start[pos]], [int(doc_base[g]) for g in rgs])
+        whole = pack_unit(*args, rank_lanes=range(16), lane_base=base, **kw)  # type: ignore[arg-type]
+        assert whole.t1 > whole.t0
+        for lanes in (range(0, 8), range(5, 11)):
+            part = pack_unit(*args, rank_lanes=lanes, lane_base=base[lanes.start : lanes.stop], **kw)  # type: ignore[arg-type]
+            np.testing.assert_array_equal(part.block, whole.block[:, lanes.start : lanes.stop])
+        later = pack_unit(*args, rank_lanes=range(16), lane_base=base, from_step=whole.t0 + 2, **kw)  # type: ignore[arg-type]
+        assert later.steps.first == whole.t0 + 2
+        np.testing.assert_array_equal(later.block, whole.block[2:])
 
 
 def test_a_budget_that_cannot_read_ahead_gives_the_same_batches(data: Path) -> None:
-    """At the budget floor units are asked for before they are read ahead, so they are
-    packed without the copy: the batches are the same."""
+    """At the budget floor units are read only when asked for: the batches are the same."""
     from plitzer.loader import budget_floor
 
     with plitzer.Loader(data, **CFG) as ref:  # type: ignore[arg-type]
@@ -179,4 +178,4 @@ def test_a_budget_that_cannot_read_ahead_gives_the_same_batches(data: Path) -> N
     with ld:
         for t in range(40):
             np.testing.assert_array_equal(np.from_dlpack(ld.next_batch().tokens), want[t])
-        assert ld._scanner.overruns == 0
+        assert ld.stats.overruns == 0

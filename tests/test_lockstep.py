@@ -17,6 +17,7 @@ import pytest
 
 import plitzer
 from plitzer.loader import budget_floor
+from plitzer.scan import AHEAD
 
 
 @pytest.fixture(scope="module")
@@ -50,16 +51,16 @@ def test_thousands_of_windows_hold_two_plus_prefetch(
     windows_per_epoch = -(-ix.row_groups // window)
     for rank in (world - 1,):
         with plitzer.Loader(ix, budget=limit, rank=rank, world=world, **cfg) as loader:
-            scanner = loader._scanner
             epochs = window  # at least 5,000 windows either way
             while loader.epoch < epochs:
                 loader.next_batch()
                 assert loader.held_bytes <= limit
             assert windows_per_epoch * epochs >= 5_000
-            assert scanner.overruns == 0
+            stats = loader.stats
+            assert stats.overruns == 0 and stats.caller_overruns == 0
             assert 0 < loader.peak_bytes <= limit
             # Held at once: the window in use, the next, and what the prefetch adds.
-            assert scanner.peak_units <= 2 + scanner.ahead
+            assert stats.peak_units <= 2 + AHEAD
 
 
 def test_old_rule_would_have_drifted(tiny_row_groups: Path) -> None:
@@ -108,4 +109,4 @@ def test_windows_shorter_than_a_step_stay_within_the_floor(
         for _ in range(steps):
             loader.next_batch()
             assert loader.held_bytes <= need
-        assert loader._scanner.overruns == 0 and loader.peak_bytes <= need
+        assert loader.stats.overruns == 0 and loader.peak_bytes <= need

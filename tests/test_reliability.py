@@ -202,11 +202,11 @@ def test_interrupted_step_leaves_a_usable_checkpoint(data: Path, monkeypatch: py
         real = ld._scanner.get
         calls = {"n": 0}
 
-        def flaky(unit: int, lane: int = 0) -> object:
+        def flaky(unit: int) -> object:
             calls["n"] += 1
             if calls["n"] == 1:
                 raise KeyboardInterrupt
-            return real(unit, lane)
+            return real(unit)
 
         monkeypatch.setattr(ld._scanner, "get", flaky)
         hit = False
