@@ -67,13 +67,17 @@ class Memory:
     budget (the allocator then reuses the memory for a later window).
     """
 
-    __slots__ = ("__array_interface__", "__weakref__", "_dtype", "_size", "_values")
+    __slots__ = ("__array_interface__", "__weakref__", "_dtype", "_owner", "_size")
 
-    def __init__(self, values: pa.Array, dtype: np.dtype[Any]) -> None:
-        buf = values.buffers()[1]
-        n = len(values)
-        address = 0 if buf is None or n == 0 else buf.address + values.offset * dtype.itemsize
-        self._values = values  # holds the memory
+    def __init__(self, owner: pa.Array | pa.Buffer, dtype: np.dtype[Any]) -> None:
+        if isinstance(owner, pa.Buffer):
+            n = owner.size // dtype.itemsize
+            address = owner.address if n else 0
+        else:
+            buf = owner.buffers()[1]
+            n = len(owner)
+            address = 0 if buf is None or n == 0 else buf.address + owner.offset * dtype.itemsize
+        self._owner = owner  # holds the memory
         self._dtype = dtype
         self._size = n
         self.__array_interface__ = {"data": (address, False), "shape": (n,), "typestr": dtype.str, "version": 3}
@@ -168,12 +172,12 @@ class Slices:
 class PackedUnit:
     """The rank's lanes of one window, packed step-major.
 
-    ``flat`` holds the window's tokens for the rank in (step, lane, position) order;
-    the steps ``[t0, t1)`` whose rows lie wholly in this window are ``block``, a
-    ``(t1 - t0, lanes, seq_len)`` view of it, so step ``t``'s batch is ``block[t - t0]``.
-    The sub-pieces (``row``, ``length``, ``doc``, ``offset``, and ``start`` in ``flat``)
-    are in the same order; ``steps`` says where each step's are.
-
+    The steps ``[t0, t1)`` whose rows lie wholly in this window are ``block``, a
+    ``(t1 - t0, rows, seq_len)`` array, so step ``t``'s batch is ``block[t - t0]``, a
+    view. The sub-pieces of every step this unit gives tokens to (``row``, ``length``,
+    ``doc``, ``offset``) are in (step, lane, position) order, ``steps`` says where each
+    step's are; those of the steps at the window's ends, which straddle into the
+    windows before or after, have their tokens at ``start`` in ``edges``.
     ``slices`` are the shuffled slices, what checkpoints need.
     """
 
@@ -184,9 +188,9 @@ class PackedUnit:
     seq_len: int
     t0: int
     t1: int
-    memory: Memory | None
-    flat: NDArray[Any]
-    arrow: pa.Array  # flat as Arrow (what assemble() gathers from)
+    memory: Memory | None  # owns block's memory (and edges', when they share it)
+    block: NDArray[Any]
+    edges: pa.Array
     steps: StepRange
     row: I64
     length: I64
@@ -194,15 +198,6 @@ class PackedUnit:
     offset: I64
     start: I64
     slices: Slices
-
-    @property
-    def block(self) -> NDArray[Any]:
-        """Steps ``[t0, t1)``: ``(t1 - t0, rows, seq_len)``, a view of :attr:`flat`."""
-        n = self.t1 - self.t0
-        if n <= 0:
-            return self.flat[:0].reshape(0, self.rows, self.seq_len)
-        first = int(self.start[self.steps.of(self.t0)[0]])
-        return self.flat[first : first + n * self.rows * self.seq_len].reshape(n, self.rows, self.seq_len)
 
     def segments(self, step: int) -> Segments:
         """The sub-pieces of ``step`` in this unit (views of the tables)."""
@@ -220,7 +215,9 @@ class PackedUnit:
     @property
     def nbytes(self) -> int:
         """Bytes held: the packed tokens and the tables (the cost model's ``packed_bytes``)."""
-        return int(self.flat.nbytes + PIECE_BYTES * len(self.row) + LANE_BYTES * len(self.slices.lane_start))
+        shared = self.memory is not None and self.memory._owner is self.edges
+        tokens = self.edges.nbytes if shared else self.block.nbytes + self.edges.nbytes
+        return int(tokens + PIECE_BYTES * len(self.row) + LANE_BYTES * len(self.slices.lane_start))
 
 
 def arrow_ints(a: NDArray[Any], typ: pa.DataType) -> pa.Array:
@@ -385,6 +382,155 @@ def _layout(order: I64, nsub: I64, first_step: I64, local: I64, from_step: int, 
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Subs:
+    """A window's sub-pieces (pieces cut where rows end) in stream order, and the layout."""
+
+    step: I64
+    lane: I64
+    start: I64  # lane stream position
+    end: I64
+    value: I64  # index of the first token in its row group's values
+    chunk: I64
+    piece: I64  # the stream-order piece it comes from
+    layout: I64  # stream-order sub-piece ids in (step, lane, position) order, from from_step on
+
+
+def _shuffle(pc_: _Pieces, keep: NDArray[np.bool_] | None, nl: int, keys: NDArray[np.uint64]) -> tuple[I64, I64]:
+    """Packed order (stream-order piece ids, lane by lane, each slice shuffled) and lane bounds.
+
+    The ordinal of each piece in its lane's slice in stream order, then one lexsort by
+    (lane, mix(key_lane ^ ordinal), ordinal): ``permutation(n, key(seed, e, w, k, 2))``.
+    """
+    kept = np.flatnonzero(keep[pc_.local]) if keep is not None else np.arange(len(pc_.local), dtype=np.int64)
+    lane = pc_.local[kept]
+    bounds = np.searchsorted(lane, np.arange(nl + 1), side="left").astype(np.int64)
+    ordinal = np.arange(len(lane), dtype=np.int64) - bounds[lane]
+    h = mix_array(keys[lane] ^ ordinal.astype(np.uint64))
+    return kept[np.lexsort((ordinal, h, lane))], bounds
+
+
+def _row_cuts(pc_: _Pieces, order: I64, lane_pos: I64, seq_len: int, from_step: int, nl: int) -> _Subs:
+    """Every kept, non-empty piece cut where its lane's rows end: steps floor(s/L)..floor((e-1)/L)."""
+    length = pc_.end - pc_.start
+    live = np.zeros(len(length), bool)
+    live[order] = True
+    live &= length > 0
+    s_lane, e_lane = lane_pos, lane_pos + length
+    first_step = s_lane // seq_len
+    nsub = np.where(live, (e_lane - 1) // seq_len - first_step + 1, 0)
+    rep = np.repeat(np.arange(len(length), dtype=np.int64), nsub)
+    k = np.arange(len(rep), dtype=np.int64) - (np.cumsum(nsub) - nsub)[rep]
+    step = first_step[rep] + k
+    start = np.maximum(s_lane[rep], step * seq_len)
+    return _Subs(
+        step=step,
+        lane=pc_.local[rep],
+        start=start,
+        end=np.minimum(e_lane[rep], (step + 1) * seq_len),
+        value=pc_.value[rep] + (start - s_lane[rep]),
+        chunk=pc_.chunk[rep],
+        piece=rep,
+        layout=_layout(order, nsub, first_step, pc_.local, from_step, nl),
+    )
+
+
+def _chunk_lists(arrays: list[pa.Array], chunk: I64, value: I64, length: I64) -> list[pa.Array]:
+    """List arrays over each row group's values: list i is item i (items tile each chunk's values)."""
+    cb = np.searchsorted(chunk, np.arange(len(arrays) + 1), side="left")
+    lists = []
+    for c, arr in enumerate(arrays):
+        i0, i1 = int(cb[c]), int(cb[c + 1])
+        if i0 < i1:
+            lists.append(_lists(arr.values, value[i0:i1], value[i0:i1] + length[i0:i1]))
+    return lists
+
+
+# Below this many tokens per sub-piece, a direct step-major gather spends more on its
+# per-list overhead (about 100 ns a list in Polars) than a lane-major gather and one
+# strided transpose cost together (docs/design.md, "Short rows").
+SHORT_ROWS = 128
+
+
+def _direct(
+    arrays: list[pa.Array], subs: _Subs, dtype: np.dtype[Any], block_at: tuple[int, int, int, int]
+) -> tuple[Memory | None, NDArray[Any], pa.Array, I64]:
+    """One gather of the sub-pieces in layout order: the block is a view of it, the edges too."""
+    lay = subs.layout
+    length = (subs.end - subs.start)[lay]
+    if len(lay):
+        values = _gather(_chunk_lists(arrays, subs.chunk, subs.value, subs.end - subs.start), lay)
+        assert values.type == pa.from_numpy_dtype(dtype), (values.type, dtype)
+    else:
+        values = arrow_ints(np.zeros(0, dtype), pa.from_numpy_dtype(dtype))
+    memory = Memory(values, dtype) if len(values) else None
+    flat = memory.array() if memory is not None else np.zeros(0, dtype)
+    start = np.cumsum(length) - length
+    first, n, rows, seq_len = block_at
+    first_token = int(start[first]) if n > 0 else 0
+    block = flat[first_token : first_token + n * rows * seq_len].reshape(n, rows, seq_len)
+    return memory, block, values, start
+
+
+def _transposed(
+    arrays: list[pa.Array],
+    pc_: _Pieces,
+    order: I64,
+    lane_piece: I64,
+    lane_base: I64,
+    n_lane: I64,
+    subs: _Subs,
+    dtype: np.dtype[Any],
+    t0: int,
+    t1: int,
+    seq_len: int,
+) -> tuple[Memory | None, NDArray[Any], pa.Array, I64]:
+    """Short rows: gather lane by lane, then transpose the block's steps in one strided copy.
+
+    Lanes are in lockstep, so every lane's slice starts at stream position ``X0`` or
+    ``X0 + 1`` and holds ``q`` or ``q + 1`` tokens: laid out one lane a row, padded by
+    at most two tokens, the steps ``[t0, t1)`` are a regular ``(lanes, steps, L)`` view,
+    and one NumPy copy (GIL released) writes them step-major. The edge steps' tokens
+    are copied out by one index.
+    """
+    nl = len(n_lane)
+    x0 = int(lane_base.min())
+    front = lane_base - x0
+    width = int((front + n_lane).max())
+    back = width - front - n_lane
+    assert int(front.max()) <= 1 and int(back.max()) <= 2
+    length = pc_.end - pc_.start
+    lists = _chunk_lists(arrays, pc_.chunk, pc_.value, length)
+    pad_ids = sum(len(x) for x in lists)  # lists of 0, 1 and 2 filler tokens follow the pieces
+    lists.append(
+        _lists(arrow_ints(np.zeros(3, dtype), pa.from_numpy_dtype(dtype)), np.array([0, 0, 1]), np.array([0, 1, 3]))
+    )
+    lane_of = np.repeat(np.arange(nl, dtype=np.int64), np.diff(lane_piece))
+    seq = np.empty(len(order) + 2 * nl, np.int64)
+    seq[lane_piece[:-1] + 2 * np.arange(nl)] = pad_ids + front
+    seq[np.arange(len(order)) + 2 * lane_of + 1] = order
+    seq[lane_piece[1:] + 2 * np.arange(nl) + 1] = pad_ids + back
+    lanes2d = numpy_view(_gather(lists, seq)).view(dtype).reshape(nl, width)
+    n = t1 - t0
+    buf = pa.allocate_buffer(n * nl * seq_len * dtype.itemsize)  # Arrow's pool: recycled pages
+    memory = Memory(buf, dtype)
+    block = memory.array().reshape(n, nl, seq_len)
+    block[...] = lanes2d[:, t0 * seq_len - x0 : t1 * seq_len - x0].reshape(nl, n, seq_len).transpose(1, 0, 2)
+    # The edge steps: their sub-pieces, in layout order, from the lane rows.
+    lay = subs.layout
+    st = subs.step[lay]
+    edge = (st < t0) | (st >= t1)
+    at = subs.lane[lay][edge] * width + (subs.start[lay][edge] - x0)
+    ln = (subs.end - subs.start)[lay][edge]
+    cum = np.cumsum(ln) - ln
+    idx = np.repeat(at - cum, ln) + np.arange(int(ln.sum()), dtype=np.int64)
+    edges_np = lanes2d.reshape(-1)[idx]
+    edges = arrow_ints(edges_np, pa.from_numpy_dtype(dtype))
+    start = np.full(len(lay), -1, np.int64)
+    start[np.flatnonzero(edge)] = cum
+    return memory, block, edges, start
+
+
 def pack_unit(
     chunks: list[pa.Array],
     chunk_token_start: list[int],
@@ -422,81 +568,38 @@ def pack_unit(
     cuts = cut_at(np.arange(rank_lanes.start, rank_lanes.stop + 1), q, r, window_z, lanes)
     arrays = [_documents(c)[0] for c in chunks]
     pc_ = _pieces(arrays, chunk_token_start, chunk_doc_base, cuts, at_end=rank_lanes.stop == lanes)
-
-    # The shuffled slices (SPEC section 3, rule 5): ordinal of each piece in its lane's
-    # slice in stream order, then one lexsort by (lane, hash of ordinal).
-    kept = np.flatnonzero(keep[pc_.local]) if keep is not None else np.arange(len(pc_.local), dtype=np.int64)
-    lane = pc_.local[kept]
-    bounds = np.searchsorted(lane, np.arange(nl + 1), side="left")
-    ordinal = np.arange(len(lane), dtype=np.int64) - bounds[lane]
-    keys = slice_keys(seed, epoch, window, rank_lanes)
-    h = mix_array(keys[lane] ^ ordinal.astype(np.uint64))
-    order = kept[np.lexsort((ordinal, h, lane))]  # packed order, as indexes of stream-order pieces
+    order, lane_piece = _shuffle(pc_, keep, nl, slice_keys(seed, epoch, window, rank_lanes))
     length = pc_.end - pc_.start
     packed_len = length[order]
     piece_end = np.cumsum(packed_len)
-    lane_piece = bounds.astype(np.int64)
     lane_start = np.concatenate([[0], piece_end])[lane_piece]
-
-    # Each piece's place in its lane's stream, scattered back to stream order, where
-    # pieces tile the decoded values (what the list arrays need).
+    # Each piece's place in its lane's stream, in stream order (where pieces tile the
+    # decoded values, as the list arrays need).
     lane_pos = np.zeros(len(length), np.int64)
-    lane_pos[order] = lane_base[pc_.local[order]] + (piece_end - packed_len) - lane_start[pc_.local[order]]
-    live = np.zeros(len(length), bool)
-    live[order] = True
-    live &= length > 0
-    # Row cuts: piece p covers steps floor(s / L) .. floor((e - 1) / L) of its lane.
-    s_lane = lane_pos
-    e_lane = lane_pos + length
-    first_step = s_lane // seq_len
-    nsub = np.where(live, (e_lane - 1) // seq_len - first_step + 1, 0)
-    rep = np.repeat(np.arange(len(length), dtype=np.int64), nsub)
-    k = np.arange(len(rep), dtype=np.int64) - (np.cumsum(nsub) - nsub)[rep]
-    step = first_step[rep] + k
-    sub_s = np.maximum(s_lane[rep], step * seq_len)
-    sub_e = np.minimum(e_lane[rep], (step + 1) * seq_len)
-    sub_v = pc_.value[rep] + (sub_s - s_lane[rep])
-
-    # The list arrays of the sub-pieces, one per chunk, over the decoded values
-    # (sub-pieces of a chunk tile a stretch of its values, in stream order).
-    sub_chunk = pc_.chunk[rep]
-    cb = np.searchsorted(sub_chunk, np.arange(len(arrays) + 1), side="left")
-    lists, list_base = [], []
-    total_lists = 0
-    for c, arr in enumerate(arrays):
-        i0, i1 = int(cb[c]), int(cb[c + 1])
-        list_base.append(total_lists)
-        if i0 == i1:
-            continue
-        lists.append(_lists(arr.values, sub_v[i0:i1], sub_v[i0:i1] + (sub_e - sub_s)[i0:i1]))
-        total_lists += i1 - i0
-    # Sub-pieces are numbered in stream order, which is chunk order, so list i is
-    # sub-piece i. The layout orders them by (step, lane, position in the lane).
-    sub_lane = pc_.local[rep]
-    layout = _layout(order, nsub, first_step, pc_.local, from_step, nl)
-    out_len = (sub_e - sub_s)[layout]
-    out_step = step[layout]
-    if len(layout):
-        values = _gather(lists, layout)
-        assert values.type == pa.from_numpy_dtype(dtype), (values.type, dtype)
-    else:
-        values = pa.array(np.zeros(0, dtype))
-    memory = Memory(values, dtype) if len(values) else None
-    flat = memory.array() if memory is not None else np.zeros(0, dtype)
-    assert len(flat) == int(out_len.sum())
+    loc = pc_.local[order]
+    lane_pos[order] = lane_base[loc] + (piece_end - packed_len) - lane_start[loc]
+    subs = _row_cuts(pc_, order, lane_pos, seq_len, from_step, nl)
 
     # Steps wholly inside this window for every rank lane: [t0, t1).
     n_lane = np.diff(lane_start)
-    ends = lane_base + n_lane
     t0 = max(-(-int(lane_base.max()) // seq_len) if nl else 0, from_step)
-    t1 = int(ends.min()) // seq_len if nl else t0
+    t1 = int((lane_base + n_lane).min()) // seq_len if nl else t0
     if keep is not None and not keep.all():
         t1 = t0  # lanes left out: no step is whole here (they all straddle or are past)
     t1 = max(t1, t0)
+    lay = subs.layout
+    out_step = subs.step[lay]
     s_first = int(out_step[0]) if len(out_step) else t0
     s_stop = int(out_step[-1]) + 1 if len(out_step) else t0
     step_bounds = np.searchsorted(out_step, np.arange(s_first, s_stop + 1), side="left").astype(np.int64)
-    start = np.cumsum(out_len) - out_len
+    first = int(step_bounds[t0 - s_first]) if t1 > t0 else 0
+    short = len(lay) > 0 and int((subs.end - subs.start).sum()) < SHORT_ROWS * len(lay)
+    if short and t1 > t0:
+        memory, block, edges, start = _transposed(
+            arrays, pc_, order, lane_piece, lane_base, n_lane, subs, dtype, t0, t1, seq_len
+        )
+    else:
+        memory, block, edges, start = _direct(arrays, subs, dtype, (first, t1 - t0, nl, seq_len))
     return PackedUnit(
         unit=unit,
         epoch=epoch,
@@ -506,13 +609,13 @@ def pack_unit(
         t0=t0,
         t1=t1,
         memory=memory,
-        flat=flat,
-        arrow=values,
+        block=block,
+        edges=edges,
         steps=StepRange(s_first, step_bounds),
-        row=sub_lane[layout],
-        length=out_len,
-        doc=pc_.doc[rep][layout],
-        offset=(pc_.offset[rep] + (sub_s - s_lane[rep]))[layout],
+        row=subs.lane[lay],
+        length=(subs.end - subs.start)[lay],
+        doc=pc_.doc[subs.piece][lay],
+        offset=(pc_.offset[subs.piece] + (subs.start - lane_pos[subs.piece]))[lay],
         start=start,
         slices=Slices(lane_start.astype(np.int64, copy=False), lane_piece, piece_end),
     )
@@ -529,14 +632,14 @@ def assemble(units: list[PackedUnit], step: int, rows: int, seq_len: int) -> tup
         a, b = u.steps.of(step)
         if a == b:
             continue
-        lists.append(_lists(u.arrow, u.start[a:b], u.start[a:b] + u.length[a:b]))
+        lists.append(_lists(u.edges, u.start[a:b], u.start[a:b] + u.length[a:b]))
         row_p.append(u.row[a:b])
         unit_p.append(np.full(b - a, u_i, np.int64))
         parts.append((u, a, b))
     row = np.concatenate(row_p)
     unit_of = np.concatenate(unit_p)
     order = np.lexsort((np.arange(len(row)), unit_of, row))
-    dtype = units[0].flat.dtype
+    dtype = units[0].block.dtype
     values = _gather(lists, order)
     tokens = numpy_view(values).view(dtype).reshape(rows, seq_len)
 

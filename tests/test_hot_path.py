@@ -147,3 +147,23 @@ def test_a_forged_position_inside_a_slice_is_refused(numbered) -> None:
         other.resume(forged)
         with pytest.raises(plitzer.CheckpointError, match=r"not where step 5 puts it|past its slice"):
             other.next_batch()
+
+
+@pytest.mark.parametrize("seq_len", [8, 32, 200])
+def test_both_layouts_give_the_same_batches(numbered, monkeypatch: pytest.MonkeyPatch, seq_len: int) -> None:
+    """Short rows are laid out lane by lane and transposed; long rows gathered step-major at
+    once: the same tokens, pieces and documents either way."""
+    import plitzer.pack
+
+    root, _ = numbered
+    cfg = {**CFG, "seq_len": seq_len}
+    runs = []
+    for threshold in (0, 10**9):  # always direct, always transposed (where a block exists)
+        monkeypatch.setattr(plitzer.pack, "SHORT_ROWS", threshold)
+        with plitzer.Loader(root, **cfg) as loader:
+            batches = [loader.next_batch() for _ in range(3 * len(loader) // 2)]
+            runs.append(([tokens_of(b).copy() for b in batches], [b.documents() for b in batches]))
+    (tok_a, doc_a), (tok_b, doc_b) = runs
+    for t, (a, b) in enumerate(zip(tok_a, tok_b, strict=True)):
+        np.testing.assert_array_equal(a, b, err_msg=f"step {t}")
+        assert doc_a[t].equals(doc_b[t]), f"step {t}"
