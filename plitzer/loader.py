@@ -276,17 +276,17 @@ class Loader:
     @property
     def held_bytes(self) -> int:
         """Decoded bytes held now (prefetched and queued)."""
-        return self._scanner.stats.held_bytes
+        return self._scanner.held_bytes
 
     @property
     def peak_bytes(self) -> int:
         """Most decoded bytes held at once since construction."""
-        return self._scanner.stats.peak_bytes
+        return self._scanner.peak_bytes
 
     @property
     def reads(self) -> int:
         """Row groups read so far (one ranged read each)."""
-        return self._scanner.stats.rows_read
+        return self._scanner.rows_read
 
     def _place(self, step: int) -> None:
         """Make ``step`` the next step: forget the units in use, start over from the footers."""
@@ -320,7 +320,7 @@ class Loader:
     def _get(self, unit: int) -> PackedUnit:
         """The packed ``unit``, checking the positions a resume left to check there."""
         u = self._scanner.get(unit)
-        check = self._checks.pop(unit, None)
+        check = self._checks.get(unit)
         if check is not None:
             lanes, pieces, offsets, want = check
             got = u.slices.offsets(lanes, pieces, offsets)
@@ -341,6 +341,7 @@ class Loader:
                     f"window {u.window} {problem}: the checkpoint does not belong to this dataset or settings"
                 )
                 raise CheckpointError(msg)
+            del self._checks[unit]
         return u
 
     def checkpoint(self) -> bytes:

@@ -225,6 +225,18 @@ class Scanner:
                 retries=self._retries(),
             )
 
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
+    @property
+    def peak_bytes(self) -> int:
+        return self._peak
+
+    @property
+    def rows_read(self) -> int:
+        return self._rows_read
+
     def _retries(self) -> int:
         storages = {id(s): s for s in (self.index.storage(i) for i in range(len(self.index.files)))}
         return sum(int(getattr(s, "retries", 0)) for s in storages.values())
