@@ -1,21 +1,23 @@
-"""Where the bytes live: one small interface over local disk and S3.
+"""Where the bytes live: one small interface over local disk and object stores.
 
 The planner needs three things from storage: list the ``*.parquet`` files below a
 source, read a file's tail (the footer), and read a byte range (a token column
-chunk). Each backend implements :class:`Storage`; everything above it is the same
-code for disk and S3, and the same tests run against both.
+chunk). Each backend implements :class:`Storage` (local disk here, S3 in
+:mod:`planner.s3`, Google Cloud Storage in :mod:`planner.gcs`, Azure Blob Storage
+in :mod:`planner.azure`); everything above it is the same code for every store,
+and the same tests run against all of them (tests/test_storage.py).
 
 A file is identified by a :class:`FileStat`: ``name`` is its path relative to the
 source (what the index, the fingerprint and checkpoints record, so that a dataset
 copied from disk to S3 stays the same dataset), ``location`` is where this
-storage finds it, and ``version`` (mtime in ns, or the S3 ETag) with ``size``
-detect a file that changed after it was indexed.
+storage finds it, and ``version`` (mtime in ns, the S3 or Azure ETag, the GCS
+generation) with ``size`` detect a file that changed after it was indexed.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,8 +29,13 @@ __all__ = [
     "LocalStorage",
     "Storage",
     "check_range",
+    "list_prefix",
     "open_storages",
+    "select_parquet",
 ]
+
+SCHEMES = ("s3://", "gs://", "gcs://", "az://", "abfs://", "abfss://")
+_SOURCE_FORMS = "a folder, a .parquet file, or s3://, gs:// or az:// bucket/prefix"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +58,12 @@ class Storage(Protocol):
 
     url: str
     concurrency: int
-    """Reader threads this storage wants at least (S3: threads mostly wait on GETs)."""
+    """Reader threads this storage wants at least (object stores: threads mostly wait on GETs)."""
+
+    @property
+    def retries(self) -> int:
+        """Attempts beyond the first, over every request so far (thread-safe; local disk: 0)."""
+        ...
 
     def list_files(self) -> list[FileStat]:
         """Every ``*.parquet`` file below the source, in bytewise order of ``name``."""
@@ -80,15 +92,45 @@ def check_range(file: FileStat, offset: int, length: int) -> None:
         raise StorageError(msg)
 
 
+def list_prefix(key: str) -> str:
+    """The listing prefix of an object-store key: the key itself for ``*.parquet``, else its folder."""
+    return key if key.endswith(".parquet") or not key else key + "/"
+
+
+def select_parquet(key: str, objects: Iterable[tuple[str, int, str]], location: Callable[[str], str]) -> list[FileStat]:
+    """The ``*.parquet`` files of a source from its listing (object key, size, version).
+
+    ``key`` ends in ``.parquet``: that one object, named by its base name like a
+    local file, or else a "folder" of that name. ``location(k)`` is the URL of key k.
+    """
+    objs = list(objects)
+    prefix = list_prefix(key)
+    if key.endswith(".parquet"):
+        exact = [o for o in objs if o[0] == key]
+        if exact:
+            objs, prefix = exact, key.rsplit("/", 1)[0] + "/" if "/" in key else ""
+        else:
+            prefix = key + "/"
+    out = [
+        FileStat(name=k[len(prefix) :], location=location(k), size=size, version=version)
+        for k, size, version in objs
+        if k.endswith(".parquet") and k.startswith(prefix)
+    ]
+    out.sort(key=lambda f: f.name.encode())
+    return out
+
+
 class LocalStorage:
     """A local folder (searched recursively) or a single file."""
+
+    retries = 0  # reads of local disk are not retried
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path).expanduser().resolve()
         self.url = str(self.path)
         self.concurrency = os.cpu_count() or 2
         if not self.path.exists():
-            msg = f"source {str(path)!r} does not exist; pass a folder, a .parquet file or s3://bucket/prefix"
+            msg = f"source {str(path)!r} does not exist; pass {_SOURCE_FORMS}"
             raise ConfigError(msg)
 
     def _stat(self, p: Path, name: str) -> FileStat:
@@ -147,7 +189,7 @@ def open_storages(
     else:
         sources = list(source)
         if not sources:
-            msg = "source is an empty list; pass a folder, a .parquet file or s3://bucket/prefix"
+            msg = f"source is an empty list; pass {_SOURCE_FORMS}"
             raise ConfigError(msg)
     out: list[Storage] = []
     for s in sources:
@@ -156,8 +198,16 @@ def open_storages(
             from planner.s3 import S3Storage  # s3 builds on this module's FileStat
 
             out.append(S3Storage(text, storage_options))
+        elif text.startswith(("gs://", "gcs://")):
+            from planner.gcs import GCSStorage
+
+            out.append(GCSStorage(text, storage_options))
+        elif text.startswith(("az://", "abfs://", "abfss://")):
+            from planner.azure import AzureStorage
+
+            out.append(AzureStorage(text, storage_options))
         elif "://" in text:
-            msg = f"source {text!r}: only local paths and s3:// URLs are supported"
+            msg = f"source {text!r}: the supported URLs are {', '.join(SCHEMES)} (and local paths)"
             raise ConfigError(msg)
         else:
             out.append(LocalStorage(text))
