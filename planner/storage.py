@@ -29,6 +29,7 @@ __all__ = [
     "LocalStorage",
     "Storage",
     "check_range",
+    "duckdb_filesystems",
     "list_prefix",
     "open_storages",
     "select_parquet",
@@ -212,3 +213,81 @@ def open_storages(
         else:
             out.append(LocalStorage(text))
     return out
+
+
+def duckdb_filesystems(storages: Sequence[Storage]) -> list[Any]:
+    """One fsspec filesystem per protocol for DuckDB, each path reaching its own source's storage.
+
+    DuckDB keys a registered filesystem by its protocol and takes one per protocol,
+    so two S3 sources with different endpoints or credentials would both be read
+    through the first one's. Each protocol gets a router instead: a path goes to
+    the storage whose source URL is its longest prefix (else the first storage of
+    that protocol), so ``read_parquet('s3://a/...')`` and ``read_parquet('s3://b/...')``
+    in one query each use their own source's credentials.
+    """
+    routes: dict[str, list[tuple[str, Any]]] = {}
+    for st in storages:
+        fs = st.duckdb_filesystem()
+        if fs is None:
+            continue
+        protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+        root = st.url.partition("://")[2].rstrip("/")
+        entry = routes.setdefault(protocols[0], [])
+        if all(other is not fs for _, other in entry):
+            entry.append((root, fs))
+    return [r[0][1] if len(r) == 1 else _router(r) for r in routes.values()]
+
+
+def _router(routes: list[tuple[str, Any]]) -> Any:
+    """An fsspec filesystem that sends each call to the filesystem whose root prefixes its path.
+
+    By hand: fsspec has no filesystem that dispatches by path prefix within one protocol.
+    """
+    from fsspec import AbstractFileSystem
+
+    first = routes[0][1]
+
+    class Router(AbstractFileSystem):  # type: ignore[misc]
+        protocol = first.protocol
+        cachable = False  # one per plan: never an instance of another plan's sources
+
+        def pick(self, path: Any) -> Any:
+            text = str(path[0] if isinstance(path, (list, tuple)) and path else path)
+            text = text.partition("://")[2] if "://" in text else text.lstrip("/")
+            best, fs = -1, first
+            for root, candidate in routes:
+                if (text == root or text.startswith(root + "/")) and len(root) > best:
+                    best, fs = len(root), candidate
+            return fs
+
+    def delegate(name: str) -> Any:
+        def call(self: Any, path: Any, *args: Any, **kwargs: Any) -> Any:
+            return getattr(self.pick(path), name)(path, *args, **kwargs)
+
+        call.__name__ = name
+        return call
+
+    for name in (
+        "open",
+        "glob",
+        "info",
+        "ls",
+        "exists",
+        "isdir",
+        "isfile",
+        "modified",
+        "size",
+        "find",
+        "cat_file",
+        "mkdir",
+        "makedirs",
+        "rm",
+        "rm_file",
+    ):
+        setattr(Router, name, delegate(name))
+
+    def mv(self: Any, path1: Any, path2: Any, **kwargs: Any) -> Any:
+        return self.pick(path1).mv(path1, path2, **kwargs)
+
+    Router.mv = mv
+    return Router()

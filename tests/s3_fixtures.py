@@ -5,7 +5,8 @@
 * :class:`FaultProxy` is a small HTTP/1.1 proxy (asyncio, in a thread, 127.0.0.1
   only) between the loader and the server. It records every request (method,
   path, query, Range, status, body bytes sent, fault) and the peak number in
-  flight, and injects faults chosen by a schedule: ``503`` (SlowDown), ``500``
+  flight, and injects faults chosen by a schedule: ``503`` (SlowDown), ``429``
+  (TooManyRequests), ``500``
   (InternalError), ``reset`` (RST in the middle of the body), ``truncate``
   (FIN in the middle of the body), ``short`` (a well-formed response that is
   shorter than the range asked for), ``stall`` (no response at all) and
@@ -43,7 +44,7 @@ from tests.conftest import SynthDataset
 
 HOST = "127.0.0.1"
 KEY, SECRET, REGION = "plitzer-test", "plitzer-test-secret", "us-east-1"
-FAULTS = ("503", "500", "reset", "truncate", "short", "stall", "stall_body")
+FAULTS = ("503", "429", "500", "reset", "truncate", "short", "stall", "stall_body")
 
 
 def free_port() -> int:
@@ -264,12 +265,12 @@ class FaultProxy:
 
     async def _serve(self, req: Request, lines: list[str], body: bytes, writer: asyncio.StreamWriter) -> bool:
         fault = req.fault
-        if fault in ("503", "500"):
-            code, reason, text = (
-                ("SlowDown", "Slow Down", "Please reduce your request rate.")
-                if fault == "503"
-                else ("InternalError", "Internal Server Error", "We encountered an internal error.")
-            )
+        if fault in ("503", "429", "500"):
+            code, reason, text = {
+                "503": ("SlowDown", "Slow Down", "Please reduce your request rate."),
+                "429": ("TooManyRequests", "Too Many Requests", "Please reduce your request rate."),
+                "500": ("InternalError", "Internal Server Error", "We encountered an internal error."),
+            }[fault]
             xml = f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{text}</Message></Error>'
             payload = xml.encode()
             writer.write(
