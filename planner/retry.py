@@ -10,8 +10,8 @@ The throttle is AIMD, as TCP's congestion window: requests in flight are capped
 by a limit that starts at the storage's concurrency; a throttling answer (S3's 503
 SlowDown or a 429, GCS's and Azure's 429 or 503) halves it, once per round of
 requests (a throttle seen by requests that started before the last cut does not
-cut again), and each success adds ``1 / limit``, so about one slot per round of
-``limit`` successes, back up to the start. A server that asks us to slow down
+cut again), and each round of ``limit`` successes adds one slot, back up to the
+start (integer arithmetic: exactly one slot per round). A server that asks us to slow down
 gets fewer requests at once instead of the same number retried.
 """
 
@@ -53,7 +53,7 @@ class Throttle:
     ...     t.cut(s)
     >>> t.limit, t.cuts
     (4, 1)
-    >>> for _ in range(4 + 5):  # about one slot per round of `limit` successes
+    >>> for _ in range(4 + 5):  # one slot per round of `limit` successes
     ...     with t.slot():
     ...         t.grow()
     >>> t.limit
@@ -62,7 +62,8 @@ class Throttle:
 
     def __init__(self, limit: int) -> None:
         self.top = max(1, int(limit))
-        self._limit = float(self.top)
+        self._limit = self.top
+        self._credit = 0  # successes since the limit last grew
         self._inflight = 0
         self._round = 0
         self._cuts = 0
@@ -73,7 +74,7 @@ class Throttle:
     def limit(self) -> int:
         """Requests allowed in flight now."""
         with self._cond:
-            return int(self._limit)
+            return self._limit
 
     @property
     def lowest(self) -> int:
@@ -91,7 +92,7 @@ class Throttle:
     def slot(self) -> Iterator[int]:
         """Wait for a free slot; yields the round the request started in."""
         with self._cond:
-            while self._inflight >= int(self._limit):
+            while self._inflight >= self._limit:
                 self._cond.wait()
             self._inflight += 1
             started = self._round
@@ -109,15 +110,19 @@ class Throttle:
                 return  # this round was cut already
             self._round += 1
             self._cuts += 1
-            self._limit = max(1.0, self._limit / 2)
-            self._lowest = min(self._lowest, int(self._limit))
+            self._limit = max(1, self._limit // 2)
+            self._credit = 0
+            self._lowest = min(self._lowest, self._limit)
 
     def grow(self) -> None:
-        """A success: additive increase, up to the starting limit."""
+        """A success: additive increase (one slot per round of ``limit`` successes), up to the start."""
         with self._cond:
             if self._limit < self.top:
-                self._limit = min(float(self.top), self._limit + 1.0 / self._limit)
-                self._cond.notify_all()
+                self._credit += 1
+                if self._credit >= self._limit:
+                    self._limit += 1
+                    self._credit = 0
+                    self._cond.notify_all()
 
 
 class Retrier:

@@ -1,4 +1,4 @@
-"""S3: listing, footers and one checked, retried ranged GET per row group (docs/s3.md).
+"""S3: listing, footers and one checked, retried ranged GET per row group (docs/storage.md).
 
 :class:`S3Storage` is the S3 backend of :class:`planner.storage.Storage`: one listing
 request per 1,000 objects, and every ranged GET straight through the aiobotocore
