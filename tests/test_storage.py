@@ -234,6 +234,63 @@ def test_a_checkpoint_moves_between_stores(request: pytest.FixtureRequest, tmp_p
             state = plitzer.merge([ld.checkpoint() for ld in ranks])
 
 
+def _through(name: str, request: pytest.FixtureRequest, proxy: Any, **extra: Any) -> tuple[str, Path, dict[str, Any]]:
+    """(URL of the session's dataset, its local copy, options that reach it through ``proxy``)."""
+    data = request.getfixturevalue(name)
+    if name == "s3":
+        from tests.s3_fixtures import options
+
+        return data.url["synth"], data.local["synth"], options(proxy.endpoint, **extra)
+    if name == "gcs":
+        return data.url["synth"], data.local["synth"], data.options(endpoint_url=proxy.endpoint, **extra)
+    conn = data.server.connection_string.replace(data.server.endpoint, f"{proxy.endpoint}/devstoreaccount1")
+    return data.url["synth"], data.local["synth"], {"connection_string": conn, **extra}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["s3", "gcs", "azure"])
+def test_throttling_is_retried_to_the_same_batches_and_counted(
+    name: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fifth of all requests (listing, footers, data) answered 503 or 429, on every object store."""
+    from tests.s3_fixtures import FaultProxy, SeededFaults
+
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))  # footers fetched too
+    server = request.getfixturevalue(name).server
+    proxy = FaultProxy(server.port)
+    try:
+        proxy.reset(SeededFaults(seed=9, rate=0.2, kinds=("503", "429"), max_in_a_row=7, lists=True))
+        url, local, opts = _through(name, request, proxy, attempts=8, backoff=0.01, read_timeout=20)
+        with (
+            plitzer.Loader(url, storage_options=opts, **CFG) as remote,
+            plitzer.Loader(local, **CFG) as disk,
+        ):
+            a = [tokens_of(b).copy() for b in remote]
+            b = [tokens_of(b).copy() for b in disk]
+            ix = remote.index
+            storages = {id(ix.storage(f)): ix.storage(f) for f in range(len(ix.files))}
+        throttled = [r for r in proxy.log() if r.fault]
+    finally:
+        proxy.stop()
+    assert len(a) == len(b) > 0
+    assert all(x.tobytes() == y.tobytes() for x, y in zip(a, b, strict=True))
+    assert len(throttled) >= 5
+    # Every throttled request retried once, and nothing else. (Loader.stats.retries sums these.)
+    assert sum(s.retries for s in storages.values()) == len(throttled)
+    (st,) = storages.values()
+    assert st.throttle.cuts >= 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["s3", "gcs", "azure"])
+def test_a_missing_bucket_is_a_clear_error(name: str, request: pytest.FixtureRequest) -> None:
+    data = request.getfixturevalue(name)
+    scheme = {"s3": "s3", "gcs": "gs", "azure": "az"}[name]
+    (st,) = open_storages(f"{scheme}://no-such-bucket/x", data.options(attempts=2))
+    with pytest.raises(StorageError, match=rf"{scheme}://no-such-bucket/x: listing: no such (bucket|container)"):
+        st.list_files()
+
+
 # -- mixed list sources ---------------------------------------------------------------
 
 
