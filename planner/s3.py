@@ -70,8 +70,8 @@ class S3Storage:
     ``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID``, ...) and botocore's profiles.
     Tuning: ``attempts`` (8), ``backoff`` (0.1 s, doubled per attempt),
     ``read_timeout`` (30 s), ``connect_timeout`` (10 s), ``concurrency`` (16
-    reader threads the loader uses at least, and the most requests in flight),
-    ``list_page_size`` (1,000 keys a listing request).
+    reader threads the loader uses at least; requests in flight start capped at
+    twice that, at least 64), ``list_page_size`` (1,000 keys a listing request).
 
     Listing is one paginated ``ListObjectsV2`` (1,000 objects a request). Every
     read is one GET of exactly the requested range with ``If-Match`` on the ETag
