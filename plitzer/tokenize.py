@@ -49,7 +49,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import pickle
 import shutil
 import tempfile
 import threading
@@ -426,12 +425,13 @@ def tokenize(
             # Ray Data: one row (and one block, so one task) per file; each task converts
             # its file exactly as a local worker does, and yields what it wrote.
             spec = tok.spec
-            # Pickled: a job's storage options may hold values Arrow cannot store.
-            items = [{"job": pickle.dumps(j)} for j in todo]
+            # Rows carry each job's position only: a job's storage options may hold values
+            # Arrow cannot store, so the jobs travel in the function Ray ships to its workers.
+            jobs_of = list(todo)
+            items = [{"job": i} for i in range(len(jobs_of))]
 
             def convert(row: dict[str, Any]) -> dict[str, Any]:
-                job = pickle.loads(row["job"])  # noqa: S301  (our own jobs, made above)
-                rel, n_rows, n_tokens, n_bytes = _ray_job(spec, job)
+                rel, n_rows, n_tokens, n_bytes = _ray_job(spec, jobs_of[int(row["job"])])
                 return {"rel": rel, "rows": n_rows, "tokens": n_tokens, "bytes": n_bytes}
 
             with warnings.catch_warnings():
