@@ -188,6 +188,26 @@ def test_a_changed_object_is_refused(store: Store, same_size: bool) -> None:
     assert f.location in str(err.value)
 
 
+@pytest.mark.timeout(60)
+def test_the_index_cache_follows_the_version(store: Store, tmp_path: Path) -> None:
+    """A replaced object is indexed anew on the next start, never served from the cache."""
+    from tests.conftest import write_dataset
+
+    prefix = _fresh(store)
+    (a,) = write_dataset(tmp_path / "a", [[[[1, 2, 3], [4]]]])  # one row group of two documents
+    (b,) = write_dataset(tmp_path / "b", [[[[1, 2, 3, 5, 6]], [[7]]]])  # two row groups
+    store.put(f"{prefix}/x.parquet", a.read_bytes())
+    if store.name == "local":  # a rewrite in the same nanosecond would be no change we can see
+        os.utime(store.url(f"{prefix}/x.parquet"), ns=(1, 1))
+    first = planner.index(store.url(prefix), storage_options=store.options())
+    assert (first.row_groups, first.tokens) == (1, 4)
+    assert planner.index(store.url(prefix), storage_options=store.options()).fingerprint == first.fingerprint
+    store.put(f"{prefix}/x.parquet", b.read_bytes())
+    second = planner.index(store.url(prefix), storage_options=store.options())
+    assert (second.row_groups, second.tokens) == (2, 6)
+    assert second.files[0].version != first.files[0].version
+
+
 @pytest.mark.timeout(120)
 def test_same_batches_as_local_disk(store: Store) -> None:
     with (
