@@ -82,8 +82,9 @@ class GCSEmulator:
     def __init__(self) -> None:
         try:
             import gcp_storage_emulator  # noqa: F401
+            import gcsfs  # noqa: F401
         except ImportError:
-            _missing("gcp-storage-emulator is not installed (pip install 'plitzer[test]')")
+            _missing("gcp-storage-emulator or gcsfs is not installed (pip install 'plitzer[test]')")
         self.port = free_port()
         self.endpoint = f"http://{HOST}:{self.port}"
         self.proc = subprocess.Popen(
@@ -141,6 +142,10 @@ class Azurite:
     """azurite-blob in its own process on 127.0.0.1, its data in a temporary folder."""
 
     def __init__(self) -> None:
+        try:
+            import adlfs  # noqa: F401
+        except ImportError:
+            _missing("adlfs is not installed (pip install 'plitzer[test]')")
         binary = azurite_binary()
         if binary is None or shutil.which("node") is None:
             _missing("Azurite is not installed (npm install azurite; or set PLITZER_AZURITE)")
