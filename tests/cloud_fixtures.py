@@ -82,7 +82,10 @@ class GCSEmulator:
     def __init__(self) -> None:
         try:
             import gcp_storage_emulator  # noqa: F401
-            import gcsfs  # noqa: F401
+
+            from planner.gcs import import_gcsfs
+
+            import_gcsfs()  # (with its bucket-type probe off: see planner/gcs.py)
         except ImportError:
             _missing("gcp-storage-emulator or gcsfs is not installed (pip install 'plitzer[test]')")
         self.port = free_port()
