@@ -40,7 +40,7 @@ from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
 from planner.lanes import cut_at, lane_of, piece_range
-from planner.storage import Storage
+from planner.storage import Storage, duckdb_filesystems
 
 __all__ = [
     "EpochPlan",
@@ -445,20 +445,12 @@ def _scan_parquet(location: str, storage: Storage) -> pl.LazyFrame:
 
 
 def _duckdb_filesystems(idx: Index) -> list[Any]:
-    """One filesystem per protocol among the files' storages, the first file's first.
-
-    DuckDB keys a registered filesystem by its protocol and refuses a second one
-    with the same protocol, so when a list source holds S3 sources with different
-    endpoints or credentials, SQL reaches them all through the first one's
-    (docs/design.md, "The layer picture"); the loader itself reads each file through its own.
-    """
-    found: dict[str, Any] = {}
+    """The filesystems DuckDB needs: one per protocol, routing each path to its own source's storage."""
+    seen: dict[int, Storage] = {}
     for f in range(len(idx.files)):
-        fs = idx.storage(f).duckdb_filesystem()
-        if fs is not None:
-            protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-            found.setdefault(protocol, fs)
-    return list(found.values())
+        st = idx.storage(f)
+        seen.setdefault(id(st), st)
+    return duckdb_filesystems(list(seen.values()))
 
 
 def plan(

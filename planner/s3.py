@@ -1,4 +1,4 @@
-"""S3: listing, footers and one checked, retried ranged GET per row group (docs/s3.md).
+"""S3: listing, footers and one checked, retried ranged GET per row group (docs/storage.md).
 
 :class:`S3Storage` is the S3 backend of :class:`planner.storage.Storage`: one listing
 request per 1,000 objects, and every ranged GET straight through the aiobotocore
@@ -9,22 +9,23 @@ bodies), then a :class:`StorageError` naming object, byte range, attempts and ca
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import os
-import random
 from collections.abc import Mapping
 from typing import Any
 
-from planner.errors import ConfigError, StorageError
-from planner.storage import FileStat, check_range
+from planner.errors import ConfigError
+from planner.retry import Fatal as _Fatal
+from planner.retry import Retrier, Throttle
+from planner.retry import Transient as _Retry
+from planner.retry import with_deadline as _with_deadline
+from planner.storage import FileStat, check_range, list_prefix, select_parquet
 
 __all__ = ["S3Storage"]
 
 # Retries: attempt k (from 0) waits about backoff * 2**k (jittered, capped) first.
 _RETRY_ATTEMPTS = 8
 _RETRY_BACKOFF = 0.1
-_RETRY_CAP = 10.0
 # An attempt never runs longer than connect + read timeout plus the body at this rate,
 # so a server that trickles bytes cannot hold a read forever.
 _MIN_RATE = 1 << 20
@@ -40,6 +41,7 @@ _S3_OPTIONS = (
     "read_timeout",
     "connect_timeout",
     "concurrency",
+    "list_page_size",
     "client_kwargs",
     "config_kwargs",
     # passed to s3fs as they are
@@ -56,14 +58,7 @@ _ALIASES = {
     "aws_secret_access_key": "secret",
     "aws_session_token": "token",
 }
-
-
-class _Fatal(Exception):
-    """A failure that retrying cannot fix; carries the message for StorageError."""
-
-
-class _Retry(Exception):
-    """A failure worth another attempt (the message names the cause)."""
+_THROTTLE_CODES = ("SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests")
 
 
 class S3Storage:
@@ -75,16 +70,19 @@ class S3Storage:
     ``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID``, ...) and botocore's profiles.
     Tuning: ``attempts`` (8), ``backoff`` (0.1 s, doubled per attempt),
     ``read_timeout`` (30 s), ``connect_timeout`` (10 s), ``concurrency`` (16
-    reader threads the loader uses at least).
+    reader threads the loader uses at least; requests in flight start capped at
+    twice that, at least 64), ``list_page_size`` (1,000 keys a listing request).
 
     Listing is one paginated ``ListObjectsV2`` (1,000 objects a request). Every
     read is one GET of exactly the requested range with ``If-Match`` on the ETag
     recorded at indexing, so an object replaced under a running job is refused
     instead of decoded. Throttling (503 SlowDown, 429), other 5xx, connection
     resets, timeouts and bodies shorter than the range are retried with
-    jittered exponential backoff; after ``attempts`` the read fails with a
-    StorageError naming the object, the range and the last cause. A body whose
-    length differs from the range is never returned.
+    jittered exponential backoff (:mod:`planner.retry`), and throttling halves
+    the requests in flight, which then grow back (AIMD); after ``attempts`` the
+    read fails with a StorageError naming the object, the range and the last
+    cause. A body whose length differs from the range is never returned.
+    :attr:`retries` counts the attempts beyond the first.
     """
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
@@ -126,9 +124,11 @@ class S3Storage:
         self.attempts = int(opts.pop("attempts", _RETRY_ATTEMPTS))
         self.backoff = float(opts.pop("backoff", _RETRY_BACKOFF))
         self.concurrency = int(opts.pop("concurrency", 16))
+        self.list_page_size = int(opts.pop("list_page_size", 1000))
         for name, value, low in (
             ("attempts", self.attempts, 1),
             ("concurrency", self.concurrency, 1),
+            ("list_page_size", self.list_page_size, 1),
             ("read_timeout", self.read_timeout, 1e-3),
             ("connect_timeout", self.connect_timeout, 1e-3),
             ("backoff", self.backoff, 0),
@@ -148,6 +148,15 @@ class S3Storage:
         self._key = opts.get("key")
         self._secret = opts.get("secret")
         self._token = opts.get("token")
+        self._retrier = Retrier(
+            attempts=self.attempts,
+            backoff=self.backoff,
+            # Footers are fetched by up to 32 threads at once: the throttle starts above that.
+            concurrency=max(64, 2 * self.concurrency),
+            transient=_transient,
+            throttled=_throttled,
+            hint="check storage_options and the credentials (key/secret or AWS_* variables)",
+        )
         self.fs = s3fs.S3FileSystem(
             client_kwargs=client_kwargs,
             config_kwargs=config_kwargs,
@@ -160,56 +169,36 @@ class S3Storage:
 
     # -- the retry loop ------------------------------------------------------------
 
+    @property
+    def retries(self) -> int:
+        """Attempts beyond the first, over every request of this storage (thread-safe)."""
+        return self._retrier.retries
+
+    @property
+    def throttle(self) -> Throttle:
+        """The AIMD cap on requests in flight (``limit``, ``lowest``, ``cuts``)."""
+        return self._retrier.throttle
+
     def _run(self, what: str, make: Any, deadline: float) -> Any:
         """Run coroutine ``make()`` on s3fs's event loop, retrying transient failures.
 
-        tenacity counts and spaces the attempts; what counts as transient is ours
-        (:func:`_transient`, :func:`_raise_fatal`): botocore's own retries see
-        neither a body cut short nor a deadline, so they are off (``__init__``).
+        What counts as transient is ours (:func:`_transient`, :func:`_raise_fatal`):
+        botocore's own retries see neither a body cut short nor a deadline, so they
+        are off (``__init__``).
         """
-        import tenacity
         from fsspec.asyn import sync
 
-        def wait(state: tenacity.RetryCallState) -> float:
-            # Attempt k (from 1) waits backoff * 2**(k-1), jittered by 0.5..1.5, capped.
-            return float(min(_RETRY_CAP, self.backoff * 2.0 ** (state.attempt_number - 1)) * (0.5 + random.random()))
-
-        retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(self.attempts),
-            wait=wait,
-            retry=tenacity.retry_if_exception(_transient),
-            reraise=True,
-        )
-        try:
-            return retrying(sync, self.fs.loop, _with_deadline, make, deadline)
-        except _Fatal as e:
-            msg = f"{what}: {e}"
-            raise StorageError(msg) from e.__cause__
-        except Exception as e:
-            if not _transient(e):
-                msg = (
-                    f"{what}: {type(e).__name__}: {e}; check storage_options and the "
-                    "credentials (key/secret or AWS_* variables)"
-                )
-                raise StorageError(msg) from e
-            cause = str(e) if isinstance(e, _Retry) else f"{type(e).__name__}: {e}"
-            msg = (
-                f"{what} failed after {self.attempts} attempts; last cause: {cause}. Check the "
-                "endpoint and the network; if the server throttles or is slow, raise "
-                "storage_options attempts, backoff or read_timeout"
-            )
-            raise StorageError(msg) from e
+        return self._retrier.run(what, lambda: sync(self.fs.loop, _with_deadline, make, deadline))
 
     # -- listing ---------------------------------------------------------------------
 
     def list_files(self) -> list[FileStat]:
         key = self.key
-        single = key.endswith(".parquet")
-        prefix = key if single or not key else key + "/"
+        prefix = list_prefix(key)
 
         async def page(token: str | None) -> dict[str, Any]:
             s3 = await self.fs.set_session()
-            params = {"Bucket": self.bucket, "Prefix": prefix}
+            params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": self.list_page_size}
             if token:
                 params["ContinuationToken"] = token
             try:
@@ -219,7 +208,7 @@ class S3Storage:
                 raise
             return result
 
-        # One ListObjectsV2 request per 1,000 objects, each retried on its own.
+        # One ListObjectsV2 request per list_page_size (1,000) objects, each retried on its own.
         objects: list[dict[str, Any]] = []
         token: str | None = None
         while True:
@@ -232,27 +221,8 @@ class S3Storage:
             token = result.get("NextContinuationToken")
             if not result.get("IsTruncated") or not token:
                 break
-        if single:
-            exact = [o for o in objects if o["Key"] == key]
-            if exact:  # one object: named by its base name, like a local file
-                objects, prefix = exact, key.rsplit("/", 1)[0] + "/" if "/" in key else ""
-            else:  # a "folder" whose name ends in .parquet
-                prefix = key + "/"
-        out = []
-        for o in objects:
-            k: str = o["Key"]
-            if not k.endswith(".parquet") or not k.startswith(prefix):
-                continue
-            out.append(
-                FileStat(
-                    name=k[len(prefix) :],
-                    location=f"s3://{self.bucket}/{k}",
-                    size=int(o["Size"]),
-                    version=str(o.get("ETag") or "").strip('"'),
-                )
-            )
-        out.sort(key=lambda f: f.name.encode())
-        return out
+        found = ((str(o["Key"]), int(o["Size"]), str(o.get("ETag") or "").strip('"')) for o in objects)
+        return select_parquet(key, found, lambda k: f"s3://{self.bucket}/{k}")
 
     # -- ranged reads ------------------------------------------------------------------
 
@@ -346,19 +316,6 @@ class S3Storage:
         return self.fs
 
 
-async def _with_deadline(make: Any, deadline: float) -> Any:
-    cm = asyncio.timeout(deadline)
-    try:
-        async with cm:
-            return await make()
-    except TimeoutError as e:
-        if cm.expired():
-            msg = f"no complete response within {deadline:.1f} s"
-        else:  # the read timeout, while waiting for the headers or the body
-            msg = f"timed out: {type(e).__name__}: {e}".rstrip(": ")
-        raise _Retry(msg) from e
-
-
 def _transient(e: BaseException) -> bool:
     """Whether another attempt may succeed: network, timeout, short body, 5xx, throttling."""
     import aiohttp
@@ -377,6 +334,16 @@ def _transient(e: BaseException) -> bool:
         bx.ClientError,  # only retryable ones get here: _raise_fatal took the rest
     )
     return isinstance(e, kinds)
+
+
+def _throttled(e: BaseException) -> bool:
+    """Whether the server asked us to slow down (503 SlowDown, 429)."""
+    response = getattr(e, "response", None)
+    if not isinstance(response, dict):
+        return False
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return code in _THROTTLE_CODES or status in (429, 503)
 
 
 def _raise_fatal(e: BaseException, file: FileStat | None = None) -> None:

@@ -1,21 +1,23 @@
-"""Where the bytes live: one small interface over local disk and S3.
+"""Where the bytes live: one small interface over local disk and object stores.
 
 The planner needs three things from storage: list the ``*.parquet`` files below a
 source, read a file's tail (the footer), and read a byte range (a token column
-chunk). Each backend implements :class:`Storage`; everything above it is the same
-code for disk and S3, and the same tests run against both.
+chunk). Each backend implements :class:`Storage` (local disk here, S3 in
+:mod:`planner.s3`, Google Cloud Storage in :mod:`planner.gcs`, Azure Blob Storage
+in :mod:`planner.azure`); everything above it is the same code for every store,
+and the same tests run against all of them (tests/test_storage.py).
 
 A file is identified by a :class:`FileStat`: ``name`` is its path relative to the
 source (what the index, the fingerprint and checkpoints record, so that a dataset
 copied from disk to S3 stays the same dataset), ``location`` is where this
-storage finds it, and ``version`` (mtime in ns, or the S3 ETag) with ``size``
-detect a file that changed after it was indexed.
+storage finds it, and ``version`` (mtime in ns, the S3 or Azure ETag, the GCS
+generation) with ``size`` detect a file that changed after it was indexed.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,8 +29,14 @@ __all__ = [
     "LocalStorage",
     "Storage",
     "check_range",
+    "duckdb_filesystems",
+    "list_prefix",
     "open_storages",
+    "select_parquet",
 ]
+
+SCHEMES = ("s3://", "gs://", "gcs://", "az://", "abfs://", "abfss://")
+_SOURCE_FORMS = "a folder, a .parquet file, or s3://, gs:// or az:// bucket/prefix"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +59,12 @@ class Storage(Protocol):
 
     url: str
     concurrency: int
-    """Reader threads this storage wants at least (S3: threads mostly wait on GETs)."""
+    """Reader threads this storage wants at least (object stores: threads mostly wait on GETs)."""
+
+    @property
+    def retries(self) -> int:
+        """Attempts beyond the first, over every request so far (thread-safe; local disk: 0)."""
+        ...
 
     def list_files(self) -> list[FileStat]:
         """Every ``*.parquet`` file below the source, in bytewise order of ``name``."""
@@ -80,15 +93,45 @@ def check_range(file: FileStat, offset: int, length: int) -> None:
         raise StorageError(msg)
 
 
+def list_prefix(key: str) -> str:
+    """The listing prefix of an object-store key: the key itself for ``*.parquet``, else its folder."""
+    return key if key.endswith(".parquet") or not key else key + "/"
+
+
+def select_parquet(key: str, objects: Iterable[tuple[str, int, str]], location: Callable[[str], str]) -> list[FileStat]:
+    """The ``*.parquet`` files of a source from its listing (object key, size, version).
+
+    ``key`` ends in ``.parquet``: that one object, named by its base name like a
+    local file, or else a "folder" of that name. ``location(k)`` is the URL of key k.
+    """
+    objs = list(objects)
+    prefix = list_prefix(key)
+    if key.endswith(".parquet"):
+        exact = [o for o in objs if o[0] == key]
+        if exact:
+            objs, prefix = exact, key.rsplit("/", 1)[0] + "/" if "/" in key else ""
+        else:
+            prefix = key + "/"
+    out = [
+        FileStat(name=k[len(prefix) :], location=location(k), size=size, version=version)
+        for k, size, version in objs
+        if k.endswith(".parquet") and k.startswith(prefix)
+    ]
+    out.sort(key=lambda f: f.name.encode())
+    return out
+
+
 class LocalStorage:
     """A local folder (searched recursively) or a single file."""
+
+    retries = 0  # reads of local disk are not retried
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path).expanduser().resolve()
         self.url = str(self.path)
         self.concurrency = os.cpu_count() or 2
         if not self.path.exists():
-            msg = f"source {str(path)!r} does not exist; pass a folder, a .parquet file or s3://bucket/prefix"
+            msg = f"source {str(path)!r} does not exist; pass {_SOURCE_FORMS}"
             raise ConfigError(msg)
 
     def _stat(self, p: Path, name: str) -> FileStat:
@@ -147,7 +190,7 @@ def open_storages(
     else:
         sources = list(source)
         if not sources:
-            msg = "source is an empty list; pass a folder, a .parquet file or s3://bucket/prefix"
+            msg = f"source is an empty list; pass {_SOURCE_FORMS}"
             raise ConfigError(msg)
     out: list[Storage] = []
     for s in sources:
@@ -156,9 +199,95 @@ def open_storages(
             from planner.s3 import S3Storage  # s3 builds on this module's FileStat
 
             out.append(S3Storage(text, storage_options))
+        elif text.startswith(("gs://", "gcs://")):
+            from planner.gcs import GCSStorage
+
+            out.append(GCSStorage(text, storage_options))
+        elif text.startswith(("az://", "abfs://", "abfss://")):
+            from planner.azure import AzureStorage
+
+            out.append(AzureStorage(text, storage_options))
         elif "://" in text:
-            msg = f"source {text!r}: only local paths and s3:// URLs are supported"
+            msg = f"source {text!r}: the supported URLs are {', '.join(SCHEMES)} (and local paths)"
             raise ConfigError(msg)
         else:
             out.append(LocalStorage(text))
     return out
+
+
+def duckdb_filesystems(storages: Sequence[Storage]) -> list[Any]:
+    """One fsspec filesystem per protocol for DuckDB, each path reaching its own source's storage.
+
+    DuckDB keys a registered filesystem by its protocol and takes one per protocol,
+    so two S3 sources with different endpoints or credentials would both be read
+    through the first one's. Each protocol gets a router instead: a path goes to
+    the storage whose source URL is its longest prefix (else the first storage of
+    that protocol), so ``read_parquet('s3://a/...')`` and ``read_parquet('s3://b/...')``
+    in one query each use their own source's credentials.
+    """
+    routes: dict[str, list[tuple[str, Any]]] = {}
+    for st in storages:
+        fs = st.duckdb_filesystem()
+        if fs is None:
+            continue
+        protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+        root = st.url.partition("://")[2].rstrip("/")
+        entry = routes.setdefault(protocols[0], [])
+        if all(other is not fs for _, other in entry):
+            entry.append((root, fs))
+    return [r[0][1] if len(r) == 1 else _router(r) for r in routes.values()]
+
+
+def _router(routes: list[tuple[str, Any]]) -> Any:
+    """An fsspec filesystem that sends each call to the filesystem whose root prefixes its path.
+
+    By hand: fsspec has no filesystem that dispatches by path prefix within one protocol.
+    """
+    from fsspec import AbstractFileSystem
+
+    first = routes[0][1]
+
+    class Router(AbstractFileSystem):  # type: ignore[misc]
+        protocol = first.protocol
+        cachable = False  # one per plan: never an instance of another plan's sources
+
+        def pick(self, path: Any) -> Any:
+            text = str(path[0] if isinstance(path, (list, tuple)) and path else path)
+            text = text.partition("://")[2] if "://" in text else text.lstrip("/")
+            best, fs = -1, first
+            for root, candidate in routes:
+                if (text == root or text.startswith(root + "/")) and len(root) > best:
+                    best, fs = len(root), candidate
+            return fs
+
+    def delegate(name: str) -> Any:
+        def call(self: Any, path: Any, *args: Any, **kwargs: Any) -> Any:
+            return getattr(self.pick(path), name)(path, *args, **kwargs)
+
+        call.__name__ = name
+        return call
+
+    for name in (
+        "open",
+        "glob",
+        "info",
+        "ls",
+        "exists",
+        "isdir",
+        "isfile",
+        "modified",
+        "size",
+        "find",
+        "cat_file",
+        "mkdir",
+        "makedirs",
+        "rm",
+        "rm_file",
+    ):
+        setattr(Router, name, delegate(name))
+
+    def mv(self: Any, path1: Any, path2: Any, **kwargs: Any) -> Any:
+        return self.pick(path1).mv(path1, path2, **kwargs)
+
+    Router.mv = mv
+    return Router()

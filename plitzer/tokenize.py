@@ -25,23 +25,38 @@ partials; the rerun skips every whole file whose recorded source (size and
 mtime), tokenizer and settings match, and rewrites the rest. The output is the same
 bytes whether or not the run was interrupted.
 
+Object stores: ``src`` and ``dst`` may each be a local path or an ``s3://``,
+``gs://`` or ``az://`` URL (``storage_options`` and ``dst_storage_options``, as for
+the loader; credentials from each cloud's usual variables otherwise). A remote
+source is read through its :class:`planner.storage.Storage`: the footer and each
+row group's text column one checked, retried ranged read, pinned to the ETag or
+generation it was listed with. A remote output is written to a local temporary
+file and uploaded with one PUT once whole (an object store shows an object
+whole or not at all, so no partial name is needed); the rerun reads its footer to
+see whether it is complete. The record of a remote source holds its ETag or
+generation (``source_version``) where a local one holds its mtime.
+
 Engines: ``local`` converts files in a pool of processes (one per core, or as many
 as there are files; each tokenizes its file's row groups on the cores left over);
 ``ray`` runs the same per-file work as Ray Data tasks (``ray.init(address=...)``), for
-corpora one machine cannot tokenize in time. Sources and destination must then be
-paths every worker sees (a shared filesystem).
+corpora one machine cannot tokenize in time. Local sources and destinations must
+then be paths every worker sees (a shared filesystem); object stores need nothing
+shared.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +64,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from planner.errors import ConfigError, DataError, one_line
+from planner.errors import ConfigError, DataError, StorageError, one_line
+from planner.storage import FileStat, Storage, open_storages
 from plitzer.read import list_lengths
 from plitzer.text import encode_texts, texts_of, tokens_array
 from plitzer.tokenizer import TextTokenizer, load_tokenizer, rebuild
@@ -74,7 +90,7 @@ class TokenizeResult:
 
 @dataclass(frozen=True)
 class _Job:
-    src: str
+    src: str  # the file's location: a path or a URL
     dst: str
     rel: str
     text_column: str
@@ -83,15 +99,78 @@ class _Job:
     add_eos: bool
     row_group_tokens: int
     threads: int
+    size: int = 0
+    version: str = ""  # mtime in ns (local), ETag or generation (object stores)
+    src_root: str = ""  # the source as given, to reopen its storage in a worker
+    dst_root: str = ""
+    src_options: Mapping[str, Any] | None = None
+    dst_options: Mapping[str, Any] | None = None
+
+
+def _remote(location: str) -> bool:
+    return "://" in location
+
+
+# Storages opened in this process, by (root, options): a worker reopens each source once.
+_STORAGES: dict[tuple[str, str], Storage] = {}
+_STORAGES_LOCK = threading.Lock()
+
+
+def _storage(root: str, options: Mapping[str, Any] | None) -> Storage:
+    key = (root, json.dumps(dict(options or {}), sort_keys=True, default=repr))
+    with _STORAGES_LOCK:
+        if key not in _STORAGES:
+            (_STORAGES[key],) = open_storages(root, options)
+        return _STORAGES[key]
+
+
+def _dst_fs(job: _Job) -> Any:
+    """The fsspec filesystem of a remote destination (the store's own, with its options)."""
+    return _storage(job.dst_root, job.dst_options).duckdb_filesystem()
+
+
+class _StorageFile(io.RawIOBase):
+    """A remote source file as pyarrow reads it: each read one checked, retried ranged read.
+
+    By hand: fsspec's file objects neither pin the ETag or generation nor check
+    lengths; the storage's read_range does both (planner.storage).
+    """
+
+    def __init__(self, storage: Storage, stat: FileStat) -> None:
+        super().__init__()
+        self._storage, self._stat, self._pos = storage, stat, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._stat.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        n = max(0, min(len(b), self._stat.size - self._pos))
+        if n:
+            b[:n] = self._storage.read_range(self._stat, self._pos, n)
+            self._pos += n
+        return n
 
 
 def _record(job: _Job, tok: TextTokenizer) -> bytes:
-    st = os.stat(job.src)
+    source: dict[str, Any] = {"source": job.rel, "source_size": job.size}
+    if _remote(job.src):
+        source["source_version"] = job.version
+    else:
+        source["source_mtime_ns"] = int(job.version)
     return json.dumps(
         {
-            "source": job.rel,
-            "source_size": st.st_size,
-            "source_mtime_ns": st.st_mtime_ns,
+            **source,
             "text_column": job.text_column,
             "tokenizer": f"{tok.kind}:{tok.identity}",
             "add_bos": job.add_bos,
@@ -104,11 +183,15 @@ def _record(job: _Job, tok: TextTokenizer) -> bytes:
 
 def _complete(job: _Job, record: bytes) -> bool:
     """Whether ``job.dst`` is a whole output of this very source and settings."""
-    if not os.path.exists(job.dst):
-        return False
     try:
-        meta = pq.read_metadata(job.dst).metadata or {}
-    except (OSError, pa.ArrowException):
+        if _remote(job.dst):
+            with _dst_fs(job).open(job.dst, "rb") as f:
+                meta = pq.read_metadata(f).metadata or {}
+        elif not os.path.exists(job.dst):
+            return False
+        else:
+            meta = pq.read_metadata(job.dst).metadata or {}
+    except (OSError, pa.ArrowException):  # missing (FileNotFoundError) or not whole
         return False
     return bool(meta.get(_META) == record)
 
@@ -134,9 +217,15 @@ def convert_file(job: _Job, tok: TextTokenizer) -> tuple[int, int, int]:
     bos, eos = tok.special(job.add_bos, job.add_eos)
     dtype = tok.dtype
     record = _record(job, tok)
+    source: Any = job.src
+    if _remote(job.src):
+        stat = FileStat(name=job.rel, location=job.src, size=job.size, version=job.version)
+        source = _StorageFile(_storage(job.src_root, job.src_options), stat)
     try:
-        pf = pq.ParquetFile(job.src)
+        pf = pq.ParquetFile(source)
         schema_names = pf.schema_arrow.names
+    except StorageError:
+        raise  # the storage's own message (object, range, attempts, cause)
     except (OSError, pa.ArrowException) as e:
         msg = f"{job.src}: cannot read it as Parquet ({one_line(e)})"
         raise DataError(msg) from e
@@ -145,9 +234,35 @@ def convert_file(job: _Job, tok: TextTokenizer) -> tuple[int, int, int]:
         raise ConfigError(msg)
     out_type = pa.list_(pa.uint32() if dtype == "uint32" else pa.int32())
     schema = pa.schema([pa.field(job.token_column, out_type)], metadata={_META: record})
-    dst = Path(job.dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
+    scratch = None
+    if _remote(job.dst):  # written here, uploaded whole below
+        scratch = Path(tempfile.mkdtemp(prefix="plitzer-tokenize-"))
+        dst = scratch / Path(job.rel).name
+    else:
+        dst = Path(job.dst)
+        dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.partial")
+    try:
+        out = _write(job, tok, pf, schema, tmp, bos, eos)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, dst)
+        if scratch is not None:
+            try:
+                _dst_fs(job).put_file(str(dst), job.dst)
+            except Exception as e:
+                msg = f"{job.dst}: upload failed ({one_line(e)}); check dst_storage_options and the credentials"
+                raise StorageError(msg) from e
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return out
+
+
+def _write(
+    job: _Job, tok: TextTokenizer, pf: pq.ParquetFile, schema: pa.Schema, tmp: Path, bos: int | None, eos: int | None
+) -> tuple[int, int, int]:
+    dtype = tok.dtype
     rows = tokens = text_bytes = 0
     lock = threading.Lock()
 
@@ -181,9 +296,6 @@ def convert_file(job: _Job, tok: TextTokenizer) -> tuple[int, int, int]:
             rows += len(arr)
             tokens += int(lengths.sum())
             text_bytes += nbytes
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, dst)
     return rows, tokens, text_bytes
 
 
@@ -208,14 +320,17 @@ def _ray_job(spec: Any, job: _Job) -> tuple[str, int, int, int]:
     return _run_job(job)
 
 
-def _list(src: Path) -> list[tuple[Path, str]]:
-    if src.is_file():
-        return [(src, src.name)]
-    if not src.is_dir():
-        msg = f"SRC {str(src)!r} is neither a file nor a folder; pass the text dataset's local path"
+def _list(src: str, options: Mapping[str, Any] | None) -> list[FileStat]:
+    if not _remote(src) and not (Path(src).is_file() or Path(src).is_dir()):
+        msg = (
+            f"SRC {src!r} is neither a file nor a folder; pass the text dataset's path or an s3://, gs:// or az:// URL"
+        )
         raise ConfigError(msg)
-    found = [(p, p.relative_to(src).as_posix()) for p in src.rglob("*.parquet") if p.is_file()]
-    return sorted(found, key=lambda t: t[1].encode())
+    return _storage(src, options).list_files()
+
+
+def _join(root: str, rel: str) -> str:
+    return f"{root.rstrip('/')}/{rel}" if _remote(root) else str(Path(root) / rel)
 
 
 def tokenize(
@@ -232,10 +347,15 @@ def tokenize(
     jobs: int | None = None,
     address: str | None = None,
     progress: bool | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    dst_storage_options: Mapping[str, Any] | None = None,
 ) -> TokenizeResult:
     """Tokenize every ``*.parquet`` below ``src`` into the same relative path below the folder ``dst``.
 
-    ``src`` may be one file: it becomes ``dst/<its name>``.
+    ``src`` may be one file: it becomes ``dst/<its name>``. Either may be a local
+    path or an ``s3://``, ``gs://`` or ``az://`` URL; ``storage_options`` are the
+    source's (as for the loader), ``dst_storage_options`` the destination's
+    (default: the source's when both are on the same kind of store).
 
     See the module's documentation for row groups, resuming and engines.
     """
@@ -248,21 +368,39 @@ def tokenize(
         raise ConfigError(msg)
     tok = load_tokenizer(tokenizer)
     tok.special(add_bos, add_eos)
-    srcp, dstp = Path(src), Path(dst)
-    files = _list(srcp)
+    srcs, dsts = os.fspath(src), os.fspath(dst)
+    if dst_storage_options is None and _remote(dsts) and srcs.partition("://")[0] == dsts.partition("://")[0]:
+        dst_storage_options = storage_options
+    files = _list(srcs, storage_options)
     if not files:
-        msg = f"SRC {str(srcp)!r} holds no *.parquet file"
+        msg = f"SRC {srcs!r} holds no *.parquet file"
         raise ConfigError(msg)
     cores = os.cpu_count() or 2
     all_jobs = [
-        _Job(str(p), str(dstp / rel), rel, text_column, token_column, add_bos, add_eos, row_group_tokens, 1)
-        for p, rel in files
+        _Job(
+            f.location,
+            _join(dsts, f.name),
+            f.name,
+            text_column,
+            token_column,
+            add_bos,
+            add_eos,
+            row_group_tokens,
+            1,
+            size=f.size,
+            version=f.version,
+            src_root=srcs,
+            dst_root=dsts,
+            src_options=storage_options,
+            dst_options=dst_storage_options,
+        )
+        for f in files
     ]
     todo = [j for j in all_jobs if not _complete(j, _record(j, tok))]
     skipped = len(all_jobs) - len(todo)
     workers = max(1, min(jobs or cores, len(todo)))
     threads = max(1, cores // workers)
-    todo = [_Job(**{**j.__dict__, "threads": threads}) for j in todo]
+    todo = [replace(j, threads=threads) for j in todo]
     rows = tokens = nbytes = 0
 
     from tqdm import tqdm
@@ -287,10 +425,13 @@ def tokenize(
             # Ray Data: one row (and one block, so one task) per file; each task converts
             # its file exactly as a local worker does, and yields what it wrote.
             spec = tok.spec
-            items = [dict(j.__dict__) for j in todo]
+            # Rows carry each job's position only: a job's storage options may hold values
+            # Arrow cannot store, so the jobs travel in the function Ray ships to its workers.
+            jobs_of = list(todo)
+            items = [{"job": i} for i in range(len(jobs_of))]
 
             def convert(row: dict[str, Any]) -> dict[str, Any]:
-                rel, n_rows, n_tokens, n_bytes = _ray_job(spec, _Job(**row))
+                rel, n_rows, n_tokens, n_bytes = _ray_job(spec, jobs_of[int(row["job"])])
                 return {"rel": rel, "rows": n_rows, "tokens": n_tokens, "bytes": n_bytes}
 
             with warnings.catch_warnings():

@@ -5,11 +5,14 @@
 * :class:`FaultProxy` is a small HTTP/1.1 proxy (asyncio, in a thread, 127.0.0.1
   only) between the loader and the server. It records every request (method,
   path, query, Range, status, body bytes sent, fault) and the peak number in
-  flight, and injects faults chosen by a schedule: ``503`` (SlowDown), ``500``
+  flight, and injects faults chosen by a schedule: ``503`` (SlowDown), ``429``
+  (TooManyRequests), ``500``
   (InternalError), ``reset`` (RST in the middle of the body), ``truncate``
   (FIN in the middle of the body), ``short`` (a well-formed response that is
   shorter than the range asked for), ``stall`` (no response at all) and
   ``stall_body`` (half the body, then nothing).
+  It can also add latency: ``delay_s`` before each response and ``pace_bps``, the
+  most bytes per second it sends on one connection (benchmarks/s3.py's latency mode).
 * :class:`SeededFaults` is such a schedule: each attempt at a (path, range) fails
   with a probability and a kind drawn from a hash of (seed, path, range, attempt),
   so the same requests fail in every run whatever the thread timing, and at most
@@ -43,7 +46,7 @@ from tests.conftest import SynthDataset
 
 HOST = "127.0.0.1"
 KEY, SECRET, REGION = "plitzer-test", "plitzer-test-secret", "us-east-1"
-FAULTS = ("503", "500", "reset", "truncate", "short", "stall", "stall_body")
+FAULTS = ("503", "429", "500", "reset", "truncate", "short", "stall", "stall_body")
 
 
 def free_port() -> int:
@@ -167,9 +170,13 @@ def always(kind: str) -> Schedule:
 class FaultProxy:
     """An HTTP/1.1 proxy on 127.0.0.1 that records requests and injects faults."""
 
-    def __init__(self, upstream_port: int, *, stall_s: float = 5.0) -> None:
+    def __init__(
+        self, upstream_port: int, *, stall_s: float = 5.0, delay_s: float = 0.0, pace_bps: float | None = None
+    ) -> None:
         self.upstream_port = upstream_port
         self.stall_s = stall_s
+        self.delay_s = delay_s
+        self.pace_bps = pace_bps
         self.schedule: Schedule | None = None
         self.requests: list[Request] = []
         self.inflight = 0
@@ -264,12 +271,12 @@ class FaultProxy:
 
     async def _serve(self, req: Request, lines: list[str], body: bytes, writer: asyncio.StreamWriter) -> bool:
         fault = req.fault
-        if fault in ("503", "500"):
-            code, reason, text = (
-                ("SlowDown", "Slow Down", "Please reduce your request rate.")
-                if fault == "503"
-                else ("InternalError", "Internal Server Error", "We encountered an internal error.")
-            )
+        if fault in ("503", "429", "500"):
+            code, reason, text = {
+                "503": ("SlowDown", "Slow Down", "Please reduce your request rate."),
+                "429": ("TooManyRequests", "Too Many Requests", "Please reduce your request rate."),
+                "500": ("InternalError", "Internal Server Error", "We encountered an internal error."),
+            }[fault]
             xml = f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{text}</Message></Error>'
             payload = xml.encode()
             writer.write(
@@ -284,6 +291,8 @@ class FaultProxy:
             await asyncio.sleep(self.stall_s)
             _reset(writer)
             return False
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)  # the round trip to a far server
         # Forward on a fresh upstream connection that the server closes after one response.
         fwd = [lines[0]] + [ln for ln in lines[1:] if ln and not ln.lower().startswith("connection:")]
         ur, uw = await asyncio.open_connection(HOST, self.upstream_port)
@@ -315,10 +324,25 @@ class FaultProxy:
             else:
                 _reset(writer)
             return False
-        writer.write(rbody)
+        if self.pace_bps:
+            await self._paced(writer, rbody)
+        else:
+            writer.write(rbody)
         req.body_bytes = 0 if req.method == "HEAD" else len(rbody)
         await writer.drain()
         return framed or req.method == "HEAD"
+
+    async def _paced(self, writer: asyncio.StreamWriter, body: bytes) -> None:
+        """Send ``body`` at no more than ``pace_bps`` on this connection."""
+        assert self.pace_bps
+        loop = asyncio.get_running_loop()
+        t0, step = loop.time(), 64 << 10
+        for i in range(0, len(body), step):
+            writer.write(body[i : i + step])
+            await writer.drain()
+            ahead = t0 + min(i + step, len(body)) / self.pace_bps - loop.time()
+            if ahead > 0:
+                await asyncio.sleep(ahead)
 
 
 def _headers(lines: list[str]) -> dict[str, str]:

@@ -20,6 +20,7 @@ import pytest
 import planner
 import plitzer
 from planner.errors import ConfigError, StorageError
+from planner.s3 import S3Storage
 from tests.conftest import tokens_of
 from tests.s3_fixtures import FAULTS, FaultProxy, S3Data, SeededFaults, always, options, proxy, s3, upload
 
@@ -208,6 +209,96 @@ def test_transient_faults_give_identical_batches(s3: S3Data, proxy: FaultProxy, 
     assert set(injected) == set(FAULTS), injected  # each kind happened at least once
 
 
+def _storages(loader: plitzer.Loader) -> list[S3Storage]:
+    """The loader's storages (one per source), reached through its public index."""
+    ix = loader.index
+    found = {id(ix.storage(f)): ix.storage(f) for f in range(len(ix.files))}
+    return [s for s in found.values() if isinstance(s, S3Storage)]
+
+
+@pytest.mark.timeout(120)
+def test_throttling_is_retried_to_the_same_batches_and_counted(
+    s3: S3Data, proxy: FaultProxy, private_cache: Path
+) -> None:
+    """20 % of requests (listing, footers, data) answered 503 SlowDown or 429: same batches, every retry counted."""
+    proxy.reset(SeededFaults(seed=5, rate=0.2, kinds=("503", "429"), max_in_a_row=7, lists=True))
+    # Patient timeouts: every retry here is one the proxy caused, so the count is exact.
+    opts = options(proxy.endpoint, attempts=8, backoff=0.01, read_timeout=20, connect_timeout=10)
+    with (
+        plitzer.Loader(s3.url["synth"], storage_options=opts, **CFG) as remote,
+        plitzer.Loader(s3.local["synth"], **CFG) as disk,
+    ):
+        a, b = _epoch(remote), _epoch(disk)
+        (storage,) = _storages(remote)
+    assert len(a) == len(b) > 0
+    for x, y in zip(a, b, strict=True):
+        assert x.tobytes() == y.tobytes()
+    log = proxy.log()
+    throttled = [r for r in log if r.fault]
+    assert {r.fault for r in throttled} == {"503", "429"}
+    assert 0.1 < len(throttled) / len(log) < 0.3, (len(throttled), len(log))
+    # Each throttled request was retried once, and only those were.
+    # (With Loader.stats: loader.stats.retries, the sum over the loader's storages.)
+    retries = storage.retries
+    assert retries == len(throttled)
+    # The throttle cut the requests in flight (multiplicative decrease) ...
+    assert storage.throttle.cuts >= 1 and storage.throttle.lowest < storage.throttle.top
+
+
+def test_the_throttle_halves_once_a_round_and_grows_back() -> None:
+    from planner.retry import Throttle
+
+    t = Throttle(16)
+    with t.slot() as first, t.slot() as second:  # two requests of the same round, both throttled
+        t.cut(first)
+        t.cut(second)
+    assert (t.limit, t.cuts) == (8, 1)  # one cut per round
+    with t.slot() as third:
+        t.cut(third)
+    assert (t.limit, t.lowest, t.cuts) == (4, 4, 2)
+    for _ in range(3):
+        with t.slot() as s:
+            t.cut(s)
+    assert t.limit == 1  # never below one request in flight
+    grown = 0
+    while t.limit < t.top:
+        with t.slot():
+            t.grow()
+        grown += 1
+    # Additive increase: one slot per round of `limit` successes (1 + 2 + ... + 15).
+    assert grown == 120, grown
+    assert (t.limit, t.lowest) == (16, 1)
+
+
+def test_the_throttle_bounds_requests_in_flight() -> None:
+    import threading
+
+    from planner.retry import Throttle
+
+    t = Throttle(8)
+    with t.slot() as s:
+        t.cut(s)  # limit 4
+    inside, peak, lock = 0, 0, threading.Lock()
+    gate = threading.Barrier(4)
+
+    def work() -> None:
+        nonlocal inside, peak
+        with t.slot():
+            with lock:
+                inside += 1
+                peak = max(peak, inside)
+            gate.wait(timeout=10)  # four at once are let in ...
+            with lock:
+                inside -= 1
+
+    threads = [threading.Thread(target=work) for _ in range(12)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(20)
+    assert peak == 4
+
+
 def _loader_through(proxy: FaultProxy, s3: S3Data, **extra: object) -> plitzer.Loader:
     opts = options(proxy.endpoint, **{**FAST, **extra})
     planner.index(s3.url["synth"], storage_options=opts)  # cached: nothing below fails early
@@ -226,6 +317,7 @@ def test_persistent_faults_are_a_clear_storage_error(s3: S3Data, proxy: FaultPro
     assert "reading bytes [" in text and "failed after 3 attempts; last cause:" in text
     cause = {
         "503": "SlowDown",
+        "429": "TooManyRequests",
         "500": "InternalError",
         "short": "instead of the",
         "stall": "Timeout",
@@ -289,6 +381,32 @@ def test_polars_and_duckdb_reach_the_same_objects(s3: S3Data) -> None:
     assert remote.sql(query).equals(local.sql(query))
     docs = remote.sql(f"select count(*) as n, sum(len(tokens)) as t from read_parquet('{s3.url['synth']}/*.parquet')")
     assert docs["n"][0] == remote.index["rows"].sum() and docs["t"][0] == remote.dataset.tokens
+
+
+@pytest.mark.timeout(60)
+def test_sql_reaches_each_s3_source_with_its_own_options(s3: S3Data, proxy: FaultProxy) -> None:
+    """Two S3 sources, two endpoints: DuckDB's read_parquet of each goes through its own."""
+    upload(s3.client(), s3.bucket, s3.local["synth"], "synth-copy")
+    direct, through = s3.url["synth"], f"s3://{s3.bucket}/synth-copy"
+    p = planner.plan(
+        {
+            "a": {"path": direct, "storage_options": s3.options()},
+            "b": {"path": through, "storage_options": options(proxy.endpoint)},
+        },
+        weights={"a": 1, "b": 1},
+        lanes=8,
+        window=3,
+    )
+    rows = planner.index(s3.local["synth"]).frame["rows"].sum()
+    for url, via_proxy in ((through, True), (direct, False), (through, True)):
+        proxy.reset()
+        got = p.sql(f"select count(*) as n from read_parquet('{url}/*.parquet')")
+        assert got["n"][0] == rows
+        paths = {f"{r.path}?{r.query}" for r in proxy.log()}  # listings name the prefix in the query
+        if via_proxy:
+            assert paths and all("synth-copy" in q for q in paths), paths
+        else:
+            assert not paths, paths
 
 
 @pytest.mark.timeout(30)

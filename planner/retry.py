@@ -1,0 +1,233 @@
+"""Retries and throttling shared by the object stores (S3, GCS, Azure; docs/storage.md).
+
+Every request to an object store runs through a :class:`Retrier`: one attempt at a
+time per request, inside a slot of its :class:`Throttle`, retried with jittered
+exponential backoff (tenacity) where the failure is transient, counted
+(:attr:`Retrier.retries`), and reported as a :class:`StorageError` naming the
+object, the range, the attempts and the last cause when it is not.
+
+The throttle is AIMD, as TCP's congestion window: requests in flight are capped
+by a limit that starts at the storage's concurrency; a throttling answer (S3's 503
+SlowDown or a 429, GCS's and Azure's 429 or 503) halves it, once per round of
+requests (a throttle seen by requests that started before the last cut does not
+cut again), and each round of ``limit`` successes adds one slot, back up to the
+start (integer arithmetic: exactly one slot per round). A server that asks us to slow down
+gets fewer requests at once instead of the same number retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from planner.errors import StorageError
+
+__all__ = ["Fatal", "Retrier", "Throttle", "Throttled", "Transient", "check_body", "with_deadline"]
+
+T = TypeVar("T")
+
+_RETRY_CAP = 10.0
+
+
+class Fatal(Exception):
+    """A failure that retrying cannot fix; carries the message for StorageError."""
+
+
+class Transient(Exception):
+    """A failure worth another attempt (the message names the cause)."""
+
+
+class Throttled(Transient):
+    """The server asked us to slow down (503 SlowDown, 429): retried, and the throttle cuts."""
+
+
+class Throttle:
+    """An AIMD cap on requests in flight (module docstring).
+
+    >>> t = Throttle(8)
+    >>> with t.slot() as s:
+    ...     t.cut(s)
+    >>> t.limit, t.cuts
+    (4, 1)
+    >>> for _ in range(4 + 5):  # one slot per round of `limit` successes
+    ...     with t.slot():
+    ...         t.grow()
+    >>> t.limit
+    6
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.top = max(1, int(limit))
+        self._limit = self.top
+        self._credit = 0  # successes since the limit last grew
+        self._inflight = 0
+        self._round = 0
+        self._cuts = 0
+        self._lowest = self.top
+        self._cond = threading.Condition()
+
+    @property
+    def limit(self) -> int:
+        """Requests allowed in flight now."""
+        with self._cond:
+            return self._limit
+
+    @property
+    def lowest(self) -> int:
+        """The lowest limit so far."""
+        with self._cond:
+            return self._lowest
+
+    @property
+    def cuts(self) -> int:
+        """How many times the limit was halved."""
+        with self._cond:
+            return self._cuts
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[int]:
+        """Wait for a free slot; yields the round the request started in."""
+        with self._cond:
+            while self._inflight >= self._limit:
+                self._cond.wait()
+            self._inflight += 1
+            started = self._round
+        try:
+            yield started
+        finally:
+            with self._cond:
+                self._inflight -= 1
+                self._cond.notify()
+
+    def cut(self, started: int) -> None:
+        """A throttling answer to a request that started in round ``started``."""
+        with self._cond:
+            if started != self._round:
+                return  # this round was cut already
+            self._round += 1
+            self._cuts += 1
+            self._limit = max(1, self._limit // 2)
+            self._credit = 0
+            self._lowest = min(self._lowest, self._limit)
+
+    def grow(self) -> None:
+        """A success: additive increase (one slot per round of ``limit`` successes), up to the start."""
+        with self._cond:
+            if self._limit < self.top:
+                self._credit += 1
+                if self._credit >= self._limit:
+                    self._limit += 1
+                    self._credit = 0
+                    self._cond.notify_all()
+
+
+class Retrier:
+    """Attempts, backoff and the throttle of one storage; thread-safe.
+
+    ``transient(e)`` says whether another attempt may succeed, ``throttled(e)``
+    whether the server asked to slow down; ``hint`` ends the message of a
+    request that failed for good (which options or variables to check).
+    """
+
+    def __init__(
+        self,
+        *,
+        attempts: int,
+        backoff: float,
+        concurrency: int,
+        transient: Callable[[BaseException], bool],
+        throttled: Callable[[BaseException], bool],
+        hint: str,
+    ) -> None:
+        self.attempts = attempts
+        self.backoff = backoff
+        self.throttle = Throttle(concurrency)
+        self._transient = transient
+        self._throttled = throttled
+        self._hint = hint
+        self._retries = 0
+        self._lock = threading.Lock()
+
+    @property
+    def retries(self) -> int:
+        """Attempts beyond the first, over every request so far."""
+        with self._lock:
+            return self._retries
+
+    def _wait(self, attempt_number: int) -> float:
+        # Attempt k (from 1) waits backoff * 2**(k-1), jittered by 0.5..1.5, capped.
+        return float(min(_RETRY_CAP, self.backoff * 2.0 ** (attempt_number - 1)) * (0.5 + random.random()))
+
+    def run(self, what: str, attempt: Callable[[], T]) -> T:
+        """``attempt()`` until it succeeds, fails for good, or the attempts are spent."""
+        import tenacity
+
+        def once() -> T:
+            with self.throttle.slot() as started:
+                try:
+                    out = attempt()
+                except Exception as e:
+                    if self._throttled(e):
+                        self.throttle.cut(started)
+                    raise
+            self.throttle.grow()
+            return out
+
+        def count(state: tenacity.RetryCallState) -> None:
+            with self._lock:
+                self._retries += 1
+
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(self.attempts),
+            wait=lambda state: self._wait(state.attempt_number),
+            retry=tenacity.retry_if_exception(self._transient),
+            before_sleep=count,
+            reraise=True,
+        )
+        try:
+            result: T = retrying(once)
+        except Fatal as e:
+            msg = f"{what}: {e}"
+            raise StorageError(msg) from e.__cause__
+        except Exception as e:
+            if not self._transient(e):
+                msg = f"{what}: {type(e).__name__}: {e}; {self._hint}"
+                raise StorageError(msg) from e
+            cause = str(e) if isinstance(e, Transient) else f"{type(e).__name__}: {e}"
+            msg = (
+                f"{what} failed after {self.attempts} attempts; last cause: {cause}. Check the "
+                "endpoint and the network; if the server throttles or is slow, raise "
+                "storage_options attempts, backoff or read_timeout"
+            )
+            raise StorageError(msg) from e
+        return result
+
+
+def check_body(data: Any, offset: int, length: int) -> bytes:
+    """A body of exactly ``length`` bytes, or a Transient (never a short read returned)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        msg = f"unexpected body type {type(data).__name__}"
+        raise Transient(msg)
+    if len(data) != length:
+        # By hand: no client library retries a body that ends early.
+        msg = f"short body: {len(data)} of {length} bytes at offset {offset}"
+        raise Transient(msg)
+    return bytes(data)
+
+
+async def with_deadline(make: Callable[[], Any], deadline: float) -> Any:
+    """``await make()``, a Transient if no complete response came within ``deadline`` seconds."""
+    cm = asyncio.timeout(deadline)
+    try:
+        async with cm:
+            return await make()
+    except TimeoutError as e:
+        if cm.expired():
+            msg = f"no complete response within {deadline:.1f} s"
+        else:  # the read timeout, while waiting for the headers or the body
+            msg = f"timed out: {type(e).__name__}: {e}".rstrip(": ")
+        raise Transient(msg) from e
