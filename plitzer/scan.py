@@ -239,7 +239,7 @@ class Scanner:
 
     def _retries(self) -> int:
         storages = {id(s): s for s in (self.index.storage(i) for i in range(len(self.index.files)))}
-        return sum(int(getattr(s, "retries", 0)) for s in storages.values())
+        return sum(s.retries for s in storages.values())
 
     # -- scheduling (consumer thread only) ---------------------------------------
 

@@ -230,6 +230,7 @@ def test_throttling_is_retried_to_the_same_batches_and_counted(
     ):
         a, b = _epoch(remote), _epoch(disk)
         (storage,) = _storages(remote)
+        retries = remote.stats.retries  # the sum over the loader's storages
     assert len(a) == len(b) > 0
     for x, y in zip(a, b, strict=True):
         assert x.tobytes() == y.tobytes()
@@ -238,9 +239,7 @@ def test_throttling_is_retried_to_the_same_batches_and_counted(
     assert {r.fault for r in throttled} == {"503", "429"}
     assert 0.1 < len(throttled) / len(log) < 0.3, (len(throttled), len(log))
     # Each throttled request was retried once, and only those were.
-    # (With Loader.stats: loader.stats.retries, the sum over the loader's storages.)
-    retries = storage.retries
-    assert retries == len(throttled)
+    assert retries == storage.retries == len(throttled)
     # The throttle cut the requests in flight (multiplicative decrease) ...
     assert storage.throttle.cuts >= 1 and storage.throttle.lowest < storage.throttle.top
 
