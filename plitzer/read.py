@@ -37,6 +37,8 @@ from planner.column import TokenDtype, token_range
 from planner.dataset import Index
 from planner.errors import DataError, one_line
 from planner.footer import set_chunk_counter
+from planner.mixture import MixtureIndex
+from planner.rowgroups import RowGroupIndex
 from planner.storage import FileStat, Storage
 
 __all__ = [
@@ -256,25 +258,33 @@ def to_tokens(arr: pa.Array, dtype: TokenDtype, *, check: bool, where: str) -> p
         raise DataError(msg) from e
 
 
-def read_chunk(index: Index, rg: int) -> pa.Array:
+@functools.singledispatch
+def read_chunk(index: RowGroupIndex, rg: int) -> pa.Array:
     """Read, decode and check row group ``rg`` (a row of ``index.frame``): one ranged read.
 
     Returns a ``list<int32>`` (``list<uint32>`` when ``index.dtype`` is uint32)
     holding the row group's documents, or raises DataError naming file, row group
-    and (where one is at fault) row.
+    and (where one is at fault) row. The path is chosen by the index's type: a
+    dataset's :class:`~planner.dataset.Index` reads its token column, a mixture's
+    index asks the source holding ``rg``, and ``plitzer.text`` registers the text
+    index, which tokenizes as it reads.
     """
-    part = getattr(index, "part", None)
-    if part is not None:  # a mixture (planner.mixture): the source's own index reads it
-        sub, local = part(rg)
-        return read_chunk(sub, local)
-    own = getattr(index, "read_tokens", None)
-    if own is not None:  # a text index (plitzer.text) tokenizes its row groups as it reads them
-        result: pa.Array = own(rg)
-        return result
+    msg = f"read_chunk: no reader for a {type(index).__name__}; pass a planner.dataset.Index or a mixture's index"
+    raise TypeError(msg)
+
+
+@read_chunk.register
+def _read_token_chunk(index: Index, rg: int) -> pa.Array:
     arr, row, where = read_column(index, rg)
     check_no_null_tokens(arr, where)
     check_decoded(arr, rows=row["rows"], tokens=row["tokens"], where=where)
     return to_tokens(arr, index.dtype, check=bool(row["needs_check"]), where=where)
+
+
+@read_chunk.register
+def _read_mixture_chunk(index: MixtureIndex, rg: int) -> pa.Array:
+    sub, local = index.part(rg)
+    return read_chunk(sub, local)
 
 
 def numpy_view(a: pa.Array) -> NDArray[Any]:

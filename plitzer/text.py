@@ -58,8 +58,9 @@ from planner.cache import cache_dir, digest, write_atomic
 from planner.column import TokenDtype, token_range
 from planner.dataset import Counted, FileEntry, Index, index
 from planner.errors import ConfigError, DataError, one_line
+from planner.rowgroups import RowGroupIndex
 from planner.storage import FileStat
-from plitzer.read import decode_column, read_column
+from plitzer.read import decode_column, read_chunk, read_column
 from plitzer.tokenizer import TextTokenizer, load_tokenizer
 
 __all__ = [
@@ -195,7 +196,12 @@ class TextIndex(Index):
         return arr
 
 
-def text_config(ix: Index) -> dict[str, Any]:
+@read_chunk.register
+def _read_text_chunk(index: TextIndex, rg: int) -> pa.Array:
+    return index.read_tokens(rg)
+
+
+def text_config(ix: RowGroupIndex) -> dict[str, Any]:
     """The checkpoint fields for text: tokenizer identity and BOS/EOS policy (defaults for tokens)."""
     if isinstance(ix, TextIndex) and ix.tokenizer is not None:
         return {

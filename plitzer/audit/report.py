@@ -146,7 +146,7 @@ def audit(
     seed, lanes, window, world, seq_len = cfg.seed, cfg.lanes, cfg.window, cfg.world, cfg.seq_len
     ix = open_source(source, cfg)
     plan = make_plan(ix, cfg)
-    lengths = document_pass(ix, progress=progress)[0]  # type: ignore[arg-type]
+    lengths = document_pass(ix, progress=progress)[0]
     f = ix.frame
     total = ix.tokens
     per_epoch = -(-total // (lanes * seq_len))
@@ -234,7 +234,7 @@ def audit(
     figures["reads_per_rank"] = plot_reads_per_rank(rpr)
     figures["read_amplification"] = plot_amplification(amp)
 
-    dup = duplicates(ix)  # type: ignore[arg-type]
+    dup = duplicates(ix)
     tables["duplicates"] = dup
     groups = int(dup["group"].n_unique()) if dup.height else 0
     kept = int(dup.group_by("group").agg(pl.col("length").first())["length"].sum()) if dup.height else 0
