@@ -57,7 +57,7 @@ from planner import footer
 from planner.cache import cache_dir, digest, write_atomic
 from planner.column import TokenDtype, token_range
 from planner.dataset import Counted, FileEntry, Index, index
-from planner.errors import ConfigError, DataError, one_line
+from planner.errors import ConfigError, DamagedChunkError, DataError, TokenizerChangedError, TokenRangeError, one_line
 from planner.rowgroups import RowGroupIndex
 from planner.storage import FileStat
 from plitzer.read import decode_column, read_chunk, read_column
@@ -152,7 +152,7 @@ def tokens_array(
         bad = int(np.flatnonzero((flat < lo) | (flat > hi))[0])
         row = int(np.searchsorted(offsets, bad, side="right")) - 1
         msg = f"{where}, row {row}: token {int(flat[bad])} does not fit {dtype}; the tokenizer gave an id out of range"
-        raise DataError(msg)
+        raise TokenRangeError(msg, row=row)
     values = pa.array(flat.astype(np.dtype(dtype)))
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
 
@@ -173,7 +173,7 @@ class TextIndex(Index):
         arr, row, where = read_column(self, rg, what="text")
         if len(arr) != row["rows"]:
             msg = f"{where}: decoded {len(arr)} rows, but the footer says {row['rows']}; the file is damaged"
-            raise DataError(msg)
+            raise DamagedChunkError(msg, file=self.file(row["file_index"]).location, row_group=row["row_group"])
         return arr
 
     def read_tokens(self, rg: int) -> pa.Array:
@@ -192,7 +192,7 @@ class TextIndex(Index):
                 f"tokenizer is not deterministic, or its code changed under the same model; clear "
                 f"{cache_dir() / 'text'} and start again"
             )
-            raise DataError(msg)
+            raise TokenizerChangedError(msg, file=self.file(row["file_index"]).location, row_group=row["row_group"])
         return arr
 
 
@@ -347,6 +347,7 @@ class TextCounting:
             column=self.text_column,
             where=where,
             what="text",
+            file=e.stat.location,
         )
         ids = encode_texts(self.tokenizer, texts_of(arr))
         return np.fromiter((len(x) for x in ids), np.int64, len(ids))
