@@ -4,7 +4,7 @@ A source is a path, an ``s3://`` URL, a list of them, an index already built, or
 dict of named sources (a mixture, :mod:`planner.mixture`). :func:`open_index` turns
 it into its :class:`~planner.rowgroups.RowGroupIndex`, :func:`make_plan` turns an
 index into its :class:`~planner.plan.Plan`; each mistake is a ConfigError raised
-here and nowhere else (docs/design.md, "The row-group index").
+here and nowhere else (docs/design.md, "One index protocol, one builder, one dispatch").
 
 This module is the top of planner: it imports the modules it dispatches to, and none
 of them imports it.

@@ -170,7 +170,7 @@ class Counted:
 
 
 class Counting(Protocol):
-    """How :func:`index` counts a row group's tokens (docs/design.md, "The row-group index").
+    """How :func:`index` counts a row group's tokens (docs/design.md, "One index protocol, one builder, one dispatch").
 
     :func:`index` lists the files, loads their footers and builds, fingerprints and
     caches the frame; a counting step only counts. :class:`FooterCounting` reads the

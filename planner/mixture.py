@@ -1,6 +1,6 @@
 """Mixtures: named sources with weights and stages, interleaved into one stream of row groups.
 
-A mixture is a few named sources (each a dataset of SPEC section 2, with its own
+A mixture is a few named sources (each a dataset as :func:`planner.index` takes it, with its own
 column and storage options) and weights: shares of *tokens*, constant or in stages
 that start at global steps. Everything here is integer arithmetic on footer counts.
 
@@ -19,7 +19,7 @@ largest row group of every source (docs/design.md, "Mixtures", proves it and giv
 worked example).
 
 The merged stream is cut into windows of W row groups over the whole run, each
-window cut into lanes as in section 3 (the run's tokens so far give ``z``). A stage
+window cut into lanes as one source's are (docs/glossary.md, "Cut"; the run's tokens so far give ``z``). A stage
 that starts at step ``t`` starts at the first window whose first token is at or after
 run token ``t * lanes * seq_len``; every source goes on from where the previous stage
 left it. A mixture epoch is ``T = sum of the sources' tokens`` of the run: epoch ``e``
@@ -27,7 +27,7 @@ holds the windows whose first token falls in ``[e*T, (e+1)*T)``. With weights
 proportional to the sources' sizes each source's epochs line up with the mixture's;
 a source weighted above its size repeats, one below is partly used per mixture epoch.
 
-A mixture of one source with constant weights is exactly SPEC section 3.
+A mixture of one source is exactly that source's own plan (docs/design.md, "The order").
 
 >>> from planner.mixture import interleave_demo
 >>> interleave_demo([[3, 3, 3, 3], [2, 2, 2, 2]], weights=[1, 1])  # (source, row group) in stream order

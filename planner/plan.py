@@ -15,9 +15,9 @@ With G row groups, B lanes, W row groups per window and ``world`` ranks:
 5. Rank ``r`` owns lanes ``[r*B/world, (r+1)*B/world)`` and reads only the row
    groups whose tokens meet its cut range (and those whose empty documents fall in it).
 
-A worked example (SPEC section 3): B = 4, T_w = 10, z = 3 gives q = 2, r = 2; lanes 3
-and 0 get 3 tokens, lanes 1 and 2 get 2: cuts 0, 3, 5, 7, 10; the next window has
-z = (3 + 10) mod 4 = 1.
+A worked example (docs/design.md, "Windows, token cuts and lanes (lockstep)"): B = 4,
+T_w = 10, z = 3 gives q = 2, r = 2; lanes 3 and 0 get 3 tokens, lanes 1 and 2 get 2:
+cuts 0, 3, 5, 7, 10; the next window has z = (3 + 10) mod 4 = 1.
 
 The lane arithmetic itself is :mod:`planner.lanes`.
 
@@ -58,7 +58,7 @@ I64 = NDArray[np.int64]
 
 
 def epoch_of_step(step: int, *, lanes: int, seq_len: int, tokens: int) -> int:
-    """Epoch label of global step ``step``: ``floor(step * lanes * seq_len / tokens)`` (SPEC 3.8)."""
+    """Epoch label of global step ``step``: ``floor(step * lanes * seq_len / tokens)`` (docs/glossary.md, "Step")."""
     return step * lanes * seq_len // tokens
 
 
@@ -141,7 +141,7 @@ class EpochPlan:
 
 
 def plan_epoch(tokens: I64, rows: I64, empty_docs: I64, settings: PlanSettings, epoch: int) -> EpochPlan:
-    """The plan of one epoch, from the index's per-row-group counts (SPEC section 3)."""
+    """The plan of one epoch, from the index's per-row-group counts (docs/design.md, "The order")."""
     order = permutation(len(tokens), key(settings.seed, epoch, 1))
     run_before = epoch * int(tokens.sum())
     return layout_epoch(order, tokens, rows, empty_docs, settings, epoch, run_before)
@@ -154,7 +154,7 @@ def layout_epoch(
 
     ``order`` holds row-group ids (rows of the index) in stream order; windows are
     consecutive runs of W of them; ``run_before`` is the run's tokens before the
-    epoch (``z`` of its first window is that mod B). Shared by section 3's epochs and
+    epoch (``z`` of its first window is that mod B). Shared by one source's epochs and
     a mixture's (:mod:`planner.mixture`).
     """
     s = settings

@@ -6,7 +6,7 @@ Three indexes satisfy :class:`RowGroupIndex`: a dataset's :class:`planner.datase
 :class:`planner.mixture.MixtureIndex` (its sources' indexes side by side). Code that
 only reads an index takes a ``RowGroupIndex`` and never asks which one it has; the
 few places that must (where a chunk is read, where a plan is made) dispatch on the
-type once (docs/design.md, "The row-group index").
+type once (docs/design.md, "One index protocol, one builder, one dispatch").
 
 This module is a leaf of planner: it imports nothing of planner but the storage types.
 """

@@ -1,6 +1,6 @@
 """What step K held: the documents of each sequence, without replaying the run.
 
-The lane cuts deal the run's tokens to lanes like cards (SPEC section 3, rule 4):
+The lane cuts deal the run's tokens to lanes like cards (docs/glossary.md, "Cut"):
 lane ``k``'s token ``P`` is token ``P * B + k`` of the run. At step ``K`` lane ``k`` is
 at token ``K * seq_len`` of its stream, so its window is the one holding run token
 ``K * seq_len * B + k``, and its offset in that window's slice follows from the

@@ -423,7 +423,7 @@ def pack_unit(
     arrays = [_documents(c)[0] for c in chunks]
     pc_ = _pieces(arrays, chunk_token_start, chunk_doc_base, cuts, at_end=rank_lanes.stop == lanes)
 
-    # The shuffled slices (SPEC section 3, rule 5): ordinal of each piece in its lane's
+    # The shuffled slices (docs/glossary.md, "Piece"): ordinal of each piece in its lane's
     # slice in stream order, then one lexsort by (lane, hash of ordinal).
     kept = np.flatnonzero(keep[pc_.local]) if keep is not None else np.arange(len(pc_.local), dtype=np.int64)
     lane = pc_.local[kept]

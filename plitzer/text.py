@@ -1,4 +1,4 @@
-"""Text in: tokenize inside the loader (SPEC section 9).
+"""Text in: tokenize inside the loader (docs/design.md, "Text in").
 
 ``text_index(source, text_column="text", tokenizer=...)`` gives a
 :class:`TextIndex`: the row-group index of a dataset whose Parquet holds text,

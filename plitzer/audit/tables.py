@@ -206,7 +206,7 @@ def read_amplification(
     """Reads per non-empty row group over all ranks, for each window size (epoch 0).
 
     Columns: window, reads, row_groups, amplification, bound, nominal_bound,
-    bytes_read, bytes_amplification. ``nominal_bound`` is SPEC section 4's
+    bytes_read, bytes_amplification. ``nominal_bound`` is the design's ("Reads and read amplification")
     ``1 + (world-1)/window``; ``bound`` is ``1 + windows * (world-1) / row_groups``,
     the same bound counted per window, which a short last window makes slightly larger.
     """
@@ -260,7 +260,7 @@ def epochs_covered(tokens: int, lanes: int, seq_len: int, steps: int) -> pl.Data
 
 
 def epoch_starts(tokens: int, lanes: int, seq_len: int, epochs: int) -> pl.DataFrame:
-    """epoch, first_step, steps: the steps labelled with each epoch (SPEC section 3, point 8)."""
+    """epoch, first_step, steps: the steps labelled with each epoch (docs/glossary.md, "Step")."""
     per_step = lanes * seq_len
     e = np.arange(epochs + 1, dtype=np.int64)
     first = -(-e * tokens // per_step)
