@@ -39,7 +39,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -218,6 +218,48 @@ def _list(src: Path) -> list[tuple[Path, str]]:
     return sorted(found, key=lambda t: t[1].encode())
 
 
+def _run_on_ray(
+    todo: list[_Job], tok: TextTokenizer, address: str | None, done: Callable[[tuple[str, int, int, int]], None]
+) -> None:
+    import ray
+    import ray.data
+
+    if not ray.is_initialized():
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    # Ray Data: one row (and one block, so one task) per file; each task converts
+    # its file exactly as a local worker does, and yields what it wrote.
+    spec = tok.spec
+    items = [dict(j.__dict__) for j in todo]
+
+    def convert(row: dict[str, Any]) -> dict[str, Any]:
+        rel, n_rows, n_tokens, n_bytes = _ray_job(spec, _Job(**row))
+        return {"rel": rel, "rows": n_rows, "tokens": n_tokens, "bytes": n_bytes}
+
+    with warnings.catch_warnings():
+        # Ray Data's own context warns about its own deprecated settings.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ds = ray.data.from_items(items, override_num_blocks=len(items))
+        for out in ds.map(convert).iter_rows():
+            done((out["rel"], out["rows"], out["tokens"], out["bytes"]))
+
+
+def _run_local(
+    todo: list[_Job], tok: TextTokenizer, workers: int, done: Callable[[tuple[str, int, int, int]], None]
+) -> None:
+    if workers == 1:
+        for j in todo:
+            r_rows, r_tokens, r_bytes = convert_file(j, tok)
+            done((j.rel, r_rows, r_tokens, r_bytes))
+        return
+    import multiprocessing as mp
+
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(tok.spec,)
+    ) as pool:
+        for r in pool.map(_run_job, todo):
+            done(r)
+
+
 def tokenize(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -279,38 +321,9 @@ def tokenize(
         if not todo:
             pass
         elif engine == "ray":
-            import ray
-            import ray.data
-
-            if not ray.is_initialized():
-                ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-            # Ray Data: one row (and one block, so one task) per file; each task converts
-            # its file exactly as a local worker does, and yields what it wrote.
-            spec = tok.spec
-            items = [dict(j.__dict__) for j in todo]
-
-            def convert(row: dict[str, Any]) -> dict[str, Any]:
-                rel, n_rows, n_tokens, n_bytes = _ray_job(spec, _Job(**row))
-                return {"rel": rel, "rows": n_rows, "tokens": n_tokens, "bytes": n_bytes}
-
-            with warnings.catch_warnings():
-                # Ray Data's own context warns about its own deprecated settings.
-                warnings.simplefilter("ignore", DeprecationWarning)
-                ds = ray.data.from_items(items, override_num_blocks=len(items))
-                for out in ds.map(convert).iter_rows():
-                    done((out["rel"], out["rows"], out["tokens"], out["bytes"]))
-        elif workers == 1:
-            for j in todo:
-                r_rows, r_tokens, r_bytes = convert_file(j, tok)
-                done((j.rel, r_rows, r_tokens, r_bytes))
+            _run_on_ray(todo, tok, address, done)
         else:
-            import multiprocessing as mp
-
-            with ProcessPoolExecutor(
-                max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(tok.spec,)
-            ) as pool:
-                for r in pool.map(_run_job, todo):
-                    done(r)
+            _run_local(todo, tok, workers, done)
     finally:
         bar.close()
     return TokenizeResult(
