@@ -385,6 +385,80 @@ def _layout(order: I64, nsub: I64, first_step: I64, local: I64, from_step: int, 
     return out
 
 
+def _shuffled(pc_: _Pieces, keep: NDArray[np.bool_] | None, nl: int, keys: NDArray[np.uint64]) -> tuple[I64, ...]:
+    """The shuffled slices (docs/glossary.md, "Piece"): the packed order of the pieces.
+
+    Ordinal of each piece in its lane's slice in stream order, then one lexsort by
+    (lane, hash of ordinal). Returns the packed order (indexes of stream-order
+    pieces), every piece's length, the packed lengths and ends, and each lane's first
+    packed piece and first packed token.
+    """
+    kept = np.flatnonzero(keep[pc_.local]) if keep is not None else np.arange(len(pc_.local), dtype=np.int64)
+    lane = pc_.local[kept]
+    bounds = np.searchsorted(lane, np.arange(nl + 1), side="left")
+    ordinal = np.arange(len(lane), dtype=np.int64) - bounds[lane]
+    h = mix_array(keys[lane] ^ ordinal.astype(np.uint64))
+    order = kept[np.lexsort((ordinal, h, lane))]  # packed order, as indexes of stream-order pieces
+    length = pc_.end - pc_.start
+    packed_len = length[order]
+    piece_end = np.cumsum(packed_len)
+    lane_piece = bounds.astype(np.int64)
+    lane_start = np.concatenate([[0], piece_end])[lane_piece]
+    return order, length, packed_len, piece_end, lane_piece, lane_start
+
+
+def _row_cuts(
+    pc_: _Pieces,
+    order: I64,
+    length: I64,
+    packed_len: I64,
+    piece_end: I64,
+    lane_start: I64,
+    lane_base: I64,
+    seq_len: int,
+) -> tuple[I64, ...]:
+    """Every piece cut at the lanes' row (step) boundaries into sub-pieces.
+
+    Returns, per sub-piece, its piece (stream order), step, and start and end in its
+    lane's stream; per piece, its first step, its count of sub-pieces and its start
+    in its lane's stream.
+    """
+    # Each piece's place in its lane's stream, scattered back to stream order, where
+    # pieces tile the decoded values (what the list arrays need).
+    lane_pos = np.zeros(len(length), np.int64)
+    lane_pos[order] = lane_base[pc_.local[order]] + (piece_end - packed_len) - lane_start[pc_.local[order]]
+    live = np.zeros(len(length), bool)
+    live[order] = True
+    live &= length > 0
+    # Row cuts: piece p covers steps floor(s / L) .. floor((e - 1) / L) of its lane.
+    s_lane = lane_pos
+    e_lane = lane_pos + length
+    first_step = s_lane // seq_len
+    nsub = np.where(live, (e_lane - 1) // seq_len - first_step + 1, 0)
+    rep = np.repeat(np.arange(len(length), dtype=np.int64), nsub)
+    k = np.arange(len(rep), dtype=np.int64) - (np.cumsum(nsub) - nsub)[rep]
+    step = first_step[rep] + k
+    sub_s = np.maximum(s_lane[rep], step * seq_len)
+    sub_e = np.minimum(e_lane[rep], (step + 1) * seq_len)
+    return rep, step, sub_s, sub_e, first_step, nsub, s_lane
+
+
+def _sub_lists(arrays: list[pa.Array], sub_chunk: I64, sub_v: I64, sub_len: I64) -> list[pa.Array]:
+    """The list arrays of the sub-pieces, one per chunk, over the decoded values.
+
+    Sub-pieces of a chunk tile a stretch of its values, in stream order; ``sub_v``
+    is each one's first value in its chunk, ``sub_len`` its length.
+    """
+    cb = np.searchsorted(sub_chunk, np.arange(len(arrays) + 1), side="left")
+    lists = []
+    for c, arr in enumerate(arrays):
+        i0, i1 = int(cb[c]), int(cb[c + 1])
+        if i0 == i1:
+            continue
+        lists.append(_lists(arr.values, sub_v[i0:i1], sub_v[i0:i1] + sub_len[i0:i1]))
+    return lists
+
+
 def pack_unit(
     chunks: list[pa.Array],
     chunk_token_start: list[int],
@@ -423,53 +497,13 @@ def pack_unit(
     arrays = [_documents(c)[0] for c in chunks]
     pc_ = _pieces(arrays, chunk_token_start, chunk_doc_base, cuts, at_end=rank_lanes.stop == lanes)
 
-    # The shuffled slices (docs/glossary.md, "Piece"): ordinal of each piece in its lane's
-    # slice in stream order, then one lexsort by (lane, hash of ordinal).
-    kept = np.flatnonzero(keep[pc_.local]) if keep is not None else np.arange(len(pc_.local), dtype=np.int64)
-    lane = pc_.local[kept]
-    bounds = np.searchsorted(lane, np.arange(nl + 1), side="left")
-    ordinal = np.arange(len(lane), dtype=np.int64) - bounds[lane]
-    keys = slice_keys(seed, epoch, window, rank_lanes)
-    h = mix_array(keys[lane] ^ ordinal.astype(np.uint64))
-    order = kept[np.lexsort((ordinal, h, lane))]  # packed order, as indexes of stream-order pieces
-    length = pc_.end - pc_.start
-    packed_len = length[order]
-    piece_end = np.cumsum(packed_len)
-    lane_piece = bounds.astype(np.int64)
-    lane_start = np.concatenate([[0], piece_end])[lane_piece]
-
-    # Each piece's place in its lane's stream, scattered back to stream order, where
-    # pieces tile the decoded values (what the list arrays need).
-    lane_pos = np.zeros(len(length), np.int64)
-    lane_pos[order] = lane_base[pc_.local[order]] + (piece_end - packed_len) - lane_start[pc_.local[order]]
-    live = np.zeros(len(length), bool)
-    live[order] = True
-    live &= length > 0
-    # Row cuts: piece p covers steps floor(s / L) .. floor((e - 1) / L) of its lane.
-    s_lane = lane_pos
-    e_lane = lane_pos + length
-    first_step = s_lane // seq_len
-    nsub = np.where(live, (e_lane - 1) // seq_len - first_step + 1, 0)
-    rep = np.repeat(np.arange(len(length), dtype=np.int64), nsub)
-    k = np.arange(len(rep), dtype=np.int64) - (np.cumsum(nsub) - nsub)[rep]
-    step = first_step[rep] + k
-    sub_s = np.maximum(s_lane[rep], step * seq_len)
-    sub_e = np.minimum(e_lane[rep], (step + 1) * seq_len)
-    sub_v = pc_.value[rep] + (sub_s - s_lane[rep])
-
-    # The list arrays of the sub-pieces, one per chunk, over the decoded values
-    # (sub-pieces of a chunk tile a stretch of its values, in stream order).
-    sub_chunk = pc_.chunk[rep]
-    cb = np.searchsorted(sub_chunk, np.arange(len(arrays) + 1), side="left")
-    lists, list_base = [], []
-    total_lists = 0
-    for c, arr in enumerate(arrays):
-        i0, i1 = int(cb[c]), int(cb[c + 1])
-        list_base.append(total_lists)
-        if i0 == i1:
-            continue
-        lists.append(_lists(arr.values, sub_v[i0:i1], sub_v[i0:i1] + (sub_e - sub_s)[i0:i1]))
-        total_lists += i1 - i0
+    order, length, packed_len, piece_end, lane_piece, lane_start = _shuffled(
+        pc_, keep, nl, slice_keys(seed, epoch, window, rank_lanes)
+    )
+    rep, step, sub_s, sub_e, first_step, nsub, s_lane = _row_cuts(
+        pc_, order, length, packed_len, piece_end, lane_start, lane_base, seq_len
+    )
+    lists = _sub_lists(arrays, pc_.chunk[rep], pc_.value[rep] + (sub_s - s_lane[rep]), sub_e - sub_s)
     # Sub-pieces are numbered in stream order, which is chunk order, so list i is
     # sub-piece i. The layout orders them by (step, lane, position in the lane).
     sub_lane = pc_.local[rep]
