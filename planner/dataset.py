@@ -17,6 +17,10 @@ or uint32 for uint32 and uint64 data (``Index.dtype``). Where a token may not fi
 (int64 or uint64 data whose footer min/max do not prove it), ``needs_check`` marks
 the row group and decoding checks every value.
 
+How a row group's tokens are counted is a :class:`Counting` step; this module owns
+everything else (listing, footers, the frame, the fingerprint, the cache), so the
+text index (``plitzer.text.TextCounting``, a tokenizer pass) shares it.
+
 Footers and the finished index are cached under ``PLITZER_CACHE`` (default
 ``~/.cache/plitzer``), keyed by each file's location, size and mtime (ETag on S3),
 never inside the dataset. A second call on an unchanged dataset lists the files

@@ -122,8 +122,13 @@ def tokens_array(
     eos: int | None,
     dtype: TokenDtype,
     where: str,
+    file: str | None = None,
+    row_group: int | None = None,
 ) -> pa.Array:
-    """``list<dtype>`` of ``[bos] + ids + [eos]`` per document (``None``: left out)."""
+    """``list<dtype>`` of ``[bos] + ids + [eos]`` per document (``None``: left out).
+
+    ``file`` and ``row_group`` go into a :class:`TokenRangeError`'s attributes.
+    """
     n = len(ids)
     extra = (bos is not None) + (eos is not None)
     raw = np.fromiter((len(x) for x in ids), np.int64, n)
@@ -152,7 +157,7 @@ def tokens_array(
         bad = int(np.flatnonzero((flat < lo) | (flat > hi))[0])
         row = int(np.searchsorted(offsets, bad, side="right")) - 1
         msg = f"{where}, row {row}: token {int(flat[bad])} does not fit {dtype}; the tokenizer gave an id out of range"
-        raise TokenRangeError(msg, row=row)
+        raise TokenRangeError(msg, file=file, row_group=row_group, row=row)
     values = pa.array(flat.astype(np.dtype(dtype)))
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
 
@@ -184,7 +189,8 @@ class TextIndex(Index):
         where = self.location(row["file_index"], row["row_group"])
         ids = encode_texts(tok, texts_of(self.read_text(rg)))
         bos, eos = tok.special(self.add_bos, self.add_eos)
-        arr = tokens_array(ids, bos=bos, eos=eos, dtype=self.dtype, where=where)
+        file = self.file(row["file_index"]).location
+        arr = tokens_array(ids, bos=bos, eos=eos, dtype=self.dtype, where=where, file=file, row_group=row["row_group"])
         got = len(arr.values)
         if got != row["tokens"]:
             msg = (
@@ -192,7 +198,7 @@ class TextIndex(Index):
                 f"tokenizer is not deterministic, or its code changed under the same model; clear "
                 f"{cache_dir() / 'text'} and start again"
             )
-            raise TokenizerChangedError(msg, file=self.file(row["file_index"]).location, row_group=row["row_group"])
+            raise TokenizerChangedError(msg, file=file, row_group=row["row_group"])
         return arr
 
 
