@@ -199,17 +199,8 @@ class Counting(Protocol):
         """Hashed into the fingerprint after the row groups' counts ("" for footer counts)."""
         ...
 
-    def make(
-        self,
-        *,
-        frame: pl.DataFrame,
-        column: str,
-        dtype: TokenDtype,
-        fingerprint: str,
-        source: str,
-        files: list[FileEntry],
-    ) -> Index:
-        """The index of these fields (an :class:`Index`, or a subclass that reads differently)."""
+    def wrap(self, ix: Index) -> Index:
+        """The index to hand out for ``ix``: ``ix`` itself, or an index that reads it differently."""
         ...
 
 
@@ -236,17 +227,8 @@ class FooterCounting:
     def fingerprint_extra(self) -> str:
         return ""
 
-    def make(
-        self,
-        *,
-        frame: pl.DataFrame,
-        column: str,
-        dtype: TokenDtype,
-        fingerprint: str,
-        source: str,
-        files: list[FileEntry],
-    ) -> Index:
-        return Index(frame=frame, column=column, dtype=dtype, fingerprint=fingerprint, source=source, _files=files)
+    def wrap(self, ix: Index) -> Index:
+        return ix
 
 
 def list_files(
@@ -290,13 +272,15 @@ def _from_cache(path: Path, counting: Counting, src: str, entries: list[FileEntr
         meta = table.schema.metadata or {}
         frame = pl.from_arrow(table)
         assert isinstance(frame, pl.DataFrame)
-        return counting.make(
-            frame=frame,
-            column=meta[b"column"].decode(),
-            dtype=_token_dtype(meta[b"dtype"].decode()),
-            fingerprint=meta[b"fingerprint"].decode(),
-            source=src,
-            files=entries,
+        return counting.wrap(
+            Index(
+                frame=frame,
+                column=meta[b"column"].decode(),
+                dtype=_token_dtype(meta[b"dtype"].decode()),
+                fingerprint=meta[b"fingerprint"].decode(),
+                source=src,
+                _files=entries,
+            )
         )
     except (OSError, KeyError, pa.ArrowException, AssertionError):
         path.unlink(missing_ok=True)  # a damaged cache entry is rebuilt, never trusted
@@ -440,7 +424,8 @@ def index(
     fp = _fingerprint(frame, counting.fingerprint_extra())
     if cached is not None:
         _to_cache(cached, frame, first.column, first.dtype, fp)
-    return counting.make(frame=frame, column=first.column, dtype=first.dtype, fingerprint=fp, source=src, files=entries)
+    ix = Index(frame=frame, column=first.column, dtype=first.dtype, fingerprint=fp, source=src, _files=entries)
+    return counting.wrap(ix)
 
 
 def ensure_index(

@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
@@ -293,23 +292,14 @@ class TextCounting:
         tok = self.tokenizer
         return f"text\t{tok.kind}:{tok.identity}\tbos={self.add_bos}\teos={self.add_eos}\n"
 
-    def make(
-        self,
-        *,
-        frame: pl.DataFrame,
-        column: str,
-        dtype: TokenDtype,
-        fingerprint: str,
-        source: str,
-        files: list[FileEntry],
-    ) -> TextIndex:
+    def wrap(self, ix: Index) -> TextIndex:
         return TextIndex(
-            frame=frame,
-            column=column,
-            dtype=dtype,
-            fingerprint=fingerprint,
-            source=source,
-            _files=files,
+            frame=ix.frame,
+            column=ix.column,
+            dtype=ix.dtype,
+            fingerprint=ix.fingerprint,
+            source=ix.source,
+            _files=ix._files,
             tokenizer=self.tokenizer,
             add_bos=self.add_bos,
             add_eos=self.add_eos,
