@@ -10,7 +10,7 @@ is the *residual* of a renewal process: a uniform fraction of a length-biased do
 (for lognormal lengths, lognormal with ``mu + sigma**2``). That is what is simulated
 here, for 512 lanes and up to 100,000 windows, without writing any data.
 
-Under the lockstep rule (SPEC section 3, rule 4) lane ``k`` has received exactly
+Under the lockstep rule (docs/glossary.md, "Cut") lane ``k`` has received exactly
 ``ceil((R - k) / B)`` tokens when the run has ``R``, so lanes are within one token at
 every window; this is computed here with the planner's own cut arithmetic on the same
 window sizes, and the windows in use are those a step's ``(L + 1) * B`` tokens overlap.

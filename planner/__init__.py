@@ -9,12 +9,14 @@ runtime's reader, ``plitzer.read.count_chunk``, passed in as a ``ChunkCounter``.
 [0, 3, 1, 2]
 """
 
+from planner.api import plan
 from planner.cache import cache_dir
 from planner.dataset import Index, index
 from planner.errors import CheckpointError, ConfigError, DataError, PlitzerError, StorageError
 from planner.hashing import key, mix, permutation
 from planner.lanes import cut_at, lane_of
-from planner.plan import EpochPlan, Plan, PlanSettings, plan, plan_epoch
+from planner.plan import EpochPlan, Plan, PlanSettings, plan_epoch
+from planner.rowgroups import RowGroupIndex
 
 __all__ = [
     "CheckpointError",
@@ -25,6 +27,7 @@ __all__ = [
     "Plan",
     "PlanSettings",
     "PlitzerError",
+    "RowGroupIndex",
     "StorageError",
     "cache_dir",
     "cut_at",

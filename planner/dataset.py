@@ -17,6 +17,10 @@ or uint32 for uint32 and uint64 data (``Index.dtype``). Where a token may not fi
 (int64 or uint64 data whose footer min/max do not prove it), ``needs_check`` marks
 the row group and decoding checks every value.
 
+How a row group's tokens are counted is a :class:`Counting` step; this module owns
+everything else (listing, footers, the frame, the fingerprint, the cache), so the
+text index (``plitzer.text.TextCounting``, a tokenizer pass) shares it.
+
 Footers and the finished index are cached under ``PLITZER_CACHE`` (default
 ``~/.cache/plitzer``), keyed by each file's location, size and mtime (ETag on S3),
 never inside the dataset. A second call on an unchanged dataset lists the files
@@ -31,7 +35,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import polars as pl
 import pyarrow as pa
@@ -45,10 +50,14 @@ from planner.storage import FileStat, Storage, open_storages
 
 __all__ = [
     "INDEX_SCHEMA",
+    "Counted",
+    "Counting",
     "FileEntry",
+    "FooterCounting",
     "Index",
     "ensure_index",
     "index",
+    "list_files",
 ]
 
 INDEX_SCHEMA: dict[str, Any] = {
@@ -139,13 +148,214 @@ class Index:
         return where if row_group is None else f"{where}, row group {row_group}"
 
 
-def _fingerprint(frame: pl.DataFrame) -> str:
+def _fingerprint(frame: pl.DataFrame, extra: str = "") -> str:
     h = hashlib.sha256()
     for name, rows, tokens in zip(
         frame["file"].to_list(), frame["rows"].to_list(), frame["tokens"].to_list(), strict=True
     ):
         h.update(f"{name}\t{rows}\t{tokens}\n".encode())
+    h.update(extra.encode())
     return h.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """One file's index rows as a counting step gives them.
+
+    ``rows`` are :data:`planner.footer.Row` tuples; ``column`` and ``dtype`` are the
+    column counted and the dtype of its batches; ``stored`` is the column's type in
+    the file, for messages.
+    """
+
+    rows: list[footer.Row]
+    column: str
+    dtype: TokenDtype
+    stored: str
+
+
+class Counting(Protocol):
+    """How :func:`index` counts a row group's tokens (docs/design.md, "One index protocol, one builder, one dispatch").
+
+    :func:`index` lists the files, loads their footers and builds, fingerprints and
+    caches the frame; a counting step only counts. :class:`FooterCounting` reads the
+    token column's footer statistics; ``plitzer.text.TextCounting`` tokenizes text.
+    """
+
+    def cache_key(self) -> tuple[object, ...] | None:
+        """What besides the files decides the counts (None: the finished index is not cached)."""
+        ...
+
+    def scan(self, entry: FileEntry) -> Counted | None:
+        """One file's rows from its footer (``entry.metadata`` is set), or None where :meth:`finish` counts them."""
+        ...
+
+    def finish(
+        self, entries: Sequence[FileEntry], scanned: list[Counted | None], progress: bool | None
+    ) -> list[Counted]:
+        """Every file's rows, counting those that :meth:`scan` left as None."""
+        ...
+
+    def fingerprint_extra(self) -> str:
+        """Hashed into the fingerprint after the row groups' counts ("" for footer counts)."""
+        ...
+
+    def wrap(self, ix: Index) -> Index:
+        """The index to hand out for ``ix``: ``ix`` itself, or an index that reads it differently."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class FooterCounting:
+    """Counts from the token column's footer statistics (a row group without them is read once by ``count``)."""
+
+    column: str | None = None
+    count: footer.ChunkCounter | None = None
+
+    def cache_key(self) -> tuple[object, ...]:
+        return (self.column,)
+
+    def scan(self, entry: FileEntry) -> Counted:
+        assert entry.metadata is not None
+        rows, name, dtype = footer.row_groups(entry.storage, entry.stat, entry.metadata, self.column, self.count)
+        return Counted(rows=rows, column=name, dtype=delivered_dtype(dtype), stored=str(dtype))
+
+    def finish(
+        self, entries: Sequence[FileEntry], scanned: list[Counted | None], progress: bool | None
+    ) -> list[Counted]:
+        return [c for c in scanned if c is not None]
+
+    def fingerprint_extra(self) -> str:
+        return ""
+
+    def wrap(self, ix: Index) -> Index:
+        return ix
+
+
+def list_files(
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], storage_options: Mapping[str, Any] | None
+) -> tuple[list[FileEntry], str]:
+    """The ``*.parquet`` files of ``source`` in index order, and the source for messages."""
+    storages = open_storages(source, storage_options)
+    entries: list[FileEntry] = []
+    for i, s in enumerate(storages):
+        for found in s.list_files():
+            # Files of a list source are named by their source's position, so two
+            # folders with the same file names stay distinct.
+            st = (
+                found
+                if len(storages) == 1
+                else FileStat(f"{i}/{found.name}", found.location, found.size, found.version)
+            )
+            entries.append(FileEntry(stat=st, storage=s))
+    src = ", ".join(s.url for s in storages)
+    if not entries:
+        msg = f"source {src!r} holds no *.parquet file; check the path (folders are searched recursively)"
+        raise ConfigError(msg)
+    return entries, src
+
+
+def _token_dtype(name: str) -> TokenDtype:
+    if name == "int32":
+        return "int32"
+    if name == "uint32":
+        return "uint32"
+    raise KeyError(name)  # a damaged cache entry: rebuilt
+
+
+def _from_cache(path: Path, counting: Counting, src: str, entries: list[FileEntry]) -> Index | None:
+    if not path.exists():
+        return None
+    try:
+        # ParquetFile.read, not read_table: read_table imports pyarrow.dataset and
+        # pandas on first use, a fifth of a second on every fresh process's start.
+        table = pq.ParquetFile(path).read()
+        meta = table.schema.metadata or {}
+        frame = pl.from_arrow(table)
+        assert isinstance(frame, pl.DataFrame)
+        return counting.wrap(
+            Index(
+                frame=frame,
+                column=meta[b"column"].decode(),
+                dtype=_token_dtype(meta[b"dtype"].decode()),
+                fingerprint=meta[b"fingerprint"].decode(),
+                source=src,
+                _files=entries,
+            )
+        )
+    except (OSError, KeyError, pa.ArrowException, AssertionError):
+        path.unlink(missing_ok=True)  # a damaged cache entry is rebuilt, never trusted
+        return None
+
+
+def _to_cache(path: Path, frame: pl.DataFrame, column: str, dtype: TokenDtype, fingerprint: str) -> None:
+    table = frame.to_arrow().replace_schema_metadata({"column": column, "dtype": dtype, "fingerprint": fingerprint})
+    try:
+        buf = pa.BufferOutputStream()
+        pq.write_table(table, buf)
+        write_atomic(path, buf.getvalue().to_pybytes())
+    except OSError:
+        pass  # a read-only cache folder costs speed, not correctness
+
+
+def _scan_footers(
+    entries: list[FileEntry], counting: Counting, progress: bool | None, threads: int
+) -> list[Counted | None]:
+    """Every file's footer (the cache's, else storage's) and what ``counting`` gets from it, concurrently."""
+
+    def load(entry: FileEntry) -> Counted | None:
+        raw = footer.cached(entry.stat)
+        fresh = raw is None
+        if raw is None:
+            raw = footer.fetch(entry.storage, entry.stat)
+        entry.metadata = footer.parse(raw, entry.stat.location)
+        result = counting.scan(entry)
+        if fresh:
+            footer.remember(entry.stat, raw)  # only once it parsed and gave rows
+        return result
+
+    show = progress if progress is not None else (len(entries) >= 64 and None)
+    from tqdm import tqdm
+
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(entries)))) as pool:
+        return list(
+            tqdm(
+                pool.map(load, entries),
+                total=len(entries),
+                desc="footers",
+                unit="file",
+                disable=None if show is None else not show,
+                leave=False,
+            )
+        )
+
+
+def _frame(entries: list[FileEntry], counted: list[Counted]) -> pl.DataFrame:
+    """The index frame of every file's rows; every file's column must give the same batches."""
+    first = counted[0]
+    cols: dict[str, list[Any]] = {k: [] for k in INDEX_SCHEMA}
+    for fi, (entry, c) in enumerate(zip(entries, counted, strict=True)):
+        # list and large_list, and integer widths, may differ between files as long
+        # as the batches they give have the same dtype.
+        if c.column != first.column or c.dtype != first.dtype:
+            msg = (
+                f"{entry.stat.location}: token column {c.column!r} of type {c.stored} (batches of "
+                f"{c.dtype}) differs from {first.column!r} of type {first.stored} (batches of "
+                f"{first.dtype}) in {entries[0].stat.location}; all files must agree: rewrite this file "
+                "or pass column="
+            )
+            raise DataError(msg)
+        for g, n, tokens, empties, start, length, check in c.rows:
+            cols["file"].append(entry.stat.name)
+            cols["file_index"].append(fi)
+            cols["row_group"].append(g)
+            cols["rows"].append(n)
+            cols["tokens"].append(tokens)
+            cols["empty_docs"].append(empties)
+            cols["byte_offset"].append(start)
+            cols["byte_length"].append(length)
+            cols["file_size"].append(entry.stat.size)
+            cols["needs_check"].append(check)
+    return pl.DataFrame(cols, schema=INDEX_SCHEMA)
 
 
 def index(
@@ -156,6 +366,7 @@ def index(
     progress: bool | None = None,
     threads: int = 32,
     count: footer.ChunkCounter | None = None,
+    counting: Counting | None = None,
 ) -> Index:
     """Build (or load from the cache) the row-group index of ``source``.
 
@@ -177,6 +388,9 @@ def index(
         Counts a row group whose footer lacks statistics by reading its token
         column once (:class:`planner.footer.ChunkCounter`); by default the runtime's, set when
         plitzer is imported. planner itself reads metadata only.
+    counting : Counting, optional
+        How to count a row group's tokens; by default ``FooterCounting(column, count)``
+        (footer statistics). ``plitzer.text`` passes a tokenizer pass.
 
     Examples
     --------
@@ -193,105 +407,25 @@ def index(
     >>> ix.frame.columns[:5]
     ['file', 'file_index', 'row_group', 'rows', 'tokens']
     """
-    storages = open_storages(source, storage_options)
-    entries: list[FileEntry] = []
-    for i, s in enumerate(storages):
-        for found in s.list_files():
-            # Files of a list source are named by their source's position, so two
-            # folders with the same file names stay distinct.
-            st = (
-                found
-                if len(storages) == 1
-                else FileStat(f"{i}/{found.name}", found.location, found.size, found.version)
-            )
-            entries.append(FileEntry(stat=st, storage=s))
-    src = ", ".join(s.url for s in storages)
-    if not entries:
-        msg = f"source {src!r} holds no *.parquet file; check the path (folders are searched recursively)"
-        raise ConfigError(msg)
-
-    key = digest(_INDEX_FORMAT, column, *[(e.stat.location, e.stat.size, e.stat.version, e.stat.name) for e in entries])
-    cached = cache_dir() / "index" / f"{key}.parquet"
-    if cached.exists():
-        try:
-            # ParquetFile.read, not read_table: read_table imports pyarrow.dataset and
-            # pandas on first use, a fifth of a second on every fresh process's start.
-            table = pq.ParquetFile(cached).read()
-            meta = table.schema.metadata or {}
-            frame = pl.from_arrow(table)
-            assert isinstance(frame, pl.DataFrame)
-            return Index(
-                frame=frame,
-                column=meta[b"column"].decode(),
-                dtype=meta[b"dtype"].decode(),  # type: ignore[arg-type]
-                fingerprint=meta[b"fingerprint"].decode(),
-                source=src,
-                _files=entries,
-            )
-        except (OSError, KeyError, pa.ArrowException, AssertionError):
-            cached.unlink(missing_ok=True)  # a damaged cache entry is rebuilt, never trusted
-
-    def load(entry: FileEntry) -> tuple[list[footer.Row], str, pa.DataType]:
-        raw = footer.cached(entry.stat)
-        fresh = raw is None
-        if raw is None:
-            raw = footer.fetch(entry.storage, entry.stat)
-        entry.metadata = footer.parse(raw, entry.stat.location)
-        result = footer.row_groups(entry.storage, entry.stat, entry.metadata, column, count)
-        if fresh:
-            footer.remember(entry.stat, raw)  # only once it parsed and gave rows
-        return result
-
-    show = progress if progress is not None else (len(entries) >= 64 and None)
-    from tqdm import tqdm
-
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(entries)))) as pool:
-        results = list(
-            tqdm(
-                pool.map(load, entries),
-                total=len(entries),
-                desc="footers",
-                unit="file",
-                disable=None if show is None else not show,
-                leave=False,
-            )
-        )
-
-    first_name, first_type = results[0][1], results[0][2]
-    dtype_name = delivered_dtype(first_type)
-    cols: dict[str, list[Any]] = {k: [] for k in INDEX_SCHEMA}
-    for fi, (entry, (rows, name, dtype)) in enumerate(zip(entries, results, strict=True)):
-        # list and large_list, and integer widths, may differ between files as long
-        # as the batches they give have the same dtype.
-        if name != first_name or delivered_dtype(dtype) != dtype_name:
-            msg = (
-                f"{entry.stat.location}: token column {name!r} of type {dtype} (batches of "
-                f"{delivered_dtype(dtype)}) differs from {first_name!r} of type {first_type} (batches of "
-                f"{dtype_name}) in {entries[0].stat.location}; all files must agree: rewrite this file "
-                "or pass column="
-            )
-            raise DataError(msg)
-        for g, n, tokens, empties, start, length, check in rows:
-            cols["file"].append(entry.stat.name)
-            cols["file_index"].append(fi)
-            cols["row_group"].append(g)
-            cols["rows"].append(n)
-            cols["tokens"].append(tokens)
-            cols["empty_docs"].append(empties)
-            cols["byte_offset"].append(start)
-            cols["byte_length"].append(length)
-            cols["file_size"].append(entry.stat.size)
-            cols["needs_check"].append(check)
-    frame = pl.DataFrame(cols, schema=INDEX_SCHEMA)
-    fp = _fingerprint(frame)
-    table = frame.to_arrow().replace_schema_metadata({"column": first_name, "dtype": dtype_name, "fingerprint": fp})
-    try:
-        buf = pa.BufferOutputStream()
-        pq.write_table(table, buf)
-        write_atomic(cached, buf.getvalue().to_pybytes())
-    except OSError:
-        pass  # a read-only cache folder costs speed, not correctness
-    return Index(frame=frame, column=first_name, dtype=dtype_name, fingerprint=fp, source=src, _files=entries)
+    if counting is None:
+        counting = FooterCounting(column, count)
+    entries, src = list_files(source, storage_options)
+    extra = counting.cache_key()
+    cached: Path | None = None
+    if extra is not None:
+        stats = [(e.stat.location, e.stat.size, e.stat.version, e.stat.name) for e in entries]
+        cached = cache_dir() / "index" / f"{digest(_INDEX_FORMAT, *extra, *stats)}.parquet"
+        hit = _from_cache(cached, counting, src, entries)
+        if hit is not None:
+            return hit
+    counted = counting.finish(entries, _scan_footers(entries, counting, progress, threads), progress)
+    frame = _frame(entries, counted)
+    first = counted[0]
+    fp = _fingerprint(frame, counting.fingerprint_extra())
+    if cached is not None:
+        _to_cache(cached, frame, first.column, first.dtype, fp)
+    ix = Index(frame=frame, column=first.column, dtype=first.dtype, fingerprint=fp, source=src, _files=entries)
+    return counting.wrap(ix)
 
 
 def ensure_index(
@@ -299,10 +433,7 @@ def ensure_index(
     column: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
 ) -> Index:
-    from planner.mixture import MixtureIndex  # a mixture's index passes through as it is
-
-    if isinstance(source, MixtureIndex):
-        return source  # type: ignore[return-value]
+    """``source`` if it is an :class:`Index` (of the same ``column``), else its index."""
     if isinstance(source, Index):
         if column is not None and column != source.column:
             msg = f"column={column!r} differs from the index's token column {source.column!r}; pass the same column"

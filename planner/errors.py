@@ -9,11 +9,17 @@ what is wrong, where (setting, file, row group, row) and how to fix it.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "PerformanceWarning",
     "CheckpointError",
     "ConfigError",
+    "DamagedChunkError",
     "DataError",
+    "FileChangedError",
+    "TokenRangeError",
+    "TokenizerChangedError",
     "PlitzerError",
     "StorageError",
     "UsageError",
@@ -30,11 +36,46 @@ class ConfigError(PlitzerError, ValueError):
 
 
 class DataError(PlitzerError, ValueError):
-    """The dataset is unusable: the message names the file, row group and row."""
+    """The dataset is unusable: the message names the file, row group and row.
+
+    ``file``, ``row_group`` and ``row`` say the same for code (None where unknown or
+    not at fault): ``except TokenRangeError as e: skip(e.file, e.row_group, e.row)``.
+    """
+
+    def __init__(self, msg: str, *, file: str | None = None, row_group: int | None = None, row: int | None = None):
+        super().__init__(msg)
+        self.file, self.row_group, self.row = file, row_group, row
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keep the attributes across processes (pickle)
+        return _rebuild, (type(self), str(self), self.file, self.row_group, self.row)
+
+
+def _rebuild(cls: type[DataError], msg: str, file: str | None, row_group: int | None, row: int | None) -> DataError:
+    return cls(msg, file=file, row_group=row_group, row=row)
+
+
+class DamagedChunkError(DataError):
+    """A column chunk does not decode, or decodes to other rows or tokens than its footer says."""
+
+
+class TokenRangeError(DataError):
+    """A token does not fit the batch dtype (int32, or uint32): ``row`` is the document."""
+
+
+class TokenizerChangedError(DataError):
+    """A text row group tokenized to another count than the counting pass gave: the tokenizer changed."""
 
 
 class StorageError(PlitzerError, OSError):
     """Reading from disk or object storage failed after retries."""
+
+
+class FileChangedError(StorageError):
+    """A file changed (size, mtime or ETag) after it was indexed, under a running loader."""
+
+    def __init__(self, msg: str, *, file: str | None = None, row_group: int | None = None, row: int | None = None):
+        super().__init__(msg)
+        self.file, self.row_group, self.row = file, row_group, row
 
 
 class CheckpointError(PlitzerError, ValueError):

@@ -1,13 +1,13 @@
-"""Lane arithmetic of SPEC section 3, rule 4: where each lane's slice of a window starts.
+"""Lane arithmetic (docs/glossary.md, "Cut"): where each lane's slice of a window starts.
 
 With ``q, r = divmod(T_w, B)`` and ``z`` the run's tokens before the window, mod B,
 lane ``k`` gets ``q + 1`` tokens when ``(k - z) mod B < r``, else ``q``: the run's
 tokens are dealt to lanes like cards. These functions are that rule and its inverse,
 in integer arithmetic on whole arrays; :mod:`planner.plan` lays epochs out with them.
 
-A worked example (SPEC section 3): B = 4, T_w = 10, z = 3 gives q = 2, r = 2; lanes 3
-and 0 get 3 tokens, lanes 1 and 2 get 2: cuts 0, 3, 5, 7, 10; the next window has
-z = (3 + 10) mod 4 = 1.
+A worked example (docs/design.md, "Windows, token cuts and lanes (lockstep)"): B = 4,
+T_w = 10, z = 3 gives q = 2, r = 2; lanes 3 and 0 get 3 tokens, lanes 1 and 2 get 2:
+cuts 0, 3, 5, 7, 10; the next window has z = (3 + 10) mod 4 = 1.
 
 >>> cut_at(np.arange(5), 2, 2, 3, 4).tolist()
 [0, 3, 5, 7, 10]
@@ -46,7 +46,7 @@ def lane_of(x: Any, q: Any, r: Any, z: Any, lanes: int) -> I64:
     The cuts are piecewise linear in ``k`` (slopes ``q`` and ``q + 1`` on at most
     three runs of lanes), so each run is inverted with one integer division: no
     floating point, no per-window cut table, any number of positions at once.
-    An empty document at position ``x`` belongs to this lane too (SPEC section 3).
+    An empty document at position ``x`` belongs to this lane too (docs/glossary.md, "Piece").
     """
     x, q, r, z = (np.asarray(v, dtype=np.int64) for v in (x, q, r, z))
     wrap = z + r > lanes

@@ -1,6 +1,6 @@
 """Mixtures: named sources with weights and stages, interleaved into one stream of row groups.
 
-A mixture is a few named sources (each a dataset of SPEC section 2, with its own
+A mixture is a few named sources (each a dataset as :func:`planner.index` takes it, with its own
 column and storage options) and weights: shares of *tokens*, constant or in stages
 that start at global steps. Everything here is integer arithmetic on footer counts.
 
@@ -19,7 +19,7 @@ largest row group of every source (docs/design.md, "Mixtures", proves it and giv
 worked example).
 
 The merged stream is cut into windows of W row groups over the whole run, each
-window cut into lanes as in section 3 (the run's tokens so far give ``z``). A stage
+window cut into lanes as one source's are (docs/glossary.md, "Cut"; the run's tokens so far give ``z``). A stage
 that starts at step ``t`` starts at the first window whose first token is at or after
 run token ``t * lanes * seq_len``; every source goes on from where the previous stage
 left it. A mixture epoch is ``T = sum of the sources' tokens`` of the run: epoch ``e``
@@ -27,7 +27,7 @@ holds the windows whose first token falls in ``[e*T, (e+1)*T)``. With weights
 proportional to the sources' sizes each source's epochs line up with the mixture's;
 a source weighted above its size repeats, one below is partly used per mixture epoch.
 
-A mixture of one source with constant weights is exactly SPEC section 3.
+A mixture of one source is exactly that source's own plan (docs/design.md, "The order").
 
 >>> from planner.mixture import interleave_demo
 >>> interleave_demo([[3, 3, 3, 3], [2, 2, 2, 2]], weights=[1, 1])  # (source, row group) in stream order
@@ -52,11 +52,12 @@ from planner.column import TokenDtype
 from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
-from planner.plan import EpochPlan, Plan, PlanSettings, layout_epoch, plan_epoch
+from planner.plan import EpochOrder, EpochPlan, Permutation, Plan, PlanSettings, layout_epoch, row_group_counts
 from planner.sources import SourceSpec, Stage, source_specs
 from planner.storage import FileStat, Storage
 
 __all__ = [
+    "Interleave",
     "MixtureIndex",
     "MixturePlan",
     "finish_keys",
@@ -230,8 +231,8 @@ class _Source:
         return out + self.base, self.tokens[out], k
 
 
-class MixturePlan(Plan):
-    """The plan of a mixture: section 3's windows and lanes over the interleaved stream.
+class Interleave:
+    """A mixture's epoch order: the sources' streams merged by virtual finish time, in stages.
 
     Units (windows) are numbered over the whole run; epoch ``e`` holds the windows
     whose first token is in ``[e*T, (e+1)*T)``. The stream is generated lazily, a
@@ -239,22 +240,24 @@ class MixturePlan(Plan):
     """
 
     def __init__(
-        self, idx: MixtureIndex, settings: PlanSettings, stages: Sequence[Stage], seq_len: int | None = None
+        self,
+        idx: MixtureIndex,
+        counts: tuple[I64, I64, I64],
+        settings: PlanSettings,
+        stages: Sequence[Stage],
+        seq_len: int | None,
     ) -> None:
-        super().__init__(idx, settings)  # type: ignore[arg-type]
-        self.mixture = idx
+        self._tokens, self._rows, self._empty = counts
+        self.settings = settings
         self.stages = tuple(stages)
-        if len(self.stages) > 1 and seq_len is None:
-            msg = "weights in stages start at global steps: give seq_len= to place them (tokens per step)"
-            raise ConfigError(msg)
         self.seq_len = seq_len
-        self.names = idx.names
+        self.total = int(self._tokens.sum())
+        self._row_groups = len(self._tokens)
         sizes = idx._rg_base
         self._sources = [
             _Source(n, self._tokens[int(sizes[i]) : int(sizes[i + 1])], int(sizes[i]), settings.seed)
-            for i, n in enumerate(self.names)
+            for i, n in enumerate(idx.names)
         ]
-        self._single = len(self._sources) == 1
         # the stream generated so far, in whole windows
         self._items = np.zeros(0, np.int64)
         self._sepochs = np.zeros(0, np.int64)
@@ -264,13 +267,6 @@ class MixturePlan(Plan):
         self._stage_given = [0] * len(self._sources)  # tokens of each source in this stage
         self._stage = 0
 
-    def __repr__(self) -> str:
-        s = self.settings
-        return (
-            f"MixturePlan({len(self.names)} sources, {self.dataset.row_groups} row groups, {self.tokens:,} tokens, "
-            f"seed={s.seed}, lanes={s.lanes}, window={s.window}, world={s.world}, stages={len(self.stages)})"
-        )
-
     # -- the stream ----------------------------------------------------------------------
 
     def _stage_end(self) -> float:
@@ -279,17 +275,18 @@ class MixturePlan(Plan):
             return self.stages[self._stage + 1].start * self.settings.lanes * self.seq_len
         return math.inf
 
-    def _grow(self, windows: int) -> None:
-        """Generate at least ``windows`` more whole windows of the stream (or up to a stage's end)."""
-        w_size = self.settings.window
+    def _candidates(self, windows: int) -> tuple[list[int], list[I64], list[I64], list[I64], list[I64], list[I64]]:
+        """Each active source's next items (its share of ``windows`` windows plus one of its epochs of slack).
+
+        Returns the active sources and, per source, its items' global row groups,
+        tokens, source epochs, keys and stream numbers. Keys are virtual finish times
+        ``floor(C_s(m) * W / w_s)``, C_s counting the source's tokens since the stage began.
+        """
         stage = self.stages[self._stage]
         active = [i for i, w in enumerate(stage.weights) if w > 0]
         total_w = sum(stage.weights[i] for i in active)
-        need = windows * w_size
-        # Each active source's next items (its share of `need` plus one of its epochs of
-        # slack), keyed by virtual finish time floor(C_s(m) * W / w_s), C_s counting
-        # the source's tokens since the stage began.
-        ids_l, tok_l, sep_l, key_l, src_l, num_l = [], [], [], [], [], []
+        need = windows * self.settings.window
+        ids_l, tok_l, sep_l, key_l, num_l = [], [], [], [], []
         for i in active:
             src = self._sources[i]
             start = self._consumed[i]
@@ -299,13 +296,18 @@ class MixturePlan(Plan):
             tok_l.append(tok)
             sep_l.append(sep)
             key_l.append(finish_keys(self._stage_given[i] + np.cumsum(tok), stage.weights[i], total_w))
-            src_l.append(np.full(len(ids), i, np.int64))
             num_l.append(np.arange(start, stop, dtype=np.int64))
+        return active, ids_l, tok_l, sep_l, key_l, num_l
+
+    def _grow(self, windows: int) -> None:
+        """Generate at least ``windows`` more whole windows of the stream (or up to a stage's end)."""
+        w_size = self.settings.window
+        active, ids_l, tok_l, sep_l, key_l, num_l = self._candidates(windows)
         # Only keys below every source's last generated key are certain: a source's
         # later items have keys at least its last one.
         horizon = min(int(k[-1]) for k in key_l)
         keys = np.concatenate(key_l)
-        srcs = np.concatenate(src_l)
+        srcs = np.concatenate([np.full(len(ids), i, np.int64) for i, ids in zip(active, ids_l, strict=True)])
         order = np.lexsort((np.concatenate(num_l), srcs, keys))
         if len(active) > 1:
             order = order[keys[order] < horizon]
@@ -343,83 +345,92 @@ class MixturePlan(Plan):
         """Generate windows until the stream reaches past run token ``run``."""
         while int(self._wstart[-1]) <= run:
             left = run - int(self._wstart[-1])
-            mean = max(1, self.tokens // max(1, self.dataset.row_groups))
+            mean = max(1, self.total // max(1, self._row_groups))
             self._grow(max(1, min(4096, left // (mean * self.settings.window) + 1)))
 
     # -- epochs and units ----------------------------------------------------------------
 
     def _first_window(self, epoch: int) -> int:
         """The first window (unit) of ``epoch``: the first starting at or after e*T."""
-        self._ensure_run(epoch * self.tokens)
-        return int(np.searchsorted(self._wstart[:-1], epoch * self.tokens, side="left"))
+        self._ensure_run(epoch * self.total)
+        return int(np.searchsorted(self._wstart[:-1], epoch * self.total, side="left"))
 
     def unit(self, epoch: int, window: int) -> int:
-        if self._single:
-            return super().unit(epoch, window)
         return self._first_window(epoch) + window
 
     def unit_epoch_window(self, unit: int) -> tuple[int, int]:
-        if self._single:
-            return super().unit_epoch_window(unit)
         while len(self._wtok) <= unit:
             self._ensure_run(int(self._wstart[-1]))
-        e = int(self._wstart[unit]) // self.tokens
+        e = int(self._wstart[unit]) // self.total
         return e, unit - self._first_window(e)
 
     def windows_in(self, epoch: int) -> int:
-        if self._single:
-            return super().windows_in(epoch)
         return self._first_window(epoch + 1) - self._first_window(epoch)
 
     @property
     def windows(self) -> int:
-        """Windows of epoch 0 (a mixture's epochs may differ by a window or two)."""
-        return super().windows if self._single else self.windows_in(0)
+        return self.windows_in(0)
 
     def run_before(self, epoch: int) -> int:
-        if self._single:
-            return super().run_before(epoch)
         return int(self._wstart[self._first_window(epoch)])
 
     def epoch_of_run(self, run: int) -> int:
-        if self._single:
-            return super().epoch_of_run(run)
         self._ensure_run(run)
         u = int(np.searchsorted(self._wstart, run, side="right")) - 1
-        return int(self._wstart[u]) // self.tokens
+        return int(self._wstart[u]) // self.total
 
-    def epoch(self, epoch: int) -> EpochPlan:
-        got = self._epochs.get(epoch)
-        if got is not None:
-            self._epochs.move_to_end(epoch)
-            return got
-        if self._single:
-            got = plan_epoch(self._tokens, self._rows, self._empty, self.settings, epoch)
-        else:
-            a, b = self._first_window(epoch), self._first_window(epoch + 1)
-            w = self.settings.window
-            order = self._items[a * w : b * w]
-            got = layout_epoch(order, self._tokens, self._rows, self._empty, self.settings, epoch, int(self._wstart[a]))
-        self._epochs[epoch] = got
-        if len(self._epochs) > 4:
-            self._epochs.popitem(last=False)
-        return got
+    def layout(self, epoch: int) -> EpochPlan:
+        a, b = self._first_window(epoch), self._first_window(epoch + 1)
+        w = self.settings.window
+        order = self._items[a * w : b * w]
+        return layout_epoch(order, self._tokens, self._rows, self._empty, self.settings, epoch, int(self._wstart[a]))
 
     def window_starts(self, windows: int) -> I64:
-        """The run's tokens before each of the first ``windows`` windows (units) of the run."""
         while len(self._wtok) < windows:
             self._ensure_run(int(self._wstart[-1]))
         out: I64 = self._wstart[:windows]
         return out
 
     def source_epochs(self, epoch: int) -> I64:
-        """Source epoch of every position of ``epoch`` (the row group's source's own epoch)."""
-        if self._single:
-            return np.full(len(self._tokens), epoch, np.int64)
         a, b = self._first_window(epoch), self._first_window(epoch + 1)
         w = self.settings.window
         out: I64 = self._sepochs[a * w : b * w]
         return out
+
+
+class MixturePlan(Plan):
+    """The plan of a mixture: the windows and lanes of docs/design.md over the interleaved stream.
+
+    Its epoch order is :class:`Interleave`; a mixture of one source is that source's
+    own plan (:class:`planner.plan.Permutation`), whatever its weights. On top of
+    :class:`Plan` it adds each row group's ``source`` and ``source_epoch`` to the
+    tables and the ``sources`` and ``stages`` tables.
+    """
+
+    def __init__(
+        self, idx: MixtureIndex, settings: PlanSettings, stages: Sequence[Stage], seq_len: int | None = None
+    ) -> None:
+        self.mixture = idx
+        self.stages = tuple(stages)
+        if len(self.stages) > 1 and seq_len is None:
+            msg = "weights in stages start at global steps: give seq_len= to place them (tokens per step)"
+            raise ConfigError(msg)
+        self.seq_len = seq_len
+        self.names = idx.names
+        counts = row_group_counts(idx)
+        order: EpochOrder = (
+            Permutation(*counts, settings)
+            if len(idx.parts) == 1
+            else Interleave(idx, counts, settings, self.stages, seq_len)
+        )
+        super().__init__(idx, settings, order)
+
+    def __repr__(self) -> str:
+        s = self.settings
+        return (
+            f"MixturePlan({len(self.names)} sources, {self.dataset.row_groups} row groups, {self.tokens:,} tokens, "
+            f"seed={s.seed}, lanes={s.lanes}, window={s.window}, world={s.world}, stages={len(self.stages)})"
+        )
 
     # -- tables ------------------------------------------------------------------------------
 

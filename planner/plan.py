@@ -15,9 +15,9 @@ With G row groups, B lanes, W row groups per window and ``world`` ranks:
 5. Rank ``r`` owns lanes ``[r*B/world, (r+1)*B/world)`` and reads only the row
    groups whose tokens meet its cut range (and those whose empty documents fall in it).
 
-A worked example (SPEC section 3): B = 4, T_w = 10, z = 3 gives q = 2, r = 2; lanes 3
-and 0 get 3 tokens, lanes 1 and 2 get 2: cuts 0, 3, 5, 7, 10; the next window has
-z = (3 + 10) mod 4 = 1.
+A worked example (docs/design.md, "Windows, token cuts and lanes (lockstep)"): B = 4,
+T_w = 10, z = 3 gives q = 2, r = 2; lanes 3 and 0 get 3 tokens, lanes 1 and 2 get 2:
+cuts 0, 3, 5, 7, 10; the next window has z = (3 + 10) mod 4 = 1.
 
 The lane arithmetic itself is :mod:`planner.lanes`.
 
@@ -26,38 +26,39 @@ Everything here is numpy on the index's columns: no I/O, no hidden state.
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import polars as pl
 from numpy.typing import NDArray
 
-from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
 from planner.lanes import cut_at, lane_of, piece_range
+from planner.rowgroups import RowGroupIndex
 from planner.storage import Storage, duckdb_filesystems
 
 __all__ = [
+    "EpochOrder",
     "EpochPlan",
-    "layout_epoch",
+    "Permutation",
     "Plan",
     "PlanSettings",
     "check_int",
     "epoch_of_step",
-    "plan",
+    "layout_epoch",
     "plan_epoch",
+    "row_group_counts",
 ]
 
 I64 = NDArray[np.int64]
 
 
 def epoch_of_step(step: int, *, lanes: int, seq_len: int, tokens: int) -> int:
-    """Epoch label of global step ``step``: ``floor(step * lanes * seq_len / tokens)`` (SPEC 3.8)."""
+    """Epoch label of global step ``step``: ``floor(step * lanes * seq_len / tokens)`` (docs/glossary.md, "Step")."""
     return step * lanes * seq_len // tokens
 
 
@@ -140,7 +141,7 @@ class EpochPlan:
 
 
 def plan_epoch(tokens: I64, rows: I64, empty_docs: I64, settings: PlanSettings, epoch: int) -> EpochPlan:
-    """The plan of one epoch, from the index's per-row-group counts (SPEC section 3)."""
+    """The plan of one epoch, from the index's per-row-group counts (docs/design.md, "The order")."""
     order = permutation(len(tokens), key(settings.seed, epoch, 1))
     run_before = epoch * int(tokens.sum())
     return layout_epoch(order, tokens, rows, empty_docs, settings, epoch, run_before)
@@ -153,7 +154,7 @@ def layout_epoch(
 
     ``order`` holds row-group ids (rows of the index) in stream order; windows are
     consecutive runs of W of them; ``run_before`` is the run's tokens before the
-    epoch (``z`` of its first window is that mod B). Shared by section 3's epochs and
+    epoch (``z`` of its first window is that mod B). Shared by one source's epochs and
     a mixture's (:mod:`planner.mixture`).
     """
     s = settings
@@ -211,6 +212,103 @@ def layout_epoch(
     )
 
 
+def row_group_counts(idx: RowGroupIndex) -> tuple[I64, I64, I64]:
+    """Tokens, rows and empty documents of every row group of ``idx``, as int64 arrays."""
+    f = idx.frame
+    return (
+        f["tokens"].to_numpy().astype(np.int64),
+        f["rows"].to_numpy().astype(np.int64),
+        f["empty_docs"].to_numpy().astype(np.int64),
+    )
+
+
+class EpochOrder(Protocol):
+    """Which row groups each epoch takes, in which order, and how the run's windows are numbered.
+
+    A *unit* is one window of the run, numbered from 0 over all epochs; the loader
+    and the scanner walk units (docs/glossary.md). :class:`Permutation` orders one
+    source; a mixture's interleave (:class:`planner.mixture.Interleave`) merges several.
+    """
+
+    @property
+    def windows(self) -> int:
+        """Windows of epoch 0."""
+        ...
+
+    def windows_in(self, epoch: int) -> int: ...
+
+    def unit(self, epoch: int, window: int) -> int: ...
+
+    def unit_epoch_window(self, unit: int) -> tuple[int, int]: ...
+
+    def run_before(self, epoch: int) -> int:
+        """Tokens of the run before ``epoch``."""
+        ...
+
+    def epoch_of_run(self, run: int) -> int:
+        """The epoch holding run token ``run``."""
+        ...
+
+    def layout(self, epoch: int) -> EpochPlan:
+        """The arrays of one epoch's plan (computed, not cached)."""
+        ...
+
+    def source_epochs(self, epoch: int) -> I64:
+        """Each position's source epoch (its source's own epoch) in ``epoch``."""
+        ...
+
+    def window_starts(self, windows: int) -> I64:
+        """The run's tokens before each of the first ``windows`` units."""
+        ...
+
+
+class Permutation:
+    """One source's epochs: epoch ``e`` takes all row groups in ``permutation(G, key(seed, e, 1))``.
+
+    Every epoch has the same ``windows`` units and ``T`` tokens.
+    """
+
+    def __init__(self, tokens: I64, rows: I64, empty_docs: I64, settings: PlanSettings) -> None:
+        self._tokens, self._rows, self._empty = tokens, rows, empty_docs
+        self.settings = settings
+        self.total = int(tokens.sum())
+
+    @property
+    def windows(self) -> int:
+        return -(-len(self._tokens) // self.settings.window)
+
+    def windows_in(self, epoch: int) -> int:
+        return self.windows
+
+    def unit(self, epoch: int, window: int) -> int:
+        return epoch * self.windows + window
+
+    def unit_epoch_window(self, unit: int) -> tuple[int, int]:
+        e, w = divmod(unit, self.windows)
+        return e, w
+
+    def run_before(self, epoch: int) -> int:
+        return epoch * self.total
+
+    def epoch_of_run(self, run: int) -> int:
+        return run // self.total
+
+    def layout(self, epoch: int) -> EpochPlan:
+        return plan_epoch(self._tokens, self._rows, self._empty, self.settings, epoch)
+
+    def source_epochs(self, epoch: int) -> I64:
+        return np.full(len(self._tokens), epoch, np.int64)
+
+    def window_starts(self, windows: int) -> I64:
+        out = np.zeros(windows, np.int64)
+        for u in range(0, windows, max(1, self.windows)):
+            e = u // max(1, self.windows)
+            wt = self.layout(e).window_tokens
+            n = min(len(wt), windows - u)
+            out[u : u + n] = self.run_before(e) + (np.cumsum(wt) - wt)[:n]
+        return out
+
+
 class Plan:
     """A dataset's plan for given settings: any epoch's tables, SQL over them.
 
@@ -218,13 +316,13 @@ class Plan:
     from the index (the last few epochs are kept).
     """
 
-    def __init__(self, idx: Index, settings: PlanSettings) -> None:
+    def __init__(self, idx: RowGroupIndex, settings: PlanSettings, order: EpochOrder | None = None) -> None:
         self.dataset = idx
         self.settings = settings
-        f = idx.frame
-        self._tokens = f["tokens"].to_numpy().astype(np.int64)
-        self._rows = f["rows"].to_numpy().astype(np.int64)
-        self._empty = f["empty_docs"].to_numpy().astype(np.int64)
+        self._tokens, self._rows, self._empty = row_group_counts(idx)
+        self.order: EpochOrder = (
+            order if order is not None else Permutation(self._tokens, self._rows, self._empty, settings)
+        )
         self._epochs: OrderedDict[int, EpochPlan] = OrderedDict()
 
     def __repr__(self) -> str:
@@ -245,44 +343,50 @@ class Plan:
 
     @property
     def windows(self) -> int:
-        """Windows per epoch (the same for every epoch)."""
-        return -(-len(self._tokens) // self.settings.window)
+        """Windows of epoch 0 (of every epoch of one source; a mixture's may differ by a window or two)."""
+        return self.order.windows
 
     # A *unit* is one window of the run, numbered from 0 over all epochs; the loader
-    # and the scanner walk units. Here every epoch has ``windows`` of them; a mixture
-    # (planner.mixture) numbers its windows over the whole run instead.
+    # and the scanner walk units. The epoch order (``self.order``) numbers them.
 
     def unit(self, epoch: int, window: int) -> int:
         """The unit of ``window`` of ``epoch``."""
-        return epoch * self.windows + window
+        return self.order.unit(epoch, window)
 
     def unit_epoch_window(self, unit: int) -> tuple[int, int]:
         """The epoch and window of ``unit``."""
-        e, w = divmod(unit, self.windows)
-        return e, w
+        return self.order.unit_epoch_window(unit)
 
     def windows_in(self, epoch: int) -> int:
         """Windows of ``epoch``."""
-        return self.windows
+        return self.order.windows_in(epoch)
 
     def _extra_tables(self) -> dict[str, pl.DataFrame]:
         """More tables for :meth:`sql` (a mixture's sources and stages)."""
         return {}
 
     def run_before(self, epoch: int) -> int:
-        """Tokens of the run before ``epoch`` (``epoch * T`` here)."""
-        return epoch * self.tokens
+        """Tokens of the run before ``epoch`` (``epoch * T`` for one source)."""
+        return self.order.run_before(epoch)
 
     def epoch_of_run(self, run: int) -> int:
         """The epoch holding run token ``run``."""
-        return run // self.tokens
+        return self.order.epoch_of_run(run)
+
+    def source_epochs(self, epoch: int) -> I64:
+        """Source epoch of every position of ``epoch`` (the row group's source's own epoch)."""
+        return self.order.source_epochs(epoch)
+
+    def window_starts(self, windows: int) -> I64:
+        """The run's tokens before each of the first ``windows`` windows (units) of the run."""
+        return self.order.window_starts(windows)
 
     def epoch(self, epoch: int) -> EpochPlan:
         """The arrays of one epoch's plan (cached)."""
         epoch = check_int("epoch", epoch, 0, "epochs count from 0")
         got = self._epochs.get(epoch)
         if got is None:
-            got = plan_epoch(self._tokens, self._rows, self._empty, self.settings, epoch)
+            got = self.order.layout(epoch)
             self._epochs[epoch] = got
             if len(self._epochs) > 4:
                 self._epochs.popitem(last=False)
@@ -444,52 +548,10 @@ def _scan_parquet(location: str, storage: Storage) -> pl.LazyFrame:
     return pl.scan_parquet(location, storage_options=storage.polars_options() or None)
 
 
-def _duckdb_filesystems(idx: Index) -> list[Any]:
+def _duckdb_filesystems(idx: RowGroupIndex) -> list[Any]:
     """The filesystems DuckDB needs: one per protocol, routing each path to its own source's storage."""
     seen: dict[int, Storage] = {}
     for f in range(len(idx.files)):
         st = idx.storage(f)
         seen.setdefault(id(st), st)
     return duckdb_filesystems(list(seen.values()))
-
-
-def plan(
-    source: Index | str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Mapping[str, Any],
-    seed: int = 0,
-    lanes: int = 512,
-    window: int = 64,
-    world: int = 1,
-    *,
-    column: str | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    weights: Any = None,
-    seq_len: int | None = None,
-) -> Plan:
-    """The plan of ``source`` (a path, URL, list, an :class:`Index`, or a dict of named sources).
-
-    A dict of named sources is a mixture (:mod:`planner.mixture`): ``weights`` are its
-    shares of tokens, a dict or stages ``[(step, dict), ...]`` (stages need ``seq_len``
-    to place their steps); without weights each source weighs its tokens.
-
-    Examples
-    --------
-    >>> import planner, tempfile, pyarrow as pa, pyarrow.parquet as pq
-    >>> d = tempfile.mkdtemp()
-    >>> docs = pa.array([[i % 97] * (20 + i % 50) for i in range(400)], pa.list_(pa.int32()))
-    >>> pq.write_table(pa.table({"tokens": docs}), f"{d}/part.parquet", row_group_size=25)
-    >>> p = planner.plan(d, seed=0, lanes=8, window=4, world=2)
-    >>> sorted(p.reads(0)["rank"].unique().to_list())
-    [0, 1]
-    """
-    settings = PlanSettings(seed=seed, lanes=lanes, window=window, world=world)
-    from planner import mixture  # mixture builds on this module: imported when used
-    from planner.sources import parse_stages
-
-    if mixture.is_mixture(source):
-        ix = mixture.mixture_index(source, column=column, storage_options=storage_options)  # type: ignore[arg-type]
-        stages = parse_stages(weights, ix.names, [p.tokens for p in ix.parts])
-        return mixture.MixturePlan(ix, settings, stages, seq_len=seq_len)
-    if weights is not None:
-        msg = "weights= needs named sources: pass a dict such as {'web': 'data/web', 'code': 'data/code'}"
-        raise ConfigError(msg)
-    return Plan(ensure_index(source, column=column, storage_options=storage_options), settings)  # type: ignore[arg-type]

@@ -28,7 +28,7 @@ Located = tuple[list[str], NDArray[np.int64], NDArray[np.int64], list[str] | Non
 Locate = Callable[[NDArray[np.int64]], Located]
 
 
-class Tokens(np.ndarray):  # type: ignore[type-arg]
+class Tokens(np.ndarray):
     """The ``(rows, seq_len)`` token array: a NumPy array that also speaks Arrow.
 
     It is an ``ndarray`` (every NumPy operation works, and DLPack export for

@@ -3,7 +3,7 @@
 One module owns these numbers so that the construction-time floor
 (:func:`budget_floor`), the scanner's charge for a unit it starts
 (:func:`unit_estimate`) and what a packed unit reports it holds
-(``plitzer.pack.PackedUnit.nbytes``) agree. SPEC section 4 counts decoded token
+(``plitzer.pack.PackedUnit.nbytes``) agree. The contract counts decoded token
 data as 4 bytes per token and 8 per document; the packed copy a step's rows are
 views of is 4 bytes per token more, and its piece table (``PIECE_BYTES`` per
 piece) has at most one piece per document, per lane cut inside a document, and per
@@ -34,7 +34,7 @@ LANE_BYTES = 16
 
 
 def decoded_bytes(tokens: Any, rows: Any) -> Any:
-    """Decoded token data of row groups: 4 bytes per token, 8 per document (SPEC section 4)."""
+    """Decoded token data of row groups: 4 bytes per token, 8 per document (docs/design.md, "The budget")."""
     return 4 * tokens + 8 * rows
 
 

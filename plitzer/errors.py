@@ -7,19 +7,27 @@ The classes are defined in :mod:`planner.errors` (``planner`` never imports
 from planner.errors import (
     CheckpointError,
     ConfigError,
+    DamagedChunkError,
     DataError,
+    FileChangedError,
     PerformanceWarning,
     PlitzerError,
     StorageError,
+    TokenizerChangedError,
+    TokenRangeError,
     UsageError,
 )
 
 __all__ = [
     "CheckpointError",
     "ConfigError",
+    "DamagedChunkError",
     "DataError",
+    "FileChangedError",
     "PerformanceWarning",
     "PlitzerError",
     "StorageError",
+    "TokenRangeError",
+    "TokenizerChangedError",
     "UsageError",
 ]

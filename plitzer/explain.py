@@ -1,6 +1,6 @@
 """What step K held: the documents of each sequence, without replaying the run.
 
-The lane cuts deal the run's tokens to lanes like cards (SPEC section 3, rule 4):
+The lane cuts deal the run's tokens to lanes like cards (docs/glossary.md, "Cut"):
 lane ``k``'s token ``P`` is token ``P * B + k`` of the run. At step ``K`` lane ``k`` is
 at token ``K * seq_len`` of its stream, so its window is the one holding run token
 ``K * seq_len * B + k``, and its offset in that window's slice follows from the
@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -41,11 +41,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
+from planner.api import PathSource, open_index
 from planner.cache import cache_dir, digest, write_atomic
-from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError, DataError
 from planner.hashing import mix_array
 from planner.plan import check_int
+from planner.rowgroups import RowGroupIndex
 from plitzer.loader import Loader
 from plitzer.read import list_lengths, read_chunk
 from plitzer.settings import Keywords, LoaderSettings
@@ -55,7 +56,7 @@ __all__ = ["document_lengths", "document_pass", "document_table", "explain"]
 
 I64 = NDArray[np.int64]
 U64 = NDArray[np.uint64]
-Source = Index | str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+Source = RowGroupIndex | PathSource
 
 _FORMAT = "1"
 _memo: OrderedDict[str, tuple[I64, U64]] = OrderedDict()
@@ -85,12 +86,12 @@ def _hash_documents(arr: pa.Array) -> tuple[I64, U64]:
     return lengths, mix_array(sums ^ mix_array(lengths.astype(np.uint64)))
 
 
-def _cache_path(ix: Index) -> Path:
+def _cache_path(ix: RowGroupIndex) -> Path:
     key = digest(_FORMAT, ix.column, ix.fingerprint, *[(f.location, f.size, f.version) for f in ix.files])
     return cache_dir() / "documents" / f"{key}.parquet"
 
 
-def document_pass(ix: Index, *, progress: bool | None = None, threads: int | None = None) -> tuple[I64, U64]:
+def document_pass(ix: RowGroupIndex, *, progress: bool | None = None, threads: int | None = None) -> tuple[I64, U64]:
     """Lengths and hashes of every document, in index order: memory, cache, else one pass."""
     path = _cache_path(ix)
     with _memo_lock:
@@ -124,7 +125,7 @@ def document_pass(ix: Index, *, progress: bool | None = None, threads: int | Non
     return result
 
 
-def _read_documents(ix: Index, *, progress: bool | None, threads: int | None) -> tuple[I64, U64]:
+def _read_documents(ix: RowGroupIndex, *, progress: bool | None, threads: int | None) -> tuple[I64, U64]:
     from tqdm import tqdm
 
     f = ix.frame
@@ -180,7 +181,7 @@ def document_lengths(
     >>> int(n.sum()) == plitzer.index(d).tokens
     True
     """
-    ix = ensure_index(source, column=column, storage_options=storage_options)
+    ix = open_index(source, column=column, storage_options=storage_options)
     return document_pass(ix, progress=progress, threads=threads)[0]
 
 
@@ -197,7 +198,7 @@ def document_table(
     ``doc`` is the document's running number over the dataset; ``hash`` is a 64-bit
     content hash (equal documents have equal hashes), for finding duplicates.
     """
-    ix = ensure_index(source, column=column, storage_options=storage_options)
+    ix = open_index(source, column=column, storage_options=storage_options)
     lengths, hashes = document_pass(ix, progress=progress, threads=threads)
     f = ix.frame
     rows = f["rows"].to_numpy().astype(np.int64)

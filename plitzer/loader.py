@@ -235,7 +235,7 @@ class Loader:
             "column": self.index.column,
             "dtype": self.index.dtype,
             "fingerprint": self.index.fingerprint,
-            **text_config(self.index),  # type: ignore[arg-type]
+            **text_config(self.index),
             **self._mixture_config(),
         }
 

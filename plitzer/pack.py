@@ -397,7 +397,7 @@ class _Subs:
 
 
 def _shuffle(pc_: _Pieces, keep: NDArray[np.bool_] | None, nl: int, keys: NDArray[np.uint64]) -> tuple[I64, I64]:
-    """Packed order (stream-order piece ids, lane by lane, each slice shuffled) and lane bounds.
+    """Packed order (stream-order piece ids, lane by lane, each slice shuffled; docs/glossary.md, "Piece").
 
     The ordinal of each piece in its lane's slice in stream order, then one lexsort by
     (lane, mix(key_lane ^ ordinal), ordinal): ``permutation(n, key(seed, e, w, k, 2))``.

@@ -35,8 +35,10 @@ from numpy.typing import NDArray
 
 from planner.column import TokenDtype, token_range
 from planner.dataset import Index
-from planner.errors import DataError, one_line
+from planner.errors import DamagedChunkError, DataError, TokenRangeError, one_line
 from planner.footer import set_chunk_counter
+from planner.mixture import MixtureIndex
+from planner.rowgroups import RowGroupIndex
 from planner.storage import FileStat, Storage
 
 __all__ = [
@@ -62,8 +64,11 @@ class RangeFile(io.RawIOBase):
     other offset, so a decode can never trigger a second, hidden read.
     """
 
-    def __init__(self, data: bytes, offset: int, size: int, where: str) -> None:
+    def __init__(
+        self, data: bytes, offset: int, size: int, where: str, *, file: str | None = None, row_group: int | None = None
+    ) -> None:
         super().__init__()
+        self._file, self._row_group = file, row_group
         self._data = data
         self._view = memoryview(data)
         self._offset = offset
@@ -92,7 +97,7 @@ class RangeFile(io.RawIOBase):
         a = self._pos - self._offset
         if a < 0 or a + n > len(self._data):
             msg = f"{self._where}: decoding needed bytes outside the token column chunk; the footer is damaged"
-            raise DataError(msg)
+            raise DamagedChunkError(msg, file=self._file, row_group=self._row_group)
         self._pos += n
         return self._view[a : a + n]  # type: ignore[return-value]  # zero-copy: pyarrow takes any buffer
 
@@ -112,13 +117,15 @@ def decode_column(
     column: str,
     where: str,
     what: str = "token",
+    file: str | None = None,
 ) -> pa.Array:
     """Decode one row group's ``column`` from the bytes of its column chunk, as the file holds it.
 
     Damaged data is a DataError naming ``where`` (on one line), never a bare pyarrow
-    error; ``what`` names the column in that message ("token", "text").
+    error; ``what`` names the column in that message ("token", "text"); ``file``
+    (the file's location) goes into the error's attributes.
     """
-    f = RangeFile(data, offset, file_size, where)
+    f = RangeFile(data, offset, file_size, where, file=file, row_group=row_group)
     try:
         # Page CRCs are verified whenever the writer stored them (docs/reliability.md).
         pf = pq.ParquetFile(f, metadata=metadata, pre_buffer=True, page_checksum_verification=True)
@@ -127,7 +134,7 @@ def decode_column(
         raise
     except (pa.ArrowException, OSError, ValueError, IndexError, TypeError) as e:
         msg = f"{where}: cannot decode the {what} column ({type(e).__name__}: {one_line(e)}); the file is damaged"
-        raise DataError(msg) from e
+        raise DamagedChunkError(msg, file=file, row_group=row_group) from e
     col = table.column(0)
     return col.chunk(0) if col.num_chunks == 1 else pa.concat_arrays(col.chunks)
 
@@ -141,6 +148,7 @@ def decode_chunk(
     row_group: int,
     column: str,
     where: str,
+    file: str | None = None,
 ) -> pa.Array:
     """Decode one row group's token column from the bytes of its column chunk.
 
@@ -149,13 +157,20 @@ def decode_chunk(
     damaged data, never a bare pyarrow error.
     """
     arr = decode_column(
-        data, offset=offset, file_size=file_size, metadata=metadata, row_group=row_group, column=column, where=where
+        data,
+        offset=offset,
+        file_size=file_size,
+        metadata=metadata,
+        row_group=row_group,
+        column=column,
+        where=where,
+        file=file,
     )
     if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or not pa.types.is_integer(
         arr.type.value_type
     ):
         msg = f"{where}: the token column decoded as {arr.type}, not a list of integers; the file is damaged"
-        raise DataError(msg)
+        raise DamagedChunkError(msg, file=file, row_group=row_group)
     return arr
 
 
@@ -178,6 +193,7 @@ def read_column(index: Index, rg: int, *, what: str = "token") -> tuple[pa.Array
         row_group=row["row_group"],
         column=index.column,
         where=where,
+        file=st.location,
     )
     return arr, row, where
 
@@ -195,7 +211,9 @@ def _row_of(arr: pa.Array, value_index: int) -> int:
     return int(np.searchsorted(offsets, value_index + offsets[0], side="right")) - 1
 
 
-def check_decoded(arr: pa.Array, *, rows: int, tokens: int, where: str) -> None:
+def check_decoded(
+    arr: pa.Array, *, rows: int, tokens: int, where: str, file: str | None = None, row_group: int | None = None
+) -> None:
     """The decoded chunk must hold the rows and tokens its footer promised.
 
     A damaged page can decode without an error into other lengths; counting is
@@ -207,23 +225,34 @@ def check_decoded(arr: pa.Array, *, rows: int, tokens: int, where: str) -> None:
             f"{where}: decoded {len(arr)} rows and {got_tokens} tokens, but the footer says {rows} rows "
             f"and {tokens} tokens; the file is damaged: restore it from a good copy"
         )
-        raise DataError(msg)
+        raise DamagedChunkError(msg, file=file, row_group=row_group)
 
 
-def check_no_null_tokens(arr: pa.Array, where: str, first_row: int = 0) -> None:
+def check_no_null_tokens(
+    arr: pa.Array, where: str, first_row: int = 0, *, file: str | None = None, row_group: int | None = None
+) -> None:
     """Raise DataError naming the row if any token inside a list is null."""
     values = _values(arr)
     if values.null_count == 0:
         return
     flat_null = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
+    row = first_row + _row_of(arr, flat_null)
     msg = (
-        f"{where}, row {first_row + _row_of(arr, flat_null)}: a null token inside a document; tokens must be "
+        f"{where}, row {row}: a null token inside a document; tokens must be "
         "non-null integers: fix the tokenizer output or drop the row"
     )
-    raise DataError(msg)
+    raise DataError(msg, file=file, row_group=row_group, row=row)
 
 
-def to_tokens(arr: pa.Array, dtype: TokenDtype, *, check: bool, where: str) -> pa.Array:
+def to_tokens(
+    arr: pa.Array,
+    dtype: TokenDtype,
+    *,
+    check: bool,
+    where: str,
+    file: str | None = None,
+    row_group: int | None = None,
+) -> pa.Array:
     """``arr`` as a plain ``list<dtype>``: widened, or narrowed (checked when ``check``).
 
     ``check`` is the index's ``needs_check``: False where the footer's min/max
@@ -243,38 +272,48 @@ def to_tokens(arr: pa.Array, dtype: TokenDtype, *, check: bool, where: str) -> p
             v = values.to_numpy(zero_copy_only=False)
             bad = v > hi if pa.types.is_unsigned_integer(source) else (v < lo) | (v > hi)
             i = int(np.flatnonzero(bad)[0])
+            row = _row_of(arr, i)
             msg = (
-                f"{where}, row {_row_of(arr, i)}: token {values[i].as_py()} does not fit {dtype} (the column is "
+                f"{where}, row {row}: token {values[i].as_py()} does not fit {dtype} (the column is "
                 f"{source}; batches are {dtype}, whose tokens lie in [{lo}, {hi}]); re-tokenize this row or "
                 "fix the file"
             )
-            raise DataError(msg)
+            raise TokenRangeError(msg, file=file, row_group=row_group, row=row)
     try:
         return arr.cast(pa.list_(target), safe=False)
     except (pa.ArrowException, ValueError) as e:  # a large_list of more than 2**31 - 1 tokens
         msg = f"{where}: cannot convert the token column to list<{dtype}> ({one_line(e)}); split the row group"
-        raise DataError(msg) from e
+        raise DataError(msg, file=file, row_group=row_group) from e
 
 
-def read_chunk(index: Index, rg: int) -> pa.Array:
+@functools.singledispatch
+def read_chunk(index: RowGroupIndex, rg: int) -> pa.Array:
     """Read, decode and check row group ``rg`` (a row of ``index.frame``): one ranged read.
 
     Returns a ``list<int32>`` (``list<uint32>`` when ``index.dtype`` is uint32)
     holding the row group's documents, or raises DataError naming file, row group
-    and (where one is at fault) row.
+    and (where one is at fault) row. The path is chosen by the index's type: a
+    dataset's :class:`~planner.dataset.Index` reads its token column, a mixture's
+    index asks the source holding ``rg``, and ``plitzer.text`` registers the text
+    index, which tokenizes as it reads.
     """
-    part = getattr(index, "part", None)
-    if part is not None:  # a mixture (planner.mixture): the source's own index reads it
-        sub, local = part(rg)
-        return read_chunk(sub, local)
-    own = getattr(index, "read_tokens", None)
-    if own is not None:  # a text index (plitzer.text) tokenizes its row groups as it reads them
-        result: pa.Array = own(rg)
-        return result
+    msg = f"read_chunk: no reader for a {type(index).__name__}; pass a planner.dataset.Index or a mixture's index"
+    raise TypeError(msg)
+
+
+@read_chunk.register
+def _read_token_chunk(index: Index, rg: int) -> pa.Array:
     arr, row, where = read_column(index, rg)
-    check_no_null_tokens(arr, where)
-    check_decoded(arr, rows=row["rows"], tokens=row["tokens"], where=where)
-    return to_tokens(arr, index.dtype, check=bool(row["needs_check"]), where=where)
+    file, g = index.file(row["file_index"]).location, int(row["row_group"])
+    check_no_null_tokens(arr, where, file=file, row_group=g)
+    check_decoded(arr, rows=row["rows"], tokens=row["tokens"], where=where, file=file, row_group=g)
+    return to_tokens(arr, index.dtype, check=bool(row["needs_check"]), where=where, file=file, row_group=g)
+
+
+@read_chunk.register
+def _read_mixture_chunk(index: MixtureIndex, rg: int) -> pa.Array:
+    sub, local = index.part(rg)
+    return read_chunk(sub, local)
 
 
 def numpy_view(a: pa.Array) -> NDArray[Any]:
@@ -322,15 +361,16 @@ def count_chunk(
         row_group=row_group,
         column=column,
         where=where,
+        file=file.location,
     )
-    check_no_null_tokens(arr, where)
+    check_no_null_tokens(arr, where, file=file.location, row_group=row_group)
     lengths = list_lengths(arr)
     if len(arr) != metadata.row_group(row_group).num_rows:
         msg = (
             f"{where}: decoded {len(arr)} rows, but the footer says {metadata.row_group(row_group).num_rows}; "
             "the file is damaged: restore it from a good copy"
         )
-        raise DataError(msg)
+        raise DamagedChunkError(msg, file=file.location, row_group=row_group)
     return int(lengths.sum()), int((lengths == 0).sum())
 
 

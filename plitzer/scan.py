@@ -46,10 +46,10 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from planner.dataset import Index
 from planner.errors import UsageError
 from planner.lanes import lane_positions, piece_range
 from planner.plan import Plan
+from planner.rowgroups import RowGroupIndex
 from plitzer.cost import unit_estimate
 from plitzer.pack import PackedUnit, pack_unit
 from plitzer.read import read_chunk
@@ -166,7 +166,7 @@ class Scanner:
 
     def __init__(self, plan: Plan, *, rank: int, budget: int, threads: int, seq_len: int, ahead: int = AHEAD) -> None:
         self.plan = plan
-        self.index: Index = plan.dataset
+        self.index: RowGroupIndex = plan.dataset
         s = plan.settings
         per = s.lanes // s.world
         self.rank = rank
@@ -366,7 +366,7 @@ class Scanner:
             chunks = list(u.chunks)
             assert all(c is not None for c in chunks)
             packed = pack_unit(
-                chunks,  # type: ignore[arg-type]
+                chunks,
                 [int(x) for x in r.token_start],
                 [int(self._doc_base[g]) for g in r.row_groups],
                 window_tokens=int(self.plan.epoch(r.epoch).window_tokens[r.window]),

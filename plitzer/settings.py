@@ -17,20 +17,20 @@ planner.errors.ConfigError: seq_len=0 must be >= 1; seq_len is the tokens per se
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from planner.dataset import Index, ensure_index
+from planner import api
+from planner.api import Source, open_index
 from planner.errors import ConfigError
-from planner.mixture import MixtureIndex, MixturePlan, is_mixture, mixture_index
 from planner.plan import Plan, PlanSettings, check_int
-from planner.sources import Weights, parse_stages
+from planner.rowgroups import RowGroupIndex
+from planner.sources import Weights
 
 __all__ = ["Keywords", "LoaderSettings", "Source", "default_threads", "make_plan", "open_source"]
-
-Source = Index | MixtureIndex | str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Mapping[str, Any]
 
 
 class Keywords(TypedDict, total=False):
@@ -134,46 +134,34 @@ class LoaderSettings:
         return self.plan.world
 
 
-def open_source(source: Source, settings: LoaderSettings) -> Index | MixtureIndex:
-    """The index of ``source``: token data, text (with a tokenizer), or a mixture (a dict)."""
+def open_source(source: Source, settings: LoaderSettings) -> RowGroupIndex:
+    """The index of ``source``: token data, text (with a tokenizer), or a mixture (a dict).
+
+    The dispatch and its messages are :func:`planner.api.open_index`'s; this adds
+    the text step (``plitzer.text``) when a tokenizer is set.
+    """
     s = settings
-    if is_mixture(source):
-        if s.tokenizer is not None:
-            msg = (
-                "tokenizer= with a mixture: tokenize each text source first (plitzer tokenize SRC DST) and mix "
-                "the token datasets"
-            )
-            raise ConfigError(msg)
-        return mixture_index(source, column=s.column, storage_options=s.storage_options)  # type: ignore[arg-type]
-    if s.weights is not None:
-        msg = "weights= needs named sources: pass a dict such as {'web': 'data/web', 'code': 'data/code'}"
-        raise ConfigError(msg)
-    if s.tokenizer is not None:  # text in (plitzer.text): tokenized as read, counted once
-        if isinstance(source, Index):
-            msg = "tokenizer= needs the text source, not an Index; pass the path (or a plitzer.text.text_index)"
-            raise ConfigError(msg)
+    text = None
+    if s.tokenizer is not None:
         from plitzer.text import text_index
 
-        return text_index(
-            source,  # type: ignore[arg-type]
+        text = functools.partial(
+            text_index,
             tokenizer=s.tokenizer,
             text_column=s.text_column,
             add_eos=s.add_eos,
             add_bos=s.add_bos,
             storage_options=s.storage_options,
         )
-    return ensure_index(source, column=s.column, storage_options=s.storage_options)  # type: ignore[arg-type]
+    return open_index(source, column=s.column, storage_options=s.storage_options, weights=s.weights, text=text)
 
 
-def make_plan(index: Index | MixtureIndex, settings: LoaderSettings) -> Plan:
+def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:
     """The plan the loader runs from (and that ``plan.sql`` shows) for these settings."""
-    if isinstance(index, MixtureIndex):
-        stages = parse_stages(settings.weights, index.names, [ix.tokens for ix in index.parts])
-        return MixturePlan(index, settings.plan, stages, seq_len=settings.seq_len)
-    return Plan(index, settings.plan)
+    return api.make_plan(index, settings.plan, weights=settings.weights, seq_len=settings.seq_len)
 
 
-def default_threads(index: Index | MixtureIndex) -> int:
+def default_threads(index: RowGroupIndex) -> int:
     """The CPUs, or more where the storage asks for it (S3: threads mostly wait on GETs)."""
     want = {index.storage(i).concurrency for i in range(len(index.files))}
     return max(os.cpu_count() or 2, *want)

@@ -18,7 +18,7 @@ size, so a checkpoint merged from all ranks resumes on any number of ranks.
 
 Format versions: 1 (plitzer 0.1) stored ``doc`` under the first lane rule, where a
 document went whole to one lane; 2 (plitzer 0.2) stores pieces under the lockstep
-rule (SPEC section 3, rule 4). The orders differ, so a format 1 checkpoint is
+rule (docs/glossary.md, "Cut"). The orders differ, so a format 1 checkpoint is
 refused with both versions named, never misread.
 
 The decoder trusts nothing: every field is type- and range-checked, sizes are
@@ -100,7 +100,7 @@ class Position:
     """One lane's place in its token stream, as a checkpoint stores it.
 
     The next token of lane ``lane`` is token ``offset`` of piece ``piece`` (its
-    ordinal in the shuffled slice, SPEC section 3 rule 5) of the lane's slice of
+    ordinal in the shuffled slice, docs/glossary.md "Piece") of the lane's slice of
     window ``window`` of epoch ``epoch``; ``piece`` equal to the slice's piece count
     (with offset 0) means the slice is used up.
     """

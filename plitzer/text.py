@@ -1,4 +1,4 @@
-"""Text in: tokenize inside the loader (SPEC section 9).
+"""Text in: tokenize inside the loader (docs/design.md, "Text in").
 
 ``text_index(source, text_column="text", tokenizer=...)`` gives a
 :class:`TextIndex`: the row-group index of a dataset whose Parquet holds text,
@@ -38,7 +38,6 @@ under another tokenizer or another policy.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import itertools
 import os
@@ -49,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
@@ -57,14 +55,16 @@ from numpy.typing import NDArray
 from planner import footer
 from planner.cache import cache_dir, digest, write_atomic
 from planner.column import TokenDtype, token_range
-from planner.dataset import INDEX_SCHEMA, FileEntry, Index
-from planner.errors import ConfigError, DataError, one_line
-from planner.storage import FileStat, open_storages
-from plitzer.read import decode_column, read_column
+from planner.dataset import Counted, FileEntry, Index, index
+from planner.errors import ConfigError, DamagedChunkError, DataError, TokenizerChangedError, TokenRangeError, one_line
+from planner.rowgroups import RowGroupIndex
+from planner.storage import FileStat
+from plitzer.read import decode_column, read_chunk, read_column
 from plitzer.tokenizer import TextTokenizer, load_tokenizer
 
 __all__ = [
     "TEXT_DEFAULTS",
+    "TextCounting",
     "TextIndex",
     "TextTokenizer",
     "encode_texts",
@@ -121,8 +121,13 @@ def tokens_array(
     eos: int | None,
     dtype: TokenDtype,
     where: str,
+    file: str | None = None,
+    row_group: int | None = None,
 ) -> pa.Array:
-    """``list<dtype>`` of ``[bos] + ids + [eos]`` per document (``None``: left out)."""
+    """``list<dtype>`` of ``[bos] + ids + [eos]`` per document (``None``: left out).
+
+    ``file`` and ``row_group`` go into a :class:`TokenRangeError`'s attributes.
+    """
     n = len(ids)
     extra = (bos is not None) + (eos is not None)
     raw = np.fromiter((len(x) for x in ids), np.int64, n)
@@ -151,7 +156,7 @@ def tokens_array(
         bad = int(np.flatnonzero((flat < lo) | (flat > hi))[0])
         row = int(np.searchsorted(offsets, bad, side="right")) - 1
         msg = f"{where}, row {row}: token {int(flat[bad])} does not fit {dtype}; the tokenizer gave an id out of range"
-        raise DataError(msg)
+        raise TokenRangeError(msg, file=file, row_group=row_group, row=row)
     values = pa.array(flat.astype(np.dtype(dtype)))
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
 
@@ -172,7 +177,7 @@ class TextIndex(Index):
         arr, row, where = read_column(self, rg, what="text")
         if len(arr) != row["rows"]:
             msg = f"{where}: decoded {len(arr)} rows, but the footer says {row['rows']}; the file is damaged"
-            raise DataError(msg)
+            raise DamagedChunkError(msg, file=self.file(row["file_index"]).location, row_group=row["row_group"])
         return arr
 
     def read_tokens(self, rg: int) -> pa.Array:
@@ -183,7 +188,8 @@ class TextIndex(Index):
         where = self.location(row["file_index"], row["row_group"])
         ids = encode_texts(tok, texts_of(self.read_text(rg)))
         bos, eos = tok.special(self.add_bos, self.add_eos)
-        arr = tokens_array(ids, bos=bos, eos=eos, dtype=self.dtype, where=where)
+        file = self.file(row["file_index"]).location
+        arr = tokens_array(ids, bos=bos, eos=eos, dtype=self.dtype, where=where, file=file, row_group=row["row_group"])
         got = len(arr.values)
         if got != row["tokens"]:
             msg = (
@@ -191,11 +197,16 @@ class TextIndex(Index):
                 f"tokenizer is not deterministic, or its code changed under the same model; clear "
                 f"{cache_dir() / 'text'} and start again"
             )
-            raise DataError(msg)
+            raise TokenizerChangedError(msg, file=file, row_group=row["row_group"])
         return arr
 
 
-def text_config(ix: Index) -> dict[str, Any]:
+@read_chunk.register
+def _read_text_chunk(index: TextIndex, rg: int) -> pa.Array:
+    return index.read_tokens(rg)
+
+
+def text_config(ix: RowGroupIndex) -> dict[str, Any]:
     """The checkpoint fields for text: tokenizer identity and BOS/EOS policy (defaults for tokens)."""
     if isinstance(ix, TextIndex) and ix.tokenizer is not None:
         return {
@@ -253,6 +264,138 @@ def _load_lengths(path: Path, rows: int) -> NDArray[np.int64] | None:
     return got
 
 
+@dataclass(frozen=True)
+class TextCounting:
+    """Counts by tokenizing: every row group not in the cache is read once and tokenized.
+
+    The counting step of :func:`planner.dataset.index` for text (listing, footers,
+    fingerprint and schema are the index's): per-document id counts are cached per
+    file under ``PLITZER_CACHE``, keyed by the file, the text column and the
+    tokenizer's identity, so the finished index itself is not cached.
+    """
+
+    tokenizer: TextTokenizer
+    text_column: str = "text"
+    add_bos: bool = False
+    add_eos: bool = True
+    threads: int | None = None
+
+    @property
+    def _extra(self) -> int:
+        bos, eos = self.tokenizer.special(self.add_bos, self.add_eos)
+        return (bos is not None) + (eos is not None)
+
+    def cache_key(self) -> None:
+        return None
+
+    def fingerprint_extra(self) -> str:
+        tok = self.tokenizer
+        return f"text\t{tok.kind}:{tok.identity}\tbos={self.add_bos}\teos={self.add_eos}\n"
+
+    def wrap(self, ix: Index) -> TextIndex:
+        return TextIndex(
+            frame=ix.frame,
+            column=ix.column,
+            dtype=ix.dtype,
+            fingerprint=ix.fingerprint,
+            source=ix.source,
+            _files=ix._files,
+            tokenizer=self.tokenizer,
+            add_bos=self.add_bos,
+            add_eos=self.add_eos,
+        )
+
+    def _counted(self, e: FileEntry, lengths: NDArray[np.int64]) -> Counted:
+        md = e.metadata
+        assert md is not None
+        leaf = _text_leaf(md, self.text_column, e.stat.location)
+        extra = self._extra
+        rows: list[footer.Row] = []
+        at = 0
+        for g in range(md.num_row_groups):
+            n = md.row_group(g).num_rows
+            raw = lengths[at : at + n]
+            at += n
+            start, length = _chunk_range(md, g, leaf, e.stat.size, f"{e.stat.location}, row group {g}")
+            rows.append((g, n, int(raw.sum()) + extra * n, int(((raw + extra) == 0).sum()), start, length, False))
+        return Counted(rows=rows, column=self.text_column, dtype=self.tokenizer.dtype, stored="text")
+
+    def scan(self, entry: FileEntry) -> Counted | None:
+        md = entry.metadata
+        assert md is not None
+        _text_leaf(md, self.text_column, entry.stat.location)
+        got = _load_lengths(_lengths_path(entry.stat, self.text_column, self.tokenizer), md.num_rows)
+        return None if got is None else self._counted(entry, got)
+
+    def _count(self, e: FileEntry, g: int) -> NDArray[np.int64]:
+        """Each document's id count in row group ``g`` of ``e`` (one ranged read, tokenized)."""
+        md = e.metadata
+        assert md is not None
+        where = f"{e.stat.location}, row group {g}"
+        start, length = _chunk_range(md, g, _text_leaf(md, self.text_column, where), e.stat.size, where)
+        data = e.storage.read_range(e.stat, start, length)
+        arr = decode_column(
+            data,
+            offset=start,
+            file_size=e.stat.size,
+            metadata=md,
+            row_group=g,
+            column=self.text_column,
+            where=where,
+            what="text",
+            file=e.stat.location,
+        )
+        ids = encode_texts(self.tokenizer, texts_of(arr))
+        return np.fromiter((len(x) for x in ids), np.int64, len(ids))
+
+    def finish(
+        self, entries: Sequence[FileEntry], scanned: list[Counted | None], progress: bool | None
+    ) -> list[Counted]:
+        todo = [
+            (e, g)
+            for e, c in zip(entries, scanned, strict=True)
+            if c is None and e.metadata is not None
+            for g in range(e.metadata.num_row_groups)
+            if e.metadata.row_group(g).num_rows > 0
+        ]
+        parts: dict[tuple[int, int], NDArray[np.int64]] = {}
+        if todo:
+            from tqdm import tqdm
+
+            workers = self.threads or os.cpu_count() or 2
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="plitzer-count") as pool:
+                counts = pool.map(lambda eg: self._count(*eg), todo)
+                bar = tqdm(
+                    counts,
+                    total=len(todo),
+                    desc="counting tokens",
+                    unit="row group",
+                    disable=None if progress is None else not progress,
+                    leave=False,
+                )
+                parts.update(zip([(id(e), g) for e, g in todo], bar, strict=True))
+        out: list[Counted] = []
+        for e, c in zip(entries, scanned, strict=True):
+            out.append(c if c is not None else self._count_file(e, parts))
+        return out
+
+    def _count_file(self, e: FileEntry, parts: dict[tuple[int, int], NDArray[np.int64]]) -> Counted:
+        md = e.metadata
+        assert md is not None
+        per = [
+            parts[(id(e), g)] if md.row_group(g).num_rows > 0 else np.zeros(0, np.int64)
+            for g in range(md.num_row_groups)
+        ]
+        got = np.concatenate(per) if per else np.zeros(0, np.int64)
+        try:
+            buf = io.BytesIO()
+            np.save(buf, got, allow_pickle=False)
+            write_atomic(_lengths_path(e.stat, self.text_column, self.tokenizer), buf.getvalue())
+        except OSError:
+            pass  # a read-only cache costs time, not correctness
+        return self._counted(e, got)
+
+
 def text_index(
     source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
@@ -268,7 +411,8 @@ def text_index(
 
     Every row group not in the cache is read once and tokenized to count its
     tokens, on ``threads`` threads (default: every core), with a progress bar
-    (default: when stderr is a terminal).
+    (default: when stderr is a terminal). The listing, footers, schema and
+    fingerprint are :func:`planner.dataset.index`'s; :class:`TextCounting` counts.
     """
     for name, v in (("add_eos", add_eos), ("add_bos", add_bos)):
         if not isinstance(v, bool):
@@ -277,133 +421,9 @@ def text_index(
     if not isinstance(text_column, str) or not text_column:
         msg = f"text_column={text_column!r} must name the text column, e.g. 'text'"
         raise ConfigError(msg)
-    tok = load_tokenizer(tokenizer)
-    bos, eos = tok.special(add_bos, add_eos)
-    extra = (bos is not None) + (eos is not None)
-    storages = open_storages(source, storage_options)
-    entries: list[FileEntry] = []
-    for i, s in enumerate(storages):
-        for found in s.list_files():
-            st = (
-                found
-                if len(storages) == 1
-                else FileStat(f"{i}/{found.name}", found.location, found.size, found.version)
-            )
-            entries.append(FileEntry(stat=st, storage=s))
-    src = ", ".join(s.url for s in storages)
-    if not entries:
-        msg = f"source {src!r} holds no *.parquet file; check the path (folders are searched recursively)"
-        raise ConfigError(msg)
-    workers = threads or os.cpu_count() or 2
-
-    def load(entry: FileEntry) -> pq.FileMetaData:
-        raw = footer.cached(entry.stat)
-        fresh = raw is None
-        if raw is None:
-            raw = footer.fetch(entry.storage, entry.stat)
-        md = footer.parse(raw, entry.stat.location)
-        entry.metadata = md
-        if fresh:
-            footer.remember(entry.stat, raw)
-        return md
-
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(entries)))) as pool:
-        mds = list(pool.map(load, entries))
-
-    leaves = [_text_leaf(md, text_column, e.stat.location) for e, md in zip(entries, mds, strict=True)]
-    lengths: list[NDArray[np.int64] | None] = []
-    todo: list[tuple[int, int]] = []
-    for fi, (e, md) in enumerate(zip(entries, mds, strict=True)):
-        got = _load_lengths(_lengths_path(e.stat, text_column, tok), md.num_rows)
-        lengths.append(got)
-        if got is None:
-            todo.extend((fi, g) for g in range(md.num_row_groups) if md.row_group(g).num_rows > 0)
-
-    if todo:
-        parts: dict[tuple[int, int], NDArray[np.int64]] = {}
-
-        def count(fg: tuple[int, int]) -> tuple[tuple[int, int], NDArray[np.int64]]:
-            fi, g = fg
-            e, md = entries[fi], mds[fi]
-            where = f"{e.stat.location}, row group {g}"
-            start, length = _chunk_range(md, g, leaves[fi], e.stat.size, where)
-            data = e.storage.read_range(e.stat, start, length)
-            arr = decode_column(
-                data,
-                offset=start,
-                file_size=e.stat.size,
-                metadata=md,
-                row_group=g,
-                column=text_column,
-                where=where,
-                what="text",
-            )
-            ids = encode_texts(tok, texts_of(arr))
-            return fg, np.fromiter((len(x) for x in ids), np.int64, len(ids))
-
-        from tqdm import tqdm
-
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="plitzer-count") as pool:
-            bar = tqdm(
-                pool.map(count, todo),
-                total=len(todo),
-                desc="counting tokens",
-                unit="row group",
-                disable=None if progress is None else not progress,
-                leave=False,
-            )
-            parts.update(bar)
-        for fi, (e, md) in enumerate(zip(entries, mds, strict=True)):
-            if lengths[fi] is not None:
-                continue
-            per = [
-                parts[(fi, g)] if md.row_group(g).num_rows > 0 else np.zeros(0, np.int64)
-                for g in range(md.num_row_groups)
-            ]
-            got = np.concatenate(per) if per else np.zeros(0, np.int64)
-            lengths[fi] = got
-            try:
-                buf = io.BytesIO()
-                np.save(buf, got, allow_pickle=False)
-                write_atomic(_lengths_path(e.stat, text_column, tok), buf.getvalue())
-            except OSError:
-                pass  # a read-only cache costs time, not correctness
-
-    cols: dict[str, list[Any]] = {k: [] for k in INDEX_SCHEMA}
-    for fi, (e, md) in enumerate(zip(entries, mds, strict=True)):
-        per_file = lengths[fi]
-        assert per_file is not None
-        at = 0
-        for g in range(md.num_row_groups):
-            n = md.row_group(g).num_rows
-            raw = per_file[at : at + n]
-            at += n
-            start, length = _chunk_range(md, g, leaves[fi], e.stat.size, f"{e.stat.location}, row group {g}")
-            cols["file"].append(e.stat.name)
-            cols["file_index"].append(fi)
-            cols["row_group"].append(g)
-            cols["rows"].append(n)
-            cols["tokens"].append(int(raw.sum()) + extra * n)
-            cols["empty_docs"].append(int(((raw + extra) == 0).sum()))
-            cols["byte_offset"].append(start)
-            cols["byte_length"].append(length)
-            cols["file_size"].append(e.stat.size)
-            cols["needs_check"].append(False)
-    frame = pl.DataFrame(cols, schema=INDEX_SCHEMA)
-    h = hashlib.sha256()
-    for name, rows, tokens in zip(
-        frame["file"].to_list(), frame["rows"].to_list(), frame["tokens"].to_list(), strict=True
-    ):
-        h.update(f"{name}\t{rows}\t{tokens}\n".encode())
-    h.update(f"text\t{tok.kind}:{tok.identity}\tbos={add_bos}\teos={add_eos}\n".encode())
-    return TextIndex(
-        frame=frame,
-        column=text_column,
-        dtype=tok.dtype,
-        fingerprint=h.hexdigest(),
-        source=src,
-        _files=entries,
-        tokenizer=tok,
-        add_bos=add_bos,
-        add_eos=add_eos,
+    counting = TextCounting(
+        load_tokenizer(tokenizer), text_column=text_column, add_bos=add_bos, add_eos=add_eos, threads=threads
     )
+    ix = index(source, storage_options=storage_options, progress=progress, counting=counting)
+    assert isinstance(ix, TextIndex)
+    return ix

@@ -54,7 +54,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -333,6 +333,51 @@ def _join(root: str, rel: str) -> str:
     return f"{root.rstrip('/')}/{rel}" if _remote(root) else str(Path(root) / rel)
 
 
+def _run_on_ray(
+    todo: list[_Job], tok: TextTokenizer, address: str | None, done: Callable[[tuple[str, int, int, int]], None]
+) -> None:
+    import ray
+    import ray.data
+
+    if not ray.is_initialized():
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    # Ray Data: one row (and one block, so one task) per file; each task converts
+    # its file exactly as a local worker does, and yields what it wrote.
+    spec = tok.spec
+    # Rows carry each job's position only: a job's storage options may hold values
+    # Arrow cannot store, so the jobs travel in the function Ray ships to its workers.
+    jobs_of = list(todo)
+    items = [{"job": i} for i in range(len(jobs_of))]
+
+    def convert(row: dict[str, Any]) -> dict[str, Any]:
+        rel, n_rows, n_tokens, n_bytes = _ray_job(spec, jobs_of[int(row["job"])])
+        return {"rel": rel, "rows": n_rows, "tokens": n_tokens, "bytes": n_bytes}
+
+    with warnings.catch_warnings():
+        # Ray Data's own context warns about its own deprecated settings.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ds = ray.data.from_items(items, override_num_blocks=len(items))
+        for out in ds.map(convert).iter_rows():
+            done((out["rel"], out["rows"], out["tokens"], out["bytes"]))
+
+
+def _run_local(
+    todo: list[_Job], tok: TextTokenizer, workers: int, done: Callable[[tuple[str, int, int, int]], None]
+) -> None:
+    if workers == 1:
+        for j in todo:
+            r_rows, r_tokens, r_bytes = convert_file(j, tok)
+            done((j.rel, r_rows, r_tokens, r_bytes))
+        return
+    import multiprocessing as mp
+
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(tok.spec,)
+    ) as pool:
+        for r in pool.map(_run_job, todo):
+            done(r)
+
+
 def tokenize(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -417,41 +462,9 @@ def tokenize(
         if not todo:
             pass
         elif engine == "ray":
-            import ray
-            import ray.data
-
-            if not ray.is_initialized():
-                ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-            # Ray Data: one row (and one block, so one task) per file; each task converts
-            # its file exactly as a local worker does, and yields what it wrote.
-            spec = tok.spec
-            # Rows carry each job's position only: a job's storage options may hold values
-            # Arrow cannot store, so the jobs travel in the function Ray ships to its workers.
-            jobs_of = list(todo)
-            items = [{"job": i} for i in range(len(jobs_of))]
-
-            def convert(row: dict[str, Any]) -> dict[str, Any]:
-                rel, n_rows, n_tokens, n_bytes = _ray_job(spec, jobs_of[int(row["job"])])
-                return {"rel": rel, "rows": n_rows, "tokens": n_tokens, "bytes": n_bytes}
-
-            with warnings.catch_warnings():
-                # Ray Data's own context warns about its own deprecated settings.
-                warnings.simplefilter("ignore", DeprecationWarning)
-                ds = ray.data.from_items(items, override_num_blocks=len(items))
-                for out in ds.map(convert).iter_rows():
-                    done((out["rel"], out["rows"], out["tokens"], out["bytes"]))
-        elif workers == 1:
-            for j in todo:
-                r_rows, r_tokens, r_bytes = convert_file(j, tok)
-                done((j.rel, r_rows, r_tokens, r_bytes))
+            _run_on_ray(todo, tok, address, done)
         else:
-            import multiprocessing as mp
-
-            with ProcessPoolExecutor(
-                max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(tok.spec,)
-            ) as pool:
-                for r in pool.map(_run_job, todo):
-                    done(r)
+            _run_local(todo, tok, workers, done)
     finally:
         bar.close()
     return TokenizeResult(

@@ -11,7 +11,8 @@ return Polars frames, so a notebook can call them one by one:
 - :func:`lockstep`: per step, the windows the lanes sit in, the windows the step
   uses, and how far apart the lanes' token counts are (never more than one).
 - :func:`read_amplification`: reads per row group versus window, with the bound
-  ``1 + (world - 1) * windows / G`` of SPEC section 4 (about ``1 + (world - 1) / window``).
+  ``1 + (world - 1) * windows / G``, about ``1 + (world - 1) / window`` (docs/design.md,
+  "Reads and read amplification").
 - :func:`epochs_covered`: how many epochs a number of steps covers.
 
 :func:`audit` runs them all and returns a :class:`Report`, whose ``write`` puts an

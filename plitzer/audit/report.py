@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Unpack
 import polars as pl
 
 from planner.mixture import MixturePlan
+from planner.plan import Plan
+from planner.rowgroups import RowGroupIndex
 from plitzer.audit.pictures import (
     plot_amplification,
     plot_lane_balance,
@@ -43,6 +45,10 @@ from plitzer.settings import Keywords, LoaderSettings, make_plan, open_source
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+    from plitzer.audit.tables import I64
+
+    _Sections = tuple[dict[str, pl.DataFrame], dict[str, Figure], dict[str, str]]
 
 __all__ = ["Report", "audit"]
 
@@ -128,39 +134,17 @@ def _html_table(df: pl.DataFrame, caption: str, limit: int = 50) -> str:
     return f"<table><caption>{html.escape(caption)}</caption><tr>{head}</tr>{body}</table>{more}"
 
 
-def audit(
-    source: Source,
-    *,
-    steps: int | None = None,
-    windows: Sequence[int] | None = None,
-    progress: bool | None = None,
-    **settings: Unpack[Keywords],
-) -> Report:
-    """Audit a dataset and its plan for the given settings.
-
-    ``steps`` (default: one epoch) is the run length for the epoch table; ``windows``
-    the window sizes compared for read amplification. Reads every row group's token
-    column once (lengths and hashes, cached); the rest is footers and plan tables.
-    """
-    cfg = LoaderSettings.of(**settings)
-    seed, lanes, window, world, seq_len = cfg.seed, cfg.lanes, cfg.window, cfg.world, cfg.seq_len
-    ix = open_source(source, cfg)
-    plan = make_plan(ix, cfg)
-    lengths = document_pass(ix, progress=progress)[0]  # type: ignore[arg-type]
+def _dataset_section(ix: RowGroupIndex, plan: Plan, cfg: LoaderSettings, lengths: I64, out: _Sections) -> None:
+    """Summary, settings, document lengths and tokens per file and row group."""
+    tables, figures, _ = out
     f = ix.frame
-    total = ix.tokens
-    per_epoch = -(-total // (lanes * seq_len))
-    steps = per_epoch if steps is None else steps
-
-    tables: dict[str, pl.DataFrame] = {}
-    figures: dict[str, Figure] = {}
-    notes: dict[str, str] = {}
+    per_epoch = -(-ix.tokens // (cfg.lanes * cfg.seq_len))
     tables["summary"] = pl.DataFrame(
         {
             "files": [len(ix.files)],
             "row_groups": [f.height],
             "documents": [int(f["rows"].sum())],
-            "tokens": [total],
+            "tokens": [ix.tokens],
             "token_bytes": [int(f["byte_length"].sum())],
             "column": [ix.column],
             "dtype": [ix.dtype],
@@ -169,11 +153,11 @@ def audit(
     )
     tables["settings"] = pl.DataFrame(
         {
-            "seed": [seed],
-            "lanes": [lanes],
-            "window": [window],
-            "world": [world],
-            "seq_len": [seq_len],
+            "seed": [cfg.seed],
+            "lanes": [cfg.lanes],
+            "window": [cfg.window],
+            "world": [cfg.world],
+            "seq_len": [cfg.seq_len],
             "windows_per_epoch": [plan.windows],
             "steps_per_epoch": [per_epoch],
         }
@@ -189,6 +173,10 @@ def audit(
     figures["tokens_per_file"] = plot_tokens_per_file(f)
     figures["tokens_per_row_group"] = plot_tokens_per_row_group(f)
 
+
+def _lanes_section(plan: Plan, seq_len: int, steps: int, per_epoch: int, out: _Sections) -> None:
+    """Lane balance in epoch 0 and lockstep over the run."""
+    tables, figures, notes = out
     balance = lane_balance(plan, 0)
     drift = lockstep(plan, seq_len, steps=min(steps, 20 * per_epoch))
     tables["lane_balance_summary"] = balance.select(
@@ -214,27 +202,36 @@ def audit(
         "of tokens received between any two lanes, which the lockstep rule keeps at most 1."
     )
 
-    if isinstance(plan, MixturePlan):
-        epochs = max(1, min(20, steps * lanes * seq_len // total + 1))
-        shares = mixture_shares(plan, seq_len, epochs)
-        tables["mixture_shares"] = shares
-        tables["source_repetitions"] = source_repetitions(plan, epochs)
-        tables["sources"] = plan.sources()
-        figures["mixture"] = plot_mixture(shares)
-        notes["Mixture"] = (
-            "Per source, its share of the run's tokens within each stage, window after window, "
-            "against its target (dashed); and how many times each source has been repeated "
-            "(source epochs begun) by the end of each mixture epoch."
-        )
 
+def _mixture_section(plan: MixturePlan, seq_len: int, epochs: int, out: _Sections) -> None:
+    """Each source's share per stage, and its repetitions."""
+    tables, figures, notes = out
+    shares = mixture_shares(plan, seq_len, epochs)
+    tables["mixture_shares"] = shares
+    tables["source_repetitions"] = source_repetitions(plan, epochs)
+    tables["sources"] = plan.sources()
+    figures["mixture"] = plot_mixture(shares)
+    notes["Mixture"] = (
+        "Per source, its share of the run's tokens within each stage, window after window, "
+        "against its target (dashed); and how many times each source has been repeated "
+        "(source epochs begun) by the end of each mixture epoch."
+    )
+
+
+def _reads_section(plan: Plan, cfg: LoaderSettings, windows: Sequence[int] | None, out: _Sections) -> None:
+    """Reads per rank, and read amplification versus window."""
+    tables, figures, _ = out
     rpr = reads_per_rank(plan, 0)
-    amp = read_amplification(plan, lanes=lanes, world=world, windows=windows, seed=seed)
+    amp = read_amplification(plan, lanes=cfg.lanes, world=cfg.world, windows=windows, seed=cfg.seed)
     tables["reads_per_rank"] = rpr
     tables["read_amplification"] = amp
     figures["reads_per_rank"] = plot_reads_per_rank(rpr)
     figures["read_amplification"] = plot_amplification(amp)
 
-    dup = duplicates(ix)  # type: ignore[arg-type]
+
+def _duplicates_section(ix: RowGroupIndex, out: _Sections) -> None:
+    tables, _, notes = out
+    dup = duplicates(ix)
     tables["duplicates"] = dup
     groups = int(dup["group"].n_unique()) if dup.height else 0
     kept = int(dup.group_by("group").agg(pl.col("length").first())["length"].sum()) if dup.height else 0
@@ -242,6 +239,39 @@ def audit(
         f"{dup.height:,} documents in {groups:,} groups of identical documents: "
         f"{dup.height - groups:,} redundant copies, {int(dup['length'].sum()) - kept:,} redundant tokens."
     )
+
+
+def audit(
+    source: Source,
+    *,
+    steps: int | None = None,
+    windows: Sequence[int] | None = None,
+    progress: bool | None = None,
+    **settings: Unpack[Keywords],
+) -> Report:
+    """Audit a dataset and its plan for the given settings.
+
+    ``steps`` (default: one epoch) is the run length for the epoch table; ``windows``
+    the window sizes compared for read amplification. Reads every row group's token
+    column once (lengths and hashes, cached); the rest is footers and plan tables.
+    """
+    cfg = LoaderSettings.of(**settings)
+    lanes, seq_len = cfg.lanes, cfg.seq_len
+    ix = open_source(source, cfg)
+    plan = make_plan(ix, cfg)
+    lengths = document_pass(ix, progress=progress)[0]
+    total = ix.tokens
+    per_epoch = -(-total // (lanes * seq_len))
+    steps = per_epoch if steps is None else steps
+
+    out: _Sections = ({}, {}, {})
+    _dataset_section(ix, plan, cfg, lengths, out)
+    _lanes_section(plan, seq_len, steps, per_epoch, out)
+    if isinstance(plan, MixturePlan):
+        _mixture_section(plan, seq_len, max(1, min(20, steps * lanes * seq_len // total + 1)), out)
+    _reads_section(plan, cfg, windows, out)
+    _duplicates_section(ix, out)
+    tables, figures, notes = out
     tables["epochs_covered"] = epochs_covered(total, lanes, seq_len, steps)
     tables["epoch_starts"] = epoch_starts(total, lanes, seq_len, min(50, steps * lanes * seq_len // total + 1))
     return Report(title=f"plitzer audit: {ix.source}", tables=tables, figures=figures, notes=notes)

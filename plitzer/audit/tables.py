@@ -6,7 +6,6 @@ dataset or plan; :func:`plitzer.audit.audit` gathers them into a report.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,9 +13,10 @@ import numpy as np
 import polars as pl
 from numpy.typing import NDArray
 
-from planner.dataset import Index, ensure_index
+from planner.api import PathSource, open_index
 from planner.mixture import MixturePlan
 from planner.plan import Plan, PlanSettings
+from planner.rowgroups import RowGroupIndex
 from plitzer.explain import document_table
 
 __all__ = [
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 I64 = NDArray[np.int64]
-Source = Index | str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+Source = RowGroupIndex | PathSource
 
 
 def length_summary(lengths: I64) -> pl.DataFrame:
@@ -206,11 +206,11 @@ def read_amplification(
     """Reads per non-empty row group over all ranks, for each window size (epoch 0).
 
     Columns: window, reads, row_groups, amplification, bound, nominal_bound,
-    bytes_read, bytes_amplification. ``nominal_bound`` is SPEC section 4's
+    bytes_read, bytes_amplification. ``nominal_bound`` is the design's ("Reads and read amplification")
     ``1 + (world-1)/window``; ``bound`` is ``1 + windows * (world-1) / row_groups``,
     the same bound counted per window, which a short last window makes slightly larger.
     """
-    ix = source.dataset if isinstance(source, Plan) else ensure_index(source)
+    ix = source.dataset if isinstance(source, Plan) else open_index(source)
     g = ix.row_groups
     if windows is None:
         windows = sorted({w for w in (1, 2, 4, 8, 16, 32, 64, 128, 256) if w <= max(1, g)} | {max(1, g)})
@@ -260,7 +260,7 @@ def epochs_covered(tokens: int, lanes: int, seq_len: int, steps: int) -> pl.Data
 
 
 def epoch_starts(tokens: int, lanes: int, seq_len: int, epochs: int) -> pl.DataFrame:
-    """epoch, first_step, steps: the steps labelled with each epoch (SPEC section 3, point 8)."""
+    """epoch, first_step, steps: the steps labelled with each epoch (docs/glossary.md, "Step")."""
     per_step = lanes * seq_len
     e = np.arange(epochs + 1, dtype=np.int64)
     first = -(-e * tokens // per_step)

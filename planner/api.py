@@ -1,0 +1,120 @@
+"""Source -> index -> plan, in one place: what :func:`planner.plan` and every plitzer entry point call.
+
+A source is a path, an ``s3://`` URL, a list of them, an index already built, or a
+dict of named sources (a mixture, :mod:`planner.mixture`). :func:`open_index` turns
+it into its :class:`~planner.rowgroups.RowGroupIndex`, :func:`make_plan` turns an
+index into its :class:`~planner.plan.Plan`; each mistake is a ConfigError raised
+here and nowhere else (docs/design.md, "One index protocol, one builder, one dispatch").
+
+This module is the top of planner: it imports the modules it dispatches to, and none
+of them imports it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from planner.dataset import Index, ensure_index
+from planner.errors import ConfigError
+from planner.mixture import MixtureIndex, MixturePlan, mixture_index
+from planner.plan import Plan, PlanSettings
+from planner.rowgroups import RowGroupIndex
+from planner.sources import Weights, parse_stages
+
+__all__ = ["PathSource", "Source", "make_plan", "open_index", "plan"]
+
+PathSource = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+"""A path, an ``s3://`` URL, or a list of them."""
+
+Source = RowGroupIndex | PathSource | Mapping[str, Any]
+"""What every entry point takes: a path source, an index, or a dict of named sources."""
+
+
+def _paths(source: object) -> PathSource:
+    if isinstance(source, (str, os.PathLike, Sequence)):
+        return source
+    msg = (
+        f"source={source!r} is not a path, an s3:// URL, a list of them, an index or a dict of named sources; "
+        "pass one of those"
+    )
+    raise TypeError(msg)
+
+
+def open_index(
+    source: Source,
+    *,
+    column: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    weights: Weights = None,
+    text: Callable[[PathSource], Index] | None = None,
+) -> RowGroupIndex:
+    """The index of ``source``: a mixture's for a dict, the given one for an index, else a dataset's.
+
+    ``weights`` belong to named sources only. ``text`` indexes a text source (plitzer
+    passes its tokenizer's ``text_index`` here); it takes a path source only.
+    """
+    if isinstance(source, (Mapping, MixtureIndex)):
+        if text is not None:
+            msg = (
+                "tokenizer= with a mixture: tokenize each text source first (plitzer tokenize SRC DST) and mix "
+                "the token datasets"
+            )
+            raise ConfigError(msg)
+        return mixture_index(source, column=column, storage_options=storage_options)
+    if weights is not None:
+        msg = "weights= needs named sources: pass a dict such as {'web': 'data/web', 'code': 'data/code'}"
+        raise ConfigError(msg)
+    if isinstance(source, Index):
+        if text is not None:
+            msg = "tokenizer= needs the text source, not an Index; pass the path (or a plitzer.text.text_index)"
+            raise ConfigError(msg)
+        return ensure_index(source, column=column)
+    paths = _paths(source)
+    if text is not None:  # text in (plitzer.text): tokenized as read, counted once
+        return text(paths)
+    return ensure_index(paths, column=column, storage_options=storage_options)
+
+
+def make_plan(
+    index: RowGroupIndex, settings: PlanSettings, *, weights: Weights = None, seq_len: int | None = None
+) -> Plan:
+    """The plan of ``index``: a mixture's (weights in stages) or one source's."""
+    if isinstance(index, MixtureIndex):
+        stages = parse_stages(weights, index.names, [ix.tokens for ix in index.parts])
+        return MixturePlan(index, settings, stages, seq_len=seq_len)
+    return Plan(index, settings)
+
+
+def plan(
+    source: Source,
+    seed: int = 0,
+    lanes: int = 512,
+    window: int = 64,
+    world: int = 1,
+    *,
+    column: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    weights: Any = None,
+    seq_len: int | None = None,
+) -> Plan:
+    """The plan of ``source`` (a path, URL, list, an :class:`~planner.dataset.Index`, or a dict of named sources).
+
+    A dict of named sources is a mixture (:mod:`planner.mixture`): ``weights`` are its
+    shares of tokens, a dict or stages ``[(step, dict), ...]`` (stages need ``seq_len``
+    to place their steps); without weights each source weighs its tokens.
+
+    Examples
+    --------
+    >>> import planner, tempfile, pyarrow as pa, pyarrow.parquet as pq
+    >>> d = tempfile.mkdtemp()
+    >>> docs = pa.array([[i % 97] * (20 + i % 50) for i in range(400)], pa.list_(pa.int32()))
+    >>> pq.write_table(pa.table({"tokens": docs}), f"{d}/part.parquet", row_group_size=25)
+    >>> p = planner.plan(d, seed=0, lanes=8, window=4, world=2)
+    >>> sorted(p.reads(0)["rank"].unique().to_list())
+    [0, 1]
+    """
+    settings = PlanSettings(seed=seed, lanes=lanes, window=window, world=world)
+    ix = open_index(source, column=column, storage_options=storage_options, weights=weights)
+    return make_plan(ix, settings, weights=weights, seq_len=seq_len)

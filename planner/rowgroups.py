@@ -1,0 +1,77 @@
+"""What every row-group index is: the protocol that the plan, the runtime and the tools read.
+
+Three indexes satisfy :class:`RowGroupIndex`: a dataset's :class:`planner.dataset.Index`
+(token counts from footer statistics), a text dataset's ``plitzer.text.TextIndex`` (an
+``Index`` whose counts come from a tokenizer pass) and a mixture's
+:class:`planner.mixture.MixtureIndex` (its sources' indexes side by side). Code that
+only reads an index takes a ``RowGroupIndex`` and never asks which one it has; the
+few places that must (where a chunk is read, where a plan is made) dispatch on the
+type once (docs/design.md, "One index protocol, one builder, one dispatch").
+
+This module is a leaf of planner: it imports nothing of planner but the storage types.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from planner.column import TokenDtype
+from planner.storage import FileStat, Storage
+
+__all__ = ["RowGroupIndex"]
+
+
+class RowGroupIndex(Protocol):
+    """One row per row group (rows of ``frame``, the columns of ``planner.dataset.INDEX_SCHEMA``).
+
+    Row-group ids are rows of ``frame``; files are numbered by ``frame["file_index"]``.
+    """
+
+    @property
+    def frame(self) -> pl.DataFrame:
+        """One row per row group: files in order, row groups in file order."""
+        ...
+
+    @property
+    def column(self) -> str:
+        """The token (or text) column."""
+        ...
+
+    @property
+    def dtype(self) -> TokenDtype:
+        """The dtype of every batch: int32, or uint32."""
+        ...
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the row groups' counts (and of whatever else decides them)."""
+        ...
+
+    @property
+    def source(self) -> str:
+        """Where the data lives, for messages."""
+        ...
+
+    @property
+    def files(self) -> list[FileStat]: ...
+
+    @property
+    def tokens(self) -> int: ...
+
+    @property
+    def row_groups(self) -> int: ...
+
+    def storage(self, file_index: int) -> Storage: ...
+
+    def file(self, file_index: int) -> FileStat: ...
+
+    def metadata(self, file_index: int) -> pq.FileMetaData:
+        """The file's parsed footer."""
+        ...
+
+    def location(self, file_index: int, row_group: int | None = None) -> str:
+        """The file (and row group) for messages: ``path`` or ``path, row group g``."""
+        ...

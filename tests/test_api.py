@@ -1,0 +1,99 @@
+"""Source -> index -> plan in one place (planner.api): every entry point gets the same index,
+plan and errors; a plan's epoch order is composed, not subclassed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pytest
+
+import planner
+import plitzer
+from planner.api import make_plan, open_index
+from planner.mixture import Interleave, MixtureIndex, MixturePlan
+from planner.plan import Permutation, PlanSettings
+from plitzer.read import read_chunk
+from plitzer.settings import LoaderSettings, open_source
+from plitzer.settings import make_plan as loader_plan
+from tests.conftest import numbered_dataset
+
+CFG: dict[str, Any] = {"seed": 3, "lanes": 4, "window": 2, "world": 2}
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("api")
+    rng = np.random.default_rng(0)
+    out = {}
+    for name in ("a", "b"):
+        lengths = [[rng.integers(0, 30, 8).tolist() for _ in range(5)] for _ in range(2)]
+        numbered_dataset(root / name, lengths)
+        out[name] = str(root / name)
+    return out
+
+
+def _tables(p: planner.Plan, epochs: int = 3) -> list[pl.DataFrame]:
+    return [p.row_groups(e) for e in range(epochs)] + [p.reads(e) for e in range(epochs)]
+
+
+@pytest.mark.parametrize("kind", ["path", "index", "mixture"])
+def test_planner_and_the_loader_settings_make_the_same_plan(two: dict[str, str], kind: str) -> None:
+    source: object = {"path": two["a"], "index": planner.index(two["a"]), "mixture": two}[kind]
+    weights = {"a": 1, "b": 2} if kind == "mixture" else None
+    direct = planner.plan(source, **CFG, weights=weights, seq_len=16)  # type: ignore[arg-type]
+    s = LoaderSettings.of(**CFG, weights=weights, seq_len=16)
+    via_loader = loader_plan(open_source(source, s), s)  # type: ignore[arg-type]
+    assert type(direct) is type(via_loader)
+    for x, y in zip(_tables(direct), _tables(via_loader), strict=True):
+        assert x.equals(y)
+
+
+def test_every_entry_point_raises_the_same_messages(two: dict[str, str]) -> None:
+    with pytest.raises(plitzer.ConfigError, match="weights= needs named sources") as a:
+        planner.plan(two["a"], weights={"a": 1})
+    with pytest.raises(plitzer.ConfigError, match="weights= needs named sources") as b:
+        plitzer.Loader(two["a"], weights={"a": 1}, seq_len=16, **CFG)
+    assert str(a.value) == str(b.value)
+    with pytest.raises(plitzer.ConfigError, match="tokenizer= with a mixture"):
+        open_index(two, text=planner.index)
+    with pytest.raises(plitzer.ConfigError, match="tokenizer= needs the text source, not an Index"):
+        open_index(planner.index(two["a"]), text=planner.index)
+    with pytest.raises(TypeError, match="is not a path"):
+        open_index(42)  # type: ignore[arg-type]
+
+
+def test_a_plan_composes_its_epoch_order(two: dict[str, str]) -> None:
+    settings = PlanSettings(**CFG)
+    one = make_plan(planner.index(two["a"]), settings)
+    assert isinstance(one.order, Permutation) and type(one) is planner.Plan
+    mixed = make_plan(open_index(two), settings, weights={"a": 1, "b": 1})
+    assert isinstance(mixed, MixturePlan) and isinstance(mixed.order, Interleave)
+    # A mixture of one source is that source's own plan: the same order, the same tables.
+    alone = make_plan(open_index({"a": two["a"]}), settings)
+    assert isinstance(alone, MixturePlan) and isinstance(alone.order, Permutation)
+    for x, y in zip(_tables(one), _tables(alone), strict=True):
+        assert x.equals(y.select(x.columns))
+
+
+def test_window_starts_are_the_run_tokens_before_each_unit(two: dict[str, str]) -> None:
+    for p in (planner.plan(two["a"], **CFG), planner.plan(two, **CFG, weights={"a": 1, "b": 3})):
+        want = []
+        for e in range(4):
+            wt = p.epoch(e).window_tokens
+            want.extend((p.run_before(e) + np.cumsum(wt) - wt).tolist())
+        n = sum(p.windows_in(e) for e in range(4))
+        assert p.window_starts(n).tolist() == want
+        assert [p.unit(*p.unit_epoch_window(u)) for u in range(n)] == list(range(n))
+
+
+def test_read_chunk_dispatches_on_the_index_type(two: dict[str, str]) -> None:
+    mix = open_index(two)
+    assert isinstance(mix, MixtureIndex)
+    b = planner.index(two["b"])
+    got = read_chunk(mix, mix.row_groups - 1)  # the last row group of source b
+    assert got.equals(read_chunk(b, b.row_groups - 1))
+    with pytest.raises(TypeError, match="read_chunk: no reader for a"):
+        read_chunk(Path(two["a"]), 0)  # type: ignore[arg-type]
