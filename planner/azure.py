@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from planner.errors import ConfigError
-from planner.retry import Fatal, Retrier, Throttle, Throttled, Transient, check_body, with_deadline
+from planner.retry import Changed, Fatal, Retrier, Throttle, Throttled, Transient, check_body, with_deadline
 from planner.storage import FileStat, check_range, list_prefix, select_parquet
 
 __all__ = ["AzureStorage"]
@@ -173,7 +173,7 @@ class AzureStorage:
                     f"the object changed after it was indexed: it is {total} bytes, not {file.size}; "
                     "restore it, or start a new run (the index is rebuilt on the next start)"
                 )
-                raise Fatal(msg)
+                raise Changed(msg, location=file.location)
             return check_body(await stream.readall(), offset, length)
 
         what = f"{file.location}: reading bytes [{offset}, {offset + length})"
@@ -227,15 +227,14 @@ def _raise_classified(e: BaseException) -> None:
             "not change under a running job: restore it, or start a new run (the index is rebuilt "
             "on the next start)"
         )
-        raise Fatal(msg) from e
+        raise Changed(msg) from e
     if isinstance(e, ax.ResourceNotFoundError):
         code = str(getattr(e, "error_code", "") or "")
-        msg = (
-            "no such container; check the URL and the account"
-            if "Container" in code
-            else "the object disappeared after indexing; restore it or start a new run"
-        )
-        raise Fatal(msg) from e
+        if "Container" in code:
+            msg = "no such container; check the URL and the account"
+            raise Fatal(msg) from e
+        msg = "the object disappeared after indexing; restore it or start a new run"
+        raise Changed(msg) from e
     if isinstance(e, ax.ClientAuthenticationError):
         code = getattr(e, "error_code", "")
         msg = f"access denied ({code}); check account_key, sas_token or the AZURE_STORAGE_* variables"

@@ -43,10 +43,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from planner import footer
+from planner.backends import open_storages
 from planner.cache import cache_dir, digest, write_atomic
 from planner.column import TokenDtype, delivered_dtype
 from planner.errors import ConfigError, DataError
-from planner.storage import FileStat, Storage, open_storages
+from planner.storage import FileStat, Storage
 
 __all__ = [
     "INDEX_SCHEMA",

@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import quote
 
 from planner.errors import ConfigError
-from planner.retry import Fatal, Retrier, Throttle, Throttled, Transient, check_body, with_deadline
+from planner.retry import Changed, Fatal, Retrier, Throttle, Throttled, Transient, check_body, with_deadline
 from planner.storage import FileStat, check_range, list_prefix, select_parquet
 
 __all__ = ["GCSStorage", "import_gcsfs"]
@@ -207,14 +207,14 @@ class GCSStorage:
                     f"{file.version}; a dataset must not change under a running job: restore it, "
                     "or start a new run (the index is rebuilt on the next start)"
                 )
-                raise Fatal(msg)
+                raise Changed(msg, location=file.location)
             got = str(headers.get("Content-Range", ""))
             if got.rpartition("/")[2] not in ("", str(file.size)):
                 msg = (
                     f"the object changed after it was indexed: it is {got.rpartition('/')[2]} bytes, "
                     f"not {file.size}; restore it, or start a new run (the index is rebuilt on the next start)"
                 )
-                raise Fatal(msg)
+                raise Changed(msg, location=file.location)
             if not got.startswith(f"bytes {offset}-{end}/"):
                 # Wrong range (or the whole object): never decoded, asked again.
                 msg = (
@@ -288,6 +288,8 @@ def _check_status(status: int, body: bytes, file: FileStat | None) -> None:
         msg = f"the object is shorter than indexed{where}; it changed after indexing: start a new run"
     else:
         msg = f"the server refused the request ({status}: {text})"
+    if file is not None and status in (404, 412, 416):
+        raise Changed(msg, location=file.location)
     raise Fatal(msg)
 
 

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from planner.errors import StorageError
+from planner.errors import FileChangedError, StorageError
 
 __all__ = ["Fatal", "Retrier", "Throttle", "Throttled", "Transient", "check_body", "with_deadline"]
 
@@ -35,6 +35,14 @@ _RETRY_CAP = 10.0
 
 class Fatal(Exception):
     """A failure that retrying cannot fix; carries the message for StorageError."""
+
+
+class Changed(Fatal):
+    """The object changed (or vanished) after it was indexed: a FileChangedError naming it."""
+
+    def __init__(self, msg: str, *, location: str | None = None) -> None:
+        super().__init__(msg)
+        self.location = location
 
 
 class Transient(Exception):
@@ -190,6 +198,9 @@ class Retrier:
         )
         try:
             result: T = retrying(once)
+        except Changed as e:
+            msg = f"{what}: {e}"
+            raise FileChangedError(msg, file=e.location) from e.__cause__
         except Fatal as e:
             msg = f"{what}: {e}"
             raise StorageError(msg) from e.__cause__

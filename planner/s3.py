@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from planner.errors import ConfigError
+from planner.retry import Changed, Retrier, Throttle
 from planner.retry import Fatal as _Fatal
-from planner.retry import Retrier, Throttle
 from planner.retry import Transient as _Retry
 from planner.retry import with_deadline as _with_deadline
 from planner.storage import FileStat, check_range, list_prefix, select_parquet
@@ -372,4 +372,9 @@ def _raise_fatal(e: BaseException, file: FileStat | None = None) -> None:
         msg = f"the object is shorter than indexed{where}; it changed after indexing: start a new run"
     else:
         msg = f"the server refused the request ({status} {code}: {e})"
+    changed = file is not None and (
+        status in (412, 416, 404) or code in ("PreconditionFailed", "InvalidRange", "NoSuchKey", "404")
+    )
+    if changed:
+        raise Changed(msg, location=file.location if file else None) from e
     raise _Fatal(msg) from e

@@ -17,12 +17,12 @@ generation) with ``size`` detect a file that changed after it was indexed.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from planner.errors import ConfigError, StorageError
+from planner.errors import ConfigError, FileChangedError, StorageError
 
 __all__ = [
     "FileStat",
@@ -31,12 +31,11 @@ __all__ = [
     "check_range",
     "duckdb_filesystems",
     "list_prefix",
-    "open_storages",
     "select_parquet",
 ]
 
 SCHEMES = ("s3://", "gs://", "gcs://", "az://", "abfs://", "abfss://")
-_SOURCE_FORMS = "a folder, a .parquet file, or s3://, gs:// or az:// bucket/prefix"
+SOURCE_FORMS = "a folder, a .parquet file, or s3://, gs:// or az:// bucket/prefix"
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +130,7 @@ class LocalStorage:
         self.url = str(self.path)
         self.concurrency = os.cpu_count() or 2
         if not self.path.exists():
-            msg = f"source {str(path)!r} does not exist; pass {_SOURCE_FORMS}"
+            msg = f"source {str(path)!r} does not exist; pass {SOURCE_FORMS}"
             raise ConfigError(msg)
 
     def _stat(self, p: Path, name: str) -> FileStat:
@@ -161,7 +160,7 @@ class LocalStorage:
                     "a dataset must not change under a running job: restore it, or start "
                     "a new run (the index is rebuilt on the next start)"
                 )
-                raise StorageError(msg)
+                raise FileChangedError(msg, file=file.location)
             data = os.pread(fd, length, offset)
         finally:
             os.close(fd)
@@ -170,7 +169,7 @@ class LocalStorage:
                 f"{file.location}: short read at byte {offset}: got {len(data)} of "
                 f"{length} bytes; the file was truncated after indexing"
             )
-            raise StorageError(msg)
+            raise FileChangedError(msg, file=file.location)
         return data
 
     def polars_options(self) -> dict[str, str]:
@@ -178,41 +177,6 @@ class LocalStorage:
 
     def duckdb_filesystem(self) -> Any:
         return None  # DuckDB reads local paths itself
-
-
-def open_storages(
-    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-    storage_options: Mapping[str, Any] | None = None,
-) -> list[Storage]:
-    """One storage per source; a list source gives several, in order."""
-    if isinstance(source, (str, os.PathLike)):
-        sources: list[str | os.PathLike[str]] = [source]
-    else:
-        sources = list(source)
-        if not sources:
-            msg = f"source is an empty list; pass {_SOURCE_FORMS}"
-            raise ConfigError(msg)
-    out: list[Storage] = []
-    for s in sources:
-        text = os.fspath(s)
-        if text.startswith("s3://"):
-            from planner.s3 import S3Storage  # s3 builds on this module's FileStat
-
-            out.append(S3Storage(text, storage_options))
-        elif text.startswith(("gs://", "gcs://")):
-            from planner.gcs import GCSStorage
-
-            out.append(GCSStorage(text, storage_options))
-        elif text.startswith(("az://", "abfs://", "abfss://")):
-            from planner.azure import AzureStorage
-
-            out.append(AzureStorage(text, storage_options))
-        elif "://" in text:
-            msg = f"source {text!r}: the supported URLs are {', '.join(SCHEMES)} (and local paths)"
-            raise ConfigError(msg)
-        else:
-            out.append(LocalStorage(text))
-    return out
 
 
 def duckdb_filesystems(storages: Sequence[Storage]) -> list[Any]:

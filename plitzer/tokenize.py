@@ -64,8 +64,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from planner.backends import open_storages
 from planner.errors import ConfigError, DataError, StorageError, one_line
-from planner.storage import FileStat, Storage, open_storages
+from planner.storage import FileStat, Storage
 from plitzer.read import list_lengths
 from plitzer.text import encode_texts, texts_of, tokens_array
 from plitzer.tokenizer import TextTokenizer, load_tokenizer, rebuild

@@ -291,6 +291,8 @@ def test_a_file_replaced_under_a_running_loader_is_refused(tmp_path: Path) -> No
         before = (tmp_path / "f000.parquet").stat().st_mtime_ns
         write_dataset(tmp_path, [[[[2] * 50] * 20 for _ in range(6)]])  # same size, new mtime
         _newer(tmp_path / "f000.parquet", before)
-        with pytest.raises(plitzer.StorageError, match=r"f000\.parquet: the file changed after it was indexed"):
+        changed = r"f000\.parquet: the file changed after it was indexed"
+        with pytest.raises(plitzer.FileChangedError, match=changed) as e:
             for _ in range(200):
                 ld.next_batch()
+        assert Path(e.value.file or "").name == "f000.parquet"

@@ -24,9 +24,10 @@ import pytest
 
 import planner
 import plitzer
-from planner.errors import StorageError
+from planner.backends import open_storages
+from planner.errors import FileChangedError, StorageError
 from planner.s3 import S3Storage
-from planner.storage import LocalStorage, Storage, open_storages
+from planner.storage import LocalStorage, Storage
 from plitzer.settings import default_threads
 from tests.cloud_fixtures import CloudData, azure, gcs
 from tests.conftest import tokens_of
@@ -183,9 +184,10 @@ def test_a_changed_object_is_refused(store: Store, same_size: bool) -> None:
     if store.name == "local":
         os.utime(f.location, ns=(1, 1))  # a rewrite in the same nanosecond is not a change we can see
     store.put(f"{prefix}/f.parquet", b"b" * (1000 if same_size else 1200))
-    with pytest.raises(StorageError, match="changed after it was indexed") as err:
+    with pytest.raises(FileChangedError, match="changed after it was indexed") as err:
         st.read_range(f, 10, 10)
-    assert f.location in str(err.value)
+    assert isinstance(err.value, StorageError) and isinstance(err.value, OSError)
+    assert f.location in str(err.value) and err.value.file == f.location
 
 
 @pytest.mark.timeout(60)

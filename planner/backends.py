@@ -1,0 +1,50 @@
+"""From a source's URL to its storage backend: the one module that knows every backend.
+
+:mod:`planner.storage` defines the interface and local disk; each object store
+builds on it in its own module (:mod:`planner.s3`, :mod:`planner.gcs`,
+:mod:`planner.azure`). Choosing among them lives here, above all of them, so that
+the storage modules form no cycle (docs/design.md, "The layer picture").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from planner.azure import AzureStorage
+from planner.errors import ConfigError
+from planner.gcs import GCSStorage
+from planner.s3 import S3Storage
+from planner.storage import SCHEMES, SOURCE_FORMS, LocalStorage, Storage
+
+__all__ = ["open_storages"]
+
+
+def open_storages(
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    storage_options: Mapping[str, Any] | None = None,
+) -> list[Storage]:
+    """One storage per source; a list source gives several, in order."""
+    if isinstance(source, (str, os.PathLike)):
+        sources: list[str | os.PathLike[str]] = [source]
+    else:
+        sources = list(source)
+        if not sources:
+            msg = f"source is an empty list; pass {SOURCE_FORMS}"
+            raise ConfigError(msg)
+    out: list[Storage] = []
+    for s in sources:
+        text = os.fspath(s)
+        if text.startswith("s3://"):
+            out.append(S3Storage(text, storage_options))
+        elif text.startswith(("gs://", "gcs://")):
+            out.append(GCSStorage(text, storage_options))
+        elif text.startswith(("az://", "abfs://", "abfss://")):
+            out.append(AzureStorage(text, storage_options))
+        elif "://" in text:
+            msg = f"source {text!r}: the supported URLs are {', '.join(SCHEMES)} (and local paths)"
+            raise ConfigError(msg)
+        else:
+            out.append(LocalStorage(text))
+    return out
