@@ -46,6 +46,7 @@ from planner.dataset import Index
 from planner.errors import UsageError
 from planner.lanes import piece_range
 from planner.plan import EpochPlan, Plan
+from plitzer import _shutdown
 from plitzer.pack import PackedWindow, pack_window, packed_bytes
 from plitzer.read import read_chunk
 
@@ -135,6 +136,7 @@ class Scanner:
         self._urgent = -1
         self._dtype = np.dtype(self.index.dtype)
         self._closed = False
+        _shutdown.register(self)  # stopped and joined at interpreter exit if never closed
 
     # -- scheduling (consumer thread only) ---------------------------------------
 
