@@ -22,7 +22,7 @@ traceback: ``terminate called`` (SIGABRT from a C++ thread destroyed while joina
 ``Fatal Python error``, ``Exception in thread`` (a worker thread's traceback),
 ``Exception ignored``, a second traceback.
 
-    python tests/exit_stress.py --processes 2000 --jobs 2 [--s3] [--seed 0]
+    python tests/exit_stress.py --processes 2000 --jobs 2 [--s3 0.25] [--seed 0]
 
 prints the counts per ending and every abnormal end with its stderr; exit status 1 if
 there is any. The test suite runs a bounded version (tests/test_shutdown.py).
@@ -83,14 +83,17 @@ if ending in ("sigint", "sigterm"):
     total = max(1, ld.tokens // (8 * 64))
     sig = signal.SIGINT if ending == "sigint" else signal.SIGTERM
     sent = []
+    looping = threading.Event()
 
     def fire():
+        looping.wait()
         time.sleep(rng.uniform(0.0, 0.05))
         sent.append(time.monotonic())
         os.kill(os.getpid(), sig)
 
     threading.Thread(target=fire, daemon=True).start()
     try:
+        looping.set()
         for _ in range(100_000):  # each step waits on fresh reads
             ld.seek(rng.randrange(total * 3))
             ld.next_batch()
@@ -200,17 +203,20 @@ def run_case(case: Case, source: str, env: dict[str, str], options: dict[str, An
     return Result(case, status, stderr, time.monotonic() - t0, judge(case, status, stderr))
 
 
-def cases(n: int, *, storages: Sequence[str], seed: int) -> list[Case]:
-    """``n`` cases cycling through every combination, steps drawn from a seeded generator."""
+def cases(n: int, *, s3: float, seed: int) -> list[Case]:
+    """``n`` cases cycling through every combination (a share ``s3`` of them on S3), steps drawn
+    from a seeded generator."""
     rng = random.Random(seed)
-    combos = list(itertools.product(ENDINGS, ("tiny", "large"), ("cold", "warm"), storages))
-    rng.shuffle(combos)
     out = []
-    for i in range(n):
-        ending, data, cache, storage = combos[i % len(combos)]
-        out.append(
-            Case(ending, data, cache, storage, steps=rng.choice([1, 2, 3, 5, 8, 13, 40]), seed=rng.randrange(1 << 30))
-        )
+    n_s3 = round(n * s3)
+    for storage, count in (("local", n - n_s3), ("s3", n_s3)):
+        combos = list(itertools.product(ENDINGS, ("tiny", "large"), ("cold", "warm")))
+        rng.shuffle(combos)
+        for i in range(count):
+            ending, data, cache = combos[i % len(combos)]
+            steps = rng.choice([1, 2, 3, 5, 8, 13, 40])
+            out.append(Case(ending, data, cache, storage, steps=steps, seed=rng.randrange(1 << 30)))
+    rng.shuffle(out)
     return out
 
 
@@ -237,13 +243,13 @@ def stress(
     n: int,
     *,
     jobs: int = 2,
-    s3: bool = False,
+    s3: float = 0.0,
     seed: int = 0,
     work: Path | None = None,
     timeout: float = 60.0,
     progress: Callable[[Result], None] | None = None,
 ) -> list[Result]:
-    """Run ``n`` child processes, ``jobs`` at a time; every result, abnormal or not."""
+    """Run ``n`` child processes, ``jobs`` at a time, a share ``s3`` of them on S3; every result."""
     owned = work is None
     root = Path(tempfile.mkdtemp(prefix="plitzer-stress-")) if work is None else work
     try:
@@ -253,7 +259,7 @@ def stress(
         env["PYTHONPATH"] = os.pathsep.join([p for p in (env.get("PYTHONPATH"), here) if p])
         env["PLITZER_CACHE"] = str(root / "warm-cache")
         storages = ("local", "s3") if s3 else ("local",)
-        todo = cases(n, storages=storages, seed=seed)
+        todo = cases(n, s3=s3, seed=seed)
         with contextlib.nullcontext() if not s3 else s3_copy(local) as remote:
             urls, options = remote if remote else ({}, None)
             # Warm the shared index cache once per source.
@@ -294,6 +300,10 @@ def report(results: Sequence[Result]) -> str:
         for x in r.stderr.splitlines()
         if x.startswith("interrupt-latency")
     ]
+    for storage in ("local", "s3"):
+        t = [r.seconds for r in results if r.case.storage == storage]
+        if t:
+            lines.append(f"  {storage}: {len(t)} runs, {sum(t) / len(t):.2f} s a process on average")
     if lat:
         lines.append(f"  SIGINT to KeyboardInterrupt: max {max(lat) * 1000:.0f} ms over {len(lat)} runs")
     lines.extend(f"ABNORMAL {r.case}: {r.problem}\n{r.stderr[-4000:]}" for r in results if r.problem)
@@ -304,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--processes", type=int, default=200)
     p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--s3", action="store_true", help="also on S3 (moto's server on 127.0.0.1)")
+    p.add_argument("--s3", type=float, default=0.0, help="share of the runs on S3 (moto's server on 127.0.0.1)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     t0 = time.monotonic()

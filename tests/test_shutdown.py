@@ -198,8 +198,8 @@ def test_registry_does_not_keep_loaders_alive(tiny: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_exit_stress_bounded(tmp_path: Path) -> None:
-    """200 fresh processes ending every way (local and S3): none ends abnormally."""
-    results = exit_stress.stress(200, jobs=2, s3=True, seed=1, work=tmp_path)
+    """200 fresh processes ending every way (160 local, 40 on S3): none ends abnormally."""
+    results = exit_stress.stress(200, jobs=2, s3=0.2, seed=1, work=tmp_path)
     assert len(results) == 200
     assert {r.case.ending for r in results} == set(exit_stress.ENDINGS)
     assert {r.case.storage for r in results} == {"local", "s3"}
