@@ -202,7 +202,7 @@ RULES: dict[str, Rule] = {
     ),
     "python benchmarks/tokenize_text.py --mb 20": scaled("python benchmarks/tokenize_text.py --mb 0.5"),
     "python tests/exit_stress.py --processes 2000 --jobs 2 --s3 0.25": scaled(
-        "python tests/exit_stress.py --processes 16 --jobs 2 --s3 0.25"
+        "python tests/exit_stress.py --processes 8 --jobs 2 --s3 0.25"
     ),
     "python benchmarks/soak.py --steps 100000 --every 1000 --s3 --plot docs/figures/soak.png": scaled(
         "python benchmarks/soak.py --steps 3000 --every 500 --plot {scratch}/soak.png"
