@@ -128,7 +128,11 @@ def decode_column(
     f = RangeFile(data, offset, file_size, where, file=file, row_group=row_group)
     try:
         # Page CRCs are verified whenever the writer stored them (docs/reliability.md).
-        pf = pq.ParquetFile(f, metadata=metadata, pre_buffer=True, page_checksum_verification=True)
+        # pre_buffer=False: the chunk is read here, in the calling thread. With
+        # pre_buffer, Arrow's I/O pool calls f.read and may drop the last reference to
+        # f, so one of its threads can enter Python as the interpreter ends, and the
+        # process aborts (docs/reliability.md, "How a run ends"; plitzer/_shutdown.py).
+        pf = pq.ParquetFile(f, metadata=metadata, pre_buffer=False, page_checksum_verification=True)
         table = pf.read_row_group(row_group, columns=[column], use_threads=False)
     except DataError:
         raise

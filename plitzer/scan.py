@@ -50,6 +50,7 @@ from planner.errors import UsageError
 from planner.lanes import lane_positions, piece_range
 from planner.plan import Plan
 from planner.rowgroups import RowGroupIndex
+from plitzer import _shutdown
 from plitzer.cost import unit_estimate
 from plitzer.pack import PackedUnit, pack_unit
 from plitzer.read import read_chunk
@@ -203,6 +204,7 @@ class Scanner:
         self._doc_base = np.cumsum(self._rows) - self._rows
         self._dtype = np.dtype(self.index.dtype)
         self._closed = False
+        _shutdown.register(self)  # stopped and joined at interpreter exit if never closed
 
     # -- what the consumer sees --------------------------------------------------
 

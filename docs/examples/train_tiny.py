@@ -12,12 +12,13 @@ run resumes from that checkpoint and must reproduce the uninterrupted losses.
 
     python docs/examples/train_tiny.py            # a tiny synthetic dataset, CPU, a few seconds
     python docs/examples/train_tiny.py DATA_DIR   # your pre-tokenized Parquet
-    torchrun --nproc-per-node 2 docs/examples/train_tiny.py   # two ranks (gloo on CPU)
+    torchrun --nproc-per-node 2 docs/examples/train_tiny.py   # two ranks (gloo on CPU), one machine
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -130,14 +131,21 @@ def main() -> None:
     if "RANK" in os.environ:  # launched by torchrun
         dist.init_process_group("gloo")
     rank = dist.get_rank() if dist.is_initialized() else 0
-    with tempfile.TemporaryDirectory() as tmp:
+    # One scratch folder for every rank: rank 0's, its name sent to the others (each
+    # rank's own temporary folder would hold no data on the other ranks). Ranks on
+    # several machines need DATA_DIR and TRAIN_TINY_CKPT on a shared file system.
+    with tempfile.TemporaryDirectory() if rank == 0 else contextlib.nullcontext("") as own:
+        names = [own]
+        if dist.is_initialized():
+            dist.broadcast_object_list(names, src=0)
+        tmp = names[0]
         data = a.data
         if data is None:
             data = Path(tmp) / "data"
             if rank == 0:
                 plitzer.synth.write(data, tokens=60_000, vocab=a.vocab, mean_length=120, docs_per_row_group=50)
             if dist.is_initialized():
-                dist.barrier()
+                dist.barrier()  # written before any rank opens it
         ckpt = Path(os.environ.get("TRAIN_TINY_CKPT", Path(tmp) / "ckpt.pt"))
         full = run(data, ckpt, a.steps, a.save_at, False, a.vocab, a.seq_len)
         if dist.is_initialized():

@@ -1,0 +1,306 @@
+"""Every command that README.md, docs/ and the examples' docstrings show runs here.
+
+The commands are found in the text itself: shell blocks, inline code that starts
+with a program (``python``, ``plitzer``, ``torchrun``, ``pip``, ...) and the indented
+command lines of ``docs/examples/*.py`` docstrings. Each must have a rule in
+:data:`RULES`, so a command added to the docs without one fails
+:func:`test_every_documented_command_has_a_rule`. The rules:
+
+* ``run``: run as written, as a new user would, from a scratch folder that holds
+  what earlier commands of the docs made (``plitzer demo``'s ``data/demo``,
+  ``plitzer synth``'s ``data/sample`` and ``data/text``);
+* ``scaled``: run with the sizes the rule gives (a 200 M-token dataset becomes a
+  200 k one; benchmarks get small sizes and write their figures to the scratch
+  folder, never over docs/figures; the baseline harness without ``--setup``, which
+  would build its peers' virtual environments from the network: a peer that is
+  not installed is a row saying so);
+* ``help``: a synopsis (``plitzer plan DATA --lanes ...``): its ``--help`` runs;
+* ``ci``: what .ci/run runs itself (the tests, lint, types), checked to be there;
+* ``install``: a ``pip install``: no network in tests, so the extras it names are
+  checked against pyproject.toml (an old release's pin is checked to name one).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PROGRAMS = ("python ", "plitzer ", "torchrun ", "pip ", ".venv/bin/python ", "ruff ", "mypy ")
+BARE = ("mypy", "plitzer")  # commands of one word
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """(file, command) for every command the docs show, continuation lines joined."""
+    out: list[tuple[str, str]] = []
+    for f in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = f.read_text()
+        for m in re.finditer(r"```(?:sh|bash|console)\n(.*?)```", text, re.S):
+            for raw in m.group(1).replace("\\\n", " ").splitlines():
+                line = "" if raw.strip().startswith("#") else raw.split(" #")[0]
+                out.extend((f.name, " ".join(p.split())) for p in line.split("&&") if p.strip())
+        prose = re.sub(r"```.*?```", "", text, flags=re.S)
+        indented = [raw for raw in prose.splitlines() if raw.startswith("    ") and raw.strip().startswith(PROGRAMS)]
+        out.extend((f.name, " ".join(raw.split(" #")[0].split())) for raw in indented)  # indented code blocks
+        for m in re.finditer(r"`([^`\n]+)`", prose):
+            c = " ".join(m.group(1).split())
+            if c.startswith(PROGRAMS) or c in BARE:
+                out.append((f.name, c))
+    for f in sorted((ROOT / "docs" / "examples").glob("*.py")):
+        doc = f.read_text().split('"""')[1]
+        lines = [line for line in doc.splitlines() if line.startswith("    ") and line.strip().startswith(PROGRAMS)]
+        out.extend((f"examples/{f.name}", " ".join(line.split("#")[0].split())) for line in lines)
+    return out
+
+
+@dataclass(frozen=True)
+class Rule:
+    kind: str  # run, scaled, help, ci, install
+    argv: str = ""  # what runs (scaled, help); empty: the command as written
+
+
+R, CI, INSTALL = Rule("run"), Rule("ci"), Rule("install")
+
+
+def scaled(argv: str) -> Rule:
+    return Rule("scaled", argv)
+
+
+def synopsis(argv: str) -> Rule:
+    return Rule("help", argv)
+
+
+OUT = "--out {scratch}/fig.png"
+RULES: dict[str, Rule] = {
+    # installs and what CI runs itself
+    'pip install "plitzer==0.1.*"': INSTALL,
+    'pip install "plitzer[audit]"': INSTALL,
+    'pip install "plitzer[s3]"': INSTALL,
+    'pip install "plitzer[text]"': INSTALL,
+    'pip install "plitzer[torch]"': INSTALL,
+    "pip install 'plitzer[s3]'": INSTALL,
+    'pip install -c .ci/constraints.txt -e ".[baseline]"': INSTALL,
+    'pip install -c .ci/constraints.txt -e ".[dev]"': CI,
+    "pip install -e .": INSTALL,
+    "pip install plitzer": INSTALL,
+    "mypy": CI,
+    "ruff check .": CI,
+    "ruff format --check .": CI,
+    "python -m pytest": CI,
+    "python -m pytest tests/test_damaged.py tests/test_reliability.py tests/test_extremes.py tests/test_index.py "
+    "tests/test_s3.py tests/test_shutdown.py tests/test_soak.py": CI,
+    # the CLI, in the order the docs use it: the commands that write data first
+    "plitzer demo": R,
+    "plitzer synth data/sample --tokens 300000": R,
+    "plitzer synth --text data/text --tokens 200000000": scaled("plitzer synth --text data/text --tokens 200000"),
+    "plitzer synth data/synth-300M --tokens 300000000": scaled("plitzer synth data/synth-300M --tokens 2000000"),
+    "plitzer --version": R,
+    "plitzer index data/demo": R,
+    "plitzer index data/sample": R,
+    "plitzer plan data/demo --lanes 64 --window 8 --world 4 --sql "
+    '"select rank, count(*) n, sum(bytes) b from reads group by rank order by rank"': R,
+    'plitzer plan data/demo --world 4 --sql "select rank, sum(bytes) from reads group by rank"': R,
+    "plitzer plan data/sample --lanes 16 --window 4 --world 4": R,
+    "plitzer plan data/sample --lanes 16 --window 4 --world 4 --table reads --epoch 1 --format csv --out reads.csv": R,
+    'plitzer plan data/sample --world 4 --lanes 16 --sql "select rank, count(*) n from reads group by rank"': R,
+    "plitzer explain data/demo --lanes 64 --window 8 --seq-len 2048 --step 40 --lane 3": R,
+    "plitzer explain data/sample --step 3 --lanes 16 --window 4 --seq-len 512 [--lane 5] [--format csv]": scaled(
+        "plitzer explain data/sample --step 3 --lanes 16 --window 4 --seq-len 512 --lane 5 --format csv"
+    ),
+    "plitzer audit data/demo --lanes 64 --window 8 --world 4 --out report.html": R,
+    "plitzer audit data/sample --lanes 16 --window 4 --world 4 --seq-len 512 --out audit.html": R,
+    "python -m plitzer": synopsis("python -m plitzer"),
+    "plitzer": synopsis("plitzer"),
+    "plitzer audit": synopsis("plitzer audit"),
+    "plitzer audit DATA ... --out report.html": synopsis("plitzer audit"),
+    "plitzer bench ...": synopsis("plitzer bench"),
+    "plitzer explain DATA --step K [--lane J] ...": synopsis("plitzer explain"),
+    "plitzer index": synopsis("plitzer index"),
+    "plitzer index DATA [--no-lengths]": scaled("plitzer index data/sample --no-lengths"),
+    "plitzer plan": synopsis("plitzer plan"),
+    "plitzer plan DATA --lanes --window --world [--epoch] [--table] [--sql] [--format] [--out]": synopsis(
+        "plitzer plan"
+    ),
+    "plitzer synth": synopsis("plitzer synth"),
+    "plitzer synth --text": synopsis("plitzer synth"),
+    "plitzer synth DIR --tokens N": scaled("plitzer synth data/n --tokens 1000"),
+    "plitzer tokenize": synopsis("plitzer tokenize"),
+    "plitzer tokenize --engine ray": synopsis("plitzer tokenize"),
+    # A tokenizer file is the user's; tests/test_text.py runs tokenize with real ones.
+    "plitzer tokenize data/raw data/tokens --tokenizer tokenizer.model [--text-column text] [--engine ray]": synopsis(
+        "plitzer tokenize"
+    ),
+    "python -m plitzer.bench.baseline": synopsis("python -m plitzer.bench.baseline"),
+    "python -m plitzer.bench.baseline --help": R,
+    "python -m plitzer.bench.baseline data/text --loaders plitzer,mosaic,hf,hf-stream --batch 64 --workers 2 --setup": (
+        scaled(
+            "python -m plitzer.bench.baseline data/text --loaders plitzer,mosaic,hf,hf-stream --batch 8 --workers 1 "
+            "--time-limit 0.5 --repeat 1 --no-resume --work {scratch}/bench-work",
+        )
+    ),
+    "python -m plitzer.bench.baseline data/synth-300M --loaders plitzer,mosaic,hf,hf-stream --batch 64 --workers 2 "
+    "--setup": scaled(
+        "python -m plitzer.bench.baseline data/synth-300M --loaders plitzer,hf --batch 8 "
+        "--workers 1 --time-limit 0.5 --repeat 1 --work {scratch}/bench-work",
+    ),
+    # the examples, as their docstrings give them (torchrun where they use torchrun)
+    "python docs/examples/train_tiny.py": R,
+    "python docs/examples/train_tiny.py DATA_DIR": scaled("python docs/examples/train_tiny.py data/sample"),
+    "torchrun --nproc-per-node 2 docs/examples/train_tiny.py": R,
+    # benchmarks and offline checks, at small sizes
+    "python tests/fuzz_parquet.py BASE WORK N SEED": scaled(
+        "python tests/fuzz_parquet.py data/sample/part-00000.parquet {scratch}/fuzz 20 2"
+    ),
+    "python benchmarks/drift.py": scaled("python benchmarks/drift.py --max-windows 200 --new-rule-windows 200"),
+    "python benchmarks/memory.py": scaled(f"python benchmarks/memory.py --tokens 2000000 --limit 0.5 {OUT}"),
+    "python benchmarks/memory.py --data data/synth-300M": scaled(
+        f"python benchmarks/memory.py --data data/synth-300M --limit 0.5 --budgets floor,256 {OUT}"
+    ),
+    "python benchmarks/mixture.py --tokens 20000000 --row-groups 30000 --epochs 100": scaled(
+        "python benchmarks/mixture.py --tokens 1000000 --row-groups 300 --epochs 3 --repeat 1 --data {scratch}/mix",
+    ),
+    "python benchmarks/plan_scale.py": scaled("python benchmarks/plan_scale.py --row-groups 2000 --files 10"),
+    "python benchmarks/resume.py": scaled(
+        f"python benchmarks/resume.py --tokens 2000000 --fractions 0,0.5 --repeat 1 {OUT}"
+    ),
+    "python benchmarks/resume.py --data data/synth-300M": scaled(
+        f"python benchmarks/resume.py --data data/synth-300M --fractions 0,0.5 --repeat 1 {OUT}"
+    ),
+    "python benchmarks/s3.py": scaled("python benchmarks/s3.py --tokens 400000 --lanes 8 --seq-len 256"),
+    ".venv/bin/python benchmarks/s3.py": scaled("python benchmarks/s3.py --tokens 400000 --lanes 8 --seq-len 256"),
+    ".venv/bin/python benchmarks/s3.py --tokens 60000000": scaled(
+        "python benchmarks/s3.py --tokens 400000 --lanes 8 --seq-len 256"
+    ),
+    "python benchmarks/scaling.py": scaled(f"python benchmarks/scaling.py --sizes 1,2 --lanes 8 {OUT}"),
+    "python benchmarks/scaling.py --sizes 50,150,300": scaled(
+        f"python benchmarks/scaling.py --sizes 1,2 --lanes 8 {OUT}"
+    ),
+    "python benchmarks/scan_paths.py --tokens 60000000": scaled(
+        "python benchmarks/scan_paths.py --tokens 1000000 --repeat 1"
+    ),
+    "python benchmarks/sweep.py": scaled(f"python benchmarks/sweep.py --tokens 2000000 --limit 0.3 {OUT}"),
+    "python benchmarks/sweep.py --data data/synth-300M": scaled(
+        f"python benchmarks/sweep.py --data data/synth-300M --limit 0.3 {OUT}"
+    ),
+    "python benchmarks/throughput.py --tokens 30000000 --threads 2": scaled(
+        "python benchmarks/throughput.py --tokens 1000000 --threads 2 --lanes 16 --epochs 1"
+    ),
+    "python benchmarks/throughput.py --tokens 60000000": scaled(
+        "python benchmarks/throughput.py --tokens 1000000 --lanes 16 --epochs 1"
+    ),
+    "python benchmarks/throughput.py --widths --tokens 20000000": scaled(
+        "python benchmarks/throughput.py --widths --tokens 1000000 --lanes 16 --epochs 1"
+    ),
+    "python benchmarks/tokenize_text.py --mb 20": scaled("python benchmarks/tokenize_text.py --mb 0.5"),
+    "python tests/exit_stress.py --processes 2000 --jobs 2 --s3 0.25": scaled(
+        "python tests/exit_stress.py --processes 8 --jobs 2 --s3 0.25"
+    ),
+    "python benchmarks/soak.py --steps 100000 --every 1000 --s3 --plot docs/figures/soak.png": scaled(
+        "python benchmarks/soak.py --steps 3000 --every 500 --plot {scratch}/soak.png"
+    ),
+}
+
+
+def test_every_documented_command_has_a_rule() -> None:
+    found = documented_commands()
+    assert len(found) > 40, found
+    missing = sorted({c for _, c in found if c not in RULES})
+    assert not missing, f"documented commands without a rule in tests/test_docs_commands.py: {missing}"
+    stale = sorted(set(RULES) - {c for _, c in found})
+    assert not stale, f"rules for commands the docs no longer show: {stale}"
+
+
+def test_installs_name_real_extras_and_ci_runs_the_rest() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = set(project["optional-dependencies"])
+    ci = (ROOT / ".ci" / "run").read_text()
+    for command, rule in RULES.items():
+        if rule.kind == "install":
+            for spec in re.findall(r"plitzer\[([a-z,-]+)\]|\"\.\[([a-z,-]+)\]\"", command):
+                for extra in filter(None, ",".join(spec).split(",")):
+                    assert extra in extras, (command, extra)
+            assert project["name"] == "plitzer" or "-e ." in command
+        elif rule.kind == "ci":
+            assert command.removeprefix("pip install ").split(" tests/")[0] in ci, command
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A new user's folder: the checkout's docs/ and benchmarks/ beside the data the docs make."""
+    d = tmp_path_factory.mktemp("new-user")
+    for sub in ("docs", "benchmarks", "tests"):
+        (d / sub).symlink_to(ROOT / sub)
+    return d
+
+
+def _run(argv: str, scratch: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    bindir = Path(sys.executable).parent
+    env = {
+        **os.environ,
+        "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p),
+        "PLITZER_BENCH_DATA": str(scratch / "bench-data"),
+        "PLITZER_CACHE": str(scratch / "cache"),
+        "MPLBACKEND": "Agg",
+        "PET_MASTER_PORT": str(_free_port()),  # torchrun's --master-port, the command unchanged
+    }
+    args = shlex.split(argv)
+    if args[0] == "python":
+        args[0] = sys.executable
+    return subprocess.run(args, cwd=scratch, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _argv(command: str, rule: Rule, scratch: Path) -> str:
+    text = rule.argv or command
+    if rule.kind == "help":
+        text += " --help"
+    return text.format(scratch=scratch)
+
+
+# Data-making commands first: the others read what they wrote.
+_FIRST = [
+    c
+    for c in RULES
+    if c.startswith(("plitzer demo", "plitzer synth data/sample", "plitzer synth --text", "plitzer synth data/synth"))
+]
+_RUNNABLE = _FIRST + [c for c, r in RULES.items() if r.kind in ("run", "scaled", "help") and c not in _FIRST]
+
+
+# All marked slow (the checkout's CI run has them; the wheel's three runs in parallel
+# skip them): 60 fresh processes, a few minutes on 2 cores.
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("command", _RUNNABLE, ids=[re.sub(r"[^\w.=-]+", "_", c)[:90] for c in _RUNNABLE])
+def test_documented_command_runs(command: str, scratch: Path) -> None:
+    for first in _FIRST:  # what the docs make before this command (once per module)
+        if first != command and not (scratch / ".made" / str(_FIRST.index(first))).exists():
+            r = _run(_argv(first, RULES[first], scratch), scratch)
+            assert r.returncode == 0, r.stdout + r.stderr
+            (scratch / ".made").mkdir(exist_ok=True)
+            (scratch / ".made" / str(_FIRST.index(first))).touch()
+        if first == command:
+            break
+    rule = RULES[command]
+    if any(w in command for w in ("train_tiny", "torchrun", "plitzer.bench.baseline")):
+        pytest.importorskip("torch")  # the torch extra (the wheel's runs without torch skip these)
+    r = _run(_argv(command, rule, scratch), scratch)
+    assert r.returncode == 0, f"{command!r} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    if "train_tiny" in command:
+        assert "ok: the resumed run equals the uninterrupted one" in r.stdout, r.stdout + r.stderr
+    if command.startswith("torchrun"):
+        assert r.stdout.count("ok: the resumed run equals") == 1, r.stdout  # printed by rank 0, both ranks agree
