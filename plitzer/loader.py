@@ -16,6 +16,7 @@ lane's position, which does not depend on the number of ranks.
 
 from __future__ import annotations
 
+import mmap
 import os
 import sys
 import threading
@@ -493,7 +494,11 @@ class Loader:
             # References: the list's, and getrefcount's argument.
             if sys.getrefcount(pool[i]) == 2:
                 return pool[i]
-        out = np.empty((rows, length), dtype=self._dtype)
+        # Page-aligned memory that the array itself refers to (an anonymous mmap, so views
+        # keep ``out`` referenced): JAX's CPU client takes an array without a copy only
+        # at 64-byte alignment (jax.dlpack.from_dlpack), and np.empty gives 16.
+        size = max(1, rows * length * self._dtype.itemsize)
+        out = np.ndarray((rows, length), dtype=self._dtype, buffer=mmap.mmap(-1, size))
         if len(pool) < _BUFFERS:
             pool.append(out)
         return out

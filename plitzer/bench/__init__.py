@@ -12,4 +12,4 @@ from __future__ import annotations
 __all__ = ["LOADERS"]
 
 #: Every loader the harness knows, in the order of the table.
-LOADERS = ("pyarrow", "plitzer", "mosaic", "hf", "hf-stream")
+LOADERS = ("pyarrow", "plitzer", "litdata", "grain", "mosaic", "hf", "hf-stream")
