@@ -107,6 +107,14 @@ def test_elements_kept_are_never_overwritten(data: Path) -> None:
     it.close()
 
 
+def test_without_boundaries_the_element_is_the_tokens(data: Path) -> None:
+    it = iter(plitzer.grain.Dataset(data, boundaries=False, **CFG))
+    e = next(it)
+    assert sorted(e) == ["epoch", "step", "tokens"]
+    np.testing.assert_array_equal(e["tokens"], tokens_of(reference(data, 1)[0]))
+    it.close()
+
+
 def _run(it: Iterator[dict[str, Any]], n: int) -> list[dict[str, Any]]:
     return [{k: np.array(v, copy=True) for k, v in next(it).items()} for _ in range(n)]
 
@@ -169,6 +177,22 @@ def test_one_process_state_or_merged_states_resume_every_world(data: Path) -> No
                 it.close()
     with pytest.raises(CheckpointError, match="miss lanes"):
         plitzer.grain.merge_states(states[:1])
+
+
+def test_grains_checkpoint_handler_saves_and_restores(data: Path, tmp_path: Path) -> None:
+    """Grain's own (Orbax) handler writes the state as JSON per process and restores it."""
+    from etils import epath
+
+    handler = grain.checkpoint.CheckpointHandler()
+    it = iter(pipeline(data))
+    _run(it, 4)
+    handler.save(epath.Path(tmp_path), it)
+    assert json.loads((tmp_path / "process_0-of-1.json").read_text())["step"] == 4
+    again = handler.restore(epath.Path(tmp_path), iter(pipeline(data)))
+    for e, r in zip(_run(again, 2), reference(data, 6)[4:], strict=True):
+        _same(e, r)
+    it.close()
+    again.close()
 
 
 def test_state_of_other_settings_is_refused_field_by_field(data: Path) -> None:
