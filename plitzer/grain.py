@@ -20,8 +20,10 @@ element is one step of this process's lanes, a dict of NumPy arrays that JAX
     int64 scalars: the global step of the element and its epoch label.
 
 An element is already a batch: do not add ``.batch()`` (it would stack steps,
-with a copy). ``iter(dataset)`` starts at step 0 and runs on across epochs
-without an end (``num_epochs=`` stops it at an epoch's end); the iterator's
+with a copy). ``iter(dataset)`` starts at step 0 and gives the rest of the
+epoch it stands in, as ``for batch in loader`` does (``num_epochs=None``: no
+end, lanes run on across epochs; ``num_epochs=n``: to the end of epoch
+``n - 1``); the iterator's
 ``get_state()`` is a JSON-able dict that carries plitzer's checkpoint of the
 next step (``{"checkpoint": base64 str, "step", "epoch", "rank", "world"}``,
 what Grain's and Orbax's checkpointing save), and ``set_state()`` resumes
@@ -60,7 +62,7 @@ from __future__ import annotations
 import base64
 import sys
 from collections.abc import Iterable, Mapping
-from typing import Any, Unpack
+from typing import Any, Literal, Unpack
 
 import grain
 import numpy as np
@@ -108,6 +110,10 @@ def _jax_rank_world() -> tuple[int, int] | None:
     return int(jax.process_index()), int(jax.process_count())
 
 
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def element_of(batch: Batch, *, boundaries: bool = True) -> Element:
     """A loader batch as a Grain element (the tokens are the batch's memory, not a copy).
 
@@ -141,10 +147,13 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
         This process's data rank and the number of data ranks. Default: JAX's
         ``process_index()`` and ``process_count()`` when JAX is imported and
         initialised, else 0 and 1. An explicit value wins.
-    num_epochs : int, optional
-        Stop at the end of this epoch label (``num_epochs=1``: one epoch). By
-        default the iterator never ends: lanes run on across epochs, and a
-        training loop counts its steps.
+    num_epochs : "current", int or None
+        Where an iterator ends. ``"current"`` (default): at the end of the epoch
+        it stands in when it starts or after ``set_state`` (the rest of the
+        epoch, as ``for batch in loader``). An int ``n``: at the end of epoch
+        label ``n - 1``, wherever it starts (``num_epochs=3``: a run of three
+        epochs, also across resumes). ``None``: never; lanes run on across
+        epochs and the training loop counts its steps.
     boundaries : bool
         Give ``tokens_segment_ids`` and ``tokens_positions`` in every element
         (default). ``False`` leaves them out, for a model that does not mask
@@ -162,7 +171,7 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
         self,
         source: Source,
         *,
-        num_epochs: int | None = None,
+        num_epochs: int | Literal["current"] | None = "current",
         boundaries: bool = True,
         **settings: Unpack[Keywords],
     ) -> None:
@@ -174,11 +183,11 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
             if got is not None:
                 rank = got[0] if rank is None else rank
                 world = got[1] if world is None else world
-        if num_epochs is not None and (isinstance(num_epochs, bool) or not isinstance(num_epochs, int)):
-            msg = f"num_epochs={num_epochs!r}: give a positive int, or None to run on without an end"
-            raise ConfigError(msg)
-        if num_epochs is not None and num_epochs < 1:
-            msg = f"num_epochs={num_epochs}: must be at least 1 (or None to run on without an end)"
+        if num_epochs is not None and num_epochs != "current" and not _positive_int(num_epochs):
+            msg = (
+                f"num_epochs={num_epochs!r}: give a positive int (end after that many epochs), "
+                "'current' (the rest of the epoch the iterator starts in) or None (no end)"
+            )
             raise ConfigError(msg)
         self._source = source
         self._settings = LoaderSettings.of(rank=0 if rank is None else rank, world=1 if world is None else world, **kw)
@@ -221,10 +230,14 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
 class DatasetIterator(grain.DatasetIterator):  # type: ignore[misc]
     """One process's steps, from a :class:`plitzer.Loader`; ``get_state`` / ``set_state`` checkpoint it."""
 
-    def __init__(self, loader: Loader, *, num_epochs: int | None = None, boundaries: bool = True) -> None:
+    def __init__(
+        self, loader: Loader, *, num_epochs: int | Literal["current"] | None = "current", boundaries: bool = True
+    ) -> None:
         super().__init__()
         self._loader = loader
         self._num_epochs = num_epochs
+        self._end: int | None = None  # the first epoch label not given (None: no end)
+        self._place()
         self._boundaries = boundaries
         self._state: tuple[int, dict[str, Any]] | None = None
 
@@ -235,7 +248,7 @@ class DatasetIterator(grain.DatasetIterator):  # type: ignore[misc]
 
     def __next__(self) -> Element:
         self._assert_not_closed()
-        if self._num_epochs is not None and self._loader.epoch >= self._num_epochs:
+        if self._end is not None and self._loader.epoch >= self._end:
             raise StopIteration
         return element_of(self._loader.next_batch(), boundaries=self._boundaries)
 
@@ -286,6 +299,11 @@ class DatasetIterator(grain.DatasetIterator):  # type: ignore[misc]
         else:
             loader.seek(st.step)
         self._state = None
+        self._place()
+
+    def _place(self) -> None:
+        n = self._num_epochs
+        self._end = None if n is None else self._loader.epoch + 1 if n == "current" else int(n)
 
     def close(self) -> None:
         """Stop the loader's reader threads and free its buffers."""

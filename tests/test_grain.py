@@ -31,7 +31,7 @@ def data(synth_dataset: SynthDataset) -> Path:
 
 def pipeline(data: Path, **kw: Any) -> Any:
     """What a Grain user writes: the source, a per-element map, prefetch on a thread."""
-    ds = plitzer.grain.Dataset(data, **{**CFG, **kw}).map(lambda e: {**e, "tokens": e["tokens"]})
+    ds = plitzer.grain.Dataset(data, **{**CFG, "num_epochs": None, **kw}).map(lambda e: {**e, "tokens": e["tokens"]})
     return grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=2)
 
 
@@ -226,11 +226,38 @@ def test_worker_processes_and_thread_shards_are_refused(data: Path) -> None:
         ds.set_slice(slice(0, None, 2))
 
 
+def test_an_iterator_gives_the_rest_of_its_epoch_by_default(data: Path) -> None:
+    """As ``for batch in loader``: one epoch from step 0, the rest of the epoch after set_state."""
+    with plitzer.Loader(data, **CFG) as lo:
+        first = len(lo)
+        lo.seek(first)
+        second = len(lo)
+    assert len(list(plitzer.grain.Dataset(data, **CFG))) == first
+    it = iter(plitzer.grain.Dataset(data, **CFG))
+    for _ in range(3):
+        next(it)
+    state = it.get_state()
+    again = iter(plitzer.grain.Dataset(data, **CFG))
+    again.set_state(state)
+    assert len(list(again)) == first - 3
+    # num_epochs=n is absolute: from a state in epoch 0, to the end of epoch 1.
+    two = iter(plitzer.grain.Dataset(data, num_epochs=2, **CFG))
+    two.set_state(state)
+    got = list(two)
+    assert len(got) == first + second - 3 and int(got[-1]["epoch"]) == 1
+    # None: no end.
+    endless = iter(plitzer.grain.Dataset(data, num_epochs=None, **CFG))
+    assert int([next(endless) for _ in range(first + second + 2)][-1]["epoch"]) == 2
+    for i in (it, again, two, endless):
+        i.close()
+
+
 def test_settings_are_checked_at_construction(data: Path) -> None:
     with pytest.raises(ConfigError, match="world"):
         plitzer.grain.Dataset(data, **{**CFG, "world": 3})
-    with pytest.raises(ConfigError, match="num_epochs"):
-        plitzer.grain.Dataset(data, num_epochs=0, **CFG)
+    for bad in (0, -1, 1.5, True, "all"):
+        with pytest.raises(ConfigError, match="num_epochs"):
+            plitzer.grain.Dataset(data, num_epochs=bad, **CFG)
 
 
 def test_rank_and_world_from_jax_when_initialised(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
