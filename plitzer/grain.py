@@ -9,13 +9,16 @@ element is one step of this process's lanes, a dict of NumPy arrays that JAX
 ``tokens``
     ``(lanes // world, seq_len)`` int32 (uint32 for uint32 data): the loader's
     own array, not copied.
-``tokens_segment_ids``
+``segment_ids``
     ``(lanes // world, seq_len)`` int32, the document pieces of each row
-    numbered from 1 (a new id at every document start), as Grain's packing
-    transformations name it.
-``tokens_positions``
+    numbered from 1 (a new id at every document start): the fixed-shape
+    boundaries that JAX attention masks take.
+``position_ids``
     ``(lanes // world, seq_len)`` int32 positions that restart at 0 at every
     document start (a document cut by a row edge restarts at the row start).
+``cu_seqlens``
+    int32 cumulative piece lengths over the flattened rows, ``0 .. rows * seq_len``
+    (flash-attn varlen, as ``plitzer.Batch.cu_seqlens``; its length varies by step).
 ``step``, ``epoch``
     int64 scalars: the global step of the element and its epoch label.
 
@@ -49,7 +52,7 @@ This is the only module of plitzer that imports grain.
 >>> it = iter(ds)
 >>> element = next(it)
 >>> element["tokens"].shape, int(element["step"]), sorted(element)
-((4, 64), 0, ['epoch', 'step', 'tokens', 'tokens_positions', 'tokens_segment_ids'])
+((4, 64), 0, ['cu_seqlens', 'epoch', 'position_ids', 'segment_ids', 'step', 'tokens'])
 >>> state = it.get_state()
 >>> again = iter(plitzer.grain.Dataset(d, lanes=4, window=2, seq_len=64, rank=1, world=2))
 >>> again.set_state(state)
@@ -117,8 +120,8 @@ def _positive_int(value: object) -> bool:
 def element_of(batch: Batch, *, boundaries: bool = True) -> Element:
     """A loader batch as a Grain element (the tokens are the batch's memory, not a copy).
 
-    Without ``boundaries`` the element has no ``tokens_segment_ids`` and
-    ``tokens_positions`` (they cost about 20 ns per token here: docs/grain.md).
+    Without ``boundaries`` the element has no ``segment_ids``, ``position_ids``
+    and ``cu_seqlens`` (they cost about 20 ns per token here: docs/grain.md).
     """
     if not boundaries:
         return {"tokens": batch.tokens.numpy(), "step": np.int64(batch.step), "epoch": np.int64(batch.epoch)}
@@ -128,8 +131,9 @@ def element_of(batch: Batch, *, boundaries: bool = True) -> Element:
     segments = np.cumsum(positions == 0, axis=1, dtype=np.int32)
     return {
         "tokens": batch.tokens.numpy(),
-        "tokens_segment_ids": segments,
-        "tokens_positions": positions,
+        "segment_ids": segments,
+        "position_ids": positions,
+        "cu_seqlens": batch.cu_seqlens,
         "step": np.int64(batch.step),
         "epoch": np.int64(batch.epoch),
     }
@@ -155,7 +159,7 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
         epochs, also across resumes). ``None``: never; lanes run on across
         epochs and the training loop counts its steps.
     boundaries : bool
-        Give ``tokens_segment_ids`` and ``tokens_positions`` in every element
+        Give ``segment_ids``, ``position_ids`` and ``cu_seqlens`` in every element
         (default). ``False`` leaves them out, for a model that does not mask
         at document edges: they are computed per step from the packer's
         bookkeeping and cost about as much as the loading itself.

@@ -48,8 +48,9 @@ def reference(data: Path, steps: int, **kw: Any) -> list[plitzer.Batch]:
 def _same(element: dict[str, Any], ref: plitzer.Batch) -> None:
     assert int(element["step"]) == ref.step and int(element["epoch"]) == ref.epoch
     np.testing.assert_array_equal(element["tokens"], tokens_of(ref))
-    np.testing.assert_array_equal(element["tokens_positions"], ref.position_ids)
-    seg = element["tokens_segment_ids"]
+    np.testing.assert_array_equal(element["position_ids"], ref.position_ids)
+    np.testing.assert_array_equal(element["cu_seqlens"], ref.cu_seqlens)
+    seg = element["segment_ids"]
     for row, lengths in zip(seg, ref.doc_lengths, strict=True):
         kept = lengths[lengths > 0]
         # ids count the pieces from 1; a new id exactly where a piece starts
@@ -71,9 +72,9 @@ def test_pipeline_gives_the_loaders_batches_over_epochs(data: Path) -> None:
         _same(e, r)
     assert {int(e["epoch"]) for e in got} == {0, 1}
     assert got[0]["tokens"].dtype == np.int32 and got[0]["tokens"].shape == (8, 96)
-    assert got[0]["tokens_segment_ids"].dtype == np.int32 and got[0]["tokens_positions"].dtype == np.int32
+    assert got[0]["segment_ids"].dtype == np.int32 and got[0]["position_ids"].dtype == np.int32
     # Positions restart at 0 where the segment id changes.
-    seg, pos = got[-1]["tokens_segment_ids"], got[-1]["tokens_positions"]
+    seg, pos = got[-1]["segment_ids"], got[-1]["position_ids"]
     starts = np.ones_like(seg, dtype=bool)
     starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
     assert (pos[starts] == 0).all() and (pos[~starts] > 0).all()
@@ -110,7 +111,7 @@ def test_elements_kept_are_never_overwritten(data: Path) -> None:
 def test_without_boundaries_the_element_is_the_tokens(data: Path) -> None:
     it = iter(plitzer.grain.Dataset(data, boundaries=False, **CFG))
     e = next(it)
-    assert sorted(e) == ["epoch", "step", "tokens"]
+    assert sorted(e) == ["epoch", "step", "tokens"]  # no boundaries
     np.testing.assert_array_equal(e["tokens"], tokens_of(reference(data, 1)[0]))
     it.close()
 
@@ -147,7 +148,7 @@ def test_get_state_at_random_steps_resumes_exactly_at_any_world(data: Path) -> N
             for e, r in zip(_run(part, 3), tail, strict=True):
                 assert int(e["step"]) == r.step
                 np.testing.assert_array_equal(e["tokens"], tokens_of(r)[rows])
-                np.testing.assert_array_equal(e["tokens_positions"], r.position_ids[rows])
+                np.testing.assert_array_equal(e["position_ids"], r.position_ids[rows])
         src.close()
         again.close()
 
