@@ -35,6 +35,7 @@ def check_wheel(path: Path) -> list[str]:
         "plitzer/__init__.py",
         "plitzer/py.typed",
         "plitzer/torch.py",
+        "plitzer/grain.py",
         "plitzer/bench/__init__.py",
         f"{dist_info}/licenses/LICENSE-MIT",
         f"{dist_info}/licenses/LICENSE-APACHE",

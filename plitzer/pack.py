@@ -453,22 +453,28 @@ SHORT_ROWS = 128
 
 
 def _direct(
-    arrays: list[pa.Array], subs: _Subs, dtype: np.dtype[Any], block_at: tuple[int, int, int, int]
+    arrays: list[pa.Array], subs: _Subs, dtype: np.dtype[Any], block_at: tuple[int, int, int, int, int]
 ) -> tuple[Memory | None, NDArray[Any], pa.Array, I64]:
-    """One gather of the sub-pieces in layout order: the block is a view of it, the edges too."""
+    """One gather of the sub-pieces: the block's steps (sub-pieces ``first:stop``) first, then the edges.
+
+    The block leads the gathered memory, so its steps start on the allocation's
+    alignment (a page, for Polars' large buffers): JAX takes memory without a copy
+    only at 64-byte alignment, and each step is ``rows * seq_len`` tokens on from it.
+    """
     lay = subs.layout
     length = (subs.end - subs.start)[lay]
+    first, stop, n, rows, seq_len = block_at
+    rot = np.concatenate([np.arange(first, stop), np.arange(first), np.arange(stop, len(lay))]).astype(np.int64)
     if len(lay):
-        values = _gather(_chunk_lists(arrays, subs.chunk, subs.value, subs.end - subs.start), lay)
+        values = _gather(_chunk_lists(arrays, subs.chunk, subs.value, subs.end - subs.start), lay[rot])
         assert values.type == pa.from_numpy_dtype(dtype), (values.type, dtype)
     else:
         values = arrow_ints(np.zeros(0, dtype), pa.from_numpy_dtype(dtype))
     memory = Memory(values, dtype) if len(values) else None
     flat = memory.array() if memory is not None else np.zeros(0, dtype)
-    start = np.cumsum(length) - length
-    first, n, rows, seq_len = block_at
-    first_token = int(start[first]) if n > 0 else 0
-    block = flat[first_token : first_token + n * rows * seq_len].reshape(n, rows, seq_len)
+    start = np.empty(len(lay), np.int64)
+    start[rot] = np.cumsum(length[rot]) - length[rot]
+    block = flat[: n * rows * seq_len].reshape(n, rows, seq_len)
     return memory, block, values, start
 
 
@@ -593,13 +599,14 @@ def pack_unit(
     s_stop = int(out_step[-1]) + 1 if len(out_step) else t0
     step_bounds = np.searchsorted(out_step, np.arange(s_first, s_stop + 1), side="left").astype(np.int64)
     first = int(step_bounds[t0 - s_first]) if t1 > t0 else 0
+    stop = int(step_bounds[t1 - s_first]) if t1 > t0 else 0
     short = len(lay) > 0 and int((subs.end - subs.start).sum()) < SHORT_ROWS * len(lay)
     if short and t1 > t0:
         memory, block, edges, start = _transposed(
             arrays, pc_, order, lane_piece, lane_base, n_lane, subs, dtype, t0, t1, seq_len
         )
     else:
-        memory, block, edges, start = _direct(arrays, subs, dtype, (first, t1 - t0, nl, seq_len))
+        memory, block, edges, start = _direct(arrays, subs, dtype, (first, stop, t1 - t0, nl, seq_len))
     return PackedUnit(
         unit=unit,
         epoch=epoch,

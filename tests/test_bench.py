@@ -121,3 +121,29 @@ def test_compare_counts_lost_and_repeated_documents(tmp_path: Path) -> None:
     np.save(tmp_path / "resume-digests.npy", np.array([3, 4, 5], dtype=np.uint64))
     np.save(tmp_path / "resume-lengths.npy", np.array([30, 40, 50]))
     assert baseline.compare(tmp_path, 2, docs=True) == (True, 0, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("litdata") is None, reason="litdata is not installed")
+def test_litdata_end_to_end(tiny: Path, tmp_path: Path) -> None:
+    rows = run(tiny, tmp_path, "litdata")
+    assert list(rows) == ["pyarrow", "litdata"]
+    lit = rows["litdata"]
+    check_row(lit)
+    assert lit["convert_s"] > 0 and lit["converted_mib"] > 0  # optimize wrote its chunks
+    assert lit["exact"] in {"yes", "no"} and lit["lost"] is not None and lit["resume_s"] is not None
+    assert any(n.startswith("litdata chunks hold") for n in lit["notes"]), lit["notes"]
+    assert any(n.startswith("one epoch delivered") for n in lit["notes"]), lit["notes"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("grain") is None, reason="grain is not installed")
+def test_grain_end_to_end(tiny: Path, tmp_path: Path) -> None:
+    rows = run(tiny, tmp_path, "grain")
+    assert list(rows) == ["pyarrow", "grain"]
+    g = rows["grain"]
+    check_row(g)
+    assert g["convert_s"] == 0 and g["converted_mib"] == 0  # the Parquet as it is
+    # Grain's iterator state restores its shuffle window and packer: exactly the rest of the epoch.
+    assert g["exact"] == "yes" and g["lost"] == 0 and g["repeated"] == 0, g
+    assert any(n.startswith("padding in the measured batches") for n in g["notes"]), g["notes"]

@@ -6,8 +6,8 @@ JSON file. Modes:
 
 ``convert``
     Make the loader's own copy of the Parquet (Mosaic: MDS shards with
-    ``streaming.MDSWriter``; hf: ``load_dataset("parquet")``'s Arrow cache) and
-    report its seconds and bytes.
+    ``streaming.MDSWriter``; litdata: ``litdata.optimize`` chunks; hf:
+    ``load_dataset("parquet")``'s Arrow cache) and report its seconds and bytes.
 ``throughput``
     Build the loader, time the first batch, then measure the steady state (wall
     and CPU of this process and its worker processes) until the end of the epoch
@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from plitzer.bench.runners import RUNNERS, Item, PlitzerRunner, Runner
+from plitzer.bench.runners import RUNNERS, Item, LitdataRunner, PlitzerRunner, Runner
 
 # -- measurement -------------------------------------------------------------------
 
@@ -83,9 +83,12 @@ def count(item: Item) -> tuple[int, int]:
     return int(tokens.numel()), 0 if offsets is None else int(offsets.numel()) - 1
 
 
-def digests(item: Item, docs: bool) -> tuple[list[int], list[int]]:
-    """A 64-bit digest and the token count of every document (or of the whole batch)."""
+def digests(item: Item, docs: bool, rows: bool = False) -> tuple[list[int], list[int]]:
+    """A 64-bit digest and the token count of every document (or row, or of the whole batch)."""
     tokens, offsets = item
+    if rows and tokens.dim() == 2:  # packed rows of a peer: a resume may reorder or lose rows
+        arr = np.ascontiguousarray(tokens.numpy())
+        return [_digest(r) for r in arr], [arr.shape[1]] * arr.shape[0]
     flat = np.ascontiguousarray(tokens.numpy()).reshape(-1)
     if not docs or offsets is None:
         return [_digest(flat)], [len(flat)]
@@ -107,6 +110,7 @@ def run_throughput(r: Runner, out: dict[str, Any]) -> None:
     t1 = time.perf_counter()
     c1 = cpu_seconds()
     out["first_batch_s"] = t1 - t0
+    padded0 = r.padded or 0
     tokens = docs = batches = 0
     capped = False
     t2, c2 = t1, c1
@@ -135,6 +139,10 @@ def run_throughput(r: Runner, out: dict[str, Any]) -> None:
     )
     if isinstance(r, PlitzerRunner):
         out["peak_held_bytes"] = r.peak_bytes()
+    if r.padded is not None:
+        out["padded_tokens"] = r.padded - padded0
+    if isinstance(r, LitdataRunner):
+        out["chunk_tokens"], out["block_tokens"] = r.kept_tokens()
     del it
 
 
@@ -145,7 +153,7 @@ def run_save(r: Runner, out: dict[str, Any], state_path: Path, records: Path) ->
     lens: list[int] = []
     split = -1
     for i, item in enumerate(it):
-        d, n = digests(item, r.docs)
+        d, n = digests(item, r.docs, r.row_digests)
         dig += d
         lens += n
         if i + 1 == stop:
@@ -172,7 +180,7 @@ def run_resume(r: Runner, out: dict[str, Any], state_path: Path, records: Path) 
         if first:
             out["resume_s"] = time.perf_counter() - t0
             first = False
-        d, n = digests(item, r.docs)
+        d, n = digests(item, r.docs, r.row_digests)
         dig += d
         lens += n
     np.save(records / "resume-digests.npy", np.array(dig, dtype=np.uint64))

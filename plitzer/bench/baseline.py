@@ -1,6 +1,6 @@
-"""plitzer against MosaicML Streaming and Hugging Face ``datasets``, on the same Parquet.
+"""plitzer against litdata, Grain, MosaicML Streaming and Hugging Face ``datasets``, on the same Parquet.
 
-    python -m plitzer.bench.baseline DATA --loaders plitzer,mosaic,hf,hf-stream --batch 64 --workers 2
+    python -m plitzer.bench.baseline DATA --loaders plitzer,litdata,grain,mosaic,hf,hf-stream --batch 64 --workers 2
 
 Every loader reads the same files (warmed into the page cache first) and runs in
 its own subprocess (``python -m plitzer.bench._run_one``), so that its cores
@@ -12,28 +12,31 @@ loader
     ``pyarrow`` is the ceiling, always measured: ``pq.read_table`` of the token
     column of every file with the same number of threads, no shuffle, no batches.
 convert (s), converted (MiB)
-    The loader's own copy (Mosaic: MDS shards, zstd; hf: the Arrow cache of
-    ``load_dataset("parquet")``); plitzer and hf-stream read the Parquet as it is.
+    The loader's own copy (Mosaic: MDS shards, zstd; litdata: ``litdata.optimize``
+    chunks of ``TokensLoader``; hf: the Arrow cache of ``load_dataset("parquet")``);
+    plitzer, Grain and hf-stream read the Parquet as it is.
 docs/s, Mtokens/s, cores used, CPU ns/token
     Steady state, from the first batch to the end of one epoch (or
     ``--time-limit`` seconds, then per token: ``capped`` in the JSON).
     ``--batch`` is in documents; plitzer gets the same tokens per step as
     ``lanes * seq_len``, with ``lanes`` the power of two nearest to
-    ``batch * mean document length / seq_len``.
+    ``batch * mean document length / seq_len``; the packing peers (litdata: blocks
+    of ``seq_len + 1`` tokens, Grain: rows of ``seq_len``) batch ``lanes`` rows.
 first batch (s)
     From building the loader (imports done) to its first batch.
 resume (s), exact resume, tokens lost
     A run is stopped at mid-epoch and its state saved with the loader's own
-    mechanism (plitzer: ``checkpoint()``; Mosaic: ``StreamingDataLoader.state_dict``;
+    mechanism (plitzer: ``checkpoint()``; litdata and Mosaic: their
+    ``StreamingDataLoader.state_dict``; Grain: the iterator's ``get_state()``;
     hf and hf-stream: torchdata's ``StatefulDataLoader``), then continues to the
     end of the epoch uninterrupted: the reference. A new process resumes from
     the state (resume (s): to its first batch) and runs to the end of the epoch.
     Exact: the resumed stream equals the reference, batch for batch. Tokens
-    lost (or repeated): documents of the reference missing from (or added to)
-    the resumed stream, as multisets.
+    lost (or repeated): documents (packing peers: rows) of the reference missing
+    from (or added to) the resumed stream, as multisets.
 
 Peers whose pins conflict with plitzer's (Mosaic pins numpy<2.2 and imports
-torchvision) run in their own virtual environment under
+torchvision), or that are not installed here, run in their own virtual environment under
 ``~/.cache/plitzer/bench-venvs/NAME`` (``PLITZER_BENCH_VENVS``), created by
 ``--setup``; plitzer itself is put on their ``PYTHONPATH``. A peer that cannot
 be installed or run is a row with the reason, never dropped.
@@ -102,6 +105,10 @@ class Peer:
         base = ["psutil>=5.9", *_plitzer_requirements()]
         if self.name == "mosaic":
             return [*_torch_pair(), "mosaicml-streaming>=0.13", *base]
+        if self.name == "litdata":
+            return ["torch>=2.5,<=2.14.1", "litdata>=0.2.70", *base]
+        if self.name == "grain":
+            return ["torch>=2.5,<=2.14.1", "grain>=0.2.12", *base]
         return ["torch>=2.5", "datasets>=3", "torchdata>=0.8", *base]
 
 
@@ -112,8 +119,13 @@ PEERS = {
         "mosaicml-streaming pins numpy<2.2 and transformers<5 and imports torchvision",
     ),
     "hf": Peer("hf", ("datasets", "torch", "psutil", "plitzer.bench._run_one"), "datasets is not installed here"),
+    # Both install beside plitzer (the `baseline` extra); a venv only where they are missing.
+    "litdata": Peer(
+        "litdata", ("litdata", "torch", "psutil", "plitzer.bench._run_one"), "litdata is not installed here"
+    ),
+    "grain": Peer("grain", ("grain", "torch", "psutil", "plitzer.bench._run_one"), "grain is not installed here"),
 }
-_PEER_OF = {"mosaic": "mosaic", "hf": "hf", "hf-stream": "hf"}
+_PEER_OF = {"mosaic": "mosaic", "litdata": "litdata", "grain": "grain", "hf": "hf", "hf-stream": "hf"}
 
 
 def venv_root() -> Path:
@@ -371,12 +383,32 @@ def first_batch_ratios(ref: Row, python: str, base: list[str], work: Path, args:
     return {"runs": got, "median": med}
 
 
+def epoch_notes(o: dict[str, Any], dataset_tokens: int) -> list[str]:
+    """What one epoch delivered against the dataset's tokens: what a peer pads or drops."""
+    notes = []
+    if not o["capped"]:  # ran to the end of the epoch
+        delivered = int(o["tokens"]) + int(o["first_tokens"])
+        notes.append(
+            f"one epoch delivered {delivered:,} tokens for the dataset's {dataset_tokens:,} "
+            f"({(delivered - dataset_tokens) / max(1, dataset_tokens):+.2%})"
+        )
+    if "padded_tokens" in o:
+        notes.append(f"padding in the measured batches (after the first): {o['padded_tokens']:,} tokens")
+    if "chunk_tokens" in o:
+        lost = o["chunk_tokens"] - o["block_tokens"]
+        notes.append(
+            f"litdata chunks hold {o['chunk_tokens']:,} tokens; whole blocks {o['block_tokens']:,} "
+            f"(each chunk's tail shorter than a block, {lost:,} tokens, is never read)"
+        )
+    return notes
+
+
 def bench_loader(loader: str, python: str, base: list[str], work: Path, args: argparse.Namespace) -> Row:
     row = Row(loader)
     folder = work / "runs" / loader
     shutil.rmtree(folder, ignore_errors=True)
     timeout = args.timeout
-    if loader in {"mosaic", "hf"}:
+    if loader in {"mosaic", "litdata", "hf"}:
         m = run_one(python, loader, "convert", base, folder, timeout)
         if m.error:
             row.reason = m.error
@@ -400,6 +432,7 @@ def bench_loader(loader: str, python: str, base: list[str], work: Path, args: ar
     row.capped = bool(o["capped"])
     if "peak_held_bytes" in o:
         row.notes.append(f"decoded bytes held at peak: {o['peak_held_bytes'] / 2**20:,.0f} MiB")
+    row.notes += epoch_notes(o, args.dataset_tokens)
     if loader == "pyarrow" or args.no_resume:
         return row
     state = folder / "state.bin"
@@ -419,6 +452,8 @@ def bench_loader(loader: str, python: str, base: list[str], work: Path, args: ar
     row.exact = "yes" if exact else "no"
     row.lost, row.repeated = lost, repeated
     row.notes.append(f"state {saved.out['state_bytes']:,} bytes saved at batch {saved.out['stop_batch']:,}")
+    if loader == "grain":
+        row.notes.append("resume from the iterator's get_state(), JSON (what Orbax's Grain handler writes)")
     if loader == "hf-stream":
         row.notes.append(
             "resume run with num_workers=0: datasets' IterableDataset.load_state_dict fails (IndexError) "
@@ -430,10 +465,15 @@ def bench_loader(loader: str, python: str, base: list[str], work: Path, args: ar
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m plitzer.bench.baseline",
-        description="plitzer against Mosaic Streaming and HF datasets on the same Parquet (see module docs).",
+        description="plitzer against litdata, Grain, Mosaic Streaming and HF datasets on the same Parquet "
+        "(see module docs).",
     )
     ap.add_argument("data", help="folder of pre-tokenized Parquet files")
-    ap.add_argument("--loaders", default="plitzer,mosaic,hf,hf-stream", help="comma-separated; pyarrow is always added")
+    ap.add_argument(
+        "--loaders",
+        default="plitzer,litdata,grain,mosaic,hf,hf-stream",
+        help="comma-separated; pyarrow is always added",
+    )
     ap.add_argument("--batch", type=int, default=64, help="documents per batch (default 64)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="DataLoader workers / threads")
     ap.add_argument("--seed", type=int, default=0)
@@ -492,6 +532,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seq_len=args.seq_len,
             ahead=1,
         )
+    args.dataset_tokens = tokens
     work = Path(args.work or Path.home() / ".cache" / "plitzer" / "bench-work")
     work.mkdir(parents=True, exist_ok=True)
     size = sum(len(Path(f).read_bytes()) for f in files)  # warms the page cache

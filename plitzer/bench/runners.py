@@ -4,8 +4,8 @@ A runner opens its loader on the Parquet files (``open(state)``: an iterator of
 batches as torch tensors, resumed from ``state`` when given), saves the loader's
 state with the loader's own mechanism (``save``), and, where the loader needs its
 own copy of the data, makes it (``convert``). ``plitzer.bench._run_one`` runs one
-runner in one mode per process; the peers (Mosaic Streaming, HF ``datasets``,
-``torchdata``) are imported lazily, only inside their runner.
+runner in one mode per process; the peers (Mosaic Streaming, litdata, Grain, HF
+``datasets``, ``torchdata``) are imported lazily, only inside their runner.
 """
 
 from __future__ import annotations
@@ -104,6 +104,8 @@ class Runner:
     """A loader under test: open (optionally from a state), iterate, save."""
 
     docs = True  # items are documents (False: fixed-length packed rows)
+    row_digests = False  # packed rows: compare streams row by row (False: whole batches)
+    padded: int | None = None  # padding tokens delivered so far, where the loader pads
 
     modules: tuple[str, ...] = ("torch",)
 
@@ -233,6 +235,148 @@ class MosaicRunner(Runner):
         return json.dumps(self.dl.state_dict()).encode()
 
 
+def _tokens_of_row_group(item: tuple[str, int], column: str) -> Iterator[Any]:
+    """litdata's ``optimize`` function: the documents of one row group, as int32 tensors."""
+    import torch
+
+    path, group = item
+    col = pq.ParquetFile(path).read_row_group(group, columns=[column]).column(0).combine_chunks()
+    offsets = col.offsets.to_numpy()
+    values = col.values.to_numpy(zero_copy_only=False)
+    for i in range(len(offsets) - 1):
+        yield torch.from_numpy(np.array(values[offsets[i] : offsets[i + 1]], dtype=np.int32))
+
+
+class LitdataRunner(Runner):
+    """litdata: ``optimize`` the token column into its chunks, then ``StreamingDataset`` with
+    ``TokensLoader(block_size=seq_len + 1)`` (as its README recommends), ``shuffle=True``, and
+    ``StreamingDataLoader`` (batches of ``lanes`` blocks, ``--workers`` workers)."""
+
+    docs = False
+    row_digests = True
+    modules = ("torch", "litdata")
+
+    @property
+    def out(self) -> Path:
+        return self.work / "litdata-chunks"
+
+    @property
+    def block(self) -> int:
+        return int(self.args.seq_len) + 1
+
+    def convert(self) -> int:
+        import functools
+
+        litdata = importlib.import_module("litdata")
+        shutil.rmtree(self.out, ignore_errors=True)
+        inputs = [(f, g) for f in self.files for g in range(pq.ParquetFile(f).num_row_groups)]
+        litdata.optimize(
+            fn=functools.partial(_tokens_of_row_group, column=self.column),
+            inputs=inputs,
+            output_dir=str(self.out),
+            # The README's chunk size for TokensLoader: a whole number of blocks per chunk.
+            chunk_size=self.block * 8012,
+            item_loader=litdata.TokensLoader(),
+            num_workers=self.args.workers,
+            # With the default start method ("spawn" here) optimize wrote an index.json with
+            # no chunks and raised nothing (verbose=False); "fork" wrote them.
+            start_method=None,
+            verbose=False,
+            mode="overwrite",
+        )
+        index = json.loads((self.out / "index.json").read_text())
+        if not index.get("chunks"):
+            msg = f"litdata.optimize wrote no chunks into {self.out}"
+            raise SystemExit(msg)
+        return dir_bytes(self.out)
+
+    def _dataset(self) -> Any:
+        litdata = importlib.import_module("litdata")
+        return litdata.StreamingDataset(
+            input_dir=str(self.out),
+            item_loader=litdata.TokensLoader(block_size=self.block),
+            shuffle=True,
+            drop_last=True,
+            seed=self.args.seed,
+        )
+
+    def kept_tokens(self) -> tuple[int, int]:
+        """(tokens in the chunks, tokens in whole blocks): each chunk's tail shorter than a block is never read."""
+        index = json.loads((self.out / "index.json").read_text())
+        dims = [int(c["dim"]) for c in index["chunks"]]
+        return sum(dims), sum(d // self.block * self.block for d in dims)
+
+    def batches_per_epoch(self) -> int:
+        return len(self.dl) if hasattr(self, "dl") else int(-(-len(self._dataset()) // self.args.lanes))
+
+    def open(self, state: bytes | None) -> Iterator[Item]:
+        litdata = importlib.import_module("litdata")
+        a = self.args
+        self.dl = litdata.StreamingDataLoader(self._dataset(), batch_size=a.lanes, num_workers=a.workers)
+        if state is not None:
+            self.dl.load_state_dict(_load_state(state))
+        return ((b, None) for b in self.dl)
+
+    def save(self) -> bytes:
+        return _dump_state(self.dl.state_dict())
+
+
+class GrainRunner(Runner):
+    """Grain: ``ParquetIterDataset`` over the files as they are (their order permuted by the
+    seed), a window shuffle of documents, ``ConcatThenSplitIterDataset`` packing to ``seq_len``,
+    batches of ``lanes`` rows, a thread prefetch; resumed from the iterator's ``get_state()``.
+
+    ``ParquetIterDataset`` takes no column selection: it reads every column of each row group
+    and turns each into NumPy (``to_numpy``) before the first ``map`` can drop them.
+    Concat-then-split, not first-fit: it is the one of Grain's packers that pads nothing and
+    cuts documents at sequence edges, as plitzer does, so both deliver every token once.
+    """
+
+    docs = False
+    row_digests = True
+    modules = ("torch", "grain", "pyarrow.parquet")
+    window = 1000  # documents per shuffle window (the hf-stream runner's buffer)
+
+    def batches_per_epoch(self) -> int:
+        return int(-(-self.tokens() // (self.args.lanes * self.args.seq_len)))
+
+    def tokens(self) -> int:
+        import plitzer
+
+        return int(plitzer.index(self.args.data, column=self.column).tokens)
+
+    def _pipeline(self) -> Any:
+        grain = importlib.import_module("grain")
+        a = self.args
+        files = [self.files[i] for i in np.random.default_rng(a.seed).permutation(len(self.files))]
+        column = self.column
+        ds = grain.experimental.ParquetIterDataset(files)
+        ds = ds.map(lambda row: {"tokens": np.asarray(row[column], dtype=np.int32)})
+        ds = grain.experimental.WindowShuffleIterDataset(ds, window_size=self.window, seed=a.seed)
+        ds = grain.experimental.ConcatThenSplitIterDataset(ds, length_struct={"tokens": a.seq_len})
+        ds = ds.batch(a.lanes)
+        return grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=max(1, a.workers))
+
+    def open(self, state: bytes | None) -> Iterator[Item]:
+        import torch
+
+        self.it = iter(self._pipeline())
+        if state is not None:
+            self.it.set_state(json.loads(state))
+        self.padded = 0
+
+        def gen() -> Iterator[Item]:
+            for b in self.it:
+                # Concat-then-split pads only the last row of the epoch (segment id 0).
+                self.padded = (self.padded or 0) + int(np.count_nonzero(b["tokens_segment_ids"] == 0))
+                yield torch.from_numpy(b["tokens"]), None
+
+        return gen()
+
+    def save(self) -> bytes:
+        return json.dumps(self.it.get_state()).encode()
+
+
 def _stateful_dataloader() -> Any:
     """torchdata's StatefulDataLoader, or None where torchdata is missing."""
     try:
@@ -351,6 +495,8 @@ def _load_state(data: bytes) -> Any:
 RUNNERS: dict[str, type[Runner]] = {
     "pyarrow": PyarrowRunner,
     "plitzer": PlitzerRunner,
+    "litdata": LitdataRunner,
+    "grain": GrainRunner,
     "mosaic": MosaicRunner,
     "hf": HfRunner,
     "hf-stream": HfStreamRunner,
