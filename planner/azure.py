@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from planner.errors import ConfigError
-from planner.retry import Changed, Fatal, Retrier, Throttle, Throttled, Transient, check_body, with_deadline
+from planner.retry import Changed, Fatal, Retrying, Throttled, Transient, check_body, with_deadline
 from planner.storage import FileStat, check_range, list_prefix, select_parquet
 
 __all__ = ["AzureStorage"]
@@ -29,7 +29,7 @@ _OWN = ("attempts", "backoff", "concurrency", "list_page_size", "read_timeout", 
 _HOST = re.compile(r"(?P<account>[^.]+)\.(dfs|blob)\.core\.windows\.net$")
 
 
-class AzureStorage:
+class AzureStorage(Retrying):
     """``az://container/prefix``, ``abfs://container/prefix`` or ``abfs://container@account.dfs.core.windows.net/prefix``.
 
     ``storage_options`` are the keyword arguments of ``adlfs.AzureBlobFileSystem``
@@ -89,27 +89,16 @@ class AzureStorage:
                 f"or {', '.join(_OWN)}, or the AZURE_STORAGE_* variables"
             )
             raise ConfigError(msg) from e
-        self._retrier = Retrier(
+        self._retrier = self.make_retrier(
             attempts=self.attempts,
             backoff=self.backoff,
-            concurrency=max(64, 2 * self.concurrency),
+            concurrency=self.concurrency,
             transient=_transient,
-            throttled=lambda e: isinstance(e, Throttled),
             hint="check storage_options (account_name, account_key, sas_token, ...) or the AZURE_STORAGE_* variables",
         )
 
     def __repr__(self) -> str:
         return f"AzureStorage({self.url!r}, account={self.fs.account_name!r})"
-
-    @property
-    def retries(self) -> int:
-        """Attempts beyond the first, over every request of this storage (thread-safe)."""
-        return self._retrier.retries
-
-    @property
-    def throttle(self) -> Throttle:
-        """The AIMD cap on requests in flight."""
-        return self._retrier.throttle
 
     def _run(self, what: str, make: Any, deadline: float) -> Any:
         from fsspec.asyn import sync

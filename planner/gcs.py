@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import quote
 
 from planner.errors import ConfigError
-from planner.retry import Changed, Fatal, Retrier, Throttle, Throttled, Transient, check_body, with_deadline
+from planner.retry import Changed, Fatal, Retrying, Throttled, Transient, check_body, with_deadline
 from planner.storage import FileStat, check_range, list_prefix, select_parquet
 
 __all__ = ["GCSStorage", "import_gcsfs"]
@@ -49,7 +49,7 @@ def import_gcsfs() -> Any:
     return gcsfs
 
 
-class GCSStorage:
+class GCSStorage(Retrying):
     """``gs://bucket/prefix`` (or ``gcs://``) through gcsfs.
 
     ``storage_options`` are the keyword arguments of ``gcsfs.GCSFileSystem``
@@ -100,27 +100,16 @@ class GCSStorage:
             msg = f"storage_options for {url!r}: {e}; use keyword arguments of gcsfs.GCSFileSystem or {', '.join(_OWN)}"
             raise ConfigError(msg) from e
         self.endpoint: str = str(self.fs._location).rstrip("/")
-        self._retrier = Retrier(
+        self._retrier = self.make_retrier(
             attempts=self.attempts,
             backoff=self.backoff,
-            concurrency=max(64, 2 * self.concurrency),
+            concurrency=self.concurrency,
             transient=_transient,
-            throttled=lambda e: isinstance(e, Throttled),
             hint="check storage_options (token, project) or GOOGLE_APPLICATION_CREDENTIALS",
         )
 
     def __repr__(self) -> str:
         return f"GCSStorage({self.url!r}, endpoint={self.endpoint!r})"
-
-    @property
-    def retries(self) -> int:
-        """Attempts beyond the first, over every request of this storage (thread-safe)."""
-        return self._retrier.retries
-
-    @property
-    def throttle(self) -> Throttle:
-        """The AIMD cap on requests in flight."""
-        return self._retrier.throttle
 
     # -- one request ------------------------------------------------------------------
 

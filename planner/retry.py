@@ -218,6 +218,49 @@ class Retrier:
         return result
 
 
+class Retrying:
+    """What every object store's storage shares: its retry loop, and the counters it shows.
+
+    A backend sets ``_retrier`` in its constructor (:meth:`make_retrier`); ``retries`` is
+    then the ``Storage`` protocol's counter, and ``throttle`` the AIMD cap.
+    """
+
+    _retrier: Retrier
+
+    @staticmethod
+    def make_retrier(
+        *,
+        attempts: int,
+        backoff: float,
+        concurrency: int,
+        transient: Callable[[BaseException], bool],
+        hint: str,
+        throttled: Callable[[BaseException], bool] | None = None,
+    ) -> Retrier:
+        """The retry loop of a store read by ``concurrency`` threads.
+
+        Footers are fetched by up to 32 threads at once, so the throttle starts above that.
+        """
+        return Retrier(
+            attempts=attempts,
+            backoff=backoff,
+            concurrency=max(64, 2 * concurrency),
+            transient=transient,
+            throttled=throttled or (lambda e: isinstance(e, Throttled)),
+            hint=hint,
+        )
+
+    @property
+    def retries(self) -> int:
+        """Attempts beyond the first, over every request of this storage (thread-safe)."""
+        return self._retrier.retries
+
+    @property
+    def throttle(self) -> Throttle:
+        """The AIMD cap on requests in flight (``limit``, ``lowest``, ``cuts``)."""
+        return self._retrier.throttle
+
+
 def check_body(data: Any, offset: int, length: int) -> bytes:
     """A body of exactly ``length`` bytes, or a Transient (never a short read returned)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):

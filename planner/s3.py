@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from planner.errors import ConfigError
-from planner.retry import Changed, Retrier, Throttle
+from planner.retry import Changed, Retrying
 from planner.retry import Fatal as _Fatal
 from planner.retry import Transient as _Retry
 from planner.retry import with_deadline as _with_deadline
@@ -61,7 +61,7 @@ _ALIASES = {
 _THROTTLE_CODES = ("SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests")
 
 
-class S3Storage:
+class S3Storage(Retrying):
     """``s3://bucket/prefix`` through s3fs's aiobotocore client.
 
     ``storage_options`` takes ``endpoint``, ``region``, ``key``, ``secret``,
@@ -148,11 +148,10 @@ class S3Storage:
         self._key = opts.get("key")
         self._secret = opts.get("secret")
         self._token = opts.get("token")
-        self._retrier = Retrier(
+        self._retrier = self.make_retrier(
             attempts=self.attempts,
             backoff=self.backoff,
-            # Footers are fetched by up to 32 threads at once: the throttle starts above that.
-            concurrency=max(64, 2 * self.concurrency),
+            concurrency=self.concurrency,
             transient=_transient,
             throttled=_throttled,
             hint="check storage_options and the credentials (key/secret or AWS_* variables)",
@@ -168,16 +167,6 @@ class S3Storage:
         return f"S3Storage({self.url!r}, endpoint={self.endpoint!r})"
 
     # -- the retry loop ------------------------------------------------------------
-
-    @property
-    def retries(self) -> int:
-        """Attempts beyond the first, over every request of this storage (thread-safe)."""
-        return self._retrier.retries
-
-    @property
-    def throttle(self) -> Throttle:
-        """The AIMD cap on requests in flight (``limit``, ``lowest``, ``cuts``)."""
-        return self._retrier.throttle
 
     def _run(self, what: str, make: Any, deadline: float) -> Any:
         """Run coroutine ``make()`` on s3fs's event loop, retrying transient failures.

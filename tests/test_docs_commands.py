@@ -87,7 +87,9 @@ RULES: dict[str, Rule] = {
     'pip install "plitzer[s3]"': INSTALL,
     'pip install "plitzer[text]"': INSTALL,
     'pip install "plitzer[torch]"': INSTALL,
-    "pip install 'plitzer[s3]'": INSTALL,
+    'pip install "plitzer[azure]"': INSTALL,
+    'pip install "plitzer[gcs]"': INSTALL,
+    'pip install "plitzer[grain]"': INSTALL,
     'pip install -c .ci/constraints.txt -e ".[baseline]"': INSTALL,
     'pip install -c .ci/constraints.txt -e ".[dev]"': CI,
     "pip install -e .": INSTALL,
@@ -134,6 +136,7 @@ RULES: dict[str, Rule] = {
     "plitzer synth --text": synopsis("plitzer synth"),
     "plitzer synth DIR --tokens N": scaled("plitzer synth data/n --tokens 1000"),
     "plitzer tokenize": synopsis("plitzer tokenize"),
+    "plitzer tokenize SRC DST": synopsis("plitzer tokenize"),
     "plitzer tokenize --engine ray": synopsis("plitzer tokenize"),
     # A tokenizer file is the user's; tests/test_text.py runs tokenize with real ones.
     "plitzer tokenize data/raw data/tokens --tokenizer tokenizer.model [--text-column text] [--engine ray]": synopsis(
@@ -146,6 +149,11 @@ RULES: dict[str, Rule] = {
             "python -m plitzer.bench.baseline data/text --loaders plitzer,mosaic,hf,hf-stream --batch 8 --workers 1 "
             "--time-limit 0.5 --repeat 1 --no-resume --work {scratch}/bench-work",
         )
+    ),
+    "python -m plitzer.bench.baseline data/text --loaders plitzer,litdata,grain,mosaic,hf,hf-stream --batch 64 "
+    "--workers 2 --setup": scaled(
+        "python -m plitzer.bench.baseline data/text --loaders plitzer,litdata,grain --batch 8 --workers 1 "
+        "--time-limit 0.5 --repeat 1 --no-resume --work {scratch}/bench-work",
     ),
     "python -m plitzer.bench.baseline data/synth-300M --loaders plitzer,mosaic,hf,hf-stream --batch 64 --workers 2 "
     "--setup": scaled(
@@ -176,9 +184,9 @@ RULES: dict[str, Rule] = {
         f"python benchmarks/resume.py --data data/synth-300M --fractions 0,0.5 --repeat 1 {OUT}"
     ),
     "python benchmarks/s3.py": scaled("python benchmarks/s3.py --tokens 400000 --lanes 8 --seq-len 256"),
-    ".venv/bin/python benchmarks/s3.py": scaled("python benchmarks/s3.py --tokens 400000 --lanes 8 --seq-len 256"),
-    ".venv/bin/python benchmarks/s3.py --tokens 60000000": scaled(
-        "python benchmarks/s3.py --tokens 400000 --lanes 8 --seq-len 256"
+    "python benchmarks/s3.py --latency-ms 30 --pace-mbps 100": scaled(
+        "python benchmarks/s3.py --latency-ms 30 --pace-mbps 100 --tokens 400000 --lanes 8 --seq-len 256 "
+        "--cold-files 20"
     ),
     "python benchmarks/scaling.py": scaled(f"python benchmarks/scaling.py --sizes 1,2 --lanes 8 {OUT}"),
     "python benchmarks/scaling.py --sizes 50,150,300": scaled(
