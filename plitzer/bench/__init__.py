@@ -9,7 +9,9 @@ table of the README. The peers (litdata, Grain, MosaicML Streaming, Hugging Face
 
 from __future__ import annotations
 
-__all__ = ["LOADERS"]
+__all__ = ["DECODES", "LOADERS"]
 
 #: Every loader the harness knows, in the order of the table.
-LOADERS = ("pyarrow", "plitzer", "litdata", "grain", "mosaic", "hf", "hf-stream")
+LOADERS = ("pyarrow", "pyarrow-rg", "plitzer", "litdata", "grain", "mosaic", "hf", "hf-stream")
+#: The raw decodes, always measured; the faster is the reference of the ratios.
+DECODES = ("pyarrow", "pyarrow-rg")

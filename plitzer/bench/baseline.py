@@ -9,8 +9,11 @@ worker processes, peak memory as the largest sum of RSS over the process tree,
 sampled every 50 ms by this harness. The table:
 
 loader
-    ``pyarrow`` is the ceiling, always measured: ``pq.read_table`` of the token
-    column of every file with the same number of threads, no shuffle, no batches.
+    ``pyarrow`` and ``pyarrow-rg`` are the ceiling, always measured: ``pq.read_table``
+    of the token column of every file with the same number of threads, and every row
+    group's column chunk on that many threads from cached footers
+    (``read_row_group(use_threads=False)``); no shuffle, no batches. The ratios under
+    the table take the faster of the two (a slower reference would flatter).
 convert (s), converted (MiB)
     The loader's own copy (Mosaic: MDS shards, zstd; litdata: ``litdata.optimize``
     chunks of ``TokensLoader``; hf: the Arrow cache of ``load_dataset("parquet")``);
@@ -62,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from plitzer.bench import LOADERS
+from plitzer.bench import DECODES, LOADERS
 
 __all__ = ["main", "match_lanes"]
 
@@ -433,7 +436,7 @@ def bench_loader(loader: str, python: str, base: list[str], work: Path, args: ar
     if "peak_held_bytes" in o:
         row.notes.append(f"decoded bytes held at peak: {o['peak_held_bytes'] / 2**20:,.0f} MiB")
     row.notes += epoch_notes(o, args.dataset_tokens)
-    if loader == "pyarrow" or args.no_resume:
+    if loader in DECODES or args.no_resume:
         return row
     state = folder / "state.bin"
     opts = [*base, "--state", str(state)]
@@ -509,7 +512,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(loaders) - set(LOADERS))
     if unknown:
         ap.error(f"unknown loaders {unknown}; known: {', '.join(LOADERS)}")
-    loaders = [x for x in LOADERS if x in loaders or x == "pyarrow"]
+    loaders = [x for x in LOADERS if x in loaders or x in DECODES]
     files = parquet_files(args.data)
     if not files:
         ap.error(f"no .parquet files under {args.data}")
@@ -586,6 +589,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     starts: dict[str, Any] = {}
     if ref and mine and mine.first_batch_s is not None and args.repeat > 0:
         starts = first_batch_ratios(ref, sys.executable, base, work, args)
+    decodes = [r for r in rows if r.loader in DECODES and r.mtok_s]
+    fastest = max(decodes, key=lambda r: r.mtok_s or 0.0, default=None)
+    if fastest and mine and mine.mtok_s and fastest.mtok_s:
+        print(
+            f"decode reference: {fastest.loader} (the faster of {', '.join(DECODES)}), "
+            f"{fastest.mtok_s:.1f} Mtokens/s; plitzer / reference: {mine.mtok_s / fastest.mtok_s:.2f}x the tokens/s"
+            + (
+                f", {mine.ns_token / fastest.ns_token:.2f}x the CPU per token"
+                if mine.ns_token and fastest.ns_token
+                else ""
+            )
+        )
     hf = next((r for r in rows if r.loader == "hf"), None)
     if hf and mine and hf.mtok_s and mine.mtok_s:
         print(
