@@ -100,7 +100,7 @@ class AzureStorage(Retrying):
     def __repr__(self) -> str:
         return f"AzureStorage({self.url!r}, account={self.fs.account_name!r})"
 
-    def _run(self, what: str, make: Any, deadline: float) -> Any:
+    def _run(self, what: str, make: Any, deadline: float, location: str | None = None) -> Any:
         from fsspec.asyn import sync
 
         async def once() -> Any:
@@ -110,7 +110,7 @@ class AzureStorage(Retrying):
                 _raise_classified(e)
                 raise
 
-        return self._retrier.run(what, lambda: sync(self.fs.loop, with_deadline, once, deadline))
+        return self._retrier.run(what, lambda: sync(self.fs.loop, with_deadline, once, deadline), location=location)
 
     # -- listing ---------------------------------------------------------------------
 
@@ -166,7 +166,8 @@ class AzureStorage(Retrying):
             return check_body(await stream.readall(), offset, length)
 
         what = f"{file.location}: reading bytes [{offset}, {offset + length})"
-        data: bytes = self._run(what, get, self.connect_timeout + self.read_timeout + length / (1 << 20))
+        deadline = self.connect_timeout + self.read_timeout + length / (1 << 20)
+        data: bytes = self._run(what, get, deadline, location=file.location)
         return data
 
     # -- other readers of the same objects -------------------------------------------

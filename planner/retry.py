@@ -170,8 +170,11 @@ class Retrier:
         # Attempt k (from 1) waits backoff * 2**(k-1), jittered by 0.5..1.5, capped.
         return float(min(_RETRY_CAP, self.backoff * 2.0 ** (attempt_number - 1)) * (0.5 + random.random()))
 
-    def run(self, what: str, attempt: Callable[[], T]) -> T:
-        """``attempt()`` until it succeeds, fails for good, or the attempts are spent."""
+    def run(self, what: str, attempt: Callable[[], T], *, location: str | None = None) -> T:
+        """``attempt()`` until it succeeds, fails for good, or the attempts are spent.
+
+        ``location`` is the object read (what a ``FileChangedError`` names).
+        """
         import tenacity
 
         def once() -> T:
@@ -200,7 +203,7 @@ class Retrier:
             result: T = retrying(once)
         except Changed as e:
             msg = f"{what}: {e}"
-            raise FileChangedError(msg, file=e.location) from e.__cause__
+            raise FileChangedError(msg, file=e.location or location) from e.__cause__
         except Fatal as e:
             msg = f"{what}: {e}"
             raise StorageError(msg) from e.__cause__
