@@ -10,7 +10,9 @@ alternated ``--repeat`` times so that drift in the machine's speed hits every ro
   row group on N threads (what the loader itself runs);
 * the loader, one epoch from construction (``Loader(index, ...)`` then every batch of
   epoch 0: what a short run sees, first window included);
-* the loader's steady state: epochs 1.. of one loader (a long run).
+* the loader's steady state: epochs 1.. of one loader, back to back (a long run; the
+  decodes are not timed in between, since the loader's threads would go on reading
+  ahead meanwhile).
 
 Each row prints tokens/s, cores used, CPU ns/token, and the ratio to the reference;
 the CPU ratio (loader ns/token over the decode's) is what the hot path adds.
@@ -151,6 +153,8 @@ def main() -> None:
                 assert fn() == tokens
             decodes[name].append(t)
         cold.append(epoch_from_construction())
+    # The steady state: epochs back to back, nothing else running (between epochs the
+    # loader's threads go on reading ahead, so anything timed in between would flatter it).
     steady: list[tuple[Timing, int]] = []
     with plitzer.Loader(ix, **settings) as loader:  # type: ignore[arg-type]
         for _ in loader:  # epoch 0: fill the pipeline
@@ -159,11 +163,11 @@ def main() -> None:
             with timed() as t:
                 steps = sum(1 for _ in loader)
             steady.append((t, steps * args.lanes * args.seq_len))
-            for name, fn in (("read_table", dec.read_table), ("row_groups", dec.row_groups)):
-                with timed() as t:
-                    fn()
-                decodes[name].append(t)
         stats = loader.stats
+    for name, fn in (("read_table", dec.read_table), ("row_groups", dec.row_groups)):
+        with timed() as t:
+            fn()
+        decodes[name].append(t)
     meds = {k: median_timing(v) for k, v in decodes.items()}
     best_name = min(meds, key=lambda k: meds[k].wall)
     ref = meds[best_name]

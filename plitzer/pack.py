@@ -235,11 +235,16 @@ def _lists(values: pa.Array, starts: I64, ends: I64) -> pa.Array:
     """A large-list array over ``values``: list ``i`` is ``values[starts[i]:ends[i]]``.
 
     Consecutive lists must tile a stretch of ``values`` (``ends[i] == starts[i+1]``).
+    The values are sliced to that stretch and the offsets start at 0: given offsets
+    that start further in, Polars copies the whole values buffer on import (1.7 ms
+    against 0.07 ms for a 131 k-token step out of a 6 M-token window, measured).
     """
+    lo = int(starts[0]) if len(starts) else 0
+    hi = int(ends[-1]) if len(ends) else lo
     offsets = np.empty(len(starts) + 1, np.int64)
-    offsets[:-1] = starts
-    offsets[-1] = ends[-1] if len(ends) else 0
-    return pa.LargeListArray.from_arrays(arrow_ints(offsets, pa.int64()), values)
+    offsets[:-1] = starts - lo
+    offsets[-1] = hi - lo
+    return pa.LargeListArray.from_arrays(arrow_ints(offsets, pa.int64()), values.slice(lo, hi - lo))
 
 
 def _gather(lists: list[pa.Array], order: I64) -> pa.Array:

@@ -202,6 +202,15 @@ RULES: dict[str, Rule] = {
     "python benchmarks/throughput.py --tokens 30000000 --threads 2": scaled(
         "python benchmarks/throughput.py --tokens 1000000 --threads 2 --lanes 16 --epochs 1"
     ),
+    "python benchmarks/throughput.py --tokens 38000000 --threads 2": scaled(
+        "python benchmarks/throughput.py --tokens 1000000 --threads 2 --lanes 16 --repeat 1 --epochs 1"
+    ),
+    "python benchmarks/throughput.py --data data/text --column input_ids --lanes 128 --window 16 --budget 4294967296": (
+        scaled("python benchmarks/throughput.py --data data/sample --lanes 16 --window 4 --repeat 1 --epochs 1")
+    ),
+    "python benchmarks/throughput.py --tokens 38000000 --lanes 64 --seq-len 2048 --lanes-sweep 64,512,4096": scaled(
+        "python benchmarks/throughput.py --tokens 1000000 --lanes 8 --seq-len 256 --lanes-sweep 8,64"
+    ),
     "python benchmarks/throughput.py --tokens 60000000": scaled(
         "python benchmarks/throughput.py --tokens 1000000 --lanes 16 --epochs 1"
     ),
