@@ -70,8 +70,9 @@ def check_row(row: dict[str, Any]) -> None:
 @pytest.mark.slow
 def test_plitzer_end_to_end(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rows = run(tiny, tmp_path, "plitzer")
-    assert list(rows) == ["pyarrow", "plitzer"]  # the ceiling row is always there
+    assert list(rows) == ["pyarrow", "pyarrow-rg", "plitzer"]  # the ceiling rows are always there
     check_row(rows["pyarrow"])
+    check_row(rows["pyarrow-rg"])
     p = rows["plitzer"]
     check_row(p)
     assert p["convert_s"] == 0 and p["converted_mib"] == 0
@@ -82,6 +83,7 @@ def test_plitzer_end_to_end(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFi
     assert "| loader | convert (s) |" in printed and "| plitzer | 0.0 | 0.0 |" in printed
     assert "plitzer's first batch: median " in printed and "x decoding its first window on all cores" in printed
     assert "; resume: " in printed
+    assert "decode reference: pyarrow" in printed and "plitzer / reference: " in printed  # the faster decode
     record = json.loads((tmp_path / "rows.json").read_text())
     runs = record["first_batch"]["runs"]
     assert len(runs["first"]) == len(runs["window"]) == len(runs["resume"]) == 2, printed
@@ -92,7 +94,7 @@ def test_plitzer_end_to_end(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFi
 @pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="datasets is not installed")
 def test_hf_end_to_end(tiny: Path, tmp_path: Path) -> None:
     rows = run(tiny, tmp_path, "hf")
-    assert list(rows) == ["pyarrow", "hf"]
+    assert list(rows) == ["pyarrow", "pyarrow-rg", "hf"]
     hf = rows["hf"]
     check_row(hf)
     assert hf["convert_s"] > 0 and hf["converted_mib"] > 0  # the Arrow copy
@@ -127,7 +129,7 @@ def test_compare_counts_lost_and_repeated_documents(tmp_path: Path) -> None:
 @pytest.mark.skipif(importlib.util.find_spec("litdata") is None, reason="litdata is not installed")
 def test_litdata_end_to_end(tiny: Path, tmp_path: Path) -> None:
     rows = run(tiny, tmp_path, "litdata")
-    assert list(rows) == ["pyarrow", "litdata"]
+    assert list(rows) == ["pyarrow", "pyarrow-rg", "litdata"]
     lit = rows["litdata"]
     check_row(lit)
     assert lit["convert_s"] > 0 and lit["converted_mib"] > 0  # optimize wrote its chunks
@@ -140,7 +142,7 @@ def test_litdata_end_to_end(tiny: Path, tmp_path: Path) -> None:
 @pytest.mark.skipif(importlib.util.find_spec("grain") is None, reason="grain is not installed")
 def test_grain_end_to_end(tiny: Path, tmp_path: Path) -> None:
     rows = run(tiny, tmp_path, "grain")
-    assert list(rows) == ["pyarrow", "grain"]
+    assert list(rows) == ["pyarrow", "pyarrow-rg", "grain"]
     g = rows["grain"]
     check_row(g)
     assert g["convert_s"] == 0 and g["converted_mib"] == 0  # the Parquet as it is
