@@ -176,7 +176,27 @@ def test_one_process_state_or_merged_states_resume_every_world(data: Path) -> No
 
 
 def test_grains_checkpoint_handler_saves_and_restores(data: Path, tmp_path: Path) -> None:
-    """Grain's own (Orbax) handler writes the state as JSON per process and restores it."""
+    """Grain's own (Orbax) handler writes the state as JSON per process and restores it.
+
+    In a fresh interpreter: the handler starts JAX's backends, and JAX then warns at every
+    fork, which fails the later tests that fork (Ray, DataLoader workers) in this process.
+    """
+    import os
+    import subprocess
+
+    if os.environ.get("PLITZER_GRAIN_CHILD") != "1":
+        here = f"{Path(__file__).resolve()}::test_grains_checkpoint_handler_saves_and_restores"
+        out = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "t"), here],
+            env={**os.environ, "PLITZER_GRAIN_CHILD": "1"},
+            cwd=Path(__file__).resolve().parents[1],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
+        return
     from etils import epath
 
     handler = grain.checkpoint.CheckpointHandler()
