@@ -375,7 +375,8 @@ def index(
     ----------
     source : str, PathLike or list of them
         A local folder (searched recursively for ``*.parquet``), one file,
-        ``s3://bucket/prefix``, or a list of these (files of each source in turn).
+        ``s3://bucket/prefix``, ``gs://bucket/prefix``, ``az://container/prefix`` (or
+        ``abfs://``), or a list of these (files of each source in turn).
     column : str, optional
         The token column (a list or large_list of any integer type); by default
         the one integer-list column named ``input_ids``, ``tokens`` or

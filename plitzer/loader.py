@@ -79,13 +79,16 @@ class Loader:
     Parameters
     ----------
     source : str, PathLike, list, or planner.Index
-        Local folder or file, ``s3://bucket/prefix``, or a list of these.
+        Local folder or file, ``s3://bucket/prefix``, ``gs://bucket/prefix``,
+        ``az://container/prefix`` (or ``abfs://``), or a list of these.
     seed, lanes, window, seq_len, budget, rank, world :
         See docs/usage.md. ``lanes`` must be divisible by ``world``.
     column : str, optional
         Token column (default: the single ``list<int32|uint32>`` column).
     storage_options : dict, optional
-        S3 settings (``endpoint``, ``region``, ``key``, ``secret``).
+        S3 settings (``endpoint``, ``region``, ``key``, ``secret``); for ``gs://`` and
+        ``az://``, keyword arguments of ``gcsfs.GCSFileSystem`` / ``adlfs.AzureBlobFileSystem``
+        (docs/storage.md).
     threads : int, optional
         Reader and decoding threads (default: the number of CPUs; on S3 at least
         ``storage_options["concurrency"]``, 16, since its threads mostly wait on GETs).
