@@ -25,7 +25,6 @@ from planner.storage import FileStat, check_range, list_prefix, select_parquet
 
 __all__ = ["AzureStorage"]
 
-_OWN = ("attempts", "backoff", "concurrency", "list_page_size", "read_timeout", "connect_timeout")
 _HOST = re.compile(r"(?P<account>[^.]+)\.(dfs|blob)\.core\.windows\.net$")
 
 
@@ -60,33 +59,17 @@ class AzureStorage(Retrying):
             msg = f"source {url!r} names no container; use az://container/prefix"
             raise ConfigError(msg)
         opts = dict(storage_options or {})
-        own = {k: opts.pop(k) for k in _OWN if k in opts}
+        own = {k: opts.pop(k) for k in self.TUNING if k in opts}
         match = _HOST.match(host) if host else None
         if match and "account_name" not in opts and "connection_string" not in opts:
             opts["account_name"] = match["account"]
-        self.attempts = int(own.get("attempts", 8))
-        self.backoff = float(own.get("backoff", 0.1))
-        self.read_timeout = float(own.get("read_timeout", 30))
-        self.connect_timeout = float(own.get("connect_timeout", 10))
-        self.concurrency = int(own.get("concurrency", 16))
-        self.list_page_size = int(own.get("list_page_size", 1000))
-        for name, value, low in (
-            ("attempts", self.attempts, 1),
-            ("concurrency", self.concurrency, 1),
-            ("list_page_size", self.list_page_size, 1),
-            ("read_timeout", self.read_timeout, 1e-3),
-            ("connect_timeout", self.connect_timeout, 1e-3),
-            ("backoff", self.backoff, 0),
-        ):
-            if value < low:
-                msg = f"storage_options {name}={value} must be >= {low}"
-                raise ConfigError(msg)
+        self.take_tuning(own)
         try:
             self.fs = adlfs.AzureBlobFileSystem(skip_instance_cache=True, **opts)
         except (TypeError, ValueError) as e:
             msg = (
                 f"storage_options for {url!r}: {e}; use keyword arguments of adlfs.AzureBlobFileSystem "
-                f"or {', '.join(_OWN)}, or the AZURE_STORAGE_* variables"
+                f"or {', '.join(self.TUNING)}, or the AZURE_STORAGE_* variables"
             )
             raise ConfigError(msg) from e
         self._retrier = self.make_retrier(

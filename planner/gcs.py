@@ -31,9 +31,6 @@ from planner.storage import FileStat, check_range, list_prefix, select_parquet
 
 __all__ = ["GCSStorage", "import_gcsfs"]
 
-# plitzer's own keys; every other key is a keyword argument of gcsfs.GCSFileSystem.
-_OWN = ("attempts", "backoff", "concurrency", "list_page_size", "read_timeout", "connect_timeout")
-
 
 def import_gcsfs() -> Any:
     """gcsfs, imported with its bucket-type probe off unless the user set it.
@@ -75,29 +72,14 @@ class GCSStorage(Retrying):
             msg = f"source {url!r} names no bucket; use gs://bucket/prefix"
             raise ConfigError(msg)
         opts = dict(storage_options or {})
-        own = {k: opts.pop(k) for k in _OWN if k in opts}
-        self.attempts = int(own.get("attempts", 8))
-        self.backoff = float(own.get("backoff", 0.1))
-        self.read_timeout = float(own.get("read_timeout", 30))
-        self.connect_timeout = float(own.get("connect_timeout", 10))
-        self.concurrency = int(own.get("concurrency", 16))
-        self.list_page_size = int(own.get("list_page_size", 1000))
-        for name, value, low in (
-            ("attempts", self.attempts, 1),
-            ("concurrency", self.concurrency, 1),
-            ("list_page_size", self.list_page_size, 1),
-            ("read_timeout", self.read_timeout, 1e-3),
-            ("connect_timeout", self.connect_timeout, 1e-3),
-            ("backoff", self.backoff, 0),
-        ):
-            if value < low:
-                msg = f"storage_options {name}={value} must be >= {low}"
-                raise ConfigError(msg)
+        own = {k: opts.pop(k) for k in self.TUNING if k in opts}
+        self.take_tuning(own)
         self._token = opts.get("token")
         try:
             self.fs = gcsfs.GCSFileSystem(skip_instance_cache=True, **opts)
         except TypeError as e:
-            msg = f"storage_options for {url!r}: {e}; use keyword arguments of gcsfs.GCSFileSystem or {', '.join(_OWN)}"
+            keys = ", ".join(self.TUNING)
+            msg = f"storage_options for {url!r}: {e}; use keyword arguments of gcsfs.GCSFileSystem or {keys}"
             raise ConfigError(msg) from e
         self.endpoint: str = str(self.fs._location).rstrip("/")
         self._retrier = self.make_retrier(

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from planner.errors import FileChangedError, StorageError
+from planner.errors import ConfigError, FileChangedError, StorageError
 
 __all__ = ["Fatal", "Retrier", "Throttle", "Throttled", "Transient", "check_body", "with_deadline"]
 
@@ -229,6 +229,35 @@ class Retrying:
     """
 
     _retrier: Retrier
+    attempts: int
+    backoff: float
+    read_timeout: float
+    connect_timeout: float
+    concurrency: int
+    list_page_size: int
+
+    #: plitzer's own keys of ``storage_options`` (the rest go to the store's client).
+    TUNING = ("attempts", "backoff", "concurrency", "list_page_size", "read_timeout", "connect_timeout")
+
+    def take_tuning(self, opts: dict[str, Any], *, attempts: int = 8, backoff: float = 0.1) -> None:
+        """Pop plitzer's tuning keys from ``opts`` into attributes, each checked."""
+        self.attempts = int(opts.pop("attempts", attempts))
+        self.backoff = float(opts.pop("backoff", backoff))
+        self.read_timeout = float(opts.pop("read_timeout", 30))
+        self.connect_timeout = float(opts.pop("connect_timeout", 10))
+        self.concurrency = int(opts.pop("concurrency", 16))
+        self.list_page_size = int(opts.pop("list_page_size", 1000))
+        for name, value, low in (
+            ("attempts", self.attempts, 1),
+            ("concurrency", self.concurrency, 1),
+            ("list_page_size", self.list_page_size, 1),
+            ("read_timeout", self.read_timeout, 1e-3),
+            ("connect_timeout", self.connect_timeout, 1e-3),
+            ("backoff", self.backoff, 0),
+        ):
+            if value < low:
+                msg = f"storage_options {name}={value} must be >= {low}"
+                raise ConfigError(msg)
 
     @staticmethod
     def make_retrier(

@@ -119,23 +119,7 @@ class S3Storage(Retrying):
             client_kwargs["region_name"] = region
         self.endpoint: str | None = endpoint or None
         self.region: str | None = region or None
-        self.read_timeout = float(opts.pop("read_timeout", 30))
-        self.connect_timeout = float(opts.pop("connect_timeout", 10))
-        self.attempts = int(opts.pop("attempts", _RETRY_ATTEMPTS))
-        self.backoff = float(opts.pop("backoff", _RETRY_BACKOFF))
-        self.concurrency = int(opts.pop("concurrency", 16))
-        self.list_page_size = int(opts.pop("list_page_size", 1000))
-        for name, value, low in (
-            ("attempts", self.attempts, 1),
-            ("concurrency", self.concurrency, 1),
-            ("list_page_size", self.list_page_size, 1),
-            ("read_timeout", self.read_timeout, 1e-3),
-            ("connect_timeout", self.connect_timeout, 1e-3),
-            ("backoff", self.backoff, 0),
-        ):
-            if value < low:
-                msg = f"storage_options {name}={value} must be >= {low}"
-                raise ConfigError(msg)
+        self.take_tuning(opts, attempts=_RETRY_ATTEMPTS, backoff=_RETRY_BACKOFF)
         config_kwargs.setdefault("read_timeout", self.read_timeout)
         config_kwargs.setdefault("connect_timeout", self.connect_timeout)
         # Footers are fetched by up to 32 threads at once; never queue on the pool.
