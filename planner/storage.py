@@ -120,6 +120,10 @@ def select_parquet(key: str, objects: Iterable[tuple[str, int, str]], location: 
     return out
 
 
+def _unchanged(file: FileStat, st: os.stat_result) -> bool:
+    return st.st_size == file.size and str(st.st_mtime_ns) == file.version
+
+
 class LocalStorage:
     """A local folder (searched recursively) or a single file."""
 
@@ -151,23 +155,23 @@ class LocalStorage:
         except OSError as e:
             msg = f"{file.location}: cannot open ({e.strerror}); check the path and permissions"
             raise StorageError(msg) from e
+        data = b""
         try:
             st = os.fstat(fd)
-            if st.st_size != file.size or str(st.st_mtime_ns) != file.version:
-                msg = (
-                    f"{file.location}: the file changed after it was indexed (size "
-                    f"{file.size} -> {st.st_size}, mtime {file.version} -> {st.st_mtime_ns}); "
-                    "a dataset must not change under a running job: restore it, or start "
-                    "a new run (the index is rebuilt on the next start)"
-                )
-                raise FileChangedError(msg, file=file.location)
-            data = os.pread(fd, length, offset)
+            if _unchanged(file, st):
+                data = os.pread(fd, length, offset)
+                st = os.fstat(fd)  # a file rewritten in place while we read shows a new size or mtime
         finally:
             os.close(fd)
-        if len(data) != length:
+        if not _unchanged(file, st) or len(data) != length:
+            if _unchanged(file, st):
+                what = f"short read at byte {offset}: got {len(data)} of {length} bytes"
+            else:
+                what = f"size {file.size} -> {st.st_size}, mtime {file.version} -> {st.st_mtime_ns}"
             msg = (
-                f"{file.location}: short read at byte {offset}: got {len(data)} of "
-                f"{length} bytes; the file was truncated after indexing"
+                f"{file.location}: the file changed after it was indexed ({what}); "
+                "a dataset must not change under a running job: restore it, or start "
+                "a new run (the index is rebuilt on the next start)"
             )
             raise FileChangedError(msg, file=file.location)
         return data
