@@ -38,7 +38,7 @@ from numpy.typing import NDArray
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
 from planner.lanes import cut_at, lane_of, piece_range
-from planner.rowgroups import RowGroupIndex
+from planner.rowgroups import RowGroupIndex, stream_counts
 from planner.storage import Storage, duckdb_filesystems
 
 __all__ = [
@@ -213,12 +213,16 @@ def layout_epoch(
 
 
 def row_group_counts(idx: RowGroupIndex) -> tuple[I64, I64, I64]:
-    """Tokens, rows and empty documents of every row group of ``idx``, as int64 arrays."""
-    f = idx.frame
+    """Tokens, rows and empty documents of every row group of ``idx`` in the stream, as int64 arrays.
+
+    Those a selection (``where=``) keeps where the index is selected
+    (:func:`planner.dataset.stream_counts`).
+    """
+    tokens, rows, empty = stream_counts(idx.frame)
     return (
-        f["tokens"].to_numpy().astype(np.int64),
-        f["rows"].to_numpy().astype(np.int64),
-        f["empty_docs"].to_numpy().astype(np.int64),
+        tokens.to_numpy().astype(np.int64),
+        rows.to_numpy().astype(np.int64),
+        empty.to_numpy().astype(np.int64),
     )
 
 
@@ -397,12 +401,17 @@ class Plan:
     def row_groups(self, epoch: int) -> pl.DataFrame:
         """epoch, window_index, position, file, row_group, rows, tokens, token_start, first_rank, last_rank.
 
-        ``window_index`` is the window's number in the epoch (``window`` is a keyword in
-        DuckDB, so no plan table has a column of that name).
+        A selected plan (``where=``) adds ``rows_selected`` and ``tokens_selected``:
+        ``rows`` and ``tokens`` are what the row group stores, ``token_start`` counts
+        the selected tokens, and a row group with no selected row is never read
+        (``first_rank`` and ``last_rank`` null). ``window_index`` is the window's number
+        in the epoch (``window`` is a keyword in DuckDB, so no plan table has a column of
+        that name).
         """
         ep = self.epoch(epoch)
         f = self.index[ep.order]
         read = ep.first_rank >= 0
+        selected: dict[str, pl.Series] = {k: f[k] for k in ("rows_selected", "tokens_selected") if k in f.columns}
         return pl.DataFrame(
             {
                 "epoch": np.full(len(ep.order), epoch, dtype=np.int64),
@@ -415,6 +424,7 @@ class Plan:
                 "token_start": ep.token_start,
                 "first_rank": pl.Series(ep.first_rank).set(pl.Series(~read), None),
                 "last_rank": pl.Series(ep.last_rank).set(pl.Series(~read), None),
+                **selected,
             }
         )
 
