@@ -51,7 +51,7 @@ import io
 import json
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +80,7 @@ __all__ = [
     "normalize",
     "select_config",
     "select_index",
+    "select_on_ray",
     "source_rows",
 ]
 
@@ -682,6 +683,70 @@ def select_index(
         base_fingerprint=ix.fingerprint,
         kept=kept,
     )
+
+
+def _ray_chunk(
+    source: Any,
+    column: str,
+    storage_options: Mapping[str, Any] | None,
+    where: str,
+    columns: list[str],
+    length_column: str | None,
+    first: int,
+    end: int,
+) -> tuple[int, tuple[I64, I64, I64, I64]]:
+    """A Ray task: one chunk of the pass, on whichever machine runs it (its own footer cache)."""
+    from planner.dataset import index
+
+    p = _Pass(ix=index(source, column=column, storage_options=storage_options), where=where, columns=columns,
+              length_column=length_column)  # fmt: skip
+    return first, _pack([p.evaluate(rg) for rg in range(first, end)])
+
+
+def select_on_ray(
+    ix: Index,
+    where: str,
+    *,
+    length_column: str | None = None,
+    source: Any,
+    storage_options: Mapping[str, Any] | None = None,
+    address: str | None = None,
+    progress: bool | None = True,
+) -> int:
+    """Run the selection pass of ``ix`` as Ray tasks (one per chunk not cached); returns the chunks run.
+
+    For corpora one machine should not scan alone (``plitzer index DATA --where ...
+    --engine ray``). Each task reads its chunk where it runs; the parts come back to
+    this process, which writes them into its cache, so a :func:`select_index` that
+    follows (or a job whose ranks share this cache folder) finds the whole pass.
+    """
+    import ray
+
+    norm = normalize(where)
+    columns = _check(ix, norm, length_column)
+    chunks = _chunks(ix)
+    paths = [_entry_path(ix, c, norm, length_column) for c in chunks]
+    todo = [i for i, c in enumerate(chunks) if _load(paths[i], c[1] - c[0]) is None]
+    if not todo:
+        return 0
+    if not ray.is_initialized():
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    task = ray.remote(_ray_chunk)
+    by_first = {chunks[i][0]: i for i in todo}
+    refs = [
+        task.remote(source, ix.column, storage_options, norm, columns, length_column, chunks[i][0], chunks[i][1])
+        for i in todo
+    ]
+    from tqdm import tqdm
+
+    show = None if progress is None else not progress
+    with tqdm(total=len(refs), desc="selecting rows (ray)", unit="chunk", disable=show, leave=False) as bar:
+        while refs:
+            ready, refs = ray.wait(refs, num_returns=1)
+            first, entry = ray.get(ready[0])
+            _save(paths[by_first[first]], entry)
+            bar.update(1)
+    return len(todo)
 
 
 def _select_spec(ix: Index, spec: SourceSpec) -> Index:

@@ -348,3 +348,43 @@ def test_torch_dataset_takes_where(data: Path) -> None:
 
 
 _: Callable[..., object] = filtered_copy
+
+
+def test_cli_index_and_plan_take_where(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from plitzer.cli import main
+
+    where = "int_score >= 3 and language = 'en'"
+    assert main(["index", str(data), "--where", where, "--length-column", "token_count", "--no-lengths"]) == 0
+    assert "tokens_selected" in capsys.readouterr().out
+    sql = "select sum(tokens_selected) as kept from index"
+    assert (
+        main(["plan", str(data), "--where", where, "--lanes", "4", "--window", "3", "--sql", sql, "--format", "csv"])
+        == 0
+    )
+    kept = int(capsys.readouterr().out.splitlines()[1])
+    assert kept == planner.plan(data, where=where, lanes=4, window=3).tokens
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_pass_runs_on_ray_ahead_of_the_job(data: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'plitzer[ray]')")
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PLITZER_CACHE": str(tmp_path / "workers")}},
+    )
+    try:
+        ix = plitzer.index(data)
+        assert sel.select_on_ray(ix, "language = 'de'", source=str(data)) == len(sel._chunks(ix))
+    finally:
+        ray.shutdown()
+    calls: list[int] = []
+    monkeypatch.setattr(sel._Pass, "evaluate", lambda self, rg: calls.append(rg))
+    got = sel.select_index(ix, "language = 'de'")
+    assert calls == []  # the Ray tasks' parts are in this cache folder
+    monkeypatch.undo()
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "fresh"))
+    assert sel.select_index(plitzer.index(data), "language = 'de'").frame.equals(got.frame)
