@@ -38,7 +38,7 @@ from numpy.typing import NDArray
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
 from planner.lanes import cut_at, lane_of, piece_range
-from planner.rowgroups import RowGroupIndex, stream_counts
+from planner.rowgroups import RowGroupIndex, stream_counts, with_selected
 from planner.storage import Storage, duckdb_filesystems
 
 __all__ = [
@@ -338,8 +338,19 @@ class Plan:
 
     @property
     def index(self) -> pl.DataFrame:
-        """The row-group index (one row per row group)."""
-        return self.dataset.frame
+        """The row-group index (one row per row group).
+
+        It always has ``rows_selected``, ``tokens_selected`` and ``empty_docs_selected``
+        (equal to ``rows``, ``tokens`` and ``empty_docs`` where no ``where=`` selects),
+        so one query serves selected and unselected plans alike.
+        """
+        f = self.dataset.frame
+        got = self.__dict__.get("_index")
+        if got is None or got[0] is not f:
+            got = (f, with_selected(f))
+            self.__dict__["_index"] = got
+        out: pl.DataFrame = got[1]
+        return out
 
     @property
     def tokens(self) -> int:
@@ -411,7 +422,8 @@ class Plan:
         ep = self.epoch(epoch)
         f = self.index[ep.order]
         read = ep.first_rank >= 0
-        selected: dict[str, pl.Series] = {k: f[k] for k in ("rows_selected", "tokens_selected") if k in f.columns}
+        stored = self.dataset.frame.columns  # only a selected plan's table has them (SPEC section 6's columns else)
+        selected: dict[str, pl.Series] = {k: f[k] for k in ("rows_selected", "tokens_selected") if k in stored}
         return pl.DataFrame(
             {
                 "epoch": np.full(len(ep.order), epoch, dtype=np.int64),

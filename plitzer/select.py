@@ -128,15 +128,34 @@ def _parse(where: str) -> dict[str, Any]:
     return ast
 
 
-def normalize(where: str) -> str:
+def _spell(node: Any, by_lower: Mapping[str, str]) -> None:
+    """Column names as the dataset spells them (DuckDB matches them case-insensitively)."""
+    if isinstance(node, dict):
+        if node.get("class") == "COLUMN_REF" and node.get("column_names"):
+            node["column_names"] = [by_lower.get(n.lower(), n) for n in node["column_names"]]
+        for v in node.values():
+            _spell(v, by_lower)
+    elif isinstance(node, list):
+        for v in node:
+            _spell(v, by_lower)
+
+
+def normalize(where: str, columns: Sequence[str] = ()) -> str:
     """``where`` as DuckDB's parser writes it back: spacing and keyword case do not change it.
+
+    ``columns`` (the dataset's) respell column names as the dataset does, so
+    ``INT_SCORE`` and ``int_score`` are one predicate.
 
     >>> normalize("int_score>=3 and   language='en'")
     '((int_score >= 3) AND ("language" = \\'en\\'))'
+    >>> normalize("INT_SCORE >= 3", ["int_score"])
+    '(int_score >= 3)'
     """
     import duckdb
 
     ast = _parse(where)
+    if columns:
+        _spell(ast, {c.lower(): c for c in columns})
     con = duckdb.connect()
     try:
         row = con.execute("select json_deserialize_sql($1)", [json.dumps(ast)]).fetchone()
@@ -616,7 +635,10 @@ def select_index(
     >>> sel.frame.columns[-3:]
     ['rows_selected', 'tokens_selected', 'empty_docs_selected']
     """
-    norm = normalize(where)
+    if isinstance(ix, Index) and type(ix) in (Index, SelectedIndex):
+        norm = normalize(where, [*_available(ix), ix.column])
+    else:
+        norm = normalize(where)
     if isinstance(ix, SelectedIndex):
         if ix.where == norm and ix.length_column == length_column:
             return ix
@@ -722,7 +744,7 @@ def select_on_ray(
     """
     import ray
 
-    norm = normalize(where)
+    norm = normalize(where, [*_available(ix), ix.column])
     columns = _check(ix, norm, length_column)
     chunks = _chunks(ix)
     paths = [_entry_path(ix, c, norm, length_column) for c in chunks]
