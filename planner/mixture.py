@@ -53,7 +53,7 @@ from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
 from planner.plan import EpochOrder, EpochPlan, Permutation, Plan, PlanSettings, layout_epoch, row_group_counts
-from planner.rowgroups import stream_counts, with_selected
+from planner.rowgroups import SelectedRows, stream_counts, with_selected
 from planner.sources import SourceSpec, Stage, source_specs
 from planner.storage import FileStat, Storage
 
@@ -153,6 +153,11 @@ class MixtureIndex:
         """The source index holding global row group ``row_group``, and its row there."""
         i = int(np.searchsorted(self._rg_base, row_group, side="right")) - 1
         return self.parts[i], row_group - int(self._rg_base[i])
+
+    def selected_rows(self, row_group: int) -> NDArray[np.int64] | None:
+        """The rows of global ``row_group`` its source's selection keeps (None: every row)."""
+        sub, local = self.part(row_group)
+        return sub.selected_rows(local) if isinstance(sub, SelectedRows) else None
 
     def source_of(self, row_group: int) -> str:
         return self.names[int(np.searchsorted(self._rg_base, row_group, side="right")) - 1]

@@ -38,7 +38,7 @@ from numpy.typing import NDArray
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
 from planner.lanes import cut_at, lane_of, piece_range
-from planner.rowgroups import RowGroupIndex, stream_counts, with_selected
+from planner.rowgroups import RowGroupIndex, SelectedRows, stream_counts, with_selected
 from planner.storage import Storage, duckdb_filesystems
 
 __all__ = [
@@ -518,7 +518,9 @@ class Plan:
         """A LazyFrame of exactly the rows (documents) that ``rank`` reads in ``epoch``.
 
         Columns: epoch, window_index, position, file, row_group, row, and the token
-        column. Nothing is read until the frame is collected.
+        column. Nothing is read until the frame is collected. A selected plan
+        (``where=``) yields the selected rows only, ``row`` numbering them in the file's
+        row group.
         """
         rank = check_int("rank", rank, 0, "ranks count from 0")
         if rank >= self.settings.world:
@@ -530,24 +532,29 @@ class Plan:
         windows = ep.read_window[sel]
         f = self.index.with_columns((pl.col("rows").cum_sum().over("file_index") - pl.col("rows")).alias("row_offset"))
         col = self.dataset.column
+        selected = self.dataset if isinstance(self.dataset, SelectedRows) else None
         parts = []
         for p, w in zip(positions.tolist(), windows.tolist(), strict=True):
-            r = f.row(int(ep.order[p]), named=True)
+            rg = int(ep.order[p])
+            r = f.row(rg, named=True)
             loc = self.dataset.location(r["file_index"])
             lf = (
                 _scan_parquet(loc, self.dataset.storage(r["file_index"]))
                 .select(col)
                 .slice(r["row_offset"], r["rows"])
                 .with_row_index("row")
-                .select(
-                    pl.lit(epoch, pl.Int64).alias("epoch"),
-                    pl.lit(w, pl.Int64).alias("window_index"),
-                    pl.lit(p, pl.Int64).alias("position"),
-                    pl.lit(r["file"]).alias("file"),
-                    pl.lit(r["row_group"], pl.Int64).alias("row_group"),
-                    pl.col("row").cast(pl.Int64),
-                    pl.col(col),
-                )
+            )
+            kept = None if selected is None else selected.selected_rows(rg)
+            if kept is not None:
+                lf = lf.filter(pl.col("row").is_in(pl.Series(kept, dtype=pl.UInt32).implode()))
+            lf = lf.select(
+                pl.lit(epoch, pl.Int64).alias("epoch"),
+                pl.lit(w, pl.Int64).alias("window_index"),
+                pl.lit(p, pl.Int64).alias("position"),
+                pl.lit(r["file"]).alias("file"),
+                pl.lit(r["row_group"], pl.Int64).alias("row_group"),
+                pl.col("row").cast(pl.Int64),
+                pl.col(col),
             )
             parts.append(lf)
         if not parts:

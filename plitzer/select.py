@@ -50,6 +50,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,7 +67,7 @@ from numpy.typing import NDArray
 from planner.api import set_selector
 from planner.cache import cache_dir, digest, write_atomic
 from planner.dataset import Index
-from planner.errors import ConfigError, DataError, one_line
+from planner.errors import ConfigError, DataError, SelectionError, one_line
 from planner.mixture import MixtureIndex
 from planner.rowgroups import RowGroupIndex
 from planner.sources import SourceSpec
@@ -108,7 +109,7 @@ def _parse(where: str) -> dict[str, Any]:
 
     if not isinstance(where, str) or not where.strip():
         msg = f"where={where!r} must be a DuckDB SQL boolean expression, e.g. \"int_score >= 3 and language = 'en'\""
-        raise ConfigError(msg)
+        raise SelectionError(msg, predicate=str(where))
     con = duckdb.connect()
     try:
         # Parenthesized, so that nothing after the expression (LIMIT, GROUP BY, a second
@@ -124,7 +125,7 @@ def _parse(where: str) -> dict[str, Any]:
             f"where={where!r} is not a DuckDB SQL expression ({ast.get('error_message', 'syntax error')}); "
             "write one boolean expression over the dataset's columns"
         )
-        raise ConfigError(msg)
+        raise SelectionError(msg, predicate=where)
     return ast
 
 
@@ -165,7 +166,7 @@ def normalize(where: str, columns: Sequence[str] = ()) -> str:
     text = str(row[0])
     if not text.startswith(_WHERE_PREFIX):
         msg = f"where={where!r} is not one boolean expression; write it as a WHERE clause's condition"
-        raise ConfigError(msg)
+        raise SelectionError(msg, predicate=where)
     return text[len(_WHERE_PREFIX) :]
 
 
@@ -218,6 +219,10 @@ class SelectedIndex(Index):
     @property
     def rows_selected(self) -> int:
         return int(self.frame["rows_selected"].sum())
+
+    def selected_rows(self, row_group: int) -> I64:
+        """The selected rows of ``row_group`` (:class:`planner.rowgroups.SelectedRows`)."""
+        return self.kept[row_group]
 
     def read_tokens(self, rg: int) -> pa.Array:
         """Row group ``rg``'s selected documents: the token chunk read and checked, then one ``take``."""
@@ -298,7 +303,7 @@ def _leaf_range(md: pq.FileMetaData, g: int, column: str, size: int, where: str)
         hi = end if hi is None else max(hi, end)
     if lo is None or hi is None:
         msg = f"{where}: no column {column!r}; every file must have the columns where= names"
-        raise ConfigError(msg)
+        raise SelectionError(msg, predicate="", column=column)
     if rgm.num_rows > 0 and (lo < 4 or hi > size):
         msg = f"{where}: the column chunk of {column!r} [{lo}, {hi}) lies outside the file; the footer is damaged"
         raise DataError(msg)
@@ -395,13 +400,13 @@ class _Pass:
                 f"where={self.where!r} cannot be evaluated ({one_line(e)}); columns here: "
                 f"{', '.join(table.column_names)}"
             )
-            raise ConfigError(msg) from e
+            raise SelectionError(msg, predicate=self.where, available=tuple(table.column_names)) from e
         finally:
             con.unregister("t")
         col = got.column(0)
         if not pa.types.is_boolean(col.type):
             msg = f"where={self.where!r} is {col.type}, not boolean; write a condition, e.g. 'score >= 3'"
-            raise ConfigError(msg)
+            raise SelectionError(msg, predicate=self.where, available=tuple(table.column_names))
         filled = pc.fill_null(col, False)
         return np.asarray(filled.to_numpy(zero_copy_only=False), dtype=bool)
 
@@ -544,6 +549,12 @@ def _run(
     return done
 
 
+def _missing_column(text: str) -> str | None:
+    """The column a DuckDB binder error names ('Referenced column "x" not found'), if any."""
+    m = re.search(r'column "([^"]+)" not found', text)
+    return m.group(1) if m else None
+
+
 def _available(ix: Index) -> list[str]:
     try:
         schema = ix.metadata(0).schema.to_arrow_schema()
@@ -565,13 +576,13 @@ def _check(ix: Index, where: str, length_column: str | None) -> list[str]:
                 f"length_column={length_column!r} is not a column of {ix.source!r} beside the token column "
                 f"{ix.column!r}; available columns: {', '.join(available)}"
             )
-            raise ConfigError(msg)
+            raise SelectionError(msg, predicate=where, column=length_column, available=tuple(available))
         if not pa.types.is_integer(schema.field(length_column).type):
             msg = (
                 f"length_column={length_column!r} is {schema.field(length_column).type}, not an integer "
                 "column of each row's token count"
             )
-            raise ConfigError(msg)
+            raise SelectionError(msg, predicate=where, column=length_column, available=tuple(available))
     columns = predicate_columns(where, available)
     empty = pa.table({c: pa.array([], schema.field(c).type) for c in available})
     con = duckdb.connect()
@@ -584,7 +595,7 @@ def _check(ix: Index, where: str, length_column: str | None) -> list[str]:
         if ix.column.lower() in text.lower():
             hint = f" (the token column {ix.column!r} cannot be selected on)"
         msg = f"where={where!r} does not bind to {ix.source!r}{hint}: {text}; available columns: {', '.join(available)}"
-        raise ConfigError(msg) from e
+        raise SelectionError(msg, predicate=where, column=_missing_column(text), available=tuple(available)) from e
     finally:
         con.close()
     kind = got.schema.field(0).type
@@ -593,7 +604,7 @@ def _check(ix: Index, where: str, length_column: str | None) -> list[str]:
             f"where={where!r} is {kind}, not boolean; write a condition over the columns "
             f"({', '.join(available)}), e.g. 'score >= 3'"
         )
-        raise ConfigError(msg)
+        raise SelectionError(msg, predicate=where, available=tuple(available))
     return columns
 
 
@@ -688,7 +699,7 @@ def select_index(
             f"where={norm!r} selects no token of {ix.source!r} ({int(sum(rows_sel))} of {ix.frame['rows'].sum()} "
             f"rows, all empty); loosen it. Available columns: {', '.join(_available(ix))}"
         )
-        raise ConfigError(msg)
+        raise SelectionError(msg, predicate=norm, available=tuple(_available(ix)))
     h = hashlib.sha256()
     h.update(f"{ix.fingerprint}\nwhere\t{norm}\tlength_column={length_column or ''}\n".encode())
     for r, t in zip(rows_sel, tokens_sel, strict=True):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -25,6 +26,7 @@ from hypothesis import strategies as st
 
 import planner
 import plitzer
+import plitzer.errors
 import plitzer.select as sel
 from planner.errors import CheckpointError, ConfigError, DataError
 from tests.conftest import SynthDataset, tokens_of
@@ -388,3 +390,34 @@ def test_the_pass_runs_on_ray_ahead_of_the_job(data: Path, monkeypatch: pytest.M
     monkeypatch.undo()
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "fresh"))
     assert sel.select_index(plitzer.index(data), "language = 'de'").frame.equals(got.frame)
+
+
+def test_scan_yields_the_selected_rows_a_rank_reads(data: Path) -> None:
+    where = "language = 'en' and int_score >= 2"
+    p = planner.plan(data, where=where, seed=3, lanes=4, window=3, world=2)
+    for rank in range(2):
+        df = p.scan(0, rank=rank).collect()
+        reads = p.reads(0).filter(pl.col("rank") == rank).join(p.index, on=["file", "row_group"])
+        assert df.height == reads["rows_selected"].sum()
+        assert df["tokens"].list.len().sum() == reads["tokens_selected"].sum()
+        # The rows are the original files' rows that the predicate keeps.
+        con = duckdb.connect()
+        for (f, g), part in df.group_by(["file", "row_group"], maintain_order=True):
+            t = pq.ParquetFile(data / str(f)).read_row_group(int(g))  # type: ignore[call-overload]
+            con.register("t", t.append_column("__i", pa.array(np.arange(t.num_rows))))
+            want = con.sql(f"select __i from t where {where} order by __i").fetchnumpy()["__i"]
+            assert part["row"].to_list() == want.tolist()
+            con.unregister("t")
+
+
+def test_selection_errors_carry_the_predicate_the_column_and_the_columns(data: Path) -> None:
+    with pytest.raises(plitzer.errors.SelectionError) as e:
+        plitzer.Loader(data, where="quality >= 3 and language = 'en'", **CFG)  # type: ignore[arg-type]
+    assert e.value.column == "quality"
+    assert e.value.predicate == "((quality >= 3) AND (\"language\" = 'en'))"
+    assert e.value.available == ("id", "score", "int_score", "language", "token_count")
+    assert isinstance(e.value, ConfigError) and isinstance(e.value, ValueError)
+    import pickle
+
+    again = pickle.loads(pickle.dumps(e.value))
+    assert (again.column, again.available, str(again)) == (e.value.column, e.value.available, str(e.value))
