@@ -11,6 +11,7 @@ selected counts, and S3 sources give the same batches.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -421,3 +422,57 @@ def test_selection_errors_carry_the_predicate_the_column_and_the_columns(data: P
 
     again = pickle.loads(pickle.dumps(e.value))
     assert (again.column, again.available, str(again)) == (e.value.column, e.value.available, str(e.value))
+
+
+_DIST_WORKER = """
+import json, os, sys
+import numpy as np
+import torch.distributed as dist
+import plitzer.select as sel
+import plitzer.torch
+
+rank, world, port, data, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+done = []
+real = sel._Pass.evaluate
+sel._Pass.evaluate = lambda self, rg: (done.append(rg), real(self, rg))[1]
+ds = plitzer.torch.Dataset(data, where="int_score >= 2", seed=3, lanes=4, window=3, seq_len=32, threads=1)
+batch = next(iter(ds))
+json.dump({"evaluated": done, "tokens": batch.tokens.numpy().tolist()}, open(out, "w"))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(180)
+def test_torch_distributed_ranks_each_run_their_share_of_the_pass(data: Path, tmp_path: Path) -> None:
+    """Each rank (its own cache folder) evaluates its 1/world of the pass; all_gather_object shares the rest."""
+    pytest.importorskip("torch")
+    import json
+    import subprocess
+    import sys
+
+    from tests.s3_fixtures import free_port
+
+    script = tmp_path / "worker.py"
+    script.write_text(_DIST_WORKER)
+    port = str(free_port())
+    procs = []
+    for r in range(2):
+        env = {
+            **os.environ,
+            "PLITZER_CACHE": str(tmp_path / f"cache-{r}"),
+            "PYTHONPATH": str(Path(__file__).parents[1]),
+        }
+        args = [sys.executable, str(script), str(r), "2", port, str(data), str(tmp_path / f"out-{r}.json")]
+        procs.append(subprocess.Popen(args, env=env))
+    for p in procs:
+        assert p.wait(timeout=150) == 0
+    got = [json.loads((tmp_path / f"out-{r}.json").read_text()) for r in range(2)]
+    ix = plitzer.index(data)
+    chunks = sel._chunks(ix)
+    for r in range(2):
+        share = [rg for c, (a, b) in enumerate(chunks) if c * 2 // len(chunks) == r for rg in range(a, b)]
+        assert sorted(got[r]["evaluated"]) == share
+    with plitzer.Loader(data, where="int_score >= 2", **CFG) as ref:  # type: ignore[arg-type]
+        want = tokens_of(ref.next_batch())
+    assert np.concatenate([np.array(g["tokens"]) for g in got]).tolist() == want.tolist()
