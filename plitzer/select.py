@@ -235,11 +235,12 @@ class SelectedIndex(Index):
         if got != want:
             row = self.frame.row(rg, named=True)
             where = self.location(row["file_index"], row["row_group"])
-            msg = (
-                f"{where}: the selected rows hold {got} tokens, but the selection pass counted {want} from "
-                f"length_column={self.length_column!r}; that column does not hold each row's token count: "
-                "drop length_column="
+            why = (
+                f"length_column={self.length_column!r} does not hold each row's token count: drop length_column="
+                if self.length_column
+                else f"the file changed since the selection pass: clear {cache_dir() / 'select'} and start again"
             )
+            msg = f"{where}: the selected rows hold {got} tokens, but the selection pass counted {want}; {why}"
             raise DataError(msg, file=self.file(row["file_index"]).location, row_group=row["row_group"])
         return arr
 
