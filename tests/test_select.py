@@ -22,7 +22,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, reject
+from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
 import planner
@@ -37,6 +37,9 @@ __all__ = ["s3"]  # the fixture, imported for pytest
 
 DOCS = 20  # documents per row group: ``id // DOCS`` numbers the row groups
 CFG = {"seed": 3, "lanes": 4, "window": 3, "seq_len": 32}
+# Each example writes a filtered copy and runs several loaders (about 0.4 s): a fifth of
+# the profile's budget, at least the fast profile's 15 (ci: 30, thorough: 100).
+EXAMPLES = settings(max_examples=max(15, settings.default.max_examples // 5))
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +105,7 @@ def _ids(path: Path) -> dict[tuple[str, int], np.ndarray]:
     return out
 
 
+@EXAMPLES
 @given(where=predicates)
 def test_batches_equal_those_of_the_filtered_copy(
     data: Path, tmp_path_factory: pytest.TempPathFactory, where: str
@@ -124,6 +128,7 @@ def test_batches_equal_those_of_the_filtered_copy(
             assert got == want
 
 
+@EXAMPLES
 @given(
     where=predicates,
     step=st.integers(0, 80),
