@@ -481,3 +481,16 @@ def test_torch_distributed_ranks_each_run_their_share_of_the_pass(data: Path, tm
     with plitzer.Loader(data, where="int_score >= 2", **CFG) as ref:  # type: ignore[arg-type]
         want = tokens_of(ref.next_batch())
     assert np.concatenate([np.array(g["tokens"]) for g in got]).tolist() == want.tolist()
+
+
+def test_a_predicate_that_keeps_every_row_gives_the_unselected_batches(data: Path) -> None:
+    with (
+        plitzer.Loader(data, where="true", **CFG) as a,  # type: ignore[arg-type]
+        plitzer.Loader(data, where="id is not null", length_column="token_count", **CFG) as b,  # type: ignore[arg-type]
+        plitzer.Loader(data, **CFG) as c,  # type: ignore[arg-type]
+    ):
+        assert a.tokens == b.tokens == c.tokens
+        assert a.index.fingerprint != c.index.fingerprint  # the selection is part of the identity
+        for _ in range(len(c) + 2):
+            want = tokens_of(c.next_batch()).tobytes()
+            assert tokens_of(a.next_batch()).tobytes() == want == tokens_of(b.next_batch()).tobytes()
