@@ -86,12 +86,17 @@ __all__ = [
 ]
 
 I64 = NDArray[np.int64]
-_CACHE_FORMAT = "1"
+_CACHE_FORMAT = "2"
 CHUNK = 16
 """Row groups per cache entry (and per unit of work that ranks split)."""
 
-Part = dict[int, tuple[I64, I64, I64, I64]]
-"""Chunk number -> (kept rows per row group, concatenated; their counts; tokens; empty documents)."""
+U8 = NDArray[np.uint8]
+Entry = tuple[U8, I64, I64, I64, I64]
+"""One chunk of the pass: (each row group's bitmap of kept rows, ``np.packbits``, concatenated;
+stored rows, selected rows, selected tokens and selected empty documents per row group)."""
+
+Part = dict[int, Entry]
+"""Chunk number -> its entry."""
 
 Exchange = Callable[[Part], list[Part]]
 """Share this rank's part of the pass, get every rank's (``torch.distributed.all_gather_object``)."""
@@ -203,33 +208,34 @@ def predicate_columns(where: str, available: Sequence[str]) -> list[str]:
 
 @dataclass
 class SelectedIndex(Index):
-    """An :class:`Index` of the rows ``where`` keeps: counts in ``*_selected``, rows in ``kept``.
+    """An :class:`Index` of the rows ``where`` keeps: counts in ``*_selected``, rows in ``bits``.
 
     ``frame`` is the dataset's index with ``rows_selected``, ``tokens_selected`` and
-    ``empty_docs_selected``; ``kept[rg]`` are the selected rows of row group ``rg``
-    (numbers in the row group, ascending); ``fingerprint`` hashes the dataset's, the
-    predicate, the length column and the selected counts.
+    ``empty_docs_selected``; ``bits[rg]`` is row group ``rg``'s bitmap of selected rows
+    (``np.packbits``: one bit a row, so a billion rows hold 125 MB, not the 8 GB of row
+    numbers); ``fingerprint`` hashes the dataset's, the predicate, the length column and
+    the selected counts.
     """
 
     where: str = ""
     length_column: str | None = None
     base_fingerprint: str = ""
-    kept: list[I64] = field(default_factory=list, repr=False)
+    bits: list[U8] = field(default_factory=list, repr=False)
 
     @property
     def rows_selected(self) -> int:
         return int(self.frame["rows_selected"].sum())
 
     def selected_rows(self, row_group: int) -> I64:
-        """The selected rows of ``row_group`` (:class:`planner.rowgroups.SelectedRows`)."""
-        return self.kept[row_group]
+        """The selected rows of ``row_group``, ascending (:class:`planner.rowgroups.SelectedRows`)."""
+        rows = int(self.frame["rows"][row_group])
+        return np.flatnonzero(np.unpackbits(self.bits[row_group], count=rows)).astype(np.int64)
 
     def read_tokens(self, rg: int) -> pa.Array:
         """Row group ``rg``'s selected documents: the token chunk read and checked, then one ``take``."""
         arr = read_chunk.dispatch(Index)(self, rg)
-        keep = self.kept[rg]
-        if len(keep) != len(arr):
-            arr = arr.take(pa.array(keep, pa.int64()))
+        if int(self.frame["rows_selected"][rg]) != len(arr):
+            arr = arr.take(pa.array(self.selected_rows(rg), pa.int64()))
         want = int(self.frame["tokens_selected"][rg])
         got = arr.offsets[-1].as_py() - arr.offsets[0].as_py() if len(arr) else 0
         if got != want:
@@ -256,7 +262,7 @@ def source_rows(index: RowGroupIndex, rgs: I64, ordinals: I64) -> I64:
         out = np.empty(len(rgs), np.int64)
         for g in np.unique(rgs).tolist():
             sel = rgs == g
-            out[sel] = index.kept[g][ordinals[sel]]
+            out[sel] = index.selected_rows(g)[ordinals[sel]]
         return out
     if isinstance(index, MixtureIndex) and any(isinstance(p, SelectedIndex) for p in index.parts):
         out = ordinals.astype(np.int64, copy=True)
@@ -264,7 +270,7 @@ def source_rows(index: RowGroupIndex, rgs: I64, ordinals: I64) -> I64:
             sub, local = index.part(int(g))
             if isinstance(sub, SelectedIndex):
                 sel = rgs == g
-                out[sel] = sub.kept[local][ordinals[sel]]
+                out[sel] = sub.selected_rows(local)[ordinals[sel]]
         return out
     return ordinals
 
@@ -417,21 +423,20 @@ class _Pass:
             cols = {"__plitzer_row": pa.nulls(rows)}
         return pa.table(cols)
 
-    def evaluate(self, rg: int) -> tuple[I64, int, int]:
-        """Row group ``rg``: its selected rows, their tokens and their empty documents."""
+    def evaluate(self, rg: int) -> tuple[NDArray[np.bool_], int, int]:
+        """Row group ``rg``: which rows are selected, their tokens and their empty documents."""
         rows = int(self.ix.frame["rows"][rg])
         if rows == 0:
-            return np.zeros(0, np.int64), 0, 0
+            return np.zeros(0, bool), 0, 0
         keep = self.mask(self.table(rg, rows))
         if len(keep) != rows:
             where = self.ix.location(int(self.ix.frame["file_index"][rg]), int(self.ix.frame["row_group"][rg]))
             msg = f"{where}: the predicate gave {len(keep)} values for {rows} rows; the file is damaged"
             raise DataError(msg)
-        kept = np.flatnonzero(keep).astype(np.int64)
-        if not len(kept):
-            return kept, 0, 0
-        lengths = self._lengths(rg)[kept]
-        return kept, int(lengths.sum()), int((lengths == 0).sum())
+        if not keep.any():
+            return keep, 0, 0
+        lengths = self._lengths(rg)[keep]
+        return keep, int(lengths.sum()), int((lengths == 0).sum())
 
 
 def _chunks(ix: Index) -> list[tuple[int, int]]:
@@ -454,31 +459,33 @@ def _entry_path(ix: Index, chunk: tuple[int, int], where: str, length_column: st
     return cache_dir() / "select" / f"{key}.npz"
 
 
-def _load(path: Path, n: int) -> tuple[I64, I64, I64, I64] | None:
+def _load(path: Path, n: int) -> Entry | None:
     try:
         with np.load(io.BytesIO(path.read_bytes()), allow_pickle=False) as z:
-            got = (z["kept"], z["counts"], z["tokens"], z["empty"])
+            bits = np.asarray(z["bits"], np.uint8)
+            rows, counts, tokens, empty = (np.asarray(z[k], np.int64) for k in ("rows", "counts", "tokens", "empty"))
     except (OSError, ValueError, KeyError):
         return None
-    kept, counts, tokens, empty = (np.asarray(x, np.int64) for x in got)
-    if any(len(x) != n for x in (counts, tokens, empty)) or int(counts.sum()) != len(kept):
+    if any(len(x) != n for x in (rows, counts, tokens, empty)) or len(bits) != int(((rows + 7) // 8).sum()):
         return None  # stale or damaged: selected again, never trusted
-    return kept, counts, tokens, empty
+    return bits, rows, counts, tokens, empty
 
 
-def _save(path: Path, entry: tuple[I64, I64, I64, I64]) -> None:
-    kept, counts, tokens, empty = entry
+def _save(path: Path, entry: Entry) -> None:
+    bits, rows, counts, tokens, empty = entry
     buf = io.BytesIO()
-    np.savez(buf, kept=kept.astype(np.int32), counts=counts, tokens=tokens, empty=empty)
+    np.savez(buf, bits=bits, rows=rows, counts=counts, tokens=tokens, empty=empty)
     with contextlib.suppress(OSError):  # a read-only cache folder costs time, not correctness
         write_atomic(path, buf.getvalue())
 
 
-def _pack(results: Sequence[tuple[I64, int, int]]) -> tuple[I64, I64, I64, I64]:
-    kept = np.concatenate([r[0] for r in results]) if results else np.zeros(0, np.int64)
+def _pack(results: Sequence[tuple[NDArray[np.bool_], int, int]]) -> Entry:
+    """A chunk's entry from its row groups' masks and counts."""
+    bits = [np.packbits(r[0]) for r in results]
     return (
-        kept.astype(np.int64),
+        np.concatenate(bits).astype(np.uint8) if bits else np.zeros(0, np.uint8),
         np.array([len(r[0]) for r in results], np.int64),
+        np.array([int(r[0].sum()) for r in results], np.int64),
         np.array([r[1] for r in results], np.int64),
         np.array([r[2] for r in results], np.int64),
     )
@@ -509,7 +516,7 @@ def _run(
         return done
     lock = threading.Lock()
 
-    def work(item: tuple[int, int]) -> tuple[I64, int, int] | None:
+    def work(item: tuple[int, int]) -> tuple[NDArray[np.bool_], int, int] | None:
         c, rg = item
         with lock:
             if c in done:
@@ -526,7 +533,7 @@ def _run(
 
     from tqdm import tqdm
 
-    parts: dict[int, list[tuple[I64, int, int] | None]] = {}
+    parts: dict[int, list[tuple[NDArray[np.bool_], int, int] | None]] = {}
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="plitzer-select") as pool:
         bar = tqdm(
             pool.map(work, todo),
@@ -680,12 +687,12 @@ def select_index(
         start = rank * n // world if world > 1 else 0
         order = [(start + i) % n for i in range(n)]
         done = _run(p, chunks, order, shared=world > 1, threads=workers, progress=progress)
-    kept: list[I64] = []
+    bits: list[U8] = []
     rows_sel, tokens_sel, empty_sel = [], [], []
     for c in range(n):
-        k, counts, tokens, empty = done[c]
-        offs = np.concatenate([[0], np.cumsum(counts)])
-        kept.extend(k[offs[i] : offs[i + 1]] for i in range(len(counts)))
+        b, rows, counts, tokens, empty = done[c]
+        offs = np.concatenate([[0], np.cumsum((rows + 7) // 8)])
+        bits.extend(b[offs[i] : offs[i + 1]] for i in range(len(counts)))
         rows_sel.extend(counts.tolist())
         tokens_sel.extend(tokens.tolist())
         empty_sel.extend(empty.tolist())
@@ -715,7 +722,7 @@ def select_index(
         where=norm,
         length_column=length_column,
         base_fingerprint=ix.fingerprint,
-        kept=kept,
+        bits=bits,
     )
 
 
@@ -728,7 +735,7 @@ def _ray_chunk(
     length_column: str | None,
     first: int,
     end: int,
-) -> tuple[int, tuple[I64, I64, I64, I64]]:
+) -> tuple[int, Entry]:
     """A Ray task: one chunk of the pass, on whichever machine runs it (its own footer cache)."""
     from planner.dataset import index
 
