@@ -494,3 +494,23 @@ def test_a_predicate_that_keeps_every_row_gives_the_unselected_batches(data: Pat
         for _ in range(len(c) + 2):
             want = tokens_of(c.next_batch()).tobytes()
             assert tokens_of(a.next_batch()).tobytes() == want == tokens_of(b.next_batch()).tobytes()
+
+
+def test_cli_explain_and_audit_take_where(data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from plitzer.cli import main
+
+    where = "int_score >= 3"
+    cfg = ["--lanes", "4", "--window", "3", "--seq-len", "32", "--seed", "3"]
+    out = tmp_path / "step.csv"
+    assert (
+        main(["explain", str(data), "--step", "5", "--where", where, *cfg, "--format", "csv", "--out", str(out)]) == 0
+    )
+    with plitzer.Loader(data, where=where, **CFG) as loader:  # type: ignore[arg-type]
+        loader.seek(5)
+        want = loader.next_batch().documents()
+    got = pl.read_csv(out)
+    assert got["row"].to_list() == want["row"].to_list()
+    page = tmp_path / "audit.html"
+    assert main(["audit", str(data), "--where", where, *cfg, "--steps", "10", "--out", str(page)]) == 0
+    assert "selection" in page.read_text().lower()
+    capsys.readouterr()

@@ -116,6 +116,7 @@ _SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "Tokens per file and row group": (("tokens_per_file",), ("tokens_per_file", "tokens_per_row_group")),
     "Lane balance and lockstep": (("lane_balance_summary", "lockstep_summary"), ("lane_balance", "lockstep")),
     "Reads": (("reads_per_rank", "read_amplification"), ("reads_per_rank", "read_amplification")),
+    "Selection": (("selection", "selection_per_source"), ()),
     "Duplicate documents": (("duplicates",), ()),
     "Epochs": (("epochs_covered", "epoch_starts"), ()),
 }
