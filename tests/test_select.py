@@ -198,18 +198,18 @@ def test_the_pass_is_cached_and_reads_only_the_named_columns(
 ) -> None:
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
     read: list[str] = []
-    real = sel._Pass._column
+    real = sel.SelectionPass._column
 
-    def column(self: sel._Pass, rg: int, name: str) -> pa.Array:
+    def column(self: sel.SelectionPass, rg: int, name: str) -> pa.Array:
         read.append(name)
         return real(self, rg, name)
 
-    monkeypatch.setattr(sel._Pass, "_column", column)
+    monkeypatch.setattr(sel.SelectionPass, "_column", column)
     with plitzer.Loader(data, where="language = 'de' or int_score = 4", length_column="token_count", **CFG):  # type: ignore[arg-type]
         pass
     assert set(read) == {"language", "int_score", "token_count"}
     calls = []
-    monkeypatch.setattr(sel._Pass, "evaluate", lambda self, rg: calls.append(rg))
+    monkeypatch.setattr(sel.SelectionPass, "evaluate", lambda self, rg: calls.append(rg))
     with plitzer.Loader(data, where="language='de' OR int_score=4", length_column="token_count", **CFG) as again:  # type: ignore[arg-type]
         again.next_batch()
     assert calls == []  # no second pass: the cache holds it, keyed by the normalized predicate
@@ -220,11 +220,11 @@ def test_ranks_split_the_pass_and_never_wait(data: Path, monkeypatch: pytest.Mon
     """Rank 1 of 2 starts at the second half; alone, it goes on round the rest (no deadlock)."""
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
     order: list[int] = []
-    real = sel._Pass.evaluate
-    monkeypatch.setattr(sel._Pass, "evaluate", lambda self, rg: (order.append(rg), real(self, rg))[1])
+    real = sel.SelectionPass.evaluate
+    monkeypatch.setattr(sel.SelectionPass, "evaluate", lambda self, rg: (order.append(rg), real(self, rg))[1])
     ix = plitzer.index(data)
     one = sel.select_index(ix, "int_score >= 1", rank=1, world=2, threads=1)
-    chunks = sel._chunks(ix)
+    chunks = sel.chunks_of(ix)
     first = chunks[len(chunks) // 2][0]
     assert order[0] == first
     assert sorted(order) == list(range(ix.row_groups))
@@ -239,7 +239,7 @@ def test_ranks_split_the_pass_and_never_wait(data: Path, monkeypatch: pytest.Mon
 
     def exchange(part: sel.Part) -> list[sel.Part]:
         got.append(part)
-        return [part, sel._run(sel._Pass(ix, sel.normalize("int_score >= 1"), ["int_score"], None), chunks,
+        return [part, sel.run_pass(sel.SelectionPass(ix, sel.normalize("int_score >= 1"), ["int_score"], None), chunks,
                                [c for c in range(len(chunks)) if c * 2 // len(chunks) == 1], shared=False,
                                threads=1, progress=False)]  # fmt: skip
 
@@ -386,11 +386,11 @@ def test_the_pass_runs_on_ray_ahead_of_the_job(data: Path, monkeypatch: pytest.M
     )
     try:
         ix = plitzer.index(data)
-        assert sel.select_on_ray(ix, "language = 'de'", source=str(data)) == len(sel._chunks(ix))
+        assert sel.select_on_ray(ix, "language = 'de'", source=str(data)) == len(sel.chunks_of(ix))
     finally:
         ray.shutdown()
     calls: list[int] = []
-    monkeypatch.setattr(sel._Pass, "evaluate", lambda self, rg: calls.append(rg))
+    monkeypatch.setattr(sel.SelectionPass, "evaluate", lambda self, rg: calls.append(rg))
     got = sel.select_index(ix, "language = 'de'")
     assert calls == []  # the Ray tasks' parts are in this cache folder
     monkeypatch.undo()
@@ -439,8 +439,8 @@ import plitzer.torch
 rank, world, port, data, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
 done = []
-real = sel._Pass.evaluate
-sel._Pass.evaluate = lambda self, rg: (done.append(rg), real(self, rg))[1]
+real = sel.SelectionPass.evaluate
+sel.SelectionPass.evaluate = lambda self, rg: (done.append(rg), real(self, rg))[1]
 ds = plitzer.torch.Dataset(data, where="int_score >= 2", seed=3, lanes=4, window=3, seq_len=32, threads=1)
 batch = next(iter(ds))
 json.dump({"evaluated": done, "tokens": batch.tokens.numpy().tolist()}, open(out, "w"))
@@ -474,7 +474,7 @@ def test_torch_distributed_ranks_each_run_their_share_of_the_pass(data: Path, tm
         assert p.wait(timeout=150) == 0
     got = [json.loads((tmp_path / f"out-{r}.json").read_text()) for r in range(2)]
     ix = plitzer.index(data)
-    chunks = sel._chunks(ix)
+    chunks = sel.chunks_of(ix)
     for r in range(2):
         share = [rg for c, (a, b) in enumerate(chunks) if c * 2 // len(chunks) == r for rg in range(a, b)]
         assert sorted(got[r]["evaluated"]) == share
