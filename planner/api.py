@@ -21,15 +21,37 @@ from planner.errors import ConfigError
 from planner.mixture import MixtureIndex, MixturePlan, mixture_index
 from planner.plan import Plan, PlanSettings
 from planner.rowgroups import RowGroupIndex
-from planner.sources import Weights, parse_stages
+from planner.sources import SourceSpec, Weights, parse_stages
 
-__all__ = ["PathSource", "Source", "make_plan", "open_index", "plan"]
+__all__ = ["PathSource", "Selector", "Source", "make_plan", "open_index", "plan", "set_selector"]
 
 PathSource = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 """A path, an ``s3://`` URL, or a list of them."""
 
 Source = RowGroupIndex | PathSource | Mapping[str, Any]
 """What every entry point takes: a path source, an index, or a dict of named sources."""
+
+Selector = Callable[[Index, SourceSpec], Index]
+"""The selection pass (``where=``): an index in, the index of the rows its spec's predicate keeps out.
+
+It reads data, so it is the runtime's (``plitzer.select``), set here when plitzer is
+imported, as the chunk counter is; planner itself reads metadata only.
+"""
+
+_selector: Selector | None = None
+
+
+def set_selector(select: Selector) -> None:
+    """Make ``select`` the selection pass of :func:`plan` (``plitzer.select`` calls this on import)."""
+    global _selector  # noqa: PLW0603  # one process-wide default, as planner.footer's chunk counter
+    _selector = select
+
+
+def _default_selector() -> Selector:
+    if _selector is None:
+        msg = "where= needs the runtime's selection pass, which reads data: import plitzer first"
+        raise ConfigError(msg)
+    return _selector
 
 
 def _paths(source: object) -> PathSource:
@@ -49,12 +71,21 @@ def open_index(
     storage_options: Mapping[str, Any] | None = None,
     weights: Weights = None,
     text: Callable[[PathSource], Index] | None = None,
+    where: str | None = None,
+    length_column: str | None = None,
+    select: Selector | None = None,
 ) -> RowGroupIndex:
     """The index of ``source``: a mixture's for a dict, the given one for an index, else a dataset's.
 
     ``weights`` belong to named sources only. ``text`` indexes a text source (plitzer
     passes its tokenizer's ``text_index`` here); it takes a path source only.
+    ``where`` (and ``length_column``) select rows by a DuckDB predicate through
+    ``select`` (default: the runtime's pass, :func:`set_selector`); a mixture's sources
+    may each have their own, and ``where`` here is the default of those without.
     """
+    if length_column is not None and where is None and not isinstance(source, Mapping):
+        msg = f"length_column={length_column!r} without where=; the length column serves a selection"
+        raise ConfigError(msg)
     if isinstance(source, (Mapping, MixtureIndex)):
         if text is not None:
             msg = (
@@ -62,7 +93,17 @@ def open_index(
                 "the token datasets"
             )
             raise ConfigError(msg)
-        return mixture_index(source, column=column, storage_options=storage_options)
+        if isinstance(source, MixtureIndex) and where is not None:
+            msg = "where= with a mixture's index: give each source its where in the dict of named sources"
+            raise ConfigError(msg)
+        return mixture_index(
+            source,
+            column=column,
+            storage_options=storage_options,
+            where=where,
+            length_column=length_column,
+            select=select if select is not None else (_selector if _selector is not None else None),
+        )
     if weights is not None:
         msg = "weights= needs named sources: pass a dict such as {'web': 'data/web', 'code': 'data/code'}"
         raise ConfigError(msg)
@@ -70,11 +111,19 @@ def open_index(
         if text is not None:
             msg = "tokenizer= needs the text source, not an Index; pass the path (or a plitzer.text.text_index)"
             raise ConfigError(msg)
-        return ensure_index(source, column=column)
-    paths = _paths(source)
-    if text is not None:  # text in (plitzer.text): tokenized as read, counted once
-        return text(paths)
-    return ensure_index(paths, column=column, storage_options=storage_options)
+        ix = ensure_index(source, column=column)
+    else:
+        paths = _paths(source)
+        if text is not None:  # text in (plitzer.text): tokenized as read, counted once
+            if where is not None:
+                msg = "where= with tokenizer=: tokenize first (plitzer tokenize SRC DST), then select on the tokens"
+                raise ConfigError(msg)
+            return text(paths)
+        ix = ensure_index(paths, column=column, storage_options=storage_options)
+    if where is None:
+        return ix
+    spec = SourceSpec(name="", path=ix.source, column=ix.column, where=where, length_column=length_column)
+    return (select or _default_selector())(ix, spec)
 
 
 def make_plan(
@@ -98,12 +147,18 @@ def plan(
     storage_options: Mapping[str, Any] | None = None,
     weights: Any = None,
     seq_len: int | None = None,
+    where: str | None = None,
+    length_column: str | None = None,
 ) -> Plan:
     """The plan of ``source`` (a path, URL, list, an :class:`~planner.dataset.Index`, or a dict of named sources).
 
     A dict of named sources is a mixture (:mod:`planner.mixture`): ``weights`` are its
     shares of tokens, a dict or stages ``[(step, dict), ...]`` (stages need ``seq_len``
     to place their steps); without weights each source weighs its tokens.
+
+    ``where`` (a DuckDB predicate over the dataset's columns, SPEC section 10) plans
+    the rows it keeps; the selection pass that counts them is the runtime's (import
+    plitzer), and ``length_column`` names a column that holds each row's token count.
 
     Examples
     --------
@@ -116,5 +171,12 @@ def plan(
     [0, 1]
     """
     settings = PlanSettings(seed=seed, lanes=lanes, window=window, world=world)
-    ix = open_index(source, column=column, storage_options=storage_options, weights=weights)
+    ix = open_index(
+        source,
+        column=column,
+        storage_options=storage_options,
+        weights=weights,
+        where=where,
+        length_column=length_column,
+    )
     return make_plan(ix, settings, weights=weights, seq_len=seq_len)

@@ -47,6 +47,7 @@ from planner.backends import open_storages
 from planner.cache import cache_dir, digest, write_atomic
 from planner.column import TokenDtype, delivered_dtype
 from planner.errors import ConfigError, DataError
+from planner.rowgroups import stream_counts
 from planner.storage import FileStat, Storage
 
 __all__ = [
@@ -118,7 +119,8 @@ class Index:
 
     @property
     def tokens(self) -> int:
-        return int(self.frame["tokens"].sum())
+        """Tokens of the stream (the selected ones where the index is selected)."""
+        return int(stream_counts(self.frame)[0].sum())
 
     @property
     def row_groups(self) -> int:

@@ -21,6 +21,7 @@ __all__ = [
     "TokenRangeError",
     "TokenizerChangedError",
     "PlitzerError",
+    "SelectionError",
     "StorageError",
     "UsageError",
     "one_line",
@@ -33,6 +34,25 @@ class PlitzerError(Exception):
 
 class ConfigError(PlitzerError, ValueError):
     """A setting is invalid: the message names the field, the value and the fix."""
+
+
+class SelectionError(ConfigError):
+    """A ``where=`` predicate (or ``length_column``) that cannot select: missing column, not boolean, nothing kept.
+
+    ``predicate`` is the predicate (normalized where it parsed), ``column`` the column at
+    fault (None where none is), ``available`` the dataset's columns one may select on.
+    """
+
+    def __init__(self, msg: str, *, predicate: str, column: str | None = None, available: tuple[str, ...] = ()) -> None:
+        super().__init__(msg)
+        self.predicate, self.column, self.available = predicate, column, available
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keep the attributes across processes (pickle)
+        return _rebuild_selection, (str(self), self.predicate, self.column, self.available)
+
+
+def _rebuild_selection(msg: str, predicate: str, column: str | None, available: tuple[str, ...]) -> SelectionError:
+    return SelectionError(msg, predicate=predicate, column=column, available=available)
 
 
 class DataError(PlitzerError, ValueError):

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,6 +53,7 @@ from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
 from planner.plan import EpochOrder, EpochPlan, Permutation, Plan, PlanSettings, layout_epoch, row_group_counts
+from planner.rowgroups import SelectedRows, stream_counts, with_selected
 from planner.sources import SourceSpec, Stage, source_specs
 from planner.storage import FileStat, Storage
 
@@ -111,9 +112,10 @@ class MixtureIndex:
         self._file_base = np.concatenate([[0], np.cumsum(files)])
         self._rg_base = np.concatenate([[0], np.cumsum(rgs)])
         frames = []
+        selected = any("tokens_selected" in ix.frame.columns for ix in parts)
         for i, (n, ix) in enumerate(zip(self.names, parts, strict=True)):
             frames.append(
-                ix.frame.with_columns(
+                (with_selected(ix.frame) if selected else ix.frame).with_columns(
                     (pl.col("file_index") + int(self._file_base[i])).alias("file_index"),
                     pl.lit(n).alias("source"),
                     pl.lit(i, pl.Int64).alias("source_index"),
@@ -137,7 +139,7 @@ class MixtureIndex:
 
     @property
     def tokens(self) -> int:
-        return int(self.frame["tokens"].sum())
+        return int(stream_counts(self.frame)[0].sum())
 
     @property
     def row_groups(self) -> int:
@@ -151,6 +153,11 @@ class MixtureIndex:
         """The source index holding global row group ``row_group``, and its row there."""
         i = int(np.searchsorted(self._rg_base, row_group, side="right")) - 1
         return self.parts[i], row_group - int(self._rg_base[i])
+
+    def selected_rows(self, row_group: int) -> NDArray[np.int64] | None:
+        """The rows of global ``row_group`` its source's selection keeps (None: every row)."""
+        sub, local = self.part(row_group)
+        return sub.selected_rows(local) if isinstance(sub, SelectedRows) else None
 
     def source_of(self, row_group: int) -> str:
         return self.names[int(np.searchsorted(self._rg_base, row_group, side="right")) - 1]
@@ -194,12 +201,30 @@ def mixture_index(
     *,
     column: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    where: str | None = None,
+    length_column: str | None = None,
+    select: Callable[[Index, SourceSpec], Index] | None = None,
 ) -> MixtureIndex:
-    """Index every source of a dict of named sources (footers only, cached)."""
+    """Index every source of a dict of named sources (footers only, cached).
+
+    A source with a ``where`` (its own, else the one given here) is selected by
+    ``select`` (the runtime's selection pass, ``plitzer.select``), which planner
+    itself does not have: without it such a source is a ConfigError.
+    """
     if isinstance(sources, MixtureIndex):
         return sources
-    specs = source_specs(sources, column=column, storage_options=storage_options)
-    parts = [ensure_index(s.path, column=s.column, storage_options=s.storage_options) for s in specs]
+    specs = source_specs(
+        sources, column=column, storage_options=storage_options, where=where, length_column=length_column
+    )
+    parts = []
+    for s in specs:
+        ix = ensure_index(s.path, column=s.column, storage_options=s.storage_options)
+        if s.where is not None:
+            if select is None:
+                msg = f"source {s.name!r}: where= needs the runtime's selection pass; import plitzer first"
+                raise ConfigError(msg)
+            ix = select(ix, s)
+        parts.append(ix)
     return MixtureIndex(specs, parts)
 
 

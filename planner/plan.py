@@ -38,7 +38,7 @@ from numpy.typing import NDArray
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
 from planner.lanes import cut_at, lane_of, piece_range
-from planner.rowgroups import RowGroupIndex
+from planner.rowgroups import RowGroupIndex, SelectedRows, stream_counts, with_selected
 from planner.storage import Storage, duckdb_filesystems
 
 __all__ = [
@@ -213,12 +213,16 @@ def layout_epoch(
 
 
 def row_group_counts(idx: RowGroupIndex) -> tuple[I64, I64, I64]:
-    """Tokens, rows and empty documents of every row group of ``idx``, as int64 arrays."""
-    f = idx.frame
+    """Tokens, rows and empty documents of every row group of ``idx`` in the stream, as int64 arrays.
+
+    Those a selection (``where=``) keeps where the index is selected
+    (:func:`planner.dataset.stream_counts`).
+    """
+    tokens, rows, empty = stream_counts(idx.frame)
     return (
-        f["tokens"].to_numpy().astype(np.int64),
-        f["rows"].to_numpy().astype(np.int64),
-        f["empty_docs"].to_numpy().astype(np.int64),
+        tokens.to_numpy().astype(np.int64),
+        rows.to_numpy().astype(np.int64),
+        empty.to_numpy().astype(np.int64),
     )
 
 
@@ -334,8 +338,19 @@ class Plan:
 
     @property
     def index(self) -> pl.DataFrame:
-        """The row-group index (one row per row group)."""
-        return self.dataset.frame
+        """The row-group index (one row per row group).
+
+        It always has ``rows_selected``, ``tokens_selected`` and ``empty_docs_selected``
+        (equal to ``rows``, ``tokens`` and ``empty_docs`` where no ``where=`` selects),
+        so one query serves selected and unselected plans alike.
+        """
+        f = self.dataset.frame
+        got = self.__dict__.get("_index")
+        if got is None or got[0] is not f:
+            got = (f, with_selected(f))
+            self.__dict__["_index"] = got
+        out: pl.DataFrame = got[1]
+        return out
 
     @property
     def tokens(self) -> int:
@@ -397,12 +412,18 @@ class Plan:
     def row_groups(self, epoch: int) -> pl.DataFrame:
         """epoch, window_index, position, file, row_group, rows, tokens, token_start, first_rank, last_rank.
 
-        ``window_index`` is the window's number in the epoch (``window`` is a keyword in
-        DuckDB, so no plan table has a column of that name).
+        A selected plan (``where=``) adds ``rows_selected`` and ``tokens_selected``:
+        ``rows`` and ``tokens`` are what the row group stores, ``token_start`` counts
+        the selected tokens, and a row group with no selected row is never read
+        (``first_rank`` and ``last_rank`` null). ``window_index`` is the window's number
+        in the epoch (``window`` is a keyword in DuckDB, so no plan table has a column of
+        that name).
         """
         ep = self.epoch(epoch)
         f = self.index[ep.order]
         read = ep.first_rank >= 0
+        stored = self.dataset.frame.columns  # only a selected plan's table has them (SPEC section 6's columns else)
+        selected: dict[str, pl.Series] = {k: f[k] for k in ("rows_selected", "tokens_selected") if k in stored}
         return pl.DataFrame(
             {
                 "epoch": np.full(len(ep.order), epoch, dtype=np.int64),
@@ -415,6 +436,7 @@ class Plan:
                 "token_start": ep.token_start,
                 "first_rank": pl.Series(ep.first_rank).set(pl.Series(~read), None),
                 "last_rank": pl.Series(ep.last_rank).set(pl.Series(~read), None),
+                **selected,
             }
         )
 
@@ -496,7 +518,9 @@ class Plan:
         """A LazyFrame of exactly the rows (documents) that ``rank`` reads in ``epoch``.
 
         Columns: epoch, window_index, position, file, row_group, row, and the token
-        column. Nothing is read until the frame is collected.
+        column. Nothing is read until the frame is collected. A selected plan
+        (``where=``) yields the selected rows only, ``row`` numbering them in the file's
+        row group.
         """
         rank = check_int("rank", rank, 0, "ranks count from 0")
         if rank >= self.settings.world:
@@ -508,24 +532,29 @@ class Plan:
         windows = ep.read_window[sel]
         f = self.index.with_columns((pl.col("rows").cum_sum().over("file_index") - pl.col("rows")).alias("row_offset"))
         col = self.dataset.column
+        selected = self.dataset if isinstance(self.dataset, SelectedRows) else None
         parts = []
         for p, w in zip(positions.tolist(), windows.tolist(), strict=True):
-            r = f.row(int(ep.order[p]), named=True)
+            rg = int(ep.order[p])
+            r = f.row(rg, named=True)
             loc = self.dataset.location(r["file_index"])
             lf = (
                 _scan_parquet(loc, self.dataset.storage(r["file_index"]))
                 .select(col)
                 .slice(r["row_offset"], r["rows"])
                 .with_row_index("row")
-                .select(
-                    pl.lit(epoch, pl.Int64).alias("epoch"),
-                    pl.lit(w, pl.Int64).alias("window_index"),
-                    pl.lit(p, pl.Int64).alias("position"),
-                    pl.lit(r["file"]).alias("file"),
-                    pl.lit(r["row_group"], pl.Int64).alias("row_group"),
-                    pl.col("row").cast(pl.Int64),
-                    pl.col(col),
-                )
+            )
+            kept = None if selected is None else selected.selected_rows(rg)
+            if kept is not None:
+                lf = lf.filter(pl.col("row").is_in(pl.Series(kept, dtype=pl.UInt32).implode()))
+            lf = lf.select(
+                pl.lit(epoch, pl.Int64).alias("epoch"),
+                pl.lit(w, pl.Int64).alias("window_index"),
+                pl.lit(p, pl.Int64).alias("position"),
+                pl.lit(r["file"]).alias("file"),
+                pl.lit(r["row_group"], pl.Int64).alias("row_group"),
+                pl.col("row").cast(pl.Int64),
+                pl.col(col),
             )
             parts.append(lf)
         if not parts:

@@ -13,15 +13,51 @@ This module is a leaf of planner: it imports nothing of planner but the storage 
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
+import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
+from numpy.typing import NDArray
 
 from planner.column import TokenDtype
 from planner.storage import FileStat, Storage
 
-__all__ = ["RowGroupIndex"]
+__all__ = ["SELECTED_COLUMNS", "RowGroupIndex", "SelectedRows", "stream_counts", "with_selected"]
+
+SELECTED_COLUMNS: dict[str, str] = {
+    "rows_selected": "rows",
+    "tokens_selected": "tokens",
+    "empty_docs_selected": "empty_docs",
+}
+"""A selected index's columns (``where=``, ``plitzer.select``) and the stored counts they select from."""
+
+
+def stream_counts(frame: pl.DataFrame) -> tuple[pl.Series, pl.Series, pl.Series]:
+    """Tokens, rows and empty documents each row group gives the stream: the selected ones where selected.
+
+    A row-group index built with ``where=`` (``plitzer.select``) carries
+    ``rows_selected``, ``tokens_selected`` and ``empty_docs_selected`` beside the stored
+    counts; the order, the cuts and the reads are made of those (SPEC section 10).
+    """
+    if "tokens_selected" in frame.columns:
+        return frame["tokens_selected"], frame["rows_selected"], frame["empty_docs_selected"]
+    return frame["tokens"], frame["rows"], frame["empty_docs"]
+
+
+@runtime_checkable
+class SelectedRows(Protocol):
+    """An index whose row groups give the stream only some of their rows (``where=``, ``plitzer.select``)."""
+
+    def selected_rows(self, row_group: int) -> NDArray[np.int64] | None:
+        """The rows of ``row_group`` (numbers in it, ascending) the stream takes; None: all of them."""
+        ...
+
+
+def with_selected(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with the selected columns (equal to the stored counts where nothing is selected)."""
+    missing = [pl.col(base).alias(name) for name, base in SELECTED_COLUMNS.items() if name not in frame.columns]
+    return frame.with_columns(missing) if missing else frame
 
 
 class RowGroupIndex(Protocol):

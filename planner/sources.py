@@ -23,7 +23,7 @@ from planner.errors import ConfigError
 __all__ = ["SourceSpec", "Stage", "Weights", "parse_stages", "source_specs"]
 
 Weights = Mapping[str, Any] | Sequence[tuple[int, Mapping[str, Any]]] | None
-_SOURCE_KEYS = {"path", "column", "storage_options"}
+_SOURCE_KEYS = {"path", "column", "storage_options", "where", "length_column"}
 _MAX_TOTAL_WEIGHT = 1 << 24
 
 
@@ -35,15 +35,22 @@ class SourceSpec:
     path: str | list[str]
     column: str | None = None
     storage_options: Mapping[str, Any] | None = None
+    where: str | None = None
+    length_column: str | None = None
 
 
 def source_specs(
-    sources: Mapping[str, Any], *, column: str | None = None, storage_options: Mapping[str, Any] | None = None
+    sources: Mapping[str, Any],
+    *,
+    column: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    where: str | None = None,
+    length_column: str | None = None,
 ) -> list[SourceSpec]:
     """Check a dict of named sources; sources are ordered by name (bytewise).
 
     Each value is a path, a list of paths, or a dict with ``path`` and optionally
-    ``column`` and ``storage_options``; ``column`` and ``storage_options`` given to
+    ``column``, ``storage_options``, ``where`` and ``length_column``; those given to
     the loader are the defaults.
     """
     if not sources:
@@ -60,14 +67,16 @@ def source_specs(
             if extra or "path" not in value:
                 msg = (
                     f"source {name!r}: {sorted(extra) if extra else 'no path'}; a source is a path or a dict with "
-                    f"'path' and optionally 'column' and 'storage_options'"
+                    f"'path' and optionally 'column', 'storage_options', 'where' and 'length_column'"
                 )
                 raise ConfigError(msg)
             path = value["path"]
             col = value.get("column", column)
             opts = value.get("storage_options", storage_options)
+            pred = value.get("where", where)
+            lcol = value.get("length_column", length_column)
         else:
-            path, col, opts = value, column, storage_options
+            path, col, opts, pred, lcol = value, column, storage_options, where, length_column
         if isinstance(path, (str, os.PathLike)):
             path = os.fspath(path)
         elif isinstance(path, Sequence) and all(isinstance(p, (str, os.PathLike)) for p in path):
@@ -75,7 +84,10 @@ def source_specs(
         else:
             msg = f"source {name!r}: path {path!r} must be a path, an s3:// URL or a list of them"
             raise ConfigError(msg)
-        specs.append(SourceSpec(name=name, path=path, column=col, storage_options=opts))
+        if lcol is not None and pred is None:
+            msg = f"source {name!r}: length_column={lcol!r} without where=; the length column serves a selection"
+            raise ConfigError(msg)
+        specs.append(SourceSpec(name=name, path=path, column=col, storage_options=opts, where=pred, length_column=lcol))
     return specs
 
 

@@ -30,6 +30,8 @@ _EXAMPLES = {
         "  plitzer plan data/sample --lanes 512 --window 64 --world 8\n"
         '  plitzer plan data/sample --world 8 --sql "select rank, count(*) n, sum(bytes) b from reads group by rank"\n'
         "  plitzer plan data/sample --table reads --epoch 1 --format csv --out reads.csv\n"
+        '  plitzer plan data/sample --where "int_score >= 3" --sql "select file, sum(tokens_selected) t from index '
+        'group by file"\n'
         "  plitzer plan --mixture mix.toml --lanes 512 --window 64 --table sources\n"
         "mixture file (TOML), one table per source:\n"
         '  [sources.web]\n  path = "data/web"\n  weight = 3\n'
@@ -40,7 +42,9 @@ _EXAMPLES = {
     "index": (
         "examples:\n"
         "  plitzer index data/sample\n"
-        "  plitzer index s3://bucket/prefix --endpoint http://localhost:9000 --no-lengths"
+        "  plitzer index s3://bucket/prefix --endpoint http://localhost:9000 --no-lengths\n"
+        "  plitzer index data/fineweb-edu --where \"int_score >= 3 and language = 'en'\" --length-column token_count\n"
+        '  plitzer index s3://bucket/fineweb-edu --where "int_score >= 3" --engine ray --address auto'
     ),
     "explain": (
         "examples:\n"
@@ -146,6 +150,22 @@ def _add_source(p: argparse.ArgumentParser) -> None:
     p.add_argument("--column", default=None, help="token column (default: the one list<int32|uint32> column)")
     p.add_argument("--endpoint", default=None, help="S3 endpoint URL")
     p.add_argument("--region", default=None, help="S3 region")
+    p.add_argument(
+        "--where",
+        default=None,
+        help="only the rows for which this DuckDB SQL condition over the dataset's columns is true, "
+        "e.g. \"int_score >= 3 and language = 'en'\"",
+    )
+    p.add_argument(
+        "--length-column",
+        default=None,
+        help="with --where: an integer column holding each row's token count (the selection pass then "
+        "does not decode the tokens)",
+    )
+
+
+def _selection(args: argparse.Namespace) -> dict[str, Any]:
+    return {"where": getattr(args, "where", None), "length_column": getattr(args, "length_column", None)}
 
 
 def _add_settings(p: argparse.ArgumentParser, *, seq_len: bool = False) -> None:
@@ -191,20 +211,36 @@ def cmd_index(args: argparse.Namespace) -> int:
         msg = "index reads one dataset; for a mixture use `plitzer plan --mixture FILE --table sources`"
         raise ConfigError(msg)
     ix = planner.index(source, column=args.column, storage_options=_storage_options(args), progress=True)
+    if args.where is not None:
+        from plitzer.select import select_index, select_on_ray
+
+        if args.engine == "ray":
+            select_on_ray(
+                ix,
+                args.where,
+                length_column=args.length_column,
+                source=source,
+                storage_options=_storage_options(args),
+                address=args.address,
+            )
+        ix = select_index(ix, args.where, length_column=args.length_column, progress=True)
+    elif args.engine == "ray" or args.length_column is not None:
+        msg = "--engine ray and --length-column run the selection pass: give --where"
+        raise ConfigError(msg)
     f = ix.frame
-    summary = pl.DataFrame(
-        {
-            "files": [len(ix.files)],
-            "row_groups": [f.height],
-            "documents": [int(f["rows"].sum())],
-            "tokens": [int(f["tokens"].sum())],
-            "empty_documents": [int(f["empty_docs"].sum())],
-            "column": [ix.column],
-            "dtype": [ix.dtype],
-            "fingerprint": [ix.fingerprint[:16]],
-        }
-    )
-    _print_frame(summary, args.format, None, title="index")
+    columns: dict[str, list[Any]] = {
+        "files": [len(ix.files)],
+        "row_groups": [f.height],
+        "documents": [int(f["rows"].sum())],
+        "tokens": [int(f["tokens"].sum())],
+        "empty_documents": [int(f["empty_docs"].sum())],
+    }
+    if "tokens_selected" in f.columns:
+        columns["documents_selected"] = [int(f["rows_selected"].sum())]
+        columns["tokens_selected"] = [int(f["tokens_selected"].sum())]
+        columns["row_groups_emptied"] = [int((f["rows_selected"] == 0).sum())]
+    columns.update({"column": [ix.column], "dtype": [ix.dtype], "fingerprint": [ix.fingerprint[:16]]})
+    _print_frame(pl.DataFrame(columns), args.format, None, title="index")
     per_rg = f.select(
         pl.col("tokens").min().alias("min"),
         pl.col("tokens").quantile(0.5).cast(pl.Int64).alias("median"),
@@ -238,6 +274,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         storage_options=_storage_options(args),
         weights=weights,
         seq_len=getattr(args, "seq_len", None),
+        **_selection(args),
     )
     if args.sql:
         _print_frame(p.sql(args.sql, epochs=[args.epoch]), args.format, args.out)
@@ -289,6 +326,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         storage_options=_storage_options(args),
         weights=weights,
         progress=True,
+        **_selection(args),
     )
     if args.format == "table" and not args.out:
         rows = docs["lane"].n_unique()
@@ -317,6 +355,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         column=args.column,
         storage_options=_storage_options(args),
         progress=True,
+        **_selection(args),
     )
     for name in ("summary", "length_summary", "lane_balance_summary", "lockstep_summary", "reads_per_rank"):
         _print_frame(report.tables[name], args.format, None, title=name.replace("_", " "))
@@ -423,6 +462,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip the document-length distribution (it reads the token column once; then it is cached)",
     )
+    p.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="with --where: run the selection pass on this machine's cores, or as Ray tasks",
+    )
+    p.add_argument("--address", default=None, help="with --engine ray: the cluster (default: start a local one)")
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("plan", help="the plan tables, or SQL over them", epilog=_EXAMPLES["plan"], formatter_class=fmt)

@@ -46,9 +46,10 @@ from planner.cache import cache_dir, digest, write_atomic
 from planner.errors import ConfigError, DataError
 from planner.hashing import mix_array
 from planner.plan import check_int
-from planner.rowgroups import RowGroupIndex
+from planner.rowgroups import RowGroupIndex, stream_counts
 from plitzer.loader import Loader
 from plitzer.read import list_lengths, read_chunk
+from plitzer.select import source_rows
 from plitzer.settings import Keywords, LoaderSettings
 from plitzer.settings import Source as AnySource
 
@@ -99,7 +100,7 @@ def document_pass(ix: RowGroupIndex, *, progress: bool | None = None, threads: i
         if got is not None:
             _memo.move_to_end(str(path))
             return got
-    rows = ix.frame["rows"].to_numpy().astype(np.int64)
+    rows = stream_counts(ix.frame)[1].to_numpy().astype(np.int64)  # the selected rows where selected
     result: tuple[I64, U64] | None = None
     if path.exists():
         try:
@@ -130,16 +131,17 @@ def _read_documents(ix: RowGroupIndex, *, progress: bool | None, threads: int | 
 
     f = ix.frame
     where = [ix.location(fi, g) for fi, g in zip(f["file_index"].to_list(), f["row_group"].to_list(), strict=True)]
+    f_tokens, f_rows, _ = stream_counts(f)  # a selected index's reads give its selected rows
 
     def one(rg: int) -> tuple[I64, U64]:
-        if int(f["rows"][rg]) == 0:
+        if int(f_rows[rg]) == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.uint64)
         arr = read_chunk(ix, rg)
         lengths, hashes = _hash_documents(arr)
-        if len(lengths) != int(f["rows"][rg]) or int(lengths.sum()) != int(f["tokens"][rg]):
+        if len(lengths) != int(f_rows[rg]) or int(lengths.sum()) != int(f_tokens[rg]):
             msg = (
                 f"{where[rg]}: decoded {len(lengths)} documents of {int(lengths.sum())} tokens but the "
-                f"index says {f['rows'][rg]} of {f['tokens'][rg]}; the file changed or is damaged: re-index it"
+                f"index says {f_rows[rg]} of {f_tokens[rg]}; the file changed or is damaged: re-index it"
             )
             raise DataError(msg)
         return lengths, hashes
@@ -201,7 +203,7 @@ def document_table(
     ix = open_index(source, column=column, storage_options=storage_options)
     lengths, hashes = document_pass(ix, progress=progress, threads=threads)
     f = ix.frame
-    rows = f["rows"].to_numpy().astype(np.int64)
+    rows = stream_counts(f)[1].to_numpy().astype(np.int64)
     rg = np.repeat(np.arange(f.height, dtype=np.int64), rows)
     base = np.cumsum(rows) - rows
     doc = np.arange(len(lengths), dtype=np.int64)
@@ -210,7 +212,7 @@ def document_table(
             "file": f["file"].gather(rg),
             "file_index": f["file_index"].gather(rg),
             "row_group": f["row_group"].gather(rg),
-            "row": doc - base[rg],
+            "row": source_rows(ix, rg, doc - base[rg]),
             "doc": doc,
             "length": lengths,
             "hash": pl.Series(hashes, dtype=pl.UInt64),

@@ -32,13 +32,14 @@ from numpy.typing import NDArray
 from planner.errors import CheckpointError, ConfigError, DataError, PerformanceWarning, UsageError
 from planner.lanes import lane_positions
 from planner.mixture import MixtureIndex, MixturePlan
-from planner.plan import Plan, check_int, epoch_of_step
+from planner.plan import Plan, check_int, epoch_of_step, row_group_counts
 from planner.sources import Weights
 from plitzer import state as ckpt
 from plitzer.batch import Batch, Located, Tokens
 from plitzer.cost import budget_floor
 from plitzer.pack import PackedUnit, Segments, Slices, assemble
 from plitzer.scan import Scanner, Stats
+from plitzer.select import select_config, source_rows
 from plitzer.settings import LoaderSettings, Source, default_threads, make_plan, open_source
 from plitzer.text import text_config
 
@@ -99,6 +100,13 @@ class Loader:
         text that is tokenized as it is read: each document's ids, BOS first when
         ``add_bos``, EOS last when ``add_eos``. The batches are those of the same
         data tokenized first (``plitzer tokenize``).
+    where, length_column :
+        Selection (docs/usage.md, "Selecting rows"): a DuckDB SQL boolean expression
+        over the dataset's columns; the stream holds only the rows for which it is
+        true, every row group keeping its place (:mod:`plitzer.select`).
+        ``length_column`` names an integer column holding each row's token count, so
+        the selection pass need not decode the tokens. A mixture's sources may each
+        have their own (``{"web": {"path": ..., "where": ...}}``).
 
     Examples
     --------
@@ -134,6 +142,8 @@ class Loader:
         tokenizer: Any = None,
         add_eos: bool = True,
         add_bos: bool = False,
+        where: str | None = None,
+        length_column: str | None = None,
     ) -> None:
         settings = LoaderSettings.of(
             seed=seed,
@@ -151,6 +161,8 @@ class Loader:
             tokenizer=tokenizer,
             add_eos=add_eos,
             add_bos=add_bos,
+            where=where,
+            length_column=length_column,
         )
         self._build(open_plan(source, settings), settings)
 
@@ -187,7 +199,7 @@ class Loader:
             )
             raise ConfigError(msg)
         frame = self.index.frame
-        tok, rows = frame["tokens"].to_numpy(), frame["rows"].to_numpy()
+        tok, rows, _ = row_group_counts(self.index)  # the selected ones where selected
         need, units = budget_floor(tok, rows, lanes=lanes, window=window, seq_len=seq_len)
         if budget < need:
             msg = (
@@ -239,6 +251,7 @@ class Loader:
             "dtype": self.index.dtype,
             "fingerprint": self.index.fingerprint,
             **text_config(self.index),
+            **select_config(self.index),
             **self._mixture_config(),
         }
 
@@ -525,7 +538,7 @@ class Loader:
         return (
             self._files[rg].tolist(),
             self._row_groups[rg].astype(np.int64),
-            (doc_ids - self._doc_base[rg]).astype(np.int64),
+            source_rows(self.index, rg, (doc_ids - self._doc_base[rg]).astype(np.int64)),
             None if self._sources is None else self._sources[rg].tolist(),
         )
 

@@ -28,9 +28,10 @@ __all__ = ["read_mixture"]
 def read_mixture(path: str) -> tuple[dict[str, Any], Any]:
     """Sources and weights of a mixture file (TOML): one table per source.
 
-    ``[sources.NAME]`` holds ``path`` and optionally ``column``, ``storage_options``
-    and ``weight``; weights in stages are ``[[stages]]`` tables with ``step`` and
-    ``weights = {NAME = w, ...}`` instead. Without weights each source weighs its tokens.
+    ``[sources.NAME]`` holds ``path`` and optionally ``column``, ``storage_options``,
+    ``where`` and ``length_column`` (a selection, :mod:`plitzer.select`) and ``weight``;
+    weights in stages are ``[[stages]]`` tables with ``step`` and ``weights = {NAME = w,
+    ...}`` instead. Without weights each source weighs its tokens.
 
         [sources.web]
         path = "data/web"

@@ -48,7 +48,7 @@ from numpy.typing import NDArray
 
 from planner.errors import UsageError
 from planner.lanes import lane_positions, piece_range
-from planner.plan import Plan
+from planner.plan import Plan, row_group_counts
 from planner.rowgroups import RowGroupIndex
 from plitzer import _shutdown
 from plitzer.cost import unit_estimate
@@ -197,9 +197,8 @@ class Scanner:
         self._bytes_read = 0
         self._wait = 0.0
         f = self.index.frame
-        self._tokens = f["tokens"].to_numpy()
-        self._rows = f["rows"].to_numpy()
-        self._empty = f["empty_docs"].to_numpy()
+        # What each row group gives the stream: the selected rows where selected (plitzer.select).
+        self._tokens, self._rows, self._empty = row_group_counts(self.index)
         self._byte_length = f["byte_length"].to_numpy()
         self._doc_base = np.cumsum(self._rows) - self._rows
         self._dtype = np.dtype(self.index.dtype)

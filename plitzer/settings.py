@@ -25,10 +25,11 @@ from typing import Any, TypedDict
 
 from planner import api
 from planner.api import Source, open_index
+from planner.dataset import Index
 from planner.errors import ConfigError
 from planner.plan import Plan, PlanSettings, check_int
 from planner.rowgroups import RowGroupIndex
-from planner.sources import Weights
+from planner.sources import SourceSpec, Weights
 
 __all__ = ["Keywords", "LoaderSettings", "Source", "default_threads", "make_plan", "open_source"]
 
@@ -51,6 +52,8 @@ class Keywords(TypedDict, total=False):
     tokenizer: Any
     add_eos: bool
     add_bos: bool
+    where: str | None
+    length_column: str | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +72,8 @@ class LoaderSettings:
     tokenizer: Any = None
     add_eos: bool = True
     add_bos: bool = False
+    where: str | None = None
+    length_column: str | None = None
 
     def __post_init__(self) -> None:
         check_int("seq_len", self.seq_len, 1, "seq_len is the tokens per sequence, e.g. 2048")
@@ -100,6 +105,8 @@ class LoaderSettings:
         tokenizer: Any = None,
         add_eos: bool = True,
         add_bos: bool = False,
+        where: str | None = None,
+        length_column: str | None = None,
     ) -> LoaderSettings:
         """The settings of these keywords, each checked."""
         return cls(
@@ -115,6 +122,8 @@ class LoaderSettings:
             tokenizer=tokenizer,
             add_eos=add_eos,
             add_bos=add_bos,
+            where=where,
+            length_column=length_column,
         )
 
     @property
@@ -138,7 +147,8 @@ def open_source(source: Source, settings: LoaderSettings) -> RowGroupIndex:
     """The index of ``source``: token data, text (with a tokenizer), or a mixture (a dict).
 
     The dispatch and its messages are :func:`planner.api.open_index`'s; this adds
-    the text step (``plitzer.text``) when a tokenizer is set.
+    the text step (``plitzer.text``) when a tokenizer is set, and the selection pass
+    (``plitzer.select``, this rank's share of it) where a source has ``where``.
     """
     s = settings
     text = None
@@ -153,7 +163,24 @@ def open_source(source: Source, settings: LoaderSettings) -> RowGroupIndex:
             add_bos=s.add_bos,
             storage_options=s.storage_options,
         )
-    return open_index(source, column=s.column, storage_options=s.storage_options, weights=s.weights, text=text)
+    from plitzer.select import select_index
+
+    def select(ix: Index, spec: SourceSpec) -> Index:
+        assert spec.where is not None
+        return select_index(
+            ix, spec.where, length_column=spec.length_column, rank=s.rank, world=s.world, threads=s.threads
+        )
+
+    return open_index(
+        source,
+        column=s.column,
+        storage_options=s.storage_options,
+        weights=s.weights,
+        text=text,
+        where=s.where,
+        length_column=s.length_column,
+        select=select,
+    )
 
 
 def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:

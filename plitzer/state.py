@@ -74,6 +74,8 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "add_eos",
     "sources",
     "stages",
+    "where",
+    "length_column",
 )
 # Fields of text sources (plitzer.text: the tokenizer's identity and the BOS/EOS
 # policy), added within format 2: written only when they differ from these values
@@ -81,7 +83,15 @@ CONFIG_FIELDS: tuple[str, ...] = (
 # these when absent.
 # Mixtures (planner.mixture) add their sources ([name, fingerprint] each) and stages
 # ([start step, {source: weight}] each) the same way.
-_OPTIONAL: dict[str, Any] = {"tokenizer": "", "add_bos": False, "add_eos": False, "sources": [], "stages": []}
+_OPTIONAL: dict[str, Any] = {
+    "tokenizer": "",
+    "add_bos": False,
+    "add_eos": False,
+    "sources": [],
+    "stages": [],
+    "where": "",
+    "length_column": "",
+}
 _INT_LIMIT = 2**63
 
 
@@ -215,6 +225,14 @@ def decode(data: bytes | bytearray | memoryview) -> State:
             why = f"{k} is {config[k]!r}, expected true or false"
             raise _fail(why)
     _check_mixture(config)
+    for k in ("where", "length_column"):
+        v = config[k]
+        pairs = isinstance(v, list) and all(
+            isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) for y in x) for x in v
+        )
+        if not isinstance(v, str) and not pairs:
+            why = f"{k} is {v!r}, expected a string or [source, string] pairs"
+            raise _fail(why)
     for k in ("seed", "lanes", "seq_len", "window"):
         _int(config[k], k, low=1 if k != "seed" else 0)
     for k in ("column", "dtype", "fingerprint"):

@@ -6,11 +6,18 @@ probability about proportional to ``1/(k+1)``), about 1,000 documents per row
 group, zstd. Tests, the demo and the benchmarks all use it, so the same bytes can
 be regenerated anywhere from ``(tokens, seed)``.
 
+Beside the tokens each document has FineWeb-Edu's metadata, for selections
+(``where=``, :mod:`plitzer.select`): ``score`` (an educational score in [0, 5)),
+``int_score`` (it rounded), ``language`` (``en`` for about 70 % of documents, else
+``de``, ``fr``, ``es`` or ``zh``) and ``token_count`` (the document's tokens). They
+come from their own random stream, so the tokens are those of ``(tokens, seed)``
+with or without them (``metadata=False`` leaves them out).
+
 >>> import tempfile, pyarrow.parquet as pq
 >>> paths = write(tempfile.mkdtemp(), tokens=30_000, seed=0, docs_per_row_group=10)
 >>> t = pq.read_table(paths[0])
 >>> t.column_names
-['id', 'tokens']
+['id', 'tokens', 'score', 'int_score', 'language', 'token_count']
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 __all__ = ["write"]
+
+_LANGUAGES = ("en", "de", "fr", "es", "zh")
+_SHARES = (0.7, 0.1, 0.08, 0.07, 0.05)
 
 
 def write(
@@ -37,6 +47,7 @@ def write(
     row_groups_per_file: int = 16,
     dtype: str = "int32",
     compression: str = "zstd",
+    metadata: bool = True,
 ) -> list[Path]:
     """Write at least ``tokens`` tokens as Parquet files into folder ``out``.
 
@@ -46,6 +57,7 @@ def write(
         msg = f"tokens={tokens} must be >= 1"
         raise ValueError(msg)
     rng = np.random.default_rng(seed)
+    meta = np.random.default_rng([seed, 27])  # its own stream: the tokens do not depend on it
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     mu = np.log(mean_length) - sigma * sigma / 2
@@ -66,12 +78,17 @@ def write(
         ids = np.exp(rng.random(total) * log_vocab).astype(np.int64) - 1
         values = pa.array(np.clip(ids, 0, vocab - 1).astype(dtype))
         offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-        table = pa.table(
-            {
-                "id": pa.array(np.arange(doc_id, doc_id + n_docs, dtype=np.int64)),
-                "tokens": pa.ListArray.from_arrays(offsets, values),
-            }
-        )
+        columns: dict[str, pa.Array] = {
+            "id": pa.array(np.arange(doc_id, doc_id + n_docs, dtype=np.int64)),
+            "tokens": pa.ListArray.from_arrays(offsets, values),
+        }
+        if metadata:
+            score = np.round(meta.beta(2.0, 3.0, n_docs) * 5, 3)
+            columns["score"] = pa.array(score)
+            columns["int_score"] = pa.array(np.round(score).astype(np.int64))
+            columns["language"] = pa.array(np.array(_LANGUAGES)[meta.choice(len(_LANGUAGES), n_docs, p=_SHARES)])
+            columns["token_count"] = pa.array(lengths.astype(np.int64))
+        table = pa.table(columns)
         path = outdir / f"part-{len(paths):05d}.parquet"
         pq.write_table(table, path, row_group_size=docs_per_row_group, compression=compression)
         paths.append(path)

@@ -43,6 +43,7 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.dlpack import from_dlpack
 
+from planner.dataset import Index
 from planner.plan import epoch_of_step
 from plitzer import state as ckpt
 from plitzer.batch import Batch as PlitzerBatch
@@ -165,6 +166,35 @@ class Batch:
         )
 
 
+def _share_selection(source: Source, cfg: LoaderSettings, group: dist.ProcessGroup | None) -> None:
+    """Run this rank's share of the selection pass and gather the others' (SPEC section 10).
+
+    Collective: every rank constructs its Dataset. Each computes ``1/world`` of the
+    pass and ``all_gather_object`` shares the parts, which land in each rank's cache,
+    so the loader built next finds the whole pass there.
+    """
+    from planner.api import open_index
+    from plitzer.select import Part, select_index
+
+    def exchange(part: Part) -> list[Part]:
+        out: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(out, part, group=group)
+        return [p for p in out if p is not None]
+
+    assert cfg.where is not None
+    ix = open_index(source, column=cfg.column, storage_options=cfg.storage_options)
+    if isinstance(ix, Index):
+        select_index(
+            ix,
+            cfg.where,
+            length_column=cfg.length_column,
+            rank=cfg.rank,
+            world=cfg.world,
+            threads=cfg.threads,
+            exchange=exchange,
+        )
+
+
 def _dist_ready() -> bool:
     return dist.is_available() and dist.is_initialized()
 
@@ -249,6 +279,8 @@ class Dataset(IterableDataset[Batch]):
             msg = "group= was given but torch.distributed is not initialised; call init_process_group first"
             raise ConfigError(msg)
         cfg = LoaderSettings.of(rank=0 if rank is None else rank, world=1 if world is None else world, **kw)
+        if cfg.where is not None and cfg.world > 1 and _dist_ready() and not isinstance(source, Mapping):
+            _share_selection(source, cfg, group)
         self._loader = Loader.from_settings(source, cfg)
         self._pin = bool(pin_memory)
         if self._pin and not _can_pin():

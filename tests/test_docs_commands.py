@@ -128,6 +128,8 @@ RULES: dict[str, Rule] = {
     "plitzer explain DATA --step K [--lane J] ...": synopsis("plitzer explain"),
     "plitzer index": synopsis("plitzer index"),
     "plitzer index DATA [--no-lengths]": scaled("plitzer index data/sample --no-lengths"),
+    'plitzer index DATA --where "..."': scaled("plitzer index data/sample --where 'int_score >= 3' --no-lengths"),
+    "plitzer index DATA --where ... --engine ray": synopsis("plitzer index"),
     "plitzer plan": synopsis("plitzer plan"),
     "plitzer plan DATA --lanes --window --world [--epoch] [--table] [--sql] [--format] [--out]": synopsis(
         "plitzer plan"
@@ -168,6 +170,7 @@ RULES: dict[str, Rule] = {
     "python tests/fuzz_parquet.py BASE WORK N SEED": scaled(
         "python tests/fuzz_parquet.py data/sample/part-00000.parquet {scratch}/fuzz 20 2"
     ),
+    "python benchmarks/selection.py --tokens 60000000": scaled("python benchmarks/selection.py --tokens 300000"),
     "python benchmarks/drift.py": scaled("python benchmarks/drift.py --max-windows 200 --new-rule-windows 200"),
     "python benchmarks/memory.py": scaled(f"python benchmarks/memory.py --tokens 2000000 --limit 0.5 {OUT}"),
     "python benchmarks/memory.py --data data/synth-300M": scaled(

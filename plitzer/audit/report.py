@@ -41,6 +41,7 @@ from plitzer.audit.tables import (
     source_repetitions,
 )
 from plitzer.explain import document_pass
+from plitzer.select import select_config
 from plitzer.settings import Keywords, LoaderSettings, make_plan, open_source
 
 if TYPE_CHECKING:
@@ -115,6 +116,7 @@ _SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "Tokens per file and row group": (("tokens_per_file",), ("tokens_per_file", "tokens_per_row_group")),
     "Lane balance and lockstep": (("lane_balance_summary", "lockstep_summary"), ("lane_balance", "lockstep")),
     "Reads": (("reads_per_rank", "read_amplification"), ("reads_per_rank", "read_amplification")),
+    "Selection": (("selection", "selection_per_source"), ()),
     "Duplicate documents": (("duplicates",), ()),
     "Epochs": (("epochs_covered", "epoch_starts"), ()),
 }
@@ -229,6 +231,27 @@ def _reads_section(plan: Plan, cfg: LoaderSettings, windows: Sequence[int] | Non
     figures["read_amplification"] = plot_amplification(amp)
 
 
+def _selection_section(ix: RowGroupIndex, out: _Sections) -> None:
+    """Kept against total rows and tokens, per file and per source (``where=``, plitzer.select)."""
+    tables, _, notes = out
+    f = ix.frame
+    keys = ["source", "file_index", "file"] if "source" in f.columns else ["file_index", "file"]
+    counts = [pl.col(c).sum() for c in ("rows", "rows_selected", "tokens", "tokens_selected")]
+    share = (pl.col("tokens_selected") / pl.col("tokens")).alias("kept_share")
+    tables["selection"] = f.group_by(keys, maintain_order=True).agg(counts).with_columns(share).sort("file_index")
+    if "source" in f.columns:
+        tables["selection_per_source"] = (
+            f.group_by("source", maintain_order=True).agg(counts).with_columns(share).sort("source")
+        )
+    cfg = select_config(ix)
+    kept, total = int(f["tokens_selected"].sum()), int(f["tokens"].sum())
+    emptied = int((f["rows_selected"] == 0).sum())
+    notes["Selection"] = (
+        f"where={cfg['where']!r}: {kept:,} of {total:,} tokens kept ({kept / max(1, total):.1%}); {emptied:,} "
+        "row groups keep no row (they stay in the order, give no token and are never read)."
+    )
+
+
 def _duplicates_section(ix: RowGroupIndex, out: _Sections) -> None:
     tables, _, notes = out
     dup = duplicates(ix)
@@ -270,6 +293,8 @@ def audit(
     if isinstance(plan, MixturePlan):
         _mixture_section(plan, seq_len, max(1, min(20, steps * lanes * seq_len // total + 1)), out)
     _reads_section(plan, cfg, windows, out)
+    if "tokens_selected" in ix.frame.columns:
+        _selection_section(ix, out)
     _duplicates_section(ix, out)
     tables, figures, notes = out
     tables["epochs_covered"] = epochs_covered(total, lanes, seq_len, steps)
