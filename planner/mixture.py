@@ -254,6 +254,7 @@ class Interleave:
         self.total = int(self._tokens.sum())
         self._row_groups = len(self._tokens)
         sizes = idx._rg_base
+        self._rg_base = sizes
         self._sources = [
             _Source(n, self._tokens[int(sizes[i]) : int(sizes[i + 1])], int(sizes[i]), settings.seed)
             for i, n in enumerate(idx.names)
@@ -266,6 +267,7 @@ class Interleave:
         self._consumed = [0] * len(self._sources)  # items of each source's stream taken
         self._stage_given = [0] * len(self._sources)  # tokens of each source in this stage
         self._stage = 0
+        self._stage_first = [0]  # the window at which each stage entered so far began
 
     # -- the stream ----------------------------------------------------------------------
 
@@ -334,6 +336,7 @@ class Interleave:
         if cut < n_win:
             self._stage += 1
             self._stage_given = [0] * len(self._sources)
+            self._stage_first.append(len(self._wtok))
 
     def _append(self, ids: I64, sep: I64, wtok: I64) -> None:
         self._items = np.concatenate([self._items, ids])
@@ -347,6 +350,42 @@ class Interleave:
             left = run - int(self._wstart[-1])
             mean = max(1, self.total // max(1, self._row_groups))
             self._grow(max(1, min(4096, left // (mean * self.settings.window) + 1)))
+
+    def first_window_at(self, run: int) -> int:
+        """The first window (unit) whose first token is at or after run token ``run``."""
+        self._ensure_run(run)
+        return int(np.searchsorted(self._wstart[:-1], run, side="left"))
+
+    def add_stage(self, stage: Stage) -> int:
+        """Append ``stage`` (after every stage so far); the first window it starts at.
+
+        Windows already generated from that one on belong to the new stage: they are
+        dropped, and the merge state (items taken per source, tokens given in the
+        stage in effect) is rewound to that window, so the stream is the one an
+        up-front list of these stages gives. The caller forgets every layout it
+        derived from the dropped windows (docs/design.md, "Live stages").
+        """
+        assert self.seq_len is not None and stage.start > self.stages[-1].start
+        self.stages = (*self.stages, stage)
+        start = stage.start * self.settings.lanes * self.seq_len
+        made = len(self._wtok)
+        cut = int(np.searchsorted(self._wstart[:made], start, side="left"))
+        if cut < made:
+            w = self.settings.window
+            j = int(np.searchsorted(np.array(self._stage_first), cut, side="right")) - 1
+            self._stage_first = self._stage_first[: j + 1]
+            self._stage = j
+            items, tok = self._items[: cut * w], self._tokens[self._items[: cut * w]]
+            srcs = np.searchsorted(self._rg_base, items, side="right") - 1
+            n = len(self._sources)
+            counts = np.bincount(srcs, minlength=n)
+            first = self._stage_first[j] * w
+            gave = np.bincount(srcs[first:], weights=tok[first:], minlength=n)
+            self._consumed = [int(c) for c in counts]
+            self._stage_given = [int(g) for g in gave]
+            self._items, self._sepochs = self._items[: cut * w], self._sepochs[: cut * w]
+            self._wtok, self._wstart = self._wtok[:cut], self._wstart[: cut + 1]
+        return cut if cut < made else self.first_window_at(start)
 
     # -- epochs and units ----------------------------------------------------------------
 
@@ -431,6 +470,23 @@ class MixturePlan(Plan):
             f"MixturePlan({len(self.names)} sources, {self.dataset.row_groups} row groups, {self.tokens:,} tokens, "
             f"seed={s.seed}, lanes={s.lanes}, window={s.window}, world={s.world}, stages={len(self.stages)})"
         )
+
+    def add_stage(self, stage: Stage) -> int:
+        """Append a stage (a live change, docs/design.md "Live stages"); the first window (unit) it starts at.
+
+        The plan then is the one made with every stage from the start: the windows
+        from that unit on are planned again, and the cached epoch layouts are dropped.
+        """
+        if not isinstance(self.order, Interleave):
+            msg = f"weights of a mixture of one source ({self.names[0]!r}) cannot change: it has nothing to mix"
+            raise ConfigError(msg)
+        if self.seq_len is None:
+            msg = "weights in stages start at global steps: give seq_len= to place them (tokens per step)"
+            raise ConfigError(msg)
+        unit = self.order.add_stage(stage)
+        self.stages = self.order.stages
+        self._epochs.clear()
+        return unit
 
     # -- tables ------------------------------------------------------------------------------
 

@@ -267,6 +267,24 @@ class Scanner:
         unit = int(first.min())
         self._next = self._released = self._wanted = unit
 
+    def replan_from(self, unit: int) -> None:
+        """The plan changed from ``unit`` on (a live stage): forget those units, read and pack them again.
+
+        Units before ``unit`` are untouched (lanes may be inside them); a unit read
+        ahead past the change holds row groups of the old plan and is dropped, so
+        prefetch never commits the stream (docs/design.md, "Live stages").
+        """
+        with self._lock:
+            for x in [x for x in self._units if x >= unit]:
+                self._drop(self._units.pop(x))
+            for x in [x for x in self._reads if x >= unit]:
+                del self._reads[x]
+        if unit <= self._first_max:  # the resumed lanes' windows may have moved
+            rows = lane_positions(self.plan, self._from_step, self.seq_len, self.lanes, self.rank_lanes)
+            self._first = np.array([self.plan.unit(int(e), int(w)) for e, w in rows[:, 1:3].tolist()], np.int64)
+            self._first_max = int(self._first.max())
+        self._next = min(self._next, max(unit, self._released))
+
     def _plan_reads(self, unit: int) -> _Reads:
         got = self._reads.get(unit)
         if got is not None:

@@ -30,6 +30,7 @@ True
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from collections.abc import Iterator, Mapping
@@ -339,6 +340,41 @@ class Dataset(IterableDataset[Batch]):
             "epoch": epoch_of_step(step, lanes=s.lanes, seq_len=s.seq_len, tokens=self._loader.tokens),
         }
 
+    def set_weights(self, weights: Mapping[str, Any] | None, at_step: int | None = None) -> int:
+        """Append a stage to the mixture (:meth:`plitzer.Loader.set_weights`); the step it starts at.
+
+        Collective when ``world > 1``: every rank calls it at the same step with the
+        same weights and ``at_step``. One small all-gather checks that (the step, the
+        weights and ``at_step`` of every rank); a mismatch is a ConfigError on every
+        rank naming what each rank asked for, and no rank changes its mixture.
+        """
+        if self.world > 1 and _dist_ready():
+            call = json.dumps([self.step, at_step, _weights_key(weights)], separators=(",", ":")).encode()
+            calls = self._all_gather_bytes(call)
+            if len(set(calls)) > 1:
+                each = "; ".join(f"rank {r}: {c.decode()}" for r, c in enumerate(calls))
+                msg = (
+                    "set_weights() differs across ranks ([step, at_step, weights] per rank: "
+                    f"{each}); every rank must make the same call at the same step"
+                )
+                raise ConfigError(msg)
+        return self._loader.set_weights(weights, at_step)
+
+    def _all_gather_bytes(self, payload: bytes) -> list[bytes]:
+        """Every process's ``payload`` in the group, in process order (two all-gathers: sizes, bytes)."""
+        group = self._group
+        n = dist.get_world_size(group)
+        dev = _collective_device(group)
+        size = torch.tensor([len(payload)], dtype=torch.int64, device=dev)
+        sizes = [torch.empty_like(size) for _ in range(n)]
+        dist.all_gather(sizes, size, group=group)
+        lengths = [int(x.item()) for x in sizes]
+        buf = torch.zeros(max(lengths), dtype=torch.uint8, device=dev)
+        buf[: len(payload)] = torch.from_numpy(np.frombuffer(payload, dtype=np.uint8).copy()).to(dev)
+        bufs = [torch.empty_like(buf) for _ in range(n)]
+        dist.all_gather(bufs, buf, group=group)
+        return [bytes(b[:k].cpu().numpy()) for b, k in zip(bufs, lengths, strict=True)]
+
     def load_state_dict(self, state: Mapping[str, Any] | bytes | bytearray | memoryview | torch.Tensor) -> None:
         """Resume from a ``state_dict()`` (or its bytes) taken at any world size."""
         self._loader.resume(_checkpoint_bytes(state))
@@ -418,6 +454,13 @@ class Dataset(IterableDataset[Batch]):
             f"plitzer.torch.Dataset(step={self.step}, epoch={self.epoch}, lanes={s.lanes}, seq_len={s.seq_len}, "
             f"window={s.window}, rank={s.rank}, world={s.world})"
         )
+
+
+def _weights_key(weights: object) -> object:
+    """A JSON form of ``set_weights``' weights to compare across ranks (no parsing: that is the loader's)."""
+    if isinstance(weights, Mapping):
+        return sorted([str(k), repr(v)] for k, v in weights.items())
+    return repr(weights)
 
 
 def _checkpoint_bytes(state: object) -> bytes:
