@@ -19,6 +19,8 @@ import plitzer.audit
 from plitzer import live
 from tests.conftest import tokens_of
 
+SETTINGS = {"seed": 5, "lanes": 4, "window": 2, "seq_len": 32}  # tests/live_worker.py
+TWO_W0 = {"a": 1, "b": 1}
 CFG = {"seed": 3, "lanes": 8, "window": 2, "seq_len": 32}
 W0 = {"books": 1, "code": 1, "web": 2}
 
@@ -176,3 +178,44 @@ def test_recorded_in_checkpoint_plan_tables_explain_and_audit(three: dict[str, s
     t = batches[-1].step
     got = plitzer.explain(three, t, weights=state.config["stages"], **CFG)
     assert got.drop("step").equals(batches[-1].documents().drop("batch_row"))
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("live-two")
+    for i, name in enumerate(("a", "b")):
+        plitzer.synth.write(root / name, tokens=20_000, seed=20 + i, docs_per_row_group=8, row_groups_per_file=4)
+        plitzer.index(root / name)  # the index cache, filled before the processes start
+    return {n: str(root / n) for n in ("a", "b")}
+
+
+def test_grain_set_weights_and_state_across_worlds(two: dict[str, str]) -> None:
+    """Grain: the iterator's and the dataset's set_weights equal the loader's; a state after the
+    change resumes at another world in iterators built with the first weights only."""
+    pytest.importorskip("grain")
+    import plitzer.grain
+
+    change = {"a": 3, "b": 1}
+    ds = plitzer.grain.Dataset(two, weights=TWO_W0, num_epochs=None, **SETTINGS)
+    it = iter(ds)
+    with plitzer.Loader(two, weights=TWO_W0, **SETTINGS) as ld:
+        for _ in range(5):
+            next(it), ld.next_batch()
+        at = ds.set_weights(change)
+        assert at == ld.set_weights(change)
+        for _ in range(8):
+            np.testing.assert_array_equal(next(it)["tokens"], tokens_of(ld.next_batch()))
+        state = it.get_state()
+        later = iter(ds)  # a new iterator of the dataset has the stage too, from step 0
+        assert later.loader.config["stages"] == ld.config["stages"]
+        later.close()
+        rest = [tokens_of(ld.next_batch()) for _ in range(6)]
+    parts = []
+    for r in range(2):
+        other = iter(plitzer.grain.Dataset(two, weights=TWO_W0, num_epochs=None, rank=r, world=2, **SETTINGS))
+        other.set_state(state)
+        parts.append([next(other)["tokens"] for _ in range(6)])
+        other.close()
+    for t in range(6):
+        np.testing.assert_array_equal(np.concatenate([parts[0][t], parts[1][t]]), rest[t])
+    it.close()
