@@ -121,6 +121,11 @@ class _Reads:
     row_groups: I64
     token_start: I64
     estimate: int
+    window_tokens: int
+    window_z: int
+    lane_base: I64
+    keep: NDArray[np.bool_] | None  # the rank's lanes that need the unit (None: all)
+    from_step: int  # the first step packed
 
 
 @dataclass(eq=False, slots=True)
@@ -303,7 +308,20 @@ class Scanner:
                 seq_len=self.seq_len,
             )
         )
-        got = _Reads(epoch, window, rgs, ep.token_start[positions], est)
+        # What the pack needs from the plan is taken here, in the consumer thread: the
+        # plan of a mixture changes under set_weights, so reader threads never read it.
+        got = _Reads(
+            epoch,
+            window,
+            rgs,
+            ep.token_start[positions],
+            est,
+            int(ep.window_tokens[window]),
+            int(ep.window_z[window]),
+            self.lane_base(unit),
+            self._needed(unit),
+            self._from_step if unit <= self._first_max else 0,
+        )
         self._reads[unit] = got
         return got
 
@@ -381,7 +399,6 @@ class Scanner:
         """Worker: PACKING -> READY (or FAILED)."""
         r = u.reads
         s = self.plan.settings
-        keep = self._needed(u.unit)
         try:
             chunks = list(u.chunks)
             assert all(c is not None for c in chunks)
@@ -389,19 +406,19 @@ class Scanner:
                 chunks,
                 [int(x) for x in r.token_start],
                 [int(self._doc_base[g]) for g in r.row_groups],
-                window_tokens=int(self.plan.epoch(r.epoch).window_tokens[r.window]),
-                window_z=int(self.plan.epoch(r.epoch).window_z[r.window]),
+                window_tokens=r.window_tokens,
+                window_z=r.window_z,
                 lanes=s.lanes,
                 rank_lanes=self.rank_lanes,
-                lane_base=self.lane_base(u.unit),
+                lane_base=r.lane_base,
                 seq_len=self.seq_len,
                 seed=s.seed,
                 epoch=r.epoch,
                 window=r.window,
                 unit=u.unit,
                 dtype=self._dtype,
-                keep=keep,
-                from_step=self._from_step if u.unit <= self._first_max else 0,
+                keep=r.keep,
+                from_step=r.from_step,
             )
         except BaseException as e:
             with self._lock:

@@ -29,7 +29,9 @@ W0 = {"books": 1, "code": 1, "web": 2}
 def three(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("live")
     for i, (name, tokens) in enumerate([("books", 20_000), ("code", 40_000), ("web", 80_000)]):
-        plitzer.synth.write(root / name, tokens=tokens, seed=i, docs_per_row_group=8, row_groups_per_file=4)
+        plitzer.synth.write(
+            root / name, tokens=tokens, seed=i, docs_per_row_group=8, row_groups_per_file=8, mean_length=60
+        )
     return {n: str(root / n) for n in ("books", "code", "web")}
 
 
@@ -68,7 +70,7 @@ calls_st = st.lists(
 
 @given(calls=calls_st, world=st.sampled_from([1, 2, 4]))
 def test_live_calls_equal_the_stages_given_up_front(three: dict[str, str], calls, world: int) -> None:
-    steps = 60
+    steps = 45
     got, stages, _ = _live_run(three, world, calls, steps)
     with plitzer.Loader(three, weights=stages, **CFG) as ref:
         want = _steps([ref], steps)
@@ -184,7 +186,9 @@ def test_recorded_in_checkpoint_plan_tables_explain_and_audit(three: dict[str, s
 def two(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("live-two")
     for i, name in enumerate(("a", "b")):
-        plitzer.synth.write(root / name, tokens=20_000, seed=20 + i, docs_per_row_group=8, row_groups_per_file=4)
+        plitzer.synth.write(
+            root / name, tokens=20_000, seed=20 + i, docs_per_row_group=8, row_groups_per_file=8, mean_length=60
+        )
         plitzer.index(root / name)  # the index cache, filled before the processes start
     return {n: str(root / n) for n in ("a", "b")}
 
@@ -219,3 +223,83 @@ def test_grain_set_weights_and_state_across_worlds(two: dict[str, str]) -> None:
     for t in range(6):
         np.testing.assert_array_equal(np.concatenate([parts[0][t], parts[1][t]]), rest[t])
     it.close()
+
+
+def test_a_source_added_at_a_zero_weight_past(three: dict[str, str]) -> None:
+    """A checkpoint of books+code resumes with web added (weight 0 up to the checkpoint's step):
+    books and code go on where they stopped, web starts its first epoch at its stage, and the run
+    is the one made with web (at weight 0) from the start."""
+    old = {n: three[n] for n in ("books", "code")}
+    w_old = {"books": 1, "code": 1}
+    stages = [(0, {**w_old, "web": 0}), (60, {"books": 1, "code": 1, "web": 2})]
+    with plitzer.Loader(three, weights=stages, **CFG) as fresh:
+        want = [fresh.next_batch() for _ in range(140)]
+        shares = plitzer.audit.mixture_shares(fresh.plan, seq_len=CFG["seq_len"], epochs=1)
+        sizes = fresh.plan.index.group_by("source").agg(pl.col("tokens").max()).rows()
+    for c in (0, 17, 41):
+        with plitzer.Loader(old, weights=w_old, **CFG) as a:
+            head = _steps([a], c)
+            state = a.checkpoint()
+        for t in range(c):
+            np.testing.assert_array_equal(head[t], tokens_of(want[t]))
+        for world in (1, 2):
+            loaders = [plitzer.Loader(three, weights=stages, world=world, rank=r, **CFG) for r in range(world)]
+            for ld in loaders:
+                ld.resume(state)
+            got = _steps(loaders, 140 - c)
+            for ld in loaders:
+                ld.close()
+            for t in range(140 - c):
+                np.testing.assert_array_equal(got[t], tokens_of(want[c + t]), err_msg=f"added at {c}, step {c + t}")
+    # web's share follows its stage: within one of its row groups of the target, in tokens.
+    web = shares.filter((pl.col("stage") == 1) & (pl.col("source") == "web"))
+    largest = dict(sizes)["web"]
+    assert web.height > 3 and web["target_share"][0] == pytest.approx(0.5)
+    assert shares.filter((pl.col("stage") == 0) & (pl.col("source") == "web"))["delivered_share"].max() == 0
+    with plitzer.Loader(three, weights=stages, **CFG) as ld:
+        starts = ld.plan.window_starts(int(shares["window"].max()) + 2)
+    for row in web.iter_rows(named=True):
+        delivered = row["delivered_share"] * (starts[row["window"] + 1] - starts[web["window"][0]])
+        target = row["target_share"] * (starts[row["window"] + 1] - starts[web["window"][0]])
+        assert target - largest <= delivered <= target + 3 * largest, row
+
+
+def test_a_source_added_then_weighted_live_and_refusals(three: dict[str, str]) -> None:
+    old = {n: three[n] for n in ("books", "code")}
+    w_old = {"books": 1, "code": 1}
+    with plitzer.Loader(old, weights=w_old, **CFG) as a:
+        _steps([a], 20)
+        state = a.checkpoint()
+    # The new source joins at weight 0, then weighs in from the earliest step allowed.
+    with plitzer.Loader(three, weights={**w_old, "web": 0}, **CFG) as b:
+        b.resume(state)
+        at = b.set_weights({"books": 1, "code": 1, "web": 2})
+        docs = pl.concat([b.next_batch().documents() for _ in range(60)])
+        config = b.config
+    assert [n for n, _ in config["sources"]] == ["books", "code", "web"]
+    assert docs.filter(pl.col("source") == "web").height > 0
+    with plitzer.Loader(three, weights=[(0, {**w_old, "web": 0}), (at, {"books": 1, "code": 1, "web": 2})], **CFG) as c:
+        c.seek(20)
+        want = pl.concat([c.next_batch().documents() for _ in range(60)])
+    assert docs.equals(want)
+    # A source that weighs something before the checkpoint's step is refused, naming it.
+    with plitzer.Loader(three, weights={"books": 1, "code": 1, "web": 1}, **CFG) as d:
+        with pytest.raises(plitzer.CheckpointError, match="source 'web' is not in the checkpoint"):
+            d.resume(state)
+    # Removing a source is a stage of weight 0; leaving it out of the sources is refused.
+    with plitzer.Loader({"books": three["books"]}, **CFG) as e:
+        with pytest.raises(plitzer.CheckpointError, match="sources: checkpoint"):
+            e.resume(state)
+
+
+def test_a_source_added_past_the_first_mixture_epoch_inside_a_window_is_refused(three: dict[str, str]) -> None:
+    """The mixture's epoch counts the new source's tokens, so windows after the first epoch change
+    labels; a lane inside such a window cannot keep its shuffled pieces, and the resume says so."""
+    old = {n: three[n] for n in ("books", "code")}
+    with plitzer.Loader(old, weights={"books": 1, "code": 1}, **CFG) as a:
+        a.seek(3 * a.tokens // (2 * CFG["lanes"] * CFG["seq_len"]))  # inside mixture epoch 1
+        assert plitzer.state.decode(a.checkpoint()).positions[:, 1].min() == 1
+        state = a.checkpoint()
+    with plitzer.Loader(three, weights={"books": 1, "code": 1, "web": 0}, **CFG) as b:
+        with pytest.raises(plitzer.CheckpointError, match="once the new sources count in the mixture's epoch"):
+            b.resume(state)
