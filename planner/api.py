@@ -21,7 +21,7 @@ from planner.errors import ConfigError
 from planner.mixture import MixtureIndex, MixturePlan, mixture_index
 from planner.plan import Plan, PlanSettings
 from planner.rowgroups import RowGroupIndex
-from planner.sources import Weights, parse_stages
+from planner.sources import SourceSpec, Weights, parse_stages
 
 __all__ = ["PathSource", "Source", "make_plan", "open_index", "plan"]
 
@@ -49,20 +49,22 @@ def open_index(
     storage_options: Mapping[str, Any] | None = None,
     weights: Weights = None,
     text: Callable[[PathSource], Index] | None = None,
+    text_source: Callable[[SourceSpec], Index] | None = None,
 ) -> RowGroupIndex:
     """The index of ``source``: a mixture's for a dict, the given one for an index, else a dataset's.
 
     ``weights`` belong to named sources only. ``text`` indexes a text source (plitzer
     passes its tokenizer's ``text_index`` here); it takes a path source only.
+    ``text_source`` indexes a mixture's text source (one whose dict has a ``tokenizer``).
     """
     if isinstance(source, (Mapping, MixtureIndex)):
         if text is not None:
             msg = (
-                "tokenizer= with a mixture: tokenize each text source first (plitzer tokenize SRC DST) and mix "
-                "the token datasets"
+                "tokenizer= with a mixture: give each text source its own, e.g. {'web': {'path': 'data/web', "
+                "'tokenizer': 'tok.json', 'text_column': 'text'}, 'code': 'data/code'}"
             )
             raise ConfigError(msg)
-        return mixture_index(source, column=column, storage_options=storage_options)
+        return mixture_index(source, column=column, storage_options=storage_options, text=text_source)
     if weights is not None:
         msg = "weights= needs named sources: pass a dict such as {'web': 'data/web', 'code': 'data/code'}"
         raise ConfigError(msg)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -194,12 +194,28 @@ def mixture_index(
     *,
     column: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    text: Callable[[SourceSpec], Index] | None = None,
 ) -> MixtureIndex:
-    """Index every source of a dict of named sources (footers only, cached)."""
+    """Index every source of a dict of named sources (footers only, cached).
+
+    A text source (one with a ``tokenizer``) is indexed by ``text``, which plitzer
+    passes (its counting pass tokenizes, so it is not planner's to run).
+    """
     if isinstance(sources, MixtureIndex):
         return sources
     specs = source_specs(sources, column=column, storage_options=storage_options)
-    parts = [ensure_index(s.path, column=s.column, storage_options=s.storage_options) for s in specs]
+    parts = []
+    for s in specs:
+        if s.text is None:
+            parts.append(ensure_index(s.path, column=s.column, storage_options=s.storage_options))
+        elif text is None:
+            msg = (
+                f"source {s.name!r} is text (tokenizer=): its token counts come from a tokenizing pass, which "
+                "planner does not run; plan it through plitzer (plitzer.Loader(...).plan)"
+            )
+            raise ConfigError(msg)
+        else:
+            parts.append(text(s))
     return MixtureIndex(specs, parts)
 
 

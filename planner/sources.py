@@ -23,18 +23,25 @@ from planner.errors import ConfigError
 __all__ = ["SourceSpec", "Stage", "Weights", "parse_stages", "source_specs"]
 
 Weights = Mapping[str, Any] | Sequence[tuple[int, Mapping[str, Any]]] | None
-_SOURCE_KEYS = {"path", "column", "storage_options"}
+_TEXT_KEYS = ("text_column", "tokenizer", "add_eos", "add_bos")
+_SOURCE_KEYS = {"path", "column", "storage_options", *_TEXT_KEYS}
 _MAX_TOTAL_WEIGHT = 1 << 24
 
 
 @dataclass(frozen=True, slots=True)
 class SourceSpec:
-    """One named source: a path (or list of paths), its token column and storage options."""
+    """One named source: a path (or list of paths), its token column and storage options.
+
+    ``text`` holds a text source's ``tokenizer`` and optionally ``text_column``,
+    ``add_eos`` and ``add_bos`` (SPEC section 9), as given: planner reads footers only,
+    so plitzer indexes such a source (``plitzer.text``); None for token data.
+    """
 
     name: str
     path: str | list[str]
     column: str | None = None
     storage_options: Mapping[str, Any] | None = None
+    text: Mapping[str, Any] | None = None
 
 
 def source_specs(
@@ -60,14 +67,22 @@ def source_specs(
             if extra or "path" not in value:
                 msg = (
                     f"source {name!r}: {sorted(extra) if extra else 'no path'}; a source is a path or a dict with "
-                    f"'path' and optionally 'column' and 'storage_options'"
+                    f"'path' and optionally 'column' and 'storage_options' (a text source: 'tokenizer' and "
+                    "optionally 'text_column', 'add_eos', 'add_bos')"
                 )
                 raise ConfigError(msg)
             path = value["path"]
             col = value.get("column", column)
             opts = value.get("storage_options", storage_options)
+            text = {k: value[k] for k in _TEXT_KEYS if k in value} or None
+            if text is not None and text.get("tokenizer") is None:
+                msg = (
+                    f"source {name!r}: {sorted(text)} without a tokenizer; a text source needs 'tokenizer' "
+                    "(SPEC section 9), a token source none of these keys"
+                )
+                raise ConfigError(msg)
         else:
-            path, col, opts = value, column, storage_options
+            path, col, opts, text = value, column, storage_options, None
         if isinstance(path, (str, os.PathLike)):
             path = os.fspath(path)
         elif isinstance(path, Sequence) and all(isinstance(p, (str, os.PathLike)) for p in path):
@@ -75,7 +90,7 @@ def source_specs(
         else:
             msg = f"source {name!r}: path {path!r} must be a path, an s3:// URL or a list of them"
             raise ConfigError(msg)
-        specs.append(SourceSpec(name=name, path=path, column=col, storage_options=opts))
+        specs.append(SourceSpec(name=name, path=path, column=col, storage_options=opts, text=text))
     return specs
 
 

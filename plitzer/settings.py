@@ -25,10 +25,11 @@ from typing import Any, TypedDict
 
 from planner import api
 from planner.api import Source, open_index
+from planner.dataset import Index
 from planner.errors import ConfigError
 from planner.plan import Plan, PlanSettings, check_int
 from planner.rowgroups import RowGroupIndex
-from planner.sources import Weights
+from planner.sources import SourceSpec, Weights
 
 __all__ = ["Keywords", "LoaderSettings", "Source", "default_threads", "make_plan", "open_source"]
 
@@ -153,7 +154,29 @@ def open_source(source: Source, settings: LoaderSettings) -> RowGroupIndex:
             add_bos=s.add_bos,
             storage_options=s.storage_options,
         )
-    return open_index(source, column=s.column, storage_options=s.storage_options, weights=s.weights, text=text)
+    return open_index(
+        source,
+        column=s.column,
+        storage_options=s.storage_options,
+        weights=s.weights,
+        text=text,
+        text_source=_text_source,
+    )
+
+
+def _text_source(spec: SourceSpec) -> Index:
+    """A mixture's text source, counted with its own tokenizer (``plitzer.text``)."""
+    from plitzer.text import text_index
+
+    t = dict(spec.text or {})
+    return text_index(
+        spec.path,
+        tokenizer=t["tokenizer"],
+        text_column=t.get("text_column", "text"),
+        add_eos=t.get("add_eos", True),
+        add_bos=t.get("add_bos", False),
+        storage_options=spec.storage_options,
+    )
 
 
 def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:
