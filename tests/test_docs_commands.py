@@ -164,6 +164,7 @@ RULES: dict[str, Rule] = {
     "python docs/examples/train_tiny.py": R,
     "python docs/examples/train_tiny.py DATA_DIR": scaled("python docs/examples/train_tiny.py data/sample"),
     "torchrun --nproc-per-node 2 docs/examples/train_tiny.py": R,
+    "python docs/examples/loss_mixing.py": R,
     # benchmarks and offline checks, at small sizes
     "python tests/fuzz_parquet.py BASE WORK N SEED": scaled(
         "python tests/fuzz_parquet.py data/sample/part-00000.parquet {scratch}/fuzz 20 2"
@@ -319,5 +320,7 @@ def test_documented_command_runs(command: str, scratch: Path) -> None:
     assert r.returncode == 0, f"{command!r} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     if "train_tiny" in command:
         assert "ok: the resumed run equals the uninterrupted one" in r.stdout, r.stdout + r.stderr
+    if "loss_mixing" in command:
+        assert "ok: two runs with the same losses are identical" in r.stdout, r.stdout + r.stderr
     if command.startswith("torchrun"):
         assert r.stdout.count("ok: the resumed run equals") == 1, r.stdout  # printed by rank 0, both ranks agree

@@ -8,6 +8,8 @@ the change must show in checkpoints, plan tables, explain and the audit.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 import pytest
@@ -303,3 +305,27 @@ def test_a_source_added_past_the_first_mixture_epoch_inside_a_window_is_refused(
     with plitzer.Loader(three, weights={"books": 1, "code": 1, "web": 0}, **CFG) as b:
         with pytest.raises(plitzer.CheckpointError, match="once the new sources count in the mixture's epoch"):
             b.resume(state)
+
+
+def test_loss_mixing_example(three: dict[str, str]) -> None:
+    """docs/examples/loss_mixing.py: the same losses make the same calls and batches; a resume between
+    changes goes on with them; its per-source losses count every token of the batch once."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "examples" / "loss_mixing.py"
+    spec = importlib.util.spec_from_file_location("loss_mixing", path)
+    assert spec is not None and spec.loader is not None
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    first, stages, saved = ex.train(three, 40, 10, save_at=20)
+    again, stages2, _ = ex.train(three, 40, 10)
+    assert len(stages) == 4 and stages == stages2 and len({str(w) for _, w in stages}) > 1
+    assert all(np.array_equal(x, y) for x, y in zip(first, again, strict=True))
+    resumed, stages3, _ = ex.train(three, 40, 10, resume=saved)
+    assert stages3 == stages and all(np.array_equal(x, y) for x, y in zip(resumed, first[20:], strict=True))
+    with plitzer.Loader(three, weights=[(0, dict.fromkeys(three, 1)), *stages[:-1]], **ex.SETTINGS) as ld:
+        batch = ld.next_batch()
+        got = ex.source_losses(batch, np.ones((ex.SETTINGS["lanes"], ex.SETTINGS["seq_len"])))
+        assert sum(n for _, n in got.values()) == ex.SETTINGS["lanes"] * ex.SETTINGS["seq_len"]
+        counts = batch.documents().group_by("source").agg(pl.sum("length")).rows()
+        assert {s: n for s, (_, n) in got.items()} == dict(counts)
