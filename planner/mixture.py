@@ -284,6 +284,7 @@ class Interleave:
         self._stage_given = [0] * len(self._sources)  # tokens of each source in this stage
         self._stage = 0
         self._stage_first = [0]  # the window at which each stage entered so far began
+        self._stage_consumed = [[0] * len(self._sources)]  # and the items each source had given then
 
     # -- the stream ----------------------------------------------------------------------
 
@@ -353,6 +354,7 @@ class Interleave:
             self._stage += 1
             self._stage_given = [0] * len(self._sources)
             self._stage_first.append(len(self._wtok))
+            self._stage_consumed.append(list(self._consumed))
 
     def _append(self, ids: I64, sep: I64, wtok: I64) -> None:
         self._items = np.concatenate([self._items, ids])
@@ -373,7 +375,7 @@ class Interleave:
         return int(np.searchsorted(self._wstart[:-1], run, side="left"))
 
     def add_stage(self, stage: Stage) -> int:
-        """Append ``stage`` (after every stage so far); the first window it starts at.
+        """Append ``stage`` (after every stage so far); the first unit (window) it can change.
 
         Windows already generated from that one on belong to the new stage: they are
         dropped, and the merge state (items taken per source, tokens given in the
@@ -387,21 +389,25 @@ class Interleave:
         made = len(self._wtok)
         cut = int(np.searchsorted(self._wstart[:made], start, side="left"))
         if cut < made:
+            # Rewind to window `cut`: the stage in effect there, and what each source had
+            # given by then (counted from that stage's first window, so a live change
+            # costs the items of the current stage, not of the run).
             w = self.settings.window
             j = int(np.searchsorted(np.array(self._stage_first), cut, side="right")) - 1
-            self._stage_first = self._stage_first[: j + 1]
+            self._stage_first, self._stage_consumed = self._stage_first[: j + 1], self._stage_consumed[: j + 1]
             self._stage = j
-            items, tok = self._items[: cut * w], self._tokens[self._items[: cut * w]]
+            items = self._items[self._stage_first[j] * w : cut * w]
             srcs = np.searchsorted(self._rg_base, items, side="right") - 1
             n = len(self._sources)
             counts = np.bincount(srcs, minlength=n)
-            first = self._stage_first[j] * w
-            gave = np.bincount(srcs[first:], weights=tok[first:], minlength=n)
-            self._consumed = [int(c) for c in counts]
+            gave = np.bincount(srcs, weights=self._tokens[items], minlength=n)
+            self._consumed = [int(a) + int(c) for a, c in zip(self._stage_consumed[j], counts, strict=True)]
             self._stage_given = [int(g) for g in gave]
             self._items, self._sepochs = self._items[: cut * w], self._sepochs[: cut * w]
             self._wtok, self._wstart = self._wtok[:cut], self._wstart[: cut + 1]
-        return cut if cut < made else self.first_window_at(start)
+        # Windows not generated yet are generated under the new stage: the first unit a
+        # change can touch is the first one not generated (nothing has planned it).
+        return min(cut, made)
 
     # -- epochs and units ----------------------------------------------------------------
 
@@ -488,7 +494,7 @@ class MixturePlan(Plan):
         )
 
     def add_stage(self, stage: Stage) -> int:
-        """Append a stage (a live change, docs/design.md "Live stages"); the first window (unit) it starts at.
+        """Append a stage (a live change, docs/design.md "Live stages"); the first unit it can change.
 
         The plan then is the one made with every stage from the start: the windows
         from that unit on are planned again, and the cached epoch layouts are dropped.

@@ -20,6 +20,7 @@ import plitzer
 import plitzer.audit
 from plitzer import live
 from tests.conftest import tokens_of
+from tests.test_mixture import _share_bounds
 
 SETTINGS = {"seed": 5, "lanes": 4, "window": 2, "seq_len": 32}  # tests/live_worker.py
 TWO_W0 = {"a": 1, "b": 1}
@@ -79,6 +80,26 @@ def test_live_calls_equal_the_stages_given_up_front(three: dict[str, str], calls
         assert ref.config["stages"] == [[s, w] for s, w in _reduced(ref, stages)]
     for t in range(steps):
         np.testing.assert_array_equal(got[t], want[t], err_msg=f"step {t}, world {world}, stages {stages}")
+
+
+@given(calls=calls_st, k=st.integers(0, 40), world=st.sampled_from([1, 2, 4]))
+def test_resume_after_live_changes_at_another_world(three: dict[str, str], calls, k: int, world: int) -> None:
+    """A checkpoint taken at any step after live changes resumes, at another world size in loaders
+    built with the first weights only, into the batches of the stages given up front."""
+    made = [c for c in calls if c[0] <= k]
+    _, stages, state = _live_run(three, 1, made, k)
+    loaders = [plitzer.Loader(three, weights=W0, world=world, rank=r, **CFG) for r in range(world)]
+    try:
+        for ld in loaders:
+            ld.resume(state)
+        got = _steps(loaders, 8)
+    finally:
+        for ld in loaders:
+            ld.close()
+    with plitzer.Loader(three, weights=stages, **CFG) as ref:
+        ref.seek(k)
+        for t in range(8):
+            np.testing.assert_array_equal(got[t], tokens_of(ref.next_batch()), err_msg=f"resume at {k}, +{t}")
 
 
 def _reduced(loader: plitzer.Loader, stages):
@@ -237,7 +258,6 @@ def test_a_source_added_at_a_zero_weight_past(three: dict[str, str]) -> None:
     with plitzer.Loader(three, weights=stages, **CFG) as fresh:
         want = [fresh.next_batch() for _ in range(140)]
         shares = plitzer.audit.mixture_shares(fresh.plan, seq_len=CFG["seq_len"], epochs=1)
-        sizes = fresh.plan.index.group_by("source").agg(pl.col("tokens").max()).rows()
     for c in (0, 17, 41):
         with plitzer.Loader(old, weights=w_old, **CFG) as a:
             head = _steps([a], c)
@@ -253,17 +273,14 @@ def test_a_source_added_at_a_zero_weight_past(three: dict[str, str]) -> None:
                 ld.close()
             for t in range(140 - c):
                 np.testing.assert_array_equal(got[t], tokens_of(want[c + t]), err_msg=f"added at {c}, step {c + t}")
-    # web's share follows its stage: within one of its row groups of the target, in tokens.
+    # web's share follows its stage, within the bounds of SPEC 8 (docs/design.md), window after window.
     web = shares.filter((pl.col("stage") == 1) & (pl.col("source") == "web"))
-    largest = dict(sizes)["web"]
     assert web.height > 3 and web["target_share"][0] == pytest.approx(0.5)
     assert shares.filter((pl.col("stage") == 0) & (pl.col("source") == "web"))["delivered_share"].max() == 0
-    with plitzer.Loader(three, weights=stages, **CFG) as ld:
-        starts = ld.plan.window_starts(int(shares["window"].max()) + 2)
-    for row in web.iter_rows(named=True):
-        delivered = row["delivered_share"] * (starts[row["window"] + 1] - starts[web["window"][0]])
-        target = row["target_share"] * (starts[row["window"] + 1] - starts[web["window"][0]])
-        assert target - largest <= delivered <= target + 3 * largest, row
+    with plitzer.Loader(three, weights={**w_old, "web": 0}, **CFG) as b:
+        b.resume(state)
+        b.set_weights({"books": 1, "code": 1, "web": 2}, at_step=60)
+        _share_bounds(b.plan, 2)
 
 
 def test_a_source_added_then_weighted_live_and_refusals(three: dict[str, str]) -> None:
