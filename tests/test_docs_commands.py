@@ -174,6 +174,10 @@ RULES: dict[str, Rule] = {
     "python benchmarks/memory.py --data data/synth-300M": scaled(
         f"python benchmarks/memory.py --data data/synth-300M --limit 0.5 --budgets floor,256 {OUT}"
     ),
+    "python benchmarks/live_mixing.py --tokens 20000000 --lanes 64 --every 50": scaled(
+        "python benchmarks/live_mixing.py --tokens 1000000 --lanes 16 --seq-len 256 --every 5 --repeat 1 "
+        "--row-groups 300 --epochs 3 --data {scratch}/mix"
+    ),
     "python benchmarks/mixture.py --tokens 20000000 --row-groups 30000 --epochs 100": scaled(
         "python benchmarks/mixture.py --tokens 1000000 --row-groups 300 --epochs 3 --repeat 1 --data {scratch}/mix",
     ),
