@@ -30,6 +30,7 @@ True
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import warnings
@@ -344,36 +345,32 @@ class Dataset(IterableDataset[Batch]):
         """Append a stage to the mixture (:meth:`plitzer.Loader.set_weights`); the step it starts at.
 
         Collective when ``world > 1``: every rank calls it at the same step with the
-        same weights and ``at_step``. One small all-gather checks that (the step, the
-        weights and ``at_step`` of every rank); a mismatch is a ConfigError on every
-        rank naming what each rank asked for, and no rank changes its mixture.
+        same weights and ``at_step``. One small all-gather (the step, ``at_step`` and a
+        hash of the weights: six int64 per process) checks that; a mismatch is a
+        ConfigError on every rank naming what each rank asked for, and no rank changes
+        its mixture.
         """
         if self.world > 1 and _dist_ready():
-            call = json.dumps([self.step, at_step, _weights_key(weights)], separators=(",", ":")).encode()
-            calls = self._all_gather_bytes(call)
-            if len(set(calls)) > 1:
-                each = "; ".join(f"rank {r}: {c.decode()}" for r, c in enumerate(calls))
+            key = json.dumps(_weights_key(weights), separators=(",", ":")).encode()
+            digest = np.frombuffer(hashlib.sha256(key).digest(), dtype="<i8").tolist()
+            group = self._group
+            dev = _collective_device(group)
+            mine = torch.tensor([self.step, -1 if at_step is None else at_step, *digest], dtype=torch.int64, device=dev)
+            calls = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(calls, mine, group=group)
+            got = [tuple(int(v) for v in c.cpu().tolist()) for c in calls]
+            if len(set(got)) > 1:
+                kinds = {k: i + 1 for i, k in enumerate(dict.fromkeys(c[2:] for c in got))}
+                each = "; ".join(
+                    f"rank {r}: step {c[0]}, at_step {None if c[1] < 0 else c[1]}, weights #{kinds[c[2:]]}"
+                    for r, c in enumerate(got)
+                )
                 msg = (
-                    "set_weights() differs across ranks ([step, at_step, weights] per rank: "
-                    f"{each}); every rank must make the same call at the same step"
+                    f"set_weights() differs across ranks ({each}; this rank asked for {weights!r}): every rank must "
+                    "make the same call at the same step"
                 )
                 raise ConfigError(msg)
         return self._loader.set_weights(weights, at_step)
-
-    def _all_gather_bytes(self, payload: bytes) -> list[bytes]:
-        """Every process's ``payload`` in the group, in process order (two all-gathers: sizes, bytes)."""
-        group = self._group
-        n = dist.get_world_size(group)
-        dev = _collective_device(group)
-        size = torch.tensor([len(payload)], dtype=torch.int64, device=dev)
-        sizes = [torch.empty_like(size) for _ in range(n)]
-        dist.all_gather(sizes, size, group=group)
-        lengths = [int(x.item()) for x in sizes]
-        buf = torch.zeros(max(lengths), dtype=torch.uint8, device=dev)
-        buf[: len(payload)] = torch.from_numpy(np.frombuffer(payload, dtype=np.uint8).copy()).to(dev)
-        bufs = [torch.empty_like(buf) for _ in range(n)]
-        dist.all_gather(bufs, buf, group=group)
-        return [bytes(b[:k].cpu().numpy()) for b, k in zip(bufs, lengths, strict=True)]
 
     def load_state_dict(self, state: Mapping[str, Any] | bytes | bytearray | memoryview | torch.Tensor) -> None:
         """Resume from a ``state_dict()`` (or its bytes) taken at any world size."""

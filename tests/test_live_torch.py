@@ -89,5 +89,7 @@ def test_gloo_ranks_same_call_and_different_calls(two: dict[str, str], tmp_path:
     differ = _job(two, "differ", tmp_path)
     for r in range(2):
         assert "set_weights() differs across ranks" in differ[r]["error"]
-        assert "rank 0: [5,null" in differ[r]["error"] and "rank 1: [5,null" in differ[r]["error"]
+        assert (
+            "rank 0: step 5, at_step None, weights #1; rank 1: step 5, at_step None, weights #2" in differ[r]["error"]
+        )
         assert differ[r]["stages"] == [[0, W0]]  # no rank changed its mixture
