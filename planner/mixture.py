@@ -375,39 +375,48 @@ class Interleave:
         return int(np.searchsorted(self._wstart[:-1], run, side="left"))
 
     def add_stage(self, stage: Stage) -> int:
-        """Append ``stage`` (after every stage so far); the first unit (window) it can change.
+        """Append ``stage`` (after every stage so far); the first unit (window) it can change."""
+        assert stage.start > self.stages[-1].start
+        return self.restage((*self.stages, stage))
 
-        Windows already generated from that one on belong to the new stage: they are
-        dropped, and the merge state (items taken per source, tokens given in the
-        stage in effect) is rewound to that window, so the stream is the one an
-        up-front list of these stages gives. The caller forgets every layout it
-        derived from the dropped windows (docs/design.md, "Live stages").
+    def restage(self, stages: Sequence[Stage]) -> int:
+        """Take ``stages`` (the same first stage); the first unit (window) the change can touch.
+
+        With ``k`` the first stage that differs, windows already generated from the first
+        one at or after the earlier of the two stages' steps are dropped, and the merge
+        state (items taken per source, tokens given in the stage in effect) is rewound to
+        that window, so the stream is the one an up-front list of ``stages`` gives. The
+        caller forgets every layout it derived from the dropped windows (docs/design.md,
+        "Live stages").
         """
-        assert self.seq_len is not None and stage.start > self.stages[-1].start
-        self.stages = (*self.stages, stage)
-        start = stage.start * self.settings.lanes * self.seq_len
+        assert self.seq_len is not None and stages[0] == self.stages[0]
+        old, new = self.stages, tuple(stages)
+        k = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), min(len(old), len(new)))
+        if k == len(old) == len(new):
+            return len(self._wtok)
+        first = min(x.start for x in (*old[k : k + 1], *new[k : k + 1]))
+        self.stages = new
         made = len(self._wtok)
-        cut = int(np.searchsorted(self._wstart[:made], start, side="left"))
-        if cut < made:
-            # Rewind to window `cut`: the stage in effect there, and what each source had
-            # given by then (counted from that stage's first window, so a live change
-            # costs the items of the current stage, not of the run).
-            w = self.settings.window
-            j = int(np.searchsorted(np.array(self._stage_first), cut, side="right")) - 1
-            self._stage_first, self._stage_consumed = self._stage_first[: j + 1], self._stage_consumed[: j + 1]
-            self._stage = j
-            items = self._items[self._stage_first[j] * w : cut * w]
-            srcs = np.searchsorted(self._rg_base, items, side="right") - 1
-            n = len(self._sources)
-            counts = np.bincount(srcs, minlength=n)
-            gave = np.bincount(srcs, weights=self._tokens[items], minlength=n)
-            self._consumed = [int(a) + int(c) for a, c in zip(self._stage_consumed[j], counts, strict=True)]
-            self._stage_given = [int(g) for g in gave]
-            self._items, self._sepochs = self._items[: cut * w], self._sepochs[: cut * w]
-            self._wtok, self._wstart = self._wtok[:cut], self._wstart[: cut + 1]
-        # Windows not generated yet are generated under the new stage: the first unit a
-        # change can touch is the first one not generated (nothing has planned it).
-        return min(cut, made)
+        cut = int(np.searchsorted(self._wstart[:made], first * self.settings.lanes * self.seq_len, side="left"))
+        # Rewind to window `cut`: the stage in effect there (one of the first k, which
+        # both lists share), and what each source had given by then, counted from that
+        # stage's first window (so a change costs the items of that stage, not the run's).
+        w = self.settings.window
+        j = min(int(np.searchsorted(np.array(self._stage_first), cut, side="right")) - 1, k - 1)
+        self._stage_first, self._stage_consumed = self._stage_first[: j + 1], self._stage_consumed[: j + 1]
+        self._stage = j
+        items = self._items[self._stage_first[j] * w : cut * w]
+        srcs = np.searchsorted(self._rg_base, items, side="right") - 1
+        n = len(self._sources)
+        counts = np.bincount(srcs, minlength=n)
+        gave = np.bincount(srcs, weights=self._tokens[items], minlength=n)
+        self._consumed = [int(a) + int(c) for a, c in zip(self._stage_consumed[j], counts, strict=True)]
+        self._stage_given = [int(g) for g in gave]
+        self._items, self._sepochs = self._items[: cut * w], self._sepochs[: cut * w]
+        self._wtok, self._wstart = self._wtok[:cut], self._wstart[: cut + 1]
+        # Windows not generated yet are generated under the new stages: the first unit
+        # the change can touch is at most the first one not generated (nothing planned it).
+        return cut
 
     # -- epochs and units ----------------------------------------------------------------
 
@@ -506,6 +515,15 @@ class MixturePlan(Plan):
             msg = "weights in stages start at global steps: give seq_len= to place them (tokens per step)"
             raise ConfigError(msg)
         unit = self.order.add_stage(stage)
+        self.stages = self.order.stages
+        self._epochs.clear()
+        return unit
+
+    def restage(self, stages: Sequence[Stage]) -> int:
+        """Take another list of stages with the same first one (a resume's); the first unit it can change."""
+        if not isinstance(self.order, Interleave):
+            return 0
+        unit = self.order.restage(stages)
         self.stages = self.order.stages
         self._epochs.clear()
         return unit

@@ -100,7 +100,8 @@ def live_stage(plan: Plan, weights: Mapping[str, Any] | None, at_step: int | Non
 
 @dataclass(frozen=True, slots=True)
 class Reconciled:
-    """How a loader takes a checkpoint: the config to compare, stages to add, and sources it lacked."""
+    """How a loader takes a checkpoint: the configs to compare, the stages to run (empty: its own),
+    and the sources it has that the checkpoint lacked."""
 
     checkpoint: dict[str, Any]
     loader: dict[str, Any]
@@ -143,10 +144,23 @@ def reconcile(checkpoint: Mapping[str, Any], loader: Mapping[str, Any], step: in
         ck["stages"] = _full(ck["stages"], names)
         mine["stages"] = _full(mine["stages"], names)
     ours, theirs = mine.get("stages", []), ck.get("stages", [])
-    stages: list[Stage] = []
+    past_ours = [x for x in ours if x[0] <= step]
+    past_theirs = [x for x in theirs if x[0] <= step]
+    adopt: list[list[Any]] = []
     if len(theirs) > len(ours) and theirs[: len(ours)] == ours:
-        stages = [Stage(int(s), tuple(int(w[n]) for n in names)) for s, w in theirs[len(ours) :]]
+        adopt = theirs[len(ours) :]  # the run's live stages, those after the step included
+    elif len(past_theirs) > len(past_ours) and past_theirs[: len(past_ours)] == past_ours:
+        # Live stages up to the step that this loader lacks; its own later stages follow
+        # (stages after the checkpoint's step may change, as they always could).
+        later = [x for x in ours if x[0] > step]
+        if not later or later[0][0] > past_theirs[-1][0]:
+            adopt = past_theirs[len(past_ours) :]
+            mine["stages"] = [*past_theirs, *later]
+    if not adopt:
+        return Reconciled(ck, mine, [], added)
+    if mine["stages"] == ours:
         mine["stages"] = list(theirs)
+    stages = [Stage(int(s), tuple(int(w[n]) for n in names)) for s, w in mine["stages"]]
     return Reconciled(ck, mine, stages, added)
 
 

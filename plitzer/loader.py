@@ -468,13 +468,12 @@ class Loader:
         return fit
 
     def take_stages(self, fit: live.Reconciled) -> None:
-        """Append the stages a checkpoint has after this loader's (before placing the loader)."""
+        """Run the stages a checkpoint brought (its live ones; before placing the loader)."""
         if not fit.stages:
             return
         assert isinstance(self.plan, MixturePlan)
         with self._lock:
-            for stage in fit.stages:
-                self.plan.add_stage(stage)
+            self.plan.restage(fit.stages)
             self._window_ends.clear()
             self._config = self._make_config()
             self._cell[0] = self._config

@@ -140,6 +140,25 @@ def test_every_world_and_resume_at_another_world(three: dict[str, str]) -> None:
                         np.testing.assert_array_equal(rest[t], tokens_of(ref.next_batch()))
 
 
+def test_resume_keeps_the_loaders_own_later_stages(three: dict[str, str]) -> None:
+    """A loader built with a schedule that goes on past the checkpoint (a stage at step 90) resumes a run
+    that changed its weights live at step 20: the live stage comes from the checkpoint, the later one
+    from the loader, and a stage at or before the step that neither has is refused."""
+    w1, w2 = {"books": 0, "code": 3, "web": 1}, {"books": 3, "code": 1, "web": 1}
+    _, stages, state = _live_run(three, 1, [(20, w1, None)], 45)
+    with plitzer.Loader(three, weights=[(0, W0), (90, w2)], world=2, rank=1, **CFG) as b:
+        b.resume(state)
+        assert [s for s, _ in b.config["stages"]] == [0, stages[1][0], 90]
+        got = [tokens_of(b.next_batch()) for _ in range(60)]
+    with plitzer.Loader(three, weights=[*stages, (90, w2)], world=2, rank=1, **CFG) as ref:
+        ref.seek(45)
+        for t in range(60):
+            np.testing.assert_array_equal(got[t], tokens_of(ref.next_batch()), err_msg=f"step {45 + t}")
+    with plitzer.Loader(three, weights=[(0, W0), (10, w2)], **CFG) as c:
+        with pytest.raises(plitzer.CheckpointError, match="stages up to step 45"):
+            c.resume(state)
+
+
 def test_earliest_step_and_refusals(three: dict[str, str]) -> None:
     with plitzer.Loader(three, weights=W0, **CFG) as ld:
         _steps([ld], 13)
