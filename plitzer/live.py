@@ -120,8 +120,10 @@ def reconcile(checkpoint: Mapping[str, Any], loader: Mapping[str, Any], step: in
     Sources the checkpoint lacks are accepted when the checkpoint's other sources are
     the loader's (same fingerprints) and they weigh 0 in every loader stage that starts
     at or before ``step``; the fields derived from the sources (fingerprint, column)
-    are then the checkpoint's. Stages the checkpoint has after the loader's (added
-    live) are adopted.
+    are then the checkpoint's. Stages: a checkpoint whose list extends the loader's
+    gives the loader its list (stages added live, later ones included); one whose
+    stages up to ``step`` extend the loader's gives those, followed by the loader's
+    stages after ``step`` when these start later (docs/design.md, "Live stages").
     """
     ck, mine = dict(checkpoint), dict(loader)
     if not ck.get("sources") or not mine.get("sources"):
