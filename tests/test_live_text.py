@@ -98,3 +98,7 @@ def test_text_source_mistakes(data: dict[str, Path]) -> None:
         plitzer.Loader({"prose": str(data["prose"]), "code": str(data["code"])}, tokenizer=chars)
     with pytest.raises(plitzer.ConfigError, match="planner does not run"):
         plitzer.plan(_text_mix(data), lanes=4, window=2)
+    # A text source whose ids need uint32 beside int32 tokens: a batch has one dtype.
+    wide = load_tokenizer(chars, name="chars-wide-v1", eos_id=997, vocab_size=2**32)
+    with pytest.raises(plitzer.ConfigError, match=r"different token dtypes \(code: int32, prose: uint32\)"):
+        plitzer.Loader(_text_mix(data, wide), **CFG)
