@@ -4,7 +4,8 @@ Three sources (books, code, web, as ``benchmarks/mixture.py`` writes them) read 
 with the same settings, alternating, best of ``--repeat``:
 
 * live: ``loader.set_weights`` every ``--every`` steps (the weights cycle through a fixed
-  list, as a loss-driven loop's would move), each stage at the earliest step allowed;
+  list, as a loss-driven loop's would move), each stage at the earliest step allowed, or
+  ``--lead`` steps after it (past the windows read ahead: nothing is read again);
 * up front: a loader built with the stages the live run recorded.
 
 The batches are checked equal. Printed: tokens/s and CPU ns per token of each, their
@@ -34,7 +35,7 @@ from planner.sources import SourceSpec, Stage, parse_stages
 CYCLE = [{"books": 1, "code": 2, "web": 3}, {"books": 3, "code": 1, "web": 2}, {"books": 1, "code": 4, "web": 1}]
 
 
-def live(sources: dict[str, str], steps: int, every: int, cfg: dict[str, int]):
+def live(sources: dict[str, str], steps: int, every: int, cfg: dict[str, int], lead: int = 0):
     calls, digest = [], 0
     with plitzer.Loader(sources, weights=CYCLE[0], **cfg) as ld, timed() as t:
         n = 0
@@ -44,11 +45,18 @@ def live(sources: dict[str, str], steps: int, every: int, cfg: dict[str, int]):
             digest = hash((digest, np.from_dlpack(b.tokens)[:, :8].tobytes()))
             if (step + 1) % every == 0:
                 c0 = time.perf_counter()
-                ld.set_weights(CYCLE[(step + 1) // every % len(CYCLE)])
+                at = None if lead == 0 else live_earliest(ld) + lead
+                ld.set_weights(CYCLE[(step + 1) // every % len(CYCLE)], at_step=at)
                 calls.append(time.perf_counter() - c0)
         stages = [(s, w) for s, w in ld.config["stages"]]
         reads = ld.reads
     return t, n, digest, stages, reads, calls
+
+
+def live_earliest(ld: plitzer.Loader) -> int:
+    from plitzer.live import earliest_step
+
+    return earliest_step(ld.plan, ld.step, ld.settings.seq_len)
 
 
 def up_front(sources: dict[str, str], steps: int, stages, cfg: dict[str, int]):
@@ -68,6 +76,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=20_000_000)
     ap.add_argument("--steps", type=int, default=0, help="steps per run (default: one epoch)")
     ap.add_argument("--every", type=int, default=50)
+    ap.add_argument("--lead", type=int, default=0, help="set each stage this many steps after the earliest allowed")
     ap.add_argument("--lanes", type=int, default=256)
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--repeat", type=int, default=2)
@@ -84,7 +93,7 @@ def main() -> None:
     print(f"{total:,} tokens in 3 sources; {steps} steps of {shape}, a change every {args.every}")
     best_live = best_front = None
     for _ in range(args.repeat):
-        tl, n, dl, stages, reads_l, calls = live(sources, steps, args.every, cfg)
+        tl, n, dl, stages, reads_l, calls = live(sources, steps, args.every, cfg, args.lead)
         tf, _, df, reads_f = up_front(sources, steps, stages, cfg)
         assert dl == df, "the live run's batches differ from the same stages up front"
         if best_live is None or tl.rate(n) > best_live[0]:
