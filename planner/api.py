@@ -74,6 +74,7 @@ def open_index(
     where: str | None = None,
     length_column: str | None = None,
     select: Selector | None = None,
+    text_source: Callable[[SourceSpec], Index] | None = None,
 ) -> RowGroupIndex:
     """The index of ``source``: a mixture's for a dict, the given one for an index, else a dataset's.
 
@@ -82,6 +83,7 @@ def open_index(
     ``where`` (and ``length_column``) select rows by a DuckDB predicate through
     ``select`` (default: the runtime's pass, :func:`set_selector`); a mixture's sources
     may each have their own, and ``where`` here is the default of those without.
+    ``text_source`` indexes a mixture's text source (one whose dict has a ``tokenizer``).
     """
     if length_column is not None and where is None and not isinstance(source, Mapping):
         msg = f"length_column={length_column!r} without where=; the length column serves a selection"
@@ -89,8 +91,8 @@ def open_index(
     if isinstance(source, (Mapping, MixtureIndex)):
         if text is not None:
             msg = (
-                "tokenizer= with a mixture: tokenize each text source first (plitzer tokenize SRC DST) and mix "
-                "the token datasets"
+                "tokenizer= with a mixture: give each text source its own, e.g. {'web': {'path': 'data/web', "
+                "'tokenizer': 'tok.json', 'text_column': 'text'}, 'code': 'data/code'}"
             )
             raise ConfigError(msg)
         if isinstance(source, MixtureIndex) and where is not None:
@@ -103,6 +105,7 @@ def open_index(
             where=where,
             length_column=length_column,
             select=select if select is not None else (_selector if _selector is not None else None),
+            text=text_source,
         )
     if weights is not None:
         msg = "weights= needs named sources: pass a dict such as {'web': 'data/web', 'code': 'data/code'}"

@@ -204,12 +204,15 @@ def mixture_index(
     where: str | None = None,
     length_column: str | None = None,
     select: Callable[[Index, SourceSpec], Index] | None = None,
+    text: Callable[[SourceSpec], Index] | None = None,
 ) -> MixtureIndex:
     """Index every source of a dict of named sources (footers only, cached).
 
     A source with a ``where`` (its own, else the one given here) is selected by
-    ``select`` (the runtime's selection pass, ``plitzer.select``), which planner
-    itself does not have: without it such a source is a ConfigError.
+    ``select`` (the runtime's selection pass, ``plitzer.select``), and a text source
+    (one with a ``tokenizer``) is indexed by ``text`` (its counting pass tokenizes):
+    plitzer passes both, planner runs neither, and without them such a source is a
+    ConfigError.
     """
     if isinstance(sources, MixtureIndex):
         return sources
@@ -218,6 +221,15 @@ def mixture_index(
     )
     parts = []
     for s in specs:
+        if s.text is not None:
+            if text is None:
+                msg = (
+                    f"source {s.name!r} is text (tokenizer=): its token counts come from a tokenizing pass, "
+                    "which planner does not run; plan it through plitzer (plitzer.Loader(...).plan)"
+                )
+                raise ConfigError(msg)
+            parts.append(text(s))
+            continue
         ix = ensure_index(s.path, column=s.column, storage_options=s.storage_options)
         if s.where is not None:
             if select is None:
@@ -279,6 +291,7 @@ class Interleave:
         self.total = int(self._tokens.sum())
         self._row_groups = len(self._tokens)
         sizes = idx._rg_base
+        self._rg_base = sizes
         self._sources = [
             _Source(n, self._tokens[int(sizes[i]) : int(sizes[i + 1])], int(sizes[i]), settings.seed)
             for i, n in enumerate(idx.names)
@@ -291,6 +304,8 @@ class Interleave:
         self._consumed = [0] * len(self._sources)  # items of each source's stream taken
         self._stage_given = [0] * len(self._sources)  # tokens of each source in this stage
         self._stage = 0
+        self._stage_first = [0]  # the window at which each stage entered so far began
+        self._stage_consumed = [[0] * len(self._sources)]  # and the items each source had given then
 
     # -- the stream ----------------------------------------------------------------------
 
@@ -359,6 +374,8 @@ class Interleave:
         if cut < n_win:
             self._stage += 1
             self._stage_given = [0] * len(self._sources)
+            self._stage_first.append(len(self._wtok))
+            self._stage_consumed.append(list(self._consumed))
 
     def _append(self, ids: I64, sep: I64, wtok: I64) -> None:
         self._items = np.concatenate([self._items, ids])
@@ -372,6 +389,55 @@ class Interleave:
             left = run - int(self._wstart[-1])
             mean = max(1, self.total // max(1, self._row_groups))
             self._grow(max(1, min(4096, left // (mean * self.settings.window) + 1)))
+
+    def first_window_at(self, run: int) -> int:
+        """The first window (unit) whose first token is at or after run token ``run``."""
+        self._ensure_run(run)
+        return int(np.searchsorted(self._wstart[:-1], run, side="left"))
+
+    def add_stage(self, stage: Stage) -> int:
+        """Append ``stage`` (after every stage so far); the first unit (window) it can change."""
+        assert stage.start > self.stages[-1].start
+        return self.restage((*self.stages, stage))
+
+    def restage(self, stages: Sequence[Stage]) -> int:
+        """Take ``stages`` (the same first stage); the first unit (window) the change can touch.
+
+        With ``k`` the first stage that differs, windows already generated from the first
+        one at or after the earlier of the two stages' steps are dropped, and the merge
+        state (items taken per source, tokens given in the stage in effect) is rewound to
+        that window, so the stream is the one an up-front list of ``stages`` gives. The
+        caller forgets every layout it derived from the dropped windows (docs/design.md,
+        "Live stages").
+        """
+        assert self.seq_len is not None and stages[0] == self.stages[0]
+        old, new = self.stages, tuple(stages)
+        k = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), min(len(old), len(new)))
+        if k == len(old) == len(new):
+            return len(self._wtok)
+        first = min(x.start for x in (*old[k : k + 1], *new[k : k + 1]))
+        self.stages = new
+        made = len(self._wtok)
+        cut = int(np.searchsorted(self._wstart[:made], first * self.settings.lanes * self.seq_len, side="left"))
+        # Rewind to window `cut`: the stage in effect there (one of the first k, which
+        # both lists share), and what each source had given by then, counted from that
+        # stage's first window (so a change costs the items of that stage, not the run's).
+        w = self.settings.window
+        j = min(int(np.searchsorted(np.array(self._stage_first), cut, side="right")) - 1, k - 1)
+        self._stage_first, self._stage_consumed = self._stage_first[: j + 1], self._stage_consumed[: j + 1]
+        self._stage = j
+        items = self._items[self._stage_first[j] * w : cut * w]
+        srcs = np.searchsorted(self._rg_base, items, side="right") - 1
+        n = len(self._sources)
+        counts = np.bincount(srcs, minlength=n)
+        gave = np.bincount(srcs, weights=self._tokens[items], minlength=n)
+        self._consumed = [int(a) + int(c) for a, c in zip(self._stage_consumed[j], counts, strict=True)]
+        self._stage_given = [int(g) for g in gave]
+        self._items, self._sepochs = self._items[: cut * w], self._sepochs[: cut * w]
+        self._wtok, self._wstart = self._wtok[:cut], self._wstart[: cut + 1]
+        # Windows not generated yet are generated under the new stages: the first unit
+        # the change can touch is at most the first one not generated (nothing planned it).
+        return cut
 
     # -- epochs and units ----------------------------------------------------------------
 
@@ -456,6 +522,32 @@ class MixturePlan(Plan):
             f"MixturePlan({len(self.names)} sources, {self.dataset.row_groups} row groups, {self.tokens:,} tokens, "
             f"seed={s.seed}, lanes={s.lanes}, window={s.window}, world={s.world}, stages={len(self.stages)})"
         )
+
+    def add_stage(self, stage: Stage) -> int:
+        """Append a stage (a live change, docs/design.md "Live stages"); the first unit it can change.
+
+        The plan then is the one made with every stage from the start: the windows
+        from that unit on are planned again, and the cached epoch layouts are dropped.
+        """
+        if not isinstance(self.order, Interleave):
+            msg = f"weights of a mixture of one source ({self.names[0]!r}) cannot change: it has nothing to mix"
+            raise ConfigError(msg)
+        if self.seq_len is None:
+            msg = "weights in stages start at global steps: give seq_len= to place them (tokens per step)"
+            raise ConfigError(msg)
+        unit = self.order.add_stage(stage)
+        self.stages = self.order.stages
+        self._epochs.clear()
+        return unit
+
+    def restage(self, stages: Sequence[Stage]) -> int:
+        """Take another list of stages with the same first one (a resume's); the first unit it can change."""
+        if not isinstance(self.order, Interleave):
+            return 0
+        unit = self.order.restage(stages)
+        self.stages = self.order.stages
+        self._epochs.clear()
+        return unit
 
     # -- tables ------------------------------------------------------------------------------
 

@@ -1,10 +1,12 @@
 """A mixture's configuration: named sources, and weights in stages, each checked.
 
 Sources are a dict of name to a path (or list of paths, or ``s3://`` URL), or to a
-dict with ``path`` and optionally ``column`` and ``storage_options``; they are ordered
-by name. Weights are a dict (one stage from step 0), a list of ``(step, dict)``
-stages, or None (each source weighs its tokens). Every mistake is a ConfigError
-naming the field and the fix. :mod:`planner.mixture` interleaves what this describes.
+dict with ``path`` and optionally ``column``, ``storage_options``, ``where`` and
+``length_column`` (SPEC section 10), or a text source's ``tokenizer``, ``text_column``,
+``add_eos`` and ``add_bos`` (section 9); they are ordered by name. Weights are a dict
+(one stage from step 0), a list of ``(step, dict)`` stages, or None (each source weighs
+its tokens). Every mistake is a ConfigError naming the field and the fix.
+:mod:`planner.mixture` interleaves what this describes.
 """
 
 from __future__ import annotations
@@ -23,13 +25,19 @@ from planner.errors import ConfigError
 __all__ = ["SourceSpec", "Stage", "Weights", "parse_stages", "source_specs"]
 
 Weights = Mapping[str, Any] | Sequence[tuple[int, Mapping[str, Any]]] | None
-_SOURCE_KEYS = {"path", "column", "storage_options", "where", "length_column"}
+_TEXT_KEYS = ("text_column", "tokenizer", "add_eos", "add_bos")
+_SOURCE_KEYS = {"path", "column", "storage_options", "where", "length_column", *_TEXT_KEYS}
 _MAX_TOTAL_WEIGHT = 1 << 24
 
 
 @dataclass(frozen=True, slots=True)
 class SourceSpec:
-    """One named source: a path (or list of paths), its token column and storage options."""
+    """One named source: a path (or list of paths), its token column and storage options.
+
+    ``text`` holds a text source's ``tokenizer`` and optionally ``text_column``,
+    ``add_eos`` and ``add_bos`` (SPEC section 9), as given: planner reads footers only,
+    so plitzer indexes such a source (``plitzer.text``); None for token data.
+    """
 
     name: str
     path: str | list[str]
@@ -37,6 +45,7 @@ class SourceSpec:
     storage_options: Mapping[str, Any] | None = None
     where: str | None = None
     length_column: str | None = None
+    text: Mapping[str, Any] | None = None
 
 
 def source_specs(
@@ -67,7 +76,8 @@ def source_specs(
             if extra or "path" not in value:
                 msg = (
                     f"source {name!r}: {sorted(extra) if extra else 'no path'}; a source is a path or a dict with "
-                    f"'path' and optionally 'column', 'storage_options', 'where' and 'length_column'"
+                    f"'path' and optionally 'column', 'storage_options', 'where' and 'length_column' "
+                    "(a text source: 'tokenizer' and optionally 'text_column', 'add_eos', 'add_bos')"
                 )
                 raise ConfigError(msg)
             path = value["path"]
@@ -75,8 +85,15 @@ def source_specs(
             opts = value.get("storage_options", storage_options)
             pred = value.get("where", where)
             lcol = value.get("length_column", length_column)
+            text = {k: value[k] for k in _TEXT_KEYS if k in value} or None
+            if text is not None and text.get("tokenizer") is None:
+                msg = (
+                    f"source {name!r}: {sorted(text)} without a tokenizer; a text source needs 'tokenizer' "
+                    "(SPEC section 9), a token source none of these keys"
+                )
+                raise ConfigError(msg)
         else:
-            path, col, opts, pred, lcol = value, column, storage_options, where, length_column
+            path, col, opts, pred, lcol, text = value, column, storage_options, where, length_column, None
         if isinstance(path, (str, os.PathLike)):
             path = os.fspath(path)
         elif isinstance(path, Sequence) and all(isinstance(p, (str, os.PathLike)) for p in path):
@@ -87,7 +104,17 @@ def source_specs(
         if lcol is not None and pred is None:
             msg = f"source {name!r}: length_column={lcol!r} without where=; the length column serves a selection"
             raise ConfigError(msg)
-        specs.append(SourceSpec(name=name, path=path, column=col, storage_options=opts, where=pred, length_column=lcol))
+        if text is not None and pred is not None:
+            msg = (
+                f"source {name!r}: where= with a text source (tokenizer=) is not supported; tokenize it "
+                "first with `plitzer tokenize` and select on the token dataset"
+            )
+            raise ConfigError(msg)
+        specs.append(
+            SourceSpec(
+                name=name, path=path, column=col, storage_options=opts, where=pred, length_column=lcol, text=text
+            )
+        )
     return specs
 
 

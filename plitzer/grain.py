@@ -64,12 +64,14 @@ from __future__ import annotations
 
 import base64
 import sys
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, Unpack
 
 import grain
 import numpy as np
 
+from plitzer import live
 from plitzer import state as ckpt
 from plitzer.batch import Batch
 from plitzer.errors import CheckpointError, ConfigError
@@ -197,6 +199,8 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
         self._settings = LoaderSettings.of(rank=0 if rank is None else rank, world=1 if world is None else world, **kw)
         self._num_epochs = num_epochs
         self._boundaries = bool(boundaries)
+        self._iterators: weakref.WeakSet[DatasetIterator] = weakref.WeakSet()
+        self._stages: list[tuple[Mapping[str, Any] | None, int]] = []  # live stages, for later iterators
 
     @property
     def settings(self) -> LoaderSettings:
@@ -212,7 +216,35 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
 
     def __iter__(self) -> DatasetIterator:
         loader = Loader.from_settings(self._source, self._settings)
-        return DatasetIterator(loader, num_epochs=self._num_epochs, boundaries=self._boundaries)
+        for weights, at_step in self._stages:
+            loader.set_weights(weights, at_step)
+        it = DatasetIterator(loader, num_epochs=self._num_epochs, boundaries=self._boundaries)
+        self._iterators.add(it)
+        return it
+
+    def set_weights(self, weights: Mapping[str, Any] | None, at_step: int | None = None) -> int:
+        """Append a stage to the mixture, in every iterator of this dataset and in those made later.
+
+        As :meth:`plitzer.Loader.set_weights`, on the iterators' loaders: ``at_step``
+        defaults to the earliest step the most advanced open iterator allows (step 0's
+        when none is open); returns the stage's step. Every process must make the same
+        call at the same step: Grain has no collective to check it (docs/design.md,
+        "Live stages").
+        """
+        its = sorted((it for it in self._iterators if not it.closed), key=lambda it: -it.loader.step)
+        if at_step is None:
+            probe = its[0].loader if its else Loader.from_settings(self._source, self._settings)
+            try:
+                for w, s in [] if its else self._stages:
+                    probe.set_weights(w, s)
+                at_step = live.earliest_step(probe.plan, probe.step, self._settings.seq_len)
+            finally:
+                if not its:
+                    probe.close()
+        for it in its:
+            it.set_weights(weights, at_step)
+        self._stages.append((weights, at_step))
+        return at_step
 
     def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
         """Refused: Grain slices a source for its worker processes and thread shards."""
@@ -293,17 +325,25 @@ class DatasetIterator(grain.DatasetIterator):  # type: ignore[misc]
         part = checkpoint_bytes(state)
         loader = self._loader
         st = ckpt.decode(part)
-        diffs = ckpt.diff_config(st.config, loader.config, step=st.step)
-        if diffs:
-            msg = "Grain state does not match this plitzer.grain.Dataset: " + "; ".join(diffs)
-            raise CheckpointError(msg)
+        fit = loader.fit(st, "Grain state")
         lanes = set(st.positions[:, 0].tolist())
         if lanes.issuperset(loader.rank_lanes):
             loader.resume(part)
         else:
+            loader.take_stages(fit)
             loader.seek(st.step)
         self._state = None
         self._place()
+
+    def set_weights(self, weights: Mapping[str, Any] | None, at_step: int | None = None) -> int:
+        """Append a stage to the mixture (:meth:`plitzer.Loader.set_weights`); the step it starts at."""
+        self._assert_not_closed()
+        self._state = None
+        return self._loader.set_weights(weights, at_step)
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._closed)
 
     def _place(self) -> None:
         n = self._num_epochs

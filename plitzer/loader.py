@@ -34,6 +34,7 @@ from planner.lanes import lane_positions
 from planner.mixture import MixtureIndex, MixturePlan
 from planner.plan import Plan, check_int, epoch_of_step, row_group_counts
 from planner.sources import Weights
+from plitzer import live
 from plitzer import state as ckpt
 from plitzer.batch import Batch, Located, Tokens
 from plitzer.cost import budget_floor
@@ -231,6 +232,7 @@ class Loader:
         self._lock = threading.RLock()
         self._window_ends: dict[int, I64] = {}
         self._config = self._make_config()
+        self._cell = [self._config]  # what batches' states after them record (set_weights renews it)
         self._place(0)
 
     # -- state -----------------------------------------------------------------
@@ -376,13 +378,48 @@ class Loader:
         Lanes inside a slice after the step are in windows the step took tokens
         from, whose slices ``units`` holds (small tables: not the tokens).
         """
-        config, plan, seq_len, lanes = self._config, self.plan, self.settings.seq_len, self.rank_lanes
+        cell, plan, seq_len, lanes = self._cell, self.plan, self.settings.seq_len, self.rank_lanes
 
         def encode() -> bytes:  # holds the plan and small tables, not the loader
             rows = positions_at(plan, step + 1, seq_len, lanes, units.__getitem__)
-            return ckpt.encode(ckpt.State(config, step + 1, rows))
+            return ckpt.encode(ckpt.State(cell[0], step + 1, rows))
 
         return encode
+
+    def set_weights(self, weights: Mapping[str, Any] | None, at_step: int | None = None) -> int:
+        """Append a stage of ``weights`` from global step ``at_step``; the step it starts at.
+
+        A live change of the mixture (docs/design.md, "Live stages"): the run is the one
+        made with this stage in the list of stages from the start, and the stage is in
+        every later checkpoint, the plan tables and the audit. ``at_step`` defaults to
+        the earliest allowed, the first step whose window no lane has begun to consume
+        (windows read ahead past it are read again); an earlier one is a ConfigError
+        naming it. Every rank must make the same call at the same step
+        (:meth:`plitzer.torch.Dataset.set_weights` checks it).
+
+        Examples
+        --------
+        >>> import plitzer, plitzer.synth, tempfile
+        >>> a, b = tempfile.mkdtemp(), tempfile.mkdtemp()
+        >>> _ = plitzer.synth.write(a, tokens=60_000, seed=1); _ = plitzer.synth.write(b, tokens=60_000, seed=2)
+        >>> loader = plitzer.Loader({"a": a, "b": b}, weights={"a": 1, "b": 1}, lanes=4, window=2, seq_len=64)
+        >>> _ = [loader.next_batch() for _ in range(3)]
+        >>> start = loader.set_weights({"a": 3, "b": 1})
+        >>> start >= loader.step - 3, loader.config["stages"][-1] == [start, {"a": 3, "b": 1}]
+        (True, True)
+        >>> loader.close()
+        """
+        self._check_fork()
+        with self._lock:
+            s = self.settings
+            stage = live.live_stage(self.plan, weights, at_step, self._step, s.seq_len)
+            assert isinstance(self.plan, MixturePlan)
+            unit = self.plan.add_stage(stage)
+            self._window_ends.clear()
+            self._scanner.replan_from(unit)
+            self._config = self._make_config()
+            self._cell[0] = self._config
+            return stage.start
 
     def seek(self, step: int) -> None:
         """Jump to global step ``step``, as if every step before it had been taken.
@@ -406,10 +443,7 @@ class Loader:
         """
         self._check_fork()
         st = ckpt.decode(state)
-        diffs = ckpt.diff_config(st.config, self.config, step=st.step)
-        if diffs:
-            msg = "checkpoint does not match this loader: " + "; ".join(diffs)
-            raise CheckpointError(msg)
+        fit = self.fit(st)
         mine = np.arange(self.rank_lanes.start, self.rank_lanes.stop)
         lanes = st.positions[:, 0]
         idx = np.searchsorted(lanes, mine)
@@ -423,10 +457,39 @@ class Loader:
             raise CheckpointError(msg)
         rows = st.positions[idx]
         with self._lock:
+            self.take_stages(fit)
+            if fit.added:  # sources that join the run here: the same windows, labelled anew
+                before = [n for n, _ in st.config["sources"]]
+                rows = live.carry_positions(self.plan, rows, before)
             checks = self._check_positions(st.step, rows)
             self._place(st.step)
             self._resumed = rows
             self._checks = checks
+
+    def fit(self, st: ckpt.State, what: str = "checkpoint") -> live.Reconciled:
+        """How checkpoint ``st`` lines up with this loader; a mismatch is refused with every differing field.
+
+        Stages the checkpoint has after this loader's (added live by the run that wrote
+        it) and sources it lacks that weigh 0 up to its step are accepted (:mod:`plitzer.live`).
+        """
+        names = self.plan.names if isinstance(self.plan, MixturePlan) else []
+        fit = live.reconcile(st.config, self.config, st.step, names)
+        diffs = ckpt.diff_config(fit.checkpoint, fit.loader, step=st.step)
+        if diffs:
+            msg = f"{what} does not match this loader: " + "; ".join(diffs)
+            raise CheckpointError(msg)
+        return fit
+
+    def take_stages(self, fit: live.Reconciled) -> None:
+        """Run the stages a checkpoint brought (its live ones; before placing the loader)."""
+        if not fit.stages:
+            return
+        assert isinstance(self.plan, MixturePlan)
+        with self._lock:
+            self.plan.restage(fit.stages)
+            self._window_ends.clear()
+            self._config = self._make_config()
+            self._cell[0] = self._config
 
     def _check_positions(self, step: int, rows: I64) -> dict[int, tuple[I64, I64, I64, I64]]:
         """Refuse positions that are not where ``step`` puts the lanes; what needs the pieces, later.

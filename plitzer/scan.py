@@ -121,6 +121,11 @@ class _Reads:
     row_groups: I64
     token_start: I64
     estimate: int
+    window_tokens: int
+    window_z: int
+    lane_base: I64
+    keep: NDArray[np.bool_] | None  # the rank's lanes that need the unit (None: all)
+    from_step: int  # the first step packed
 
 
 @dataclass(eq=False, slots=True)
@@ -266,6 +271,24 @@ class Scanner:
         unit = int(first.min())
         self._next = self._released = self._wanted = unit
 
+    def replan_from(self, unit: int) -> None:
+        """The plan changed from ``unit`` on (a live stage): forget those units, read and pack them again.
+
+        Units before ``unit`` are untouched (lanes may be inside them); a unit read
+        ahead past the change holds row groups of the old plan and is dropped, so
+        prefetch never commits the stream (docs/design.md, "Live stages").
+        """
+        with self._lock:
+            for x in [x for x in self._units if x >= unit]:
+                self._drop(self._units.pop(x))
+            for x in [x for x in self._reads if x >= unit]:
+                del self._reads[x]
+        if unit <= self._first_max:  # the resumed lanes' windows may have moved
+            rows = lane_positions(self.plan, self._from_step, self.seq_len, self.lanes, self.rank_lanes)
+            self._first = np.array([self.plan.unit(int(e), int(w)) for e, w in rows[:, 1:3].tolist()], np.int64)
+            self._first_max = int(self._first.max())
+        self._next = min(self._next, max(unit, self._released))
+
     def _plan_reads(self, unit: int) -> _Reads:
         got = self._reads.get(unit)
         if got is not None:
@@ -284,7 +307,20 @@ class Scanner:
                 seq_len=self.seq_len,
             )
         )
-        got = _Reads(epoch, window, rgs, ep.token_start[positions], est)
+        # What the pack needs from the plan is taken here, in the consumer thread: the
+        # plan of a mixture changes under set_weights, so reader threads never read it.
+        got = _Reads(
+            epoch,
+            window,
+            rgs,
+            ep.token_start[positions],
+            est,
+            int(ep.window_tokens[window]),
+            int(ep.window_z[window]),
+            self.lane_base(unit),
+            self._needed(unit),
+            self._from_step if unit <= self._first_max else 0,
+        )
         self._reads[unit] = got
         return got
 
@@ -362,7 +398,6 @@ class Scanner:
         """Worker: PACKING -> READY (or FAILED)."""
         r = u.reads
         s = self.plan.settings
-        keep = self._needed(u.unit)
         try:
             chunks = list(u.chunks)
             assert all(c is not None for c in chunks)
@@ -370,19 +405,19 @@ class Scanner:
                 chunks,
                 [int(x) for x in r.token_start],
                 [int(self._doc_base[g]) for g in r.row_groups],
-                window_tokens=int(self.plan.epoch(r.epoch).window_tokens[r.window]),
-                window_z=int(self.plan.epoch(r.epoch).window_z[r.window]),
+                window_tokens=r.window_tokens,
+                window_z=r.window_z,
                 lanes=s.lanes,
                 rank_lanes=self.rank_lanes,
-                lane_base=self.lane_base(u.unit),
+                lane_base=r.lane_base,
                 seq_len=self.seq_len,
                 seed=s.seed,
                 epoch=r.epoch,
                 window=r.window,
                 unit=u.unit,
                 dtype=self._dtype,
-                keep=keep,
-                from_step=self._from_step if u.unit <= self._first_max else 0,
+                keep=r.keep,
+                from_step=r.from_step,
             )
         except BaseException as e:
             with self._lock:

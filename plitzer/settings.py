@@ -180,6 +180,22 @@ def open_source(source: Source, settings: LoaderSettings) -> RowGroupIndex:
         where=s.where,
         length_column=s.length_column,
         select=select,
+        text_source=_text_source,
+    )
+
+
+def _text_source(spec: SourceSpec) -> Index:
+    """A mixture's text source, counted with its own tokenizer (``plitzer.text``)."""
+    from plitzer.text import text_index
+
+    t = dict(spec.text or {})
+    return text_index(
+        spec.path,
+        tokenizer=t["tokenizer"],
+        text_column=t.get("text_column", "text"),
+        add_eos=t.get("add_eos", True),
+        add_bos=t.get("add_bos", False),
+        storage_options=spec.storage_options,
     )
 
 

@@ -30,6 +30,8 @@ True
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import warnings
 from collections.abc import Iterator, Mapping
@@ -371,6 +373,37 @@ class Dataset(IterableDataset[Batch]):
             "epoch": epoch_of_step(step, lanes=s.lanes, seq_len=s.seq_len, tokens=self._loader.tokens),
         }
 
+    def set_weights(self, weights: Mapping[str, Any] | None, at_step: int | None = None) -> int:
+        """Append a stage to the mixture (:meth:`plitzer.Loader.set_weights`); the step it starts at.
+
+        Collective when ``world > 1``: every rank calls it at the same step with the
+        same weights and ``at_step``. One small all-gather (the step, ``at_step`` and a
+        hash of the weights: six int64 per process) checks that; a mismatch is a
+        ConfigError on every rank naming what each rank asked for, and no rank changes
+        its mixture.
+        """
+        if self.world > 1 and _dist_ready():
+            key = json.dumps(_weights_key(weights), separators=(",", ":")).encode()
+            digest = np.frombuffer(hashlib.sha256(key).digest(), dtype="<i8").tolist()
+            group = self._group
+            dev = _collective_device(group)
+            mine = torch.tensor([self.step, -1 if at_step is None else at_step, *digest], dtype=torch.int64, device=dev)
+            calls = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(calls, mine, group=group)
+            got = [tuple(int(v) for v in c.cpu().tolist()) for c in calls]
+            if len(set(got)) > 1:
+                kinds = {k: i + 1 for i, k in enumerate(dict.fromkeys(c[2:] for c in got))}
+                each = "; ".join(
+                    f"rank {r}: step {c[0]}, at_step {None if c[1] < 0 else c[1]}, weights #{kinds[c[2:]]}"
+                    for r, c in enumerate(got)
+                )
+                msg = (
+                    f"set_weights() differs across ranks ({each}; this rank asked for {weights!r}): every rank must "
+                    "make the same call at the same step"
+                )
+                raise ConfigError(msg)
+        return self._loader.set_weights(weights, at_step)
+
     def load_state_dict(self, state: Mapping[str, Any] | bytes | bytearray | memoryview | torch.Tensor) -> None:
         """Resume from a ``state_dict()`` (or its bytes) taken at any world size."""
         self._loader.resume(_checkpoint_bytes(state))
@@ -450,6 +483,13 @@ class Dataset(IterableDataset[Batch]):
             f"plitzer.torch.Dataset(step={self.step}, epoch={self.epoch}, lanes={s.lanes}, seq_len={s.seq_len}, "
             f"window={s.window}, rank={s.rank}, world={s.world})"
         )
+
+
+def _weights_key(weights: object) -> object:
+    """A JSON form of ``set_weights``' weights to compare across ranks (no parsing: that is the loader's)."""
+    if isinstance(weights, Mapping):
+        return sorted([str(k), repr(v)] for k, v in weights.items())
+    return repr(weights)
 
 
 def _checkpoint_bytes(state: object) -> bytes:

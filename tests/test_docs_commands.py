@@ -166,6 +166,7 @@ RULES: dict[str, Rule] = {
     "python docs/examples/train_tiny.py": R,
     "python docs/examples/train_tiny.py DATA_DIR": scaled("python docs/examples/train_tiny.py data/sample"),
     "torchrun --nproc-per-node 2 docs/examples/train_tiny.py": R,
+    "python docs/examples/loss_mixing.py": R,
     # benchmarks and offline checks, at small sizes
     "python tests/fuzz_parquet.py BASE WORK N SEED": scaled(
         "python tests/fuzz_parquet.py data/sample/part-00000.parquet {scratch}/fuzz 20 2"
@@ -175,6 +176,10 @@ RULES: dict[str, Rule] = {
     "python benchmarks/memory.py": scaled(f"python benchmarks/memory.py --tokens 2000000 --limit 0.5 {OUT}"),
     "python benchmarks/memory.py --data data/synth-300M": scaled(
         f"python benchmarks/memory.py --data data/synth-300M --limit 0.5 --budgets floor,256 {OUT}"
+    ),
+    "python benchmarks/live_mixing.py --tokens 20000000 --lanes 64 --every 50": scaled(
+        "python benchmarks/live_mixing.py --tokens 1000000 --lanes 16 --seq-len 256 --every 5 --repeat 1 "
+        "--row-groups 300 --epochs 3 --data {scratch}/mix"
     ),
     "python benchmarks/mixture.py --tokens 20000000 --row-groups 30000 --epochs 100": scaled(
         "python benchmarks/mixture.py --tokens 1000000 --row-groups 300 --epochs 3 --repeat 1 --data {scratch}/mix",
@@ -322,5 +327,7 @@ def test_documented_command_runs(command: str, scratch: Path) -> None:
     assert r.returncode == 0, f"{command!r} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     if "train_tiny" in command:
         assert "ok: the resumed run equals the uninterrupted one" in r.stdout, r.stdout + r.stderr
+    if "loss_mixing" in command:
+        assert "ok: two runs with the same losses are identical" in r.stdout, r.stdout + r.stderr
     if command.startswith("torchrun"):
         assert r.stdout.count("ok: the resumed run equals") == 1, r.stdout  # printed by rank 0, both ranks agree

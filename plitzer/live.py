@@ -1,0 +1,194 @@
+"""Live stages: a mixture's weights changed while the run goes on, exactly and resumably.
+
+``loader.set_weights({"web": 1, "code": 3})`` appends a stage, as if it had been in
+the list of stages from the start (SPEC section 8, docs/design.md "Live stages"). A
+stage that starts at step ``s`` starts at the first window whose first token is at
+or after run token ``s * lanes * seq_len``; the call is allowed only where that
+window is one no lane has begun to consume. Lanes run in lockstep, so before step
+``t`` the lanes have consumed exactly the run's tokens ``[0, t * lanes * seq_len)``:
+with ``x`` the first token of the last window begun, the earliest allowed step is
+``x // (lanes * seq_len) + 1`` (and after the last stage's step). Worked example: lanes
+4, seq_len 8 (32 tokens a step), windows starting at run tokens 0, 70, 150, ...; at
+step 3 (tokens 0..95 consumed) window 1 (70..149) is begun, so the earliest step is
+70 // 32 + 1 = 3, whose stage starts at window 2 (150 >= 96).
+
+Windows read ahead past that window hold the old plan's row groups: they are
+dropped and read again (:meth:`plitzer.scan.Scanner.replan_from`), so prefetch
+never forbids a change.
+
+On resume, a checkpoint whose stages are the loader's followed by more (stages added
+live) gives the loader those stages: a loader built with the run's first weights
+resumes the run that changed them. A checkpoint may also lack sources the loader has,
+when those weigh 0 in every stage starting at or before its step (a source added
+mid-run); its positions are then carried over window by window (:func:`carry_positions`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from planner.errors import CheckpointError, ConfigError
+from planner.mixture import Interleave, MixtureIndex, MixturePlan
+from planner.plan import Plan, check_int
+from planner.sources import Stage, parse_stages
+
+__all__ = ["Reconciled", "carry_positions", "earliest_step", "live_stage", "reconcile"]
+
+I64 = NDArray[np.int64]
+
+
+def _mixture(plan: Plan) -> MixturePlan:
+    if not isinstance(plan, MixturePlan) or not isinstance(plan.order, Interleave):
+        msg = (
+            "set_weights() needs a mixture of two or more named sources (Loader({'web': ..., 'code': ...}, "
+            "weights=...)): one dataset has no weights to change"
+        )
+        raise ConfigError(msg)
+    return plan
+
+
+def _order(plan: Plan) -> Interleave:
+    order = _mixture(plan).order
+    assert isinstance(order, Interleave)
+    return order
+
+
+def earliest_step(plan: Plan, step: int, seq_len: int) -> int:
+    """The earliest step a stage may start at when the next batch is ``step`` (module docstring)."""
+    mix = _mixture(plan)
+    per_step = plan.settings.lanes * seq_len
+    unbegun = _order(plan).first_window_at(step * per_step)
+    begun = 0 if unbegun == 0 else int(plan.window_starts(unbegun)[-1]) // per_step + 1
+    return max(begun, mix.stages[-1].start + 1)
+
+
+def live_stage(plan: Plan, weights: Mapping[str, Any] | None, at_step: int | None, step: int, seq_len: int) -> Stage:
+    """The stage ``set_weights(weights, at_step)`` appends at step ``step``, checked."""
+    mix = _mixture(plan)
+    if weights is not None and not isinstance(weights, Mapping):
+        msg = (
+            f"set_weights(weights={weights!r}): give one dict of source name to weight, e.g. "
+            f"{dict.fromkeys(mix.names, 1)}; call it again for each later change"
+        )
+        raise ConfigError(msg)
+    earliest = earliest_step(plan, step, seq_len)
+    if at_step is None:
+        at_step = earliest
+    at_step = check_int("at_step", at_step, 0, "at_step is a global step")
+    if at_step < earliest:
+        last = mix.stages[-1].start
+        why = (
+            f"the last stage starts at step {last}"
+            if earliest == last + 1
+            else f"the loader is at step {step}, and the window a stage at step {at_step} would start at is "
+            "already being consumed"
+        )
+        msg = (
+            f"set_weights(at_step={at_step}): {why}; the earliest allowed at_step is {earliest} "
+            "(leave at_step out to get it)"
+        )
+        raise ConfigError(msg)
+    tokens = [ix.tokens for ix in mix.mixture.parts]
+    got = parse_stages(weights, mix.names, tokens)[0]
+    return Stage(at_step, got.weights)
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciled:
+    """How a loader takes a checkpoint: the configs to compare, the stages to run (empty: its own),
+    and the sources it has that the checkpoint lacked."""
+
+    checkpoint: dict[str, Any]
+    loader: dict[str, Any]
+    stages: list[Stage]
+    added: list[str]
+
+
+def _full(stages: Sequence[Sequence[Any]], names: Sequence[str]) -> list[list[Any]]:
+    """Stages ``[start, {name: weight}]`` with every one of ``names`` (absent: weight 0)."""
+    return [[int(x[0]), {n: int(x[1].get(n, 0)) for n in names}] for x in stages]
+
+
+def reconcile(checkpoint: Mapping[str, Any], loader: Mapping[str, Any], step: int, names: Sequence[str]) -> Reconciled:
+    """Line up a checkpoint's mixture fields with a loader's before they are compared.
+
+    Sources the checkpoint lacks are accepted when the checkpoint's other sources are
+    the loader's (same fingerprints) and they weigh 0 in every loader stage that starts
+    at or before ``step``; the fields derived from the sources (fingerprint, column)
+    are then the checkpoint's. Stages: a checkpoint whose list extends the loader's
+    gives the loader its list (stages added live, later ones included); one whose
+    stages up to ``step`` extend the loader's gives those, followed by the loader's
+    stages after ``step`` when these start later (docs/design.md, "Live stages").
+    """
+    ck, mine = dict(checkpoint), dict(loader)
+    if not ck.get("sources") or not mine.get("sources"):
+        return Reconciled(ck, mine, [], [])
+    ck_src, my_src = dict(map(tuple, ck["sources"])), dict(map(tuple, mine["sources"]))
+    added: list[str] = []
+    if set(ck_src) < set(my_src) and all(my_src[n] == fp for n, fp in ck_src.items()):
+        added = [n for n in names if n not in ck_src]
+        early = [(x[0], n, x[1][n]) for x in mine["stages"] if x[0] <= step for n in added if x[1].get(n, 0)]
+        if early:
+            start, name, w = early[0]
+            msg = (
+                f"source {name!r} is not in the checkpoint (step {step}) and weighs {w} in the stage at step "
+                f"{start}: a source may join a run only with weight 0 in every stage that starts at or before "
+                "the checkpoint's step; give it weight 0 there and a stage after the step"
+            )
+            raise CheckpointError(msg)
+        for k in ("sources", "fingerprint", "column"):
+            mine[k] = ck[k]
+        ck["stages"] = _full(ck["stages"], names)
+        mine["stages"] = _full(mine["stages"], names)
+    ours, theirs = mine.get("stages", []), ck.get("stages", [])
+    past_ours = [x for x in ours if x[0] <= step]
+    past_theirs = [x for x in theirs if x[0] <= step]
+    adopt: list[list[Any]] = []
+    if len(theirs) > len(ours) and theirs[: len(ours)] == ours:
+        adopt = theirs[len(ours) :]  # the run's live stages, those after the step included
+    elif len(past_theirs) > len(past_ours) and past_theirs[: len(past_ours)] == past_ours:
+        # Live stages up to the step that this loader lacks; its own later stages follow
+        # (stages after the checkpoint's step may change, as they always could).
+        later = [x for x in ours if x[0] > step]
+        if not later or later[0][0] > past_theirs[-1][0]:
+            adopt = past_theirs[len(past_ours) :]
+            mine["stages"] = [*past_theirs, *later]
+    if not adopt:
+        return Reconciled(ck, mine, [], added)
+    if mine["stages"] == ours:
+        mine["stages"] = list(theirs)
+    stages = [Stage(int(s), tuple(int(w[n]) for n in names)) for s, w in mine["stages"]]
+    return Reconciled(ck, mine, stages, added)
+
+
+def carry_positions(plan: Plan, rows: I64, names_before: Sequence[str]) -> I64:
+    """A checkpoint's positions under a mixture with sources added: the same windows, labelled anew.
+
+    The stream up to the checkpoint is the same (the new sources weighed 0), but the
+    mixture's epoch ``T`` now counts the new sources' tokens, so a window's (epoch,
+    window) label can change. Positions at a slice's start move with their window; one
+    inside a slice needs the window's label kept (its pieces are shuffled by it).
+    """
+    mix = _mixture(plan)
+    ix = mix.mixture
+    assert isinstance(ix, MixtureIndex)
+    old_total = sum(p.tokens for n, p in zip(ix.names, ix.parts, strict=True) if n in names_before)
+    out = rows.copy()
+    for i, (lane, e, w, piece, offset) in enumerate(rows.tolist()):
+        unit = _order(plan).first_window_at(e * old_total) + w
+        ne, nw = plan.unit_epoch_window(unit)
+        if (ne, nw) != (e, w) and (piece or offset):
+            msg = (
+                f"checkpoint position of lane {lane} is inside window {w} of mixture epoch {e}, which is window "
+                f"{nw} of epoch {ne} once the new sources count in the mixture's epoch: its pieces would be "
+                "shuffled otherwise. Add the source at a checkpoint taken within the first mixture epoch, or "
+                "at a step where every lane is at a window's start"
+            )
+            raise CheckpointError(msg)
+        out[i, 1], out[i, 2] = ne, nw
+    return out
