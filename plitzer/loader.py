@@ -457,11 +457,21 @@ class Loader:
             raise CheckpointError(msg)
         rows = st.positions[idx]
         with self._lock:
+            stages = self.plan.stages if isinstance(self.plan, MixturePlan) else None
             self.take_stages(fit)
-            if fit.added:  # sources that join the run here: the same windows, labelled anew
-                before = [n for n, _ in st.config["sources"]]
-                rows = live.carry_positions(self.plan, rows, before)
-            checks = self._check_positions(st.step, rows)
+            try:
+                if fit.added:  # sources that join the run here: the same windows, labelled anew
+                    before = [n for n, _ in st.config["sources"]]
+                    rows = live.carry_positions(self.plan, rows, before)
+                checks = self._check_positions(st.step, rows)
+            except BaseException:
+                # A refused resume leaves the loader as it was: its own stages back.
+                if fit.stages and isinstance(self.plan, MixturePlan) and stages is not None:
+                    self.plan.restage(stages)
+                    self._window_ends.clear()
+                    self._config = self._make_config()
+                    self._cell[0] = self._config
+                raise
             self._place(st.step)
             self._resumed = rows
             self._checks = checks

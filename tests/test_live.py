@@ -365,3 +365,23 @@ def test_loss_mixing_example(three: dict[str, str]) -> None:
         assert sum(n for _, n in got.values()) == ex.SETTINGS["lanes"] * ex.SETTINGS["seq_len"]
         counts = batch.documents().group_by("source").agg(pl.sum("length")).rows()
         assert {s: n for s, (_, n) in got.items()} == dict(counts)
+
+
+def test_a_refused_resume_leaves_the_loaders_stages_as_they_were(three: dict[str, str]) -> None:
+    """A resume that adopts a checkpoint's live stage and is then refused (here: a source added
+    inside a relabelled window) gives the loader back its own stages and batches."""
+    old = {n: three[n] for n in ("books", "code")}
+    with plitzer.Loader(old, weights={"books": 1, "code": 1}, **CFG) as a:
+        a.set_weights({"books": 2, "code": 1}, at_step=5)
+        a.seek(3 * a.tokens // (2 * CFG["lanes"] * CFG["seq_len"]))  # inside mixture epoch 1
+        state = a.checkpoint()
+    assert len(plitzer.state.decode(state).config["stages"]) == 2
+    weights = {"books": 1, "code": 1, "web": 0}
+    with plitzer.Loader(three, weights=weights, **CFG) as b, plitzer.Loader(three, weights=weights, **CFG) as ref:
+        before = b.config
+        with pytest.raises(plitzer.CheckpointError, match="once the new sources count in the mixture's epoch"):
+            b.resume(state)
+        assert b.config == before
+        assert b.plan.sql("select count(*) as n from stages").item() == 3  # one stage, three sources
+        for t in range(30):
+            np.testing.assert_array_equal(tokens_of(b.next_batch()), tokens_of(ref.next_batch()), err_msg=f"{t}")
