@@ -385,3 +385,37 @@ def test_a_refused_resume_leaves_the_loaders_stages_as_they_were(three: dict[str
         assert b.plan.sql("select count(*) as n from stages").item() == 3  # one stage, three sources
         for t in range(30):
             np.testing.assert_array_equal(tokens_of(b.next_batch()), tokens_of(ref.next_batch()), err_msg=f"{t}")
+
+
+def test_live_stages_over_a_selected_source(three: dict[str, str]) -> None:
+    """A mixture with a where= source takes live stages like any other: the run equals the same
+    stages up front, and resumes exactly at another world size."""
+    sources = {"books": {"path": three["books"], "where": "language = 'en'"}, "code": three["code"]}
+    w0, w1 = {"books": 1, "code": 1}, {"books": 3, "code": 1}
+    with plitzer.Loader(sources, weights=w0, **CFG) as live_ld:
+        idx = live_ld.plan.index
+        assert 0 < idx["tokens_selected"].sum() < idx["tokens"].sum()  # the selection is in the stream
+        got = [tokens_of(live_ld.next_batch()) for _ in range(12)]
+        start = live_ld.set_weights(w1)
+        got += [tokens_of(live_ld.next_batch()) for _ in range(28)]
+        state = live_ld.checkpoint()
+    with plitzer.Loader(sources, weights=[(0, w0), (start, w1)], **CFG) as ref:
+        for t in range(40):
+            np.testing.assert_array_equal(got[t], tokens_of(ref.next_batch()), err_msg=f"step {t}")
+        after = [tokens_of(ref.next_batch()) for _ in range(10)]
+    parts = [plitzer.Loader(sources, weights=w0, world=2, rank=r, **CFG) for r in range(2)]
+    try:
+        for ld in parts:
+            ld.resume(state)
+        for t in range(10):
+            both = np.concatenate([tokens_of(ld.next_batch()) for ld in parts])
+            np.testing.assert_array_equal(both, after[t], err_msg=f"step {40 + t}")
+    finally:
+        for ld in parts:
+            ld.close()
+
+
+def test_where_on_a_text_source_is_refused(three: dict[str, str]) -> None:
+    sources = {"books": {"path": three["books"], "where": "score > 1", "tokenizer": "tok.json"}, "code": three["code"]}
+    with pytest.raises(plitzer.ConfigError, match="where= with a text source"):
+        plitzer.Loader(sources, **CFG)
