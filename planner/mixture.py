@@ -22,8 +22,9 @@ The merged stream is cut into windows of W row groups over the whole run, each
 window cut into lanes as one source's are (docs/glossary.md, "Cut"; the run's tokens so far give ``z``). A stage
 that starts at step ``t`` starts at the first window whose first token is at or after
 run token ``t * lanes * seq_len``; every source goes on from where the previous stage
-left it. A mixture epoch is ``T = sum of the sources' tokens`` of the run: epoch ``e``
-holds the windows whose first token falls in ``[e*T, (e+1)*T)``. With weights
+left it. A mixture epoch is ``T`` = the tokens of the sources the first stage weighs
+(so a source joining later moves no epoch): epoch ``e`` holds the windows whose first
+token falls in ``[e*T, (e+1)*T)``. With weights
 proportional to the sources' sizes each source's epochs line up with the mixture's;
 a source weighted above its size repeats, one below is partly used per mixture epoch.
 
@@ -272,7 +273,9 @@ class Interleave:
     """A mixture's epoch order: the sources' streams merged by virtual finish time, in stages.
 
     Units (windows) are numbered over the whole run; epoch ``e`` holds the windows
-    whose first token is in ``[e*T, (e+1)*T)``. The stream is generated lazily, a
+    whose first token is in ``[e*T, (e+1)*T)``, ``T`` being the tokens of the sources
+    the first stage weighs (so a source that joins later, at weight 0 until then, moves
+    no epoch: docs/design.md, "Epochs of a mixture"). The stream is generated lazily, a
     batch of windows at a time, and kept (a few int64 per row group of the run).
     """
 
@@ -288,9 +291,11 @@ class Interleave:
         self.settings = settings
         self.stages = tuple(stages)
         self.seq_len = seq_len
-        self.total = int(self._tokens.sum())
-        self._row_groups = len(self._tokens)
         sizes = idx._rg_base
+        first = self.stages[0].weights
+        self.total = sum(int(self._tokens[int(sizes[i]) : int(sizes[i + 1])].sum()) for i, w in enumerate(first) if w)
+        self.total = self.total or int(self._tokens.sum())  # the first stage's sources hold no token
+        self._row_groups = len(self._tokens)
         self._rg_base = sizes
         self._sources = [
             _Source(n, self._tokens[int(sizes[i]) : int(sizes[i + 1])], int(sizes[i]), settings.seed)

@@ -234,6 +234,9 @@ class EpochOrder(Protocol):
     source; a mixture's interleave (:class:`planner.mixture.Interleave`) merges several.
     """
 
+    total: int
+    """Tokens of an epoch, ``T``."""
+
     @property
     def windows(self) -> int:
         """Windows of epoch 0."""
@@ -354,7 +357,15 @@ class Plan:
 
     @property
     def tokens(self) -> int:
+        """The stream's tokens: every row group's (those a ``where=`` selects)."""
         return int(self._tokens.sum())
+
+    @property
+    def epoch_tokens(self) -> int:
+        """Tokens of an epoch, ``T``: :attr:`tokens`, except for a mixture whose first stage
+        weighs some sources 0, where it counts the sources that stage weighs (a source that
+        joins the run later moves no epoch; docs/design.md, "Epochs of a mixture")."""
+        return int(self.order.total)
 
     @property
     def windows(self) -> int:

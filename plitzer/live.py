@@ -20,7 +20,9 @@ On resume, a checkpoint whose stages are the loader's followed by more (stages a
 live) gives the loader those stages: a loader built with the run's first weights
 resumes the run that changed them. A checkpoint may also lack sources the loader has,
 when those weigh 0 in every stage starting at or before its step (a source added
-mid-run); its positions are then carried over window by window (:func:`carry_positions`).
+mid-run). Its positions hold as they are: such a source takes no part in the merge
+until it weighs something, and the mixture's epoch counts only the sources the first
+stage weighs, so no window moves or changes its (epoch, window) label.
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from planner.errors import CheckpointError, ConfigError
-from planner.mixture import Interleave, MixtureIndex, MixturePlan
+from planner.mixture import Interleave, MixturePlan
 from planner.plan import Plan, check_int
 from planner.sources import Stage, parse_stages
 
-__all__ = ["Reconciled", "carry_positions", "earliest_step", "live_stage", "reconcile"]
+__all__ = ["Reconciled", "earliest_step", "live_stage", "reconcile"]
 
 I64 = NDArray[np.int64]
 
@@ -164,31 +166,3 @@ def reconcile(checkpoint: Mapping[str, Any], loader: Mapping[str, Any], step: in
         mine["stages"] = list(theirs)
     stages = [Stage(int(s), tuple(int(w[n]) for n in names)) for s, w in mine["stages"]]
     return Reconciled(ck, mine, stages, added)
-
-
-def carry_positions(plan: Plan, rows: I64, names_before: Sequence[str]) -> I64:
-    """A checkpoint's positions under a mixture with sources added: the same windows, labelled anew.
-
-    The stream up to the checkpoint is the same (the new sources weighed 0), but the
-    mixture's epoch ``T`` now counts the new sources' tokens, so a window's (epoch,
-    window) label can change. Positions at a slice's start move with their window; one
-    inside a slice needs the window's label kept (its pieces are shuffled by it).
-    """
-    mix = _mixture(plan)
-    ix = mix.mixture
-    assert isinstance(ix, MixtureIndex)
-    old_total = sum(p.tokens for n, p in zip(ix.names, ix.parts, strict=True) if n in names_before)
-    out = rows.copy()
-    for i, (lane, e, w, piece, offset) in enumerate(rows.tolist()):
-        unit = _order(plan).first_window_at(e * old_total) + w
-        ne, nw = plan.unit_epoch_window(unit)
-        if (ne, nw) != (e, w) and (piece or offset):
-            msg = (
-                f"checkpoint position of lane {lane} is inside window {w} of mixture epoch {e}, which is window "
-                f"{nw} of epoch {ne} once the new sources count in the mixture's epoch: its pieces would be "
-                "shuffled otherwise. Add the source at a checkpoint taken within the first mixture epoch, or "
-                "at a step where every lane is at a window's start"
-            )
-            raise CheckpointError(msg)
-        out[i, 1], out[i, 2] = ne, nw
-    return out

@@ -190,6 +190,7 @@ class Loader:
         self.plan = plan
         self.index = plan.dataset
         self.tokens = plan.tokens
+        self.epoch_tokens = plan.epoch_tokens  # T; less than tokens for a mixture whose first stage weighs a source 0
         if self.tokens == 0:
             msg = f"dataset {self.index.source!r} has no tokens (every document is empty); nothing to train on"
             raise DataError(msg)
@@ -277,13 +278,13 @@ class Loader:
         return self._epoch_of(self._step)
 
     def _epoch_of(self, step: int) -> int:
-        return epoch_of_step(step, lanes=self.settings.lanes, seq_len=self.settings.seq_len, tokens=self.tokens)
+        return epoch_of_step(step, lanes=self.settings.lanes, seq_len=self.settings.seq_len, tokens=self.epoch_tokens)
 
     def __len__(self) -> int:
         """Batches left in the current epoch."""
         s = self.settings
         per_step = s.lanes * s.seq_len
-        end = -(-(self.epoch + 1) * self.tokens // per_step)
+        end = -(-(self.epoch + 1) * self.epoch_tokens // per_step)
         return end - self._step
 
     @property
@@ -460,9 +461,6 @@ class Loader:
             stages = self.plan.stages if isinstance(self.plan, MixturePlan) else None
             self.take_stages(fit)
             try:
-                if fit.added:  # sources that join the run here: the same windows, labelled anew
-                    before = [n for n, _ in st.config["sources"]]
-                    rows = live.carry_positions(self.plan, rows, before)
                 checks = self._check_positions(st.step, rows)
             except BaseException:
                 # A refused resume leaves the loader as it was: its own stages back.

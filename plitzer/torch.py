@@ -370,7 +370,7 @@ class Dataset(IterableDataset[Batch]):
         return {
             "checkpoint": state,
             "step": step,
-            "epoch": epoch_of_step(step, lanes=s.lanes, seq_len=s.seq_len, tokens=self._loader.tokens),
+            "epoch": epoch_of_step(step, lanes=s.lanes, seq_len=s.seq_len, tokens=self._loader.epoch_tokens),
         }
 
     def set_weights(self, weights: Mapping[str, Any] | None, at_step: int | None = None) -> int:

@@ -155,7 +155,8 @@ def mixture_lane_streams(
 ) -> list[list[int]]:
     """Per lane, its tokens over ``steps`` steps of a mixture (``rg_docs[s][g]`` = documents)."""
     tokens = [[sum(len(d) for d in rg) for rg in src] for src in rg_docs]
-    total = sum(map(sum, tokens))
+    # T: the tokens of the sources the first stage weighs (all of them if those hold none).
+    total = sum(sum(t) for t, w in zip(tokens, stages[0][1], strict=True) if w) or sum(map(sum, tokens))
     need = (steps + 2) * lanes * seq_len
     wins = mixture_windows(tokens, names, stages, seed, lanes, window, seq_len, need + total)
     flat = [rg for src in rg_docs for rg in src]

@@ -140,7 +140,7 @@ def _dataset_section(ix: RowGroupIndex, plan: Plan, cfg: LoaderSettings, lengths
     """Summary, settings, document lengths and tokens per file and row group."""
     tables, figures, _ = out
     f = ix.frame
-    per_epoch = -(-ix.tokens // (cfg.lanes * cfg.seq_len))
+    per_epoch = -(-plan.epoch_tokens // (cfg.lanes * cfg.seq_len))
     tables["summary"] = pl.DataFrame(
         {
             "files": [len(ix.files)],
@@ -283,7 +283,7 @@ def audit(
     ix = open_source(source, cfg)
     plan = make_plan(ix, cfg)
     lengths = document_pass(ix, progress=progress)[0]
-    total = ix.tokens
+    total = plan.epoch_tokens
     per_epoch = -(-total // (lanes * seq_len))
     steps = per_epoch if steps is None else steps
 

@@ -144,7 +144,7 @@ def lockstep(plan: Plan, seq_len: int, steps: int | None = None) -> pl.DataFrame
     one epoch.
     """
     s = plan.settings
-    total = plan.tokens
+    total = plan.epoch_tokens
     b = s.lanes
     per_step = b * seq_len
     if steps is None:
