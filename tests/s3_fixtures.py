@@ -137,6 +137,9 @@ class Request:
 Schedule = Callable[[Request, int], "str | None"]
 
 
+_VOLATILE = ("ifgenerationmatch=", "generation=")  # GCS: the object's generation, new every upload
+
+
 @dataclass
 class SeededFaults:
     """Faults on object GETs, drawn from a hash of (seed, path, range, attempt)."""
@@ -152,7 +155,10 @@ class SeededFaults:
     def __call__(self, req: Request, attempt: int) -> str | None:
         if not (req.is_object_get or (self.lists and req.is_list)) or attempt >= self.max_in_a_row:
             return None
-        h = hashlib.sha256(f"{self.seed}|{req.path}|{req.query}|{req.range}|{attempt}".encode()).digest()
+        # The query without what changes from run to run (GCS's ifGenerationMatch carries the
+        # object's generation, a timestamp), so the same requests draw the same faults every run.
+        query = "&".join(p for p in (req.query or "").split("&") if not p.lower().startswith(_VOLATILE))
+        h = hashlib.sha256(f"{self.seed}|{req.path}|{query}|{req.range}|{attempt}".encode()).digest()
         u = int.from_bytes(h[:8], "little") / 2**64
         if u >= self.rate:
             return None

@@ -230,7 +230,7 @@ def test_throttling_is_retried_to_the_same_batches_and_counted(
     ):
         a, b = _epoch(remote), _epoch(disk)
         (storage,) = _storages(remote)
-        retries = remote.stats.retries  # the sum over the loader's storages
+    retries = remote.stats.retries  # the sum over the loader's storages, once its threads are joined
     assert len(a) == len(b) > 0
     for x, y in zip(a, b, strict=True):
         assert x.tobytes() == y.tobytes()
@@ -238,7 +238,7 @@ def test_throttling_is_retried_to_the_same_batches_and_counted(
     throttled = [r for r in log if r.fault]
     assert {r.fault for r in throttled} == {"503", "429"}
     # About 20 %: a seeded draw over some 55 requests (retries included), whose ranges
-    # depend on the synth's bytes (18 of 55 since it writes metadata columns too).
+    # depend on the synth's bytes.
     assert 0.1 < len(throttled) / len(log) < 0.35, (len(throttled), len(log))
     # Each throttled request was retried once, and only those were.
     assert retries == storage.retries == len(throttled)

@@ -296,7 +296,7 @@ def test_throttling_is_retried_to_the_same_batches_and_counted(
             b = [tokens_of(b).copy() for b in disk]
             ix = remote.index
             storages = {id(ix.storage(f)): ix.storage(f) for f in range(len(ix.files))}
-            retries = remote.stats.retries
+        retries = remote.stats.retries  # once the loader's threads are joined: no retry still in flight
         throttled = [r for r in proxy.log() if r.fault]
     finally:
         proxy.stop()
