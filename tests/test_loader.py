@@ -326,6 +326,8 @@ def test_position_ids_and_cu_seqlens_agree(synth_dir: Path) -> None:
             pos = b.position_ids.ravel()
             starts = np.flatnonzero(pos == 0)
             np.testing.assert_array_equal(starts, cu[:-1])
+            assert b.position_ids.dtype == np.int32 and b.position_ids.shape == b.tokens.shape
+            np.testing.assert_array_equal(pos, np.concatenate([np.arange(n) for n in np.diff(cu)]))
             assert b.max_seqlen == int(np.diff(cu).max())
 
 
