@@ -219,3 +219,19 @@ def test_exit_stress_bounded(tmp_path: Path) -> None:
     assert {r.case.storage for r in results} == {"local", "s3"}
     bad = [r for r in results if r.problem]
     assert not bad, exit_stress.report(results)
+
+
+def test_the_stress_judge_takes_polars_chained_interrupt_and_nothing_else() -> None:
+    """A SIGINT inside a Polars query reaches Python twice (chained KeyboardInterrupts): one Ctrl-C;
+    any other second traceback, a missing one, or another status stays abnormal."""
+    case = exit_stress.Case(ending="sigint", data="tiny", cache="warm", storage="local", steps=3, seed=1)
+    tb = 'Traceback (most recent call last):\n  File "<string>", line 31, in <module>\n'
+    during = "During handling of the above exception, another exception occurred:"
+    chained = f"{tb}KeyboardInterrupt\n\n{during}\n\n{tb}KeyboardInterrupt\n"
+    assert exit_stress.judge(case, -2, chained) is None
+    assert exit_stress.judge(case, 1, chained) == "exit status 1, expected -2"
+    other = chained.replace("KeyboardInterrupt", "RuntimeError: boom", 1)
+    assert exit_stress.judge(case, -2, other) == "2 tracebacks, expected one ending in 'KeyboardInterrupt'"
+    assert "reached the loop" in (exit_stress.judge(case, -2, f"{tb}KeyboardInterrupt\n") or "")
+    ok = f"interrupt-latency 0.020\n{tb}KeyboardInterrupt\n"
+    assert exit_stress.judge(case, -2, ok) is None
