@@ -53,6 +53,7 @@ from planner.column import TokenDtype
 from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
+from planner.layout import Layout
 from planner.plan import EpochOrder, EpochPlan, Permutation, Plan, PlanSettings, layout_epoch, row_group_counts
 from planner.rowgroups import SelectedRows, stream_counts, with_selected
 from planner.sources import SourceSpec, Stage, source_specs
@@ -286,11 +287,13 @@ class Interleave:
         settings: PlanSettings,
         stages: Sequence[Stage],
         seq_len: int | None,
+        layout: Layout | None = None,
     ) -> None:
         self._tokens, self._rows, self._empty = counts
         self.settings = settings
         self.stages = tuple(stages)
         self.seq_len = seq_len
+        self.layout_stages = layout  # places the weight stages' steps in the run's tokens
         sizes = idx._rg_base
         first = self.stages[0].weights
         self.total = sum(int(self._tokens[int(sizes[i]) : int(sizes[i + 1])].sum()) for i, w in enumerate(first) if w)
@@ -317,8 +320,15 @@ class Interleave:
     def _stage_end(self) -> float:
         if self._stage + 1 < len(self.stages):
             assert self.seq_len is not None
-            return self.stages[self._stage + 1].start * self.settings.lanes * self.seq_len
+            return self.run_at(self.stages[self._stage + 1].start)
         return math.inf
+
+    def run_at(self, step: int) -> int:
+        """The run's tokens before global step ``step`` (under the layout stages, :mod:`planner.layout`)."""
+        if self.layout_stages is not None:
+            return self.layout_stages.run_at(step)
+        assert self.seq_len is not None
+        return step * self.settings.lanes * self.seq_len
 
     def _candidates(self, windows: int) -> tuple[list[int], list[I64], list[I64], list[I64], list[I64], list[I64]]:
         """Each active source's next items (its share of ``windows`` windows plus one of its epochs of slack).
@@ -423,7 +433,7 @@ class Interleave:
         first = min(x.start for x in (*old[k : k + 1], *new[k : k + 1]))
         self.stages = new
         made = len(self._wtok)
-        cut = int(np.searchsorted(self._wstart[:made], first * self.settings.lanes * self.seq_len, side="left"))
+        cut = int(np.searchsorted(self._wstart[:made], self.run_at(first), side="left"))
         # Rewind to window `cut`: the stage in effect there (one of the first k, which
         # both lists share), and what each source had given by then, counted from that
         # stage's first window (so a change costs the items of that stage, not the run's).
@@ -504,7 +514,12 @@ class MixturePlan(Plan):
     """
 
     def __init__(
-        self, idx: MixtureIndex, settings: PlanSettings, stages: Sequence[Stage], seq_len: int | None = None
+        self,
+        idx: MixtureIndex,
+        settings: PlanSettings,
+        stages: Sequence[Stage],
+        seq_len: int | None = None,
+        layout: Layout | None = None,
     ) -> None:
         self.mixture = idx
         self.stages = tuple(stages)
@@ -517,7 +532,7 @@ class MixturePlan(Plan):
         order: EpochOrder = (
             Permutation(*counts, settings)
             if len(idx.parts) == 1
-            else Interleave(idx, counts, settings, self.stages, seq_len)
+            else Interleave(idx, counts, settings, self.stages, seq_len, layout)
         )
         super().__init__(idx, settings, order)
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -38,16 +38,19 @@ from numpy.typing import NDArray
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
 from planner.lanes import cut_at, lane_of, piece_range
+from planner.layout import Layout
 from planner.rowgroups import RowGroupIndex, SelectedRows, stream_counts, with_selected
 from planner.storage import Storage, duckdb_filesystems
 
 __all__ = [
     "EpochOrder",
     "EpochPlan",
+    "LanesPlan",
     "Permutation",
     "Plan",
     "PlanSettings",
     "check_int",
+    "cut_epoch",
     "epoch_of_step",
     "layout_epoch",
     "plan_epoch",
@@ -162,31 +165,68 @@ def layout_epoch(
     pos = np.arange(g, dtype=np.int64)
     window = pos // s.window
     tok = tokens[order]
-    n = rows[order]
-    emp = empty_docs[order]
     starts = np.arange(0, g, s.window, dtype=np.int64)
     window_tokens = np.add.reduceat(tok, starts) if g else np.zeros(0, np.int64)
     before = np.cumsum(tok) - tok
     token_start = before - before[starts][window] if g else before
+    return cut_epoch(
+        epoch,
+        order,
+        window,
+        token_start,
+        window_tokens.astype(np.int64, copy=False),
+        tokens,
+        rows,
+        empty_docs,
+        lanes=s.lanes,
+        world=s.world,
+        run_before=run_before,
+    )
+
+
+def cut_epoch(
+    epoch: int,
+    order: I64,
+    window: I64,
+    token_start: I64,
+    window_tokens: I64,
+    tokens: I64,
+    rows: I64,
+    empty_docs: I64,
+    *,
+    lanes: int,
+    world: int,
+    run_before: int,
+) -> EpochPlan:
+    """An epoch's lane cuts and reads for ``lanes`` lanes over ``world`` ranks (its windows given).
+
+    What :func:`layout_epoch` does after placing the windows; a layout stage with
+    other lanes (:mod:`planner.layout`) cuts the same windows again with it.
+    """
+    g = len(order)
+    pos = np.arange(g, dtype=np.int64)
+    tok = tokens[order]
+    n = rows[order]
+    emp = empty_docs[order]
     prefix = np.cumsum(window_tokens) - window_tokens
-    window_z = (run_before % s.lanes + prefix % s.lanes) % s.lanes
+    window_z = (run_before % lanes + prefix % lanes) % lanes
     lo, hi = piece_range(token_start, tok, emp)
     t_w = window_tokens[window]
-    q, r, z = t_w // s.lanes, t_w % s.lanes, window_z[window]
-    lanes_per_rank = s.lanes // s.world
-    first = lane_of(lo, q, r, z, s.lanes) // lanes_per_rank
-    last = lane_of(hi, q, r, z, s.lanes) // lanes_per_rank
+    q, r, z = t_w // lanes, t_w % lanes, window_z[window]
+    lanes_per_rank = lanes // world
+    first = lane_of(lo, q, r, z, lanes) // lanes_per_rank
+    last = lane_of(hi, q, r, z, lanes) // lanes_per_rank
     first = np.where(n > 0, first, -1)
     last = np.where(n > 0, last, -1)
 
     # A rank with an empty cut range (c_lo == c_hi, possible when T_w < B) owns no
     # token, so it reads nothing even if a row group spans across it.
-    rk = np.arange(s.world, dtype=np.int64)[None, :]
-    wq = (window_tokens // s.lanes)[:, None]
-    wr = (window_tokens % s.lanes)[:, None]
+    rk = np.arange(world, dtype=np.int64)[None, :]
+    wq = (window_tokens // lanes)[:, None]
+    wr = (window_tokens % lanes)[:, None]
     wz = window_z[:, None]
-    c_lo = cut_at(rk * lanes_per_rank, wq, wr, wz, s.lanes)
-    c_hi = cut_at((rk + 1) * lanes_per_rank, wq, wr, wz, s.lanes)
+    c_lo = cut_at(rk * lanes_per_rank, wq, wr, wz, lanes)
+    c_hi = cut_at((rk + 1) * lanes_per_rank, wq, wr, wz, lanes)
     nonempty = c_lo < c_hi
     nonempty[:, -1] = True
 
@@ -202,7 +242,7 @@ def layout_epoch(
         order=order,
         window=window,
         token_start=token_start,
-        window_tokens=window_tokens.astype(np.int64, copy=False),
+        window_tokens=window_tokens,
         window_z=window_z,
         first_rank=first,
         last_rank=last,
@@ -331,6 +371,7 @@ class Plan:
             order if order is not None else Permutation(self._tokens, self._rows, self._empty, settings)
         )
         self._epochs: OrderedDict[int, EpochPlan] = OrderedDict()
+        self.layout: Layout | None = None  # layout stages (planner.layout), where the run has them
 
     def __repr__(self) -> str:
         s = self.settings
@@ -581,6 +622,50 @@ class Plan:
                 }
             )
         return pl.concat(parts)
+
+
+class LanesPlan(Plan):
+    """``base`` cut into ``lanes`` lanes (a layout stage, :mod:`planner.layout`): the same windows.
+
+    Units, epochs and the run's tokens are the base plan's (its epoch order is shared,
+    so a mixture's live stages reach it); each epoch's cuts, ``z`` and reads are
+    computed again for ``lanes`` (``z`` counting the run's tokens mod ``lanes``).
+    """
+
+    def __init__(self, base: Plan, lanes: int) -> None:  # the base's index and order: nothing read again
+        self.base = base
+        self.dataset = base.dataset
+        self.settings = replace(base.settings, lanes=lanes)
+        self._tokens, self._rows, self._empty = base._tokens, base._rows, base._empty
+        self.order = base.order
+        self._epochs = OrderedDict()
+        self._bases: dict[int, EpochPlan] = {}
+        self.layout = base.layout
+
+    def epoch(self, epoch: int) -> EpochPlan:
+        ep = self.base.epoch(epoch)
+        got = self._epochs.get(epoch)
+        if got is None or self._bases.get(epoch) is not ep:  # the base planned it again (a live stage)
+            s = self.settings
+            got = cut_epoch(
+                epoch,
+                ep.order,
+                ep.window,
+                ep.token_start,
+                ep.window_tokens,
+                self._tokens,
+                self._rows,
+                self._empty,
+                lanes=s.lanes,
+                world=s.world,
+                run_before=self.run_before(epoch),
+            )
+            self._epochs[epoch] = got
+            self._bases[epoch] = ep
+            if len(self._epochs) > 4:
+                old, _ = self._epochs.popitem(last=False)
+                self._bases.pop(old, None)
+        return got
 
 
 def _scan_parquet(location: str, storage: Storage) -> pl.LazyFrame:

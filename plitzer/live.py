@@ -63,9 +63,13 @@ def _order(plan: Plan) -> Interleave:
 def earliest_step(plan: Plan, step: int, seq_len: int) -> int:
     """The earliest step a stage may start at when the next batch is ``step`` (module docstring)."""
     mix = _mixture(plan)
-    per_step = plan.settings.lanes * seq_len
-    unbegun = _order(plan).first_window_at(step * per_step)
-    begun = 0 if unbegun == 0 else int(plan.window_starts(unbegun)[-1]) // per_step + 1
+    order = _order(plan)
+    unbegun = order.first_window_at(order.run_at(step))
+    if order.layout_stages is not None:
+        begun = 0 if unbegun == 0 else order.layout_stages.step_at_run(int(plan.window_starts(unbegun)[-1]) + 1)
+    else:
+        per_step = plan.settings.lanes * seq_len
+        begun = 0 if unbegun == 0 else int(plan.window_starts(unbegun)[-1]) // per_step + 1
     return max(begun, mix.stages[-1].start + 1)
 
 

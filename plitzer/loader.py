@@ -31,15 +31,16 @@ from numpy.typing import NDArray
 
 from planner.errors import CheckpointError, ConfigError, DataError, PerformanceWarning, UsageError
 from planner.lanes import lane_positions
+from planner.layout import Layout
 from planner.mixture import MixtureIndex, MixturePlan
-from planner.plan import Plan, check_int, epoch_of_step, row_group_counts
+from planner.plan import LanesPlan, Plan, check_int, row_group_counts
 from planner.sources import Weights
 from plitzer import live
 from plitzer import state as ckpt
 from plitzer.batch import Batch, Located, Tokens
 from plitzer.cost import budget_floor
-from plitzer.pack import PackedUnit, Segments, Slices, assemble
-from plitzer.scan import Scanner, Stats
+from plitzer.pack import PackedUnit, Recut, Segments, Slices, assemble
+from plitzer.scan import Scanner, Segment, Stats, lane_base
 from plitzer.select import select_config, source_rows
 from plitzer.settings import LoaderSettings, Source, default_threads, make_plan, open_source
 from plitzer.text import text_config
@@ -54,16 +55,24 @@ def open_plan(source: Source, settings: LoaderSettings) -> Plan:
     return make_plan(open_source(source, settings), settings)
 
 
-def positions_at(plan: Plan, step: int, seq_len: int, rank_lanes: range, slices: Callable[[int], Slices]) -> I64:
+def positions_at(
+    plan: Plan,
+    step: int,
+    seq_len: int,
+    rank_lanes: range,
+    slices: Callable[[int], Slices],
+    segment: Segment | None = None,
+) -> I64:
     """Checkpoint rows ``[lane, epoch, window, piece, offset]`` of ``rank_lanes`` before ``step``.
 
     The step says where each lane is (:func:`planner.lanes.lane_positions`: the window
     of its next token and the offset in its slice); ``slices(unit)`` turns an offset
     inside a slice into the shuffled piece and the offset in it. A lane at its
-    slice's start is ``(0, 0)`` there.
+    slice's start is ``(0, 0)`` there. ``segment``: the layout stage in force at ``step``.
     """
     lanes = plan.settings.lanes
-    rows = lane_positions(plan, step, seq_len, lanes, rank_lanes)
+    g = segment or Segment(lanes, seq_len)
+    rows = lane_positions(plan, step, seq_len, lanes, rank_lanes, g.begin_step, g.begin_run)
     offsets = rows[:, 4].copy()
     rows[:, 3:] = 0
     inside = np.flatnonzero(offsets > 0)
@@ -194,18 +203,31 @@ class Loader:
         if self.tokens == 0:
             msg = f"dataset {self.index.source!r} has no tokens (every document is empty); nothing to train on"
             raise DataError(msg)
-        if self.tokens < lanes:
+        self.layout: Layout = s.stages
+        big = max(self.layout.stages, key=lambda st: st.lanes)
+        if self.tokens < big.lanes:
             msg = (
-                f"lanes={lanes} exceeds the dataset's {self.tokens} tokens: some lanes could never "
+                f"lanes={big.lanes} exceeds the dataset's {self.tokens} tokens: some lanes could never "
                 "receive a document. Lower lanes (or use more data)"
             )
             raise ConfigError(msg)
         frame = self.index.frame
         tok, rows, _ = row_group_counts(self.index)  # the selected ones where selected
-        need, units = budget_floor(tok, rows, lanes=lanes, window=window, seq_len=seq_len)
+        # The floor of every layout stage: the scanner packs one stage at a time (docs/design.md, "Layout stages").
+        floors = [
+            (budget_floor(tok, rows, lanes=st.lanes, window=window, seq_len=st.seq_len), st)
+            for st in self.layout.stages
+        ]
+        (need, units), worst = max(floors, key=lambda f: f[0][0])
+        lanes, seq_len = worst.lanes, worst.seq_len
         if budget < need:
+            stage = (
+                f" of the layout stage from step {worst.start} ({lanes} lanes of {seq_len})"
+                if self.layout.staged
+                else ""
+            )
             msg = (
-                f"budget={budget:,} bytes cannot hold the windows one step can touch: up to {need:,} bytes "
+                f"budget={budget:,} bytes cannot hold the windows one step{stage} can touch: up to {need:,} bytes "
                 f"({units} windows of the largest row groups, decoded and packed: the window in use and the "
                 f"next, and any window shorter than a step). Raise budget to at least {need:,}, or lower window"
             )
@@ -221,14 +243,14 @@ class Loader:
                 PerformanceWarning,
                 stacklevel=4,
             )
-        per = lanes // s.world
-        self.rank_lanes = range(s.rank * per, (s.rank + 1) * per)
         self._doc_base = np.cumsum(rows) - rows
         self._files = frame["file"].to_numpy()
         self._row_groups = frame["row_group"].to_numpy()
         self._sources = frame["source"].to_numpy() if isinstance(self.index, MixtureIndex) else None
         threads = s.threads or default_threads(self.index)
-        self._scanner = Scanner(plan, rank=s.rank, budget=budget, threads=threads, seq_len=seq_len)
+        self._scanner = Scanner(plan, rank=s.rank, budget=budget, threads=threads, seq_len=s.seq_len)
+        self._segs: dict[int, tuple[Plan, Segment]] = {}
+        self._seg = 0
         self._pid = os.getpid()
         self._lock = threading.RLock()
         self._window_ends: dict[int, I64] = {}
@@ -250,6 +272,7 @@ class Loader:
             "lanes": s.lanes,
             "seq_len": s.seq_len,
             "window": s.window,
+            **({"layout": self.layout.as_config()} if self.layout.staged else {}),
             "column": self.index.column,
             "dtype": self.index.dtype,
             "fingerprint": self.index.fingerprint,
@@ -278,14 +301,61 @@ class Loader:
         return self._epoch_of(self._step)
 
     def _epoch_of(self, step: int) -> int:
-        return epoch_of_step(step, lanes=self.settings.lanes, seq_len=self.settings.seq_len, tokens=self.epoch_tokens)
+        """``floor(X(step) / T)``: the run's tokens before the step (``step * lanes * seq_len`` in one layout)."""
+        return self.layout.run_at(step) // self.epoch_tokens
 
     def __len__(self) -> int:
         """Batches left in the current epoch."""
-        s = self.settings
-        per_step = s.lanes * s.seq_len
-        end = -(-(self.epoch + 1) * self.epoch_tokens // per_step)
+        end = self.layout.step_at_run((self.epoch + 1) * self.epoch_tokens)
         return end - self._step
+
+    # -- layout stages -------------------------------------------------------------
+
+    @property
+    def rank_lanes(self) -> range:
+        """This rank's lanes in the layout stage of the next batch."""
+        return self._scanner.rank_lanes
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per row in the layout stage of the next batch."""
+        return self._segment(self.layout.index_at(self._step))[1].seq_len
+
+    @property
+    def lanes(self) -> int:
+        """Lanes (rows of the global batch) in the layout stage of the next batch."""
+        return self._segment(self.layout.index_at(self._step))[1].lanes
+
+    def _segment(self, i: int) -> tuple[Plan, Segment]:
+        """Layout stage ``i``: the plan cut into its lanes, and where it began (docs/design.md, "Layout stages")."""
+        got = self._segs.get(i)
+        if got is not None:
+            return got
+        st = self.layout.stages[i]
+        plan = self.plan if st.lanes == self.plan.settings.lanes else LanesPlan(self.plan, st.lanes)
+        if i == 0:
+            seg = Segment(st.lanes, st.seq_len)
+        else:
+            begins = self.layout.begins()
+            x = begins[i]
+            unit = self._unit_of_run(x)
+            e, w = self.plan.unit_epoch_window(unit)
+            start = self.plan.run_before(e) + int(self.plan.epoch(e).window_tokens[:w].sum())
+            if start == x:  # at a window's edge: nothing to cut again
+                seg = Segment(st.lanes, st.seq_len, st.start, x)
+            else:
+                j = max(m for m in range(i + 1) if begins[m] <= start)
+                recuts = tuple(Recut(self.layout.stages[m].lanes, begins[m]) for m in range(j + 1, i + 1))
+                seg = Segment(st.lanes, st.seq_len, st.start, x, unit, self.layout.stages[j].lanes, recuts)
+        got = (plan, seg)
+        self._segs[i] = got
+        return got
+
+    def _enter(self, step: int) -> None:
+        """Make the scanner pack the layout stage of ``step`` (then reset it)."""
+        self._seg = self.layout.index_at(step)
+        plan, seg = self._segment(self._seg)
+        self._scanner.set_segment(plan, seg)
 
     @property
     def stats(self) -> Stats:
@@ -314,6 +384,7 @@ class Loader:
         self._cur_block: NDArray[Any] | None = None
         self._resumed: NDArray[np.int64] | None = None
         self._checks: dict[int, tuple[I64, I64, I64, I64]] = {}
+        self._enter(step)
         self._scanner.reset(step)
 
     def _unit_of_run(self, run: int) -> int:
@@ -330,10 +401,14 @@ class Loader:
 
     def _units_of_step(self, step: int) -> tuple[int, int]:
         """The first and last unit step ``step`` takes tokens from, for this rank's lanes."""
-        s = self.settings
-        k0, k1 = self.rank_lanes.start, self.rank_lanes.stop - 1
-        first = self._unit_of_run(step * s.seq_len * s.lanes + k0)
-        last = self._unit_of_run(((step + 1) * s.seq_len - 1) * s.lanes + k1)
+        _, g = self._segment(self._seg)
+        b, n = g.lanes, g.seq_len
+        # Lane k's token p of the stage is run token begin + ((k - begin) mod B) + p * B.
+        ks = np.arange(self.rank_lanes.start, self.rank_lanes.stop, dtype=np.int64)
+        off = (ks - g.begin_run) % b
+        p = (step - g.begin_step) * n
+        first = self._unit_of_run(g.begin_run + int(off.min()) + p * b)
+        last = self._unit_of_run(g.begin_run + int(off.max()) + (p + n - 1) * b)
         return first, last
 
     def _get(self, unit: int) -> PackedUnit:
@@ -369,8 +444,10 @@ class Loader:
         with self._lock:
             rows = self._resumed
             if rows is None:
-                s = self.settings
-                rows = positions_at(self.plan, self._step, s.seq_len, self.rank_lanes, lambda u: self._get(u).slices)
+                plan, g = self._segment(self._seg)
+                rows = positions_at(
+                    plan, self._step, g.seq_len, self.rank_lanes, lambda u: self._get(u).slices, segment=g
+                )
             return ckpt.encode(ckpt.State(self._config, self._step, rows))
 
     def _state_after(self, step: int, units: dict[int, Slices]) -> Callable[[], bytes]:
@@ -379,10 +456,12 @@ class Loader:
         Lanes inside a slice after the step are in windows the step took tokens
         from, whose slices ``units`` holds (small tables: not the tokens).
         """
-        cell, plan, seq_len, lanes = self._cell, self.plan, self.settings.seq_len, self.rank_lanes
+        plan, g = self._segment(self.layout.index_at(step + 1))
+        per = g.lanes // self.settings.world
+        cell, lanes = self._cell, range(self.settings.rank * per, (self.settings.rank + 1) * per)
 
         def encode() -> bytes:  # holds the plan and small tables, not the loader
-            rows = positions_at(plan, step + 1, seq_len, lanes, units.__getitem__)
+            rows = positions_at(plan, step + 1, g.seq_len, lanes, units.__getitem__, segment=g)
             return ckpt.encode(ckpt.State(cell[0], step + 1, rows))
 
         return encode
@@ -417,6 +496,7 @@ class Loader:
             assert isinstance(self.plan, MixturePlan)
             unit = self.plan.add_stage(stage)
             self._window_ends.clear()
+            self._segs = {self._seg: self._segs[self._seg]} if self._seg in self._segs else {}
             self._scanner.replan_from(unit)
             self._config = self._make_config()
             self._cell[0] = self._config
@@ -445,7 +525,8 @@ class Loader:
         self._check_fork()
         st = ckpt.decode(state)
         fit = self.fit(st)
-        mine = np.arange(self.rank_lanes.start, self.rank_lanes.stop)
+        per = self.layout.at(st.step).lanes // self.settings.world
+        mine = np.arange(self.settings.rank * per, (self.settings.rank + 1) * per)
         lanes = st.positions[:, 0]
         idx = np.searchsorted(lanes, mine)
         ok = (idx < len(lanes)) & (lanes[np.minimum(idx, len(lanes) - 1)] == mine)
@@ -507,20 +588,22 @@ class Loader:
         one inside a slice must be in the lane's window, and its piece and offset are
         checked when that window is packed (:meth:`_get`).
         """
-        s = self.settings
+        plan, g = self._segment(self.layout.index_at(step))
+        per = g.lanes // self.settings.world
+        rank_lanes = range(self.settings.rank * per, (self.settings.rank + 1) * per)
         for _, e, w, _, _ in rows.tolist():
             nw = self.plan.windows_in(e)
             if w >= nw:
                 msg = f"checkpoint position window {w} is out of range: epoch {e} of the dataset has {nw} windows"
                 raise CheckpointError(msg)
-        want = lane_positions(self.plan, step, s.seq_len, s.lanes, self.rank_lanes)
+        want = lane_positions(plan, step, g.seq_len, g.lanes, rank_lanes, g.begin_step, g.begin_run)
         at_start = (rows[:, 3] == 0) & (rows[:, 4] == 0)
         later: dict[int, list[int]] = {}
         for i in range(len(rows)):
             e, w = int(rows[i, 1]), int(rows[i, 2])
             unit = self.plan.unit(e, w)
             if at_start[i]:
-                if int(self._scanner.lane_base(unit)[i]) != step * s.seq_len:
+                if int(lane_base(plan, unit, rank_lanes, g)[i]) != step * g.seq_len:
                     self._refuse(rows[i], step, want[i])
             elif (e, w) != (int(want[i, 1]), int(want[i, 2])):
                 self._refuse(rows[i], step, want[i])
@@ -562,6 +645,10 @@ class Loader:
 
     def _next_batch(self) -> Batch:
         t = self._step
+        if self._seg != self.layout.index_at(t):  # a layout stage begins: the scanner packs its lanes
+            self._cur, self._cur_block = None, None
+            self._enter(t)
+            self._scanner.reset(t)
         cur = self._cur
         if cur is not None and cur.t0 <= t < cur.t1:  # the common case: a view of the block
             assert self._cur_block is not None
@@ -573,7 +660,7 @@ class Loader:
                 self._cur, self._cur_block = u, u.block
                 return self._deliver(t, self._cur_block[t - u.t0], functools.partial(u.segments, t), [u])
         units = [self._get(x) for x in range(first, last + 1)]
-        tokens, segments = assemble(units, t, len(self.rank_lanes), self.settings.seq_len)
+        tokens, segments = assemble(units, t, len(self.rank_lanes), self._scanner.seq_len)
         self._cur, self._cur_block = None, None
         return self._deliver(t, tokens, segments, units)
 
@@ -589,7 +676,7 @@ class Loader:
         self._step = t + 1
         self._resumed = None
         cur = self._cur
-        if cur is None or not (cur.t0 <= t + 1 < cur.t1):
+        if (cur is None or not (cur.t0 <= t + 1 < cur.t1)) and self.layout.index_at(t + 1) == self._seg:
             nxt, _ = self._units_of_step(t + 1)
             if cur is not None and cur.unit < nxt:
                 self._cur, self._cur_block = None, None
@@ -647,6 +734,6 @@ class Loader:
     def __repr__(self) -> str:
         s = self.settings
         return (
-            f"Loader(step={self._step}, epoch={self.epoch}, lanes={s.lanes}, seq_len={s.seq_len}, "
+            f"Loader(step={self._step}, epoch={self.epoch}, lanes={self.lanes}, seq_len={self.seq_len}, "
             f"window={s.window}, rank={s.rank}, world={s.world}, tokens={self.tokens:,})"
         )
