@@ -432,8 +432,22 @@ class Interleave:
             return len(self._wtok)
         first = min(x.start for x in (*old[k : k + 1], *new[k : k + 1]))
         self.stages = new
+        return self._rewind(k, self.run_at(first))
+
+    def relayout(self, layout: Layout | None) -> int:
+        """Take other layout stages, which place the weight stages' steps; the first unit the change can touch."""
+        old, self.layout_stages = self.layout_stages, layout
+        for k, st in enumerate(self.stages[1:], 1):
+            a = old.run_at(st.start) if old is not None else None
+            b = layout.run_at(st.start) if layout is not None else None
+            if a != b:
+                return self._rewind(k, min(x for x in (a, b) if x is not None))
+        return len(self._wtok)
+
+    def _rewind(self, k: int, run: int) -> int:
+        """Drop the windows from the first one at or after run token ``run``; stages before ``k`` are kept."""
         made = len(self._wtok)
-        cut = int(np.searchsorted(self._wstart[:made], self.run_at(first), side="left"))
+        cut = int(np.searchsorted(self._wstart[:made], run, side="left"))
         # Rewind to window `cut`: the stage in effect there (one of the first k, which
         # both lists share), and what each source had given by then, counted from that
         # stage's first window (so a change costs the items of that stage, not the run's).
@@ -557,6 +571,15 @@ class MixturePlan(Plan):
             raise ConfigError(msg)
         unit = self.order.add_stage(stage)
         self.stages = self.order.stages
+        self._epochs.clear()
+        return unit
+
+    def relayout(self, layout: Layout | None) -> int:
+        """Take other layout stages (a live ``set_layout``, a resume's); the first unit the change can touch."""
+        self.layout = layout
+        if not isinstance(self.order, Interleave):
+            return 1 << 62
+        unit = self.order.relayout(layout)
         self._epochs.clear()
         return unit
 

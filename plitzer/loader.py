@@ -23,7 +23,8 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,7 @@ from numpy.typing import NDArray
 
 from planner.errors import CheckpointError, ConfigError, DataError, PerformanceWarning, UsageError
 from planner.lanes import lane_positions
-from planner.layout import Layout
+from planner.layout import Layout, LayoutStage
 from planner.mixture import MixtureIndex, MixturePlan
 from planner.plan import LanesPlan, Plan, check_int, row_group_counts
 from planner.sources import Weights
@@ -82,6 +83,62 @@ def positions_at(
             sel = inside[units == unit]
             rows[sel, 3], rows[sel, 4] = slices(int(unit)).positions(sel, offsets[sel])
     return rows
+
+
+class LayoutSegments:
+    """A run's layout stages over its plan: each stage's plan (cut into its lanes) and :class:`Segment`.
+
+    Small and apart from the loader (it holds the plan, not the loader), so that the
+    state after a batch can be encoded under the layout in force when it is read.
+    """
+
+    def __init__(self, plan: Plan, layout: Layout, world: int, rank: int) -> None:
+        self.plan, self.layout, self.world, self.rank = plan, layout, world, rank
+        self._segs: dict[int, tuple[Plan, Segment]] = {}
+
+    def rank_lanes(self, seg: Segment) -> range:
+        per = seg.lanes // self.world
+        return range(self.rank * per, (self.rank + 1) * per)
+
+    def at(self, step: int) -> tuple[Plan, Segment]:
+        """The stage in force at global step ``step``."""
+        return self.segment(self.layout.index_at(step))
+
+    def forget(self, keep: int) -> None:
+        """The plan's windows changed (a live weight stage): forget the stages after ``keep``."""
+        self._segs = {i: v for i, v in self._segs.items() if i <= keep}
+
+    def _window_at(self, run: int) -> tuple[int, int]:
+        """The unit holding run token ``run`` and the run's tokens before it."""
+        e = self.plan.epoch_of_run(run)
+        wt = self.plan.epoch(e).window_tokens
+        ends = np.cumsum(wt)
+        start = self.plan.run_before(e)
+        w = int(np.searchsorted(ends, run - start, side="right"))
+        return self.plan.unit(e, w), start + int(ends[w] - wt[w])
+
+    def segment(self, i: int) -> tuple[Plan, Segment]:
+        """Layout stage ``i``: the plan cut into its lanes, and where it began (docs/design.md, "Layout stages")."""
+        got = self._segs.get(i)
+        if got is not None:
+            return got
+        st = self.layout.stages[i]
+        plan = self.plan if st.lanes == self.plan.settings.lanes else LanesPlan(self.plan, st.lanes)
+        if i == 0:
+            seg = Segment(st.lanes, st.seq_len)
+        else:
+            begins = self.layout.begins()
+            x = begins[i]
+            unit, start = self._window_at(x)
+            if start == x:  # at a window's edge: nothing to cut again
+                seg = Segment(st.lanes, st.seq_len, st.start, x)
+            else:  # cut first as the stage in force at the window's start did, then by every change inside it
+                j = max(m for m in range(i + 1) if begins[m] <= start)
+                recuts = tuple(Recut(self.layout.stages[m].lanes, begins[m]) for m in range(j + 1, i + 1))
+                seg = Segment(st.lanes, st.seq_len, st.start, x, unit, self.layout.stages[j].lanes, recuts)
+        got = (plan, seg)
+        self._segs[i] = got
+        return got
 
 
 class Loader:
@@ -195,7 +252,7 @@ class Loader:
     def _build(self, plan: Plan, settings: LoaderSettings) -> None:
         self.settings = settings
         s = settings
-        lanes, window, seq_len, budget = s.lanes, s.window, s.seq_len, s.budget
+        budget = s.budget
         self.plan = plan
         self.index = plan.dataset
         self.tokens = plan.tokens
@@ -204,35 +261,9 @@ class Loader:
             msg = f"dataset {self.index.source!r} has no tokens (every document is empty); nothing to train on"
             raise DataError(msg)
         self.layout: Layout = s.stages
-        big = max(self.layout.stages, key=lambda st: st.lanes)
-        if self.tokens < big.lanes:
-            msg = (
-                f"lanes={big.lanes} exceeds the dataset's {self.tokens} tokens: some lanes could never "
-                "receive a document. Lower lanes (or use more data)"
-            )
-            raise ConfigError(msg)
         frame = self.index.frame
         tok, rows, _ = row_group_counts(self.index)  # the selected ones where selected
-        # The floor of every layout stage: the scanner packs one stage at a time (docs/design.md, "Layout stages").
-        floors = [
-            (budget_floor(tok, rows, lanes=st.lanes, window=window, seq_len=st.seq_len), st)
-            for st in self.layout.stages
-        ]
-        (need, units), worst = max(floors, key=lambda f: f[0][0])
-        lanes, seq_len = worst.lanes, worst.seq_len
-        if budget < need:
-            stage = (
-                f" of the layout stage from step {worst.start} ({lanes} lanes of {seq_len})"
-                if self.layout.staged
-                else ""
-            )
-            msg = (
-                f"budget={budget:,} bytes cannot hold the windows one step{stage} can touch: up to {need:,} bytes "
-                f"({units} windows of the largest row groups, decoded and packed: the window in use and the "
-                f"next, and any window shorter than a step). Raise budget to at least {need:,}, or lower window"
-            )
-            raise ConfigError(msg)
-        inflight, _ = budget_floor(tok, rows, lanes=lanes, window=window, seq_len=seq_len, ahead=1)
+        inflight = self._check_layout(self.layout, self.layout.stages, tok, rows)
         if budget < inflight:
             # Works, but the next window is read only once the current one is released:
             # decoding and training take turns instead of overlapping.
@@ -249,14 +280,72 @@ class Loader:
         self._sources = frame["source"].to_numpy() if isinstance(self.index, MixtureIndex) else None
         threads = s.threads or default_threads(self.index)
         self._scanner = Scanner(plan, rank=s.rank, budget=budget, threads=threads, seq_len=s.seq_len)
-        self._segs: dict[int, tuple[Plan, Segment]] = {}
+        self._layouts = LayoutSegments(plan, self.layout, s.world, s.rank)
         self._seg = 0
         self._pid = os.getpid()
         self._lock = threading.RLock()
         self._window_ends: dict[int, I64] = {}
         self._config = self._make_config()
-        self._cell = [self._config]  # what batches' states after them record (set_weights renews it)
+        # What batches' states after them record (set_weights and set_layout renew it).
+        self._cell: list[Any] = [self._config, self._layouts]
         self._place(0)
+
+    def _check_layout(
+        self, layout: Layout, new: Sequence[LayoutStage], tok: I64 | None = None, rows: I64 | None = None
+    ) -> int:
+        """Refuse stages ``new`` of ``layout`` that the data or the budget cannot hold.
+
+        Returns the bytes that two windows in flight need (below them, a warning).
+
+        The floor is every stage's (the scanner packs one layout stage at a time; docs/design.md,
+        "Layout stages"), named with the stage that needs the most.
+        """
+        s = self.settings
+        if tok is None or rows is None:
+            tok, rows, _ = row_group_counts(self.index)
+        big = max(new, key=lambda st: st.lanes)
+        if self.tokens < big.lanes:
+            msg = (
+                f"lanes={big.lanes} exceeds the dataset's {self.tokens} tokens: some lanes could never "
+                "receive a document. Lower lanes (or use more data)"
+            )
+            raise ConfigError(msg)
+        floors = [(budget_floor(tok, rows, lanes=st.lanes, window=s.window, seq_len=st.seq_len), st) for st in new]
+        (need, units), worst = max(floors, key=lambda f: f[0][0])
+        if s.budget < need:
+            stage = (
+                f" of the layout stage from step {worst.start} ({worst.lanes} lanes of {worst.seq_len} tokens)"
+                if layout.staged
+                else ""
+            )
+            msg = (
+                f"budget={s.budget:,} bytes cannot hold the windows one step{stage} can touch: up to {need:,} bytes "
+                f"({units} windows of the largest row groups, decoded and packed: the window in use and the "
+                f"next, and any window shorter than a step). Raise budget to at least {need:,}, or lower window"
+            )
+            raise ConfigError(msg)
+        inflight, _ = budget_floor(tok, rows, lanes=worst.lanes, window=s.window, seq_len=worst.seq_len, ahead=1)
+        return int(inflight)
+
+    def _relayout(self, layout: Layout) -> None:
+        """Run ``layout`` from now on (a live stage, a resume's): the plan, the segments, the config."""
+        old = self.layout
+        self.layout = layout
+        self.settings = replace(self.settings, layout=layout)
+        unit = self.plan.relayout(layout) if isinstance(self.plan, MixturePlan) else None
+        self.plan.layout = layout
+        self._window_ends.clear()
+        keep = self._layouts
+        self._layouts = LayoutSegments(self.plan, layout, self.settings.world, self.settings.rank)
+        for i in range(min(len(old), len(layout))):  # the stages both share keep their (computed) segments
+            if old.stages[i] != layout.stages[i] or unit is not None:
+                break
+            if i in keep._segs:
+                self._layouts._segs[i] = keep._segs[i]
+        if unit is not None:
+            self._scanner.replan_from(unit)
+        self._config = self._make_config()
+        self._cell[0], self._cell[1] = self._config, self._layouts
 
     # -- state -----------------------------------------------------------------
 
@@ -314,7 +403,7 @@ class Loader:
     @property
     def rank_lanes(self) -> range:
         """This rank's lanes in the layout stage of the next batch."""
-        return self._scanner.rank_lanes
+        return self._layouts.rank_lanes(self._layouts.at(self._step)[1])
 
     @property
     def seq_len(self) -> int:
@@ -327,29 +416,8 @@ class Loader:
         return self._segment(self.layout.index_at(self._step))[1].lanes
 
     def _segment(self, i: int) -> tuple[Plan, Segment]:
-        """Layout stage ``i``: the plan cut into its lanes, and where it began (docs/design.md, "Layout stages")."""
-        got = self._segs.get(i)
-        if got is not None:
-            return got
-        st = self.layout.stages[i]
-        plan = self.plan if st.lanes == self.plan.settings.lanes else LanesPlan(self.plan, st.lanes)
-        if i == 0:
-            seg = Segment(st.lanes, st.seq_len)
-        else:
-            begins = self.layout.begins()
-            x = begins[i]
-            unit = self._unit_of_run(x)
-            e, w = self.plan.unit_epoch_window(unit)
-            start = self.plan.run_before(e) + int(self.plan.epoch(e).window_tokens[:w].sum())
-            if start == x:  # at a window's edge: nothing to cut again
-                seg = Segment(st.lanes, st.seq_len, st.start, x)
-            else:
-                j = max(m for m in range(i + 1) if begins[m] <= start)
-                recuts = tuple(Recut(self.layout.stages[m].lanes, begins[m]) for m in range(j + 1, i + 1))
-                seg = Segment(st.lanes, st.seq_len, st.start, x, unit, self.layout.stages[j].lanes, recuts)
-        got = (plan, seg)
-        self._segs[i] = got
-        return got
+        """Layout stage ``i``: the plan cut into its lanes, and where it began (:class:`LayoutSegments`)."""
+        return self._layouts.segment(i)
 
     def _enter(self, step: int) -> None:
         """Make the scanner pack the layout stage of ``step`` (then reset it)."""
@@ -404,7 +472,8 @@ class Loader:
         _, g = self._segment(self._seg)
         b, n = g.lanes, g.seq_len
         # Lane k's token p of the stage is run token begin + ((k - begin) mod B) + p * B.
-        ks = np.arange(self.rank_lanes.start, self.rank_lanes.stop, dtype=np.int64)
+        mine = self._scanner.rank_lanes
+        ks = np.arange(mine.start, mine.stop, dtype=np.int64)
         off = (ks - g.begin_run) % b
         p = (step - g.begin_step) * n
         first = self._unit_of_run(g.begin_run + int(off.min()) + p * b)
@@ -431,7 +500,7 @@ class Loader:
                     else f"is not where step {self._step} puts it (token {int(want[i])} of its slice)"
                 )
                 msg = (
-                    f"checkpoint position of lane {self.rank_lanes.start + lane} {where} in epoch {u.epoch} "
+                    f"checkpoint position of lane {self._scanner.rank_lanes.start + lane} {where} in epoch {u.epoch} "
                     f"window {u.window} {problem}: the checkpoint does not belong to this dataset or settings"
                 )
                 raise CheckpointError(msg)
@@ -444,7 +513,8 @@ class Loader:
         with self._lock:
             rows = self._resumed
             if rows is None:
-                plan, g = self._segment(self._seg)
+                # At a layout stage's first step every lane is at a slice's start: no window needed.
+                plan, g = self._layouts.at(self._step)
                 rows = positions_at(
                     plan, self._step, g.seq_len, self.rank_lanes, lambda u: self._get(u).slices, segment=g
                 )
@@ -456,11 +526,12 @@ class Loader:
         Lanes inside a slice after the step are in windows the step took tokens
         from, whose slices ``units`` holds (small tables: not the tokens).
         """
-        plan, g = self._segment(self.layout.index_at(step + 1))
-        per = g.lanes // self.settings.world
-        cell, lanes = self._cell, range(self.settings.rank * per, (self.settings.rank + 1) * per)
+        cell = self._cell
 
         def encode() -> bytes:  # holds the plan and small tables, not the loader
+            layouts: LayoutSegments = cell[1]
+            plan, g = layouts.at(step + 1)
+            lanes = layouts.rank_lanes(g)
             rows = positions_at(plan, step + 1, g.seq_len, lanes, units.__getitem__, segment=g)
             return ckpt.encode(ckpt.State(cell[0], step + 1, rows))
 
@@ -496,11 +567,75 @@ class Loader:
             assert isinstance(self.plan, MixturePlan)
             unit = self.plan.add_stage(stage)
             self._window_ends.clear()
-            self._segs = {self._seg: self._segs[self._seg]} if self._seg in self._segs else {}
+            self._layouts.forget(self._seg)
             self._scanner.replan_from(unit)
             self._config = self._make_config()
             self._cell[0] = self._config
             return stage.start
+
+    def earliest_layout_step(self) -> int:
+        """The earliest step :meth:`set_layout` may start a stage at: the next batch's, after the last stage."""
+        return max(self._step, self.layout.stages[-1].start + 1)
+
+    def set_layout(self, lanes: int | None = None, seq_len: int | None = None, at_step: int | None = None) -> int:
+        """Append a layout stage: ``lanes`` rows of ``seq_len`` tokens from global step ``at_step``; the step.
+
+        A live change of the layout (docs/design.md, "Layout stages"): the run is the one
+        made with this stage in ``lanes=``/``seq_len=`` from the start (the rule of SPEC
+        section 12 applies at the step exactly, so no window needs to be unbegun), and the
+        stage is in every later checkpoint and the plan. ``lanes`` and ``seq_len`` default
+        to those in force; ``at_step`` to the earliest allowed, the next batch's step (and
+        after the last stage's); an earlier one is a ConfigError naming it. ``lanes`` must
+        be a multiple of the world size, and the budget must hold the new layout's floor.
+        Every rank must make the same call at the same step
+        (:meth:`plitzer.torch.Dataset.set_layout` checks it).
+
+        Examples
+        --------
+        >>> import plitzer, plitzer.synth, tempfile
+        >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=60_000, seed=1)
+        >>> loader = plitzer.Loader(d, lanes=4, window=2, seq_len=64)
+        >>> _ = [loader.next_batch() for _ in range(3)]
+        >>> loader.set_layout(lanes=2, seq_len=256)
+        3
+        >>> loader.next_batch().tokens.shape, loader.config["layout"]
+        ((2, 256), [[0, 4, 64], [3, 2, 256]])
+        >>> loader.close()
+        """
+        self._check_fork()
+        with self._lock:
+            last = self.layout.stages[-1]
+            earliest = self.earliest_layout_step()
+            if at_step is None:
+                at_step = earliest
+            at_step = check_int("at_step", at_step, 0, "at_step is a global step")
+            if at_step < earliest:
+                why = (
+                    f"the last layout stage starts at step {last.start}"
+                    if earliest == last.start + 1
+                    else f"the loader is at step {self._step} (its next batch)"
+                )
+                msg = (
+                    f"set_layout(at_step={at_step}): {why}; the earliest allowed at_step is {earliest} "
+                    "(leave at_step out to get it)"
+                )
+                raise ConfigError(msg)
+            b = last.lanes if lanes is None else check_int("lanes", lanes, 1, "lanes is the rows of a global batch")
+            n = last.seq_len if seq_len is None else check_int("seq_len", seq_len, 1, "seq_len is tokens per row")
+            world = self.settings.world
+            if b % world:
+                msg = (
+                    f"set_layout(lanes={b}): lanes is not divisible by world={world}; every rank must own the "
+                    f"same number of lanes: use lanes a multiple of {world}"
+                )
+                raise ConfigError(msg)
+            stage = LayoutStage(at_step, b, n)
+            layout = Layout((*self.layout.stages, stage))
+            self._check_layout(layout, [stage])
+            if at_step == self._step:  # positions a resume left: in the old layout, no longer what comes
+                self._resumed, self._checks = None, {}
+            self._relayout(layout)
+            return at_step
 
     def seek(self, step: int) -> None:
         """Jump to global step ``step``, as if every step before it had been taken.
@@ -525,8 +660,7 @@ class Loader:
         self._check_fork()
         st = ckpt.decode(state)
         fit = self.fit(st)
-        per = self.layout.at(st.step).lanes // self.settings.world
-        mine = np.arange(self.settings.rank * per, (self.settings.rank + 1) * per)
+        mine = np.arange(self.lanes_after(fit, st.step).start, self.lanes_after(fit, st.step).stop)
         lanes = st.positions[:, 0]
         idx = np.searchsorted(lanes, mine)
         ok = (idx < len(lanes)) & (lanes[np.minimum(idx, len(lanes) - 1)] == mine)
@@ -540,11 +674,14 @@ class Loader:
         rows = st.positions[idx]
         with self._lock:
             stages = self.plan.stages if isinstance(self.plan, MixturePlan) else None
+            layout = self.layout
             self.take_stages(fit)
             try:
                 checks = self._check_positions(st.step, rows)
             except BaseException:
                 # A refused resume leaves the loader as it was: its own stages back.
+                if fit.layout:
+                    self._relayout(layout)
                 if fit.stages and isinstance(self.plan, MixturePlan) and stages is not None:
                     self.plan.restage(stages)
                     self._window_ends.clear()
@@ -569,8 +706,19 @@ class Loader:
             raise CheckpointError(msg)
         return fit
 
+    def lanes_after(self, fit: live.Reconciled, step: int) -> range:
+        """This rank's lanes at ``step`` once checkpoint ``fit`` is taken (its layout stages, where it brings them)."""
+        runs = Layout.from_config(fit.layout) if fit.layout else self.layout
+        per = runs.at(step).lanes // self.settings.world
+        return range(self.settings.rank * per, (self.settings.rank + 1) * per)
+
     def take_stages(self, fit: live.Reconciled) -> None:
         """Run the stages a checkpoint brought (its live ones; before placing the loader)."""
+        if fit.layout:
+            layout = Layout.from_config(fit.layout)
+            with self._lock:
+                self._check_layout(layout, layout.stages)
+                self._relayout(layout)
         if not fit.stages:
             return
         assert isinstance(self.plan, MixturePlan)
@@ -660,7 +808,7 @@ class Loader:
                 self._cur, self._cur_block = u, u.block
                 return self._deliver(t, self._cur_block[t - u.t0], functools.partial(u.segments, t), [u])
         units = [self._get(x) for x in range(first, last + 1)]
-        tokens, segments = assemble(units, t, len(self.rank_lanes), self._scanner.seq_len)
+        tokens, segments = assemble(units, t, len(self._scanner.rank_lanes), self._scanner.seq_len)
         self._cur, self._cur_block = None, None
         return self._deliver(t, tokens, segments, units)
 
@@ -685,7 +833,7 @@ class Loader:
             tokens=tokens.view(Tokens),
             step=t,
             epoch=self._epoch_of(t),
-            lanes=self.rank_lanes,
+            lanes=self._scanner.rank_lanes,
             _segments=segments,
             _locate=self._locate,
             _after=after,

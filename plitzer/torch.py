@@ -46,7 +46,6 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.dlpack import from_dlpack
 
 from planner.dataset import Index
-from planner.plan import epoch_of_step
 from plitzer import state as ckpt
 from plitzer.batch import Batch as PlitzerBatch
 from plitzer.errors import CheckpointError, ConfigError
@@ -366,11 +365,10 @@ class Dataset(IterableDataset[Batch]):
             raise ConfigError(msg)
         state = self._gather(part)
         step = ckpt.decode(state).step
-        s = self._loader.settings
         return {
             "checkpoint": state,
             "step": step,
-            "epoch": epoch_of_step(step, lanes=s.lanes, seq_len=s.seq_len, tokens=self._loader.epoch_tokens),
+            "epoch": self._loader.layout.run_at(step) // self._loader.epoch_tokens,
         }
 
     def set_weights(self, weights: Mapping[str, Any] | None, at_step: int | None = None) -> int:
@@ -403,6 +401,36 @@ class Dataset(IterableDataset[Batch]):
                 )
                 raise ConfigError(msg)
         return self._loader.set_weights(weights, at_step)
+
+    def set_layout(self, lanes: int | None = None, seq_len: int | None = None, at_step: int | None = None) -> int:
+        """Append a layout stage (:meth:`plitzer.Loader.set_layout`); the step it starts at.
+
+        From that step the batches are ``(lanes // world, seq_len)`` (docs/torch.md, "Layout
+        stages"). Collective when ``world > 1``, as :meth:`set_weights`: one all-gather of
+        ``[step, lanes, seq_len, at_step]`` checks that every rank makes the same call at the
+        same step; a mismatch is a ConfigError on every rank naming each rank's call, and no
+        rank changes its layout.
+        """
+        if self.world > 1 and _dist_ready():
+            group = self._group
+            dev = _collective_device(group)
+            call = [self.step, *(-1 if v is None else int(v) for v in (lanes, seq_len, at_step))]
+            mine = torch.tensor(call, dtype=torch.int64, device=dev)
+            calls = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(calls, mine, group=group)
+            got = [tuple(int(v) for v in c.cpu().tolist()) for c in calls]
+            if len(set(got)) > 1:
+
+                def show(v: int) -> str:
+                    return "None" if v < 0 else str(v)
+
+                each = "; ".join(
+                    f"rank {r}: step {c[0]}, lanes {show(c[1])}, seq_len {show(c[2])}, at_step {show(c[3])}"
+                    for r, c in enumerate(got)
+                )
+                msg = f"set_layout() differs across ranks ({each}): every rank must make the same call at the same step"
+                raise ConfigError(msg)
+        return self._loader.set_layout(lanes, seq_len, at_step)
 
     def load_state_dict(self, state: Mapping[str, Any] | bytes | bytearray | memoryview | torch.Tensor) -> None:
         """Resume from a ``state_dict()`` (or its bytes) taken at any world size."""

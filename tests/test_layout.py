@@ -178,3 +178,196 @@ def test_a_stage_repeating_the_layout_changes_nothing(data: tuple[Path, list[lis
     for at in (1, 3, 7, 12):
         staged = run_loader(path, 30, 2, seed=1, window=2, lanes=[(0, 4), (at, 4)], seq_len=8)
         assert staged == plain
+
+
+# -- checkpoints ------------------------------------------------------------------------
+
+
+def _rows(loaders: list[plitzer.Loader]) -> list[list[int]]:
+    rows: list[list[int]] = []
+    for ld in loaders:
+        rows.extend(tokens_of(ld.next_batch()).tolist())
+    return rows
+
+
+def _resumed_run(path: Path, at: int, steps: int, worlds: tuple[int, int], kw_a: dict, kw_b: dict) -> list:  # type: ignore[type-arg]
+    """``at`` steps at world ``worlds[0]``, a merged checkpoint, then the rest at ``worlds[1]``."""
+    a = [plitzer.Loader(path, rank=r, world=worlds[0], **kw_a) for r in range(worlds[0])]
+    out = [_rows(a) for _ in range(at)]
+    state = plitzer.merge([ld.checkpoint() for ld in a])
+    for ld in a:
+        ld.close()
+    b = [plitzer.Loader(path, rank=r, world=worlds[1], **kw_b) for r in range(worlds[1])]
+    for ld in b:
+        ld.resume(state)
+        assert ld.step == at
+    out += [_rows(b) for _ in range(steps - at)]
+    for ld in b:
+        ld.close()
+    return out
+
+
+@pytest.mark.parametrize(
+    ("stages", "worlds"),
+    [
+        ([(0, 4, 8), (6, 2, 32)], [(2, 1), (1, 2)]),
+        ([(0, 4, 8), (6, 8, 12), (9, 4, 20)], [(4, 1), (1, 4), (2, 4)]),
+    ],
+)
+def test_resume_before_across_and_after_the_change_at_another_world(
+    data: tuple[Path, list[list[list[int]]]], stages: list[Stage], worlds: list[tuple[int, int]]
+) -> None:
+    path, _ = data
+    kw = {"seed": 2, "window": 2, "lanes": [(s, b) for s, b, _ in stages], "seq_len": [(s, n) for s, _, n in stages]}
+    steps = 16
+    want = run_loader(path, steps, 1, **kw)
+    for w in worlds:
+        for at in (0, 3, 5, 6, 7, 9, 10, 15):
+            assert _resumed_run(path, at, steps, w, kw, kw) == want, (w, at)
+
+
+def test_a_checkpoint_from_before_the_change_resumes_under_a_loader_that_has_it(
+    data: tuple[Path, list[list[list[int]]]],
+) -> None:
+    path, _ = data
+    staged = {"seed": 4, "window": 3, "lanes": [(0, 4), (7, 2)], "seq_len": [(0, 8), (7, 24)]}
+    plain = {"seed": 4, "window": 3, "lanes": 4, "seq_len": 8}
+    want = run_loader(path, 14, 1, **staged)
+    for at in (2, 6, 7):  # at 7 the plain run's checkpoint is of the old layout, where the stage begins: refused
+        if at < 7:
+            assert _resumed_run(path, at, 14, (2, 1), plain, staged) == want
+        else:
+            with pytest.raises(plitzer.CheckpointError, match=r"layout stages up to step 7 only the loader has"):
+                _resumed_run(path, at, 14, (1, 1), plain, staged)
+    # a checkpoint of the staged run resumes under a loader built without the stage (it takes the checkpoint's)
+    assert _resumed_run(path, 10, 14, (1, 2), staged, plain) == want
+
+
+def test_a_past_layout_stage_that_differs_is_refused_field_by_field(data: tuple[Path, list[list[list[int]]]]) -> None:
+    path, _ = data
+    kw = {"seed": 4, "window": 2, "lanes": [(0, 4), (5, 2)], "seq_len": [(0, 8), (5, 32)]}
+    with plitzer.Loader(path, **kw) as ld:  # type: ignore[arg-type]
+        for _ in range(8):
+            ld.next_batch()
+        state = ld.checkpoint()
+    cases = [
+        ({"lanes": [(0, 4), (5, 4)], "seq_len": [(0, 8), (5, 32)]}, r"layout stage 1 lanes: checkpoint 2, loader 4"),
+        (
+            {"lanes": [(0, 4), (6, 2)], "seq_len": [(0, 8), (6, 32)]},
+            r"layout stage 1 start step: checkpoint 5, loader 6",
+        ),
+        (
+            {"lanes": [(0, 4), (5, 2)], "seq_len": [(0, 16), (5, 32)]},
+            r"layout stage 0 seq_len: checkpoint 8, loader 16",
+        ),
+    ]
+    for other, text in cases:
+        with plitzer.Loader(path, seed=4, window=2, **other) as again:  # type: ignore[arg-type]
+            with pytest.raises(plitzer.CheckpointError, match=text):
+                again.resume(state)
+            assert again.step == 0 and again.config["layout"] == [
+                [a, b, c]
+                for a, b, c in zip(
+                    [x for x, _ in other["lanes"]],
+                    [y for _, y in other["lanes"]],
+                    [y for _, y in other["seq_len"]],
+                    strict=True,
+                )
+            ]
+    # a later stage may differ: from the checkpoint's step on, the loader's own
+    with plitzer.Loader(path, seed=4, window=2, lanes=[(0, 4), (5, 2), (9, 4)], seq_len=[(0, 8), (5, 32)]) as again:
+        again.resume(state)
+        assert again.step == 8 and again.config["layout"] == [[0, 4, 8], [5, 2, 32], [9, 4, 32]]
+
+
+def test_old_checkpoints_read_as_they_were(data: tuple[Path, list[list[list[int]]]]) -> None:
+    """Without layout stages the checkpoint is byte for byte the one before layout stages existed."""
+    synth_dir, _ = data
+    with plitzer.Loader(synth_dir, lanes=4, window=2, seq_len=64) as ld:
+        ld.next_batch()
+        state = ld.checkpoint()
+    assert b'"layout"' not in state
+    with plitzer.Loader(synth_dir, lanes=[(0, 4), (5, 2)], window=2, seq_len=64) as again:
+        again.resume(state)
+        assert again.step == 1
+
+
+# -- refusals and the budget ---------------------------------------------------------------
+
+
+def test_lanes_of_a_stage_not_a_multiple_of_the_world_is_refused(data: tuple[Path, list[list[list[int]]]]) -> None:
+    path, _ = data
+    with pytest.raises(
+        plitzer.ConfigError, match=r"lanes=2 \(the layout stage from step 5\) is not divisible by world=4"
+    ):
+        plitzer.Loader(path, lanes=[(0, 4), (5, 2)], seq_len=8, world=4)
+    with pytest.raises(plitzer.ConfigError, match=r"stage steps must increase"):
+        plitzer.Loader(path, lanes=[(0, 4), (5, 2), (5, 4)], seq_len=8)
+    with pytest.raises(plitzer.ConfigError, match=r"first stage must start at step 0"):
+        plitzer.Loader(path, lanes=[(3, 4)], seq_len=8)
+
+
+def test_the_budget_floor_is_checked_for_the_larger_layout(data: tuple[Path, list[list[list[int]]]]) -> None:
+    from planner.plan import row_group_counts
+
+    path, _ = data
+    with plitzer.Loader(path, lanes=4, seq_len=8, window=2) as ld:
+        t, r, _ = row_group_counts(ld.index)
+    need_small, _ = plitzer.loader.budget_floor(t, r, lanes=4, window=2, seq_len=8)
+    need_big, _ = plitzer.loader.budget_floor(t, r, lanes=8, window=2, seq_len=400)
+    assert need_big > need_small
+    with pytest.raises(plitzer.ConfigError, match=r"of the layout stage from step 5 \(8 lanes of 400 tokens\)"):
+        plitzer.Loader(path, lanes=[(0, 4), (5, 8)], seq_len=[(0, 8), (5, 400)], window=2, budget=need_small)
+    with pytest.warns(plitzer.PerformanceWarning):
+        ld = plitzer.Loader(path, lanes=[(0, 4), (5, 8)], seq_len=[(0, 8), (5, 400)], window=2, budget=need_big)
+    ld.close()
+    with pytest.warns(plitzer.PerformanceWarning):
+        ld = plitzer.Loader(path, lanes=4, seq_len=8, window=2, budget=need_small)
+    with ld, pytest.raises(plitzer.ConfigError, match=r"budget=.* layout stage from step 1 \(8 lanes of 400"):
+        ld.set_layout(lanes=8, seq_len=400)
+    assert "layout" not in ld.config
+
+
+# -- live layout stages ------------------------------------------------------------------
+
+
+def test_set_layout_equals_the_stage_up_front(data: tuple[Path, list[list[list[int]]]]) -> None:
+    path, _ = data
+    up_front = run_loader(path, 16, 1, seed=5, window=2, lanes=[(0, 4), (6, 2), (11, 4)], seq_len=[(0, 8), (6, 32)])
+    for world in (1, 2):
+        ranks = [plitzer.Loader(path, seed=5, window=2, lanes=4, seq_len=8, rank=r, world=world) for r in range(world)]
+        got = []
+        for t in range(16):
+            if t == 4:
+                assert [ld.set_layout(lanes=2, seq_len=32, at_step=6) for ld in ranks] == [6] * world
+            if t == 11:
+                assert [ld.set_layout(lanes=4) for ld in ranks] == [11] * world  # the default: the next batch's step
+            got.append(_rows(ranks))
+        assert got == up_front
+        state = plitzer.merge([ld.checkpoint() for ld in ranks])
+        assert ranks[0].config["layout"] == [[0, 4, 8], [6, 2, 32], [11, 4, 32]]
+        for ld in ranks:
+            ld.close()
+        # a loader built with the first layout resumes the run that changed it live
+        with plitzer.Loader(path, seed=5, window=2, lanes=4, seq_len=8) as again:
+            again.resume(state)
+            assert again.config["layout"] == [[0, 4, 8], [6, 2, 32], [11, 4, 32]]
+
+
+def test_set_layout_refusals(data: tuple[Path, list[list[list[int]]]]) -> None:
+    path, _ = data
+    with plitzer.Loader(path, window=2, lanes=4, seq_len=8, world=2) as ld:
+        for _ in range(3):
+            ld.next_batch()
+        with pytest.raises(
+            plitzer.ConfigError, match=r"at step 3 \(its next batch\); the earliest allowed at_step is 3"
+        ):
+            ld.set_layout(lanes=2, at_step=2)
+        with pytest.raises(plitzer.ConfigError, match=r"set_layout\(lanes=3\): lanes is not divisible by world=2"):
+            ld.set_layout(lanes=3)
+        assert ld.set_layout(seq_len=16, at_step=8) == 8
+        with pytest.raises(
+            plitzer.ConfigError, match=r"the last layout stage starts at step 8; the earliest allowed at_step is 9"
+        ):
+            ld.set_layout(lanes=2, at_step=8)
+        assert ld.config["layout"] == [[0, 4, 8], [8, 4, 16]]
