@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import docs_by_row_group, numbered_dataset, tokens_of
+from conftest import docs_by_row_group, numbered_dataset, tokens_of, write_dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference import cuts, epoch_windows, key, permutation
+from reference import cuts, epoch_windows, key, mixture_windows, permutation
 
 import plitzer
 
@@ -21,7 +21,12 @@ Stage = tuple[int, int, int]  # (start step, lanes, seq_len)
 
 
 def reference_layout(
-    rg_docs: list[list[list[int]]], seed: int, window: int, stages: list[Stage], steps: int
+    rg_docs: list[list[list[int]]],
+    seed: int,
+    window: int,
+    stages: list[Stage],
+    steps: int,
+    wins: list[tuple[int, int, list[int]]] | None = None,
 ) -> list[list[list[int]]]:
     """The global batches (rows of tokens) of ``steps`` steps under layout ``stages``, per SPEC section 12.
 
@@ -31,11 +36,17 @@ def reference_layout(
     their unconsumed tokens, lane 0's first, each lane's in its order; that rest is cut
     into the new lanes by rule 4 with z = (tokens consumed) mod B', keeping its order;
     windows appended but not begun are cut again into the new lanes, as usual.
+    ``wins``: the run's windows as (epoch, window in the epoch, row groups), where they are
+    not one source's epochs (a mixture's).
     """
     g = len(rg_docs)
     total = sum(len(d) for rg in rg_docs for d in rg)
 
     def windows():  # (uid, epoch, window, tokens in stream order)
+        if wins is not None:
+            for uid, (e, w, group) in enumerate(wins):
+                yield uid, e, w, group
+            return
         uid = 0
         e = 0
         while True:
@@ -371,3 +382,174 @@ def test_set_layout_refusals(data: tuple[Path, list[list[list[int]]]]) -> None:
         ):
             ld.set_layout(lanes=2, at_step=8)
         assert ld.config["layout"] == [[0, 4, 8], [8, 4, 16]]
+
+
+# -- what a batch says after the change ------------------------------------------------------
+
+
+def test_documents_and_boundaries_follow_the_new_shape(data: tuple[Path, list[list[list[int]]]]) -> None:
+    path, docs = data
+    per_file = len(docs) // 4  # the fixture writes 4 files of the same number of row groups
+    with plitzer.Loader(
+        path, seed=1, window=2, lanes=[(0, 4), (5, 2)], seq_len=[(0, 8), (5, 32)], world=2, rank=1
+    ) as ld:
+        for t in range(12):
+            b = ld.next_batch()
+            rows, n = (2, 8) if t < 5 else (1, 32)
+            assert tokens_of(b).shape == (rows, n) and b.step == t
+            assert b.lanes == (range(2, 4) if t < 5 else range(1, 2))
+            assert b.position_ids.shape == (rows, n) and int(b.cu_seqlens[-1]) == rows * n
+            assert [int(x.sum()) for x in b.doc_lengths] == [n] * rows
+            tok = tokens_of(b)
+            for d in b.documents().iter_rows(named=True):
+                rg = int(d["file"][1:4]) * per_file + d["row_group"]
+                piece = tok[d["batch_row"], d["start"] : d["start"] + d["length"]].tolist()
+                doc = docs[rg][d["row"]]
+                assert piece == doc[d["token_offset"] : d["token_offset"] + d["length"]]
+
+
+def test_torch_batches_change_shape_at_the_step(data: tuple[Path, list[list[list[int]]]]) -> None:
+    torch = pytest.importorskip("torch")
+    import plitzer.torch
+
+    path, _ = data
+    kw = {"seed": 1, "window": 2, "lanes": [(0, 4), (5, 2)], "seq_len": [(0, 8), (5, 32)]}
+    want = run_loader(path, 10, 1, **kw)
+    ds = plitzer.torch.Dataset(path, **kw)  # type: ignore[arg-type]
+    it = iter(ds)
+    for t in range(10):
+        b = next(it)
+        rows, n = (4, 8) if t < 5 else (2, 32)
+        assert b.tokens.shape == (rows, n) and b.tokens.tolist() == want[t]
+        assert b.position_ids.shape == (rows, n) and int(b.cu_seqlens[-1]) == rows * n
+        assert [int(x.sum()) for x in b.doc_lengths] == [n] * rows
+        assert b.cu_seqlens.dtype == torch.int32
+        if t == 3:
+            state = ds.state_dict()
+    again = plitzer.torch.Dataset(path, **{**kw, "world": 2, "rank": 1})  # type: ignore[arg-type]
+    again.load_state_dict(state)
+    got = [next(iter(again)).tokens.tolist() for _ in range(6)]
+    assert got == [w[len(w) // 2 :] for w in want[4:10]]
+
+
+def test_grain_elements_change_shape_at_the_step(data: tuple[Path, list[list[list[int]]]]) -> None:
+    pytest.importorskip("grain")
+    import plitzer.grain
+
+    path, _ = data
+    kw = {"seed": 1, "window": 2, "lanes": 4, "seq_len": 8}
+    want = run_loader(path, 10, 1, seed=1, window=2, lanes=[(0, 4), (5, 2)], seq_len=[(0, 8), (5, 32)])
+    ds = plitzer.grain.Dataset(path, **kw)  # type: ignore[arg-type]
+    assert ds.set_layout(lanes=2, seq_len=32, at_step=5) == 5
+    it = iter(ds)
+    for t in range(10):
+        el = next(it)
+        rows, n = (4, 8) if t < 5 else (2, 32)
+        assert el["tokens"].shape == (rows, n) and el["tokens"].tolist() == want[t]
+        assert el["segment_ids"].shape == (rows, n) and el["position_ids"].shape == (rows, n)
+        assert int(el["cu_seqlens"][-1]) == rows * n
+        # positions restart where the segment changes
+        seg, pos = el["segment_ids"], el["position_ids"]
+        restart = np.ones_like(seg, dtype=bool)
+        restart[:, 1:] = seg[:, 1:] != seg[:, :-1]
+        assert (pos[restart] == 0).all() and (pos[~restart] > 0).all()
+
+
+# -- with a mixture's weight stages ---------------------------------------------------------
+
+
+def test_layout_stages_and_weight_stages_combine(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    names = ["a", "b"]
+    docs_a = numbered_dataset(
+        tmp_path / "a", [[[int(x) for x in rng.integers(1, 30, rng.integers(1, 6))] for _ in range(4)]]
+    )
+    off = 1 + max(x for f in docs_a for rg in f for d in rg for x in d)
+    counter = off
+    files_b = []
+    for _ in range(5):  # source b: tokens numbered on from a's, so that every token of the run is unique
+        rg = []
+        for n in rng.integers(1, 30, rng.integers(1, 6)).tolist():
+            rg.append(list(range(counter, counter + n)))
+            counter += n
+        files_b.append(rg)
+    write_dataset(tmp_path / "b", [files_b])
+    docs = [docs_by_row_group(docs_a), docs_by_row_group([files_b])]
+    paths = {n: str(tmp_path / n) for n in names}
+    stages = [(0, 4, 8), (4, 2, 24)]
+    weights = [(0, {"a": 1, "b": 1}), (6, {"a": 3, "b": 1})]
+    lay = plitzer.Loader(paths, weights=weights, seed=2, window=2, lanes=[(0, 4), (4, 2)], seq_len=[(0, 8), (4, 24)])
+    # the weight stage at step 6 starts at the first window at or after run token X(6) = 4*4*8 + 2*2*24
+    x6 = 4 * 32 + 2 * 48
+    tokens = [[sum(len(d) for d in rg) for rg in src] for src in docs]
+    ref = mixture_windows(tokens, names, [(0, [1, 1]), (x6, [3, 1])], 2, 1, 2, 1, 40 * 64)
+    starts = lay.plan.window_starts(len(ref))
+    assert starts.tolist() == [start for _, start in ref]
+    total = sum(map(sum, tokens))
+    wins, first = [], {}
+    base = [0, len(docs[0])]
+    for u, (win, start) in enumerate(ref):
+        e = start // total
+        first.setdefault(e, u)
+        wins.append((e, u - first[e], [base[s] + rg for s, rg, _ in win]))
+    flat = docs[0] + docs[1]
+    want = reference_layout(flat, 2, 2, stages, 20, wins)
+    got = [tokens_of(lay.next_batch()).tolist() for _ in range(20)]
+    assert got == want
+    state = lay.checkpoint()
+    lay.close()
+    # the same run with both changes made live, at world 2, resumed at world 1
+    ranks = [
+        plitzer.Loader(paths, weights={"a": 1, "b": 1}, seed=2, window=2, lanes=4, seq_len=8, world=2, rank=r)
+        for r in range(2)
+    ]
+    live = []
+    for t in range(12):
+        if t == 2:
+            for ld in ranks:
+                assert ld.set_layout(lanes=2, seq_len=24, at_step=4) == 4
+                assert ld.set_weights({"a": 3, "b": 1}, at_step=6) == 6
+        live.append(_rows(ranks))
+    part = plitzer.merge([ld.checkpoint() for ld in ranks])
+    for ld in ranks:
+        ld.close()
+    assert live == want[:12]
+    with plitzer.Loader(paths, weights={"a": 1, "b": 1}, seed=2, window=2, lanes=4, seq_len=8) as again:
+        again.resume(part)
+        assert [tokens_of(again.next_batch()).tolist() for _ in range(8)] == want[12:20]
+        assert again.config["layout"] == [[0, 4, 8], [4, 2, 24]] and again.config["stages"][-1][0] == 6
+    assert plitzer.state.decode(state).config["layout"] == [[0, 4, 8], [4, 2, 24]]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 5),
+    window=st.integers(1, 3),
+    first=st.tuples(st.sampled_from([4, 8]), st.integers(1, 24)),
+    changes=st.lists(st.tuples(st.integers(1, 8), st.sampled_from([4, 8]), st.integers(1, 40)), min_size=1, max_size=2),
+    worlds=st.tuples(st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4])),
+    at=st.integers(0, 30),
+)
+def test_resume_at_random_steps_across_the_change_at_another_world(
+    data: tuple[Path, list[list[list[int]]]],
+    seed: int,
+    window: int,
+    first: tuple[int, int],
+    changes: list[tuple[int, int, int]],
+    worlds: tuple[int, int],
+    at: int,
+) -> None:
+    path, docs = data
+    stages = [(0, *first)]
+    for gap, b, n in changes:
+        stages.append((stages[-1][0] + gap, b, n))
+    steps = stages[-1][0] + 6
+    at = at % steps
+    kw = {
+        "seed": seed,
+        "window": window,
+        "lanes": [(s, b) for s, b, _ in stages],
+        "seq_len": [(s, n) for s, _, n in stages],
+    }
+    want = reference_layout(docs, seed, window, stages, steps)
+    assert _resumed_run(path, at, steps, worlds, kw, kw) == want
