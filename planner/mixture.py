@@ -636,7 +636,7 @@ class MixturePlan(Plan):
         return pl.DataFrame(rows)
 
     def _extra_tables(self) -> dict[str, pl.DataFrame]:
-        return {"sources": self.sources(), "stages": self.stages_table()}
+        return {"sources": self.sources(), "stages": self.stages_table(), **super()._extra_tables()}
 
 
 def finish_keys(c: I64, weight: int, total: int) -> I64:

@@ -429,8 +429,8 @@ class Plan:
         return self.order.windows_in(epoch)
 
     def _extra_tables(self) -> dict[str, pl.DataFrame]:
-        """More tables for :meth:`sql` (a mixture's sources and stages)."""
-        return {}
+        """More tables for :meth:`sql` (a mixture's sources and stages; ``layout`` under layout stages)."""
+        return {"layout": self.layout_table()} if self.layout is not None else {}
 
     def run_before(self, epoch: int) -> int:
         """Tokens of the run before ``epoch`` (``epoch * T`` for one source)."""
@@ -493,22 +493,74 @@ class Plan:
         )
 
     def lanes(self, epoch: int) -> pl.DataFrame:
-        """epoch, window_index, lane, rank, token_start, token_end: each lane's cut range."""
+        """epoch, window_index, lane, rank, token_start, token_end: each lane's cut range.
+
+        Under layout stages (:mod:`planner.layout`) each window is cut into the lanes of
+        the stage in force at its first token, and ``layout_stage`` says which; a window
+        in which a stage begins is then cut again (its rest, docs/design.md "Layout
+        stages"), which :meth:`layout_table` locates.
+        """
         ep = self.epoch(epoch)
-        b = self.settings.lanes
+        staged = self.layout is not None and self.layout.staged
         nw = ep.windows
-        window = np.repeat(np.arange(nw, dtype=np.int64), b)
-        lane = np.tile(np.arange(b, dtype=np.int64), nw)
-        t = ep.window_tokens[window]
-        q, r, z = t // b, t % b, ep.window_z[window]
-        return pl.DataFrame(
-            {
+        starts = self.run_before(epoch) + np.cumsum(ep.window_tokens) - ep.window_tokens
+        if staged:
+            assert self.layout is not None
+            stage_of = np.searchsorted(np.array(self.layout.begins(), np.int64), starts, side="right") - 1
+        else:
+            stage_of = np.zeros(nw, np.int64)
+        parts = []
+        for i in np.unique(stage_of).tolist():
+            b = self.layout.stages[i].lanes if staged and self.layout is not None else self.settings.lanes
+            wins = np.flatnonzero(stage_of == i)
+            window = np.repeat(wins, b)
+            lane = np.tile(np.arange(b, dtype=np.int64), len(wins))
+            t = ep.window_tokens[window]
+            q, r, z = t // b, t % b, starts[window] % b
+            frame = {
                 "epoch": np.full(len(lane), epoch, dtype=np.int64),
                 "window_index": window,
                 "lane": lane,
                 "rank": lane // (b // self.settings.world),
                 "token_start": cut_at(lane, q, r, z, b),
                 "token_end": cut_at(lane + 1, q, r, z, b),
+            }
+            if staged:
+                frame["layout_stage"] = np.full(len(lane), i, np.int64)
+            parts.append(pl.DataFrame(frame))
+        return pl.concat(parts) if parts else pl.DataFrame(parts)
+
+    def layout_table(self) -> pl.DataFrame:
+        """The layout stages: layout_stage, start_step, lanes, seq_len, tokens_per_step, start_token.
+
+        ``start_token`` is the run's tokens before the stage; ``recut_epoch`` and
+        ``recut_window_index`` name the window its first step cuts again (null at a
+        window's edge). A plan made without ``seq_len`` has no steps to place: refused.
+        """
+        lay = self.layout
+        if lay is None:
+            msg = "the plan has no layout: give seq_len= (and lanes= in stages, if any) to planner.plan"
+            raise ConfigError(msg)
+        begins = lay.begins()
+        ep_of, win_of = [], []
+        for x in begins:
+            e = self.epoch_of_run(x)
+            wt = self.epoch(e).window_tokens
+            ends = np.cumsum(wt)
+            w = int(np.searchsorted(ends, x - self.run_before(e), side="right"))
+            inside = x > 0 and self.run_before(e) + int(ends[w] - wt[w]) < x
+            ep_of.append(e if inside else None)
+            win_of.append(w if inside else None)
+        return pl.DataFrame(
+            {
+                "layout_stage": list(range(len(lay))),
+                "start_step": [s.start for s in lay.stages],
+                "lanes": [s.lanes for s in lay.stages],
+                "seq_len": [s.seq_len for s in lay.stages],
+                "tokens_per_step": [s.per_step for s in lay.stages],
+                "start_token": begins,
+                "recut_epoch": pl.Series(ep_of, dtype=pl.Int64),
+                "recut_window_index": pl.Series(win_of, dtype=pl.Int64),
             }
         )
 

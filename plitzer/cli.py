@@ -16,6 +16,7 @@ from typing import Any
 import polars as pl
 
 from planner.errors import ConfigError
+from planner.layout import Layout
 from plitzer.mixfile import read_mixture
 
 __all__ = ["main"]
@@ -168,13 +169,37 @@ def _selection(args: argparse.Namespace) -> dict[str, Any]:
     return {"where": getattr(args, "where", None), "length_column": getattr(args, "length_column", None)}
 
 
+def _stages_arg(text: str) -> int | list[tuple[int, int]]:
+    """``512``, or layout stages ``0:512,90000:128`` (global step:value, from step 0)."""
+    try:
+        if ":" not in text:
+            return int(text)
+        pairs = [part.split(":") for part in text.split(",")]
+        return [(int(a), int(b)) for a, b in pairs]
+    except ValueError:
+        msg = (
+            f"{text!r}: give an integer, or layout stages STEP:VALUE,STEP:VALUE,... from step 0 (e.g. 0:512,90000:128)"
+        )
+        raise argparse.ArgumentTypeError(msg) from None
+
+
 def _add_settings(p: argparse.ArgumentParser, *, seq_len: bool = False) -> None:
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lanes", type=int, default=512, help="sequences per global batch (B)")
+    p.add_argument(
+        "--lanes",
+        type=_stages_arg,
+        default=512,
+        help="sequences per global batch (B), or layout stages STEP:B,STEP:B,... (e.g. 0:512,90000:128)",
+    )
     p.add_argument("--window", type=int, default=64, help="row groups shuffled together (W)")
     p.add_argument("--world", type=int, default=1, help="number of ranks (GPUs)")
     if seq_len:
-        p.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (L)")
+        p.add_argument(
+            "--seq-len",
+            type=_stages_arg,
+            default=2048,
+            help="tokens per sequence (L), or layout stages STEP:L,STEP:L,... (e.g. 0:2048,90000:8192)",
+        )
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
@@ -286,6 +311,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "lanes": lambda: p.lanes(args.epoch),
             "reads": lambda: p.reads(args.epoch),
             "sources": lambda: _sources_table(p),
+            "layout": p.layout_table,
         }
         _print_frame(tables[args.table](), args.format, args.out, title=f"{args.table}, epoch {args.epoch}")
         return 0
@@ -332,7 +358,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         rows = docs["lane"].n_unique()
         units = docs.select("epoch", "window_index").unique().sort("epoch", "window_index").rows()
         where = ", ".join(f"epoch {e} window {w}" for e, w in units)
-        print(f"step {args.step}: {docs.height} document pieces in {rows} sequences of {args.seq_len} tokens ({where})")
+        n = Layout.of(lanes=args.lanes, seq_len=args.seq_len).at(args.step).seq_len
+        print(f"step {args.step}: {docs.height} document pieces in {rows} sequences of {n} tokens ({where})")
     _print_frame(docs, args.format, args.out, title=f"step {args.step}")
     return 0
 
@@ -478,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sql", default=None, help="DuckDB SQL over index, row_groups, lanes, reads (and a mixture's sources, stages)"
     )
-    p.add_argument("--table", choices=["index", "row_groups", "lanes", "reads", "sources"], default=None)
+    p.add_argument("--table", choices=["index", "row_groups", "lanes", "reads", "sources", "layout"], default=None)
     p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
     p.add_argument("--out", default=None, help="write to this file instead of printing")
     p.set_defaults(func=cmd_plan)

@@ -258,15 +258,22 @@ def explain(
     """
     step = check_int("step", step, 0, "steps count from 0")
     s = LoaderSettings.of(**settings)
+    only = None
     if lane is not None:
         lane = check_int("lane", lane, 0, "lanes count from 0")
-        if lane >= s.lanes:
-            msg = f"lane={lane} is out of range for lanes={s.lanes}; use a lane in 0..{s.lanes - 1}"
+        lanes = s.stages.at(step).lanes  # the layout stage in force at the step
+        if lane >= lanes:
+            msg = f"lane={lane} is out of range for lanes={lanes} (at step {step}); use a lane in 0..{lanes - 1}"
             raise ConfigError(msg)
-        # One lane is the one lane of rank `lane` in a world of `lanes` ranks: the
-        # loader then reads only the row groups that can hold that lane's documents.
-        s = replace(s, plan=replace(s.plan, world=s.lanes), rank=lane)
+        if s.stages.staged:  # other stages' lanes need not divide into one lane a rank: pick the lane after
+            s, only = replace(s, plan=replace(s.plan, world=1), rank=0), lane
+        else:
+            # One lane is the one lane of rank `lane` in a world of `lanes` ranks: the
+            # loader then reads only the row groups that can hold that lane's documents.
+            s = replace(s, plan=replace(s.plan, world=s.lanes), rank=lane)
     with Loader.from_settings(source, s) as loader:
         loader.seek(step)
         docs = loader.next_batch().documents()
+    if only is not None:
+        docs = docs.filter(pl.col("lane") == only)
     return docs.drop("batch_row").select(pl.lit(step, pl.Int64).alias("step"), pl.all())

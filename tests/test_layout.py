@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 from conftest import docs_by_row_group, numbered_dataset, tokens_of, write_dataset
 from hypothesis import HealthCheck, given, settings
@@ -553,3 +554,115 @@ def test_resume_at_random_steps_across_the_change_at_another_world(
     }
     want = reference_layout(docs, seed, window, stages, steps)
     assert _resumed_run(path, at, steps, worlds, kw, kw) == want
+
+
+# -- plans, explain and the command line ------------------------------------------------------
+
+
+def test_plan_tables_and_explain_show_the_layout(data: tuple[Path, list[list[list[int]]]]) -> None:
+    import planner
+
+    path, _ = data
+    kw = {"seed": 1, "window": 2, "lanes": [(0, 4), (5, 2)], "seq_len": [(0, 8), (5, 32)]}
+    p = planner.plan(path, **kw)  # type: ignore[arg-type]
+    table = p.sql("select * from layout order by layout_stage")
+    assert table.select("start_step", "lanes", "seq_len", "tokens_per_step", "start_token").rows() == [
+        (0, 4, 8, 32, 0),
+        (5, 2, 32, 64, 160),
+    ]
+    lanes = p.lanes(0)
+    assert set(lanes["layout_stage"].to_list()) <= {0, 1}
+    # every window's lanes tile its tokens, under the lanes of its stage
+    rg = p.row_groups(0).group_by("window_index").agg(pl.col("tokens").sum())
+    sizes = dict(zip(rg["window_index"].to_list(), rg["tokens"].to_list(), strict=True))
+    for (w, stage), grp in lanes.group_by(["window_index", "layout_stage"]):
+        assert grp.height == (4, 2)[stage]
+        assert grp["token_start"].min() == 0 and grp["token_end"].max() == sizes[w]
+    with plitzer.Loader(path, **kw) as ld:  # type: ignore[arg-type]
+        run = [ld.next_batch().documents() for _ in range(9)]
+    for step in (3, 5, 8):
+        got = plitzer.explain(path, step, **kw)  # type: ignore[arg-type]
+        assert got.drop("step").equals(run[step].drop("batch_row"))
+        one = plitzer.explain(path, step, 1, **kw)  # type: ignore[arg-type]
+        assert one.drop("step").equals(run[step].filter(pl.col("lane") == 1).drop("batch_row"))
+
+
+def test_the_command_line_takes_stages(
+    data: tuple[Path, list[list[list[int]]]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from plitzer.cli import main
+
+    path, _ = data
+    args = ["plan", str(path), "--lanes", "0:4,5:2", "--seq-len", "0:8,5:32", "--window", "2", "--table", "layout"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "160" in out and "tokens_per_step" in out
+    args = ["explain", str(path), "--step", "6", "--lanes", "0:4,5:2", "--seq-len", "0:8,5:32", "--window", "2"]
+    assert main(args) == 0
+    assert "sequences of 32 tokens" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["plan", str(path), "--lanes", "0:4,5"])
+
+
+# -- a real two-process run ---------------------------------------------------------------------
+
+
+def _gloo_job(data: Path, mode: str, out: Path) -> list[dict]:  # type: ignore[type-arg]
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    env = {
+        **os.environ,
+        "WORLD_SIZE": "2",
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
+    if sys.platform.startswith("linux"):
+        env["GLOO_SOCKET_IFNAME"] = "lo"
+    procs = []
+    for rank in range(2):
+        cmd = [sys.executable, str(root / "tests" / "layout_worker.py"), "--data", str(data), "--port", str(port)]
+        cmd += ["--mode", mode, "--out", str(out / f"{mode}.{rank}.json")]
+        procs.append(subprocess.Popen(cmd, env={**env, "RANK": str(rank)}, stderr=subprocess.PIPE))
+    try:
+        errs = [p.communicate(timeout=120)[1].decode(errors="replace") for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-3000:] for e in errs)
+    return [json.loads((out / f"{mode}.{rank}.json").read_text()) for rank in range(2)]
+
+
+@pytest.mark.slow  # real processes and gloo (the checkout run of .ci/run runs it)
+def test_gloo_ranks_switch_layout_and_resume_at_world_one(
+    data: tuple[Path, list[list[list[int]]]], tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    path, _ = data
+    staged = {"seed": 1, "window": 2, "lanes": [(0, 4), (5, 2)], "seq_len": [(0, 8), (5, 32)]}
+    want = run_loader(path, 16, 1, **staged)
+    same = _gloo_job(path, "same", tmp_path)
+    assert same[0]["at"] == same[1]["at"] == 5
+    assert [same[0]["rows"][t] + same[1]["rows"][t] for t in range(10)] == want[:10]
+    # the merged state resumes in one process built with the first layout only
+    with plitzer.Loader(path, seed=1, window=2, lanes=4, seq_len=8) as one:
+        one.resume(bytes.fromhex(same[0]["state"]))
+        assert one.step == 10
+        assert [tokens_of(one.next_batch()).tolist() for _ in range(6)] == want[10:16]
+    differ = _gloo_job(path, "differ", tmp_path)
+    for r in range(2):
+        assert "set_layout() differs across ranks" in differ[r]["error"]
+        assert (
+            "rank 0: step 3, lanes 2, seq_len 32, at_step 5; rank 1: step 3, lanes 2, seq_len 16" in differ[r]["error"]
+        )
+        assert differ[r]["layout"] is None  # no rank changed its layout

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Unpack
 
 import polars as pl
 
+from planner.errors import ConfigError
 from planner.mixture import MixturePlan
 from planner.plan import Plan
 from planner.rowgroups import RowGroupIndex
@@ -279,6 +280,12 @@ def audit(
     column once (lengths and hashes, cached); the rest is footers and plan tables.
     """
     cfg = LoaderSettings.of(**settings)
+    if cfg.stages.staged:
+        msg = (
+            f"audit of layout stages ({cfg.stages.as_config()}, [start step, lanes, seq_len]) is not drawn yet: "
+            "audit each stage's layout on its own (lanes=, seq_len= as ints); plan.layout_table() places the stages"
+        )
+        raise ConfigError(msg)
     lanes, seq_len = cfg.lanes, cfg.seq_len
     ix = open_source(source, cfg)
     plan = make_plan(ix, cfg)
