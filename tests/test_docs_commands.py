@@ -177,6 +177,10 @@ RULES: dict[str, Rule] = {
     "python benchmarks/memory.py --data data/synth-300M": scaled(
         f"python benchmarks/memory.py --data data/synth-300M --limit 0.5 --budgets floor,256 {OUT}"
     ),
+    "python benchmarks/layout.py --tokens 20000000 --lanes 64 --seq-len 2048 --factor 4 --window 4": scaled(
+        "python benchmarks/layout.py --tokens 1000000 --lanes 8 --seq-len 256 --factor 4 --window 2 --repeat 1 "
+        "--data {scratch}/layout"
+    ),
     "python benchmarks/live_mixing.py --tokens 20000000 --lanes 64 --every 50": scaled(
         "python benchmarks/live_mixing.py --tokens 1000000 --lanes 16 --seq-len 256 --every 5 --repeat 1 "
         "--row-groups 300 --epochs 3 --data {scratch}/mix"
