@@ -195,6 +195,13 @@ def plan(
     if seq_len is not None:
         layout = Layout.of(lanes=lanes, seq_len=seq_len)
         lanes, seq_len = layout.first.lanes, layout.first.seq_len
+        for st in layout.stages[1:]:
+            if isinstance(world, int) and world > 0 and st.lanes % world:
+                msg = (
+                    f"lanes={st.lanes} (the layout stage from step {st.start}) is not divisible by world={world}; "
+                    f"every rank must own the same number of lanes in every stage: use lanes a multiple of {world}"
+                )
+                raise ConfigError(msg)
     settings = PlanSettings(seed=seed, lanes=lanes, window=window, world=world)
     ix = open_index(
         source,
