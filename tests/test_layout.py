@@ -666,3 +666,21 @@ def test_gloo_ranks_switch_layout_and_resume_at_world_one(
             "rank 0: step 3, lanes 2, seq_len 32, at_step 5; rank 1: step 3, lanes 2, seq_len 16" in differ[r]["error"]
         )
         assert differ[r]["layout"] is None  # no rank changed its layout
+
+
+@pytest.mark.parametrize("stages", [[(0, 4, 8), (6, 2, 64)], [(0, 2, 64), (3, 8, 4), (9, 4, 16)]])
+def test_the_budget_holds_across_the_change(data: tuple[Path, list[list[list[int]]]], stages: list[Stage]) -> None:
+    from planner.plan import row_group_counts
+
+    path, docs = data
+    with plitzer.Loader(path, lanes=4, seq_len=8, window=2) as ld:
+        t, r, _ = row_group_counts(ld.index)
+    floor = max(plitzer.loader.budget_floor(t, r, lanes=b, window=2, seq_len=n)[0] for _, b, n in stages)
+    kw = {"seed": 3, "window": 2, "lanes": [(s, b) for s, b, _ in stages], "seq_len": [(s, n) for s, _, n in stages]}
+    want = reference_layout(docs, 3, 2, stages, 30)
+    with pytest.warns(plitzer.PerformanceWarning):  # the floor holds a step's windows, not two in flight
+        ld = plitzer.Loader(path, budget=floor, **kw)  # type: ignore[arg-type]
+    with ld:
+        got = [tokens_of(ld.next_batch()).tolist() for _ in range(30)]
+        assert ld.stats.overruns == 0 and ld.peak_bytes <= floor
+    assert got == want
