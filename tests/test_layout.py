@@ -689,7 +689,8 @@ def test_the_budget_holds_across_the_change(data: tuple[Path, list[list[list[int
 def test_several_changes_inside_one_window(data: tuple[Path, list[list[list[int]]]]) -> None:
     """Each change cuts the window in use again, the rest of the rest included (SPEC 12: "in turn")."""
     path, docs = data
-    stages = [(0, 2, 4), (1, 4, 3), (2, 2, 3), (4, 8, 2), (5, 2, 40)]  # changes at run tokens 8, 20, 32, 48: all in window 0
+    # changes at run tokens 8, 20, 32 and 48: all in window 0
+    stages = [(0, 2, 4), (1, 4, 3), (2, 2, 3), (4, 8, 2), (5, 2, 40)]
     kw = {"seed": 0, "window": 4, "lanes": [(s, b) for s, b, _ in stages], "seq_len": [(s, n) for s, _, n in stages]}
     with plitzer.Loader(path, **kw) as ld:  # type: ignore[arg-type]
         assert ld.plan.epoch(0).window_tokens[0] > 8 + 12 + 6 + 6 + 16
