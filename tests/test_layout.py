@@ -699,3 +699,13 @@ def test_several_changes_inside_one_window(data: tuple[Path, list[list[list[int]
     want = reference_layout(docs, 0, 4, stages, 20)
     for world in (1, 2):
         assert run_loader(path, 20, world, **kw) == want
+
+
+def test_layout_stages_over_a_selected_source(data: tuple[Path, list[list[list[int]]]]) -> None:
+    """where= (SPEC 10) keeps its meaning: the run of the dataset with the unselected rows removed."""
+    path, docs = data
+    kept = [[d for i, d in enumerate(rg) if i % 2 == 0] for rg in docs]  # the fixture's column n numbers the rows
+    stages = [(0, 4, 8), (4, 2, 24)]
+    kw = {"seed": 2, "window": 2, "lanes": [(s, b) for s, b, _ in stages], "seq_len": [(s, n) for s, _, n in stages]}
+    want = reference_layout(kept, 2, 2, stages, 12)
+    assert run_loader(path, 12, 2, where="n % 2 = 0", **kw) == want
