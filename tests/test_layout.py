@@ -709,3 +709,21 @@ def test_layout_stages_over_a_selected_source(data: tuple[Path, list[list[list[i
     kw = {"seed": 2, "window": 2, "lanes": [(s, b) for s, b, _ in stages], "seq_len": [(s, n) for s, _, n in stages]}
     want = reference_layout(kept, 2, 2, stages, 12)
     assert run_loader(path, 12, 2, where="n % 2 = 0", **kw) == want
+
+
+def test_the_audit_shows_the_layout(data: tuple[Path, list[list[list[int]]]], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from plitzer.audit import audit
+
+    path, _ = data
+    report = audit(path, seed=1, window=2, lanes=[(0, 4), (5, 2)], seq_len=[(0, 8), (5, 32)], steps=40)
+    assert report.tables["layout"].select("start_step", "lanes", "seq_len").rows() == [(0, 4, 8), (5, 2, 32)]
+    assert "layout" in report.figures
+    cov = report.tables["epochs_covered"]
+    assert cov["tokens"][0] == 5 * 32 + 35 * 64
+    starts = report.tables["epoch_starts"]
+    with plitzer.Loader(path, seed=1, window=2, lanes=[(0, 4), (5, 2)], seq_len=[(0, 8), (5, 32)]) as ld:
+        labels = [ld.next_batch().epoch for _ in range(40)]
+    firsts = [labels.index(e) for e in sorted(set(labels))]
+    assert starts["first_step"].to_list()[: len(firsts)] == firsts
+    assert report.write(tmp_path / "audit.html").exists()
