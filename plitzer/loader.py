@@ -150,7 +150,9 @@ class Loader:
         Local folder or file, ``s3://bucket/prefix``, ``gs://bucket/prefix``,
         ``az://container/prefix`` (or ``abfs://``), or a list of these.
     seed, lanes, window, seq_len, budget, rank, world :
-        See docs/usage.md. ``lanes`` must be divisible by ``world``.
+        See docs/usage.md. ``lanes`` must be divisible by ``world``. ``lanes`` and
+        ``seq_len`` may be layout stages ``[(global step, value), ...]`` from step 0
+        (SPEC section 12, docs/design.md "Layout stages"; :meth:`set_layout` adds one live).
     column : str, optional
         Token column (default: the single ``list<int32|uint32>`` column).
     storage_options : dict, optional
