@@ -97,7 +97,7 @@ RULES: dict[str, Rule] = {
     "mypy": CI,
     "ruff check .": CI,
     "ruff format --check .": CI,
-    "python -m pytest": CI,
+    "python -m pytest -n auto": CI,
     "python -m pytest tests/test_damaged.py tests/test_reliability.py tests/test_extremes.py tests/test_index.py "
     "tests/test_s3.py tests/test_shutdown.py tests/test_soak.py": CI,
     # the CLI, in the order the docs use it: the commands that write data first
