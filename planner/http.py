@@ -23,6 +23,7 @@ whole file) cannot serve a row group: both are a clear StorageError.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -78,6 +79,8 @@ class HTTPStorage(Retrying):
             follow_redirects=True,
             limits=httpx2.Limits(max_connections=slots, max_keepalive_connections=slots),
         )
+        # Its pooled connections close with the storage (an index holds it as long as it is used).
+        weakref.finalize(self, self._client.close)
         self._retrier = self.make_retrier(
             attempts=self.attempts,
             backoff=self.backoff,

@@ -97,8 +97,8 @@ def check_status(status: int, headers: Any, body: bytes, file: FileStat | None, 
         raise Transient(msg)
     if file is not None and status in (404, 410, 412, 416):
         what = {
-            404: "it is gone",
-            410: "it is gone",
+            404: "it disappeared",
+            410: "it disappeared",
             412: "its ETag or Last-Modified is no longer the one listed",
             416: "it is shorter than listed",
         }[status]
