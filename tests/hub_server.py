@@ -133,7 +133,13 @@ class _Handler(BaseHTTPRequestHandler):
     def _begin(self) -> Logged | None:
         """Log the request; answer it with a throttle and return None if the schedule says so."""
         path, _, query = self.path.partition("?")
-        req = Logged(self.command, path, query, self.headers.get("Range"), headers=dict(self.headers.items()))
+        req = Logged(
+            self.command,
+            path,
+            query,
+            self.headers.get("Range"),
+            headers={k.lower(): v for k, v in self.headers.items()},
+        )
         with self.server.lock:
             ident = (req.path, req.query, req.range)
             attempt = self.server._attempts.get(ident, 0)
@@ -171,7 +177,8 @@ class _Handler(BaseHTTPRequestHandler):
         """``data`` whole (200) or the requested range (206), 416 for a range past the end."""
         rng = self.headers.get("Range") if honour_range else None
         if rng is None:
-            self._send(200, data, {**headers, "Accept-Ranges": "bytes" if honour_range else "none"}, req)
+            # A server that ignores Range says nothing about it, as many do.
+            self._send(200, data, {**headers, "Accept-Ranges": "bytes"} if honour_range else headers, req)
             return
         span = _byte_range(rng, len(data))
         if span is None:
