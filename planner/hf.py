@@ -31,13 +31,15 @@ import hashlib
 import json
 import os
 import re
+import threading
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
 
 from planner import ranged
 from planner.errors import ConfigError, StorageError
-from planner.retry import Changed, Retrying, check_body
+from planner.retry import Changed, Fatal, Retrying, Transient, check_body
 from planner.storage import FileStat, Storage, check_range, select_parquet
 
 __all__ = ["HFStorage", "revisions"]
@@ -45,6 +47,9 @@ __all__ = ["HFStorage", "revisions"]
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _PREFIX = {"dataset": "datasets/", "space": "spaces/", "model": ""}
 _OPTIONS = ("token", "endpoint")
+# How long a CDN link the Hub redirected a read to is used before the Hub is asked again
+# (its signed links last about an hour; an expired one is asked again anyway).
+_CDN_TTL = 600.0
 
 
 class HFStorage(Retrying):
@@ -99,6 +104,9 @@ class HFStorage(Retrying):
             transient=ranged.transient,
             hint=_HINT,
         )
+        self._cdn: dict[str, tuple[str, float]] = {}  # location -> (CDN URL, until): see read_range
+        self._pending: dict[str, threading.Event] = {}  # locations whose first read is asking the Hub
+        self._lock = threading.Lock()
         self.commit: str = self.revision if _COMMIT.fullmatch(self.revision) else self._resolve()
 
     def __repr__(self) -> str:
@@ -126,38 +134,23 @@ class HFStorage(Retrying):
 
         return build_hf_headers(token=self._token, headers=dict(extra or {}))
 
-    def _get(
-        self,
-        what: str,
-        url: str,
-        *,
-        file: FileStat | None = None,
-        want: tuple[int, int] | None = None,
-        headers: Mapping[str, str] | None = None,
-        check: Any = None,
-    ) -> ranged.Answer:
+    def _get(self, what: str, url: str) -> ranged.Answer:
+        """One API request (revision, a listing page) through huggingface_hub's session, retried."""
         from huggingface_hub.utils._http import get_session
 
-        length = want[1] if want else 0
-        deadline = self.connect_timeout + (1 if want else 2) * self.read_timeout + length / (1 << 20)
-
         def attempt() -> ranged.Answer:
-            answer = ranged.get(
+            return ranged.get(
                 get_session(),
                 url,
-                self._headers(headers),
+                self._headers(),
                 connect_timeout=self.connect_timeout,
                 read_timeout=self.read_timeout,
-                deadline=deadline,
-                file=file,
+                deadline=self.connect_timeout + 2 * self.read_timeout,
+                file=None,
                 hint=_HINT,
-                want=want,
             )
-            if check is not None:
-                check(answer)
-            return answer
 
-        return self._retrier.run(what, attempt, location=file.location if file else None)
+        return self._retrier.run(what, attempt)
 
     def _api(self, *parts: str) -> str:
         return f"{self.endpoint}/api/{self.repo_type}s/{self.repo_id}/" + "/".join(parts)
@@ -223,37 +216,90 @@ class HFStorage(Retrying):
     # -- ranged reads ------------------------------------------------------------------
 
     def read_range(self, file: FileStat, offset: int, length: int) -> bytes:
+        from huggingface_hub.utils._http import get_session
+
         check_range(file, offset, length)
         if length == 0:
             return b""
         end = offset + length - 1
+        rng = {"Range": f"bytes={offset}-{end}", "Accept-Encoding": "identity"}
+        deadline = self.connect_timeout + self.read_timeout + length / (1 << 20)
 
-        def check(answer: ranged.Answer) -> None:
-            hub = answer.history[0].headers if answer.history else answer.headers
-            commit = str(hub.get("X-Repo-Commit") or "")
-            etag = str(hub.get("X-Linked-Etag") or ("" if answer.history else hub.get("ETag") or ""))
-            etag = etag.removeprefix("W/").strip('"')
-            if commit and commit != self.commit:
-                msg = f"the Hub answered commit {commit} for a read pinned to {self.commit}; check the endpoint"
-                raise Changed(msg, location=file.location)
-            if file.version and etag and etag != file.version:
-                msg = (
-                    f"the file changed after it was indexed: its hash is {etag}, not {file.version} (the "
-                    "commit's history was rewritten?); restore it, or start a new run (the index is rebuilt "
-                    "on the next start)"
+        def attempt() -> bytes:
+            cdn = self._cdn.get(file.location)
+            fresh = cdn is not None and time.monotonic() < cdn[1]
+            url, headers = (cdn[0], rng) if cdn is not None and fresh else (file.location, self._headers(rng))
+            try:
+                answer = ranged.get(
+                    get_session(),
+                    url,
+                    headers,
+                    connect_timeout=self.connect_timeout,
+                    read_timeout=self.read_timeout,
+                    deadline=deadline,
+                    file=file,
+                    hint=_HINT,
+                    want=(offset, length),
                 )
-                raise Changed(msg, location=file.location)
-            check_body(answer.body, offset, length)
+            except Fatal as e:
+                if url == file.location:
+                    raise
+                # The CDN's signed link expired (403) or its object went (404): ask the Hub again.
+                self._cdn.pop(file.location, None)
+                msg = f"the CDN link of the file failed ({e}); asking the Hub again"
+                raise Transient(msg) from e
+            if url == file.location:
+                self._check_identity(answer, file)
+                if answer.history:
+                    # The Hub redirects every read of an LFS or Xet file to its CDN, whose signed link
+                    # names the content: later reads go there straight (one request a row group).
+                    self._cdn[file.location] = (answer.url, time.monotonic() + _CDN_TTL)
+            return check_body(answer.body, offset, length)
 
-        answer = self._get(
-            f"{file.location}: reading bytes [{offset}, {offset + length})",
-            file.location,
-            file=file,
-            want=(offset, length),
-            headers={"Range": f"bytes={offset}-{end}", "Accept-Encoding": "identity"},
-            check=check,
-        )
-        return answer.body
+        what = f"{file.location}: reading bytes [{offset}, {offset + length})"
+        first = self._first_read(file.location)
+        try:
+            data: bytes = self._retrier.run(what, attempt, location=file.location)
+        finally:
+            if first is not None:
+                with self._lock:
+                    self._pending.pop(file.location, None)
+                first.set()
+        return data
+
+    def _first_read(self, location: str) -> threading.Event | None:
+        """Whether this read is the file's first (its event, set when done), else None once the first is done.
+
+        Reads of one file start together (a window's row groups): without this, each would
+        ask the Hub for the redirect. The first asks; the others wait for it (up to the read
+        timeout), then use its CDN link, or ask themselves if it found none.
+        """
+        with self._lock:
+            if location in self._cdn:
+                return None
+            first = self._pending.get(location)
+            if first is None:
+                first = self._pending[location] = threading.Event()
+                return first
+        first.wait(self.read_timeout)
+        return None
+
+    def _check_identity(self, answer: ranged.Answer, file: FileStat) -> None:
+        """The Hub's own answer (before any redirect) names the pinned commit and the listed content hash."""
+        hub = answer.history[0].headers if answer.history else answer.headers
+        commit = str(hub.get("X-Repo-Commit") or "")
+        etag = str(hub.get("X-Linked-Etag") or ("" if answer.history else hub.get("ETag") or ""))
+        etag = etag.removeprefix("W/").strip('"')
+        if commit and commit != self.commit:
+            msg = f"the Hub answered commit {commit} for a read pinned to {self.commit}; check the endpoint"
+            raise Changed(msg, location=file.location)
+        if file.version and etag and etag != file.version:
+            msg = (
+                f"the file changed after it was indexed: its hash is {etag}, not {file.version} (the "
+                "commit's history was rewritten?); restore it, or start a new run (the index is rebuilt "
+                "on the next start)"
+            )
+            raise Changed(msg, location=file.location)
 
     # -- other readers of the same files -------------------------------------------------
 

@@ -252,6 +252,14 @@ class HubServer(_Base):
                 r.refs = {}
             r.commits.append(Commit(sha, files))
             r.refs[branch] = sha
+            if squash:  # and the CDN drops what no commit holds any more (LFS garbage collection)
+                kept = {
+                    hashlib.sha256(d).hexdigest()
+                    for rr in self.repos.values()
+                    for c in rr.commits
+                    for d in c.files.values()
+                }
+                self.blobs = {k: v for k, v in self.blobs.items() if k in kept}
             return sha
 
     def head(self, repo: str, branch: str = "main") -> str:

@@ -74,6 +74,26 @@ def test_a_branch_is_resolved_once_and_every_read_names_its_commit(moving: tuple
     assert [pinned.read_range(f, 0, 100) for f in pinned.list_files()] == before
 
 
+@pytest.mark.timeout(60)
+def test_an_epoch_costs_one_request_a_row_group_after_a_redirect_a_file(hub: HubData) -> None:
+    """Cached index: the revision, the listing, then per file one resolve (302 to the CDN), per row group one GET."""
+    planner.index(hub.url, storage_options=hub.options())  # footers cached
+    hub.server.reset()
+    with plitzer.Loader(hub.url, storage_options=hub.options(), **CFG) as ld:
+        _batches(ld)
+        reads, files = ld.reads, len(ld.index.files)
+    log = hub.server.requests()
+    kinds = [r.path.split("/")[1] if not r.path.startswith("/api/") else r.path.split("/")[5] for r in log]
+    assert kinds.count("revision") == 1 and kinds.count("tree") == 1
+    assert kinds.count("datasets") == files  # one resolve a file: a 302 to its CDN link
+    assert all(r.status == 302 for r in log if r.path.startswith("/datasets/"))
+    # Then the CDN, straight: one ranged GET a row group (those read ahead into the next epoch too).
+    cdn = [(r.path, r.range) for r in log if r.path.startswith("/cdn/")]
+    assert len(cdn) >= reads
+    assert all(r.status == 206 and r.range for r in log if r.path.startswith("/cdn/"))
+    assert len(log) == len(cdn) + files + 2
+
+
 @pytest.mark.timeout(120)
 def test_a_resume_after_the_branch_moved_is_refused_naming_both_commits(
     moving: tuple[HubServer, str, Path],
