@@ -139,7 +139,11 @@ def _storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _add_source(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data", nargs="*", help="folder, .parquet file or s3://bucket/prefix (several allowed)")
+    p.add_argument(
+        "data",
+        nargs="*",
+        help="folder, .parquet file, s3://bucket/prefix, hf://datasets/ORG/NAME/PATH or https:// URL (several allowed)",
+    )
     p.add_argument(
         "--mixture",
         default=None,
@@ -148,7 +152,7 @@ def _add_source(p: argparse.ArgumentParser) -> None:
         "tables with step and weights = {NAME = w}",
     )
     p.add_argument("--column", default=None, help="token column (default: the one list<int32|uint32> column)")
-    p.add_argument("--endpoint", default=None, help="S3 endpoint URL")
+    p.add_argument("--endpoint", default=None, help="S3 endpoint URL (or the Hub's, for hf://; else HF_ENDPOINT)")
     p.add_argument("--region", default=None, help="S3 region")
     p.add_argument(
         "--where",
