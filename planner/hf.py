@@ -101,7 +101,7 @@ class HFStorage(Retrying):
             attempts=self.attempts,
             backoff=self.backoff,
             concurrency=self.concurrency,
-            transient=ranged.transient,
+            transient=_transient,
             hint=_HINT,
         )
         self._cdn: dict[str, tuple[str, float]] = {}  # location -> (CDN URL, until): see read_range
@@ -318,6 +318,13 @@ _HINT = (
     "check the repository name and revision, and the token (HF_TOKEN or storage_options token): a private or "
     "gated repository needs one with access"
 )
+
+
+def _transient(e: BaseException) -> bool:
+    """Whether another attempt may succeed: not with ``HF_HUB_OFFLINE`` set (huggingface_hub then sends nothing)."""
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    return ranged.transient(e) and not isinstance(e, OfflineModeIsEnabled)
 
 
 def _next_link(header: str) -> str | None:

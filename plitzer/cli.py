@@ -245,6 +245,11 @@ def cmd_index(args: argparse.Namespace) -> int:
         columns["row_groups_emptied"] = [int((f["rows_selected"] == 0).sum())]
     columns.update({"column": [ix.column], "dtype": [ix.dtype], "fingerprint": [ix.fingerprint[:16]]})
     _print_frame(pl.DataFrame(columns), args.format, None, title="index")
+    from planner.hf import HFStorage
+
+    pinned = {st.pinned for st in map(ix.storage, range(len(ix.files))) if isinstance(st, HFStorage)}
+    for url in sorted(pinned):  # what a later run passes to read these very files
+        print(f"at its commit: {url}", file=sys.stderr)
     per_rg = f.select(
         pl.col("tokens").min().alias("min"),
         pl.col("tokens").quantile(0.5).cast(pl.Int64).alias("median"),

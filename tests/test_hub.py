@@ -254,6 +254,16 @@ def test_a_missing_repository_revision_or_folder_is_a_clear_error(hub: HubData) 
 
 
 @pytest.mark.timeout(60)
+def test_offline_mode_is_a_clear_error_at_once(hub: HubData, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(StorageError, match="offline mode is enabled") as err:
+        open_storages(hub.url, hub.options(attempts=5, backoff=5))  # not retried: no wait
+    assert "HF_HUB_OFFLINE" in str(err.value)
+
+
+@pytest.mark.timeout(60)
 def test_one_hub_file_is_a_source_named_by_its_base_name(hub: HubData) -> None:
     (st,) = open_storages(hub.url, hub.options())
     first = st.list_files()[0]
@@ -325,18 +335,24 @@ def test_a_manifest_lists_relative_paths_and_urls(web: WebData, tmp_path: Path) 
 
 @pytest.mark.timeout(120)
 def test_the_cli_and_mixtures_take_hub_and_http_sources(
-    hub: HubData, web: WebData, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    hub: HubData, web: WebData, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     from plitzer.cli import main
 
     monkeypatch.setenv("HF_ENDPOINT", hub.server.endpoint)
     assert main(["index", hub.url]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert f"at its commit: hf://datasets/plitzer/synth@{hub.commit}/synth" in err
     assert main(["index", str(hub.local)]) == 0
     assert capsys.readouterr().out.split("\n")[-4:] == out.split("\n")[-4:]
     sql = "select count(*) as n from reads"
     assert main(["plan", web.url, "--lanes", "8", "--window", "3", "--world", "2", "--sql", sql]) == 0
     assert main(["explain", hub.url, "--step", "2", "--lanes", "8", "--window", "3", "--seq-len", "96"]) == 0
+    assert (
+        main(["audit", web.url, "--lanes", "8", "--window", "3", "--world", "2", "--out", str(tmp_path / "a.html")])
+        == 0
+    )
+    assert (tmp_path / "a.html").stat().st_size > 0
     capsys.readouterr()
     # A mixture of a Hub source and an HTTP source gives the batches of the same data on disk.
     sources = {"web": {"path": hub.url, "storage_options": hub.options()}, "code": web.url}
