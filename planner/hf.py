@@ -59,7 +59,7 @@ class HFStorage(Retrying):
     login; ``False`` for none), ``endpoint`` (else ``HF_ENDPOINT``, else
     ``https://huggingface.co``), and plitzer's ``attempts`` (8), ``backoff`` (0.1 s),
     ``read_timeout`` (30 s), ``connect_timeout`` (10 s), ``concurrency`` (16) and
-    ``list_page_size`` (1,000; the Hub answers at most 1,000 entries a page).
+    ``list_page_size`` (the Hub's 1,000 entries a page unless set: then sent as ``limit``).
 
     The revision (a branch, a tag, ``refs/convert/parquet``, a commit; ``main`` when
     omitted) is resolved to its commit here, once: :attr:`commit`.
@@ -88,6 +88,8 @@ class HFStorage(Retrying):
         self.path: str = uri.path_in_repo.strip("/")
         opts = dict(storage_options or {})
         own = {k: opts.pop(k) for k in self.TUNING if k in opts}
+        # The Hub pages by 1,000 entries; a smaller page is asked for only when one is set.
+        self._page_limit = "list_page_size" in own
         unknown = sorted(set(opts) - set(_OPTIONS))
         if unknown:
             known = ", ".join(_OPTIONS + self.TUNING)
@@ -182,7 +184,9 @@ class HFStorage(Retrying):
         """Every entry below ``folder`` at the commit, page by page (each page retried on its own)."""
         what = f"{self.url}: listing"
         url = self._api("tree", self.commit) + (f"/{quote(folder, safe='')}" if folder else "")
-        url += f"?recursive={'true' if recursive else 'false'}&expand=false&limit={self.list_page_size}"
+        url += f"?recursive={'true' if recursive else 'false'}&expand=false"
+        if self._page_limit:
+            url += f"&limit={self.list_page_size}"
         entries: list[dict[str, Any]] = []
         next_url: str | None = url
         while next_url:
