@@ -330,6 +330,19 @@ def test_a_manifest_lists_relative_paths_and_urls(web: WebData, tmp_path: Path) 
         open_storages(f"{web.server.endpoint}/lists/page.html")[0].list_files()
 
 
+@pytest.mark.timeout(60)
+def test_a_list_of_urls_is_a_list_source(web: WebData) -> None:
+    names = sorted(p.relative_to(web.local).as_posix() for p in web.local.rglob("*.parquet"))[:2]
+    urls = [f"{web.server.endpoint}/synth/{n}" for n in names]
+    with (
+        plitzer.Loader(urls, **CFG) as remote,
+        plitzer.Loader([web.local / n for n in names], **CFG) as disk,
+    ):
+        assert [f.name for f in remote.index.files] == [f"{i}/{n}" for i, n in enumerate(names)]
+        assert remote.index.fingerprint == disk.index.fingerprint
+        assert _batches(remote, 5) == _batches(disk, 5)
+
+
 # -- the CLI and mixtures -----------------------------------------------------------------
 
 
