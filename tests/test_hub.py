@@ -199,6 +199,41 @@ def test_throttling_with_retry_after_is_retried_to_the_same_batches_and_counted(
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize(("header", "waited"), [("2", 2.0), ("3600", 60.0)])
+def test_retry_after_is_waited_up_to_its_cap(
+    hub: HubData, monkeypatch: pytest.MonkeyPatch, header: str, waited: float
+) -> None:
+    from planner import ranged
+
+    (st,) = open_storages(hub.url, hub.options(backoff=0))
+    (f, *_) = st.list_files()
+    sleeps: list[float] = []
+    monkeypatch.setattr(ranged.time, "sleep", sleeps.append)  # every sleep, recorded instead of slept
+    hub.server.reset(Throttling(seed=1, rate=1.0, retry_after=header, max_in_a_row=1))
+    try:
+        assert len(st.read_range(f, 0, 10)) == 10
+    finally:
+        hub.server.reset()
+    assert sleeps.count(waited) == st.retries >= 1  # each throttled attempt waited what it was asked
+
+
+@pytest.mark.timeout(60)
+def test_a_corrupt_revisions_field_is_refused() -> None:
+    from plitzer.state import State, decode, encode
+
+    cfg = {"seed": 0, "lanes": 1, "seq_len": 4, "window": 1, "column": "t", "dtype": "int32", "fingerprint": "x"}
+    good = encode(State(config={**cfg, "revisions": [["hf://datasets/a/b", "c" * 40, "d"]]}, step=0, positions=_pos()))
+    assert decode(good).config["revisions"] == [["hf://datasets/a/b", "c" * 40, "d"]]
+    bad = encode(State(config={**cfg, "revisions": [["hf://datasets/a/b", 7]]}, step=0, positions=_pos()))
+    with pytest.raises(CheckpointError, match="revisions must list"):
+        decode(bad)
+
+
+def _pos() -> np.ndarray:
+    return np.zeros((1, 5), np.int64)
+
+
+@pytest.mark.timeout(60)
 def test_persistent_throttling_is_a_storage_error_after_the_attempts(hub: HubData) -> None:
     (st,) = open_storages(hub.url, hub.options(attempts=3, backoff=0.01))
     (f, *_) = st.list_files()
