@@ -169,8 +169,39 @@ class HTTPStorage(Retrying):
         return [(url, name) for name, url in seen.items()]
 
     def _stat(self, url: str, name: str) -> FileStat:
-        """One HEAD: the file's size and the ETag (else Last-Modified) that pins it."""
-        answer = self._get(f"{url}: HEAD", url, method="HEAD", headers={"Accept-Encoding": "identity"})
+        """One HEAD: the file's size and the ETag (else Last-Modified) that pins it.
+
+        A server that refuses HEAD (405, 501, or 403 from a link signed for GET only) is
+        asked for the first byte instead, its size then read from ``Content-Range``.
+        """
+
+        def ask(method: str, headers: dict[str, str], want: tuple[int, int] | None) -> ranged.Answer:
+            return ranged.get(
+                self._client,
+                url,
+                {**self._headers, "Accept-Encoding": "identity", **headers},
+                connect_timeout=self.connect_timeout,
+                read_timeout=self.read_timeout,
+                deadline=self.connect_timeout + 2 * self.read_timeout,
+                file=None,
+                hint=_HINT,
+                want=want,
+                method=method,
+            )
+
+        def attempt() -> tuple[ranged.Answer, int | None]:
+            try:
+                return ask("HEAD", {}, None), None
+            except ranged.Refused as e:
+                if e.status not in (403, 405, 501):
+                    raise
+            answer = ask("GET", {"Range": "bytes=0-0"}, (0, 1))
+            total = str(answer.headers.get("Content-Range", "")).rpartition("/")[2]
+            return answer, int(total) if total.isdigit() else None
+
+        answer, total = self._retrier.run(f"{url}: HEAD", attempt)
+        if total is not None:
+            return self._pin(url, name, answer, total)
         size = answer.headers.get("Content-Length")
         if size is None or not str(size).isdigit():
             msg = f"{url}: the server gives no Content-Length; plitzer needs each file's size to read its footer"
@@ -178,6 +209,10 @@ class HTTPStorage(Retrying):
         if str(answer.headers.get("Accept-Ranges", "")).lower() == "none":
             msg = f"{url}: the server says Accept-Ranges: none; plitzer reads byte ranges: use a server honouring Range"
             raise StorageError(msg)
+        return self._pin(url, name, answer, int(size))
+
+    def _pin(self, url: str, name: str, answer: ranged.Answer, size: int) -> FileStat:
+        """The file's stat, pinned by the answer's ETag, else its Last-Modified."""
         version = str(answer.headers.get("ETag") or answer.headers.get("Last-Modified") or "")
         if not version:
             msg = (
@@ -185,7 +220,7 @@ class HTTPStorage(Retrying):
                 "could not be told apart; serve it from a server that sends one"
             )
             raise StorageError(msg)
-        return FileStat(name=name, location=url, size=int(size), version=version)
+        return FileStat(name=name, location=url, size=size, version=version)
 
     # -- ranged reads ------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from typing import Any
 from planner.retry import Changed, Fatal, Throttled, Transient
 from planner.storage import FileStat
 
-__all__ = ["RETRY_AFTER_CAP", "Answer", "check_status", "get", "retry_after", "transient"]
+__all__ = ["RETRY_AFTER_CAP", "Answer", "Refused", "check_status", "get", "retry_after", "transient"]
 
 RETRY_AFTER_CAP = 60.0
 """The most seconds a ``Retry-After`` is waited before the next attempt."""
@@ -109,9 +109,17 @@ def check_status(status: int, headers: Any, body: bytes, file: FileStat | None, 
         raise Changed(msg, location=file.location)
     if status in (401, 403):
         msg = f"access denied ({status}: {text}); {hint}"
-        raise Fatal(msg)
+        raise Refused(msg, status)
     msg = f"the server refused the request ({status}: {text})"
-    raise Fatal(msg)
+    raise Refused(msg, status)
+
+
+class Refused(Fatal):
+    """A 4xx answer that retrying cannot change; ``status`` says which."""
+
+    def __init__(self, msg: str, status: int) -> None:
+        super().__init__(msg)
+        self.status = status
 
 
 def get(
@@ -141,11 +149,11 @@ def get(
         if status not in (200, 206):
             body = r.read() if int(r.headers.get("Content-Length", "0") or 0) < (1 << 16) else b""
             check_status(status, r.headers, body, file, hint)
-        if want is not None and file is not None:
+        if want is not None:
             offset, length = want
             end = offset + length - 1
             got = str(r.headers.get("Content-Range", ""))
-            whole = offset == 0 and length == file.size
+            whole = file is not None and offset == 0 and length == file.size
             if status == 200 and not whole:
                 msg = (
                     f"the server ignored the Range request (answered 200 with the whole file instead of bytes "
@@ -154,7 +162,7 @@ def get(
                 )
                 raise Fatal(msg)
             total = got.rpartition("/")[2]
-            if status == 206 and total not in ("", "*", str(file.size)):
+            if file is not None and status == 206 and total not in ("", "*", str(file.size)):
                 msg = (
                     f"the file changed after it was indexed: it is {total} bytes, not {file.size}; restore it, "
                     "or start a new run (the index is rebuilt on the next start)"

@@ -24,7 +24,7 @@
 * :class:`StaticServer` serves a folder with ``Range``, ``ETag`` (or only
   ``Last-Modified``), ``If-Match`` / ``If-Unmodified-Since`` (412 when the file
   changed) and, for a ``manifest.txt`` that is not a file, the paths of the files
-  below its folder, one a line; it can be told to ignore ``Range``.
+  below its folder, one a line; it can be told to ignore ``Range`` or refuse ``HEAD``.
 
 Both are ``ThreadingHTTPServer`` in a daemon thread on 127.0.0.1 (never another
 address), started once per session by the fixtures ``hub`` and ``web`` at the end.
@@ -386,10 +386,11 @@ class _HubHandler(_Handler):
 class StaticServer(_Base):
     """A folder over HTTP with Range and ETag or Last-Modified (module docstring)."""
 
-    def __init__(self, root: Path, *, ranges: bool = True, etag: bool = True) -> None:
+    def __init__(self, root: Path, *, ranges: bool = True, etag: bool = True, head: bool = True) -> None:
         self.root = root
         self.ranges = ranges
         self.etag = etag
+        self.head = head  # False: HEAD is answered 405, as by a link signed for GET only
         super().__init__(_StaticHandler)
 
 
@@ -397,6 +398,11 @@ class _StaticHandler(_Handler):
     server: StaticServer
 
     def do_HEAD(self) -> None:
+        if not self.server.head:
+            req = self._begin()
+            if req is not None:
+                self._error(405, "Method Not Allowed", req)
+            return
         self.do_GET()
 
     def do_GET(self) -> None:

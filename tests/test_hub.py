@@ -325,6 +325,21 @@ def test_a_server_that_ignores_range_is_a_clear_storage_error(web: WebData) -> N
 
 
 @pytest.mark.timeout(60)
+def test_a_server_that_refuses_head_is_asked_for_the_first_byte(web: WebData) -> None:
+    server = StaticServer(web.root, head=False)
+    try:
+        url = web.url.replace(web.server.endpoint, server.endpoint)
+        with plitzer.Loader(url, **CFG) as remote, plitzer.Loader(web.local, **CFG) as disk:
+            assert [f.size for f in remote.index.files] == [f.size for f in disk.index.files]
+            assert _batches(remote, 5) == _batches(disk, 5)
+        log = server.requests()
+        assert {r.status for r in log if r.method == "HEAD"} == {405}
+        assert sum(1 for r in log if r.range == "bytes=0-0") == len(remote.index.files)
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(60)
 def test_last_modified_pins_a_file_when_there_is_no_etag(tmp_path: Path) -> None:
     (tmp_path / "a.parquet").write_bytes(b"x" * 1000)
     server = StaticServer(tmp_path, etag=False)
