@@ -128,6 +128,18 @@ def test_a_resume_after_the_branch_moved_is_refused_naming_both_commits(
         assert _batches(ld, 8) == full[6:14]
 
 
+@pytest.mark.timeout(60)
+def test_ranks_that_resolved_a_branch_to_different_commits_do_not_merge(moving: tuple[HubServer, str, Path]) -> None:
+    server, repo, local = moving
+    url, opts = f"hf://datasets/{repo}/synth", {"endpoint": server.endpoint}
+    with plitzer.Loader(url, storage_options=opts, rank=0, world=2, **CFG) as r0:
+        name = sorted(p.name for p in local.glob("*.parquet"))[0]
+        server.commit(repo, {f"synth/{name}": _shifted(local / name)})  # between the two ranks' starts
+        with plitzer.Loader(url, storage_options=opts, rank=1, world=2, **CFG) as r1:
+            with pytest.raises(CheckpointError, match=r"parts disagree.*revisions"):
+                plitzer.merge([r0.checkpoint(), r1.checkpoint()])
+
+
 def _shifted(path: Path) -> bytes:
     """The file with every token one higher: the same row groups, rows and tokens, other bytes."""
     import pyarrow as pa
