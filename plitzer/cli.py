@@ -139,7 +139,11 @@ def _storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _add_source(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data", nargs="*", help="folder, .parquet file or s3://bucket/prefix (several allowed)")
+    p.add_argument(
+        "data",
+        nargs="*",
+        help="folder, .parquet file, s3://bucket/prefix, hf://datasets/ORG/NAME/PATH or https:// URL (several allowed)",
+    )
     p.add_argument(
         "--mixture",
         default=None,
@@ -148,7 +152,7 @@ def _add_source(p: argparse.ArgumentParser) -> None:
         "tables with step and weights = {NAME = w}",
     )
     p.add_argument("--column", default=None, help="token column (default: the one list<int32|uint32> column)")
-    p.add_argument("--endpoint", default=None, help="S3 endpoint URL")
+    p.add_argument("--endpoint", default=None, help="S3 endpoint URL (or the Hub's, for hf://; else HF_ENDPOINT)")
     p.add_argument("--region", default=None, help="S3 region")
     p.add_argument(
         "--where",
@@ -241,6 +245,11 @@ def cmd_index(args: argparse.Namespace) -> int:
         columns["row_groups_emptied"] = [int((f["rows_selected"] == 0).sum())]
     columns.update({"column": [ix.column], "dtype": [ix.dtype], "fingerprint": [ix.fingerprint[:16]]})
     _print_frame(pl.DataFrame(columns), args.format, None, title="index")
+    from planner.hf import HFStorage
+
+    pinned = {st.pinned for st in map(ix.storage, range(len(ix.files))) if isinstance(st, HFStorage)}
+    for url in sorted(pinned):  # what a later run passes to read these very files
+        print(f"at its commit: {url}", file=sys.stderr)
     per_rg = f.select(
         pl.col("tokens").min().alias("min"),
         pl.col("tokens").quantile(0.5).cast(pl.Int64).alias("median"),

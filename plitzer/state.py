@@ -49,6 +49,7 @@ __all__ = [
     "State",
     "decode",
     "diff_config",
+    "diff_revisions",
     "encode",
     "load_checkpoint",
     "merge",
@@ -76,13 +77,17 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "stages",
     "where",
     "length_column",
+    "revisions",
 )
 # Fields of text sources (plitzer.text: the tokenizer's identity and the BOS/EOS
 # policy), added within format 2: written only when they differ from these values
 # (a checkpoint of token data is byte for byte what plitzer 0.2 wrote), and read as
 # these when absent.
 # Mixtures (planner.mixture) add their sources ([name, fingerprint] each) and stages
-# ([start step, {source: weight}] each) the same way.
+# ([start step, {source: weight}] each) the same way. Sources on the Hugging Face Hub
+# add their revisions ([source without revision, commit, files digest] each,
+# planner.hf.revisions): not part of the dataset's identity (a checkpoint carries to
+# a copy on disk), so they are compared by diff_revisions, not diff_config.
 _OPTIONAL: dict[str, Any] = {
     "tokenizer": "",
     "add_bos": False,
@@ -91,6 +96,7 @@ _OPTIONAL: dict[str, Any] = {
     "stages": [],
     "where": "",
     "length_column": "",
+    "revisions": [],
 }
 _INT_LIMIT = 2**63
 
@@ -233,6 +239,12 @@ def decode(data: bytes | bytearray | memoryview) -> State:
         if not isinstance(v, str) and not pairs:
             why = f"{k} is {v!r}, expected a string or [source, string] pairs"
             raise _fail(why)
+    revs = config["revisions"]
+    if not isinstance(revs, list) or not all(
+        isinstance(x, list) and len(x) == 3 and all(isinstance(v, str) for v in x) for x in revs
+    ):
+        why = "revisions must list [source, commit, files digest] triples"
+        raise _fail(why)
     for k in ("seed", "lanes", "seq_len", "window"):
         _int(config[k], k, low=1 if k != "seed" else 0)
     for k in ("column", "dtype", "fingerprint"):
@@ -288,7 +300,11 @@ def diff_config(checkpoint: Mapping[str, Any], current: Mapping[str, Any], *, st
     may differ: only the stages in effect up to ``step`` must agree.
     """
     a, b = {**_OPTIONAL, **checkpoint}, {**_OPTIONAL, **current}
-    out = [f"{k}: checkpoint {a[k]!r}, loader {b[k]!r}" for k in CONFIG_FIELDS if k != "stages" and a[k] != b[k]]
+    out = [
+        f"{k}: checkpoint {a[k]!r}, loader {b[k]!r}"
+        for k in CONFIG_FIELDS
+        if k not in ("stages", "revisions") and a[k] != b[k]
+    ]
     sa, sb = a["stages"], b["stages"]
     if step is not None:
         sa = [x for x in sa if x[0] <= step]
@@ -301,6 +317,34 @@ def diff_config(checkpoint: Mapping[str, Any], current: Mapping[str, Any], *, st
     elif sa != sb:
         out.append(f"stages: checkpoint {sa!r}, loader {sb!r}")
     return out
+
+
+def diff_revisions(checkpoint: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Hub sources whose branch moved to a commit whose files differ from the checkpoint's.
+
+    A source is matched by its URL without revision; one on one side only (a copy on
+    disk, another store) is not compared: the fingerprint says whether it is the same
+    dataset. The same files (every file's content hash equal) at another commit are the
+    same bytes, so they are accepted (docs/design.md, "Hub revisions in checkpoints").
+    """
+    theirs = {src: (commit, files) for src, commit, files in checkpoint.get("revisions", [])}
+    out = []
+    for src, commit, files in current.get("revisions", []):
+        if src in theirs and theirs[src][1] != files:
+            was = theirs[src][0]
+            out.append(
+                f"revision of {src}: checkpoint commit {was}, loader commit {commit} (the branch moved and the "
+                f"files changed); resume with {_pinned(src, was)} to read what the run began with"
+            )
+    return out
+
+
+def _pinned(src: str, commit: str) -> str:
+    """``hf://datasets/ORG/NAME/PATH`` at ``commit``: ``hf://datasets/ORG/NAME@COMMIT/PATH``."""
+    head, _, rest = src.partition("://")
+    parts = rest.split("/")
+    n = 3 if parts[0] in ("datasets", "spaces") else 2
+    return f"{head}://{'/'.join(parts[:n])}@{commit}" + ("/" + "/".join(parts[n:]) if parts[n:] else "")
 
 
 def merge(parts: Iterable[bytes]) -> bytes:

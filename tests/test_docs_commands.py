@@ -89,6 +89,8 @@ RULES: dict[str, Rule] = {
     'pip install "plitzer[torch]"': INSTALL,
     'pip install "plitzer[azure]"': INSTALL,
     'pip install "plitzer[gcs]"': INSTALL,
+    'pip install "plitzer[hf]"': INSTALL,
+    'pip install "plitzer[http]"': INSTALL,
     'pip install "plitzer[grain]"': INSTALL,
     'pip install -c .ci/constraints.txt -e ".[baseline]"': INSTALL,
     'pip install -c .ci/constraints.txt -e ".[dev]"': CI,
@@ -195,6 +197,9 @@ RULES: dict[str, Rule] = {
     "python benchmarks/s3.py --latency-ms 30 --pace-mbps 100": scaled(
         "python benchmarks/s3.py --latency-ms 30 --pace-mbps 100 --tokens 400000 --lanes 8 --seq-len 256 "
         "--cold-files 20"
+    ),
+    "python benchmarks/s3.py --store hf --latency-ms 30 --pace-mbps 100": scaled(
+        "python benchmarks/s3.py --store hf --latency-ms 30 --pace-mbps 100 --tokens 400000 --lanes 8 --seq-len 256"
     ),
     "python benchmarks/scaling.py": scaled(f"python benchmarks/scaling.py --sizes 1,2 --lanes 8 {OUT}"),
     "python benchmarks/scaling.py --sizes 50,150,300": scaled(
