@@ -30,6 +30,7 @@ from numpy.typing import NDArray
 from planner.cache import cache_dir, digest, write_atomic
 from planner.dataset import Index
 from planner.errors import DataError, SelectionError, one_line
+from plitzer.predicate import connect
 from plitzer.read import decode_chunk, decode_column, list_lengths
 
 __all__ = [
@@ -154,11 +155,10 @@ class SelectionPass:
     def _con(self) -> Any:
         con = getattr(self._local, "con", None)
         if con is None:
-            import duckdb
-
             # One connection per reader thread, one DuckDB thread each: the pass runs
             # row groups in parallel, and a single-threaded projection keeps row order.
-            con = duckdb.connect(config={"threads": 1, "preserve_insertion_order": True})
+            # External access off: the predicate reads the columns handed over, nothing else.
+            con = connect(threads=1, preserve_insertion_order=True)
             self._local.con = con
         return con
 
@@ -169,8 +169,8 @@ class SelectionPass:
         con = self._con()
         con.register("t", table)
         try:
-            # The user's own predicate over their own data, parsed and checked by _parse:
-            # running it is the point (one expression; no statement can follow it).
+            # The predicate as plitzer.predicate.normalize checked and wrote it back: one
+            # expression over the registered columns, on a connection without external access.
             got = con.sql(f"select ({self.where}) as keep from t").to_arrow_table()  # noqa: S608
         except duckdb.Error as e:
             msg = (
