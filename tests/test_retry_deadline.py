@@ -26,7 +26,7 @@ from planner.errors import ConfigError, StorageError, StorageWaitWarning
 from planner.retry import DEFAULT_DEADLINE, PATIENCE, Fatal, Retrier, Retrying, Transient
 from tests.cloud_fixtures import CloudData, azure, gcs
 from tests.conftest import tokens_of
-from tests.s3_fixtures import FaultProxy, S3Data, options, s3
+from tests.s3_fixtures import FaultProxy, S3Data, SeededFaults, options, s3
 
 __all__ = ["azure", "gcs", "s3"]  # the fixtures, imported for pytest
 
@@ -184,8 +184,10 @@ FAST = {"backoff": 0.05, "read_timeout": 5, "connect_timeout": 2}
 def test_a_store_away_longer_than_the_old_budget_gives_the_same_batches(
     s3: S3Data, refusing: FaultProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every connection refused for 20 s (eight attempts gave up after about 16 s): waited for."""
+    """Every connection refused for 20 s (eight attempts gave up after about 16 s), and a tenth
+    of the responses reset mid-body before and after: waited for, retried, the same batches."""
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
+    refusing.reset(SeededFaults(seed=4, rate=0.1, kinds=("reset",), lists=True))
     opts = options(refusing.endpoint, retry_deadline=60, **FAST)
     steps = 6
     with plitzer.Loader(s3.local["synth"], **CFG) as disk:
@@ -208,6 +210,7 @@ def test_a_store_away_longer_than_the_old_budget_gives_the_same_batches(
     )
     assert "retry_deadline=60 s" in waiting[0]
     assert took >= 15  # it did wait (the refusal began before the first read)
+    assert any(r.fault == "reset" for r in refusing.log())  # resets mid-body too, retried
     assert stats.retries > 0
     assert stats.storage_wait_seconds >= 15
     assert stats.wait_seconds >= 15  # the consumer's side of the same wait
