@@ -184,10 +184,10 @@ FAST = {"backoff": 0.05, "read_timeout": 5, "connect_timeout": 2}
 def test_a_store_away_longer_than_the_old_budget_gives_the_same_batches(
     s3: S3Data, refusing: FaultProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every connection refused for 20 s (eight attempts gave up after about 16 s), and a tenth
+    """Every connection refused for 20 s (eight attempts gave up after about 16 s), and about a third
     of the responses reset mid-body before and after: waited for, retried, the same batches."""
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
-    refusing.reset(SeededFaults(seed=4, rate=0.1, kinds=("reset",), lists=True))
+    refusing.reset(SeededFaults(seed=4, rate=0.3, kinds=("reset",), lists=True))
     opts = options(refusing.endpoint, retry_deadline=60, **FAST)
     steps = 6
     with plitzer.Loader(s3.local["synth"], **CFG) as disk:
