@@ -258,3 +258,24 @@ def _through(name: str, store: Any, proxy: FaultProxy, **extra: Any) -> dict[str
         return store.options(endpoint_url=proxy.endpoint, **extra)
     conn = store.server.connection_string.replace(store.server.endpoint, f"{proxy.endpoint}/devstoreaccount1")
     return {"connection_string": conn, **extra}
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/prefix", "gs://bucket/prefix", "az://container/prefix"])
+def test_every_object_store_takes_the_deadline_from_storage_options(url: str) -> None:
+    """The default (checked without waiting it out), the option, and 0, on each backend's own retrier."""
+    from planner.backends import open_storages
+
+    base: dict[str, Any] = {
+        "s3": {"endpoint": "http://127.0.0.1:9", "region": "us-east-1", "key": "k", "secret": "s"},
+        "gs": {"token": "anon", "endpoint_url": "http://127.0.0.1:9"},
+        "az": {"account_name": "devstoreaccount1", "anon": True},
+    }[url.split(":", maxsplit=1)[0]]
+    try:
+        (default,) = open_storages(url, base)
+    except ConfigError as e:  # the store's client library is not installed here
+        pytest.skip(str(e))
+    (short,) = open_storages(url, {**base, "retry_deadline": 30})
+    (zero,) = open_storages(url, {**base, "retry_deadline": 0, "attempts": 5})
+    got = [(s._retrier.deadline, s._retrier.attempts) for s in (default, short, zero)]  # type: ignore[attr-defined]
+    assert got == [(DEFAULT_DEADLINE, None), (30.0, None), (0.0, 5)]
+    assert default.waited == 0.0  # type: ignore[attr-defined]
