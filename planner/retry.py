@@ -240,6 +240,8 @@ class Retrier:
             if back:
                 self._outage_since = None
                 self._recovered_at = now
+            elif not self._failing:
+                self._outage_since = None  # every request of the outage gave up: the next one warns anew
         if back and since is not None:
             msg = f"{what}: the store answers again, after {now - since:.0f} s; reading goes on"
             warnings.warn(msg, StorageWaitWarning, stacklevel=4)
@@ -260,7 +262,18 @@ class Retrier:
 
         ``location`` is the object read (what a ``FileChangedError`` names).
         """
-        first: float | None = None
+        failing: list[float] = []  # the first failure's time, once there is one
+        ok = False
+        try:
+            out = self._attempts(what, attempt, location, failing)
+            ok = True
+            return out
+        finally:
+            # However the request ends (an answer, an error, an interrupt): it fails no more.
+            if failing:
+                self._end_failing(self._clock(), what, recovered=ok)
+
+    def _attempts(self, what: str, attempt: Callable[[], T], location: str | None, failing: list[float]) -> T:
         tries = 0
         while True:
             tries += 1
@@ -273,42 +286,33 @@ class Retrier:
                             self.throttle.cut(started)
                         raise
                 self.throttle.grow()
+                return out
             except Changed as e:
-                self._end(first, what, recovered=False)
                 msg = f"{what}: {e}"
                 raise FileChangedError(msg, file=e.location or location) from e.__cause__
             except Fatal as e:
-                self._end(first, what, recovered=False)
                 msg = f"{what}: {e}"
                 raise StorageError(msg) from e.__cause__
             except Exception as e:
                 if not self._transient(e):
-                    self._end(first, what, recovered=False)
                     msg = f"{what}: {type(e).__name__}: {e}; {self._hint}"
                     raise StorageError(msg) from e
                 now = self._clock()
-                if first is None:
-                    first = now
+                if not failing:
+                    failing.append(now)
                     self._begin_failing(now)
-                delay = self._next_delay(what, e, tries, now - first)
+                first = failing[0]
+                delay = self._next_delay(e, what, tries, now - first)
                 if now - first + delay >= self.patience:
                     self._note_waiting(what, first, _cause(e))
                 with self._lock:
                     self._retries += 1
                 self._sleep(delay)
-                continue
-            self._end(first, what, recovered=True)
-            return out
 
-    def _end(self, first: float | None, what: str, *, recovered: bool) -> None:
-        if first is not None:
-            self._end_failing(self._clock(), what, recovered=recovered)
-
-    def _next_delay(self, what: str, e: Exception, tries: int, waited: float) -> float:
+    def _next_delay(self, e: Exception, what: str, tries: int, waited: float) -> float:
         """The wait before the next attempt, or the StorageError that ends the request."""
         cause = _cause(e)
         if self.attempts is not None and tries >= self.attempts:
-            self._end_failing(self._clock(), what, recovered=False)
             msg = (
                 f"{what} failed after {self.attempts} attempts; last cause: {cause}. Check the "
                 "endpoint and the network; if the server throttles or is slow, raise "
@@ -317,7 +321,6 @@ class Retrier:
             raise StorageError(msg) from e
         left = self.deadline - waited
         if left <= 0:
-            self._end_failing(self._clock(), what, recovered=False)
             if self.deadline <= 0:
                 msg = (
                     f"{what} failed; cause: {cause}. storage_options retry_deadline=0 fails at once: "
