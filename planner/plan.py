@@ -492,9 +492,10 @@ class Plan:
         The tables hold the given epochs. Frames reach DuckDB through Arrow,
         without a copy into a database. The query is any DuckDB SQL over them, but
         it runs with DuckDB's external access off (it reads no file, URL or
-        extension) unless ``external_access=True``: then ``read_parquet`` of the
-        dataset's own files works too, through the same storages (credentials
-        included), so pass it only for queries you wrote.
+        extension; a query that tries is a ConfigError saying so) unless
+        ``external_access=True``: then ``read_parquet`` of the dataset's own files
+        works too, through the same storages (credentials included), so pass it
+        only for queries you wrote.
 
         Examples
         --------
@@ -524,7 +525,15 @@ class Plan:
             # the same s3fs filesystem (DuckDB's httpfs extension may not be installable).
             for fs in _duckdb_filesystems(self.dataset) if external_access else ():
                 con.register_filesystem(fs)
-            result: pl.DataFrame = con.sql(query).pl()
+            try:
+                result: pl.DataFrame = con.sql(query).pl()
+            except duckdb.PermissionException as e:
+                msg = (
+                    f"the query reads a file or URL ({' '.join(str(e).split())}), and plan.sql runs with "
+                    "DuckDB's external access off: it sees the plan's tables only. For a query you wrote, "
+                    "pass plan.sql(query, external_access=True) (CLI: plitzer plan ... --external-access)"
+                )
+                raise ConfigError(msg) from e
             return result
         finally:
             con.close()

@@ -189,13 +189,26 @@ def test_selection_still_reads_the_dataset_with_external_access_off(data: Path) 
             np.testing.assert_array_equal(tokens_of(again.next_batch()), want)
 
 
-def test_plan_sql_runs_without_external_access_unless_asked(data: Path, tmp_path: Path) -> None:
-    import duckdb
+def test_plan_sql_runs_without_external_access_unless_asked(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.errors import ConfigError
+    from plitzer.cli import main
 
     p = planner.plan(data, lanes=4, window=2, world=2)
     assert p.sql("select count(*) as n from row_groups")["n"][0] == p.index.height
-    files = f"{data}/*.parquet"
-    with pytest.raises(duckdb.PermissionException, match="disabled by configuration"):
-        p.sql(f"select count(*) as n from read_parquet('{files}')")
-    got = p.sql(f"select count(*) as n from read_parquet('{files}')", external_access=True)
-    assert got["n"][0] == p.index["rows"].sum()
+    query = f"select count(*) as n from read_parquet('{data}/*.parquet')"
+    for q in (query, "select * from read_text('/etc/hostname')"):
+        with pytest.raises(ConfigError, match=r"external access off: .*external_access=True"):
+            p.sql(q)
+    assert p.sql(query, external_access=True)["n"][0] == p.index["rows"].sum()
+    # The CLI: an error naming the flag, then the flag.
+    argv = ["plan", str(data), "--lanes", "4", "--window", "2", "--world", "2", "--sql", query, "--format", "csv"]
+    assert main(argv) == 2
+    assert "--external-access" in capsys.readouterr().err
+    assert main([*argv, "--external-access"]) == 0
+    assert capsys.readouterr().out.split() == ["n", str(p.index["rows"].sum())]
+
+
+def test_a_mixture_files_predicates_are_checked_the_same(data: Path) -> None:
+    sources = {"a": {"path": str(data), "where": "int_score >= 2; select 1"}, "b": str(data)}
+    with pytest.raises(SelectionError, match="a statement separator ';' is not allowed"):
+        plitzer.Loader(sources, weights={"a": 1, "b": 1}, **CFG)  # type: ignore[arg-type]
