@@ -486,11 +486,16 @@ class Plan:
             }
         )
 
-    def sql(self, query: str, epochs: Iterable[int] = (0,)) -> pl.DataFrame:
+    def sql(self, query: str, epochs: Iterable[int] = (0,), *, external_access: bool = False) -> pl.DataFrame:
         """Run DuckDB SQL over ``index``, ``row_groups``, ``lanes`` and ``reads``.
 
         The tables hold the given epochs. Frames reach DuckDB through Arrow,
-        without a copy into a database.
+        without a copy into a database. The query is any DuckDB SQL over them, but
+        it runs with DuckDB's external access off (it reads no file, URL or
+        extension; a query that tries is a ConfigError saying so) unless
+        ``external_access=True``: then ``read_parquet`` of the dataset's own files
+        works too, through the same storages (credentials included), so pass it
+        only for queries you wrote.
 
         Examples
         --------
@@ -512,15 +517,23 @@ class Plan:
             "reads": pl.concat([self.reads(e) for e in eps]) if eps else self.reads(0).clear(),
         }
         tables.update(self._extra_tables())
-        con = duckdb.connect()
+        con = duckdb.connect(config={"enable_external_access": bool(external_access)})
         try:
             for name, frame in tables.items():
                 con.register(name, frame.to_arrow())
             # read_parquet('s3://...') in the query reaches the dataset's objects through
             # the same s3fs filesystem (DuckDB's httpfs extension may not be installable).
-            for fs in _duckdb_filesystems(self.dataset):
+            for fs in _duckdb_filesystems(self.dataset) if external_access else ():
                 con.register_filesystem(fs)
-            result: pl.DataFrame = con.sql(query).pl()
+            try:
+                result: pl.DataFrame = con.sql(query).pl()
+            except duckdb.PermissionException as e:
+                msg = (
+                    f"the query reads a file or URL ({' '.join(str(e).split())}), and plan.sql runs with "
+                    "DuckDB's external access off: it sees the plan's tables only. For a query you wrote, "
+                    "pass plan.sql(query, external_access=True) (CLI: plitzer plan ... --external-access)"
+                )
+                raise ConfigError(msg) from e
             return result
         finally:
             con.close()

@@ -12,13 +12,16 @@ from planner import index, plan
 from plitzer import synth
 from plitzer.batch import Batch, Tokens
 from plitzer.errors import (
+    CacheWarning,
     CheckpointError,
     ConfigError,
     DataError,
     FileChangedError,
     PerformanceWarning,
     PlitzerError,
+    PlitzerWarning,
     StorageError,
+    StorageWaitWarning,
     UsageError,
 )
 from plitzer.explain import explain
@@ -29,6 +32,7 @@ __version__ = "0.3.0"  # the one source of the version: pyproject.toml reads it 
 
 __all__ = [
     "Batch",
+    "CacheWarning",
     "CheckpointError",
     "ConfigError",
     "DataError",
@@ -37,7 +41,9 @@ __all__ = [
     "Loader",
     "LoaderSettings",
     "PlitzerError",
+    "PlitzerWarning",
     "StorageError",
+    "StorageWaitWarning",
     "Tokens",
     "UsageError",
     "__version__",

@@ -286,7 +286,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         **_selection(args),
     )
     if args.sql:
-        _print_frame(p.sql(args.sql, epochs=[args.epoch]), args.format, args.out)
+        _print_frame(p.sql(args.sql, epochs=[args.epoch], external_access=args.external_access), args.format, args.out)
         return 0
     if args.table:
         tables = {
@@ -486,6 +486,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument(
         "--sql", default=None, help="DuckDB SQL over index, row_groups, lanes, reads (and a mixture's sources, stages)"
+    )
+    p.add_argument(
+        "--external-access",
+        action="store_true",
+        help="let --sql read files and URLs (read_parquet of the dataset); off by default",
     )
     p.add_argument("--table", choices=["index", "row_groups", "lanes", "reads", "sources"], default=None)
     p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")

@@ -393,7 +393,7 @@ def test_a_list_source_mixing_disk_and_s3_scans_each_file_with_its_own_storage(s
     for rank in (0, 1):
         assert both.scan(0, rank=rank).collect().equals(disk.scan(0, rank=rank).collect())
     # DuckDB reaches the S3 objects whichever source comes first.
-    got = both.sql(f"select count(*) as n from read_parquet('{remote}/*.parquet')")
+    got = both.sql(f"select count(*) as n from read_parquet('{remote}/*.parquet')", external_access=True)
     assert 2 * got["n"][0] == both.index["rows"].sum()
     # The loader's reader threads: as many as the S3 storage asks for, even when it is not first.
     assert default_threads(both.dataset) == max(os.cpu_count() or 2, 16)
@@ -420,5 +420,5 @@ def test_a_mixture_across_stores_reads_each_source_with_its_own_options(
     # SQL over the mixture: each source's read_parquet reaches its own store.
     p = planner.plan(sources, weights=weights, **SETTINGS)
     for name, url in (("s3", s3.url["synth"]), ("gcs", gcs.url["synth"]), ("azure", azure.url["synth"])):
-        got = p.sql(f"select count(*) as n from read_parquet('{url}/*.parquet')")
+        got = p.sql(f"select count(*) as n from read_parquet('{url}/*.parquet')", external_access=True)
         assert got["n"][0] == planner.index(s3.local["synth"]).frame["rows"].sum(), name
