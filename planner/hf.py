@@ -57,8 +57,9 @@ class HFStorage(Retrying):
 
     ``storage_options``: ``token`` (else ``HF_TOKEN``, else huggingface_hub's saved
     login; ``False`` for none), ``endpoint`` (else ``HF_ENDPOINT``, else
-    ``https://huggingface.co``), and plitzer's ``attempts`` (8), ``backoff`` (0.1 s),
-    ``read_timeout`` (30 s), ``connect_timeout`` (10 s), ``concurrency`` (16) and
+    ``https://huggingface.co``), and plitzer's ``retry_deadline`` (600 s), ``attempts``
+    (no bound but the deadline), ``backoff`` (0.1 s), ``read_timeout`` (30 s),
+    ``connect_timeout`` (10 s), ``concurrency`` (16) and
     ``list_page_size`` (the Hub's 1,000 entries a page unless set: then sent as ``limit``).
 
     The revision (a branch, a tag, ``refs/convert/parquet``, a commit; ``main`` when
@@ -102,6 +103,7 @@ class HFStorage(Retrying):
         self._retrier = self.make_retrier(
             attempts=self.attempts,
             backoff=self.backoff,
+            deadline=self.retry_deadline,
             concurrency=self.concurrency,
             transient=_transient,
             hint=_HINT,

@@ -45,8 +45,9 @@ class HTTPStorage(Retrying):
     """``https://host/path/file.parquet``, or ``https://host/path/manifest.txt`` listing the files (module docstring).
 
     ``storage_options``: ``headers`` (sent with every request, e.g.
-    ``{"Authorization": "Bearer ..."}``), and plitzer's ``attempts`` (8), ``backoff``
-    (0.1 s), ``read_timeout`` (30 s), ``connect_timeout`` (10 s), ``concurrency`` (16).
+    ``{"Authorization": "Bearer ..."}``), and plitzer's ``retry_deadline`` (600 s),
+    ``attempts`` (no bound but the deadline), ``backoff`` (0.1 s),
+    ``read_timeout`` (30 s), ``connect_timeout`` (10 s), ``concurrency`` (16).
     """
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
@@ -84,6 +85,7 @@ class HTTPStorage(Retrying):
         self._retrier = self.make_retrier(
             attempts=self.attempts,
             backoff=self.backoff,
+            deadline=self.retry_deadline,
             concurrency=self.concurrency,
             transient=ranged.transient,
             hint=_HINT,
