@@ -68,7 +68,6 @@ class HFStorage(Retrying):
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         try:
-            import tenacity  # noqa: F401  (the retries, planner.retry)
             from huggingface_hub import constants
             from huggingface_hub.utils._hf_uris import parse_hf_uri
         except ImportError as e:

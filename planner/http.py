@@ -53,7 +53,6 @@ class HTTPStorage(Retrying):
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         try:
             import httpx2
-            import tenacity  # noqa: F401  (the retries, planner.retry)
         except ImportError as e:
             msg = f"source {url!r}: reading over HTTP needs httpx2; install it with: pip install 'plitzer[http]'"
             raise ConfigError(msg) from e
