@@ -1,0 +1,343 @@
+"""locate (when did the model see this document) against real runs: the same pieces, nothing missing, nothing extra."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import plitzer
+from planner.errors import ConfigError, SelectionError
+from tests.s3_fixtures import S3Data, s3  # noqa: F401  # the fixture
+
+# -- datasets whose tokens say which document and offset they are ---------------------------
+
+
+def token_of(doc_id: int, offset: int) -> int:
+    return (doc_id * 131 + offset * 7) % 30_011
+
+
+def write_docs(root: Path, files: Sequence[Sequence[Sequence[int | None]]], *, first_id: int = 0) -> int:
+    """Files of row groups of documents given by length (None: a null list); ``id`` numbers them."""
+    root.mkdir(parents=True, exist_ok=True)
+    doc = first_id
+    for f, groups in enumerate(files):
+        tables = []
+        for group in groups:
+            ids, lists = [], []
+            for n in group:
+                ids.append(doc)
+                lists.append(None if n is None else [token_of(doc, i) for i in range(n)])
+                doc += 1
+            tables.append(pa.table({"id": pa.array(ids, pa.int64()), "tokens": pa.array(lists, pa.list_(pa.int32()))}))
+        with pq.ParquetWriter(root / f"part-{f:03d}.parquet", tables[0].schema) as w:
+            for t in tables:
+                w.write_table(t)
+    return doc
+
+
+def id_table(root: Path, source: str | None = None) -> pl.DataFrame:
+    """file, row_group, row, id, tokens of every document of a folder (and its source's name)."""
+    parts = []
+    for path in sorted(root.glob("*.parquet")):
+        pf = pq.ParquetFile(path)
+        for g in range(pf.num_row_groups):
+            t = pl.from_arrow(pf.read_row_group(g, columns=["id", "tokens"]))
+            assert isinstance(t, pl.DataFrame)
+            parts.append(
+                t.with_columns(
+                    pl.lit(path.name).alias("file"),
+                    pl.lit(g, pl.Int64).alias("row_group"),
+                    pl.int_range(pl.len(), dtype=pl.Int64).alias("row"),
+                )
+            )
+    out = pl.concat(parts)
+    return out.with_columns(pl.lit(source).alias("source")) if source is not None else out
+
+
+def run_documents(source: Any, steps: int, world: int, **cfg: Any) -> tuple[pl.DataFrame, dict[tuple[int, int], Any]]:
+    """Every rank's batches of the first ``steps`` steps: their documents (with step and rank) and tokens."""
+    rows, tokens = [], {}
+    for rank in range(world):
+        with plitzer.Loader(source, rank=rank, world=world, **cfg) as ld:
+            for _ in range(steps):
+                b = ld.next_batch()
+                tokens[(b.step, rank)] = np.array(b.tokens)
+                rows.append(
+                    b.documents().with_columns(
+                        pl.lit(b.step, pl.Int64).alias("step"), pl.lit(rank, pl.Int64).alias("rank")
+                    )
+                )
+    return pl.concat(rows), tokens
+
+
+def expected(run: pl.DataFrame, ids: pl.DataFrame, wanted: list[int], columns: list[str]) -> pl.DataFrame:
+    keys = ["file", "row_group", "row", *(["source"] if "source" in run.columns else [])]
+    got = run.join(ids.select(*keys, "id"), on=keys).filter(pl.col("id").is_in(wanted))
+    return got.select(columns).sort("step", "lane", "start")
+
+
+def check_tokens(got: pl.DataFrame, tokens: dict[tuple[int, int], Any], ids: pl.DataFrame, per: int) -> None:
+    """Every located piece holds the document's own tokens at that step, row and offset."""
+    keys = ["file", "row_group", "row", *(["source"] if "source" in got.columns else [])]
+    joined = got.join(ids.select(*keys, "id"), on=keys)
+    assert joined.height == got.height
+    for r in joined.iter_rows(named=True):
+        row = tokens[(r["step"], r["rank"])][r["lane"] - r["rank"] * per]
+        have = row[r["start"] : r["start"] + r["length"]]
+        want = [token_of(r["id"], r["token_offset"] + i) for i in range(r["length"])]
+        assert have.tolist() == want, r
+
+
+# Each example writes a dataset and runs every rank's loader: the profile's count, at most these.
+SINGLE = min(settings().max_examples, 60)
+MIXED = min(settings().max_examples, 25)
+
+# -- one source: worlds, selections, empty and null documents ------------------------------
+
+lengths = st.one_of(st.integers(0, 30), st.none(), st.integers(0, 3))
+groups = st.lists(st.lists(lengths, min_size=0, max_size=6), min_size=1, max_size=4)
+
+
+@given(
+    files=st.lists(groups, min_size=1, max_size=2),
+    lanes_world=st.sampled_from([(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 2), (8, 4)]),
+    window=st.integers(1, 3),
+    seq_len=st.integers(3, 24),
+    seed=st.integers(0, 2**64 - 1),
+    select=st.booleans(),
+    by_rows=st.booleans(),
+    pick=st.integers(1, 2**32),
+)
+@settings(max_examples=SINGLE)
+def test_locate_equals_the_run(
+    files: list[list[list[int | None]]],
+    lanes_world: tuple[int, int],
+    window: int,
+    seq_len: int,
+    seed: int,
+    select: bool,
+    by_rows: bool,
+    pick: int,
+) -> None:
+    lanes, world = lanes_world
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        n_docs = write_docs(root, files)
+        ids = id_table(root)
+        selection = "id % 3 <> 1" if select else None
+        stream = ids.filter(pl.col("id") % 3 != 1) if select else ids
+        total = int(stream["tokens"].list.len().fill_null(0).sum())
+        assume(total >= lanes)
+        steps = -(-(5 * total // 2) // (lanes * seq_len))
+        assume(steps <= 300)
+        cfg: dict[str, Any] = {"seed": seed, "lanes": lanes, "window": window, "seq_len": seq_len}
+        if selection is not None:
+            cfg["where"] = selection
+        run, tokens = run_documents(root, steps, world, **cfg)
+        wanted = [i for i in range(n_docs) if (pick >> (i % 32)) & 1]
+        cfg.pop("where", None)
+        if by_rows:
+            sub = ids.filter(pl.col("id").is_in(wanted))
+            got = plitzer.locate(root, rows=sub.select("file", "row_group", "row"), steps=steps, selection=selection,
+                                 world=world, **cfg)  # fmt: skip
+        else:
+            where = f"id in ({', '.join(map(str, wanted))})" if wanted else "false"
+            got = plitzer.locate(root, where, steps=steps, selection=selection, world=world, **cfg)
+        want = expected(run, ids, wanted, got.columns)
+        assert got.equals(want), (got, want)
+        check_tokens(got, tokens, ids, lanes // world)
+
+
+def test_columns_are_those_of_documents(synth_dataset: Any) -> None:
+    d = synth_dataset(30_000, seed=2, docs_per_row_group=40)
+    cfg = {"seed": 1, "lanes": 4, "window": 2, "seq_len": 32}
+    got = plitzer.locate(d, "id < 5", steps=100, **cfg)
+    with plitzer.Loader(d, **cfg) as ld:
+        docs = ld.next_batch().documents()
+    assert got.columns == ["step", "rank", *[c for c in docs.columns if c != "batch_row"]]
+    assert got.drop("step", "rank").schema == docs.drop("batch_row").schema
+    assert got.height > 0
+
+
+# -- mixtures: stages, live stages, a source's own selection -----------------------------------
+
+
+@given(
+    sizes=st.tuples(st.integers(3, 12), st.integers(3, 12)),
+    lens=st.tuples(st.integers(1, 25), st.integers(1, 25)),
+    world=st.sampled_from([1, 2]),
+    window=st.integers(1, 3),
+    seq_len=st.integers(4, 20),
+    seed=st.integers(0, 1000),
+    weights=st.tuples(st.integers(0, 4), st.integers(1, 4), st.integers(1, 4), st.integers(0, 4)),
+    stage_at=st.integers(1, 30),
+    live=st.booleans(),
+    select=st.booleans(),
+)
+@settings(max_examples=MIXED)
+def test_locate_in_a_mixture_equals_the_run(
+    sizes: tuple[int, int],
+    lens: tuple[int, int],
+    world: int,
+    window: int,
+    seq_len: int,
+    seed: int,
+    weights: tuple[int, int, int, int],
+    stage_at: int,
+    live: bool,
+    select: bool,
+) -> None:
+    lanes = 4
+    rng = np.random.default_rng(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        a = [[[int(x) for x in rng.integers(0, lens[0] + 1, 3)] for _ in range(sizes[0])]]
+        b = [[[int(x) for x in rng.integers(0, lens[1] + 1, 2)] for _ in range(sizes[1])]]
+        n_a = write_docs(root / "a", a)
+        n_b = write_docs(root / "b", b, first_id=n_a)
+        ids = pl.concat([id_table(root / "a", "a"), id_table(root / "b", "b")])
+        assume(all(ids.filter(pl.col("source") == s)["tokens"].list.len().fill_null(0).sum() >= 1 for s in "ab"))
+        first = {"a": weights[0], "b": weights[1]}
+        later = {"a": weights[2], "b": weights[3]}
+        sources: dict[str, Any] = {"a": str(root / "a"), "b": {"path": str(root / "b"), "where": "id % 2 = 0"}}
+        if not select:
+            sources["b"] = str(root / "b")
+        cfg: dict[str, Any] = {"seed": seed, "lanes": lanes, "window": window, "seq_len": seq_len}
+        steps = 60
+        rows, tokens = [], {}
+        stages: Any = [(0, first), (stage_at, later)] if not live else first
+        final = None
+        for rank in range(world):
+            try:
+                ld = plitzer.Loader(sources, weights=stages, rank=rank, world=world, **cfg)
+            except ConfigError:
+                assume(False)
+            with ld:
+                for t in range(steps):
+                    if live and t == stage_at:
+                        ld.set_weights(later)
+                    batch = ld.next_batch()
+                    tokens[(batch.step, rank)] = np.array(batch.tokens)
+                    rows.append(batch.documents().with_columns(pl.lit(batch.step, pl.Int64).alias("step"),
+                                                               pl.lit(rank, pl.Int64).alias("rank")))  # fmt: skip
+                final = ld.config["stages"]
+        run = pl.concat(rows)
+        wanted = [i for i in range(n_a + n_b) if i % 5 in (0, 3)]
+        got = plitzer.locate(sources, "id % 5 in (0, 3)", weights=[(s, w) for s, w in final], steps=steps,
+                             world=world, **cfg)  # fmt: skip
+        want = expected(run, ids, wanted, got.columns)
+        assert got.equals(want), (got, want)
+        check_tokens(got, tokens, ids, lanes // world)
+
+
+# -- the epochs asked for, one rank, the run's step range -------------------------------------
+
+
+def test_epochs_and_rank_filter(synth_dataset: Any) -> None:
+    d = synth_dataset(30_000, seed=2, docs_per_row_group=40)
+    cfg = {"seed": 5, "lanes": 4, "window": 2, "seq_len": 32}
+    every = plitzer.locate(d, "id % 50 = 0", epochs="0:3", **cfg)
+    assert sorted(every["epoch"].unique().to_list()) == [0, 1, 2]
+    one = plitzer.locate(d, "id % 50 = 0", epochs=1, **cfg)
+    assert one.equals(every.filter(pl.col("epoch") == 1))
+    ranked = plitzer.locate(d, "id % 50 = 0", epochs=[1], world=2, rank=1, **cfg)
+    assert ranked.equals(one.with_columns((pl.col("lane") // 2).alias("rank")).filter(pl.col("rank") == 1))
+    # every document of the dataset is seen exactly once per epoch: its tokens, in full
+    per_doc = one.group_by("file", "row_group", "row").agg(pl.col("length").sum())
+    ids = pl.read_parquet(d).with_row_index("i").filter(pl.col("id") % 50 == 0)
+    assert per_doc.height == ids.filter(pl.col("tokens").list.len() > 0).height
+    assert per_doc["length"].sum() == ids["tokens"].list.len().sum()
+
+
+def test_length_column_gives_the_same_answer(synth_dataset: Any) -> None:
+    d = synth_dataset(30_000, seed=2, docs_per_row_group=40)
+    cfg = {"seed": 5, "lanes": 4, "window": 2, "seq_len": 32}
+    a = plitzer.locate(d, "id % 97 = 3", epochs=[0, 1], **cfg)
+    b = plitzer.locate(d, "id % 97 = 3", epochs=[0, 1], length_column="token_count", **cfg)
+    assert a.height > 0 and a.equals(b)
+    sel = plitzer.locate(d, "id % 97 = 3", epochs=[0], selection="int_score >= 2", length_column="token_count", **cfg)
+    plain = plitzer.locate(d, "id % 97 = 3", epochs=[0], selection="int_score >= 2", **cfg)
+    assert sel.equals(plain)
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+def test_errors_name_the_value_and_the_fix(synth_dataset: Any) -> None:
+    d = synth_dataset(30_000, seed=2, docs_per_row_group=40)
+    cfg = {"lanes": 4, "window": 2, "seq_len": 32}
+    with pytest.raises(SelectionError, match=r"nope.*available columns: id, score") as e:
+        plitzer.locate(d, "nope = 1", **cfg)
+    assert e.value.column == "nope"
+    with pytest.raises(ConfigError, match=r"row 999999 is outside 'part-00000.parquet', which has \d+ rows"):
+        plitzer.locate(d, rows=[("part-00000.parquet", 999_999)], **cfg)
+    with pytest.raises(ConfigError, match=r"row group 99 is outside 'part-00000.parquet'"):
+        plitzer.locate(d, rows=[("part-00000.parquet", 99, 0)], **cfg)
+    with pytest.raises(ConfigError, match=r"file 'nothere.parquet' is not a file of .*as batch.documents\(\) does"):
+        plitzer.locate(d, rows=[("nothere.parquet", 0)], **cfg)
+    with pytest.raises(ConfigError, match=r"where= .* or rows="):
+        plitzer.locate(d, **cfg)
+    with pytest.raises(ConfigError, match="epochs"):
+        plitzer.locate(d, "id = 1", epochs="a:b", **cfg)
+    with pytest.raises(ConfigError, match="steps"):
+        plitzer.locate(d, "id = 1", steps=-1, **cfg)
+
+
+def test_a_mixture_searches_the_sources_that_have_the_columns(tmp_path: Path) -> None:
+    write_docs(tmp_path / "a", [[[5, 6, 7], [3, 0, 9]]])
+    pq.write_table(pa.table({"tokens": pa.array([[1, 2, 3]] * 12, pa.list_(pa.int32()))}), tmp_path / "b.parquet",
+                   row_group_size=4)  # fmt: skip
+    sources = {"a": str(tmp_path / "a"), "b": str(tmp_path / "b.parquet")}
+    cfg = {"lanes": 2, "window": 1, "seq_len": 4}
+    got = plitzer.locate(sources, "id = 2", **cfg)
+    assert set(got["source"].to_list()) == {"a"} and got["length"].sum() == 7
+    with pytest.raises(SelectionError, match="binds to none of the mixture's sources"):
+        plitzer.locate(sources, "url = 'x'", **cfg)
+
+
+# -- text and S3 sources -------------------------------------------------------------------
+
+
+def chars(texts: list[str]) -> list[list[int]]:
+    return [[ord(c) % 997 for c in t] for t in texts]
+
+
+def test_text_source_and_its_text_column(tmp_path: Path) -> None:
+    from plitzer.text import load_tokenizer
+
+    rng = np.random.default_rng(3)
+    words = ["alpha", "beta", "gamma", "delta", "Ω", ""]
+    texts = [" ".join(words[int(i)] for i in rng.integers(0, len(words), int(rng.integers(0, 8)))) for _ in range(90)]
+    pq.write_table(pa.table({"text": texts, "n": list(range(90))}), tmp_path / "t.parquet", row_group_size=9)
+    tok = load_tokenizer(chars, name="chars-v1", eos_id=997, vocab_size=998)
+    cfg: dict[str, Any] = {"seed": 2, "lanes": 4, "window": 2, "seq_len": 16, "tokenizer": tok, "text_column": "text"}
+    with plitzer.Loader(tmp_path, **cfg) as ld:
+        steps = 2 * ld.tokens // (4 * 16)
+        run = pl.concat(
+            [
+                b.documents().with_columns(pl.lit(b.step, pl.Int64).alias("step"))
+                for b in (ld.next_batch() for _ in range(steps))
+            ]
+        )
+    got = plitzer.locate(tmp_path, "text like '%Ω%'", steps=steps, **cfg)
+    rows = [i for i, t in enumerate(texts) if "Ω" in t]
+    want = run.with_columns(((pl.col("row_group") * 9) + pl.col("row")).alias("n")).filter(pl.col("n").is_in(rows))
+    assert got.height > 0
+    assert got.drop("rank").equals(want.select(got.drop("rank").columns).sort("step", "lane", "start"))
+
+
+def test_s3_equals_local(s3: S3Data) -> None:  # noqa: F811
+    cfg = {"seed": 1, "lanes": 8, "window": 2, "seq_len": 64}
+    local = plitzer.locate(s3.local["synth"], "id % 211 = 5", epochs=[0, 1], **cfg)
+    remote = plitzer.locate(s3.url["synth"], "id % 211 = 5", epochs=[0, 1], storage_options=s3.options(), **cfg)
+    assert local.height > 0 and local.equals(remote)
