@@ -43,6 +43,7 @@ from planner.rowgroups import RowGroupIndex, SelectedRows
 
 __all__ = [
     "Lengths",
+    "as_lengths",
     "Pieces",
     "epoch_pieces",
     "epochs_of_steps",
@@ -501,8 +502,31 @@ def _pieces_batches(
             yield f.with_columns(pl.Series("row", row, pl.Int64)).select(list(pieces_schema(sources)))
 
 
+def _seq_len(plan: Any, seq_len: int | None) -> int:
+    got = seq_len if seq_len is not None else getattr(plan, "seq_len", None)
+    if got is None:
+        msg = "pieces need the run's seq_len (tokens per sequence) to place steps: pass seq_len="
+        raise ConfigError(msg)
+    if isinstance(got, bool) or not isinstance(got, (int, np.integer)) or got < 1:
+        msg = f"seq_len={got!r} must be an integer >= 1, the run's tokens per sequence"
+        raise ConfigError(msg)
+    return int(got)
+
+
+def as_lengths(plan: Any, lengths: Any) -> Lengths:
+    """``lengths=`` as :data:`Lengths`: a callable as it is, an array of every document's length, or the default."""
+    if lengths is None:
+        return _default_lengths(plan.dataset)
+    if callable(lengths):
+        out: Lengths = lengths
+        return out
+    from planner.rowgroups import stream_counts
+
+    return lengths_from_array(np.asarray(lengths), stream_counts(plan.dataset.frame)[1].to_numpy())
+
+
 def pieces_frame(
-    plan: Any, epoch: int, seq_len: int, lengths: Lengths | None = None, rows: Rows | None = None, batch: int = 64
+    plan: Any, epoch: int, seq_len: int | None, lengths: Any = None, rows: Rows | None = None, batch: int = 64
 ) -> pl.LazyFrame:
     """One row per piece of ``epoch``, computed a batch of windows at a time as the frame is read.
 
@@ -513,7 +537,8 @@ def pieces_frame(
     """
     from polars.io.plugins import register_io_source
 
-    get = lengths if lengths is not None else _default_lengths(plan.dataset)
+    length = _seq_len(plan, seq_len)
+    get = as_lengths(plan, lengths)
     to_rows = rows if rows is not None else stream_rows(plan.dataset)
     sources = "source" in plan.index.columns
     schema = pieces_schema(sources)
@@ -522,7 +547,7 @@ def pieces_frame(
         with_columns: list[str] | None, predicate: pl.Expr | None, n_rows: int | None, _batch_size: int | None
     ) -> Iterator[pl.DataFrame]:
         left = n_rows
-        for df in _pieces_batches(plan, [epoch], get, seq_len, to_rows, batch):
+        for df in _pieces_batches(plan, [epoch], get, length, to_rows, batch):
             out = df
             if predicate is not None:
                 out = out.filter(predicate)
@@ -539,17 +564,18 @@ def pieces_frame(
 
 
 def pieces_reader(
-    plan: Any, epochs: Sequence[int], seq_len: int, lengths: Lengths | None = None, rows: Rows | None = None
+    plan: Any, epochs: Sequence[int], seq_len: int | None, lengths: Any = None, rows: Rows | None = None
 ) -> Any:
     """The pieces of ``epochs`` as a ``pyarrow.RecordBatchReader`` (for DuckDB: streamed, read once)."""
     import pyarrow as pa
 
-    get = lengths if lengths is not None else _default_lengths(plan.dataset)
+    length = _seq_len(plan, seq_len)
+    get = as_lengths(plan, lengths)
     to_rows = rows if rows is not None else stream_rows(plan.dataset)
     schema = pl.DataFrame(schema=pieces_schema("source" in plan.index.columns)).to_arrow().schema
 
     def batches() -> Iterator[Any]:
-        for df in _pieces_batches(plan, list(epochs), get, seq_len, to_rows, 64):
+        for df in _pieces_batches(plan, list(epochs), get, length, to_rows, 64):
             yield from df.to_arrow().cast(schema).to_batches()
 
     return pa.RecordBatchReader.from_batches(schema, batches())

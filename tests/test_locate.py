@@ -15,8 +15,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+import planner
 import plitzer
 from planner.errors import ConfigError, SelectionError
+from plitzer.explain import document_lengths
 from tests.s3_fixtures import S3Data, s3  # noqa: F401  # the fixture
 
 # -- datasets whose tokens say which document and offset they are ---------------------------
@@ -341,3 +343,77 @@ def test_s3_equals_local(s3: S3Data) -> None:  # noqa: F811
     local = plitzer.locate(s3.local["synth"], "id % 211 = 5", epochs=[0, 1], **cfg)
     remote = plitzer.locate(s3.url["synth"], "id % 211 = 5", epochs=[0, 1], storage_options=s3.options(), **cfg)
     assert local.height > 0 and local.equals(remote)
+
+
+# -- the bulk form: plan.pieces and plan.sql ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mixture", "world", "where"),
+    [(False, 1, None), (False, 2, "int_score >= 2"), (True, 2, None), (True, 4, "int_score <> 2")],
+)
+def test_plan_pieces_equal_the_run_and_locate(synth_dataset: Any, mixture: bool, world: int, where: str | None) -> None:
+    a = synth_dataset(20_000, seed=2, docs_per_row_group=30, mean_length=150)
+    b = synth_dataset(12_000, seed=3, docs_per_row_group=20, mean_length=90)
+    cfg: dict[str, Any] = {"seed": 4, "lanes": 8, "window": 2, "seq_len": 48}
+    source: Any = a
+    if mixture:
+        source = {"a": str(a), "b": {"path": str(b), "where": where} if where else str(b)}
+        cfg["weights"] = [(0, {"a": 2, "b": 1}), (40, {"a": 1, "b": 3})]
+    elif where:
+        cfg["where"] = where
+    with plitzer.Loader(source, world=world, **cfg) as ld:
+        plan = ld.plan
+        per_step = cfg["lanes"] * cfg["seq_len"]
+        last = (plan.run_before(2) - 1) // per_step + 1  # every step that takes tokens of epochs 0 and 1
+    run, _ = run_documents(source, last, world, **cfg)
+    for epoch in (0, 1):
+        got = plan.pieces(epoch, seq_len=cfg["seq_len"]).collect()
+        want = run.filter(pl.col("epoch") == epoch).select(got.columns).sort("step", "lane", "start")
+        assert got.sort("step", "lane", "start").equals(want)
+        assert got["length"].sum() == plan.epoch(epoch).window_tokens.sum()
+    selection = cfg.pop("where", None)
+    located = plitzer.locate(source, "true", epochs=[0, 1], world=world, selection=selection, **cfg)
+    bulk = pl.concat([plan.pieces(e, seq_len=cfg["seq_len"]).collect() for e in (0, 1)])
+    assert located.equals(bulk.select(located.columns).sort("step", "lane", "start"))
+    # a lazy frame: the first rows come from the first windows, without the rest of the epoch
+    head = plan.pieces(0, seq_len=cfg["seq_len"]).filter(pl.col("length") > 3).head(5).collect()
+    assert head.height == 5 and head["window_index"].max() == 0
+
+
+def test_plan_sql_over_pieces(synth_dataset: Any) -> None:
+    d = synth_dataset(20_000, seed=2, docs_per_row_group=30, mean_length=150)
+    p = planner.plan(d, seed=1, lanes=8, window=2, world=2)
+    per = p.sql("select step, sum(length) as tokens from pieces group by step order by step", epochs=[0, 1], seq_len=32)
+    frame = pl.concat([p.pieces(e, seq_len=32).collect() for e in (0, 1)])
+    want = frame.group_by("step").agg(pl.col("length").sum().alias("tokens")).sort("step")
+    assert per.with_columns(pl.col("tokens").cast(pl.Int64)).equals(want)
+    inner = per["tokens"].to_list()[1:-1]  # the steps wholly inside the two epochs are full
+    assert set(inner) == {8 * 32}
+    # "every step that held a document of this list", one query
+    steps = p.sql(
+        "select distinct step from pieces where file = 'part-00000.parquet' and row_group = 0 and row in (3, 4) "
+        "order by step",
+        epochs=[0],
+        seq_len=32,
+    )
+    located = plitzer.locate(d, rows=[("part-00000.parquet", 3), ("part-00000.parquet", 4)], seed=1, lanes=8,
+                             window=2, seq_len=32)  # fmt: skip
+    assert steps["step"].to_list() == sorted(set(located["step"].to_list()))
+    # lengths given as an array: planner alone, no pass
+    lengths = document_lengths(d)
+    assert p.pieces(0, seq_len=32, lengths=lengths).collect().equals(frame.filter(pl.col("epoch") == 0))
+    with pytest.raises(ConfigError, match="seq_len"):
+        p.pieces(0)
+    with pytest.raises(ConfigError, match="lengths= holds 3 documents"):
+        p.pieces(0, seq_len=32, lengths=np.arange(3))
+
+
+def test_a_fresh_mixture_plan_knows_where_a_later_epoch_starts(synth_dataset: Any) -> None:
+    a = synth_dataset(20_000, seed=2, docs_per_row_group=30, mean_length=150)
+    b = synth_dataset(12_000, seed=3, docs_per_row_group=20, mean_length=90)
+    make = lambda: plitzer.plan({"a": str(a), "b": str(b)}, lanes=8, window=2)  # noqa: E731
+    fresh, walked = make(), make()
+    for e in range(4):
+        walked.epoch(e)
+    assert [fresh.run_before(e) for e in (3, 1)] == [walked.run_before(e) for e in (3, 1)]
