@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -161,7 +163,7 @@ def test_locate_equals_the_run(
 
 
 def test_columns_are_those_of_documents(synth_dataset: Any) -> None:
-    d = synth_dataset(30_000, seed=2, docs_per_row_group=40)
+    d = synth_dataset(30_000, seed=2, docs_per_row_group=40, mean_length=100)
     cfg = {"seed": 1, "lanes": 4, "window": 2, "seq_len": 32}
     got = plitzer.locate(d, "id < 5", steps=100, **cfg)
     with plitzer.Loader(d, **cfg) as ld:
@@ -246,7 +248,7 @@ def test_locate_in_a_mixture_equals_the_run(
 
 
 def test_epochs_and_rank_filter(synth_dataset: Any) -> None:
-    d = synth_dataset(30_000, seed=2, docs_per_row_group=40)
+    d = synth_dataset(30_000, seed=2, docs_per_row_group=40, mean_length=100)
     cfg = {"seed": 5, "lanes": 4, "window": 2, "seq_len": 32}
     every = plitzer.locate(d, "id % 50 = 0", epochs="0:3", **cfg)
     assert sorted(every["epoch"].unique().to_list()) == [0, 1, 2]
@@ -262,7 +264,7 @@ def test_epochs_and_rank_filter(synth_dataset: Any) -> None:
 
 
 def test_length_column_gives_the_same_answer(synth_dataset: Any) -> None:
-    d = synth_dataset(30_000, seed=2, docs_per_row_group=40)
+    d = synth_dataset(30_000, seed=2, docs_per_row_group=40, mean_length=100)
     cfg = {"seed": 5, "lanes": 4, "window": 2, "seq_len": 32}
     a = plitzer.locate(d, "id % 97 = 3", epochs=[0, 1], **cfg)
     b = plitzer.locate(d, "id % 97 = 3", epochs=[0, 1], length_column="token_count", **cfg)
@@ -276,7 +278,7 @@ def test_length_column_gives_the_same_answer(synth_dataset: Any) -> None:
 
 
 def test_errors_name_the_value_and_the_fix(synth_dataset: Any) -> None:
-    d = synth_dataset(30_000, seed=2, docs_per_row_group=40)
+    d = synth_dataset(30_000, seed=2, docs_per_row_group=40, mean_length=100)
     cfg = {"lanes": 4, "window": 2, "seq_len": 32}
     with pytest.raises(SelectionError, match=r"nope.*available columns: id, score") as e:
         plitzer.locate(d, "nope = 1", **cfg)
@@ -417,3 +419,28 @@ def test_a_fresh_mixture_plan_knows_where_a_later_epoch_starts(synth_dataset: An
     for e in range(4):
         walked.epoch(e)
     assert [fresh.run_before(e) for e in (3, 1)] == [walked.run_before(e) for e in (3, 1)]
+
+
+# -- the command line -------------------------------------------------------------------------
+
+
+def test_cli_locate(synth_dataset: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from plitzer.cli import main
+
+    d = synth_dataset(30_000, seed=2, docs_per_row_group=40, mean_length=100)
+    args = ["--lanes", "4", "--window", "2", "--seq-len", "32", "--seed", "5"]
+    want = plitzer.locate(d, "id in (3, 77)", epochs="0:3", lanes=4, window=2, seq_len=32, seed=5)
+    assert main(["locate", str(d), "--where", "id in (3, 77)", "--epochs", "0:3", *args, "--format", "csv"]) == 0
+    got = pl.read_csv(io.StringIO(capsys.readouterr().out), schema=want.schema)
+    assert got.equals(want)
+    assert main(["locate", str(d), "--row", "part-00000.parquet:3", "--row", "part-00000.parquet:1:37", *args]) == 0
+    out = capsys.readouterr().out
+    by_rows = plitzer.locate(d, "id in (3, 77)", lanes=4, window=2, seq_len=32, seed=5)
+    assert f"{by_rows.height} pieces of 2 documents" in out
+    assert main(["locate", str(d), "--where", "id = 1", "--steps", "0:40", "--format", "json", *args]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and all(0 <= r["step"] < 40 for r in rows)
+    assert main(["locate", str(d), "--where", "nope = 1", *args]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert main(["locate", str(d), "--row", "part-00000.parquet", *args]) == 2
+    assert "FILE:ROW" in capsys.readouterr().err
