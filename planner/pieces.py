@@ -224,6 +224,21 @@ def window_pieces(
     dw = win[pi]
     t_d = ep.window_tokens[dw]
     qd, rd, zd = t_d // b, t_d % b, ep.window_z[dw]
+    if lanes is not None:
+        # Only the documents that reach a lane asked about (their pieces, zero-length ones
+        # included, lie in the lanes of their first and last token).
+        # On one axis, window * span + position: each lane's closed range [c_k, c_{k+1}] (sorted,
+        # as lanes are); a document [ds, de - 1] meets one iff the last range starting at or
+        # before its end does not end before its start. Two binary searches a document.
+        span = int(ep.window_tokens.max()) + 1
+        kw, kk = lanes // b, lanes % b
+        kt = ep.window_tokens[kw]
+        kq, kr, kz = kt // b, kt % b, ep.window_z[kw]
+        r_lo = kw * span + cut_at(kk, kq, kr, kz, b)
+        r_hi = kw * span + cut_at(kk + 1, kq, kr, kz, b)
+        j = np.searchsorted(r_lo, dw * span + np.maximum(de - 1, ds), side="right") - 1
+        near = np.flatnonzero((j >= 0) & (r_hi[np.maximum(j, 0)] >= dw * span + ds))
+        pi, length, ordinal, ds, de, dw, qd, rd, zd = (a[near] for a in (pi, length, ordinal, ds, de, dw, qd, rd, zd))
 
     # Each document split per rank: clipped to the rank's range, cut at the cuts inside it.
     full = length > 0
@@ -367,20 +382,21 @@ def locate_pieces(
     ui = np.searchsorted(u_rg, rg)
     # The targets' stream positions: their row group's start plus the lengths before them.
     hit_rg = np.unique(rg)
-    per_rg = dict(zip(hit_rg.tolist(), (np.asarray(x, np.int64) for x in lengths(hit_rg)), strict=True))
+    per_rg = [np.asarray(x, np.int64) for x in lengths(hit_rg)]
+    n_rg = np.array([len(x) for x in per_rg], np.int64)
+    flat = np.concatenate(per_rg) if per_rg else np.zeros(0, np.int64)
+    base = np.cumsum(n_rg) - n_rg
+    csum = np.concatenate([[0], np.cumsum(flat)])
     ti, pi = _ranges(t_first[ui], t_count[ui])
     ords = want[ti] & 0xFFFFFFFF
-    s_doc = np.empty(len(ti), np.int64)
-    l_doc = np.empty(len(ti), np.int64)
-    for g in np.unique(rg[pi]).tolist():
-        sel = rg[pi] == g
-        lens = per_rg[g]
-        o = ords[sel]
-        if len(o) and int(o.max()) >= len(lens):
-            msg = f"row group {g} has {len(lens)} documents in the stream, not document {int(o.max())}"
-            raise ConfigError(msg)
-        cs = np.cumsum(lens) - lens
-        s_doc[sel], l_doc[sel] = cs[o], lens[o]
+    hi = np.searchsorted(hit_rg, rg[pi])
+    beyond = ords >= n_rg[hi]
+    if beyond.any():
+        i = int(np.flatnonzero(beyond)[0])
+        msg = f"row group {int(rg[pi][i])} has {int(n_rg[hi][i])} documents in the stream, not document {ords[i]}"
+        raise ConfigError(msg)
+    at = base[hi] + ords
+    s_doc, l_doc = csum[at] - csum[base[hi]], flat[at]
     w = ep.window[pos][pi]
     ds = ep.token_start[pos][pi] + s_doc
     t = ep.window_tokens[w]
