@@ -37,12 +37,14 @@ import polars as pl
 from numpy.typing import NDArray
 
 from planner.errors import ConfigError
-from planner.hashing import key, mix_array
+from planner.hashing import key, mix_array, permutation
 from planner.lanes import cut_at, lane_of
 from planner.rowgroups import RowGroupIndex, SelectedRows
 
 __all__ = [
     "Lengths",
+    "OneSource",
+    "Positions",
     "as_lengths",
     "Pieces",
     "epoch_pieces",
@@ -52,6 +54,7 @@ __all__ = [
     "pieces_frame",
     "pieces_reader",
     "pieces_schema",
+    "positions",
     "set_length_reader",
     "stream_rows",
     "window_pieces",
@@ -100,6 +103,72 @@ class _Plan(Protocol):
     def epoch_of_run(self, run: int) -> int: ...
 
     def windows_in(self, epoch: int) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Positions:
+    """What the arithmetic reads of an epoch's plan: the order, windows, token starts and cuts' offsets.
+
+    :class:`planner.plan.EpochPlan` has these and the reads besides; :func:`positions`
+    computes only these (the reads of every rank are most of an epoch's layout).
+    """
+
+    order: I64
+    window: I64
+    token_start: I64
+    window_tokens: I64
+    window_z: I64
+
+
+def positions(order: I64, tokens: I64, lanes: int, window: int, run_before: int) -> Positions:
+    """The :class:`Positions` of row groups ``order`` (the first steps of :func:`planner.plan.layout_epoch`)."""
+    g = len(order)
+    pos = np.arange(g, dtype=np.int64)
+    win = pos // window
+    tok = tokens[order]
+    starts = np.arange(0, g, window, dtype=np.int64)
+    window_tokens = np.add.reduceat(tok, starts).astype(np.int64) if g else np.zeros(0, np.int64)
+    before = np.cumsum(tok) - tok
+    token_start = before - before[starts][win] if g else before
+    prefix = np.cumsum(window_tokens) - window_tokens
+    window_z = (run_before % lanes + prefix % lanes) % lanes
+    return Positions(order, win, token_start, window_tokens, window_z)
+
+
+class OneSource:
+    """A one-source plan seen through :class:`Positions` only: epoch ``e`` is ``permutation(G, key(seed, e, 1))``.
+
+    Same answers as the plan's own layouts, without the reads (docs/design.md, "Locating documents").
+    """
+
+    def __init__(self, plan: _Plan, tokens: I64) -> None:
+        self.plan = plan
+        self.tokens = np.asarray(tokens, np.int64)
+        self._cache: dict[int, Positions] = {}
+
+    @property
+    def settings(self) -> Any:
+        return self.plan.settings
+
+    def epoch(self, epoch: int) -> Positions:
+        got = self._cache.get(epoch)
+        if got is None:
+            s = self.plan.settings
+            order = permutation(len(self.tokens), key(s.seed, epoch, 1))
+            got = positions(order, self.tokens, int(s.lanes), int(s.window), self.plan.run_before(epoch))
+            if len(self._cache) > 4:
+                self._cache.clear()
+            self._cache[epoch] = got
+        return got
+
+    def run_before(self, epoch: int) -> int:
+        return self.plan.run_before(epoch)
+
+    def epoch_of_run(self, run: int) -> int:
+        return self.plan.epoch_of_run(run)
+
+    def windows_in(self, epoch: int) -> int:
+        return self.plan.windows_in(epoch)
 
 
 @dataclass(frozen=True, slots=True)

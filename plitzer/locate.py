@@ -38,8 +38,16 @@ from numpy.typing import NDArray
 from planner.dataset import Index
 from planner.errors import ConfigError, DataError, SelectionError, one_line
 from planner.mixture import MixtureIndex
-from planner.pieces import Lengths, Pieces, epochs_of_steps, lengths_from_array, locate_pieces, set_length_reader
-from planner.plan import Plan, check_int
+from planner.pieces import (
+    Lengths,
+    OneSource,
+    Pieces,
+    epochs_of_steps,
+    lengths_from_array,
+    locate_pieces,
+    set_length_reader,
+)
+from planner.plan import Permutation, Plan, check_int, row_group_counts
 from planner.rowgroups import RowGroupIndex, stream_counts
 from planner.sources import Weights
 from plitzer.loader import open_plan
@@ -440,7 +448,9 @@ def locate_in_plan(
     """The pieces of the given documents in ``plan``'s run, as :func:`locate` returns them."""
     if epochs is None:
         epochs = list(epochs_of_steps(plan, steps, seq_len)) if steps is not None else [0]
-    parts = [locate_pieces(plan, e, row_groups, docs, lengths, seq_len, steps=steps) for e in epochs]
+    # One source: its epochs are permutations of the index, laid out without the reads.
+    view: Any = OneSource(plan, row_group_counts(plan.dataset)[0]) if isinstance(plan.order, Permutation) else plan
+    parts = [locate_pieces(view, e, row_groups, docs, lengths, seq_len, steps=steps) for e in epochs]
     got = Pieces.concat(parts)
     if lanes is not None:
         got = got.take(np.flatnonzero((got.lane >= lanes.start) & (got.lane < lanes.stop)))

@@ -444,3 +444,17 @@ def test_cli_locate(synth_dataset: Any, capsys: pytest.CaptureFixture[str]) -> N
     assert "nope" in capsys.readouterr().err
     assert main(["locate", str(d), "--row", "part-00000.parquet", *args]) == 2
     assert "FILE:ROW" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", [None, "int_score >= 2"])
+def test_one_source_positions_are_the_plans(synth_dataset: Any, where: str | None) -> None:
+    from planner.pieces import OneSource
+    from planner.plan import row_group_counts
+
+    d = synth_dataset(30_000, seed=2, docs_per_row_group=40, mean_length=100)
+    plan = plitzer.plan(d, seed=7, lanes=8, window=3, world=2, where=where)
+    view = OneSource(plan, row_group_counts(plan.dataset)[0])
+    for e in (0, 1, 5, 1000):
+        a, b = plan.epoch(e), view.epoch(e)
+        for name in ("order", "window", "token_start", "window_tokens", "window_z"):
+            assert np.array_equal(getattr(a, name), getattr(b, name)), (e, name)
