@@ -340,6 +340,34 @@ def test_text_source_and_its_text_column(tmp_path: Path) -> None:
     assert got.drop("rank").equals(want.select(got.drop("rank").columns).sort("step", "lane", "start"))
 
 
+def test_text_source_in_a_mixture(tmp_path: Path, synth_dataset: Any) -> None:
+    from plitzer.text import load_tokenizer
+
+    texts = [("Ω " * (i % 7)) + "x" * (i % 5) for i in range(60)]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "t.parquet", row_group_size=6)
+    tok = load_tokenizer(chars, name="chars-v1", eos_id=997, vocab_size=998)
+    code = synth_dataset(8_000, seed=3, docs_per_row_group=10, mean_length=40, vocab=997)
+    sources = {"prose": {"path": str(tmp_path), "tokenizer": tok, "text_column": "text"}, "code": str(code)}
+    cfg: dict[str, Any] = {"seed": 3, "lanes": 4, "window": 2, "seq_len": 16, "weights": {"prose": 1, "code": 1}}
+    steps = 80
+    with plitzer.Loader(sources, **cfg) as ld:
+        run = pl.concat(
+            [
+                b.documents().with_columns(pl.lit(b.step, pl.Int64).alias("step"))
+                for b in (ld.next_batch() for _ in range(steps))
+            ]
+        )
+    got = plitzer.locate(sources, "text like 'Ω Ω Ω%'", steps=steps, **cfg)  # the code source has no text column
+    rows = {(i // 6, i % 6) for i, t in enumerate(texts) if t.startswith("Ω Ω Ω")}
+    want = run.filter(pl.col("source") == "prose").filter(
+        pl.struct("row_group", "row").map_elements(
+            lambda r: (r["row_group"], r["row"]) in rows, return_dtype=pl.Boolean
+        )
+    )
+    assert got.height > 0 and set(got["source"].to_list()) == {"prose"}
+    assert got.drop("rank").equals(want.select(got.drop("rank").columns).sort("step", "lane", "start"))
+
+
 def test_s3_equals_local(s3: S3Data) -> None:  # noqa: F811
     cfg = {"seed": 1, "lanes": 8, "window": 2, "seq_len": 64}
     local = plitzer.locate(s3.local["synth"], "id % 211 = 5", epochs=[0, 1], **cfg)
