@@ -273,7 +273,7 @@ def window_pieces(
         lo = win * b + lane_of(start, q, r, z, b)
         hi = win * b + lane_of(start + tok, q, r, z, b)  # conservative: trailing empty documents
         need = np.searchsorted(lanes, lo, side="left") < np.searchsorted(lanes, hi, side="right")
-        pos, win, start = pos[need], win[need], start[need]
+        pos, win, start, tok = pos[need], win[need], start[need], tok[need]
     if not len(pos):
         return Pieces.empty()
     rgs = ep.order[pos].astype(np.int64)
@@ -285,7 +285,33 @@ def window_pieces(
     base_u = np.cumsum(counts_u) - counts_u
     csum = np.concatenate([[0], np.cumsum(flat)])
     # Documents in stream order: position by position, each row group's in storage order.
-    di, pi = _ranges(base_u[inv], counts_u[inv])
+    first_doc, n_doc = base_u[inv], counts_u[inv]
+    if lanes is not None:
+        # Only the documents that can reach a lane asked about. On one axis, window * span +
+        # position, each lane's closed range [c_k, c_{k+1}] is sorted as the lanes are; a row
+        # group's documents that meet the first and the last range it meets are found by two
+        # binary searches in the running token count (docs/design.md, "Locating documents").
+        # A document's pieces, zero-length ones included, lie in those ranges.
+        span = int(ep.window_tokens.max()) + 1
+        kw, kk = lanes // b, lanes % b
+        kt = ep.window_tokens[kw]
+        kq, kr, kz = kt // b, kt % b, ep.window_z[kw]
+        r_lo = kw * span + cut_at(kk, kq, kr, kz, b)
+        r_hi = kw * span + cut_at(kk + 1, kq, kr, kz, b)
+        axis = win * span + start
+        ka = np.searchsorted(r_hi, axis, side="left")  # the first range ending at or after the start
+        kb = np.searchsorted(r_lo, axis + tok, side="right") - 1  # the last starting at or before the end
+        ok = ka <= kb
+        x_lo = np.maximum(r_lo[np.minimum(ka, len(r_lo) - 1)] - axis, 0)
+        x_hi = np.minimum(r_hi[np.maximum(kb, 0)] - axis, tok)
+        at = csum[first_doc]
+        j0 = np.searchsorted(csum, at + x_lo, side="left") - 1 - first_doc  # first document ending at or after x_lo
+        j1 = np.searchsorted(csum, at + x_hi, side="right") - first_doc  # documents starting at or before x_hi
+        j0 = np.clip(j0, 0, n_doc)
+        j1 = np.clip(j1, 0, n_doc)
+        j1 = np.where(ok, np.maximum(j1, j0), j0)
+        first_doc, n_doc = first_doc + j0, j1 - j0
+    di, pi = _ranges(first_doc, n_doc)
     length = flat[di]
     ordinal = di - base_u[inv][pi]
     ds = start[pi] + (csum[di] - csum[base_u[inv][pi]])
@@ -293,21 +319,6 @@ def window_pieces(
     dw = win[pi]
     t_d = ep.window_tokens[dw]
     qd, rd, zd = t_d // b, t_d % b, ep.window_z[dw]
-    if lanes is not None:
-        # Only the documents that reach a lane asked about (their pieces, zero-length ones
-        # included, lie in the lanes of their first and last token).
-        # On one axis, window * span + position: each lane's closed range [c_k, c_{k+1}] (sorted,
-        # as lanes are); a document [ds, de - 1] meets one iff the last range starting at or
-        # before its end does not end before its start. Two binary searches a document.
-        span = int(ep.window_tokens.max()) + 1
-        kw, kk = lanes // b, lanes % b
-        kt = ep.window_tokens[kw]
-        kq, kr, kz = kt // b, kt % b, ep.window_z[kw]
-        r_lo = kw * span + cut_at(kk, kq, kr, kz, b)
-        r_hi = kw * span + cut_at(kk + 1, kq, kr, kz, b)
-        j = np.searchsorted(r_lo, dw * span + np.maximum(de - 1, ds), side="right") - 1
-        near = np.flatnonzero((j >= 0) & (r_hi[np.maximum(j, 0)] >= dw * span + ds))
-        pi, length, ordinal, ds, de, dw, qd, rd, zd = (a[near] for a in (pi, length, ordinal, ds, de, dw, qd, rd, zd))
 
     # Each document split per rank: clipped to the rank's range, cut at the cuts inside it.
     full = length > 0
