@@ -12,16 +12,27 @@ lengths decide its offset. planner reads no data, so those lengths come in throu
 ``lengths`` (plitzer reads them: token lengths, a ``length_column``, or its cached
 document pass).
 
-A worked example: one window of two row groups, B = 2, W = 2, no tokens before it::
+A worked example: one file of two row groups (rg 0: documents of 3 and 2 tokens; rg 1:
+one of 5), B = 2, W = 2, seq_len 4, seed 0. Epoch 0 takes rg 1 first, so the window's
+stream is rg 1's document (positions 0..4), then rg 0's (5..7, 8..9); T_w = 10 gives the
+cuts 0, 5, 10. Lane 0's slice is rg 1's document: 4 tokens in step 0, the last one in
+step 1. Lane 1's slice is rg 0's two documents, shuffled: document 1 (2 tokens) then
+document 0, whose first 2 tokens end step 0 and whose last one starts step 1. Rows are
+(step, lane, start, length, row group, document):
 
-    rg 0: documents of 3 and 2 tokens     stream positions 0..2, 3..4
-    rg 1: one document of 5 tokens        5..9          T_w = 10: cuts 0, 5, 10
+>>> import planner, tempfile, pyarrow as pa, pyarrow.parquet as pq
+>>> d = tempfile.mkdtemp()
+>>> docs = pa.array([[1] * 3, [2] * 2, [3] * 5], pa.list_(pa.int32()))
+>>> pq.write_table(pa.table({"tokens": docs}), f"{d}/a.parquet", row_group_size=2)
+>>> p = planner.plan(d, lanes=2, window=2)
+>>> got = window_pieces(p, 0, np.array([0]), lengths_from_array(np.array([3, 2, 5]), np.array([2, 1])), 4).sorted()
+>>> list(zip(*(getattr(got, c).tolist() for c in ("step", "lane", "start", "length", "row_group", "doc"))))
+[(0, 0, 0, 4, 1, 0), (0, 1, 0, 2, 0, 1), (0, 1, 2, 2, 0, 0), (1, 0, 0, 1, 1, 0), (1, 1, 0, 1, 0, 0)]
 
-Lane 0's slice is the pieces (rg 0, doc 0) and (rg 0, doc 1), lane 1's is (rg 1, doc
-0); with seq_len 4, lane 1's document fills step 0 (4 tokens, start 0) and the first
-token of step 1. :func:`window_pieces` gives those rows for any window, lane and
-world, exactly as the loader packs them (zero-length pieces at duplicate cuts
-included, since they take part in the shuffle).
+:func:`window_pieces` makes those rows for any window, lane and world exactly as the
+loader packs them (zero-length pieces at duplicate cuts included, since they take part
+in the shuffle); :func:`locate_pieces` keeps a few documents' rows, reading the lengths
+of only the row groups that share their lanes.
 
 Everything is numpy on whole arrays per epoch: no loop over documents, pieces or lanes.
 """
