@@ -26,6 +26,7 @@ Everything here is numpy on the index's columns: no I/O, no hidden state.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -486,8 +487,21 @@ class Plan:
             }
         )
 
-    def sql(self, query: str, epochs: Iterable[int] = (0,), *, external_access: bool = False) -> pl.DataFrame:
-        """Run DuckDB SQL over ``index``, ``row_groups``, ``lanes`` and ``reads``.
+    def pieces(self, epoch: int, *, seq_len: int | None = None, lengths: Any = None) -> pl.LazyFrame:
+        """One row per piece of ``epoch``: step, rank, lane, start, length, file, row_group, row, ...
+
+        Computed a batch of windows at a time as the frame is read (:mod:`planner.pieces`).
+        ``lengths`` are every document's token length in index order (default: the
+        runtime's cached document pass, plitzer); ``seq_len`` is the run's.
+        """
+        from planner.pieces import pieces_frame
+
+        return pieces_frame(self, epoch, seq_len, lengths)
+
+    def sql(
+        self, query: str, epochs: Iterable[int] = (0,), *, external_access: bool = False, seq_len: int | None = None
+    ) -> pl.DataFrame:
+        """Run DuckDB SQL over ``index``, ``row_groups``, ``lanes`` and ``reads`` (and ``pieces``).
 
         The tables hold the given epochs. Frames reach DuckDB through Arrow,
         without a copy into a database. The query is any DuckDB SQL over them, but
@@ -495,7 +509,8 @@ class Plan:
         extension; a query that tries is a ConfigError saying so) unless
         ``external_access=True``: then ``read_parquet`` of the dataset's own files
         works too, through the same storages (credentials included), so pass it
-        only for queries you wrote.
+        only for queries you wrote. A query that names ``pieces`` (needs ``seq_len``)
+        streams :meth:`pieces` of those epochs, read once.
 
         Examples
         --------
@@ -521,6 +536,10 @@ class Plan:
         try:
             for name, frame in tables.items():
                 con.register(name, frame.to_arrow())
+            if re.search(r"\bpieces\b", query, re.IGNORECASE):
+                from planner.pieces import pieces_reader
+
+                con.register("pieces", pieces_reader(self, eps, seq_len))
             # read_parquet('s3://...') in the query reaches the dataset's objects through
             # the same s3fs filesystem (DuckDB's httpfs extension may not be installable).
             for fs in _duckdb_filesystems(self.dataset) if external_access else ():

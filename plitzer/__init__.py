@@ -26,6 +26,7 @@ from plitzer.errors import (
 )
 from plitzer.explain import explain
 from plitzer.loader import Loader, LoaderSettings
+from plitzer.locate import locate
 from plitzer.state import load_checkpoint, merge, save_checkpoint
 
 __version__ = "0.3.0"  # the one source of the version: pyproject.toml reads it from here
@@ -50,6 +51,7 @@ __all__ = [
     "explain",
     "index",
     "load_checkpoint",
+    "locate",
     "merge",
     "plan",
     "save_checkpoint",

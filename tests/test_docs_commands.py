@@ -120,6 +120,11 @@ RULES: dict[str, Rule] = {
     "plitzer explain data/sample --step 3 --lanes 16 --window 4 --seq-len 512 [--lane 5] [--format csv]": scaled(
         "plitzer explain data/sample --step 3 --lanes 16 --window 4 --seq-len 512 --lane 5 --format csv"
     ),
+    'plitzer locate data/sample --where "id in (7, 123)" --lanes 16 --window 4 --seq-len 512 --epochs 0:2': R,
+    'plitzer locate DATA --where "..." [--epochs a:b] [--steps N] [--format csv]': synopsis("plitzer locate"),
+    "python benchmarks/locate.py": scaled(
+        "python benchmarks/locate.py --row-groups 2000 --data-row-groups 40 --counts 1,10 --lanes 64 --window 8"
+    ),
     "plitzer audit data/demo --lanes 64 --window 8 --world 4 --out report.html": R,
     "plitzer audit data/sample --lanes 16 --window 4 --world 4 --seq-len 512 --out audit.html": R,
     "python -m plitzer": synopsis("python -m plitzer"),
