@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from planner.cache import cache_dir, digest, write_atomic
+from planner.cache import cache_dir, digest, read_entry, write_entry
 from planner.column import TokenDtype, delivered_dtype, narrows, token_column_of, token_range
 from planner.errors import DataError, one_line
 from planner.storage import FileStat, Storage
@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 _TAIL = 64 << 10
+_FORMAT = "2"  # entries with a length and checksum (planner.cache)
 _FOOTER_CAP = 256 << 20
 
 
@@ -121,18 +122,17 @@ def fetch(storage: Storage, st: FileStat) -> bytes:
 
 
 def _path(st: FileStat) -> Path:
-    return cache_dir() / "footers" / f"{digest(st.location, st.size, st.version)}.footer"
+    return cache_dir() / "footers" / f"{digest(_FORMAT, st.location, st.size, st.version)}.footer"
 
 
 def cached(st: FileStat) -> bytes | None:
-    """The file's footer bytes from the local cache, or None."""
-    path = _path(st)
-    return path.read_bytes() if path.exists() else None
+    """The file's footer bytes from the local cache, or None (absent, or damaged: then discarded)."""
+    return read_entry(_path(st))
 
 
 def remember(st: FileStat, raw: bytes) -> None:
-    """Keep the file's footer bytes in the local cache."""
-    write_atomic(_path(st), raw)
+    """Keep the file's footer bytes in the local cache (where it can be written)."""
+    write_entry(_path(st), raw)
 
 
 Row = tuple[int, int, int, int, int, int, bool]  # row_group, rows, tokens, empty_docs, offset, length, check

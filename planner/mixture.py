@@ -492,7 +492,8 @@ class Interleave:
         return self.windows_in(0)
 
     def run_before(self, epoch: int) -> int:
-        return int(self._wstart[self._first_window(epoch)])
+        first = self._first_window(epoch)  # first: it may grow the stream, which replaces _wstart
+        return int(self._wstart[first])
 
     def epoch_of_run(self, run: int) -> int:
         self._ensure_run(run)

@@ -26,6 +26,7 @@ Everything here is numpy on the index's columns: no I/O, no hidden state.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -579,11 +580,30 @@ class Plan:
             }
         )
 
-    def sql(self, query: str, epochs: Iterable[int] = (0,)) -> pl.DataFrame:
-        """Run DuckDB SQL over ``index``, ``row_groups``, ``lanes`` and ``reads``.
+    def pieces(self, epoch: int, *, seq_len: int | None = None, lengths: Any = None) -> pl.LazyFrame:
+        """One row per piece of ``epoch``: step, rank, lane, start, length, file, row_group, row, ...
+
+        Computed a batch of windows at a time as the frame is read (:mod:`planner.pieces`).
+        ``lengths`` are every document's token length in index order (default: the
+        runtime's cached document pass, plitzer); ``seq_len`` is the run's.
+        """
+        from planner.pieces import pieces_frame
+
+        return pieces_frame(self, epoch, seq_len, lengths)
+
+    def sql(
+        self, query: str, epochs: Iterable[int] = (0,), *, external_access: bool = False, seq_len: int | None = None
+    ) -> pl.DataFrame:
+        """Run DuckDB SQL over ``index``, ``row_groups``, ``lanes`` and ``reads`` (and ``pieces``).
 
         The tables hold the given epochs. Frames reach DuckDB through Arrow,
-        without a copy into a database.
+        without a copy into a database. The query is any DuckDB SQL over them, but
+        it runs with DuckDB's external access off (it reads no file, URL or
+        extension; a query that tries is a ConfigError saying so) unless
+        ``external_access=True``: then ``read_parquet`` of the dataset's own files
+        works too, through the same storages (credentials included), so pass it
+        only for queries you wrote. A query that names ``pieces`` (needs ``seq_len``)
+        streams :meth:`pieces` of those epochs, read once.
 
         Examples
         --------
@@ -605,15 +625,27 @@ class Plan:
             "reads": pl.concat([self.reads(e) for e in eps]) if eps else self.reads(0).clear(),
         }
         tables.update(self._extra_tables())
-        con = duckdb.connect()
+        con = duckdb.connect(config={"enable_external_access": bool(external_access)})
         try:
             for name, frame in tables.items():
                 con.register(name, frame.to_arrow())
+            if re.search(r"\bpieces\b", query, re.IGNORECASE):
+                from planner.pieces import pieces_reader
+
+                con.register("pieces", pieces_reader(self, eps, seq_len))
             # read_parquet('s3://...') in the query reaches the dataset's objects through
             # the same s3fs filesystem (DuckDB's httpfs extension may not be installable).
-            for fs in _duckdb_filesystems(self.dataset):
+            for fs in _duckdb_filesystems(self.dataset) if external_access else ():
                 con.register_filesystem(fs)
-            result: pl.DataFrame = con.sql(query).pl()
+            try:
+                result: pl.DataFrame = con.sql(query).pl()
+            except duckdb.PermissionException as e:
+                msg = (
+                    f"the query reads a file or URL ({' '.join(str(e).split())}), and plan.sql runs with "
+                    "DuckDB's external access off: it sees the plan's tables only. For a query you wrote, "
+                    "pass plan.sql(query, external_access=True) (CLI: plitzer plan ... --external-access)"
+                )
+                raise ConfigError(msg) from e
             return result
         finally:
             con.close()

@@ -5,6 +5,7 @@ The classes are defined in :mod:`planner.errors` (``planner`` never imports
 """
 
 from planner.errors import (
+    CacheWarning,
     CheckpointError,
     ConfigError,
     DamagedChunkError,
@@ -12,14 +13,17 @@ from planner.errors import (
     FileChangedError,
     PerformanceWarning,
     PlitzerError,
+    PlitzerWarning,
     SelectionError,
     StorageError,
+    StorageWaitWarning,
     TokenizerChangedError,
     TokenRangeError,
     UsageError,
 )
 
 __all__ = [
+    "CacheWarning",
     "CheckpointError",
     "ConfigError",
     "DamagedChunkError",
@@ -27,8 +31,10 @@ __all__ = [
     "FileChangedError",
     "PerformanceWarning",
     "PlitzerError",
+    "PlitzerWarning",
     "SelectionError",
     "StorageError",
+    "StorageWaitWarning",
     "TokenRangeError",
     "TokenizerChangedError",
     "UsageError",

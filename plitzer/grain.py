@@ -278,6 +278,16 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
         self._stages.append(("layout", (lanes, seq_len, at_step)))
         return at_step
 
+    def mp_prefetch(self, *args: Any, **kwargs: Any) -> Any:
+        """Refused at once: Grain's worker processes would each read the same steps again.
+
+        Overridden so that the refusal comes before Grain reads its absl flags (in a
+        plain script, without ``absl.app.run``, those fail first with
+        ``UnparsedFlagAccessError``). ``dataset.map(f).mp_prefetch()`` reaches Grain's
+        own method, whose flag check comes first: docs/grain.md says what to do.
+        """
+        raise ConfigError(_WORKERS)
+
     def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
         """Refused: Grain slices a source for its worker processes and thread shards."""
         msg = f"{_WORKERS} (Grain asked for the slice {sl})"

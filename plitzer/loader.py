@@ -31,6 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from planner.errors import CheckpointError, ConfigError, DataError, PerformanceWarning, UsageError
+from planner.hf import revisions
 from planner.lanes import lane_positions
 from planner.layout import Layout, LayoutStage
 from planner.mixture import MixtureIndex, MixturePlan
@@ -370,6 +371,7 @@ class Loader:
             **text_config(self.index),
             **select_config(self.index),
             **self._mixture_config(),
+            "revisions": revisions((self.index.storage(f), self.index.file(f)) for f in range(len(self.index.files))),
         }
 
     def _mixture_config(self) -> dict[str, Any]:
@@ -703,6 +705,7 @@ class Loader:
         names = self.plan.names if isinstance(self.plan, MixturePlan) else []
         fit = live.reconcile(st.config, self.config, st.step, names)
         diffs = ckpt.diff_config(fit.checkpoint, fit.loader, step=st.step)
+        diffs += ckpt.diff_revisions(fit.checkpoint, fit.loader)
         if diffs:
             msg = f"{what} does not match this loader: " + "; ".join(diffs)
             raise CheckpointError(msg)

@@ -837,7 +837,12 @@ def assemble(units: list[PackedUnit], step: int, rows: int, seq_len: int) -> tup
     order = np.lexsort((np.arange(len(row)), unit_of, row))
     dtype = units[0].block.dtype
     values = _gather(lists, order)
-    tokens = numpy_view(values).view(dtype).reshape(rows, seq_len)
+    # A copy into memory the step owns: the gather's Arrow buffer is read-only, and a
+    # read-only step breaks JAX's DLPack import and torch.from_numpy (docs/design.md,
+    # "Every step writable"). Straddling steps are a few per window, so the copy is a
+    # small fraction of the tokens.
+    tokens = np.empty((rows, seq_len), dtype)
+    tokens.reshape(-1)[:] = numpy_view(values).view(dtype)
 
     def cat(name: str) -> I64:
         return np.concatenate([getattr(u, name)[a:b] for u, a, b in parts])[order]

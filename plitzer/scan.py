@@ -123,7 +123,10 @@ class Stats:
     batch views of released units are still alive). ``units_held`` (not released),
     ``units_in_flight`` (reading or packing), ``peak_units``; ``rows_read`` and
     ``bytes_read`` (one ranged read per row group); ``wait_seconds``: time the consumer
-    waited for reads, decodes and packing; ``retries``: storage requests retried.
+    waited for reads, decodes and packing; ``retries``: storage requests retried;
+    ``storage_wait_seconds``: wall-clock time some storage request was failing and
+    retried (a store that did not answer for a minute shows here, and in
+    ``wait_seconds`` as far as the consumer had to wait for it).
     """
 
     budget: int
@@ -139,6 +142,7 @@ class Stats:
     caller_overruns: int
     wait_seconds: float
     retries: int
+    storage_wait_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +271,7 @@ class Scanner:
                 caller_overruns=self._caller_overruns,
                 wait_seconds=self._wait,
                 retries=self._retries(),
+                storage_wait_seconds=self._storage_waited(),
             )
 
     @property
@@ -284,6 +289,10 @@ class Scanner:
     def _retries(self) -> int:
         storages = {id(s): s for s in (self.index.storage(i) for i in range(len(self.index.files)))}
         return sum(s.retries for s in storages.values())
+
+    def _storage_waited(self) -> float:
+        storages = {id(s): s for s in (self.index.storage(i) for i in range(len(self.index.files)))}
+        return float(sum(float(getattr(s, "waited", 0.0)) for s in storages.values()))
 
     # -- scheduling (consumer thread only) ---------------------------------------
 

@@ -50,6 +50,7 @@ __all__ = [
     "State",
     "decode",
     "diff_config",
+    "diff_revisions",
     "encode",
     "load_checkpoint",
     "merge",
@@ -77,6 +78,7 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "stages",
     "where",
     "length_column",
+    "revisions",
     "layout",
 )
 # Fields of text sources (plitzer.text: the tokenizer's identity and the BOS/EOS
@@ -84,9 +86,13 @@ CONFIG_FIELDS: tuple[str, ...] = (
 # (a checkpoint of token data is byte for byte what plitzer 0.2 wrote), and read as
 # these when absent.
 # Mixtures (planner.mixture) add their sources ([name, fingerprint] each) and stages
-# ([start step, {source: weight}] each) the same way, and layout stages (planner.layout)
-# ``layout`` ([start step, lanes, seq_len] each, from step 0; ``lanes`` and ``seq_len``
-# are then the first stage's), written only when there is more than one.
+# ([start step, {source: weight}] each) the same way. Sources on the Hugging Face Hub
+# add their revisions ([source without revision, commit, files digest] each,
+# planner.hf.revisions): not part of the dataset's identity (a checkpoint carries to
+# a copy on disk), so they are compared by diff_revisions, not diff_config.
+# Layout stages (planner.layout) add ``layout`` ([start step, lanes, seq_len] each, from
+# step 0; ``lanes`` and ``seq_len`` are then the first stage's), written only when there
+# is more than one.
 _OPTIONAL: dict[str, Any] = {
     "tokenizer": "",
     "add_bos": False,
@@ -95,6 +101,7 @@ _OPTIONAL: dict[str, Any] = {
     "stages": [],
     "where": "",
     "length_column": "",
+    "revisions": [],
     "layout": [],
 }
 _INT_LIMIT = 2**63
@@ -239,6 +246,12 @@ def decode(data: bytes | bytearray | memoryview) -> State:
         if not isinstance(v, str) and not pairs:
             why = f"{k} is {v!r}, expected a string or [source, string] pairs"
             raise _fail(why)
+    revs = config["revisions"]
+    if not isinstance(revs, list) or not all(
+        isinstance(x, list) and len(x) == 3 and all(isinstance(v, str) for v in x) for x in revs
+    ):
+        why = "revisions must list [source, commit, files digest] triples"
+        raise _fail(why)
     for k in ("seed", "lanes", "seq_len", "window"):
         _int(config[k], k, low=1 if k != "seed" else 0)
     for k in ("column", "dtype", "fingerprint"):
@@ -355,7 +368,7 @@ def diff_config(checkpoint: Mapping[str, Any], current: Mapping[str, Any], *, st
     for k in CONFIG_FIELDS:
         if k == "lanes":
             out += _diff_layout(a, b, step)
-        elif k not in ("stages", "seq_len", "layout") and a[k] != b[k]:
+        elif k not in ("stages", "revisions", "seq_len", "layout") and a[k] != b[k]:
             out.append(f"{k}: checkpoint {a[k]!r}, loader {b[k]!r}")
     sa, sb = a["stages"], b["stages"]
     if step is not None:
@@ -369,6 +382,34 @@ def diff_config(checkpoint: Mapping[str, Any], current: Mapping[str, Any], *, st
     elif sa != sb:
         out.append(f"stages: checkpoint {sa!r}, loader {sb!r}")
     return out
+
+
+def diff_revisions(checkpoint: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Hub sources whose branch moved to a commit whose files differ from the checkpoint's.
+
+    A source is matched by its URL without revision; one on one side only (a copy on
+    disk, another store) is not compared: the fingerprint says whether it is the same
+    dataset. The same files (every file's content hash equal) at another commit are the
+    same bytes, so they are accepted (docs/design.md, "Hub revisions in checkpoints").
+    """
+    theirs = {src: (commit, files) for src, commit, files in checkpoint.get("revisions", [])}
+    out = []
+    for src, commit, files in current.get("revisions", []):
+        if src in theirs and theirs[src][1] != files:
+            was = theirs[src][0]
+            out.append(
+                f"revision of {src}: checkpoint commit {was}, loader commit {commit} (the branch moved and the "
+                f"files changed); resume with {_pinned(src, was)} to read what the run began with"
+            )
+    return out
+
+
+def _pinned(src: str, commit: str) -> str:
+    """``hf://datasets/ORG/NAME/PATH`` at ``commit``: ``hf://datasets/ORG/NAME@COMMIT/PATH``."""
+    head, _, rest = src.partition("://")
+    parts = rest.split("/")
+    n = 3 if parts[0] in ("datasets", "spaces") else 2
+    return f"{head}://{'/'.join(parts[:n])}@{commit}" + ("/" + "/".join(parts[n:]) if parts[n:] else "")
 
 
 def merge(parts: Iterable[bytes]) -> bytes:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -43,6 +44,7 @@ import polars as pl
 import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data._utils.collate import default_collate_fn_map
 from torch.utils.dlpack import from_dlpack
 
 from planner.dataset import Index
@@ -219,6 +221,32 @@ def _collective_device(group: Any) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
+_BATCH_SIZE_NONE = (
+    "plitzer.torch.Dataset yields whole steps: use DataLoader(dataset, batch_size=None, num_workers=0). "
+    "DataLoader's default batch_size=1 would wrap each step in a batch of one step and collate it, "
+    "and a batch_size of k would join k steps: the global batch is already lanes x seq_len"
+)
+
+
+def _refuse_auto_collation(caller: Any) -> None:
+    """Refuse ``DataLoader(dataset)`` with a batch_size before the first step is taken.
+
+    A DataLoader calls ``iter(dataset)`` from its fetcher's ``__init__``, right after
+    it has stored ``auto_collation`` (True unless ``batch_size=None``), so the
+    caller's frame tells, before any step is read. This reads torch's private
+    fetcher by duck typing; where a DataLoader reaches us otherwise, the collate
+    function registered below refuses the Batch with the same message (a step
+    later: docs/torch.md).
+    """
+    fetcher = caller.f_locals.get("self") if caller is not None else None
+    if type(fetcher).__name__ == "_IterableDatasetFetcher" and getattr(fetcher, "auto_collation", False):
+        raise ConfigError(_BATCH_SIZE_NONE)
+
+
+def _refuse_collate(batch: Any, *, collate_fn_map: Any = None) -> Any:
+    raise ConfigError(_BATCH_SIZE_NONE)
+
+
 class Dataset(IterableDataset[Batch]):
     """The loader of one rank as a PyTorch ``IterableDataset``: one item per step.
 
@@ -321,6 +349,7 @@ class Dataset(IterableDataset[Batch]):
 
     def __iter__(self) -> Iterator[Batch]:
         """The rest of the current epoch; the next loop gives the next epoch."""
+        _refuse_auto_collation(sys._getframe(1))
         info = get_worker_info()
         if info is not None:
             msg = (
@@ -535,3 +564,8 @@ def _checkpoint_bytes(state: object) -> bytes:
         return bytes(state)
     msg = f"load_state_dict() takes what state_dict() returned (or its bytes), got {type(state).__name__}"
     raise CheckpointError(msg)
+
+
+# torch's default_collate dispatches on the element's type: a plitzer Batch is one
+# whole step and must not be collated (see _refuse_auto_collation).
+default_collate_fn_map[Batch] = _refuse_collate
