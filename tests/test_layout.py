@@ -727,3 +727,9 @@ def test_the_audit_shows_the_layout(data: tuple[Path, list[list[list[int]]]], tm
     firsts = [labels.index(e) for e in sorted(set(labels))]
     assert starts["first_step"].to_list()[: len(firsts)] == firsts
     assert report.write(tmp_path / "audit.html").exists()
+
+
+def test_locate_refuses_layout_stages_clearly(data: tuple[Path, list[list[list[int]]]]) -> None:
+    path, _ = data
+    with pytest.raises(plitzer.ConfigError, match=r"locate with layout stages .* is not supported yet"):
+        plitzer.locate(path, "n = 0", lanes=[(0, 4), (5, 2)], seq_len=8, window=2)
