@@ -10,8 +10,9 @@ One epoch of FineWeb-Edu-shaped synth data read twice, alternating, best of ``--
 Printed: the median step time before and after the change and the time of the step at the
 change (it waits for the window cut again: read again whole, packed for the new lanes), the
 bytes each run read and their difference (read again because of the change), tokens/s
-before and after, and the raw decode of the same row groups (``plitzer.read.read_chunk``,
-one thread) for scale.
+before and after, and each against the faster of pyarrow's two raw decodes of the same
+token columns on the same threads (``pq.read_table`` per file, and ``read_row_group`` per
+row group with cached footers: ``benchmarks/throughput.py``'s reference).
 
     python benchmarks/layout.py --tokens 20000000 --lanes 64 --seq-len 2048 --factor 4
 """
@@ -19,13 +20,14 @@ one thread) for scale.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
 from _common import dataset, timed
+from throughput import Decoders
 
 import plitzer
-from plitzer.read import read_chunk
 
 
 def run(d: object, steps: int, cfg: dict[str, object]) -> tuple[list[float], int, int]:
@@ -72,8 +74,12 @@ def main() -> None:
                 best[name] = got
     st, sr, tok = best["staged"]
     pt, pr, _ = best["plain"]
-    with timed() as t:
-        decoded = sum(len(read_chunk(ix, g).values) for g in range(ix.row_groups))
+    dec = Decoders(d, ix.column, a.threads or os.cpu_count() or 1)
+    decode_rate = 0.0
+    for fn in (dec.read_table, dec.row_groups):  # the faster of the two is the reference
+        with timed() as t:
+            decoded = fn()
+        decode_rate = max(decode_rate, decoded / t.wall / 1e6)
     per_step = b * n
     # Steps are views of packed windows, so a step's time is mostly its wait for a window:
     # rates are tokens over the summed step times (waits included) of each side.
@@ -88,9 +94,14 @@ def main() -> None:
         f"bytes read: staged {sr:,}, plain {pr:,}, read again {sr - pr:,} ({(sr - pr) / max(pr, 1):.1%} of the epoch)"
     )
     rate_before, rate_after = at * per_step / before / 1e6, (steps - at - 1) * per_step / after / 1e6
+    rate_plain = steps * per_step / sum(pt) / 1e6
     print(
-        f"tokens/s: before the change {rate_before:.1f} M, after {rate_after:.1f} M, plain "
-        f"{steps * per_step / sum(pt) / 1e6:.1f} M; raw decode (one thread) {decoded / t.wall / 1e6:.1f} M"
+        f"tokens/s: before the change {rate_before:.1f} M, after {rate_after:.1f} M, plain {rate_plain:.1f} M; "
+        f"fastest raw decode {decode_rate:.1f} M"
+    )
+    print(
+        f"against the decode: before {rate_before / decode_rate:.2f}x, after {rate_after / decode_rate:.2f}x, "
+        f"plain {rate_plain / decode_rate:.2f}x"
     )
     assert tok == steps * per_step
 
