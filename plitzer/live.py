@@ -65,7 +65,7 @@ def earliest_step(plan: Plan, step: int, seq_len: int) -> int:
     mix = _mixture(plan)
     per_step = plan.settings.lanes * seq_len
     unbegun = _order(plan).first_window_at(step * per_step)
-    begun = 0 if unbegun == 0 else int(plan.window_starts(unbegun)[-1]) // per_step + 1
+    begun = 0 if unbegun == 0 else _order(plan).window_start(unbegun - 1) // per_step + 1
     return max(begun, mix.stages[-1].start + 1)
 
 
