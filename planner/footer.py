@@ -20,8 +20,10 @@ only reads.
 
 from __future__ import annotations
 
+import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,6 +41,7 @@ __all__ = [
     "cached",
     "check_level_histograms",
     "fetch",
+    "fetch_lock",
     "parse",
     "remember",
     "row_groups",
@@ -133,6 +136,38 @@ def cached(st: FileStat) -> bytes | None:
 def remember(st: FileStat, raw: bytes) -> None:
     """Keep the file's footer bytes in the local cache."""
     write_atomic(_path(st), raw)
+
+
+_LOCK_STRIPES = 1024
+
+
+@contextmanager
+def fetch_lock(st: FileStat) -> Iterator[None]:
+    """Hold the cache's lock for ``st``'s footer, so processes sharing the cache fetch it once.
+
+    An advisory ``flock`` on one of 1,024 lock files under ``footers/locks`` (picked
+    by the footer's cache name): the holder fetches and remembers, the next finds the
+    footer cached. Where locks are unavailable (no ``fcntl``, a read-only cache
+    folder) it holds nothing: a footer may then be fetched twice, never wrongly.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    name = _path(st).stem
+    path = cache_dir() / "footers" / "locks" / f"{int(name[:8], 16) % _LOCK_STRIPES:04d}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 Row = tuple[int, int, int, int, int, int, bool]  # row_group, rows, tokens, empty_docs, offset, length, check
