@@ -59,6 +59,7 @@ __all__ = [
     "Index",
     "ensure_index",
     "index",
+    "index_cache_path",
     "index_entries",
     "list_files",
 ]
@@ -425,15 +426,21 @@ def index(
     return index_entries(entries, src, counting, progress=progress, threads=threads)
 
 
+def index_cache_path(entries: Sequence[FileEntry], counting: Counting) -> Path | None:
+    """Where the finished index of these files is cached (None: not cached for this counting)."""
+    extra = counting.cache_key()
+    if extra is None:
+        return None
+    stats = [(e.stat.location, e.stat.size, e.stat.version, e.stat.name) for e in entries]
+    return cache_dir() / "index" / f"{digest(_INDEX_FORMAT, *extra, *stats)}.parquet"
+
+
 def index_entries(
     entries: list[FileEntry], src: str, counting: Counting, *, progress: bool | None = None, threads: int = 32
 ) -> Index:
     """The index of files already listed (:func:`index` after its listing; a job's shared listing)."""
-    extra = counting.cache_key()
-    cached: Path | None = None
-    if extra is not None:
-        stats = [(e.stat.location, e.stat.size, e.stat.version, e.stat.name) for e in entries]
-        cached = cache_dir() / "index" / f"{digest(_INDEX_FORMAT, *extra, *stats)}.parquet"
+    cached = index_cache_path(entries, counting)
+    if cached is not None:
         hit = _from_cache(cached, counting, src, entries)
         if hit is not None:
             return hit

@@ -21,8 +21,10 @@ the store's own client and ``storage_options``. docs/design.md, "One index per j
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,11 +36,33 @@ import pyarrow.parquet as pq
 from planner import footer
 from planner.backends import open_storages
 from planner.cache import write_atomic
-from planner.dataset import INDEX_SCHEMA, FileEntry, Index, index, list_files
+from planner.dataset import (
+    INDEX_SCHEMA,
+    FileEntry,
+    FooterCounting,
+    Index,
+    index,
+    index_cache_path,
+    index_entries,
+    list_files,
+)
 from planner.errors import ConfigError, DataError, StaleIndexError
-from planner.storage import SCHEMES
+from planner.storage import SCHEMES, FileStat
 
-__all__ = ["FORMAT", "JobIndexInfo", "load", "read_object", "write", "write_object"]
+__all__ = [
+    "FORMAT",
+    "JobIndexInfo",
+    "entries_of",
+    "footer_share",
+    "has_cached_index",
+    "job_index",
+    "listing",
+    "load",
+    "read_object",
+    "take_footers",
+    "write",
+    "write_object",
+]
 
 FORMAT = "plitzer-job-index/1"
 _LISTS = ("row_group", "rows", "tokens", "empty_docs", "byte_offset", "byte_length", "needs_check")
@@ -233,3 +257,74 @@ def load(
         source=src,
         _files=entries,
     )
+
+
+# -- one index per job: the ranks of a process group share the listing and the footers --------
+
+
+def listing(
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], storage_options: Mapping[str, Any] | None
+) -> list[FileStat]:
+    """The files of ``source`` (one listing: what one rank does for the job)."""
+    return [e.stat for e in list_files(source, storage_options)[0]]
+
+
+def entries_of(
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    storage_options: Mapping[str, Any] | None,
+    stats: Sequence[FileStat],
+) -> tuple[list[FileEntry], str]:
+    """The entries of a listing another rank made (no request: storages open without I/O).
+
+    A list source's files are named ``i/name`` by their source's position (as
+    :func:`planner.dataset.list_files` names them); each goes to its own storage.
+    """
+    storages = open_storages(source, storage_options)
+    out = []
+    for st in stats:
+        i = 0 if len(storages) == 1 else int(st.name.split("/", 1)[0])
+        out.append(FileEntry(stat=st, storage=storages[i]))
+    return out, ", ".join(s.url for s in storages)
+
+
+def has_cached_index(entries: Sequence[FileEntry], column: str | None) -> bool:
+    """Whether this machine's cache holds the finished index of these files (then no footer is needed)."""
+    path = index_cache_path(entries, FooterCounting(column))
+    return path is not None and path.exists()
+
+
+def footer_share(entries: Sequence[FileEntry], rank: int, world: int, threads: int = 32) -> dict[int, bytes]:
+    """The footers of files ``rank, rank + world, ...``: the cache's, else one fetch each (then cached)."""
+
+    def one(i: int) -> tuple[int, bytes]:
+        e = entries[i]
+        raw = footer.cached(e.stat)
+        if raw is None:
+            with footer.fetch_lock(e.stat):
+                raw = footer.cached(e.stat)
+                if raw is None:
+                    raw = footer.fetch(e.storage, e.stat)
+                    footer.parse(raw, e.stat.location)  # damaged: refused here, naming the file, not cached
+                    with contextlib.suppress(OSError):  # a read-only cache costs speed only
+                        footer.remember(e.stat, raw)
+        return i, raw
+
+    mine = range(rank, len(entries), world)
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(mine)))) as pool:
+        return dict(pool.map(one, mine))
+
+
+def take_footers(entries: Sequence[FileEntry], parts: Sequence[Mapping[int, bytes]]) -> None:
+    """Give every entry its footer from the ranks' shares (each rank's :func:`footer_share`)."""
+    for part in parts:
+        for i, raw in part.items():
+            entries[i].raw = raw
+    missing = [e.stat.location for e in entries if e.raw is None]
+    if missing:
+        msg = f"the ranks' footer shares lack {len(missing)} files, first {missing[0]}; every rank must share"
+        raise ConfigError(msg)
+
+
+def job_index(entries: list[FileEntry], src: str, column: str | None, threads: int = 32) -> Index:
+    """The index of files whose footers came with them (or from this machine's cache)."""
+    return index_entries(entries, src, FooterCounting(column), threads=threads)

@@ -197,6 +197,50 @@ def _share_selection(source: Source, cfg: LoaderSettings, group: dist.ProcessGro
         )
 
 
+def _all_or_raise(value: Any, group: dist.ProcessGroup | None) -> list[Any]:
+    """All-gather ``value`` (or the exception it is), raising the first rank's error on every rank."""
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, value, group=group)
+    for got in out:
+        if isinstance(got, BaseException):
+            raise got
+    return out
+
+
+def _share_index(source: Source, cfg: LoaderSettings, group: dist.ProcessGroup | None) -> Source:
+    """One listing and each footer read once for the whole job (docs/design.md, "One index per job").
+
+    Collective, like the selection pass: rank 0 of ``group`` lists and broadcasts the
+    files; unless every rank's cache already holds the finished index, each rank reads
+    the footers of files ``rank, rank + world, ...`` (its cache's, else one GET each)
+    and ``all_gather_object`` gives every rank all of them. Returns the index (the
+    source for the loader), or ``source`` where this does not apply (a mixture, text,
+    a job index, an Index).
+    """
+    from planner import jobindex
+
+    if cfg.tokenizer is not None or cfg.index is not None or not isinstance(source, (str, os.PathLike, list, tuple)):
+        return source
+    me, n = dist.get_rank(group), dist.get_world_size(group)
+
+    def attempt(fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as e:  # sent to every rank, raised there
+            return e
+
+    box: list[Any] = [attempt(jobindex.listing, source, cfg.storage_options) if me == 0 else None]
+    dist.broadcast_object_list(box, src=0 if group is None else dist.get_global_rank(group, 0), group=group)
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    entries, src = jobindex.entries_of(source, cfg.storage_options, box[0])
+    if not all(_all_or_raise(attempt(jobindex.has_cached_index, entries, cfg.column), group)):
+        threads = cfg.threads or 32
+        parts = _all_or_raise(attempt(jobindex.footer_share, entries, me, n, threads), group)
+        jobindex.take_footers(entries, parts)
+    return jobindex.job_index(entries, src, cfg.column, threads=cfg.threads or 32)
+
+
 def _dist_ready() -> bool:
     return dist.is_available() and dist.is_initialized()
 
@@ -281,6 +325,8 @@ class Dataset(IterableDataset[Batch]):
             msg = "group= was given but torch.distributed is not initialised; call init_process_group first"
             raise ConfigError(msg)
         cfg = LoaderSettings.of(rank=0 if rank is None else rank, world=1 if world is None else world, **kw)
+        if _dist_ready() and dist.get_world_size(group) > 1:
+            source = _share_index(source, cfg, group)
         if cfg.where is not None and cfg.world > 1 and _dist_ready() and not isinstance(source, Mapping):
             _share_selection(source, cfg, group)
         self._loader = Loader.from_settings(source, cfg)
