@@ -179,12 +179,17 @@ def layout_epoch(
     first = np.where(n > 0, first, -1)
     last = np.where(n > 0, last, -1)
 
-    # A rank with an empty cut range (c_lo == c_hi, possible when T_w < B) owns no
-    # token, so it reads nothing even if a row group spans across it.
+    # A rank with an empty cut range (c_lo == c_hi) owns no token, so it reads nothing
+    # even if a row group spans across it. That needs T_w < B (else every lane gets
+    # q >= 1 tokens), so only those windows get a (windows x world) table: memory
+    # that grew with windows times ranks on every rank (docs/design.md, "One index per job").
+    short = np.flatnonzero(window_tokens < s.lanes)
+    row_of = np.full(len(window_tokens), -1, np.int64)
+    row_of[short] = np.arange(len(short), dtype=np.int64)
     rk = np.arange(s.world, dtype=np.int64)[None, :]
-    wq = (window_tokens // s.lanes)[:, None]
-    wr = (window_tokens % s.lanes)[:, None]
-    wz = window_z[:, None]
+    wq = (window_tokens[short] // s.lanes)[:, None]
+    wr = (window_tokens[short] % s.lanes)[:, None]
+    wz = window_z[short][:, None]
     c_lo = cut_at(rk * lanes_per_rank, wq, wr, wz, s.lanes)
     c_hi = cut_at((rk + 1) * lanes_per_rank, wq, wr, wz, s.lanes)
     nonempty = c_lo < c_hi
@@ -194,7 +199,11 @@ def layout_epoch(
     rep = np.repeat(pos, count)
     offs = np.cumsum(count) - count
     rank = first[rep] + (np.arange(len(rep), dtype=np.int64) - offs[rep])
-    keep = (rank == first[rep]) | (rank == last[rep]) | nonempty[window[rep], rank]
+    row = row_of[window[rep]]
+    inner = np.ones(len(rep), bool)
+    at = row >= 0
+    inner[at] = nonempty[row[at], rank[at]]
+    keep = (rank == first[rep]) | (rank == last[rep]) | inner
     rep, rank = rep[keep], rank[keep]
     sort = np.lexsort((rep, rank, window[rep]))
     return EpochPlan(
