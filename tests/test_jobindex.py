@@ -163,3 +163,12 @@ def test_on_s3_one_listing_one_get_then_only_chunks(s3: S3Data, proxy: FaultProx
         assert later and all(r.range in chunks for r in later)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_explain_takes_it_through_the_shared_settings(data: Path, tmp_path: Path) -> None:
+    from plitzer.explain import explain
+
+    out = tmp_path / "job.index"
+    jobindex.write(data, out)
+    want = explain(data, 2, **CFG)  # type: ignore[arg-type]
+    assert explain(data, 2, index=str(out), **CFG).equals(want)  # type: ignore[arg-type]

@@ -161,3 +161,22 @@ def test_a_far_step_takes_its_window_from_the_stage_entry(three: dict[str, str],
         assert len(order._entries) == 3  # one per stage entered: nothing per window
         assert all(e <= order.unit_epoch_window(first)[0] + 1 for e in order._segments)
         assert min(order._segments) >= order.unit_epoch_window(first)[0] - 1
+
+
+@pytest.mark.slow
+def test_a_selected_source_seeks_far_as_the_replay(three: dict[str, str]) -> None:
+    """A mixture with a where= source: its stream counts the selected tokens, the same at step 10^7."""
+    sources = {**three, "code": {"path": three["code"], "where": "int_score >= 2"}}
+
+    def run(replay: bool) -> list[np.ndarray]:
+        with plitzer.Loader(sources, weights=STAGES, **CFG) as ld:
+            if replay:
+                plan = ld.plan
+                assert isinstance(plan, MixturePlan) and isinstance(plan.order, Interleave)
+                o = plan.order
+                plan.order = _Replay(plan.mixture, (o._tokens, o._rows, o._empty), o.settings, o.stages, o.seq_len)  # type: ignore[assignment]
+            ld.seek(FAR)
+            return [tokens_of(ld.next_batch()).copy() for _ in range(2)]
+
+    for a, b in zip(run(False), run(True), strict=True):
+        np.testing.assert_array_equal(a, b)
