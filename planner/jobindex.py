@@ -315,10 +315,17 @@ def footer_share(entries: Sequence[FileEntry], rank: int, world: int, threads: i
 
 
 def take_footers(entries: Sequence[FileEntry], parts: Sequence[Mapping[int, bytes]]) -> None:
-    """Give every entry its footer from the ranks' shares (each rank's :func:`footer_share`)."""
+    """Give every entry its footer from the ranks' shares (each rank's :func:`footer_share`).
+
+    Each footer also goes into this machine's cache (where it is not yet), so a restart
+    here, or an index built again from the listing, reads none from storage.
+    """
     for part in parts:
         for i, raw in part.items():
             entries[i].raw = raw
+            if footer.cached(entries[i].stat) is None:
+                with contextlib.suppress(OSError):  # a read-only cache costs speed only
+                    footer.remember(entries[i].stat, raw)
     missing = [e.stat.location for e in entries if e.raw is None]
     if missing:
         msg = f"the ranks' footer shares lack {len(missing)} files, first {missing[0]}; every rank must share"

@@ -207,38 +207,57 @@ def _all_or_raise(value: Any, group: dist.ProcessGroup | None) -> list[Any]:
     return out
 
 
-def _share_index(source: Source, cfg: LoaderSettings, group: dist.ProcessGroup | None) -> Source:
-    """One listing and each footer read once for the whole job (docs/design.md, "One index per job").
+def _attempt(fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, or the exception it raised (to be sent to every rank and raised there)."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        return e
 
-    Collective, like the selection pass: rank 0 of ``group`` lists and broadcasts the
-    files; unless every rank's cache already holds the finished index, each rank reads
-    the footers of files ``rank, rank + world, ...`` (its cache's, else one GET each)
-    and ``all_gather_object`` gives every rank all of them. Returns the index (the
-    source for the loader), or ``source`` where this does not apply (a mixture, text,
-    a job index, an Index).
-    """
+
+def _share_one(
+    path: Any, column: str | None, options: Mapping[str, Any] | None, threads: int, group: dist.ProcessGroup | None
+) -> Index:
+    """One dataset's index for the whole group: rank 0 lists, each rank reads its share of the footers."""
     from planner import jobindex
 
-    if cfg.tokenizer is not None or cfg.index is not None or not isinstance(source, (str, os.PathLike, list, tuple)):
-        return source
     me, n = dist.get_rank(group), dist.get_world_size(group)
-
-    def attempt(fn: Any, *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except Exception as e:  # sent to every rank, raised there
-            return e
-
-    box: list[Any] = [attempt(jobindex.listing, source, cfg.storage_options) if me == 0 else None]
+    box: list[Any] = [_attempt(jobindex.listing, path, options) if me == 0 else None]
     dist.broadcast_object_list(box, src=0 if group is None else dist.get_global_rank(group, 0), group=group)
     if isinstance(box[0], BaseException):
         raise box[0]
-    entries, src = jobindex.entries_of(source, cfg.storage_options, box[0])
-    if not all(_all_or_raise(attempt(jobindex.has_cached_index, entries, cfg.column), group)):
-        threads = cfg.threads or 32
-        parts = _all_or_raise(attempt(jobindex.footer_share, entries, me, n, threads), group)
+    entries, src = jobindex.entries_of(path, options, box[0])
+    if not all(_all_or_raise(_attempt(jobindex.has_cached_index, entries, column), group)):
+        parts = _all_or_raise(_attempt(jobindex.footer_share, entries, me, n, threads), group)
         jobindex.take_footers(entries, parts)
-    return jobindex.job_index(entries, src, cfg.column, threads=cfg.threads or 32)
+    return jobindex.job_index(entries, src, column, threads=threads)
+
+
+def _share_index(source: Source, cfg: LoaderSettings, group: dist.ProcessGroup | None) -> Source:
+    """Each footer read once for the whole job, the listing once (docs/design.md, "One index per job").
+
+    Collective, like the selection pass: for one dataset, rank 0 of ``group`` lists and
+    broadcasts the files; unless every rank's cache already holds the finished index,
+    each rank reads the footers of files ``rank, rank + world, ...`` (its cache's, else one
+    GET each) and ``all_gather_object`` gives every rank all of them (kept in its cache).
+    Returns the index, the loader's source. For a mixture each token source is shared so
+    in turn and lands in every rank's cache, and the mixture itself is returned (each
+    rank then lists each source once more, and reads no footer). Text sources, a job
+    index (``index=``) and an Index are left as they are.
+    """
+    from planner.sources import source_specs
+
+    threads = cfg.threads or 32
+    if cfg.tokenizer is not None or cfg.index is not None:
+        return source
+    if isinstance(source, Mapping):
+        for spec in source_specs(source, column=cfg.column, storage_options=cfg.storage_options):
+            if spec.text is None:
+                _share_one(spec.path, spec.column, spec.storage_options, threads, group)
+        return source
+    if not isinstance(source, (str, os.PathLike, list, tuple)):
+        return source
+    return _share_one(source, cfg.column, cfg.storage_options, threads, group)
 
 
 def _dist_ready() -> bool:

@@ -23,7 +23,7 @@ SETTINGS = {"seed": 5, "lanes": 8, "window": 2, "seq_len": 64}
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--source", required=True)
+    p.add_argument("--source", required=True, help="a path or URL, or a mixture as JSON")
     p.add_argument("--options", required=True, help="storage_options as JSON")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--port", required=True, type=int)
@@ -34,7 +34,8 @@ def main() -> int:
         "gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank, world_size=world, timeout=timedelta(seconds=90)
     )
     try:
-        ds = plitzer.torch.Dataset(a.source, storage_options=json.loads(a.options), threads=2, **SETTINGS)
+        source = json.loads(a.source) if a.source.startswith("{") else a.source  # a dict: a mixture
+        ds = plitzer.torch.Dataset(source, storage_options=json.loads(a.options), threads=2, **SETTINGS)
         it = iter(ds)
         batches = [next(it) for _ in range(a.steps)]
         lanes = batches[0].lanes

@@ -77,7 +77,7 @@ def _run_job(source: str, opts: dict[str, str], out: Path) -> None:
         pytest.fail(f"a rank failed: {codes}\n{logs}")
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)
 def test_four_ranks_list_once_and_read_each_footer_once(
     s3: S3Data, proxy: FaultProxy, synth_dataset: SynthDataset, tmp_path: Path
 ) -> None:
@@ -97,6 +97,39 @@ def test_four_ranks_list_once_and_read_each_footer_once(
     assert len(lists) == 1, [r.query for r in lists]  # one listing for the job
     assert len(footers) <= 1.1 * len(files), (len(footers), len(files))
     assert len({(r.path, r.range) for r in footers}) == len(footers)  # no footer twice
+    got = [np.load(tmp_path / f"rank{r}.npz") for r in range(WORLD)]
+    order = sorted(range(WORLD), key=lambda r: int(got[r]["lanes"][0]))
+    for t in range(STEPS):
+        np.testing.assert_array_equal(np.concatenate([got[r]["tokens"][t] for r in order]), want[t])
+    # A restart on the same machines (the same cache folders): one listing, no footer GET.
+    proxy.reset()
+    _run_job(source, options(proxy.endpoint), tmp_path)
+    log = proxy.log()
+    assert sum(r.is_list for r in log) == 1
+    assert [r for r in log if r.is_object_get and r.range not in chunks] == []
+
+
+@pytest.mark.timeout(300)
+def test_a_mixture_reads_each_footer_once_too(
+    s3: S3Data, proxy: FaultProxy, synth_dataset: SynthDataset, tmp_path: Path
+) -> None:
+    """Each source of a mixture is shared in turn: no footer is read twice in the job (each
+    rank then lists each source once more, from its cache's finished index)."""
+    files = 0
+    local, remote = {}, {}
+    for i, name in enumerate(("code", "web")):
+        d = synth_dataset(tokens=60_000, seed=30 + i, docs_per_row_group=12, row_groups_per_file=2, mean_length=100)
+        files += len(upload(s3.client(), s3.bucket, d, f"mix-{name}"))
+        local[name], remote[name] = str(d), f"s3://{s3.bucket}/mix-{name}"
+    with plitzer.Loader(local, **SETTINGS) as ref:
+        want = [tokens_of(ref.next_batch()).copy() for _ in range(STEPS)]
+        frame = ref.index.frame
+    chunks = {f"bytes={o}-{o + n - 1}" for o, n in zip(frame["byte_offset"], frame["byte_length"], strict=True)}
+    proxy.reset()
+    _run_job(json.dumps(remote), options(proxy.endpoint), tmp_path)
+    footers = [(r.path, r.range) for r in proxy.log() if r.is_object_get and r.range not in chunks]
+    assert len(footers) <= 1.1 * files, (len(footers), files)
+    assert len(set(footers)) == len(footers)
     got = [np.load(tmp_path / f"rank{r}.npz") for r in range(WORLD)]
     order = sorted(range(WORLD), key=lambda r: int(got[r]["lanes"][0]))
     for t in range(STEPS):
