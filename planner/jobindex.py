@@ -16,7 +16,13 @@ A file changed in place after the listing (same size, so the listing cannot see 
 local disk within the mtime's resolution) is refused on its first read, as without a job
 index (the version check of every ranged read). ``out`` and ``url`` are local paths or any
 object-store URL a source may be (``s3://``, ``gs://``, ``az://``), read and written with
-the store's own client and ``storage_options``. docs/design.md, "One index per job".
+the store's own client and ``storage_options``.
+
+The ranks of a process group build the same index without a job index file:
+:func:`listing` on one rank, :func:`entries_of` on every rank from that listing,
+:func:`footer_share` (each rank's share of the footers), :func:`take_footers` (everyone's
+shares) and :func:`job_index`; ``plitzer.torch`` runs the collectives between them.
+docs/design.md, "One index per job".
 """
 
 from __future__ import annotations
