@@ -27,6 +27,12 @@ against the same moto server without the proxy:
 * requests per row group read, and client CPU per request.
 
     python benchmarks/s3.py --latency-ms 30 --pace-mbps 100    # 60M tokens, 2,000 cold files
+
+Hub mode (``--store hf``): the same epoch from ``hf://`` on tests/hub_server.py's Hub
+(in a process of its own: the API, the redirect of every read to its CDN, ranged
+GETs there), straight and through the same proxy, with requests per row group:
+
+    python benchmarks/s3.py --store hf --latency-ms 30 --pace-mbps 100
 """
 
 from __future__ import annotations
@@ -56,8 +62,13 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, default=0.0, help="latency mode: delay per request (ms)")
     ap.add_argument("--pace-mbps", type=float, default=100.0, help="latency mode: MB/s per connection")
     ap.add_argument("--cold-files", type=int, default=2000, help="latency mode: files of the cold first batch")
+    ap.add_argument("--store", choices=("s3", "hf"), default="s3", help="hf: the Hub's API (tests/hub_server.py)")
     args = ap.parse_args()
     os.environ.setdefault("PLITZER_CACHE", tempfile.mkdtemp(prefix="plitzer-bench-cache-"))
+    if args.store == "hf":
+        args.tokens = args.tokens or (60_000_000 if args.latency_ms > 0 else 20_000_000)
+        hub_mode(args)
+        return
     if args.latency_ms > 0:
         # Enough windows that the first one's wait (the one latency cannot hide) is small.
         args.tokens = args.tokens or 60_000_000
@@ -190,6 +201,8 @@ def _proxy_main(conn: Any, upstream: int, delay_s: float, pace_bps: float) -> No
             conn.send(None)
         elif cmd == "log":
             conn.send([(r.is_list, r.is_object_get, r.body_bytes) for r in proxy.log()])
+        elif cmd == "paths":
+            conn.send([r.path for r in proxy.log()])
         else:
             proxy.stop()
             conn.send(None)
@@ -349,6 +362,87 @@ def latency_mode(args: argparse.Namespace) -> None:
     finally:
         proxy.stop()
         server.stop()
+
+
+# -- Hub mode --------------------------------------------------------------------------
+
+
+def _hub_main(conn: Any, folder: str) -> None:
+    """The Hub server in its own process, holding ``folder`` as repository ``bench/synth``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.hub_server import HubServer, files_of
+
+    server = HubServer()
+    server.commit("bench/synth", files_of(Path(folder), "synth"))
+    conn.send(server.port)
+    conn.recv()
+    server.stop()
+    conn.send(None)
+
+
+def hub_mode(args: argparse.Namespace) -> None:
+    import multiprocessing as mp
+
+    import numpy as np
+
+    import planner
+    import plitzer
+    import plitzer.synth
+
+    delay, pace = args.latency_ms / 1e3, args.pace_mbps * 1e6
+    settings = {"seed": 0, "lanes": args.lanes, "window": args.window, "seq_len": args.seq_len}
+    data = Path(tempfile.mkdtemp(prefix="plitzer-bench-hf-"))
+    plitzer.synth.write(
+        data,
+        tokens=args.tokens,
+        seed=0,
+        docs_per_row_group=args.docs_per_row_group,
+        row_groups_per_file=args.row_groups_per_file,
+    )
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    hub = ctx.Process(target=_hub_main, args=(child, str(data)), daemon=True)
+    hub.start()
+    port = conn.recv()
+    proxy = ProxyProcess(port, delay, pace)
+    url = "hf://datasets/bench/synth/synth"
+    direct, far = {"endpoint": f"http://127.0.0.1:{port}"}, {"endpoint": proxy.endpoint}
+    print(f"hub mode: {args.latency_ms:g} ms per request, {args.pace_mbps:g} MB/s per connection (proxy)")
+    try:
+        ix = planner.index(url, storage_options=direct)
+        print(f"epoch dataset: {ix.tokens:,} tokens, {ix.row_groups} row groups in {len(ix.files)} files")
+
+        def epoch(opts: dict[str, Any]) -> tuple[float, int, float, int]:
+            planner.index(url, storage_options=opts)  # footers cached: the revision and one listing
+            loader = plitzer.Loader(url, storage_options=opts, **settings)  # type: ignore[arg-type]
+            c0, t0, n = _cpu(), time.perf_counter(), 0
+            for batch in loader:
+                n += int(np.from_dlpack(batch.tokens).size)
+            wall, cpu = time.perf_counter() - t0, _cpu() - c0
+            loader.close()
+            return wall, n, cpu, loader.reads
+
+        near = epoch(direct)
+        epoch(far)  # warms the far footers' cache (their locations name the proxy's endpoint)
+        proxy.call("reset")
+        away = epoch(far)
+        paths = proxy.call("paths")
+        near = min(near, epoch(direct))
+        away = min(away, epoch(far))
+        kinds = {k: sum(1 for p in paths if p.startswith(f"/{k}/")) for k in ("api", "datasets", "cdn")}
+        for name, (wall, n, cpu, _) in (("direct", near), ("far", away)):
+            print(f"epoch {name:>6}: {wall:6.2f} s, {n / wall / 1e6:7.2f} M tokens/s, client CPU {cpu:.2f} s")
+        print(f"epoch tokens/s, far / direct: {near[0] / away[0]:.2f}  (target >= 0.8)")
+        print(
+            f"requests per row group read: {len(paths) / away[3]:.3f} ({len(paths)} requests: {kinds['api']} to the "
+            f"API (revision, listing), {kinds['datasets']} resolves (a redirect each), {kinds['cdn']} ranged GETs "
+            f"from the CDN; {away[3]} row groups read)"
+        )
+    finally:
+        proxy.stop()
+        conn.send("stop")
+        conn.recv()
+        hub.join(10)
 
 
 if __name__ == "__main__":

@@ -309,6 +309,37 @@ DATA = [
         'ax.set(xlabel="lane", ylabel="tokens", title="epoch 0 tokens per lane")\n'
         "plt.show()"
     ),
+    new_markdown_cell(
+        "## When the model saw these documents\n\n"
+        "The reverse question, for memorization studies and contamination audits: `plitzer.locate` "
+        "gives every step, lane and offset that held the documents a predicate selects, without "
+        "replaying the run (the plan, and the token lengths of the row groups that share their lanes). "
+        "Over three epochs, for one document in a hundred:"
+    ),
+    new_code_cell(
+        'seen = plitzer.locate(data, "id % 100 = 7", epochs="0:3", **cfg)\n'
+        'keys = ["file", "row_group", "row"]\n'
+        "# epoch 0 agrees with the batches collected above, piece for piece\n"
+        'mine = seen.filter(pl.col("epoch") == 0).drop("step", "rank")\n'
+        'real = pieces.filter(pl.col("epoch") == 0).join(mine.select(keys).unique(), on=keys, how="semi")\n'
+        "assert mine.sort(mine.columns).equals(real.select(mine.columns).sort(mine.columns))\n"
+        "seen.group_by(keys).agg(\n"
+        '    pl.col("step").min().alias("first_step"),\n'
+        '    pl.col("step").n_unique().alias("steps"),\n'
+        '    pl.col("length").sum().alias("tokens"),\n'
+        ').sort("first_step")'
+    ),
+    new_code_cell(
+        'order = seen.group_by(keys).agg(pl.col("step").min().alias("first")).sort("first").with_row_index("doc")\n'
+        "shown = seen.join(order, on=keys)\n"
+        "fig, ax = plt.subplots(figsize=(8, 3.5))\n"
+        'for e, colour in zip(range(3), ["#0077bb", "#ee7733", "#009988"]):\n'
+        '    part = shown.filter(pl.col("epoch") == e)\n'
+        '    ax.scatter(part["step"], part["doc"], s=4 + part["length"] / 8, color=colour, label=f"epoch {e}")\n'
+        'ax.set(xlabel="step", ylabel="document (by first step)", title="when each document was seen")\n'
+        "ax.legend(loc='lower right')\n"
+        "plt.show()"
+    ),
 ]
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError
+from planner.layout import Layout
 from planner.mixture import MixtureIndex, MixturePlan, mixture_index
 from planner.plan import Plan, PlanSettings
 from planner.rowgroups import RowGroupIndex
@@ -130,26 +131,40 @@ def open_index(
 
 
 def make_plan(
-    index: RowGroupIndex, settings: PlanSettings, *, weights: Weights = None, seq_len: int | None = None
+    index: RowGroupIndex,
+    settings: PlanSettings,
+    *,
+    weights: Weights = None,
+    seq_len: int | None = None,
+    layout: Layout | None = None,
 ) -> Plan:
-    """The plan of ``index``: a mixture's (weights in stages) or one source's."""
+    """The plan of ``index``: a mixture's (weights in stages) or one source's.
+
+    ``layout``: layout stages (:mod:`planner.layout`), which place a weight stage's
+    step in the run's tokens; by default one stage of ``settings.lanes`` and ``seq_len``.
+    """
+    if layout is None and seq_len is not None:
+        layout = Layout.of(lanes=settings.lanes, seq_len=seq_len)
     if isinstance(index, MixtureIndex):
         stages = parse_stages(weights, index.names, [ix.tokens for ix in index.parts])
-        return MixturePlan(index, settings, stages, seq_len=seq_len)
-    return Plan(index, settings)
+        out: Plan = MixturePlan(index, settings, stages, seq_len=seq_len, layout=layout)
+    else:
+        out = Plan(index, settings)
+    out.layout = layout
+    return out
 
 
 def plan(
     source: Source,
     seed: int = 0,
-    lanes: int = 512,
+    lanes: Any = 512,
     window: int = 64,
     world: int = 1,
     *,
     column: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
     weights: Any = None,
-    seq_len: int | None = None,
+    seq_len: Any = None,
     where: str | None = None,
     length_column: str | None = None,
 ) -> Plan:
@@ -173,6 +188,20 @@ def plan(
     >>> sorted(p.reads(0)["rank"].unique().to_list())
     [0, 1]
     """
+    layout = None
+    if seq_len is None and isinstance(lanes, (list, tuple)):
+        msg = "lanes in stages start at global steps: give seq_len= too, to place them (tokens per step)"
+        raise ConfigError(msg)
+    if seq_len is not None:
+        layout = Layout.of(lanes=lanes, seq_len=seq_len)
+        lanes, seq_len = layout.first.lanes, layout.first.seq_len
+        for st in layout.stages[1:]:
+            if isinstance(world, int) and world > 0 and st.lanes % world:
+                msg = (
+                    f"lanes={st.lanes} (the layout stage from step {st.start}) is not divisible by world={world}; "
+                    f"every rank must own the same number of lanes in every stage: use lanes a multiple of {world}"
+                )
+                raise ConfigError(msg)
     settings = PlanSettings(seed=seed, lanes=lanes, window=window, world=world)
     ix = open_index(
         source,
@@ -182,4 +211,4 @@ def plan(
         where=where,
         length_column=length_column,
     )
-    return make_plan(ix, settings, weights=weights, seq_len=seq_len)
+    return make_plan(ix, settings, weights=weights, seq_len=seq_len, layout=layout)

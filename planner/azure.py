@@ -33,7 +33,8 @@ class AzureStorage(Retrying):
 
     ``storage_options`` are the keyword arguments of ``adlfs.AzureBlobFileSystem``
     (``account_name``, ``account_key``, ``sas_token``, ``connection_string``,
-    ``credential``, ``anon``, ...) plus plitzer's ``attempts`` (8), ``backoff``
+    ``credential``, ``anon``, ...) plus plitzer's ``retry_deadline`` (600 s), ``attempts``
+    (unbounded but by the deadline), ``backoff``
     (0.1 s), ``read_timeout`` (30 s), ``connect_timeout`` (10 s), ``concurrency``
     (16) and ``list_page_size`` (1,000). Omitted credentials are adlfs's:
     ``AZURE_STORAGE_CONNECTION_STRING``, ``AZURE_STORAGE_ACCOUNT_NAME`` with
@@ -44,7 +45,6 @@ class AzureStorage(Retrying):
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         try:
             import adlfs
-            import tenacity  # noqa: F401  (the retries, planner.retry)
         except ImportError as e:
             msg = (
                 f"source {url!r}: reading Azure Blob Storage needs adlfs; install it with: pip install 'plitzer[azure]'"
@@ -75,6 +75,7 @@ class AzureStorage(Retrying):
         self._retrier = self.make_retrier(
             attempts=self.attempts,
             backoff=self.backoff,
+            deadline=self.retry_deadline,
             concurrency=self.concurrency,
             transient=_transient,
             hint="check storage_options (account_name, account_key, sas_token, ...) or the AZURE_STORAGE_* variables",

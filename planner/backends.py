@@ -2,8 +2,9 @@
 
 :mod:`planner.storage` defines the interface and local disk; each object store
 builds on it in its own module (:mod:`planner.s3`, :mod:`planner.gcs`,
-:mod:`planner.azure`). Choosing among them lives here, above all of them, so that
-the storage modules form no cycle (docs/design.md, "The layer picture").
+:mod:`planner.azure`, the Hugging Face Hub :mod:`planner.hf`, HTTP :mod:`planner.http`).
+Choosing among them lives here, above all of them, so that the storage modules
+form no cycle (docs/design.md, "The layer picture").
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 from planner.azure import AzureStorage
 from planner.errors import ConfigError
 from planner.gcs import GCSStorage
+from planner.hf import HFStorage
+from planner.http import HTTPStorage
 from planner.s3 import S3Storage
 from planner.storage import SCHEMES, SOURCE_FORMS, LocalStorage, Storage
 
@@ -42,6 +45,10 @@ def open_storages(
             out.append(GCSStorage(text, storage_options))
         elif text.startswith(("az://", "abfs://", "abfss://")):
             out.append(AzureStorage(text, storage_options))
+        elif text.startswith("hf://"):
+            out.append(HFStorage(text, storage_options))
+        elif text.startswith(("https://", "http://")):
+            out.append(HTTPStorage(text, storage_options))
         elif "://" in text:
             msg = f"source {text!r}: the supported URLs are {', '.join(SCHEMES)} (and local paths)"
             raise ConfigError(msg)

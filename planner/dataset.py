@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 
 from planner import footer
 from planner.backends import open_storages
-from planner.cache import cache_dir, digest, write_atomic
+from planner.cache import cache_dir, digest, discard, read_entry, write_entry
 from planner.column import TokenDtype, delivered_dtype
 from planner.errors import ConfigError, DataError
 from planner.rowgroups import stream_counts
@@ -78,7 +78,7 @@ INDEX_SCHEMA: dict[str, Any] = {
     # footer min/max are missing or out of range): decoding then checks every value.
     "needs_check": pl.Boolean,
 }
-_INDEX_FORMAT = "2"
+_INDEX_FORMAT = "3"  # 3: entries with a length and checksum (planner.cache)
 
 
 @dataclass
@@ -270,12 +270,13 @@ def _token_dtype(name: str) -> TokenDtype:
 
 
 def _from_cache(path: Path, counting: Counting, src: str, entries: list[FileEntry]) -> Index | None:
-    if not path.exists():
+    raw = read_entry(path)
+    if raw is None:
         return None
     try:
         # ParquetFile.read, not read_table: read_table imports pyarrow.dataset and
         # pandas on first use, a fifth of a second on every fresh process's start.
-        table = pq.ParquetFile(path).read()
+        table = pq.ParquetFile(pa.BufferReader(raw)).read()
         meta = table.schema.metadata or {}
         frame = pl.from_arrow(table)
         assert isinstance(frame, pl.DataFrame)
@@ -289,19 +290,16 @@ def _from_cache(path: Path, counting: Counting, src: str, entries: list[FileEntr
                 _files=entries,
             )
         )
-    except (OSError, KeyError, pa.ArrowException, AssertionError):
-        path.unlink(missing_ok=True)  # a damaged cache entry is rebuilt, never trusted
+    except (OSError, KeyError, pa.ArrowException, AssertionError) as e:
+        discard(path, f"unreadable: {type(e).__name__}")  # rebuilt, never trusted
         return None
 
 
 def _to_cache(path: Path, frame: pl.DataFrame, column: str, dtype: TokenDtype, fingerprint: str) -> None:
     table = frame.to_arrow().replace_schema_metadata({"column": column, "dtype": dtype, "fingerprint": fingerprint})
-    try:
-        buf = pa.BufferOutputStream()
-        pq.write_table(table, buf)
-        write_atomic(path, buf.getvalue().to_pybytes())
-    except OSError:
-        pass  # a read-only cache folder costs speed, not correctness
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf)
+    write_entry(path, buf.getvalue().to_pybytes())  # a folder that cannot be written costs speed, not rows
 
 
 def _scan_footers(

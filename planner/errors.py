@@ -12,7 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "CacheWarning",
     "PerformanceWarning",
+    "PlitzerWarning",
+    "StorageWaitWarning",
     "CheckpointError",
     "ConfigError",
     "DamagedChunkError",
@@ -120,5 +123,21 @@ def one_line(e: BaseException) -> str:
     return " ".join(str(e).split())
 
 
-class PerformanceWarning(UserWarning):
+class PlitzerWarning(UserWarning):
+    """Base class of every warning plitzer gives: something works, but not as well as it could."""
+
+
+class PerformanceWarning(PlitzerWarning):
     """Settings that work but run slower than they could (say once, with the fix)."""
+
+
+class CacheWarning(PlitzerWarning):
+    """The local cache (``PLITZER_CACHE``) had a damaged entry, or cannot be written: it costs time, never rows.
+
+    A damaged entry (truncated, garbled, empty) is discarded and rebuilt from the
+    dataset; a folder that cannot be created or written means running uncached.
+    """
+
+
+class StorageWaitWarning(PlitzerWarning):
+    """The store stopped answering and requests wait for it (``storage_options`` ``retry_deadline``), or it is back."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import struct
+import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from planner.cache import cache_dir, digest, write_atomic
+from planner.cache import cache_dir, digest, read_entry, write_entry
 from planner.column import TokenDtype, delivered_dtype, narrows, token_column_of, token_range
 from planner.errors import DataError, one_line
 from planner.storage import FileStat, Storage
@@ -49,6 +50,7 @@ __all__ = [
 ]
 
 _TAIL = 64 << 10
+_FORMAT = "2"  # entries with a length and checksum (planner.cache)
 _FOOTER_CAP = 256 << 20
 
 
@@ -124,18 +126,17 @@ def fetch(storage: Storage, st: FileStat) -> bytes:
 
 
 def _path(st: FileStat) -> Path:
-    return cache_dir() / "footers" / f"{digest(st.location, st.size, st.version)}.footer"
+    return cache_dir() / "footers" / f"{digest(_FORMAT, st.location, st.size, st.version)}.footer"
 
 
 def cached(st: FileStat) -> bytes | None:
-    """The file's footer bytes from the local cache, or None."""
-    path = _path(st)
-    return path.read_bytes() if path.exists() else None
+    """The file's footer bytes from the local cache, or None (absent, or damaged: then discarded)."""
+    return read_entry(_path(st))
 
 
 def remember(st: FileStat, raw: bytes) -> None:
-    """Keep the file's footer bytes in the local cache."""
-    write_atomic(_path(st), raw)
+    """Keep the file's footer bytes in the local cache (where it can be written)."""
+    write_entry(_path(st), raw)
 
 
 _LOCK_STRIPES = 1024
@@ -145,10 +146,11 @@ _LOCK_STRIPES = 1024
 def fetch_lock(st: FileStat) -> Iterator[None]:
     """Hold the cache's lock for ``st``'s footer, so processes sharing the cache fetch it once.
 
-    An advisory ``flock`` on one of 1,024 lock files under ``footers/locks`` (picked
-    by the footer's cache name): the holder fetches and remembers, the next finds the
-    footer cached. Where locks are unavailable (no ``fcntl``, a read-only cache
-    folder) it holds nothing: a footer may then be fetched twice, never wrongly.
+    An advisory ``flock`` on one of 1,024 lock files (picked by the footer's cache name)
+    in a folder of the system's temporary folder named after the cache folder: the
+    holder fetches and remembers, the next finds the footer cached. Where locks are
+    unavailable (no ``fcntl``, no writable temporary folder) it holds nothing: a footer
+    may then be fetched twice, never wrongly.
     """
     try:
         import fcntl
@@ -156,7 +158,10 @@ def fetch_lock(st: FileStat) -> Iterator[None]:
         yield
         return
     name = _path(st).stem
-    path = cache_dir() / "footers" / "locks" / f"{int(name[:8], 16) % _LOCK_STRIPES:04d}"
+    # Beside the cache, not in it (the cache holds entries only): processes of one machine
+    # that share the cache folder share the temporary folder too.
+    folder = Path(tempfile.gettempdir()) / f"plitzer-locks-{digest(str(cache_dir()))[:16]}"
+    path = folder / f"{int(name[:8], 16) % _LOCK_STRIPES:04d}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -51,7 +51,8 @@ class GCSStorage(Retrying):
 
     ``storage_options`` are the keyword arguments of ``gcsfs.GCSFileSystem``
     (``project``, ``token``, ``endpoint_url``, ``requester_pays``, ...) plus
-    plitzer's ``attempts`` (8), ``backoff`` (0.1 s), ``read_timeout`` (30 s),
+    plitzer's ``retry_deadline`` (600 s), ``attempts`` (unbounded but by the deadline),
+    ``backoff`` (0.1 s), ``read_timeout`` (30 s),
     ``connect_timeout`` (10 s), ``concurrency`` (16) and ``list_page_size``
     (1,000). Omitted credentials are gcsfs's: ``GOOGLE_APPLICATION_CREDENTIALS``,
     gcloud's, the metadata server; ``STORAGE_EMULATOR_HOST`` sets the endpoint.
@@ -60,7 +61,6 @@ class GCSStorage(Retrying):
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         try:
             gcsfs = import_gcsfs()
-            import tenacity  # noqa: F401  (the retries, planner.retry)
         except ImportError as e:
             msg = f"source {url!r}: reading GCS needs gcsfs; install it with: pip install 'plitzer[gcs]'"
             raise ConfigError(msg) from e
@@ -85,6 +85,7 @@ class GCSStorage(Retrying):
         self._retrier = self.make_retrier(
             attempts=self.attempts,
             backoff=self.backoff,
+            deadline=self.retry_deadline,
             concurrency=self.concurrency,
             transient=_transient,
             hint="check storage_options (token, project) or GOOGLE_APPLICATION_CREDENTIALS",

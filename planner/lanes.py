@@ -101,7 +101,9 @@ class _Run(Protocol):
     def epoch(self, epoch: int) -> Any: ...
 
 
-def lane_positions(plan: _Run, step: int, seq_len: int, lanes: int, rank_lanes: range) -> I64:
+def lane_positions(
+    plan: _Run, step: int, seq_len: int, lanes: int, rank_lanes: range, begin_step: int = 0, begin_run: int = 0
+) -> I64:
     """Where ``rank_lanes`` are before global step ``step``, from the windows' tokens alone.
 
     Rows ``[lane, epoch, window, -1, offset in the lane's slice]``. The cuts deal the
@@ -110,10 +112,17 @@ def lane_positions(plan: _Run, step: int, seq_len: int, lanes: int, rank_lanes: 
     epoch's window tokens, and lane ``k`` has received ``ceil((R - k) / B)`` tokens once
     the run has ``R``. (The piece ordinal needs the window's documents: the loader
     resolves it once the window is packed.)
+
+    Under a layout stage that began at step ``begin_step``, run token ``begin_run``
+    (:mod:`planner.layout`), the cards start there: lane ``k``'s next token is the run
+    token ``begin_run + ((k - begin_run) mod B) + p * B`` with ``p = (step - begin_step)
+    * seq_len`` its tokens of the stage, and the window holding ``begin_run`` (the one
+    cut again at the change) is counted from ``begin_run``.
     """
     ks = np.arange(rank_lanes.start, rank_lanes.stop, dtype=np.int64)
-    run = step * seq_len * lanes + ks
-    epoch = np.array([plan.epoch_of_run(int(x)) for x in (run[0], run[-1])])
+    p = (step - begin_step) * seq_len
+    run = begin_run + (ks - begin_run) % lanes + p * lanes
+    epoch = np.array([plan.epoch_of_run(int(x)) for x in (run.min(), run.max())])
     epoch = np.where(run >= plan.run_before(int(epoch[-1])), epoch[-1], epoch[0])
     rows = np.zeros((len(ks), 5), np.int64)
     rows[:, 0] = ks
@@ -124,9 +133,9 @@ def lane_positions(plan: _Run, step: int, seq_len: int, lanes: int, rank_lanes: 
         ends = np.cumsum(window_tokens)
         start = plan.run_before(int(e))
         w = np.searchsorted(ends, run[sel] - start, side="right")
-        before = start + (ends[w] - window_tokens[w])
-        got = (before - ks[sel] + lanes - 1) // lanes
+        before = np.maximum(start + (ends[w] - window_tokens[w]), begin_run)
+        got = -((ks[sel] - before) // lanes) + (ks[sel] - begin_run) // lanes
         rows[sel, 1] = e
         rows[sel, 2] = w
-        rows[sel, 4] = step * seq_len - got
+        rows[sel, 4] = p - got
     return rows

@@ -54,6 +54,7 @@ from planner.column import TokenDtype
 from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
+from planner.layout import Layout
 from planner.plan import EpochOrder, EpochPlan, Permutation, Plan, PlanSettings, layout_epoch, row_group_counts
 from planner.rowgroups import SelectedRows, stream_counts, with_selected
 from planner.sources import SourceSpec, Stage, source_specs
@@ -339,11 +340,13 @@ class Interleave:
         settings: PlanSettings,
         stages: Sequence[Stage],
         seq_len: int | None,
+        layout: Layout | None = None,
     ) -> None:
         self._tokens, self._rows, self._empty = counts
         self.settings = settings
         self.stages = tuple(stages)
         self.seq_len = seq_len
+        self.layout_stages = layout  # places the weight stages' steps in the run's tokens
         sizes = idx._rg_base
         first = self.stages[0].weights
         self.total = sum(int(self._tokens[int(sizes[i]) : int(sizes[i + 1])].sum()) for i, w in enumerate(first) if w)
@@ -462,9 +465,12 @@ class Interleave:
 
     # -- the stages of the run -------------------------------------------------------------
 
-    def _per_step(self) -> int:
+    def run_at(self, step: int) -> int:
+        """The run's tokens before global step ``step`` (under the layout stages, :mod:`planner.layout`)."""
+        if self.layout_stages is not None:
+            return self.layout_stages.run_at(step)
         assert self.seq_len is not None
-        return self.settings.lanes * self.seq_len
+        return step * self.settings.lanes * self.seq_len
 
     def _enter(self, ent: _Entry, windows: int) -> _Entry:
         """The entry ``windows`` windows into ``ent``'s stage, as if the next stage began there."""
@@ -478,7 +484,7 @@ class Interleave:
         last = self._entries[-1]
         if last.stage + 1 >= len(self.stages):
             return None
-        end = self.stages[last.stage + 1].start * self._per_step()
+        end = self.run_at(self.stages[last.stage + 1].start)
         n = self._first_reaching(last, end - last.run)
         ent = self._enter(last, -(-n // self.settings.window))
         self._entries.append(ent)
@@ -556,10 +562,29 @@ class Interleave:
         old, new = self.stages, tuple(stages)
         k = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), min(len(old), len(new)))
         if k == len(old) == len(new):
-            return self.first_window_at(old[-1].start * self._per_step())
+            return 1 << 62  # nothing changes
         first = min(x.start for x in (*old[k : k + 1], *new[k : k + 1]))
-        cut = self.first_window_at(first * self._per_step())
         self.stages = new
+        return self._rewind(k, self.run_at(first))
+
+    def relayout(self, layout: Layout | None) -> int:
+        """Take other layout stages, which place the weight stages' steps; the first unit the change can touch."""
+        old, self.layout_stages = self.layout_stages, layout
+        for k, st in enumerate(self.stages[1:], 1):
+            a = old.run_at(st.start) if old is not None else None
+            b = layout.run_at(st.start) if layout is not None else None
+            if a != b:
+                return self._rewind(k, min(x for x in (a, b) if x is not None))
+        return 1 << 62  # no stage moves
+
+    def _rewind(self, k: int, run: int) -> int:
+        """Forget the entries of stage ``k`` on; the first window at or after run token ``run``.
+
+        The windows before it are in the stages before ``k``, the same under the old and
+        the new stages (and layout), so the answer does not depend on which entries of
+        stage ``k`` on were computed; those are forgotten and found again when asked.
+        """
+        cut = self.first_window_at(run)
         self._entries = self._entries[:k]
         self._states = {key: v for key, v in self._states.items() if key[0] < k}
         self._segments.clear()
@@ -628,7 +653,12 @@ class MixturePlan(Plan):
     """
 
     def __init__(
-        self, idx: MixtureIndex, settings: PlanSettings, stages: Sequence[Stage], seq_len: int | None = None
+        self,
+        idx: MixtureIndex,
+        settings: PlanSettings,
+        stages: Sequence[Stage],
+        seq_len: int | None = None,
+        layout: Layout | None = None,
     ) -> None:
         self.mixture = idx
         self.stages = tuple(stages)
@@ -641,7 +671,7 @@ class MixturePlan(Plan):
         order: EpochOrder = (
             Permutation(*counts, settings)
             if len(idx.parts) == 1
-            else Interleave(idx, counts, settings, self.stages, seq_len)
+            else Interleave(idx, counts, settings, self.stages, seq_len, layout)
         )
         super().__init__(idx, settings, order)
 
@@ -666,6 +696,15 @@ class MixturePlan(Plan):
             raise ConfigError(msg)
         unit = self.order.add_stage(stage)
         self.stages = self.order.stages
+        self._epochs.clear()
+        return unit
+
+    def relayout(self, layout: Layout | None) -> int:
+        """Take other layout stages (a live ``set_layout``, a resume's); the first unit the change can touch."""
+        self.layout = layout
+        if not isinstance(self.order, Interleave):
+            return 1 << 62
+        unit = self.order.relayout(layout)
         self._epochs.clear()
         return unit
 
@@ -722,7 +761,7 @@ class MixturePlan(Plan):
         return pl.DataFrame(rows)
 
     def _extra_tables(self) -> dict[str, pl.DataFrame]:
-        return {"sources": self.sources(), "stages": self.stages_table()}
+        return {"sources": self.sources(), "stages": self.stages_table(), **super()._extra_tables()}
 
 
 def finish_keys(c: I64, weight: int, total: int) -> I64:

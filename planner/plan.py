@@ -26,9 +26,10 @@ Everything here is numpy on the index's columns: no I/O, no hidden state.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -38,16 +39,19 @@ from numpy.typing import NDArray
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
 from planner.lanes import cut_at, lane_of, piece_range
+from planner.layout import Layout
 from planner.rowgroups import RowGroupIndex, SelectedRows, stream_counts, with_selected
 from planner.storage import Storage, duckdb_filesystems
 
 __all__ = [
     "EpochOrder",
     "EpochPlan",
+    "LanesPlan",
     "Permutation",
     "Plan",
     "PlanSettings",
     "check_int",
+    "cut_epoch",
     "epoch_of_step",
     "layout_epoch",
     "plan_epoch",
@@ -206,20 +210,55 @@ def layout_epoch(
     pos = np.arange(g, dtype=np.int64)
     window = pos // s.window
     tok = tokens[order]
-    n = rows[order]
-    emp = empty_docs[order]
     starts = np.arange(0, g, s.window, dtype=np.int64)
     window_tokens = np.add.reduceat(tok, starts) if g else np.zeros(0, np.int64)
     before = np.cumsum(tok) - tok
     token_start = before - before[starts][window] if g else before
+    return cut_epoch(
+        epoch,
+        order,
+        window,
+        token_start,
+        window_tokens.astype(np.int64, copy=False),
+        tokens,
+        rows,
+        empty_docs,
+        lanes=s.lanes,
+        world=s.world,
+        run_before=run_before,
+    )
+
+
+def cut_epoch(
+    epoch: int,
+    order: I64,
+    window: I64,
+    token_start: I64,
+    window_tokens: I64,
+    tokens: I64,
+    rows: I64,
+    empty_docs: I64,
+    *,
+    lanes: int,
+    world: int,
+    run_before: int,
+) -> EpochPlan:
+    """An epoch's lane cuts and reads for ``lanes`` lanes over ``world`` ranks (its windows given).
+
+    What :func:`layout_epoch` does after placing the windows; a layout stage with
+    other lanes (:mod:`planner.layout`) cuts the same windows again with it.
+    """
+    tok = tokens[order]
+    n = rows[order]
+    emp = empty_docs[order]
     prefix = np.cumsum(window_tokens) - window_tokens
-    window_z = (run_before % s.lanes + prefix % s.lanes) % s.lanes
+    window_z = (run_before % lanes + prefix % lanes) % lanes
     lo, hi = piece_range(token_start, tok, emp)
     t_w = window_tokens[window]
-    q, r, z = t_w // s.lanes, t_w % s.lanes, window_z[window]
-    lanes_per_rank = s.lanes // s.world
-    first = lane_of(lo, q, r, z, s.lanes) // lanes_per_rank
-    last = lane_of(hi, q, r, z, s.lanes) // lanes_per_rank
+    q, r, z = t_w // lanes, t_w % lanes, window_z[window]
+    lanes_per_rank = lanes // world
+    first = lane_of(lo, q, r, z, lanes) // lanes_per_rank
+    last = lane_of(hi, q, r, z, lanes) // lanes_per_rank
     first = np.where(n > 0, first, -1)
     last = np.where(n > 0, last, -1)
 
@@ -227,13 +266,13 @@ def layout_epoch(
     # even if a row group spans across it. That needs T_w < B (else every lane gets
     # q >= 1 tokens), so only those windows get a (windows x world) table: memory
     # that grew with windows times ranks on every rank (docs/design.md, "One index per job").
-    short = np.flatnonzero(window_tokens < s.lanes).astype(np.int64)
-    rk = np.arange(s.world, dtype=np.int64)[None, :]
-    wq = (window_tokens[short] // s.lanes)[:, None]
-    wr = (window_tokens[short] % s.lanes)[:, None]
+    short = np.flatnonzero(window_tokens < lanes).astype(np.int64)
+    rk = np.arange(world, dtype=np.int64)[None, :]
+    wq = (window_tokens[short] // lanes)[:, None]
+    wr = (window_tokens[short] % lanes)[:, None]
     wz = window_z[short][:, None]
-    c_lo = cut_at(rk * lanes_per_rank, wq, wr, wz, s.lanes)
-    c_hi = cut_at((rk + 1) * lanes_per_rank, wq, wr, wz, s.lanes)
+    c_lo = cut_at(rk * lanes_per_rank, wq, wr, wz, lanes)
+    c_hi = cut_at((rk + 1) * lanes_per_rank, wq, wr, wz, lanes)
     owns = c_lo < c_hi
     owns[:, -1] = True
     return EpochPlan(
@@ -241,7 +280,7 @@ def layout_epoch(
         order=order,
         window=window,
         token_start=token_start,
-        window_tokens=window_tokens.astype(np.int64, copy=False),
+        window_tokens=window_tokens,
         window_z=window_z,
         first_rank=first,
         last_rank=last,
@@ -369,6 +408,7 @@ class Plan:
             order if order is not None else Permutation(self._tokens, self._rows, self._empty, settings)
         )
         self._epochs: OrderedDict[int, EpochPlan] = OrderedDict()
+        self.layout: Layout | None = None  # layout stages (planner.layout), where the run has them
 
     def __repr__(self) -> str:
         s = self.settings
@@ -426,8 +466,8 @@ class Plan:
         return self.order.windows_in(epoch)
 
     def _extra_tables(self) -> dict[str, pl.DataFrame]:
-        """More tables for :meth:`sql` (a mixture's sources and stages)."""
-        return {}
+        """More tables for :meth:`sql` (a mixture's sources and stages; ``layout`` under layout stages)."""
+        return {"layout": self.layout_table()} if self.layout is not None else {}
 
     def run_before(self, epoch: int) -> int:
         """Tokens of the run before ``epoch`` (``epoch * T`` for one source)."""
@@ -490,22 +530,74 @@ class Plan:
         )
 
     def lanes(self, epoch: int) -> pl.DataFrame:
-        """epoch, window_index, lane, rank, token_start, token_end: each lane's cut range."""
+        """epoch, window_index, lane, rank, token_start, token_end: each lane's cut range.
+
+        Under layout stages (:mod:`planner.layout`) each window is cut into the lanes of
+        the stage in force at its first token, and ``layout_stage`` says which; a window
+        in which a stage begins is then cut again (its rest, docs/design.md "Layout
+        stages"), which :meth:`layout_table` locates.
+        """
         ep = self.epoch(epoch)
-        b = self.settings.lanes
+        staged = self.layout is not None and self.layout.staged
         nw = ep.windows
-        window = np.repeat(np.arange(nw, dtype=np.int64), b)
-        lane = np.tile(np.arange(b, dtype=np.int64), nw)
-        t = ep.window_tokens[window]
-        q, r, z = t // b, t % b, ep.window_z[window]
-        return pl.DataFrame(
-            {
+        starts = self.run_before(epoch) + np.cumsum(ep.window_tokens) - ep.window_tokens
+        if staged:
+            assert self.layout is not None
+            stage_of = np.searchsorted(np.array(self.layout.begins(), np.int64), starts, side="right") - 1
+        else:
+            stage_of = np.zeros(nw, np.int64)
+        parts = []
+        for i in np.unique(stage_of).tolist():
+            b = self.layout.stages[i].lanes if staged and self.layout is not None else self.settings.lanes
+            wins = np.flatnonzero(stage_of == i)
+            window = np.repeat(wins, b)
+            lane = np.tile(np.arange(b, dtype=np.int64), len(wins))
+            t = ep.window_tokens[window]
+            q, r, z = t // b, t % b, starts[window] % b
+            frame = {
                 "epoch": np.full(len(lane), epoch, dtype=np.int64),
                 "window_index": window,
                 "lane": lane,
                 "rank": lane // (b // self.settings.world),
                 "token_start": cut_at(lane, q, r, z, b),
                 "token_end": cut_at(lane + 1, q, r, z, b),
+            }
+            if staged:
+                frame["layout_stage"] = np.full(len(lane), i, np.int64)
+            parts.append(pl.DataFrame(frame))
+        return pl.concat(parts) if parts else pl.DataFrame(parts)
+
+    def layout_table(self) -> pl.DataFrame:
+        """The layout stages: layout_stage, start_step, lanes, seq_len, tokens_per_step, start_token.
+
+        ``start_token`` is the run's tokens before the stage; ``recut_epoch`` and
+        ``recut_window_index`` name the window its first step cuts again (null at a
+        window's edge). A plan made without ``seq_len`` has no steps to place: refused.
+        """
+        lay = self.layout
+        if lay is None:
+            msg = "the plan has no layout: give seq_len= (and lanes= in stages, if any) to planner.plan"
+            raise ConfigError(msg)
+        begins = lay.begins()
+        ep_of, win_of = [], []
+        for x in begins:
+            e = self.epoch_of_run(x)
+            wt = self.epoch(e).window_tokens
+            ends = np.cumsum(wt)
+            w = int(np.searchsorted(ends, x - self.run_before(e), side="right"))
+            inside = x > 0 and self.run_before(e) + int(ends[w] - wt[w]) < x
+            ep_of.append(e if inside else None)
+            win_of.append(w if inside else None)
+        return pl.DataFrame(
+            {
+                "layout_stage": list(range(len(lay))),
+                "start_step": [s.start for s in lay.stages],
+                "lanes": [s.lanes for s in lay.stages],
+                "seq_len": [s.seq_len for s in lay.stages],
+                "tokens_per_step": [s.per_step for s in lay.stages],
+                "start_token": begins,
+                "recut_epoch": pl.Series(ep_of, dtype=pl.Int64),
+                "recut_window_index": pl.Series(win_of, dtype=pl.Int64),
             }
         )
 
@@ -524,11 +616,30 @@ class Plan:
             }
         )
 
-    def sql(self, query: str, epochs: Iterable[int] = (0,)) -> pl.DataFrame:
-        """Run DuckDB SQL over ``index``, ``row_groups``, ``lanes`` and ``reads``.
+    def pieces(self, epoch: int, *, seq_len: int | None = None, lengths: Any = None) -> pl.LazyFrame:
+        """One row per piece of ``epoch``: step, rank, lane, start, length, file, row_group, row, ...
+
+        Computed a batch of windows at a time as the frame is read (:mod:`planner.pieces`).
+        ``lengths`` are every document's token length in index order (default: the
+        runtime's cached document pass, plitzer); ``seq_len`` is the run's.
+        """
+        from planner.pieces import pieces_frame
+
+        return pieces_frame(self, epoch, seq_len, lengths)
+
+    def sql(
+        self, query: str, epochs: Iterable[int] = (0,), *, external_access: bool = False, seq_len: int | None = None
+    ) -> pl.DataFrame:
+        """Run DuckDB SQL over ``index``, ``row_groups``, ``lanes`` and ``reads`` (and ``pieces``).
 
         The tables hold the given epochs. Frames reach DuckDB through Arrow,
-        without a copy into a database.
+        without a copy into a database. The query is any DuckDB SQL over them, but
+        it runs with DuckDB's external access off (it reads no file, URL or
+        extension; a query that tries is a ConfigError saying so) unless
+        ``external_access=True``: then ``read_parquet`` of the dataset's own files
+        works too, through the same storages (credentials included), so pass it
+        only for queries you wrote. A query that names ``pieces`` (needs ``seq_len``)
+        streams :meth:`pieces` of those epochs, read once.
 
         Examples
         --------
@@ -550,15 +661,27 @@ class Plan:
             "reads": pl.concat([self.reads(e) for e in eps]) if eps else self.reads(0).clear(),
         }
         tables.update(self._extra_tables())
-        con = duckdb.connect()
+        con = duckdb.connect(config={"enable_external_access": bool(external_access)})
         try:
             for name, frame in tables.items():
                 con.register(name, frame.to_arrow())
+            if re.search(r"\bpieces\b", query, re.IGNORECASE):
+                from planner.pieces import pieces_reader
+
+                con.register("pieces", pieces_reader(self, eps, seq_len))
             # read_parquet('s3://...') in the query reaches the dataset's objects through
             # the same s3fs filesystem (DuckDB's httpfs extension may not be installable).
-            for fs in _duckdb_filesystems(self.dataset):
+            for fs in _duckdb_filesystems(self.dataset) if external_access else ():
                 con.register_filesystem(fs)
-            result: pl.DataFrame = con.sql(query).pl()
+            try:
+                result: pl.DataFrame = con.sql(query).pl()
+            except duckdb.PermissionException as e:
+                msg = (
+                    f"the query reads a file or URL ({' '.join(str(e).split())}), and plan.sql runs with "
+                    "DuckDB's external access off: it sees the plan's tables only. For a query you wrote, "
+                    "pass plan.sql(query, external_access=True) (CLI: plitzer plan ... --external-access)"
+                )
+                raise ConfigError(msg) from e
             return result
         finally:
             con.close()
@@ -619,6 +742,50 @@ class Plan:
                 }
             )
         return pl.concat(parts)
+
+
+class LanesPlan(Plan):
+    """``base`` cut into ``lanes`` lanes (a layout stage, :mod:`planner.layout`): the same windows.
+
+    Units, epochs and the run's tokens are the base plan's (its epoch order is shared,
+    so a mixture's live stages reach it); each epoch's cuts, ``z`` and reads are
+    computed again for ``lanes`` (``z`` counting the run's tokens mod ``lanes``).
+    """
+
+    def __init__(self, base: Plan, lanes: int) -> None:  # the base's index and order: nothing read again
+        self.base = base
+        self.dataset = base.dataset
+        self.settings = replace(base.settings, lanes=lanes)
+        self._tokens, self._rows, self._empty = base._tokens, base._rows, base._empty
+        self.order = base.order
+        self._epochs = OrderedDict()
+        self._bases: dict[int, EpochPlan] = {}
+        self.layout = base.layout
+
+    def epoch(self, epoch: int) -> EpochPlan:
+        ep = self.base.epoch(epoch)
+        got = self._epochs.get(epoch)
+        if got is None or self._bases.get(epoch) is not ep:  # the base planned it again (a live stage)
+            s = self.settings
+            got = cut_epoch(
+                epoch,
+                ep.order,
+                ep.window,
+                ep.token_start,
+                ep.window_tokens,
+                self._tokens,
+                self._rows,
+                self._empty,
+                lanes=s.lanes,
+                world=s.world,
+                run_before=self.run_before(epoch),
+            )
+            self._epochs[epoch] = got
+            self._bases[epoch] = ep
+            if len(self._epochs) > 4:
+                old, _ = self._epochs.popitem(last=False)
+                self._bases.pop(old, None)
+        return got
 
 
 def _scan_parquet(location: str, storage: Storage) -> pl.LazyFrame:

@@ -3,8 +3,9 @@
 :class:`S3Storage` is the S3 backend of :class:`planner.storage.Storage`: one listing
 request per 1,000 objects, and every ranged GET straight through the aiobotocore
 client with ``If-Match`` on the ETag from indexing and checked lengths, retried by
-tenacity where the failure is transient (throttling, 5xx, resets, timeouts, short
-bodies), then a :class:`StorageError` naming object, byte range, attempts and cause.
+planner.retry where the failure is transient (throttling, 5xx, resets, timeouts, short
+bodies) for up to ``retry_deadline`` seconds, then a :class:`StorageError` naming object,
+byte range, the time waited and the cause.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from planner.storage import FileStat, check_range, list_prefix, select_parquet
 
 __all__ = ["S3Storage"]
 
-# Retries: attempt k (from 0) waits about backoff * 2**k (jittered, capped) first.
-_RETRY_ATTEMPTS = 8
+# Retries: attempt k (from 0) waits about backoff * 2**k (jittered, capped) first, for as
+# long as retry_deadline allows (planner.retry).
 _RETRY_BACKOFF = 0.1
 # An attempt never runs longer than connect + read timeout plus the body at this rate,
 # so a server that trickles bytes cannot hold a read forever.
@@ -37,6 +38,7 @@ _S3_OPTIONS = (
     "token",
     "anon",
     "attempts",
+    "retry_deadline",
     "backoff",
     "read_timeout",
     "connect_timeout",
@@ -68,7 +70,9 @@ class S3Storage(Retrying):
     ``token`` and ``anon``; anything omitted comes from the usual ``AWS_*``
     variables (``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``, ``AWS_REGION``/
     ``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID``, ...) and botocore's profiles.
-    Tuning: ``attempts`` (8), ``backoff`` (0.1 s, doubled per attempt),
+    Tuning: ``retry_deadline`` (600 s: how long a request keeps retrying a store
+    that does not answer; 0 fails at once), ``attempts`` (no bound but the
+    deadline, unless given), ``backoff`` (0.1 s, doubled per attempt, capped at 10 s),
     ``read_timeout`` (30 s), ``connect_timeout`` (10 s), ``concurrency`` (16
     reader threads the loader uses at least; requests in flight start capped at
     twice that, at least 64), ``list_page_size`` (1,000 keys a listing request).
@@ -79,16 +83,15 @@ class S3Storage(Retrying):
     instead of decoded. Throttling (503 SlowDown, 429), other 5xx, connection
     resets, timeouts and bodies shorter than the range are retried with
     jittered exponential backoff (:mod:`planner.retry`), and throttling halves
-    the requests in flight, which then grow back (AIMD); after ``attempts`` the
-    read fails with a StorageError naming the object, the range and the last
-    cause. A body whose length differs from the range is never returned.
+    the requests in flight, which then grow back (AIMD); past ``retry_deadline``
+    (or ``attempts``) the read fails with a StorageError naming the object, the
+    range, the time waited and the last cause. A body whose length differs from the range is never returned.
     :attr:`retries` counts the attempts beyond the first.
     """
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         try:
             import s3fs
-            import tenacity  # noqa: F401  (the retries, in _run)
         except ImportError as e:
             msg = f"source {url!r}: reading S3 needs s3fs; install it with: pip install 'plitzer[s3]'"
             raise ConfigError(msg) from e
@@ -119,12 +122,12 @@ class S3Storage(Retrying):
             client_kwargs["region_name"] = region
         self.endpoint: str | None = endpoint or None
         self.region: str | None = region or None
-        self.take_tuning(opts, attempts=_RETRY_ATTEMPTS, backoff=_RETRY_BACKOFF)
+        self.take_tuning(opts, backoff=_RETRY_BACKOFF)
         config_kwargs.setdefault("read_timeout", self.read_timeout)
         config_kwargs.setdefault("connect_timeout", self.connect_timeout)
         # Footers are fetched by up to 32 threads at once; never queue on the pool.
         config_kwargs.setdefault("max_pool_connections", max(64, 2 * self.concurrency))
-        # Our retries (tenacity, in _run) own them, so that every failure is counted,
+        # Our retries (planner.retry, in _run) own them, so that every failure is counted,
         # bounded and reported with the object and range; botocore's and s3fs's would
         # hide them, and they cannot see a body cut short or a response past its deadline.
         config_kwargs.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
@@ -135,6 +138,7 @@ class S3Storage(Retrying):
         self._retrier = self.make_retrier(
             attempts=self.attempts,
             backoff=self.backoff,
+            deadline=self.retry_deadline,
             concurrency=self.concurrency,
             transient=_transient,
             throttled=_throttled,

@@ -4,14 +4,16 @@ The planner needs three things from storage: list the ``*.parquet`` files below 
 source, read a file's tail (the footer), and read a byte range (a token column
 chunk). Each backend implements :class:`Storage` (local disk here, S3 in
 :mod:`planner.s3`, Google Cloud Storage in :mod:`planner.gcs`, Azure Blob Storage
-in :mod:`planner.azure`); everything above it is the same code for every store,
+in :mod:`planner.azure`, the Hugging Face Hub in :mod:`planner.hf`, any HTTP server
+in :mod:`planner.http`); everything above it is the same code for every store,
 and the same tests run against all of them (tests/test_storage.py).
 
 A file is identified by a :class:`FileStat`: ``name`` is its path relative to the
 source (what the index, the fingerprint and checkpoints record, so that a dataset
 copied from disk to S3 stays the same dataset), ``location`` is where this
 storage finds it, and ``version`` (mtime in ns, the S3 or Azure ETag, the GCS
-generation) with ``size`` detect a file that changed after it was indexed.
+generation, the Hub's LFS sha256, an HTTP ETag or Last-Modified) with ``size``
+detect a file that changed after it was indexed.
 """
 
 from __future__ import annotations
@@ -34,8 +36,11 @@ __all__ = [
     "select_parquet",
 ]
 
-SCHEMES = ("s3://", "gs://", "gcs://", "az://", "abfs://", "abfss://")
-SOURCE_FORMS = "a folder, a .parquet file, or s3://, gs:// or az:// bucket/prefix"
+SCHEMES = ("s3://", "gs://", "gcs://", "az://", "abfs://", "abfss://", "hf://", "https://", "http://")
+SOURCE_FORMS = (
+    "a folder, a .parquet file, s3://, gs:// or az:// bucket/prefix, hf://datasets/ORG/NAME[@REVISION]/PATH, "
+    "or an https:// URL of a .parquet file or of a manifest listing them"
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,23 +12,28 @@ from planner import index, plan
 from plitzer import synth
 from plitzer.batch import Batch, Tokens
 from plitzer.errors import (
+    CacheWarning,
     CheckpointError,
     ConfigError,
     DataError,
     FileChangedError,
     PerformanceWarning,
     PlitzerError,
+    PlitzerWarning,
     StorageError,
+    StorageWaitWarning,
     UsageError,
 )
 from plitzer.explain import explain
 from plitzer.loader import Loader, LoaderSettings
+from plitzer.locate import locate
 from plitzer.state import load_checkpoint, merge, save_checkpoint
 
 __version__ = "0.3.0"  # the one source of the version: pyproject.toml reads it from here
 
 __all__ = [
     "Batch",
+    "CacheWarning",
     "CheckpointError",
     "ConfigError",
     "DataError",
@@ -37,13 +42,16 @@ __all__ = [
     "Loader",
     "LoaderSettings",
     "PlitzerError",
+    "PlitzerWarning",
     "StorageError",
+    "StorageWaitWarning",
     "Tokens",
     "UsageError",
     "__version__",
     "explain",
     "index",
     "load_checkpoint",
+    "locate",
     "merge",
     "plan",
     "save_checkpoint",

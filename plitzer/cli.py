@@ -1,4 +1,4 @@
-"""The ``plitzer`` command line: synth, index, plan, explain, audit, tokenize, demo, bench.
+"""The ``plitzer`` command line: synth, index, plan, explain, locate, audit, tokenize, demo, bench.
 
 Each subcommand has ``--help`` with examples. Tables print with rich on a
 terminal and as plain text otherwise (or CSV/JSON/Parquet with ``--format``).
@@ -16,6 +16,7 @@ from typing import Any
 import polars as pl
 
 from planner.errors import ConfigError
+from planner.layout import Layout
 from plitzer.mixfile import read_mixture
 
 __all__ = ["main"]
@@ -51,6 +52,12 @@ _EXAMPLES = {
         "examples:\n"
         "  plitzer explain data/sample --step 1200 --lanes 64 --window 8 --seq-len 2048\n"
         "  plitzer explain data/sample --step 1200 --lane 7 --lanes 64 --window 8 --format csv"
+    ),
+    "locate": (
+        "examples:\n"
+        "  plitzer locate data/sample --where \"url = 'https://example.com/a'\" --epochs 0:3 --lanes 64 --window 8\n"
+        '  plitzer locate data/sample --where "id in (3, 17)" --steps 120000 --lanes 512 --format csv\n'
+        "  plitzer locate data/sample --row part-00003.parquet:1234 --epochs 0 --world 8 --format json"
     ),
     "audit": (
         "examples:\n"
@@ -140,7 +147,11 @@ def _storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _add_source(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data", nargs="*", help="folder, .parquet file or s3://bucket/prefix (several allowed)")
+    p.add_argument(
+        "data",
+        nargs="*",
+        help="folder, .parquet file, s3://bucket/prefix, hf://datasets/ORG/NAME/PATH or https:// URL (several allowed)",
+    )
     p.add_argument(
         "--mixture",
         default=None,
@@ -149,7 +160,7 @@ def _add_source(p: argparse.ArgumentParser) -> None:
         "tables with step and weights = {NAME = w}",
     )
     p.add_argument("--column", default=None, help="token column (default: the one list<int32|uint32> column)")
-    p.add_argument("--endpoint", default=None, help="S3 endpoint URL")
+    p.add_argument("--endpoint", default=None, help="S3 endpoint URL (or the Hub's, for hf://; else HF_ENDPOINT)")
     p.add_argument("--region", default=None, help="S3 region")
     p.add_argument(
         "--where",
@@ -169,13 +180,37 @@ def _selection(args: argparse.Namespace) -> dict[str, Any]:
     return {"where": getattr(args, "where", None), "length_column": getattr(args, "length_column", None)}
 
 
+def _stages_arg(text: str) -> int | list[tuple[int, int]]:
+    """``512``, or layout stages ``0:512,90000:128`` (global step:value, from step 0)."""
+    try:
+        if ":" not in text:
+            return int(text)
+        pairs = [part.split(":") for part in text.split(",")]
+        return [(int(a), int(b)) for a, b in pairs]
+    except ValueError:
+        msg = (
+            f"{text!r}: give an integer, or layout stages STEP:VALUE,STEP:VALUE,... from step 0 (e.g. 0:512,90000:128)"
+        )
+        raise argparse.ArgumentTypeError(msg) from None
+
+
 def _add_settings(p: argparse.ArgumentParser, *, seq_len: bool = False) -> None:
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lanes", type=int, default=512, help="sequences per global batch (B)")
+    p.add_argument(
+        "--lanes",
+        type=_stages_arg,
+        default=512,
+        help="sequences per global batch (B), or layout stages STEP:B,STEP:B,... (e.g. 0:512,90000:128)",
+    )
     p.add_argument("--window", type=int, default=64, help="row groups shuffled together (W)")
     p.add_argument("--world", type=int, default=1, help="number of ranks (GPUs)")
     if seq_len:
-        p.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (L)")
+        p.add_argument(
+            "--seq-len",
+            type=_stages_arg,
+            default=2048,
+            help="tokens per sequence (L), or layout stages STEP:L,STEP:L,... (e.g. 0:2048,90000:8192)",
+        )
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
@@ -248,6 +283,11 @@ def cmd_index(args: argparse.Namespace) -> int:
         columns["row_groups_emptied"] = [int((f["rows_selected"] == 0).sum())]
     columns.update({"column": [ix.column], "dtype": [ix.dtype], "fingerprint": [ix.fingerprint[:16]]})
     _print_frame(pl.DataFrame(columns), args.format, None, title="index")
+    from planner.hf import HFStorage
+
+    pinned = {st.pinned for st in map(ix.storage, range(len(ix.files))) if isinstance(st, HFStorage)}
+    for url in sorted(pinned):  # what a later run passes to read these very files
+        print(f"at its commit: {url}", file=sys.stderr)
     per_rg = f.select(
         pl.col("tokens").min().alias("min"),
         pl.col("tokens").quantile(0.5).cast(pl.Int64).alias("median"),
@@ -284,7 +324,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         **_selection(args),
     )
     if args.sql:
-        _print_frame(p.sql(args.sql, epochs=[args.epoch]), args.format, args.out)
+        _print_frame(p.sql(args.sql, epochs=[args.epoch], external_access=args.external_access), args.format, args.out)
         return 0
     if args.table:
         tables = {
@@ -293,6 +333,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "lanes": lambda: p.lanes(args.epoch),
             "reads": lambda: p.reads(args.epoch),
             "sources": lambda: _sources_table(p),
+            "layout": p.layout_table,
         }
         _print_frame(tables[args.table](), args.format, args.out, title=f"{args.table}, epoch {args.epoch}")
         return 0
@@ -339,8 +380,67 @@ def cmd_explain(args: argparse.Namespace) -> int:
         rows = docs["lane"].n_unique()
         units = docs.select("epoch", "window_index").unique().sort("epoch", "window_index").rows()
         where = ", ".join(f"epoch {e} window {w}" for e, w in units)
-        print(f"step {args.step}: {docs.height} document pieces in {rows} sequences of {args.seq_len} tokens ({where})")
+        n = Layout.of(lanes=args.lanes, seq_len=args.seq_len).at(args.step).seq_len
+        print(f"step {args.step}: {docs.height} document pieces in {rows} sequences of {n} tokens ({where})")
     _print_frame(docs, args.format, args.out, title=f"step {args.step}")
+    return 0
+
+
+def _rows_arg(values: list[str] | None) -> list[tuple[Any, ...]] | None:
+    """``--row FILE:ROW`` (or ``FILE:ROW_GROUP:ROW``) values as locate's ``rows=``."""
+    if not values:
+        return None
+    out: list[tuple[Any, ...]] = []
+    for v in values:
+        parts = v.split(":")
+        ints = 0
+        while ints < min(2, len(parts) - 1) and parts[-1 - ints].strip().isdigit():
+            ints += 1
+        if ints == 0:
+            msg = f"--row {v!r} is not FILE:ROW or FILE:ROW_GROUP:ROW, e.g. part-00000.parquet:17"
+            raise ConfigError(msg)
+        out.append((":".join(parts[:-ints]), *(int(x) for x in parts[-ints:])))
+    return out
+
+
+def cmd_locate(args: argparse.Namespace) -> int:
+    from plitzer.locate import locate
+
+    source, weights = _source_of(args)
+    steps: Any = args.steps
+    if steps is not None and ":" in steps:
+        a, _, b = steps.partition(":")
+        steps = (int(a), int(b)) if a.strip().isdigit() and b.strip().isdigit() else steps
+    elif steps is not None and steps.strip().isdigit():
+        steps = int(steps)
+    extra: dict[str, Any] = {"rank": args.rank} if args.rank is not None else {}
+    if args.length_column:
+        extra["length_column"] = args.length_column
+    docs = locate(
+        source,
+        args.where,
+        rows=_rows_arg(args.row),
+        epochs=args.epochs,
+        steps=steps,
+        selection=args.selection,
+        progress=True,
+        seed=args.seed,
+        lanes=args.lanes,
+        window=args.window,
+        seq_len=args.seq_len,
+        world=args.world,
+        column=args.column,
+        storage_options=_storage_options(args),
+        weights=weights,
+        **extra,
+    )
+    if args.format == "table" and not args.out:
+        keys = [c for c in ("source", "file", "row_group", "row") if c in docs.columns]
+        n = docs.select(keys).n_unique() if docs.height else 0
+        steps = docs["step"].to_numpy()
+        span = f", steps {int(steps.min())}..{int(steps.max())}" if docs.height else ""
+        print(f"{docs.height} pieces of {n} documents in {docs['step'].n_unique()} steps{span}")
+    _print_frame(docs, args.format, args.out, title="pieces")
     return 0
 
 
@@ -492,7 +592,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sql", default=None, help="DuckDB SQL over index, row_groups, lanes, reads (and a mixture's sources, stages)"
     )
-    p.add_argument("--table", choices=["index", "row_groups", "lanes", "reads", "sources"], default=None)
+    p.add_argument(
+        "--external-access",
+        action="store_true",
+        help="let --sql read files and URLs (read_parquet of the dataset); off by default",
+    )
+    p.add_argument("--table", choices=["index", "row_groups", "lanes", "reads", "sources", "layout"], default=None)
     p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
     p.add_argument("--out", default=None, help="write to this file instead of printing")
     p.set_defaults(func=cmd_plan)
@@ -517,6 +622,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
     p.add_argument("--out", default=None, help="write to this file instead of printing")
     p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser(
+        "locate",
+        help="when the run saw these documents: every step, lane and offset, without replaying it",
+        description=(
+            "Every piece (step, rank, lane, start, length, token offset) of the documents --where (or --row) "
+            "names, from the plan and the token lengths of the row groups that share their lanes."
+        ),
+        epilog=_EXAMPLES["locate"],
+        formatter_class=fmt,
+    )
+    p.add_argument("data", nargs="*", help="folder, .parquet file or s3://bucket/prefix (several allowed)")
+    p.add_argument("--mixture", default=None, metavar="FILE", help="a mixture file (TOML), as for plan")
+    p.add_argument("--column", default=None, help="token column (default: the one list<int32|uint32> column)")
+    p.add_argument("--endpoint", default=None, help="S3 endpoint URL")
+    p.add_argument("--region", default=None, help="S3 region")
+    p.add_argument("--where", default=None, help="the documents: a DuckDB SQL condition over the dataset's columns")
+    p.add_argument("--row", action="append", metavar="FILE:ROW", help="a document by place (FILE:ROW_GROUP:ROW too)")
+    p.add_argument("--epochs", default=None, help="epochs to search, 'a:b' (b excluded) or one (default: 0)")
+    p.add_argument("--steps", default=None, help="only these steps: N (the first N) or 'a:b'")
+    p.add_argument("--selection", default=None, help="the run's own where= (rows it trains on)")
+    p.add_argument("--length-column", default=None, help="an integer column of each row's token count")
+    _add_settings(p, seq_len=True)
+    p.add_argument("--rank", type=int, default=None, help="with --world: only this rank's lanes")
+    p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
+    p.add_argument("--out", default=None, help="write to this file instead of printing")
+    p.set_defaults(func=cmd_locate)
 
     p = sub.add_parser(
         "audit",

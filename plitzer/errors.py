@@ -5,6 +5,7 @@ The classes are defined in :mod:`planner.errors` (``planner`` never imports
 """
 
 from planner.errors import (
+    CacheWarning,
     CheckpointError,
     ConfigError,
     DamagedChunkError,
@@ -12,15 +13,18 @@ from planner.errors import (
     FileChangedError,
     PerformanceWarning,
     PlitzerError,
+    PlitzerWarning,
     SelectionError,
     StaleIndexError,
     StorageError,
+    StorageWaitWarning,
     TokenizerChangedError,
     TokenRangeError,
     UsageError,
 )
 
 __all__ = [
+    "CacheWarning",
     "CheckpointError",
     "ConfigError",
     "DamagedChunkError",
@@ -28,9 +32,11 @@ __all__ = [
     "FileChangedError",
     "PerformanceWarning",
     "PlitzerError",
+    "PlitzerWarning",
     "SelectionError",
     "StaleIndexError",
     "StorageError",
+    "StorageWaitWarning",
     "TokenRangeError",
     "TokenizerChangedError",
     "UsageError",

@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from planner.api import PathSource, open_index
-from planner.cache import cache_dir, digest, write_atomic
+from planner.cache import cache_dir, digest, discard, read_entry, write_entry
 from planner.errors import ConfigError, DataError
 from planner.hashing import mix_array
 from planner.plan import check_int
@@ -59,7 +59,7 @@ I64 = NDArray[np.int64]
 U64 = NDArray[np.uint64]
 Source = RowGroupIndex | PathSource
 
-_FORMAT = "1"
+_FORMAT = "2"  # 2: entries with a length and checksum (planner.cache)
 _memo: OrderedDict[str, tuple[I64, U64]] = OrderedDict()
 _memo_lock = threading.Lock()
 
@@ -102,23 +102,21 @@ def document_pass(ix: RowGroupIndex, *, progress: bool | None = None, threads: i
             return got
     rows = stream_counts(ix.frame)[1].to_numpy().astype(np.int64)  # the selected rows where selected
     result: tuple[I64, U64] | None = None
-    if path.exists():
+    raw = read_entry(path)
+    if raw is not None:
         try:
-            t = pq.read_table(path)
+            t = pq.ParquetFile(pa.BufferReader(raw)).read()
             lengths = t["length"].to_numpy().astype(np.int64)
             hashes = t["hash"].to_numpy().astype(np.uint64)
             if len(lengths) == int(rows.sum()):
                 result = (lengths, hashes)
-        except (OSError, KeyError, pa.ArrowException):
-            pass  # a damaged cache entry is rebuilt, never trusted
+        except (OSError, KeyError, pa.ArrowException) as e:
+            discard(path, f"unreadable: {type(e).__name__}")  # rebuilt, never trusted
     if result is None:
         result = _read_documents(ix, progress=progress, threads=threads)
-        try:
-            buf = pa.BufferOutputStream()
-            pq.write_table(pa.table({"length": result[0], "hash": result[1]}), buf)
-            write_atomic(path, buf.getvalue().to_pybytes())
-        except OSError:
-            pass  # a read-only cache costs time, not correctness
+        buf = pa.BufferOutputStream()
+        pq.write_table(pa.table({"length": result[0], "hash": result[1]}), buf)
+        write_entry(path, buf.getvalue().to_pybytes())  # a folder that cannot be written costs time, not rows
     with _memo_lock:
         _memo[str(path)] = result
         while len(_memo) > 4:
@@ -258,15 +256,22 @@ def explain(
     """
     step = check_int("step", step, 0, "steps count from 0")
     s = LoaderSettings.of(**settings)
+    only = None
     if lane is not None:
         lane = check_int("lane", lane, 0, "lanes count from 0")
-        if lane >= s.lanes:
-            msg = f"lane={lane} is out of range for lanes={s.lanes}; use a lane in 0..{s.lanes - 1}"
+        lanes = s.stages.at(step).lanes  # the layout stage in force at the step
+        if lane >= lanes:
+            msg = f"lane={lane} is out of range for lanes={lanes} (at step {step}); use a lane in 0..{lanes - 1}"
             raise ConfigError(msg)
-        # One lane is the one lane of rank `lane` in a world of `lanes` ranks: the
-        # loader then reads only the row groups that can hold that lane's documents.
-        s = replace(s, plan=replace(s.plan, world=s.lanes), rank=lane)
+        if s.stages.staged:  # other stages' lanes need not divide into one lane a rank: pick the lane after
+            s, only = replace(s, plan=replace(s.plan, world=1), rank=0), lane
+        else:
+            # One lane is the one lane of rank `lane` in a world of `lanes` ranks: the
+            # loader then reads only the row groups that can hold that lane's documents.
+            s = replace(s, plan=replace(s.plan, world=s.lanes), rank=lane)
     with Loader.from_settings(source, s) as loader:
         loader.seek(step)
         docs = loader.next_batch().documents()
+    if only is not None:
+        docs = docs.filter(pl.col("lane") == only)
     return docs.drop("batch_row").select(pl.lit(step, pl.Int64).alias("step"), pl.all())

@@ -119,6 +119,15 @@ def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def _replay(loader: Loader, calls: list[tuple[str, tuple[Any, ...]]]) -> None:
+    """Make a dataset's live calls (``set_weights``, ``set_layout``) on a new iterator's loader, in order."""
+    for kind, args in calls:
+        if kind == "weights":
+            loader.set_weights(*args)
+        else:
+            loader.set_layout(*args)
+
+
 def element_of(batch: Batch, *, boundaries: bool = True) -> Element:
     """A loader batch as a Grain element (the tokens are the batch's memory, not a copy).
 
@@ -200,7 +209,8 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
         self._num_epochs = num_epochs
         self._boundaries = bool(boundaries)
         self._iterators: weakref.WeakSet[DatasetIterator] = weakref.WeakSet()
-        self._stages: list[tuple[Mapping[str, Any] | None, int]] = []  # live stages, for later iterators
+        # Live stages, for later iterators: ("weights", (weights, at_step)) or ("layout", (lanes, seq_len, at_step)).
+        self._stages: list[tuple[str, tuple[Any, ...]]] = []
 
     @property
     def settings(self) -> LoaderSettings:
@@ -216,8 +226,7 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
 
     def __iter__(self) -> DatasetIterator:
         loader = Loader.from_settings(self._source, self._settings)
-        for weights, at_step in self._stages:
-            loader.set_weights(weights, at_step)
+        _replay(loader, self._stages)
         it = DatasetIterator(loader, num_epochs=self._num_epochs, boundaries=self._boundaries)
         self._iterators.add(it)
         return it
@@ -235,16 +244,49 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
         if at_step is None:
             probe = its[0].loader if its else Loader.from_settings(self._source, self._settings)
             try:
-                for w, s in [] if its else self._stages:
-                    probe.set_weights(w, s)
+                _replay(probe, [] if its else self._stages)
                 at_step = live.earliest_step(probe.plan, probe.step, self._settings.seq_len)
             finally:
                 if not its:
                     probe.close()
         for it in its:
             it.set_weights(weights, at_step)
-        self._stages.append((weights, at_step))
+        self._stages.append(("weights", (weights, at_step)))
         return at_step
+
+    def set_layout(self, lanes: int | None = None, seq_len: int | None = None, at_step: int | None = None) -> int:
+        """Append a layout stage, in every iterator of this dataset and in those made later.
+
+        As :meth:`plitzer.Loader.set_layout`, on the iterators' loaders: ``at_step``
+        defaults to the earliest step the most advanced open iterator allows (the next
+        batch's; step 1 when none is open); returns the stage's step. From that step the
+        elements have the new shape (a jitted step sees a new shape and compiles once
+        more; docs/grain.md). Every process must make the same call at the same step:
+        Grain has no collective to check it.
+        """
+        its = sorted((it for it in self._iterators if not it.closed), key=lambda it: -it.loader.step)
+        if at_step is None:
+            probe = its[0].loader if its else Loader.from_settings(self._source, self._settings)
+            try:
+                _replay(probe, [] if its else self._stages)
+                at_step = probe.earliest_layout_step()
+            finally:
+                if not its:
+                    probe.close()
+        for it in its:
+            it.set_layout(lanes, seq_len, at_step)
+        self._stages.append(("layout", (lanes, seq_len, at_step)))
+        return at_step
+
+    def mp_prefetch(self, *args: Any, **kwargs: Any) -> Any:
+        """Refused at once: Grain's worker processes would each read the same steps again.
+
+        Overridden so that the refusal comes before Grain reads its absl flags (in a
+        plain script, without ``absl.app.run``, those fail first with
+        ``UnparsedFlagAccessError``). ``dataset.map(f).mp_prefetch()`` reaches Grain's
+        own method, whose flag check comes first: docs/grain.md says what to do.
+        """
+        raise ConfigError(_WORKERS)
 
     def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
         """Refused: Grain slices a source for its worker processes and thread shards."""
@@ -327,7 +369,7 @@ class DatasetIterator(grain.DatasetIterator):  # type: ignore[misc]
         st = ckpt.decode(part)
         fit = loader.fit(st, "Grain state")
         lanes = set(st.positions[:, 0].tolist())
-        if lanes.issuperset(loader.rank_lanes):
+        if lanes.issuperset(loader.lanes_after(fit, st.step)):
             loader.resume(part)
         else:
             loader.take_stages(fit)
@@ -340,6 +382,12 @@ class DatasetIterator(grain.DatasetIterator):  # type: ignore[misc]
         self._assert_not_closed()
         self._state = None
         return self._loader.set_weights(weights, at_step)
+
+    def set_layout(self, lanes: int | None = None, seq_len: int | None = None, at_step: int | None = None) -> int:
+        """Append a layout stage (:meth:`plitzer.Loader.set_layout`); the step it starts at."""
+        self._assert_not_closed()
+        self._state = None
+        return self._loader.set_layout(lanes, seq_len, at_step)
 
     @property
     def closed(self) -> bool:

@@ -28,7 +28,7 @@ stage weighs, so no window moves or changes its (epoch, window) label.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,7 @@ from planner.errors import CheckpointError, ConfigError
 from planner.mixture import Interleave, MixturePlan
 from planner.plan import Plan, check_int
 from planner.sources import Stage, parse_stages
+from plitzer.state import layout_of
 
 __all__ = ["Reconciled", "earliest_step", "live_stage", "reconcile"]
 
@@ -63,9 +64,14 @@ def _order(plan: Plan) -> Interleave:
 def earliest_step(plan: Plan, step: int, seq_len: int) -> int:
     """The earliest step a stage may start at when the next batch is ``step`` (module docstring)."""
     mix = _mixture(plan)
-    per_step = plan.settings.lanes * seq_len
-    unbegun = _order(plan).first_window_at(step * per_step)
-    begun = 0 if unbegun == 0 else _order(plan).window_start(unbegun - 1) // per_step + 1
+    order = _order(plan)
+    unbegun = order.first_window_at(order.run_at(step))
+    last = 0 if unbegun == 0 else order.window_start(unbegun - 1)  # the last window begun
+    if order.layout_stages is not None:
+        begun = 0 if unbegun == 0 else order.layout_stages.step_at_run(last + 1)
+    else:
+        per_step = plan.settings.lanes * seq_len
+        begun = 0 if unbegun == 0 else last // per_step + 1
     return max(begun, mix.stages[-1].start + 1)
 
 
@@ -109,6 +115,31 @@ class Reconciled:
     loader: dict[str, Any]
     stages: list[Stage]
     added: list[str]
+    layout: list[list[int]] = field(default_factory=list)  # layout stages to run (empty: its own)
+
+
+def reconcile_layout(checkpoint: Mapping[str, Any], loader: dict[str, Any], step: int) -> list[list[int]]:
+    """The layout stages a loader takes from a checkpoint (empty: its own), as :func:`reconcile` does for weights.
+
+    A checkpoint whose layout stages extend the loader's (stages added live by
+    ``set_layout``) gives the loader its list; one whose stages up to ``step`` extend the
+    loader's gives those, followed by the loader's stages after ``step`` when these start
+    later. ``loader`` (a config) is updated to the list taken, so that comparing it with
+    the checkpoint's refuses only a past that differs.
+    """
+    theirs, ours = layout_of(checkpoint), layout_of(loader)
+    past_theirs = [x for x in theirs if x[0] <= step]
+    past_ours = [x for x in ours if x[0] <= step]
+    take: list[list[int]] = []
+    if len(theirs) > len(ours) and theirs[: len(ours)] == ours:
+        take = theirs
+    elif len(past_theirs) > len(past_ours) and past_theirs[: len(past_ours)] == past_ours:
+        later = [x for x in ours if x[0] > step]
+        if not later or later[0][0] > past_theirs[-1][0]:
+            take = [*past_theirs, *later]
+    if take:
+        loader["layout"] = take if len(take) > 1 else []
+    return take
 
 
 def _full(stages: Sequence[Sequence[Any]], names: Sequence[str]) -> list[list[Any]]:
@@ -129,7 +160,7 @@ def reconcile(checkpoint: Mapping[str, Any], loader: Mapping[str, Any], step: in
     """
     ck, mine = dict(checkpoint), dict(loader)
     if not ck.get("sources") or not mine.get("sources"):
-        return Reconciled(ck, mine, [], [])
+        return Reconciled(ck, mine, [], [], reconcile_layout(ck, mine, step))
     ck_src, my_src = dict(map(tuple, ck["sources"])), dict(map(tuple, mine["sources"]))
     added: list[str] = []
     if set(ck_src) < set(my_src) and all(my_src[n] == fp for n, fp in ck_src.items()):
@@ -161,8 +192,8 @@ def reconcile(checkpoint: Mapping[str, Any], loader: Mapping[str, Any], step: in
             adopt = past_theirs[len(past_ours) :]
             mine["stages"] = [*past_theirs, *later]
     if not adopt:
-        return Reconciled(ck, mine, [], added)
+        return Reconciled(ck, mine, [], added, reconcile_layout(ck, mine, step))
     if mine["stages"] == ours:
         mine["stages"] = list(theirs)
     stages = [Stage(int(s), tuple(int(w[n]) for n in names)) for s, w in mine["stages"]]
-    return Reconciled(ck, mine, stages, added)
+    return Reconciled(ck, mine, stages, added, reconcile_layout(ck, mine, step))

@@ -23,23 +23,26 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from planner.errors import CheckpointError, ConfigError, DataError, PerformanceWarning, UsageError
+from planner.hf import revisions
 from planner.lanes import lane_positions
+from planner.layout import Layout, LayoutStage
 from planner.mixture import MixtureIndex, MixturePlan
-from planner.plan import Plan, check_int, epoch_of_step, row_group_counts
+from planner.plan import LanesPlan, Plan, check_int, row_group_counts
 from planner.sources import Weights
 from plitzer import live
 from plitzer import state as ckpt
 from plitzer.batch import Batch, Located, Tokens
 from plitzer.cost import budget_floor
-from plitzer.pack import PackedUnit, Segments, Slices, assemble
-from plitzer.scan import Scanner, Stats
+from plitzer.pack import PackedUnit, Recut, Segments, Slices, assemble
+from plitzer.scan import Scanner, Segment, Stats, lane_base
 from plitzer.select import select_config, source_rows
 from plitzer.settings import LoaderSettings, Source, default_threads, make_plan, open_source
 from plitzer.text import text_config
@@ -54,16 +57,24 @@ def open_plan(source: Source, settings: LoaderSettings) -> Plan:
     return make_plan(open_source(source, settings), settings)
 
 
-def positions_at(plan: Plan, step: int, seq_len: int, rank_lanes: range, slices: Callable[[int], Slices]) -> I64:
+def positions_at(
+    plan: Plan,
+    step: int,
+    seq_len: int,
+    rank_lanes: range,
+    slices: Callable[[int], Slices],
+    segment: Segment | None = None,
+) -> I64:
     """Checkpoint rows ``[lane, epoch, window, piece, offset]`` of ``rank_lanes`` before ``step``.
 
     The step says where each lane is (:func:`planner.lanes.lane_positions`: the window
     of its next token and the offset in its slice); ``slices(unit)`` turns an offset
     inside a slice into the shuffled piece and the offset in it. A lane at its
-    slice's start is ``(0, 0)`` there.
+    slice's start is ``(0, 0)`` there. ``segment``: the layout stage in force at ``step``.
     """
     lanes = plan.settings.lanes
-    rows = lane_positions(plan, step, seq_len, lanes, rank_lanes)
+    g = segment or Segment(lanes, seq_len)
+    rows = lane_positions(plan, step, seq_len, lanes, rank_lanes, g.begin_step, g.begin_run)
     offsets = rows[:, 4].copy()
     rows[:, 3:] = 0
     inside = np.flatnonzero(offsets > 0)
@@ -75,6 +86,62 @@ def positions_at(plan: Plan, step: int, seq_len: int, rank_lanes: range, slices:
     return rows
 
 
+class LayoutSegments:
+    """A run's layout stages over its plan: each stage's plan (cut into its lanes) and :class:`Segment`.
+
+    Small and apart from the loader (it holds the plan, not the loader), so that the
+    state after a batch can be encoded under the layout in force when it is read.
+    """
+
+    def __init__(self, plan: Plan, layout: Layout, world: int, rank: int) -> None:
+        self.plan, self.layout, self.world, self.rank = plan, layout, world, rank
+        self._segs: dict[int, tuple[Plan, Segment]] = {}
+
+    def rank_lanes(self, seg: Segment) -> range:
+        per = seg.lanes // self.world
+        return range(self.rank * per, (self.rank + 1) * per)
+
+    def at(self, step: int) -> tuple[Plan, Segment]:
+        """The stage in force at global step ``step``."""
+        return self.segment(self.layout.index_at(step))
+
+    def forget(self, keep: int) -> None:
+        """The plan's windows changed (a live weight stage): forget the stages after ``keep``."""
+        self._segs = {i: v for i, v in self._segs.items() if i <= keep}
+
+    def _window_at(self, run: int) -> tuple[int, int]:
+        """The unit holding run token ``run`` and the run's tokens before it."""
+        e = self.plan.epoch_of_run(run)
+        wt = self.plan.epoch(e).window_tokens
+        ends = np.cumsum(wt)
+        start = self.plan.run_before(e)
+        w = int(np.searchsorted(ends, run - start, side="right"))
+        return self.plan.unit(e, w), start + int(ends[w] - wt[w])
+
+    def segment(self, i: int) -> tuple[Plan, Segment]:
+        """Layout stage ``i``: the plan cut into its lanes, and where it began (docs/design.md, "Layout stages")."""
+        got = self._segs.get(i)
+        if got is not None:
+            return got
+        st = self.layout.stages[i]
+        plan = self.plan if st.lanes == self.plan.settings.lanes else LanesPlan(self.plan, st.lanes)
+        if i == 0:
+            seg = Segment(st.lanes, st.seq_len)
+        else:
+            begins = self.layout.begins()
+            x = begins[i]
+            unit, start = self._window_at(x)
+            if start == x:  # at a window's edge: nothing to cut again
+                seg = Segment(st.lanes, st.seq_len, st.start, x)
+            else:  # cut first as the stage in force at the window's start did, then by every change inside it
+                j = max(m for m in range(i + 1) if begins[m] <= start)
+                recuts = tuple(Recut(self.layout.stages[m].lanes, begins[m]) for m in range(j + 1, i + 1))
+                seg = Segment(st.lanes, st.seq_len, st.start, x, unit, self.layout.stages[j].lanes, recuts)
+        got = (plan, seg)
+        self._segs[i] = got
+        return got
+
+
 class Loader:
     """Deterministic, resumable batches of full sequences for one rank.
 
@@ -84,7 +151,9 @@ class Loader:
         Local folder or file, ``s3://bucket/prefix``, ``gs://bucket/prefix``,
         ``az://container/prefix`` (or ``abfs://``), or a list of these.
     seed, lanes, window, seq_len, budget, rank, world :
-        See docs/usage.md. ``lanes`` must be divisible by ``world``.
+        See docs/usage.md. ``lanes`` must be divisible by ``world``. ``lanes`` and
+        ``seq_len`` may be layout stages ``[(global step, value), ...]`` from step 0
+        (SPEC section 12, docs/design.md "Layout stages"; :meth:`set_layout` adds one live).
     column : str, optional
         Token column (default: the single ``list<int32|uint32>`` column).
     storage_options : dict, optional
@@ -193,7 +262,7 @@ class Loader:
     def _build(self, plan: Plan, settings: LoaderSettings) -> None:
         self.settings = settings
         s = settings
-        lanes, window, seq_len, budget = s.lanes, s.window, s.seq_len, s.budget
+        budget = s.budget
         self.plan = plan
         self.index = plan.dataset
         self.tokens = plan.tokens
@@ -201,23 +270,10 @@ class Loader:
         if self.tokens == 0:
             msg = f"dataset {self.index.source!r} has no tokens (every document is empty); nothing to train on"
             raise DataError(msg)
-        if self.tokens < lanes:
-            msg = (
-                f"lanes={lanes} exceeds the dataset's {self.tokens} tokens: some lanes could never "
-                "receive a document. Lower lanes (or use more data)"
-            )
-            raise ConfigError(msg)
+        self.layout: Layout = s.stages
         frame = self.index.frame
         tok, rows, _ = row_group_counts(self.index)  # the selected ones where selected
-        need, units = budget_floor(tok, rows, lanes=lanes, window=window, seq_len=seq_len)
-        if budget < need:
-            msg = (
-                f"budget={budget:,} bytes cannot hold the windows one step can touch: up to {need:,} bytes "
-                f"({units} windows of the largest row groups, decoded and packed: the window in use and the "
-                f"next, and any window shorter than a step). Raise budget to at least {need:,}, or lower window"
-            )
-            raise ConfigError(msg)
-        inflight, _ = budget_floor(tok, rows, lanes=lanes, window=window, seq_len=seq_len, ahead=1)
+        inflight = self._check_layout(self.layout, self.layout.stages, tok, rows)
         if budget < inflight:
             # Works, but the next window is read only once the current one is released:
             # decoding and training take turns instead of overlapping.
@@ -228,20 +284,78 @@ class Loader:
                 PerformanceWarning,
                 stacklevel=4,
             )
-        per = lanes // s.world
-        self.rank_lanes = range(s.rank * per, (s.rank + 1) * per)
         self._doc_base = np.cumsum(rows) - rows
         self._files = frame["file"].to_numpy()
         self._row_groups = frame["row_group"].to_numpy()
         self._sources = frame["source"].to_numpy() if isinstance(self.index, MixtureIndex) else None
         threads = s.threads or default_threads(self.index)
-        self._scanner = Scanner(plan, rank=s.rank, budget=budget, threads=threads, seq_len=seq_len)
+        self._scanner = Scanner(plan, rank=s.rank, budget=budget, threads=threads, seq_len=s.seq_len)
+        self._layouts = LayoutSegments(plan, self.layout, s.world, s.rank)
+        self._seg = 0
         self._pid = os.getpid()
         self._lock = threading.RLock()
         self._window_ends: dict[int, I64] = {}
         self._config = self._make_config()
-        self._cell = [self._config]  # what batches' states after them record (set_weights renews it)
+        # What batches' states after them record (set_weights and set_layout renew it).
+        self._cell: list[Any] = [self._config, self._layouts]
         self._place(0)
+
+    def _check_layout(
+        self, layout: Layout, new: Sequence[LayoutStage], tok: I64 | None = None, rows: I64 | None = None
+    ) -> int:
+        """Refuse stages ``new`` of ``layout`` that the data or the budget cannot hold.
+
+        Returns the bytes that two windows in flight need (below them, a warning).
+
+        The floor is every stage's (the scanner packs one layout stage at a time; docs/design.md,
+        "Layout stages"), named with the stage that needs the most.
+        """
+        s = self.settings
+        if tok is None or rows is None:
+            tok, rows, _ = row_group_counts(self.index)
+        big = max(new, key=lambda st: st.lanes)
+        if self.tokens < big.lanes:
+            msg = (
+                f"lanes={big.lanes} exceeds the dataset's {self.tokens} tokens: some lanes could never "
+                "receive a document. Lower lanes (or use more data)"
+            )
+            raise ConfigError(msg)
+        floors = [(budget_floor(tok, rows, lanes=st.lanes, window=s.window, seq_len=st.seq_len), st) for st in new]
+        (need, units), worst = max(floors, key=lambda f: f[0][0])
+        if s.budget < need:
+            stage = (
+                f" of the layout stage from step {worst.start} ({worst.lanes} lanes of {worst.seq_len} tokens)"
+                if layout.staged
+                else ""
+            )
+            msg = (
+                f"budget={s.budget:,} bytes cannot hold the windows one step{stage} can touch: up to {need:,} bytes "
+                f"({units} windows of the largest row groups, decoded and packed: the window in use and the "
+                f"next, and any window shorter than a step). Raise budget to at least {need:,}, or lower window"
+            )
+            raise ConfigError(msg)
+        inflight, _ = budget_floor(tok, rows, lanes=worst.lanes, window=s.window, seq_len=worst.seq_len, ahead=1)
+        return int(inflight)
+
+    def _relayout(self, layout: Layout) -> None:
+        """Run ``layout`` from now on (a live stage, a resume's): the plan, the segments, the config."""
+        old = self.layout
+        self.layout = layout
+        self.settings = replace(self.settings, layout=layout)
+        unit = self.plan.relayout(layout) if isinstance(self.plan, MixturePlan) else None
+        self.plan.layout = layout
+        self._window_ends.clear()
+        keep = self._layouts
+        self._layouts = LayoutSegments(self.plan, layout, self.settings.world, self.settings.rank)
+        for i in range(min(len(old), len(layout))):  # the stages both share keep their (computed) segments
+            if old.stages[i] != layout.stages[i] or unit is not None:
+                break
+            if i in keep._segs:
+                self._layouts._segs[i] = keep._segs[i]
+        if unit is not None:
+            self._scanner.replan_from(unit)
+        self._config = self._make_config()
+        self._cell[0], self._cell[1] = self._config, self._layouts
 
     # -- state -----------------------------------------------------------------
 
@@ -257,12 +371,14 @@ class Loader:
             "lanes": s.lanes,
             "seq_len": s.seq_len,
             "window": s.window,
+            **({"layout": self.layout.as_config()} if self.layout.staged else {}),
             "column": self.index.column,
             "dtype": self.index.dtype,
             "fingerprint": self.index.fingerprint,
             **text_config(self.index),
             **select_config(self.index),
             **self._mixture_config(),
+            "revisions": revisions((self.index.storage(f), self.index.file(f)) for f in range(len(self.index.files))),
         }
 
     def _mixture_config(self) -> dict[str, Any]:
@@ -285,14 +401,40 @@ class Loader:
         return self._epoch_of(self._step)
 
     def _epoch_of(self, step: int) -> int:
-        return epoch_of_step(step, lanes=self.settings.lanes, seq_len=self.settings.seq_len, tokens=self.epoch_tokens)
+        """``floor(X(step) / T)``: the run's tokens before the step (``step * lanes * seq_len`` in one layout)."""
+        return self.layout.run_at(step) // self.epoch_tokens
 
     def __len__(self) -> int:
         """Batches left in the current epoch."""
-        s = self.settings
-        per_step = s.lanes * s.seq_len
-        end = -(-(self.epoch + 1) * self.epoch_tokens // per_step)
+        end = self.layout.step_at_run((self.epoch + 1) * self.epoch_tokens)
         return end - self._step
+
+    # -- layout stages -------------------------------------------------------------
+
+    @property
+    def rank_lanes(self) -> range:
+        """This rank's lanes in the layout stage of the next batch."""
+        return self._layouts.rank_lanes(self._layouts.at(self._step)[1])
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per row in the layout stage of the next batch."""
+        return self._segment(self.layout.index_at(self._step))[1].seq_len
+
+    @property
+    def lanes(self) -> int:
+        """Lanes (rows of the global batch) in the layout stage of the next batch."""
+        return self._segment(self.layout.index_at(self._step))[1].lanes
+
+    def _segment(self, i: int) -> tuple[Plan, Segment]:
+        """Layout stage ``i``: the plan cut into its lanes, and where it began (:class:`LayoutSegments`)."""
+        return self._layouts.segment(i)
+
+    def _enter(self, step: int) -> None:
+        """Make the scanner pack the layout stage of ``step`` (then reset it)."""
+        self._seg = self.layout.index_at(step)
+        plan, seg = self._segment(self._seg)
+        self._scanner.set_segment(plan, seg)
 
     @property
     def stats(self) -> Stats:
@@ -321,6 +463,7 @@ class Loader:
         self._cur_block: NDArray[Any] | None = None
         self._resumed: NDArray[np.int64] | None = None
         self._checks: dict[int, tuple[I64, I64, I64, I64]] = {}
+        self._enter(step)
         self._scanner.reset(step)
 
     def _unit_of_run(self, run: int) -> int:
@@ -337,10 +480,15 @@ class Loader:
 
     def _units_of_step(self, step: int) -> tuple[int, int]:
         """The first and last unit step ``step`` takes tokens from, for this rank's lanes."""
-        s = self.settings
-        k0, k1 = self.rank_lanes.start, self.rank_lanes.stop - 1
-        first = self._unit_of_run(step * s.seq_len * s.lanes + k0)
-        last = self._unit_of_run(((step + 1) * s.seq_len - 1) * s.lanes + k1)
+        _, g = self._segment(self._seg)
+        b, n = g.lanes, g.seq_len
+        # Lane k's token p of the stage is run token begin + ((k - begin) mod B) + p * B.
+        mine = self._scanner.rank_lanes
+        ks = np.arange(mine.start, mine.stop, dtype=np.int64)
+        off = (ks - g.begin_run) % b
+        p = (step - g.begin_step) * n
+        first = self._unit_of_run(g.begin_run + int(off.min()) + p * b)
+        last = self._unit_of_run(g.begin_run + int(off.max()) + (p + n - 1) * b)
         return first, last
 
     def _get(self, unit: int) -> PackedUnit:
@@ -363,7 +511,7 @@ class Loader:
                     else f"is not where step {self._step} puts it (token {int(want[i])} of its slice)"
                 )
                 msg = (
-                    f"checkpoint position of lane {self.rank_lanes.start + lane} {where} in epoch {u.epoch} "
+                    f"checkpoint position of lane {self._scanner.rank_lanes.start + lane} {where} in epoch {u.epoch} "
                     f"window {u.window} {problem}: the checkpoint does not belong to this dataset or settings"
                 )
                 raise CheckpointError(msg)
@@ -376,8 +524,11 @@ class Loader:
         with self._lock:
             rows = self._resumed
             if rows is None:
-                s = self.settings
-                rows = positions_at(self.plan, self._step, s.seq_len, self.rank_lanes, lambda u: self._get(u).slices)
+                # At a layout stage's first step every lane is at a slice's start: no window needed.
+                plan, g = self._layouts.at(self._step)
+                rows = positions_at(
+                    plan, self._step, g.seq_len, self.rank_lanes, lambda u: self._get(u).slices, segment=g
+                )
             return ckpt.encode(ckpt.State(self._config, self._step, rows))
 
     def _state_after(self, step: int, units: dict[int, Slices]) -> Callable[[], bytes]:
@@ -386,10 +537,13 @@ class Loader:
         Lanes inside a slice after the step are in windows the step took tokens
         from, whose slices ``units`` holds (small tables: not the tokens).
         """
-        cell, plan, seq_len, lanes = self._cell, self.plan, self.settings.seq_len, self.rank_lanes
+        cell = self._cell
 
         def encode() -> bytes:  # holds the plan and small tables, not the loader
-            rows = positions_at(plan, step + 1, seq_len, lanes, units.__getitem__)
+            layouts: LayoutSegments = cell[1]
+            plan, g = layouts.at(step + 1)
+            lanes = layouts.rank_lanes(g)
+            rows = positions_at(plan, step + 1, g.seq_len, lanes, units.__getitem__, segment=g)
             return ckpt.encode(ckpt.State(cell[0], step + 1, rows))
 
         return encode
@@ -424,10 +578,75 @@ class Loader:
             assert isinstance(self.plan, MixturePlan)
             unit = self.plan.add_stage(stage)
             self._window_ends.clear()
+            self._layouts.forget(self._seg)
             self._scanner.replan_from(unit)
             self._config = self._make_config()
             self._cell[0] = self._config
             return stage.start
+
+    def earliest_layout_step(self) -> int:
+        """The earliest step :meth:`set_layout` may start a stage at: the next batch's, after the last stage."""
+        return max(self._step, self.layout.stages[-1].start + 1)
+
+    def set_layout(self, lanes: int | None = None, seq_len: int | None = None, at_step: int | None = None) -> int:
+        """Append a layout stage: ``lanes`` rows of ``seq_len`` tokens from global step ``at_step``; the step.
+
+        A live change of the layout (docs/design.md, "Layout stages"): the run is the one
+        made with this stage in ``lanes=``/``seq_len=`` from the start (the rule of SPEC
+        section 12 applies at the step exactly, so no window needs to be unbegun), and the
+        stage is in every later checkpoint and the plan. ``lanes`` and ``seq_len`` default
+        to those in force; ``at_step`` to the earliest allowed, the next batch's step (and
+        after the last stage's); an earlier one is a ConfigError naming it. ``lanes`` must
+        be a multiple of the world size, and the budget must hold the new layout's floor.
+        Every rank must make the same call at the same step
+        (:meth:`plitzer.torch.Dataset.set_layout` checks it).
+
+        Examples
+        --------
+        >>> import plitzer, plitzer.synth, tempfile
+        >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=60_000, seed=1)
+        >>> loader = plitzer.Loader(d, lanes=4, window=2, seq_len=64)
+        >>> _ = [loader.next_batch() for _ in range(3)]
+        >>> loader.set_layout(lanes=2, seq_len=256)
+        3
+        >>> loader.next_batch().tokens.shape, loader.config["layout"]
+        ((2, 256), [[0, 4, 64], [3, 2, 256]])
+        >>> loader.close()
+        """
+        self._check_fork()
+        with self._lock:
+            last = self.layout.stages[-1]
+            earliest = self.earliest_layout_step()
+            if at_step is None:
+                at_step = earliest
+            at_step = check_int("at_step", at_step, 0, "at_step is a global step")
+            if at_step < earliest:
+                why = (
+                    f"the last layout stage starts at step {last.start}"
+                    if earliest == last.start + 1
+                    else f"the loader is at step {self._step} (its next batch)"
+                )
+                msg = (
+                    f"set_layout(at_step={at_step}): {why}; the earliest allowed at_step is {earliest} "
+                    "(leave at_step out to get it)"
+                )
+                raise ConfigError(msg)
+            b = last.lanes if lanes is None else check_int("lanes", lanes, 1, "lanes is the rows of a global batch")
+            n = last.seq_len if seq_len is None else check_int("seq_len", seq_len, 1, "seq_len is tokens per row")
+            world = self.settings.world
+            if b % world:
+                msg = (
+                    f"set_layout(lanes={b}): lanes is not divisible by world={world}; every rank must own the "
+                    f"same number of lanes: use lanes a multiple of {world}"
+                )
+                raise ConfigError(msg)
+            stage = LayoutStage(at_step, b, n)
+            layout = Layout((*self.layout.stages, stage))
+            self._check_layout(layout, [stage])
+            if at_step == self._step:  # positions a resume left: in the old layout, no longer what comes
+                self._resumed, self._checks = None, {}
+            self._relayout(layout)
+            return at_step
 
     def seek(self, step: int) -> None:
         """Jump to global step ``step``, as if every step before it had been taken.
@@ -452,7 +671,7 @@ class Loader:
         self._check_fork()
         st = ckpt.decode(state)
         fit = self.fit(st)
-        mine = np.arange(self.rank_lanes.start, self.rank_lanes.stop)
+        mine = np.arange(self.lanes_after(fit, st.step).start, self.lanes_after(fit, st.step).stop)
         lanes = st.positions[:, 0]
         idx = np.searchsorted(lanes, mine)
         ok = (idx < len(lanes)) & (lanes[np.minimum(idx, len(lanes) - 1)] == mine)
@@ -466,11 +685,14 @@ class Loader:
         rows = st.positions[idx]
         with self._lock:
             stages = self.plan.stages if isinstance(self.plan, MixturePlan) else None
+            layout = self.layout
             self.take_stages(fit)
             try:
                 checks = self._check_positions(st.step, rows)
             except BaseException:
                 # A refused resume leaves the loader as it was: its own stages back.
+                if fit.layout:
+                    self._relayout(layout)
                 if fit.stages and isinstance(self.plan, MixturePlan) and stages is not None:
                     self.plan.restage(stages)
                     self._window_ends.clear()
@@ -490,13 +712,25 @@ class Loader:
         names = self.plan.names if isinstance(self.plan, MixturePlan) else []
         fit = live.reconcile(st.config, self.config, st.step, names)
         diffs = ckpt.diff_config(fit.checkpoint, fit.loader, step=st.step)
+        diffs += ckpt.diff_revisions(fit.checkpoint, fit.loader)
         if diffs:
             msg = f"{what} does not match this loader: " + "; ".join(diffs)
             raise CheckpointError(msg)
         return fit
 
+    def lanes_after(self, fit: live.Reconciled, step: int) -> range:
+        """This rank's lanes at ``step`` once checkpoint ``fit`` is taken (its layout stages, where it brings them)."""
+        runs = Layout.from_config(fit.layout) if fit.layout else self.layout
+        per = runs.at(step).lanes // self.settings.world
+        return range(self.settings.rank * per, (self.settings.rank + 1) * per)
+
     def take_stages(self, fit: live.Reconciled) -> None:
         """Run the stages a checkpoint brought (its live ones; before placing the loader)."""
+        if fit.layout:
+            layout = Layout.from_config(fit.layout)
+            with self._lock:
+                self._check_layout(layout, layout.stages)
+                self._relayout(layout)
         if not fit.stages:
             return
         assert isinstance(self.plan, MixturePlan)
@@ -514,20 +748,22 @@ class Loader:
         one inside a slice must be in the lane's window, and its piece and offset are
         checked when that window is packed (:meth:`_get`).
         """
-        s = self.settings
+        plan, g = self._segment(self.layout.index_at(step))
+        per = g.lanes // self.settings.world
+        rank_lanes = range(self.settings.rank * per, (self.settings.rank + 1) * per)
         for _, e, w, _, _ in rows.tolist():
             nw = self.plan.windows_in(e)
             if w >= nw:
                 msg = f"checkpoint position window {w} is out of range: epoch {e} of the dataset has {nw} windows"
                 raise CheckpointError(msg)
-        want = lane_positions(self.plan, step, s.seq_len, s.lanes, self.rank_lanes)
+        want = lane_positions(plan, step, g.seq_len, g.lanes, rank_lanes, g.begin_step, g.begin_run)
         at_start = (rows[:, 3] == 0) & (rows[:, 4] == 0)
         later: dict[int, list[int]] = {}
         for i in range(len(rows)):
             e, w = int(rows[i, 1]), int(rows[i, 2])
             unit = self.plan.unit(e, w)
             if at_start[i]:
-                if int(self._scanner.lane_base(unit)[i]) != step * s.seq_len:
+                if int(lane_base(plan, unit, rank_lanes, g)[i]) != step * g.seq_len:
                     self._refuse(rows[i], step, want[i])
             elif (e, w) != (int(want[i, 1]), int(want[i, 2])):
                 self._refuse(rows[i], step, want[i])
@@ -569,6 +805,10 @@ class Loader:
 
     def _next_batch(self) -> Batch:
         t = self._step
+        if self._seg != self.layout.index_at(t):  # a layout stage begins: the scanner packs its lanes
+            self._cur, self._cur_block = None, None
+            self._enter(t)
+            self._scanner.reset(t)
         cur = self._cur
         if cur is not None and cur.t0 <= t < cur.t1:  # the common case: a view of the block
             assert self._cur_block is not None
@@ -580,7 +820,7 @@ class Loader:
                 self._cur, self._cur_block = u, u.block
                 return self._deliver(t, self._cur_block[t - u.t0], functools.partial(u.segments, t), [u])
         units = [self._get(x) for x in range(first, last + 1)]
-        tokens, segments = assemble(units, t, len(self.rank_lanes), self.settings.seq_len)
+        tokens, segments = assemble(units, t, len(self._scanner.rank_lanes), self._scanner.seq_len)
         self._cur, self._cur_block = None, None
         return self._deliver(t, tokens, segments, units)
 
@@ -596,7 +836,7 @@ class Loader:
         self._step = t + 1
         self._resumed = None
         cur = self._cur
-        if cur is None or not (cur.t0 <= t + 1 < cur.t1):
+        if (cur is None or not (cur.t0 <= t + 1 < cur.t1)) and self.layout.index_at(t + 1) == self._seg:
             nxt, _ = self._units_of_step(t + 1)
             if cur is not None and cur.unit < nxt:
                 self._cur, self._cur_block = None, None
@@ -605,7 +845,7 @@ class Loader:
             tokens=tokens.view(Tokens),
             step=t,
             epoch=self._epoch_of(t),
-            lanes=self.rank_lanes,
+            lanes=self._scanner.rank_lanes,
             _segments=segments,
             _locate=self._locate,
             _after=after,
@@ -654,6 +894,6 @@ class Loader:
     def __repr__(self) -> str:
         s = self.settings
         return (
-            f"Loader(step={self._step}, epoch={self.epoch}, lanes={s.lanes}, seq_len={s.seq_len}, "
+            f"Loader(step={self._step}, epoch={self.epoch}, lanes={self.lanes}, seq_len={self.seq_len}, "
             f"window={s.window}, rank={s.rank}, world={s.world}, tokens={self.tokens:,})"
         )

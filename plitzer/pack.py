@@ -53,7 +53,7 @@ from planner.lanes import cut_at
 from plitzer.cost import LANE_BYTES, PIECE_BYTES
 from plitzer.read import list_lengths, numpy_view
 
-__all__ = ["Memory", "PackedUnit", "Segments", "Slices", "StepRange", "assemble", "pack_unit"]
+__all__ = ["Memory", "PackedUnit", "Recut", "Segments", "Slices", "StepRange", "assemble", "pack_rest", "pack_unit"]
 
 I64 = NDArray[np.int64]
 
@@ -458,7 +458,12 @@ SHORT_ROWS = 128
 
 
 def _direct(
-    arrays: list[pa.Array], subs: _Subs, dtype: np.dtype[Any], block_at: tuple[int, int, int, int, int]
+    arrays: list[pa.Array],
+    subs: _Subs,
+    dtype: np.dtype[Any],
+    block_at: tuple[int, int, int, int, int],
+    *,
+    tiled: bool = True,
 ) -> tuple[Memory | None, NDArray[Any], pa.Array, I64]:
     """One gather of the sub-pieces: the block's steps (sub-pieces ``first:stop``) first, then the edges.
 
@@ -470,8 +475,12 @@ def _direct(
     length = (subs.end - subs.start)[lay]
     first, stop, n, rows, seq_len = block_at
     rot = np.concatenate([np.arange(first, stop), np.arange(first), np.arange(stop, len(lay))]).astype(np.int64)
-    if len(lay):
+    if len(lay) and tiled:
         values = _gather(_chunk_lists(arrays, subs.chunk, subs.value, subs.end - subs.start), lay[rot])
+        assert values.type == pa.from_numpy_dtype(dtype), (values.type, dtype)
+    elif len(lay):
+        lists, ids = _scattered(arrays, subs.chunk, subs.value, subs.end - subs.start)
+        values = _gather(lists, ids[lay[rot]])
         assert values.type == pa.from_numpy_dtype(dtype), (values.type, dtype)
     else:
         values = arrow_ints(np.zeros(0, dtype), pa.from_numpy_dtype(dtype))
@@ -580,6 +589,33 @@ def pack_unit(
     arrays = [_documents(c)[0] for c in chunks]
     pc_ = _pieces(arrays, chunk_token_start, chunk_doc_base, cuts, at_end=rank_lanes.stop == lanes)
     order, lane_piece = _shuffle(pc_, keep, nl, slice_keys(seed, epoch, window, rank_lanes))
+    return _finish(
+        arrays, pc_, order, lane_piece, lane_base, seq_len, from_step, keep, dtype, (unit, epoch, window), tiled=True
+    )
+
+
+def _finish(
+    arrays: list[pa.Array],
+    pc_: _Pieces,
+    order: I64,
+    lane_piece: I64,
+    lane_base: I64,
+    seq_len: int,
+    from_step: int,
+    keep: NDArray[np.bool_] | None,
+    dtype: np.dtype[Any],
+    where: tuple[int, int, int],
+    *,
+    tiled: bool,
+) -> PackedUnit:
+    """The rank's pieces in packed order (slices ``lane_piece``) laid out step-major: the packed unit.
+
+    ``tiled``: the pieces in stream order tile the decoded values (a window's own
+    cut); a window cut again at a layout change (:func:`pack_rest`) takes suffixes
+    of its slices, which leave gaps, and gathers them through :func:`_scattered`.
+    """
+    unit, epoch, window = where
+    nl = len(lane_piece) - 1
     length = pc_.end - pc_.start
     packed_len = length[order]
     piece_end = np.cumsum(packed_len)
@@ -606,12 +642,12 @@ def pack_unit(
     first = int(step_bounds[t0 - s_first]) if t1 > t0 else 0
     stop = int(step_bounds[t1 - s_first]) if t1 > t0 else 0
     short = len(lay) > 0 and int((subs.end - subs.start).sum()) < SHORT_ROWS * len(lay)
-    if short and t1 > t0:
+    if tiled and short and t1 > t0:
         memory, block, edges, start = _transposed(
             arrays, pc_, order, lane_piece, lane_base, n_lane, subs, dtype, t0, t1, seq_len
         )
     else:
-        memory, block, edges, start = _direct(arrays, subs, dtype, (first, stop, t1 - t0, nl, seq_len))
+        memory, block, edges, start = _direct(arrays, subs, dtype, (first, stop, t1 - t0, nl, seq_len), tiled=tiled)
     return PackedUnit(
         unit=unit,
         epoch=epoch,
@@ -630,6 +666,154 @@ def pack_unit(
         offset=(pc_.offset[subs.piece] + (subs.start - lane_pos[subs.piece]))[lay],
         start=start,
         slices=Slices(lane_start.astype(np.int64, copy=False), lane_piece, piece_end),
+    )
+
+
+def _scattered(arrays: list[pa.Array], chunk: I64, value: I64, length: I64) -> tuple[list[pa.Array], I64]:
+    """List arrays over the row groups' values holding items that need not tile them, and each item's list.
+
+    Items (``chunk``, first ``value``, ``length``) do not overlap; sorted by place and
+    with a filler list over each gap, they tile each row group's values from the first
+    item to the last, as :func:`_lists` needs. Returns the lists and the index of each
+    item's list among them (end to end).
+    """
+    n = len(chunk)
+    srt = np.lexsort((value, chunk))
+    c, v, ln = chunk[srt], value[srt], length[srt]
+    prev_end = np.empty(n, np.int64)
+    if n:
+        prev_end[0] = v[0]
+        prev_end[1:] = v[:-1] + ln[:-1]
+        new_chunk = np.ones(n, bool)
+        new_chunk[1:] = c[1:] != c[:-1]
+        prev_end = np.where(new_chunk, v, prev_end)
+    gap = v > prev_end
+    # The combined sequence: [gap, item] per sorted item; position of each item in it.
+    before = np.cumsum(gap)  # gaps up to and including this item's
+    at = np.arange(n, dtype=np.int64) + before
+    seq_c = np.empty(n + int(gap.sum()), np.int64)
+    seq_s = np.empty_like(seq_c)
+    seq_e = np.empty_like(seq_c)
+    seq_c[at], seq_s[at], seq_e[at] = c, v, v + ln
+    g = np.flatnonzero(gap)
+    seq_c[at[g] - 1], seq_s[at[g] - 1], seq_e[at[g] - 1] = c[g], prev_end[g], v[g]
+    ids = np.empty(n, np.int64)
+    ids[srt] = at
+    return _chunk_lists(arrays, seq_c, seq_s, seq_e - seq_s), ids
+
+
+@dataclass(frozen=True, slots=True)
+class Recut:
+    """A layout change inside a window: from run token ``begin`` on, the rest is cut into ``lanes``."""
+
+    lanes: int
+    begin: int
+
+
+def _split(start: I64, end: I64, cuts: I64) -> tuple[I64, I64, I64, I64]:
+    """Intervals ``[start, end)`` (increasing, tiling their range) split at ``cuts`` inside them.
+
+    Returns each part's interval index, start, end and lane (``max{k : cuts[k] <= start}``).
+    """
+    lo = np.searchsorted(cuts, start, side="right")
+    hi = np.searchsorted(cuts, end, side="left")
+    npieces = 1 + np.maximum(hi - lo, 0)
+    rep = np.repeat(np.arange(len(start), dtype=np.int64), npieces)
+    j = np.arange(len(rep), dtype=np.int64) - (np.cumsum(npieces) - npieces)[rep]
+    last_cut = len(cuts) - 1
+    p_start = np.where(j == 0, start[rep], cuts[np.minimum(lo[rep] + j - 1, last_cut)])
+    p_end = np.where(j == npieces[rep] - 1, end[rep], cuts[np.minimum(lo[rep] + j, last_cut)])
+    lane = np.minimum(np.searchsorted(cuts, p_start, side="right") - 1, len(cuts) - 2)
+    return rep, p_start, p_end, lane
+
+
+def pack_rest(
+    chunks: list[pa.Array],
+    chunk_token_start: list[int],
+    chunk_doc_base: list[int],
+    *,
+    window_tokens: int,
+    window_start: int,
+    base_lanes: int,
+    recuts: list[Recut],
+    rank_lanes: range,
+    lane_base: I64,
+    seq_len: int,
+    seed: int,
+    epoch: int,
+    window: int,
+    unit: int,
+    dtype: np.dtype[Any],
+    keep: NDArray[np.bool_] | None = None,
+    from_step: int = 0,
+) -> PackedUnit:
+    """Pack a window cut again by layout changes inside it (docs/design.md, "Layout stages").
+
+    ``chunks`` are every row group of the window (stream order). The window is first
+    cut into ``base_lanes`` lanes and shuffled as usual (``z`` from ``window_start``,
+    the run's tokens before it); then, for each change in ``recuts`` (at run token
+    ``begin``, into ``lanes``), what each lane has not consumed of its slice by then
+    (lane ``k`` consumed ``ceil((begin - k) / B) - ceil((S - k) / B)`` tokens of it,
+    ``S`` where its slices began) is laid end to end, lane 0's first, each in packed
+    order, and cut into the new lanes by section 3.4 with ``z = begin mod lanes``, with
+    no second shuffle. The last cut's lanes ``rank_lanes`` are packed like a window's
+    (``lane_base``: their stream positions before it).
+    """
+    from planner.layout import stage_tokens
+
+    b0 = base_lanes
+    q, r = divmod(window_tokens, b0)
+    cuts = cut_at(np.arange(b0 + 1), q, r, window_start % b0, b0)
+    arrays = [_documents(c)[0] for c in chunks]
+    pc_ = _pieces(arrays, chunk_token_start, chunk_doc_base, cuts, at_end=True)
+    order, _ = _shuffle(pc_, None, b0, slice_keys(seed, epoch, window, range(b0)))
+    # The current slicing, in packed order: stream piece, token range [a, e) inside it, lane.
+    length = pc_.end - pc_.start
+    src, a, e, lane = order, np.zeros(len(order), np.int64), length[order], pc_.local[order]
+    lanes, begun = b0, window_start
+    end_run = window_start + window_tokens
+    for rc in recuts:
+        ln = e - a
+        cum = np.cumsum(ln)
+        lane_first = np.searchsorted(lane, np.arange(lanes + 1), side="left")
+        slice_start = np.concatenate([[0], cum])[lane_first]
+        pos = cum - ln - slice_start[lane]  # each item's start in its lane's slice
+        used = stage_tokens(rc.begin, np.arange(lanes), lanes, begun)[lane]
+        cut_in = np.clip(used - pos, 0, ln)
+        live = ln - cut_in > 0
+        src, a, e = src[live], (a + cut_in)[live], e[live]
+        ln = e - a
+        rest_end = np.cumsum(ln)
+        rest_start = rest_end - ln
+        total = end_run - rc.begin
+        q, r = divmod(total, rc.lanes)
+        new_cuts = cut_at(np.arange(rc.lanes + 1), q, r, rc.begin % rc.lanes, rc.lanes)
+        rep, ps, pe, lane = _split(rest_start, rest_end, new_cuts)
+        src, a = src[rep], a[rep] + (ps - rest_start[rep])
+        e = a + (pe - ps)
+        lanes, begun = rc.lanes, rc.begin
+    # The rank's lanes of the last cut.
+    mine = (lane >= rank_lanes.start) & (lane < rank_lanes.stop)
+    local = lane - rank_lanes.start
+    if keep is not None:
+        mine &= keep[np.clip(local, 0, len(keep) - 1)]
+    src, a, e, local = src[mine], a[mine], e[mine], local[mine]
+    ln = e - a
+    end = np.cumsum(ln)
+    rest = _Pieces(
+        start=end - ln,
+        end=end,
+        local=local,
+        doc=pc_.doc[src],
+        offset=pc_.offset[src] + a,
+        chunk=pc_.chunk[src],
+        value=pc_.value[src] + a,
+    )
+    nl = len(rank_lanes)
+    bounds = np.searchsorted(local, np.arange(nl + 1), side="left").astype(np.int64)
+    ident = np.arange(len(src), dtype=np.int64)
+    return _finish(
+        arrays, rest, ident, bounds, lane_base, seq_len, from_step, keep, dtype, (unit, epoch, window), tiled=False
     )
 
 
@@ -653,7 +837,12 @@ def assemble(units: list[PackedUnit], step: int, rows: int, seq_len: int) -> tup
     order = np.lexsort((np.arange(len(row)), unit_of, row))
     dtype = units[0].block.dtype
     values = _gather(lists, order)
-    tokens = numpy_view(values).view(dtype).reshape(rows, seq_len)
+    # A copy into memory the step owns: the gather's Arrow buffer is read-only, and a
+    # read-only step breaks JAX's DLPack import and torch.from_numpy (docs/design.md,
+    # "Every step writable"). Straddling steps are a few per window, so the copy is a
+    # small fraction of the tokens.
+    tokens = np.empty((rows, seq_len), dtype)
+    tokens.reshape(-1)[:] = numpy_view(values).view(dtype)
 
     def cat(name: str) -> I64:
         return np.concatenate([getattr(u, name)[a:b] for u, a, b in parts])[order]

@@ -41,6 +41,7 @@ import time
 import weakref
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -48,32 +49,60 @@ from numpy.typing import NDArray
 
 from planner.errors import UsageError
 from planner.lanes import lane_positions, piece_range
+from planner.layout import stage_tokens
 from planner.plan import Plan, row_group_counts
 from planner.rowgroups import RowGroupIndex
 from plitzer import _shutdown
 from plitzer.cost import unit_estimate
-from plitzer.pack import PackedUnit, pack_unit
+from plitzer.pack import PackedUnit, Recut, pack_rest, pack_unit
 from plitzer.read import read_chunk
 
-__all__ = ["AHEAD", "Scanner", "Stats", "UnitState", "lane_base"]
+__all__ = ["AHEAD", "Scanner", "Segment", "Stats", "UnitState", "lane_base"]
 
 I64 = NDArray[np.int64]
 
 AHEAD = 2  # units started past the furthest one in use (read ahead)
 
 
-def lane_base(plan: Plan, unit: int, rank_lanes: range) -> I64:
-    """Tokens each of ``rank_lanes`` received before ``unit``: ``ceil((R - k) / B)`` after R run tokens.
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """The layout stage a scanner packs (:mod:`planner.layout`): its lanes and rows, where it began.
+
+    ``begin_step`` and ``begin_run``: the stage's first step and the run tokens consumed
+    before it. ``rest_unit``: the window holding run token ``begin_run`` strictly inside
+    it, cut again at the change (-1: none, the stage began at a window's edge), first
+    into ``base_lanes`` and then by ``recuts`` (every change inside that window, this
+    one last; :func:`plitzer.pack.pack_rest`).
+    """
+
+    lanes: int
+    seq_len: int
+    begin_step: int = 0
+    begin_run: int = 0
+    rest_unit: int = -1
+    base_lanes: int = 0
+    recuts: tuple[Recut, ...] = ()
+
+
+def lane_base(plan: Plan, unit: int, rank_lanes: range, segment: Segment | None = None) -> I64:
+    """Stream positions of ``rank_lanes`` before ``unit``: ``ceil((R - k) / B)`` after R run tokens.
 
     The cards rule (docs/design.md, "The order"): lane ``k`` gets run tokens ``k, k + B,
-    k + 2B, ...``, so its slice of the unit is its stream positions from here on.
+    k + 2B, ...``, so its slice of the unit is its stream positions from here on. Under a
+    layout stage (``segment``), the cards begin at the stage's first run token, and
+    positions count from the stage's first step times its ``seq_len`` (so that position
+    ``p`` is in step ``p // seq_len``).
     """
     epoch, window = plan.unit_epoch_window(unit)
     ep = plan.epoch(epoch)
     lanes = plan.settings.lanes
     run = plan.run_before(epoch) + int(ep.window_tokens[:window].sum())
     ks = np.arange(rank_lanes.start, rank_lanes.stop, dtype=np.int64)
-    out: I64 = (run - ks + lanes - 1) // lanes
+    if segment is None or segment.begin_run == 0:
+        out: I64 = (run - ks + lanes - 1) // lanes
+        return out
+    got = stage_tokens(max(run, segment.begin_run), ks, lanes, segment.begin_run)
+    out = segment.begin_step * segment.seq_len + got
     return out
 
 
@@ -94,7 +123,10 @@ class Stats:
     batch views of released units are still alive). ``units_held`` (not released),
     ``units_in_flight`` (reading or packing), ``peak_units``; ``rows_read`` and
     ``bytes_read`` (one ranged read per row group); ``wait_seconds``: time the consumer
-    waited for reads, decodes and packing; ``retries``: storage requests retried.
+    waited for reads, decodes and packing; ``retries``: storage requests retried;
+    ``storage_wait_seconds``: wall-clock time some storage request was failing and
+    retried (a store that did not answer for a minute shows here, and in
+    ``wait_seconds`` as far as the consumer had to wait for it).
     """
 
     budget: int
@@ -110,6 +142,7 @@ class Stats:
     caller_overruns: int
     wait_seconds: float
     retries: int
+    storage_wait_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +159,10 @@ class _Reads:
     lane_base: I64
     keep: NDArray[np.bool_] | None  # the rank's lanes that need the unit (None: all)
     from_step: int  # the first step packed
+    lanes: int  # the layout stage's
+    rank_lanes: range
+    seq_len: int
+    rest: tuple[int, int, tuple[Recut, ...]] | None  # a window cut again: (run before it, base lanes, recuts)
 
 
 @dataclass(eq=False, slots=True)
@@ -170,15 +207,20 @@ class _Unit:
 class Scanner:
     """Reads and packs units for one rank, in order, within a byte budget."""
 
-    def __init__(self, plan: Plan, *, rank: int, budget: int, threads: int, seq_len: int, ahead: int = AHEAD) -> None:
-        self.plan = plan
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        rank: int,
+        budget: int,
+        threads: int,
+        seq_len: int,
+        ahead: int = AHEAD,
+        segment: Segment | None = None,
+    ) -> None:
         self.index: RowGroupIndex = plan.dataset
-        s = plan.settings
-        per = s.lanes // s.world
         self.rank = rank
-        self.rank_lanes = range(rank * per, (rank + 1) * per)
-        self.lanes = s.lanes
-        self.seq_len = seq_len
+        self.set_segment(plan, segment or Segment(plan.settings.lanes, seq_len))
         self.budget = budget
         self.ahead = ahead
         self._threads = threads
@@ -229,6 +271,7 @@ class Scanner:
                 caller_overruns=self._caller_overruns,
                 wait_seconds=self._wait,
                 retries=self._retries(),
+                storage_wait_seconds=self._storage_waited(),
             )
 
     @property
@@ -247,7 +290,24 @@ class Scanner:
         storages = {id(s): s for s in (self.index.storage(i) for i in range(len(self.index.files)))}
         return sum(s.retries for s in storages.values())
 
+    def _storage_waited(self) -> float:
+        storages = {id(s): s for s in (self.index.storage(i) for i in range(len(self.index.files)))}
+        return float(sum(float(getattr(s, "waited", 0.0)) for s in storages.values()))
+
     # -- scheduling (consumer thread only) ---------------------------------------
+
+    def set_segment(self, plan: Plan, segment: Segment) -> None:
+        """Pack for layout stage ``segment`` over ``plan`` (its lanes' cuts) from now on; call :meth:`reset` next."""
+        self.plan = plan
+        self.segment = segment
+        per = plan.settings.lanes // plan.settings.world
+        self.rank_lanes = range(self.rank * per, (self.rank + 1) * per)
+        self.lanes = plan.settings.lanes
+        self.seq_len = segment.seq_len
+
+    def _positions(self, step: int) -> I64:
+        g = self.segment
+        return lane_positions(self.plan, step, self.seq_len, self.lanes, self.rank_lanes, g.begin_step, g.begin_run)
 
     def reset(self, step: int) -> None:
         """Forget every unit; the next step is ``step``.
@@ -258,7 +318,7 @@ class Scanner:
         are read, and only the steps from ``step`` on are packed: resuming reads what
         the positions need, not whole windows (docs/design.md, "Resuming").
         """
-        rows = lane_positions(self.plan, step, self.seq_len, self.lanes, self.rank_lanes)
+        rows = self._positions(step)
         first = np.array([self.plan.unit(int(e), int(w)) for e, w in rows[:, 1:3].tolist()], dtype=np.int64)
         with self._lock:
             for u in self._units.values():
@@ -284,7 +344,7 @@ class Scanner:
             for x in [x for x in self._reads if x >= unit]:
                 del self._reads[x]
         if unit <= self._first_max:  # the resumed lanes' windows may have moved
-            rows = lane_positions(self.plan, self._from_step, self.seq_len, self.lanes, self.rank_lanes)
+            rows = self._positions(self._from_step)
             self._first = np.array([self.plan.unit(int(e), int(w)) for e, w in rows[:, 1:3].tolist()], np.int64)
             self._first_max = int(self._first.max())
         self._next = min(self._next, max(unit, self._released))
@@ -295,9 +355,16 @@ class Scanner:
             return got
         epoch, window = self.plan.unit_epoch_window(unit)
         ep = self.plan.epoch(epoch)
-        positions = ep.reads_of(window, self.rank)
-        if unit < self._first_max:
-            positions = positions[self._needed_positions(unit, epoch, window, positions)]
+        g = self.segment
+        rest = None
+        if unit == g.rest_unit:  # cut again at the layout change: every row group of the window
+            positions = np.flatnonzero(ep.window == window).astype(np.int64)
+            before = self.plan.run_before(epoch) + int(ep.window_tokens[:window].sum())
+            rest = (before, g.base_lanes, g.recuts)
+        else:
+            positions = ep.reads_of(window, self.rank)
+            if unit < self._first_max:
+                positions = positions[self._needed_positions(unit, epoch, window, positions)]
         rgs = ep.order[positions]
         est = int(
             unit_estimate(
@@ -319,7 +386,11 @@ class Scanner:
             int(ep.window_z[window]),
             self.lane_base(unit),
             self._needed(unit),
-            self._from_step if unit <= self._first_max else 0,
+            self._from_step if unit <= self._first_max else g.begin_step,
+            self.lanes,
+            self.rank_lanes,
+            self.seq_len,
+            rest,
         )
         self._reads[unit] = got
         return got
@@ -343,8 +414,8 @@ class Scanner:
         return has
 
     def lane_base(self, unit: int) -> I64:
-        """Tokens each rank lane received before ``unit`` (:func:`lane_base`)."""
-        return lane_base(self.plan, unit, self.rank_lanes)
+        """Stream positions of the rank's lanes before ``unit`` (:func:`lane_base`)."""
+        return lane_base(self.plan, unit, self.rank_lanes, self.segment)
 
     def _start(self, unit: int) -> None:
         """READING: charge ``unit`` and submit its reads; the last read packs it."""
@@ -397,28 +468,32 @@ class Scanner:
     def _pack(self, u: _Unit) -> None:
         """Worker: PACKING -> READY (or FAILED)."""
         r = u.reads
-        s = self.plan.settings
+        seed = self.plan.settings.seed
         try:
             chunks = list(u.chunks)
             assert all(c is not None for c in chunks)
-            packed = pack_unit(
-                chunks,
-                [int(x) for x in r.token_start],
-                [int(self._doc_base[g]) for g in r.row_groups],
-                window_tokens=r.window_tokens,
-                window_z=r.window_z,
-                lanes=s.lanes,
-                rank_lanes=self.rank_lanes,
-                lane_base=r.lane_base,
-                seq_len=self.seq_len,
-                seed=s.seed,
-                epoch=r.epoch,
-                window=r.window,
-                unit=u.unit,
-                dtype=self._dtype,
-                keep=r.keep,
-                from_step=r.from_step,
-            )
+            starts = [int(x) for x in r.token_start]
+            bases = [int(self._doc_base[g]) for g in r.row_groups]
+            common: dict[str, Any] = {
+                "window_tokens": r.window_tokens,
+                "rank_lanes": r.rank_lanes,
+                "lane_base": r.lane_base,
+                "seq_len": r.seq_len,
+                "seed": seed,
+                "epoch": r.epoch,
+                "window": r.window,
+                "unit": u.unit,
+                "dtype": self._dtype,
+                "keep": r.keep,
+                "from_step": r.from_step,
+            }
+            if r.rest is None:
+                packed = pack_unit(chunks, starts, bases, window_z=r.window_z, lanes=r.lanes, **common)
+            else:
+                before, base_lanes, recuts = r.rest
+                packed = pack_rest(
+                    chunks, starts, bases, window_start=before, base_lanes=base_lanes, recuts=list(recuts), **common
+                )
         except BaseException as e:
             with self._lock:
                 u.stop(e)

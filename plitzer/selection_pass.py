@@ -13,7 +13,6 @@ same chunks (``shared``) it looks each chunk up again just before evaluating it.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import threading
 from collections.abc import Callable, Sequence
@@ -27,9 +26,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from planner.cache import cache_dir, digest, write_atomic
+from planner.cache import cache_dir, digest, discard, read_entry, write_entry
 from planner.dataset import Index
 from planner.errors import DataError, SelectionError, one_line
+from plitzer.predicate import connect
 from plitzer.read import decode_chunk, decode_column, list_lengths
 
 __all__ = [
@@ -48,7 +48,7 @@ __all__ = [
 
 I64 = NDArray[np.int64]
 U8 = NDArray[np.uint8]
-_CACHE_FORMAT = "2"
+_CACHE_FORMAT = "3"  # 3: entries with a length and checksum (planner.cache)
 CHUNK = 16
 """Row groups per cache entry (and per unit of work that ranks split)."""
 
@@ -154,11 +154,10 @@ class SelectionPass:
     def _con(self) -> Any:
         con = getattr(self._local, "con", None)
         if con is None:
-            import duckdb
-
             # One connection per reader thread, one DuckDB thread each: the pass runs
             # row groups in parallel, and a single-threaded projection keeps row order.
-            con = duckdb.connect(config={"threads": 1, "preserve_insertion_order": True})
+            # External access off: the predicate reads the columns handed over, nothing else.
+            con = connect(threads=1, preserve_insertion_order=True)
             self._local.con = con
         return con
 
@@ -169,8 +168,8 @@ class SelectionPass:
         con = self._con()
         con.register("t", table)
         try:
-            # The user's own predicate over their own data, parsed and checked by _parse:
-            # running it is the point (one expression; no statement can follow it).
+            # The predicate as plitzer.predicate.normalize checked and wrote it back: one
+            # expression over the registered columns, on a connection without external access.
             got = con.sql(f"select ({self.where}) as keep from t").to_arrow_table()  # noqa: S608
         except duckdb.Error as e:
             msg = (
@@ -230,11 +229,15 @@ def entry_path(ix: Index, chunk: tuple[int, int], where: str, length_column: str
 
 
 def load_entry(path: Path, n: int) -> Entry | None:
+    raw = read_entry(path)
+    if raw is None:
+        return None
     try:
-        with np.load(io.BytesIO(path.read_bytes()), allow_pickle=False) as z:
+        with np.load(io.BytesIO(raw), allow_pickle=False) as z:
             bits = np.asarray(z["bits"], np.uint8)
             rows, counts, tokens, empty = (np.asarray(z[k], np.int64) for k in ("rows", "counts", "tokens", "empty"))
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError) as e:
+        discard(path, f"unreadable: {type(e).__name__}")
         return None
     if any(len(x) != n for x in (rows, counts, tokens, empty)) or len(bits) != int(((rows + 7) // 8).sum()):
         return None  # stale or damaged: selected again, never trusted
@@ -245,8 +248,7 @@ def save_entry(path: Path, entry: Entry) -> None:
     bits, rows, counts, tokens, empty = entry
     buf = io.BytesIO()
     np.savez(buf, bits=bits, rows=rows, counts=counts, tokens=tokens, empty=empty)
-    with contextlib.suppress(OSError):  # a read-only cache folder costs time, not correctness
-        write_atomic(path, buf.getvalue())
+    write_entry(path, buf.getvalue())  # a folder that cannot be written costs time, not correctness
 
 
 def pack_entry(results: Sequence[tuple[NDArray[np.bool_], int, int]]) -> Entry:

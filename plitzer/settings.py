@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -27,20 +27,24 @@ from planner import api
 from planner.api import Source, open_index
 from planner.dataset import Index
 from planner.errors import ConfigError
+from planner.layout import Layout
 from planner.plan import Plan, PlanSettings, check_int
 from planner.rowgroups import RowGroupIndex
 from planner.sources import SourceSpec, Weights
 
-__all__ = ["Keywords", "LoaderSettings", "Source", "default_threads", "make_plan", "open_source"]
+__all__ = ["Keywords", "LoaderSettings", "Source", "Stages", "default_threads", "make_plan", "open_source"]
+
+Stages = Sequence[tuple[int, int]]
+"""Layout stages of ``lanes`` or ``seq_len``: ``[(global step, value), ...]`` from step 0 (docs/design.md)."""
 
 
 class Keywords(TypedDict, total=False):
     """The keywords every entry point takes (see :class:`plitzer.Loader` for each)."""
 
     seed: int
-    lanes: int
+    lanes: int | Stages
     window: int
-    seq_len: int
+    seq_len: int | Stages
     budget: int
     rank: int
     world: int
@@ -75,11 +79,22 @@ class LoaderSettings:
     add_bos: bool = False
     where: str | None = None
     length_column: str | None = None
+    layout: Layout | None = None  # layout stages (planner.layout); None: one stage of plan.lanes and seq_len
     index: str | None = None
     """A job index (``plitzer index DATA --out PATH``) to read instead of the footers."""
 
     def __post_init__(self) -> None:
         check_int("seq_len", self.seq_len, 1, "seq_len is the tokens per sequence, e.g. 2048")
+        if self.layout is None:
+            object.__setattr__(self, "layout", Layout.of(lanes=self.plan.lanes, seq_len=self.seq_len))
+        for st in self.stages.stages:
+            if st.lanes % self.plan.world:
+                msg = (
+                    f"lanes={st.lanes} (the layout stage from step {st.start}) is not divisible by "
+                    f"world={self.plan.world}; every rank must own the same number of lanes in every stage: "
+                    f"use lanes a multiple of {self.plan.world}"
+                )
+                raise ConfigError(msg)
         check_int("budget", self.budget, 1, "budget is bytes of decoded tokens to hold, e.g. 8 << 30")
         check_int("rank", self.rank, 0, "rank is this process's index, 0..world-1")
         if self.rank >= self.plan.world:
@@ -94,10 +109,10 @@ class LoaderSettings:
         cls,
         *,
         seed: int = 0,
-        lanes: int = 512,
+        lanes: int | Stages = 512,
         window: int = 64,
         world: int = 1,
-        seq_len: int = 2048,
+        seq_len: int | Stages = 2048,
         budget: int = 8 << 30,
         rank: int = 0,
         column: str | None = None,
@@ -112,10 +127,12 @@ class LoaderSettings:
         length_column: str | None = None,
         index: str | None = None,
     ) -> LoaderSettings:
-        """The settings of these keywords, each checked."""
+        """The settings of these keywords, each checked (``lanes`` and ``seq_len`` may be layout stages)."""
+        layout = Layout.of(lanes=lanes, seq_len=seq_len)
+        first = layout.first
         return cls(
-            plan=PlanSettings(seed=seed, lanes=lanes, window=window, world=world),
-            seq_len=seq_len,
+            plan=PlanSettings(seed=seed, lanes=first.lanes, window=window, world=world),
+            seq_len=first.seq_len,
             budget=budget,
             rank=rank,
             threads=threads,
@@ -128,8 +145,15 @@ class LoaderSettings:
             add_bos=add_bos,
             where=where,
             length_column=length_column,
+            layout=layout,
             index=None if index is None else os.fspath(index),
         )
+
+    @property
+    def stages(self) -> Layout:
+        """The layout stages (one when ``lanes`` and ``seq_len`` are ints)."""
+        assert self.layout is not None  # set in __post_init__
+        return self.layout
 
     @property
     def seed(self) -> int:
@@ -226,7 +250,9 @@ def _text_source(spec: SourceSpec) -> Index:
 
 def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:
     """The plan the loader runs from (and that ``plan.sql`` shows) for these settings."""
-    return api.make_plan(index, settings.plan, weights=settings.weights, seq_len=settings.seq_len)
+    return api.make_plan(
+        index, settings.plan, weights=settings.weights, seq_len=settings.seq_len, layout=settings.stages
+    )
 
 
 def default_threads(index: RowGroupIndex) -> int:

@@ -28,6 +28,7 @@ capped, and any problem is a :class:`CheckpointError`.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import struct
@@ -49,6 +50,7 @@ __all__ = [
     "State",
     "decode",
     "diff_config",
+    "diff_revisions",
     "encode",
     "load_checkpoint",
     "merge",
@@ -76,13 +78,21 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "stages",
     "where",
     "length_column",
+    "revisions",
+    "layout",
 )
 # Fields of text sources (plitzer.text: the tokenizer's identity and the BOS/EOS
 # policy), added within format 2: written only when they differ from these values
 # (a checkpoint of token data is byte for byte what plitzer 0.2 wrote), and read as
 # these when absent.
 # Mixtures (planner.mixture) add their sources ([name, fingerprint] each) and stages
-# ([start step, {source: weight}] each) the same way.
+# ([start step, {source: weight}] each) the same way. Sources on the Hugging Face Hub
+# add their revisions ([source without revision, commit, files digest] each,
+# planner.hf.revisions): not part of the dataset's identity (a checkpoint carries to
+# a copy on disk), so they are compared by diff_revisions, not diff_config.
+# Layout stages (planner.layout) add ``layout`` ([start step, lanes, seq_len] each, from
+# step 0; ``lanes`` and ``seq_len`` are then the first stage's), written only when there
+# is more than one.
 _OPTIONAL: dict[str, Any] = {
     "tokenizer": "",
     "add_bos": False,
@@ -91,6 +101,8 @@ _OPTIONAL: dict[str, Any] = {
     "stages": [],
     "where": "",
     "length_column": "",
+    "revisions": [],
+    "layout": [],
 }
 _INT_LIMIT = 2**63
 
@@ -225,6 +237,7 @@ def decode(data: bytes | bytearray | memoryview) -> State:
             why = f"{k} is {config[k]!r}, expected true or false"
             raise _fail(why)
     _check_mixture(config)
+    _check_layout(config)
     for k in ("where", "length_column"):
         v = config[k]
         pairs = isinstance(v, list) and all(
@@ -233,6 +246,12 @@ def decode(data: bytes | bytearray | memoryview) -> State:
         if not isinstance(v, str) and not pairs:
             why = f"{k} is {v!r}, expected a string or [source, string] pairs"
             raise _fail(why)
+    revs = config["revisions"]
+    if not isinstance(revs, list) or not all(
+        isinstance(x, list) and len(x) == 3 and all(isinstance(v, str) for v in x) for x in revs
+    ):
+        why = "revisions must list [source, commit, files digest] triples"
+        raise _fail(why)
     for k in ("seed", "lanes", "seq_len", "window"):
         _int(config[k], k, low=1 if k != "seed" else 0)
     for k in ("column", "dtype", "fingerprint"):
@@ -241,8 +260,9 @@ def decode(data: bytes | bytearray | memoryview) -> State:
             raise _fail(why)
     step = _int(doc["step"], "step")
     rows = doc["lanes"]
-    if not isinstance(rows, list) or not rows or len(rows) > config["lanes"]:
-        why = f"lanes must list 1..{config['lanes']} lane positions"
+    b = lanes_at(config, step)
+    if not isinstance(rows, list) or not rows or len(rows) > b:
+        why = f"lanes must list 1..{b} lane positions"
         raise _fail(why)
     for row in rows:
         if not isinstance(row, list) or len(row) != 5:
@@ -252,7 +272,7 @@ def decode(data: bytes | bytearray | memoryview) -> State:
             _int(v, name)
     positions = np.array(rows, dtype=np.int64).reshape(-1, 5)
     lanes = positions[:, 0]
-    if np.any(np.diff(lanes) <= 0) or lanes[-1] >= config["lanes"]:
+    if np.any(np.diff(lanes) <= 0) or lanes[-1] >= b:
         why = "lane numbers must be increasing and below lanes"
         raise _fail(why)
     return State(config=config, step=step, positions=positions)
@@ -281,14 +301,75 @@ def _check_mixture(config: Mapping[str, Any]) -> None:
         raise _fail(why)
 
 
+def layout_of(config: Mapping[str, Any]) -> list[list[int]]:
+    """A configuration's layout stages ``[[start, lanes, seq_len], ...]`` (one stage when it has none)."""
+    rows = config.get("layout") or []
+    return [list(r) for r in rows] if rows else [[0, int(config["lanes"]), int(config["seq_len"])]]
+
+
+def lanes_at(config: Mapping[str, Any], step: int) -> int:
+    """The lanes of the layout stage in force at ``step``."""
+    return int([r for r in layout_of(config) if r[0] <= step][-1][1])
+
+
+def _check_layout(config: Mapping[str, Any]) -> None:
+    rows = config["layout"]
+    ok = isinstance(rows, list) and all(
+        isinstance(r, list) and len(r) == 3 and all(isinstance(v, int) and not isinstance(v, bool) for v in r)
+        for r in rows
+    )
+    if ok and rows:
+        ok = rows[0][0] == 0 and all(r[1] >= 1 and r[2] >= 1 for r in rows)
+        ok = ok and all(b[0] > a[0] for a, b in itertools.pairwise(rows))
+        ok = ok and [rows[0][1], rows[0][2]] == [config["lanes"], config["seq_len"]]
+    if not ok:
+        why = (
+            "layout must list [start step, lanes, seq_len] stages from step 0, steps increasing, "
+            "the first one's lanes and seq_len those of the configuration"
+        )
+        raise _fail(why)
+
+
+def _diff_layout(a: Mapping[str, Any], b: Mapping[str, Any], step: int | None) -> list[str]:
+    """The layout stages that differ (up to ``step`` when given), field by field."""
+    la, lb = layout_of(a), layout_of(b)
+    if step is not None:
+        la, lb = [r for r in la if r[0] <= step], [r for r in lb if r[0] <= step]
+    if la == lb:
+        return []
+    if len(la) == len(lb) == 1:  # no layout stages: the fields as they are named
+        return [
+            f"{k}: checkpoint {x!r}, loader {y!r}"
+            for k, x, y in zip(("lanes", "seq_len"), la[0][1:], lb[0][1:], strict=True)
+            if x != y
+        ]
+    upto = "" if step is None else f" up to step {step}"
+    out = []
+    for i, (x, y) in enumerate(zip(la, lb, strict=False)):
+        for j, k in enumerate(("start step", "lanes", "seq_len")):
+            if x[j] != y[j]:
+                out.append(f"layout stage {i} {k}: checkpoint {x[j]}, loader {y[j]}")
+    for name, extra in (("checkpoint", la[len(lb) :]), ("loader", lb[len(la) :])):
+        if extra:
+            out.append(f"layout stages{upto} only the {name} has: {extra!r} ([start step, lanes, seq_len])")
+    return out
+
+
 def diff_config(checkpoint: Mapping[str, Any], current: Mapping[str, Any], *, step: int | None = None) -> list[str]:
     """Every differing configuration field, with both values.
 
     With ``step`` (a resume at that step), a mixture's stages that start after it
-    may differ: only the stages in effect up to ``step`` must agree.
+    may differ: only the stages in effect up to ``step`` must agree. So may layout
+    stages (``layout``, ``lanes`` and ``seq_len``): those up to ``step`` are compared,
+    stage by stage and field by field.
     """
     a, b = {**_OPTIONAL, **checkpoint}, {**_OPTIONAL, **current}
-    out = [f"{k}: checkpoint {a[k]!r}, loader {b[k]!r}" for k in CONFIG_FIELDS if k != "stages" and a[k] != b[k]]
+    out = []
+    for k in CONFIG_FIELDS:
+        if k == "lanes":
+            out += _diff_layout(a, b, step)
+        elif k not in ("stages", "revisions", "seq_len", "layout") and a[k] != b[k]:
+            out.append(f"{k}: checkpoint {a[k]!r}, loader {b[k]!r}")
     sa, sb = a["stages"], b["stages"]
     if step is not None:
         sa = [x for x in sa if x[0] <= step]
@@ -301,6 +382,34 @@ def diff_config(checkpoint: Mapping[str, Any], current: Mapping[str, Any], *, st
     elif sa != sb:
         out.append(f"stages: checkpoint {sa!r}, loader {sb!r}")
     return out
+
+
+def diff_revisions(checkpoint: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Hub sources whose branch moved to a commit whose files differ from the checkpoint's.
+
+    A source is matched by its URL without revision; one on one side only (a copy on
+    disk, another store) is not compared: the fingerprint says whether it is the same
+    dataset. The same files (every file's content hash equal) at another commit are the
+    same bytes, so they are accepted (docs/design.md, "Hub revisions in checkpoints").
+    """
+    theirs = {src: (commit, files) for src, commit, files in checkpoint.get("revisions", [])}
+    out = []
+    for src, commit, files in current.get("revisions", []):
+        if src in theirs and theirs[src][1] != files:
+            was = theirs[src][0]
+            out.append(
+                f"revision of {src}: checkpoint commit {was}, loader commit {commit} (the branch moved and the "
+                f"files changed); resume with {_pinned(src, was)} to read what the run began with"
+            )
+    return out
+
+
+def _pinned(src: str, commit: str) -> str:
+    """``hf://datasets/ORG/NAME/PATH`` at ``commit``: ``hf://datasets/ORG/NAME@COMMIT/PATH``."""
+    head, _, rest = src.partition("://")
+    parts = rest.split("/")
+    n = 3 if parts[0] in ("datasets", "spaces") else 2
+    return f"{head}://{'/'.join(parts[:n])}@{commit}" + ("/" + "/".join(parts[n:]) if parts[n:] else "")
 
 
 def merge(parts: Iterable[bytes]) -> bytes:
@@ -345,7 +454,7 @@ def merge(parts: Iterable[bytes]) -> bytes:
     if len(dup):
         msg = f"checkpoint parts overlap: lanes {dup[:10].tolist()} appear in more than one part"
         raise CheckpointError(msg)
-    b = int(first.config["lanes"])
+    b = lanes_at(first.config, first.step)
     missing = np.setdiff1d(np.arange(b), lanes)
     if len(missing):
         msg = (

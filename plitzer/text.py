@@ -53,7 +53,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from planner import footer
-from planner.cache import cache_dir, digest, write_atomic
+from planner.cache import cache_dir, digest, discard, read_entry, write_entry
 from planner.column import TokenDtype, token_range
 from planner.dataset import Counted, FileEntry, Index, index
 from planner.errors import ConfigError, DamagedChunkError, DataError, TokenizerChangedError, TokenRangeError, one_line
@@ -76,7 +76,7 @@ __all__ = [
     "tokens_array",
 ]
 
-_CACHE_FORMAT = "1"
+_CACHE_FORMAT = "2"  # 2: entries with a length and checksum (planner.cache)
 TEXT_DEFAULTS: dict[str, Any] = {"tokenizer": "", "add_bos": False, "add_eos": False}
 """The checkpoint fields of a token (not text) source."""
 
@@ -255,9 +255,13 @@ def _lengths_path(st: FileStat, column: str, tok: TextTokenizer) -> Path:
 
 
 def _load_lengths(path: Path, rows: int) -> NDArray[np.int64] | None:
+    raw = read_entry(path)
+    if raw is None:
+        return None
     try:
-        got: NDArray[np.int64] = np.load(io.BytesIO(path.read_bytes()), allow_pickle=False)
-    except (OSError, ValueError):
+        got: NDArray[np.int64] = np.load(io.BytesIO(raw), allow_pickle=False)
+    except (OSError, ValueError) as e:
+        discard(path, f"unreadable: {type(e).__name__}")
         return None
     if got.ndim != 1 or len(got) != rows or got.dtype != np.int64:
         return None  # stale or damaged: counted again, never trusted
@@ -387,12 +391,9 @@ class TextCounting:
             for g in range(md.num_row_groups)
         ]
         got = np.concatenate(per) if per else np.zeros(0, np.int64)
-        try:
-            buf = io.BytesIO()
-            np.save(buf, got, allow_pickle=False)
-            write_atomic(_lengths_path(e.stat, self.text_column, self.tokenizer), buf.getvalue())
-        except OSError:
-            pass  # a read-only cache costs time, not correctness
+        buf = io.BytesIO()
+        np.save(buf, got, allow_pickle=False)
+        write_entry(_lengths_path(e.stat, self.text_column, self.tokenizer), buf.getvalue())  # time, not rows
         return self._counted(e, got)
 
 

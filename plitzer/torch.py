@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -43,10 +44,10 @@ import polars as pl
 import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data._utils.collate import default_collate_fn_map
 from torch.utils.dlpack import from_dlpack
 
 from planner.dataset import Index
-from planner.plan import epoch_of_step
 from plitzer import state as ckpt
 from plitzer.batch import Batch as PlitzerBatch
 from plitzer.errors import CheckpointError, ConfigError
@@ -283,6 +284,32 @@ def _collective_device(group: Any) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
+_BATCH_SIZE_NONE = (
+    "plitzer.torch.Dataset yields whole steps: use DataLoader(dataset, batch_size=None, num_workers=0). "
+    "DataLoader's default batch_size=1 would wrap each step in a batch of one step and collate it, "
+    "and a batch_size of k would join k steps: the global batch is already lanes x seq_len"
+)
+
+
+def _refuse_auto_collation(caller: Any) -> None:
+    """Refuse ``DataLoader(dataset)`` with a batch_size before the first step is taken.
+
+    A DataLoader calls ``iter(dataset)`` from its fetcher's ``__init__``, right after
+    it has stored ``auto_collation`` (True unless ``batch_size=None``), so the
+    caller's frame tells, before any step is read. This reads torch's private
+    fetcher by duck typing; where a DataLoader reaches us otherwise, the collate
+    function registered below refuses the Batch with the same message (a step
+    later: docs/torch.md).
+    """
+    fetcher = caller.f_locals.get("self") if caller is not None else None
+    if type(fetcher).__name__ == "_IterableDatasetFetcher" and getattr(fetcher, "auto_collation", False):
+        raise ConfigError(_BATCH_SIZE_NONE)
+
+
+def _refuse_collate(batch: Any, *, collate_fn_map: Any = None) -> Any:
+    raise ConfigError(_BATCH_SIZE_NONE)
+
+
 class Dataset(IterableDataset[Batch]):
     """The loader of one rank as a PyTorch ``IterableDataset``: one item per step.
 
@@ -387,6 +414,7 @@ class Dataset(IterableDataset[Batch]):
 
     def __iter__(self) -> Iterator[Batch]:
         """The rest of the current epoch; the next loop gives the next epoch."""
+        _refuse_auto_collation(sys._getframe(1))
         info = get_worker_info()
         if info is not None:
             msg = (
@@ -431,11 +459,10 @@ class Dataset(IterableDataset[Batch]):
             raise ConfigError(msg)
         state = self._gather(part)
         step = ckpt.decode(state).step
-        s = self._loader.settings
         return {
             "checkpoint": state,
             "step": step,
-            "epoch": epoch_of_step(step, lanes=s.lanes, seq_len=s.seq_len, tokens=self._loader.epoch_tokens),
+            "epoch": self._loader.layout.run_at(step) // self._loader.epoch_tokens,
         }
 
     def set_weights(self, weights: Mapping[str, Any] | None, at_step: int | None = None) -> int:
@@ -468,6 +495,36 @@ class Dataset(IterableDataset[Batch]):
                 )
                 raise ConfigError(msg)
         return self._loader.set_weights(weights, at_step)
+
+    def set_layout(self, lanes: int | None = None, seq_len: int | None = None, at_step: int | None = None) -> int:
+        """Append a layout stage (:meth:`plitzer.Loader.set_layout`); the step it starts at.
+
+        From that step the batches are ``(lanes // world, seq_len)`` (docs/torch.md, "Layout
+        stages"). Collective when ``world > 1``, as :meth:`set_weights`: one all-gather of
+        ``[step, lanes, seq_len, at_step]`` checks that every rank makes the same call at the
+        same step; a mismatch is a ConfigError on every rank naming each rank's call, and no
+        rank changes its layout.
+        """
+        if self.world > 1 and _dist_ready():
+            group = self._group
+            dev = _collective_device(group)
+            call = [self.step, *(-1 if v is None else int(v) for v in (lanes, seq_len, at_step))]
+            mine = torch.tensor(call, dtype=torch.int64, device=dev)
+            calls = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(calls, mine, group=group)
+            got = [tuple(int(v) for v in c.cpu().tolist()) for c in calls]
+            if len(set(got)) > 1:
+
+                def show(v: int) -> str:
+                    return "None" if v < 0 else str(v)
+
+                each = "; ".join(
+                    f"rank {r}: step {c[0]}, lanes {show(c[1])}, seq_len {show(c[2])}, at_step {show(c[3])}"
+                    for r, c in enumerate(got)
+                )
+                msg = f"set_layout() differs across ranks ({each}): every rank must make the same call at the same step"
+                raise ConfigError(msg)
+        return self._loader.set_layout(lanes, seq_len, at_step)
 
     def load_state_dict(self, state: Mapping[str, Any] | bytes | bytearray | memoryview | torch.Tensor) -> None:
         """Resume from a ``state_dict()`` (or its bytes) taken at any world size."""
@@ -572,3 +629,8 @@ def _checkpoint_bytes(state: object) -> bytes:
         return bytes(state)
     msg = f"load_state_dict() takes what state_dict() returned (or its bytes), got {type(state).__name__}"
     raise CheckpointError(msg)
+
+
+# torch's default_collate dispatches on the element's type: a plitzer Batch is one
+# whole step and must not be collated (see _refuse_auto_collation).
+default_collate_fn_map[Batch] = _refuse_collate

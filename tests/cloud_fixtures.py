@@ -7,9 +7,12 @@
   account (``devstoreaccount1`` and its published key, no secret).
 
 Azurite is found as ``$PLITZER_AZURITE``, else ``azurite-blob`` on ``PATH``, else
-``node_modules/.bin/azurite-blob`` below the checkout (``npm install azurite``;
-.ci/run installs it into a folder of the CI run). Where it or gcp-storage-emulator
-is missing, the tests that need it skip, except under CI (``CI`` set), where they fail.
+``node_modules/.bin/azurite-blob`` below the checkout, else the tests install it
+themselves: where ``npm`` exists, ``npm install azurite@AZURITE_VERSION`` into the
+user's cache folder (``$XDG_CACHE_HOME/plitzer-tests``, default ``~/.cache``), once
+for every later run, under a file lock so that parallel test processes install it
+once. Only where npm (or node) is missing do the Azure tests skip, saying so in the
+summary line; under CI (``CI`` set) they fail instead.
 
 The session fixtures ``gcs`` and ``azure`` start each server once and upload the
 same generated dataset as tests/s3_fixtures.py's ``s3``.
@@ -17,6 +20,7 @@ same generated dataset as tests/s3_fixtures.py's ``s3``.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -42,6 +46,7 @@ AZ_ACCOUNT = "devstoreaccount1"
 AZ_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 GCS_PROJECT = "plitzer-test"
 _AZURITE_FLAGS = ("--silent", "--skipApiVersionCheck", "--disableTelemetry")
+AZURITE_VERSION = "3.35.0"
 
 
 def _missing(what: str) -> None:
@@ -131,6 +136,7 @@ class GCSEmulator:
 
 
 def azurite_binary() -> str | None:
+    """Azurite's ``azurite-blob``: given, on PATH, in the checkout, or installed here by npm (once)."""
     env = os.environ.get("PLITZER_AZURITE")
     if env:
         return env
@@ -138,7 +144,42 @@ def azurite_binary() -> str | None:
     if found:
         return found
     local = Path(__file__).resolve().parent.parent / "node_modules" / ".bin" / "azurite-blob"
-    return str(local) if local.exists() else None
+    if local.exists():
+        return str(local)
+    return _install_azurite()
+
+
+def _install_azurite() -> str | None:
+    """``npm install azurite`` into the user's cache folder, once, under a lock; None without npm."""
+    npm = shutil.which("npm")
+    if npm is None:
+        return None
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "plitzer-tests"
+    prefix = cache / f"azurite-{AZURITE_VERSION}"
+    binary = prefix / "node_modules" / ".bin" / "azurite-blob"
+    cache.mkdir(parents=True, exist_ok=True)
+    with (cache / "azurite.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers: one installs, the others wait
+        if not binary.exists():
+            done = subprocess.run(
+                [
+                    npm,
+                    "install",
+                    "--prefix",
+                    str(prefix),
+                    "--no-audit",
+                    "--no-fund",
+                    "--loglevel=error",
+                    f"azurite@{AZURITE_VERSION}",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
+            if done.returncode != 0 or not binary.exists():
+                _missing(f"npm install azurite@{AZURITE_VERSION} failed: {done.stderr.strip()[-500:]}")
+    return str(binary)
 
 
 class Azurite:
@@ -151,7 +192,7 @@ class Azurite:
             _missing("adlfs is not installed (pip install 'plitzer[test]')")
         binary = azurite_binary()
         if binary is None or shutil.which("node") is None:
-            _missing("Azurite is not installed (npm install azurite; or set PLITZER_AZURITE)")
+            _missing("Azurite is not installed and npm is missing (install Node.js and npm, or set PLITZER_AZURITE)")
         assert binary is not None
         self.port = free_port()
         self.endpoint = f"http://{HOST}:{self.port}/{AZ_ACCOUNT}"

@@ -12,7 +12,10 @@
   shorter than the range asked for), ``stall`` (no response at all) and
   ``stall_body`` (half the body, then nothing).
   It can also add latency: ``delay_s`` before each response and ``pace_bps``, the
-  most bytes per second it sends on one connection (benchmarks/s3.py's latency mode).
+  most bytes per second it sends on one connection (benchmarks/s3.py's latency mode),
+  and go away: :meth:`FaultProxy.refuse` drops every open connection and refuses new
+  ones (nothing listens on its port) for a given number of seconds, as a store's
+  endpoint in an incident or a restart.
 * :class:`SeededFaults` is such a schedule: each attempt at a (path, range) fails
   with a probability and a kind drawn from a hash of (seed, path, range, attempt),
   so the same requests fail in every run whatever the thread timing, and at most
@@ -187,6 +190,10 @@ class FaultProxy:
         self.requests: list[Request] = []
         self.inflight = 0
         self.peak_inflight = 0
+        self.refusals = 0  # connections dropped by refuse()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._server: asyncio.Server | None = None
+        self._stopping = False
         self._attempts: dict[tuple[str, str, str | None], int] = {}
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -209,7 +216,12 @@ class FaultProxy:
         with self._lock:
             return list(self.requests)
 
+    def refuse(self, seconds: float) -> None:
+        """From now, for ``seconds``: every open connection reset, every new one refused."""
+        asyncio.run_coroutine_threadsafe(self._refuse(seconds), self._loop).result(10)
+
     def stop(self) -> None:
+        self._stopping = True
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._stop_event.set)
         self._thread.join(10)
@@ -221,14 +233,32 @@ class FaultProxy:
         self._loop.run_until_complete(self._serve_forever())
         self._loop.close()
 
+    async def _refuse(self, seconds: float) -> None:
+        if self._server is not None:
+            self._server.close()  # nothing listens: connecting is refused (ECONNREFUSED)
+            self._server = None
+        for w in list(self._writers):
+            self.refusals += 1
+            _reset(w)
+        await asyncio.sleep(0)
+        self._relisten = self._loop.create_task(self._listen(seconds))
+
+    async def _listen(self, after: float) -> None:
+        await asyncio.sleep(after)
+        if self._stopping or self._server is not None:
+            return
+        self._server = await asyncio.start_server(self._client, HOST, self.port, reuse_address=True)
+
     async def _serve_forever(self) -> None:
         self._stop_event = asyncio.Event()
-        server = await asyncio.start_server(self._client, HOST, 0)
-        self.port = server.sockets[0].getsockname()[1]
+        self._server = await asyncio.start_server(self._client, HOST, 0)
+        self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
-        async with server:
+        try:
             await self._stop_event.wait()
-            server.close()
+        finally:
+            if self._server is not None:
+                self._server.close()
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for task in tasks:
                 task.cancel()
@@ -236,6 +266,7 @@ class FaultProxy:
             await asyncio.sleep(0.05)  # let the closed transports finish closing
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
         try:
             while True:
                 try:
@@ -272,6 +303,7 @@ class FaultProxy:
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
+            self._writers.discard(writer)
             with contextlib.suppress(Exception):
                 writer.close()
 

@@ -89,6 +89,8 @@ RULES: dict[str, Rule] = {
     'pip install "plitzer[torch]"': INSTALL,
     'pip install "plitzer[azure]"': INSTALL,
     'pip install "plitzer[gcs]"': INSTALL,
+    'pip install "plitzer[hf]"': INSTALL,
+    'pip install "plitzer[http]"': INSTALL,
     'pip install "plitzer[grain]"': INSTALL,
     'pip install -c .ci/constraints.txt -e ".[baseline]"': INSTALL,
     'pip install -c .ci/constraints.txt -e ".[dev]"': CI,
@@ -97,7 +99,7 @@ RULES: dict[str, Rule] = {
     "mypy": CI,
     "ruff check .": CI,
     "ruff format --check .": CI,
-    "python -m pytest": CI,
+    "python -m pytest -n auto": CI,
     "python -m pytest tests/test_damaged.py tests/test_reliability.py tests/test_extremes.py tests/test_index.py "
     "tests/test_s3.py tests/test_shutdown.py tests/test_soak.py": CI,
     # the CLI, in the order the docs use it: the commands that write data first
@@ -117,6 +119,11 @@ RULES: dict[str, Rule] = {
     "plitzer explain data/demo --lanes 64 --window 8 --seq-len 2048 --step 40 --lane 3": R,
     "plitzer explain data/sample --step 3 --lanes 16 --window 4 --seq-len 512 [--lane 5] [--format csv]": scaled(
         "plitzer explain data/sample --step 3 --lanes 16 --window 4 --seq-len 512 --lane 5 --format csv"
+    ),
+    'plitzer locate data/sample --where "id in (7, 123)" --lanes 16 --window 4 --seq-len 512 --epochs 0:2': R,
+    'plitzer locate DATA --where "..." [--epochs a:b] [--steps N] [--format csv]': synopsis("plitzer locate"),
+    "python benchmarks/locate.py": scaled(
+        "python benchmarks/locate.py --row-groups 2000 --data-row-groups 40 --counts 1,10 --lanes 64 --window 8"
     ),
     "plitzer audit data/demo --lanes 64 --window 8 --world 4 --out report.html": R,
     "plitzer audit data/sample --lanes 16 --window 4 --world 4 --seq-len 512 --out audit.html": R,
@@ -177,6 +184,10 @@ RULES: dict[str, Rule] = {
     "python benchmarks/memory.py --data data/synth-300M": scaled(
         f"python benchmarks/memory.py --data data/synth-300M --limit 0.5 --budgets floor,256 {OUT}"
     ),
+    "python benchmarks/layout.py --tokens 20000000 --lanes 64 --seq-len 2048 --factor 4 --window 4": scaled(
+        "python benchmarks/layout.py --tokens 1000000 --lanes 8 --seq-len 256 --factor 4 --window 2 --repeat 1 "
+        "--data {scratch}/layout"
+    ),
     "python benchmarks/live_mixing.py --tokens 20000000 --lanes 64 --every 50": scaled(
         "python benchmarks/live_mixing.py --tokens 1000000 --lanes 16 --seq-len 256 --every 5 --repeat 1 "
         "--row-groups 300 --epochs 3 --data {scratch}/mix"
@@ -199,6 +210,9 @@ RULES: dict[str, Rule] = {
     "python benchmarks/s3.py --latency-ms 30 --pace-mbps 100": scaled(
         "python benchmarks/s3.py --latency-ms 30 --pace-mbps 100 --tokens 400000 --lanes 8 --seq-len 256 "
         "--cold-files 20"
+    ),
+    "python benchmarks/s3.py --store hf --latency-ms 30 --pace-mbps 100": scaled(
+        "python benchmarks/s3.py --store hf --latency-ms 30 --pace-mbps 100 --tokens 400000 --lanes 8 --seq-len 256"
     ),
     "python benchmarks/scaling.py": scaled(f"python benchmarks/scaling.py --sizes 1,2 --lanes 8 {OUT}"),
     "python benchmarks/scaling.py --sizes 50,150,300": scaled(

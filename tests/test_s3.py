@@ -380,7 +380,10 @@ def test_polars_and_duckdb_reach_the_same_objects(s3: S3Data) -> None:
         assert remote.scan(0, rank=rank).collect().equals(local.scan(0, rank=rank).collect())
     query = "select count(*) as n from reads"
     assert remote.sql(query).equals(local.sql(query))
-    docs = remote.sql(f"select count(*) as n, sum(len(tokens)) as t from read_parquet('{s3.url['synth']}/*.parquet')")
+    docs = remote.sql(
+        f"select count(*) as n, sum(len(tokens)) as t from read_parquet('{s3.url['synth']}/*.parquet')",
+        external_access=True,
+    )
     assert docs["n"][0] == remote.index["rows"].sum() and docs["t"][0] == remote.dataset.tokens
 
 
@@ -401,7 +404,7 @@ def test_sql_reaches_each_s3_source_with_its_own_options(s3: S3Data, proxy: Faul
     rows = planner.index(s3.local["synth"]).frame["rows"].sum()
     for url, via_proxy in ((through, True), (direct, False), (through, True)):
         proxy.reset()
-        got = p.sql(f"select count(*) as n from read_parquet('{url}/*.parquet')")
+        got = p.sql(f"select count(*) as n from read_parquet('{url}/*.parquet')", external_access=True)
         assert got["n"][0] == rows
         paths = {f"{r.path}?{r.query}" for r in proxy.log()}  # listings name the prefix in the query
         if via_proxy:

@@ -95,6 +95,8 @@ FAR = 10**7
 class _Replay(ReplayInterleave, Interleave):  # type: ignore[misc]
     """0.3's interleave where the loader takes an Interleave (live stages check the type)."""
 
+    layout_stages = None  # no layout stages: steps are lanes * seq_len tokens (Interleave.run_at)
+
     def window_start(self, unit: int) -> int:
         return int(self.window_starts(unit + 1)[-1])
 

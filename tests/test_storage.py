@@ -1,8 +1,12 @@
-"""One storage suite, run against every backend: local disk, S3, GCS and Azure.
+"""One storage suite, run against every backend: local disk, S3, GCS, Azure, the Hub and HTTP.
 
 S3 is moto's server, GCS is gcp-storage-emulator, Azure is Azurite, each a real
 server in its own process on loopback, started once per session
-(tests/s3_fixtures.py, tests/cloud_fixtures.py). fsspec's shared abstract tests
+(tests/s3_fixtures.py, tests/cloud_fixtures.py); the Hugging Face Hub and a static
+HTTP server are loopback servers in this process (tests/hub_server.py). On the Hub a
+source is pinned to a commit, so the suite's "replace" and "delete" rewrite the
+repository's history (the pinned commit is gone); a plain commit that moves the
+branch is what tests/test_hub.py shows a pinned reader never notices. fsspec's shared abstract tests
 are the model: each test below runs for each store, through the public
 :class:`planner.storage.Storage` interface and the loader.
 
@@ -31,13 +35,15 @@ from planner.storage import LocalStorage, Storage
 from plitzer.settings import default_threads
 from tests.cloud_fixtures import CloudData, azure, gcs
 from tests.conftest import tokens_of
+from tests.hub_server import HubData, WebData, hub, web
 from tests.s3_fixtures import S3Data, s3
 
-__all__ = ["azure", "gcs", "s3"]  # the fixtures, imported for pytest
+__all__ = ["azure", "gcs", "hub", "s3", "web"]  # the fixtures, imported for pytest
 
 SETTINGS = {"lanes": 8, "window": 3, "world": 2}
 CFG = {"seed": 7, "lanes": 8, "window": 3, "seq_len": 96}
-STORES = ("local", "s3", "gcs", "azure")
+STORES = ("local", "s3", "gcs", "azure", "hf", "http")
+SUITE_REPO = "plitzer/suite"  # the suite's own Hub repository (its history is rewritten)
 
 
 @dataclass
@@ -51,8 +57,11 @@ class Store:
     options: Callable[..., dict[str, Any] | None]
     put: Callable[[str, bytes], None]
     delete: Callable[[str], None]
+    manifest: bool = False  # HTTP: a folder is read through its manifest.txt
 
     def url(self, prefix: str) -> str:
+        if self.manifest and not prefix.endswith(".parquet"):
+            return f"{self.root}/{prefix}/manifest.txt"
         return f"{self.root}/{prefix}"
 
     def upload(self, local: Path, prefix: str) -> str:
@@ -99,6 +108,30 @@ def _cloud_store(name: str, data: CloudData) -> Store:
     )
 
 
+def _hub_store(hub: HubData) -> Store:
+    server = hub.server
+
+    def put(key: str, data: bytes) -> None:
+        server.commit(SUITE_REPO, {key: data}, squash=True)
+
+    def delete(key: str) -> None:
+        server.commit(SUITE_REPO, delete=(key,), squash=True)
+
+    return Store("hf", f"hf://datasets/{SUITE_REPO}", hub.url, hub.local, hub.options, put, delete)
+
+
+def _web_store(web: WebData) -> Store:
+    def put(key: str, data: bytes) -> None:
+        p = web.root / key
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+
+    def delete(key: str) -> None:
+        (web.root / key).unlink()
+
+    return Store("http", web.server.endpoint, web.url, web.local, web.options, put, delete, manifest=True)
+
+
 @pytest.fixture(params=STORES)
 def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Store:
     name = request.param
@@ -107,6 +140,10 @@ def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         return _local_store(tmp_path_factory.mktemp("store"), synth)
     if name == "s3":
         return _s3_store(request.getfixturevalue("s3"))
+    if name == "hf":
+        return _hub_store(request.getfixturevalue("hub"))
+    if name == "http":
+        return _web_store(request.getfixturevalue("web"))
     return _cloud_store(name, request.getfixturevalue(name))
 
 
@@ -134,7 +171,7 @@ def test_listing_is_complete_ordered_and_paged(store: Store) -> None:
     assert [f.name for f in files] == sorted(keys, key=str.encode)
     assert [f.size for f in files] == [keys.index(f.name) + 1 for f in files]
     assert all(f.version for f in files)
-    assert all(f.location.startswith(store.url(prefix) + "/") for f in files)
+    assert all(f.location.endswith(f"{prefix}/{f.name}") for f in files)
     # One object is a source named by its base name, like a local file.
     (one,) = store.open(store.url(f"{prefix}/{keys[4]}")).list_files()
     assert one.name == keys[4].rsplit("/", 1)[1] and one.size == 5
@@ -223,7 +260,7 @@ def test_same_batches_as_local_disk(store: Store) -> None:
         assert len(a) == len(b) > 0
         for t, (x, y) in enumerate(zip(a, b, strict=True)):
             assert x.tobytes() == y.tobytes(), f"step {t}"
-        assert remote.checkpoint() == disk.checkpoint()
+        assert _without_revisions(remote.checkpoint()) == disk.checkpoint()
         assert remote.stats.retries == 0
     # Polars reaches the same files with the storage's options (plan.scan). Not on GCS:
     # Polars' object_store needs a Last-Modified header that gcp-storage-emulator does not send.
@@ -231,6 +268,14 @@ def test_same_batches_as_local_disk(store: Store) -> None:
         remote_plan = planner.plan(store.synth, storage_options=store.options(), **SETTINGS)
         disk_plan = planner.plan(store.local_synth, **SETTINGS)
         assert remote_plan.scan(0, rank=1).collect().equals(disk_plan.scan(0, rank=1).collect())
+
+
+def _without_revisions(state: bytes) -> bytes:
+    """The checkpoint as disk writes it: a Hub source's also records its commit (revisions)."""
+    from plitzer.state import State, decode, encode
+
+    st = decode(state)
+    return encode(State(config={**st.config, "revisions": []}, step=st.step, positions=st.positions))
 
 
 @pytest.mark.timeout(120)
@@ -348,7 +393,7 @@ def test_a_list_source_mixing_disk_and_s3_scans_each_file_with_its_own_storage(s
     for rank in (0, 1):
         assert both.scan(0, rank=rank).collect().equals(disk.scan(0, rank=rank).collect())
     # DuckDB reaches the S3 objects whichever source comes first.
-    got = both.sql(f"select count(*) as n from read_parquet('{remote}/*.parquet')")
+    got = both.sql(f"select count(*) as n from read_parquet('{remote}/*.parquet')", external_access=True)
     assert 2 * got["n"][0] == both.index["rows"].sum()
     # The loader's reader threads: as many as the S3 storage asks for, even when it is not first.
     assert default_threads(both.dataset) == max(os.cpu_count() or 2, 16)
@@ -375,5 +420,5 @@ def test_a_mixture_across_stores_reads_each_source_with_its_own_options(
     # SQL over the mixture: each source's read_parquet reaches its own store.
     p = planner.plan(sources, weights=weights, **SETTINGS)
     for name, url in (("s3", s3.url["synth"]), ("gcs", gcs.url["synth"]), ("azure", azure.url["synth"])):
-        got = p.sql(f"select count(*) as n from read_parquet('{url}/*.parquet')")
+        got = p.sql(f"select count(*) as n from read_parquet('{url}/*.parquet')", external_access=True)
         assert got["n"][0] == planner.index(s3.local["synth"]).frame["rows"].sum(), name

@@ -1,4 +1,4 @@
-"""``plitzer tokenize`` from and to every store: local disk, S3 (moto), GCS and Azure (emulators).
+"""``plitzer tokenize`` from and to every store: local disk, S3 (moto), GCS and Azure (emulators), from the Hub.
 
 The same text files tokenized store to store give the same token columns as disk
 to disk, the rerun skips every complete output wherever it lies, the command line
@@ -22,9 +22,10 @@ from plitzer.cli import main
 from plitzer.tokenize import tokenize
 from tests.cloud_fixtures import CloudData, azure, gcs
 from tests.conftest import tokens_of
+from tests.hub_server import HubData, hub
 from tests.s3_fixtures import S3Data, s3
 
-__all__ = ["azure", "gcs", "s3"]  # the fixtures, imported for pytest
+__all__ = ["azure", "gcs", "hub", "s3"]  # the fixtures, imported for pytest
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -173,6 +174,32 @@ def test_tokenize_between_stores(
     with (
         plitzer.Loader(dst_url, storage_options=stores[dst].opts, lanes=4, window=2, seq_len=64) as remote,
         plitzer.Loader(reference, lanes=4, window=2, seq_len=64) as disk,
+    ):
+        for _ in range(5):
+            assert tokens_of(remote.next_batch()).tobytes() == tokens_of(disk.next_batch()).tobytes()
+
+
+@pytest.mark.timeout(120)
+def test_tokenize_and_text_sources_read_the_hub(
+    hub: HubData, text_dir: Path, model: str, reference: Path, tmp_path: Path
+) -> None:
+    """Text on the Hub: tokenized to disk as from disk, and read by the loader with a tokenizer as from disk."""
+    from tests.hub_server import files_of
+
+    hub.server.commit("plitzer/text", files_of(text_dir, "text"))
+    url = "hf://datasets/plitzer/text/text"
+    r = tokenize(url, tmp_path / "tok", tokenizer=model, jobs=1, progress=False, storage_options=hub.options())
+    assert (r.written, r.skipped) == (3, 0)
+    want, got = _tables(_local_files(reference)), _tables(_local_files(tmp_path / "tok"))
+    assert sorted(got) == sorted(want)
+    for rel, table in want.items():
+        assert got[rel]["input_ids"].equals(table["input_ids"]), rel
+    again = tokenize(url, tmp_path / "tok", tokenizer=model, jobs=1, progress=False, storage_options=hub.options())
+    assert (again.written, again.skipped) == (0, 3)
+    settings = {"text_column": "text", "tokenizer": model, "lanes": 4, "window": 2, "seq_len": 64}
+    with (
+        plitzer.Loader(url, storage_options=hub.options(), **settings) as remote,
+        plitzer.Loader(text_dir, **settings) as disk,
     ):
         for _ in range(5):
             assert tokens_of(remote.next_batch()).tobytes() == tokens_of(disk.next_batch()).tobytes()

@@ -20,9 +20,12 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from planner.layout import Layout
+
 __all__ = [
     "plot_amplification",
     "plot_lane_balance",
+    "plot_layout",
     "plot_lengths",
     "plot_lockstep",
     "plot_reads_per_rank",
@@ -153,6 +156,24 @@ def plot_lockstep(steps: pl.DataFrame, ax: Axes | None = None) -> Figure:
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper right", fontsize="small")
     ax.set_title("lanes in lockstep")
+    return fig
+
+
+def plot_layout(layout: Layout, steps: int, ax: Axes | None = None) -> Figure:
+    """Tokens per step (global batch) and sequence length over the run's layout stages."""
+    fig, ax = _axes(ax)
+    starts = [s.start for s in layout.stages] + [steps]
+    x = np.array(starts, dtype=np.int64)
+    tokens = [s.per_step for s in layout.stages]
+    seq = [s.seq_len for s in layout.stages]
+    ax.step(x, [*tokens, tokens[-1]], where="post", color="#aa3377", label="tokens per step")
+    ax.step(x, [*seq, seq[-1]], where="post", color="#4477aa", label="sequence length")
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("tokens")
+    ax.set_xlim(0, steps)
+    ax.legend(loc="lower right", fontsize="small")
+    ax.set_title("layout stages: tokens per step and sequence length")
     return fig
 
 

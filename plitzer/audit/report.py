@@ -7,18 +7,20 @@ import html
 import io
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Unpack
 
 import polars as pl
 
+from planner.layout import Layout
 from planner.mixture import MixturePlan
 from planner.plan import Plan
 from planner.rowgroups import RowGroupIndex
 from plitzer.audit.pictures import (
     plot_amplification,
     plot_lane_balance,
+    plot_layout,
     plot_lengths,
     plot_lockstep,
     plot_mixture,
@@ -119,7 +121,20 @@ _SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "Selection": (("selection", "selection_per_source"), ()),
     "Duplicate documents": (("duplicates",), ()),
     "Epochs": (("epochs_covered", "epoch_starts"), ()),
+    "Layout stages": (("layout",), ("layout",)),
 }
+
+
+def _layout_section(plan: Plan, layout: Layout, steps: int, out: _Sections) -> None:
+    """The layout stages: the table and a picture of tokens per step and sequence length over the run."""
+    tables, figures, notes = out
+    tables["layout"] = plan.layout_table()
+    figures["layout"] = plot_layout(layout, max(steps, layout.stages[-1].start + 1))
+    notes["Layout stages"] = (
+        "Lanes and sequence length from each stage's step on (SPEC section 12): at a stage's first step "
+        "the window in use is cut again into the new lanes (recut_window_index), later windows as usual. "
+        "The lane balance and lockstep pictures above are those of the first stage's layout."
+    )
 
 
 def _html_table(df: pl.DataFrame, caption: str, limit: int = 50) -> str:
@@ -289,14 +304,20 @@ def audit(
 
     out: _Sections = ({}, {}, {})
     _dataset_section(ix, plan, cfg, lengths, out)
-    _lanes_section(plan, seq_len, steps, per_epoch, out)
+    # Lane balance, lockstep and reads are drawn for one layout: the first stage's.
+    first = make_plan(ix, replace(cfg, layout=None)) if cfg.stages.staged else plan
+    _lanes_section(first, seq_len, steps, per_epoch, out)
     if isinstance(plan, MixturePlan):
         _mixture_section(plan, seq_len, max(1, min(20, steps * lanes * seq_len // total + 1)), out)
-    _reads_section(plan, cfg, windows, out)
+    _reads_section(first, cfg, windows, out)
     if "tokens_selected" in ix.frame.columns:
         _selection_section(ix, out)
     _duplicates_section(ix, out)
     tables, figures, notes = out
-    tables["epochs_covered"] = epochs_covered(total, lanes, seq_len, steps)
-    tables["epoch_starts"] = epoch_starts(total, lanes, seq_len, min(50, steps * lanes * seq_len // total + 1))
+    layout = cfg.stages if cfg.stages.staged else None
+    covered = (layout.run_at(steps) if layout is not None else steps * lanes * seq_len) // total + 1
+    tables["epochs_covered"] = epochs_covered(total, lanes, seq_len, steps, layout=layout)
+    tables["epoch_starts"] = epoch_starts(total, lanes, seq_len, min(50, covered), layout=layout)
+    if layout is not None:
+        _layout_section(plan, layout, steps, out)
     return Report(title=f"plitzer audit: {ix.source}", tables=tables, figures=figures, notes=notes)

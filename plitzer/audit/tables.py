@@ -14,6 +14,7 @@ import polars as pl
 from numpy.typing import NDArray
 
 from planner.api import PathSource, open_index
+from planner.layout import Layout
 from planner.mixture import MixturePlan
 from planner.plan import Plan, PlanSettings
 from planner.rowgroups import RowGroupIndex
@@ -240,30 +241,40 @@ def read_amplification(
     )
 
 
-def epochs_covered(tokens: int, lanes: int, seq_len: int, steps: int) -> pl.DataFrame:
+def epochs_covered(tokens: int, lanes: int, seq_len: int, steps: int, *, layout: Layout | None = None) -> pl.DataFrame:
     """What ``steps`` steps cover: tokens, epochs (fraction), and the last step's epoch label.
+
+    Under layout stages (``layout``) the run's tokens before a step are ``layout.run_at(step)``,
+    and ``steps_per_epoch`` is that of the first stage.
 
     >>> epochs_covered(tokens=1000, lanes=2, seq_len=100, steps=12)["epochs"][0]
     2.4
     """
     per_step = lanes * seq_len
+
+    def run(t: int) -> int:
+        return layout.run_at(t) if layout is not None else t * per_step
+
     return pl.DataFrame(
         {
             "steps": [steps],
-            "tokens": [steps * per_step],
-            "epochs": [steps * per_step / tokens],
-            "complete_epochs": [steps * per_step // tokens],
-            "last_step_epoch": [max(0, steps - 1) * per_step // tokens],
+            "tokens": [run(steps)],
+            "epochs": [run(steps) / tokens],
+            "complete_epochs": [run(steps) // tokens],
+            "last_step_epoch": [run(max(0, steps - 1)) // tokens],
             "steps_per_epoch": [tokens / per_step],
         }
     )
 
 
-def epoch_starts(tokens: int, lanes: int, seq_len: int, epochs: int) -> pl.DataFrame:
+def epoch_starts(tokens: int, lanes: int, seq_len: int, epochs: int, *, layout: Layout | None = None) -> pl.DataFrame:
     """epoch, first_step, steps: the steps labelled with each epoch (docs/glossary.md, "Step")."""
     per_step = lanes * seq_len
     e = np.arange(epochs + 1, dtype=np.int64)
-    first = -(-e * tokens // per_step)
+    if layout is not None:
+        first = np.array([layout.step_at_run(int(x) * tokens) for x in e], np.int64)
+    else:
+        first = -(-e * tokens // per_step)
     return pl.DataFrame({"epoch": e[:-1], "first_step": first[:-1], "steps": np.diff(first)})
 
 
@@ -280,7 +291,9 @@ def mixture_shares(plan: MixturePlan, seq_len: int, epochs: int = 1) -> pl.DataF
     n_win = rg.height // w
     starts = plan.window_starts(n_win)
     per_step = plan.settings.lanes * seq_len
-    bounds = np.array([st.start * per_step for st in plan.stages], dtype=np.int64)
+    lay = plan.layout if plan.layout is not None and plan.layout.staged else None
+    # A stage's first run token: X(step), the run's tokens before its step (layout stages: planner.layout).
+    bounds = np.array([lay.run_at(st.start) if lay else st.start * per_step for st in plan.stages], dtype=np.int64)
     stage = np.searchsorted(bounds, starts, side="right") - 1
     names = plan.names
     src = np.searchsorted(np.array(names), rg["source"].to_numpy())[: n_win * w]
@@ -298,7 +311,11 @@ def mixture_shares(plan: MixturePlan, seq_len: int, epochs: int = 1) -> pl.DataF
                 pl.DataFrame(
                     {
                         "window": sel.astype(np.int64),
-                        "step": starts[sel] // per_step,
+                        "step": (
+                            np.array([lay.step_at_run(int(x) + 1) - 1 for x in starts[sel]], np.int64)
+                            if lay
+                            else starts[sel] // per_step
+                        ),
                         "stage": np.full(len(sel), s, np.int64),
                         "source": [name] * len(sel),
                         "target_share": np.full(len(sel), weights[j] / weights.sum()),

@@ -1,0 +1,175 @@
+"""Layout stages: ``lanes`` and ``seq_len`` that change at global steps (SPEC section 12).
+
+A layout is a list of stages ``(start step, lanes, seq_len)`` from step 0. Stage ``i``
+runs the steps ``[s_i, s_{i+1})`` with ``B_i`` lanes of ``L_i`` tokens, so the run
+tokens consumed before step ``t`` are ``X(t) = sum of (steps of each earlier stage) *
+B * L`` (:meth:`Layout.run_at`). At the change to stage ``i`` the lanes have consumed
+exactly the run's tokens ``[0, X_i)``; the window holding run token ``X_i`` (the last one
+begun) is cut again: what the old lanes have not consumed of it (lane 0's rest first,
+each in the order it would have packed it) is a stream of ``T = R_{b+1} - X_i`` tokens
+cut into ``B_i`` lanes by the rule of section 3.4 with ``z = X_i mod B_i`` and no
+second shuffle; later windows are cut into ``B_i`` lanes as usual. From the change on,
+run token ``x >= X_i`` goes to lane ``x mod B_i`` (cards again), so lane ``k`` of stage
+``i`` has received ``ceil((x - k) / B_i) - ceil((X_i - k) / B_i)`` tokens of the stage
+once the run has ``x`` (:func:`stage_tokens`). docs/design.md, "Layout stages", has a
+worked example.
+
+>>> lay = Layout.of(lanes=[(0, 4), (3, 2)], seq_len=[(0, 8), (3, 32)])
+>>> lay.stages
+(LayoutStage(start=0, lanes=4, seq_len=8), LayoutStage(start=3, lanes=2, seq_len=32))
+>>> lay.run_at(3), lay.run_at(5), lay.step_at_run(97)
+(96, 224, 4)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from planner.errors import ConfigError
+
+__all__ = ["Layout", "LayoutStage", "parse_values", "stage_tokens"]
+
+I64 = NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutStage:
+    """From global step ``start`` on: ``lanes`` sequences of ``seq_len`` tokens a step."""
+
+    start: int
+    lanes: int
+    seq_len: int
+
+    @property
+    def per_step(self) -> int:
+        return self.lanes * self.seq_len
+
+
+def stage_tokens(x: Any, k: Any, lanes: int, begin: int) -> I64:
+    """Tokens lane ``k`` of a stage that began at run token ``begin`` has received once the run has ``x``.
+
+    ``ceil((x - k) / B) - ceil((begin - k) / B)`` (for ``x >= begin``): the stage deals
+    run tokens ``begin, begin + 1, ...`` to lanes ``x mod B`` like cards.
+    """
+    xa, ka = np.asarray(x, np.int64), np.asarray(k, np.int64)
+    out: I64 = -((ka - xa) // lanes) + (ka - begin) // lanes
+    return out
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def parse_values(name: str, value: object, fix: str) -> list[tuple[int, int]]:
+    """``lanes=`` or ``seq_len=`` as stages ``[(step, value), ...]`` (an int is one stage from 0), checked."""
+    if _is_int(value):
+        if int(value) < 1:  # type: ignore[call-overload]
+            msg = f"{name}={value} must be >= 1; {fix}"
+            raise ConfigError(msg)
+        pairs: list[tuple[Any, Any]] = [(0, value)]
+    elif (
+        isinstance(value, (list, tuple)) and value and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value)
+    ):
+        pairs = [(p[0], p[1]) for p in value]
+    else:
+        msg = f"{name}={value!r} must be an integer >= 1, or stages [(global step, value), ...] from step 0; {fix}"
+        raise ConfigError(msg)
+    out: list[tuple[int, int]] = []
+    for step, v in pairs:
+        if not _is_int(step) or step < 0:
+            msg = f"{name}: stage step {step!r} must be an integer >= 0 (a global step); {fix}"
+            raise ConfigError(msg)
+        if not _is_int(v) or v < 1:
+            msg = f"{name}={v!r} (the stage at step {step}) must be an integer >= 1; {fix}"
+            raise ConfigError(msg)
+        if out and step <= out[-1][0]:
+            msg = f"{name}: stage steps must increase, got {step} after {out[-1][0]}; {fix}"
+            raise ConfigError(msg)
+        out.append((int(step), int(v)))
+    if out[0][0] != 0:
+        msg = f"{name}: the first stage must start at step 0, got {out[0][0]}; give (0, value) first. {fix}"
+        raise ConfigError(msg)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The layout stages of a run (one stage when ``lanes`` and ``seq_len`` are ints)."""
+
+    stages: tuple[LayoutStage, ...]
+
+    @classmethod
+    def of(cls, *, lanes: object, seq_len: object) -> Layout:
+        """The stages of ``lanes`` and ``seq_len`` (each an int or ``[(step, value), ...]``), merged."""
+        lv = parse_values("lanes", lanes, "lanes is the number of sequences per global batch")
+        sv = parse_values("seq_len", seq_len, "seq_len is the tokens per sequence, e.g. 2048")
+        steps = sorted({s for s, _ in lv} | {s for s, _ in sv})
+        out: list[LayoutStage] = []
+        for s in steps:
+            b = next(v for st, v in reversed(lv) if st <= s)
+            n = next(v for st, v in reversed(sv) if st <= s)
+            out.append(LayoutStage(s, b, n))
+        return cls(tuple(out))
+
+    @classmethod
+    def from_config(cls, rows: Sequence[Sequence[int]]) -> Layout:
+        return cls(tuple(LayoutStage(int(a), int(b), int(c)) for a, b, c in rows))
+
+    def as_config(self) -> list[list[int]]:
+        """``[[start, lanes, seq_len], ...]``, as checkpoints record it."""
+        return [[s.start, s.lanes, s.seq_len] for s in self.stages]
+
+    @property
+    def first(self) -> LayoutStage:
+        return self.stages[0]
+
+    @property
+    def staged(self) -> bool:
+        """More than one stage."""
+        return len(self.stages) > 1
+
+    def index_at(self, step: int) -> int:
+        """The stage in force at global step ``step``."""
+        i = 0
+        for j, s in enumerate(self.stages):
+            if s.start <= step:
+                i = j
+        return i
+
+    def at(self, step: int) -> LayoutStage:
+        return self.stages[self.index_at(step)]
+
+    def begins(self) -> list[int]:
+        """The run token each stage begins at (``X_i``)."""
+        out, x = [0], 0
+        for a, b in zip(self.stages, self.stages[1:], strict=False):
+            x += (b.start - a.start) * a.per_step
+            out.append(x)
+        return out
+
+    def run_at(self, step: int) -> int:
+        """Run tokens consumed before global step ``step``: ``X(step)``."""
+        i = self.index_at(step)
+        return self.begins()[i] + (step - self.stages[i].start) * self.stages[i].per_step
+
+    def step_at_run(self, run: int) -> int:
+        """The first step ``t`` with ``X(t) >= run``."""
+        begins = self.begins()
+        i = 0
+        for j, x in enumerate(begins):
+            if x <= run:
+                i = j
+        s = self.stages[i]
+        return s.start + max(0, -(-(run - begins[i]) // s.per_step))
+
+    def with_stage(self, stage: LayoutStage) -> Layout:
+        """This layout and ``stage`` after it (a live change)."""
+        return Layout((*self.stages, stage))
+
+    def __len__(self) -> int:
+        return len(self.stages)
