@@ -59,6 +59,8 @@ __all__ = [
     "Index",
     "ensure_index",
     "index",
+    "index_cache_path",
+    "index_entries",
     "list_files",
 ]
 
@@ -84,6 +86,8 @@ class FileEntry:
     stat: FileStat
     storage: Storage
     metadata: pq.FileMetaData | None = None
+    raw: bytes | None = None
+    """The footer bytes where they came with the listing (a job index, a rank's exchange)."""
 
 
 @dataclass
@@ -139,7 +143,7 @@ class Index:
             return e.metadata
         with self._lock:
             if e.metadata is None:
-                raw = footer.cached(e.stat)
+                raw = e.raw if e.raw is not None else footer.cached(e.stat)
                 if raw is None:
                     raw = footer.fetch(e.storage, e.stat)
                     footer.remember(e.stat, raw)
@@ -304,15 +308,20 @@ def _scan_footers(
     """Every file's footer (the cache's, else storage's) and what ``counting`` gets from it, concurrently."""
 
     def load(entry: FileEntry) -> Counted | None:
-        raw = footer.cached(entry.stat)
-        fresh = raw is None
-        if raw is None:
-            raw = footer.fetch(entry.storage, entry.stat)
-        entry.metadata = footer.parse(raw, entry.stat.location)
-        result = counting.scan(entry)
-        if fresh:
-            footer.remember(entry.stat, raw)  # only once it parsed and gave rows
-        return result
+        raw = entry.raw if entry.raw is not None else footer.cached(entry.stat)
+        if raw is not None:
+            entry.metadata = footer.parse(raw, entry.stat.location)
+            return counting.scan(entry)
+        with footer.fetch_lock(entry.stat):  # processes sharing the cache fetch a footer once
+            raw = footer.cached(entry.stat)
+            fresh = raw is None
+            if raw is None:
+                raw = footer.fetch(entry.storage, entry.stat)
+            entry.metadata = footer.parse(raw, entry.stat.location)
+            result = counting.scan(entry)
+            if fresh:
+                footer.remember(entry.stat, raw)  # only once it parsed and gave rows
+            return result
 
     show = progress if progress is not None else (len(entries) >= 64 and None)
     from tqdm import tqdm
@@ -412,11 +421,24 @@ def index(
     if counting is None:
         counting = FooterCounting(column, count)
     entries, src = list_files(source, storage_options)
+    return index_entries(entries, src, counting, progress=progress, threads=threads)
+
+
+def index_cache_path(entries: Sequence[FileEntry], counting: Counting) -> Path | None:
+    """Where the finished index of these files is cached (None: not cached for this counting)."""
     extra = counting.cache_key()
-    cached: Path | None = None
-    if extra is not None:
-        stats = [(e.stat.location, e.stat.size, e.stat.version, e.stat.name) for e in entries]
-        cached = cache_dir() / "index" / f"{digest(_INDEX_FORMAT, *extra, *stats)}.parquet"
+    if extra is None:
+        return None
+    stats = [(e.stat.location, e.stat.size, e.stat.version, e.stat.name) for e in entries]
+    return cache_dir() / "index" / f"{digest(_INDEX_FORMAT, *extra, *stats)}.parquet"
+
+
+def index_entries(
+    entries: list[FileEntry], src: str, counting: Counting, *, progress: bool | None = None, threads: int = 32
+) -> Index:
+    """The index of files already listed (:func:`index` after its listing; a job's shared listing)."""
+    cached = index_cache_path(entries, counting)
+    if cached is not None:
         hit = _from_cache(cached, counting, src, entries)
         if hit is not None:
             return hit

@@ -25,6 +25,7 @@ __all__ = [
     "TokenizerChangedError",
     "PlitzerError",
     "SelectionError",
+    "StaleIndexError",
     "StorageError",
     "UsageError",
     "one_line",
@@ -99,6 +100,14 @@ class FileChangedError(StorageError):
     def __init__(self, msg: str, *, file: str | None = None, row_group: int | None = None, row: int | None = None):
         super().__init__(msg)
         self.file, self.row_group, self.row = file, row_group, row
+
+
+class StaleIndexError(ConfigError):
+    """A job index whose files are not the dataset's any more (one added, removed or changed)."""
+
+    def __init__(self, msg: str, *, file: str | None = None):
+        super().__init__(msg)
+        self.file = file
 
 
 class CheckpointError(PlitzerError, ValueError):

@@ -20,8 +20,11 @@ only reads.
 
 from __future__ import annotations
 
+import os
 import struct
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,6 +42,7 @@ __all__ = [
     "cached",
     "check_level_histograms",
     "fetch",
+    "fetch_lock",
     "parse",
     "remember",
     "row_groups",
@@ -133,6 +137,42 @@ def cached(st: FileStat) -> bytes | None:
 def remember(st: FileStat, raw: bytes) -> None:
     """Keep the file's footer bytes in the local cache (where it can be written)."""
     write_entry(_path(st), raw)
+
+
+_LOCK_STRIPES = 1024
+
+
+@contextmanager
+def fetch_lock(st: FileStat) -> Iterator[None]:
+    """Hold the cache's lock for ``st``'s footer, so processes sharing the cache fetch it once.
+
+    An advisory ``flock`` on one of 1,024 lock files (picked by the footer's cache name)
+    in a folder of the system's temporary folder named after the cache folder: the
+    holder fetches and remembers, the next finds the footer cached. Where locks are
+    unavailable (no ``fcntl``, no writable temporary folder) it holds nothing: a footer
+    may then be fetched twice, never wrongly.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    name = _path(st).stem
+    # Beside the cache, not in it (the cache holds entries only): processes of one machine
+    # that share the cache folder share the temporary folder too.
+    folder = Path(tempfile.gettempdir()) / f"plitzer-locks-{digest(str(cache_dir()))[:16]}"
+    path = folder / f"{int(name[:8], 16) % _LOCK_STRIPES:04d}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 Row = tuple[int, int, int, int, int, int, bool]  # row_group, rows, tokens, empty_docs, offset, length, check

@@ -40,8 +40,9 @@ A mixture of one source is exactly that source's own plan (docs/design.md, "The 
 from __future__ import annotations
 
 import hashlib
-import math
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -243,7 +244,12 @@ def mixture_index(
 
 
 class _Source:
-    """One source's infinite stream of row groups: its epochs' permutations in turn."""
+    """One source's infinite stream of row groups: its epochs' permutations in turn.
+
+    ``cum(p)`` is the tokens of the stream's first ``p`` items and ``count_below(a)``
+    how many leading items hold fewer than ``a`` tokens together: each needs the
+    permutation of one source epoch (a few are kept), never the items before it.
+    """
 
     def __init__(self, name: str, tokens: I64, base: int, seed: int) -> None:
         self.g = len(tokens)
@@ -251,7 +257,21 @@ class _Source:
         self.base = base
         self.key = source_key(name)
         self.seed = seed
-        self._perm: dict[int, I64] = {}
+        self.epoch_tokens = int(tokens.sum())
+        self.largest = int(tokens.max()) if self.g else 0
+        self._perm: dict[int, tuple[I64, I64]] = {}
+
+    def _epoch(self, e: int) -> tuple[I64, I64]:
+        """Source epoch ``e``'s permutation and its prefix sums of tokens (``g + 1`` of them)."""
+        got = self._perm.get(e)
+        if got is None:
+            perm = permutation(self.g, key(self.seed, self.key, e, 3))
+            prefix = np.zeros(self.g + 1, np.int64)
+            np.cumsum(self.tokens[perm], out=prefix[1:])
+            if len(self._perm) > 8:
+                self._perm.clear()
+            got = self._perm[e] = (perm, prefix)
+        return got
 
     def items(self, start: int, stop: int) -> tuple[I64, I64, I64]:
         """Items ``[start, stop)`` of the stream: global row group, tokens, source epoch."""
@@ -259,15 +279,42 @@ class _Source:
         k = j // self.g
         out = np.empty(len(j), np.int64)
         for e in np.unique(k).tolist():
-            perm = self._perm.get(e)
-            if perm is None:
-                perm = permutation(self.g, key(self.seed, self.key, e, 3))
-                if len(self._perm) > 8:
-                    self._perm.clear()
-                self._perm[e] = perm
+            perm = self._epoch(e)[0]
             sel = k == e
             out[sel] = perm[j[sel] - e * self.g]
         return out + self.base, self.tokens[out], k
+
+    def cum(self, p: int) -> int:
+        """Tokens of the stream's first ``p`` items."""
+        e, r = divmod(p, self.g)
+        return e * self.epoch_tokens + (int(self._epoch(e)[1][r]) if r else 0)
+
+    def count_below(self, a: int) -> int:
+        """How many leading items hold fewer than ``a`` tokens (the largest ``p`` with ``cum(p) < a``)."""
+        if a <= 0:
+            return 0
+        e = (a - 1) // self.epoch_tokens
+        r = a - e * self.epoch_tokens
+        return e * self.g + int(np.searchsorted(self._epoch(e)[1][1:], r, side="left"))
+
+    def count_bounds(self, a: int) -> tuple[int, int]:
+        """Bounds on :meth:`count_below` from the epoch arithmetic alone (no permutation)."""
+        if a <= 0:
+            return 0, 0
+        e = (a - 1) // self.epoch_tokens
+        return e * self.g, (e + 1) * self.g
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """Where a stage entered the run: its first window, the run's tokens before it, and
+    the items each source had given by then (``pos``) with their tokens (``cum``)."""
+
+    stage: int
+    window: int
+    run: int
+    pos: tuple[int, ...]
+    cum: tuple[int, ...]
 
 
 class Interleave:
@@ -276,8 +323,14 @@ class Interleave:
     Units (windows) are numbered over the whole run; epoch ``e`` holds the windows
     whose first token is in ``[e*T, (e+1)*T)``, ``T`` being the tokens of the sources
     the first stage weighs (so a source that joins later, at weight 0 until then, moves
-    no epoch: docs/design.md, "Epochs of a mixture"). The stream is generated lazily, a
-    batch of windows at a time, and kept (a few int64 per row group of the run).
+    no epoch: docs/design.md, "Epochs of a mixture").
+
+    Nothing is replayed from the run's start (docs/design.md, "Seeking a mixture"): a
+    stage's merge takes every item of key below ``K`` first, so the items each source
+    has given after ``n`` items of a stage follow from one binary search over ``K`` (each
+    probe a ``searchsorted`` per source in one source epoch's prefix sums). What is kept is
+    one entry per stage entered, a few source epochs' permutations, and the last few
+    epochs' items: nothing grows with the run's length.
     """
 
     def __init__(
@@ -298,30 +351,119 @@ class Interleave:
         first = self.stages[0].weights
         self.total = sum(int(self._tokens[int(sizes[i]) : int(sizes[i + 1])].sum()) for i, w in enumerate(first) if w)
         self.total = self.total or int(self._tokens.sum())  # the first stage's sources hold no token
-        self._row_groups = len(self._tokens)
         self._rg_base = sizes
         self._sources = [
             _Source(n, self._tokens[int(sizes[i]) : int(sizes[i + 1])], int(sizes[i]), settings.seed)
             for i, n in enumerate(idx.names)
         ]
-        # the stream generated so far, in whole windows
-        self._items = np.zeros(0, np.int64)
-        self._sepochs = np.zeros(0, np.int64)
-        self._wtok = np.zeros(0, np.int64)
-        self._wstart = np.zeros(1, np.int64)  # run tokens before each window (and after the last)
-        self._consumed = [0] * len(self._sources)  # items of each source's stream taken
-        self._stage_given = [0] * len(self._sources)  # tokens of each source in this stage
-        self._stage = 0
-        self._stage_first = [0]  # the window at which each stage entered so far began
-        self._stage_consumed = [[0] * len(self._sources)]  # and the items each source had given then
+        n = len(self._sources)
+        self._entries = [_Entry(0, 0, 0, (0,) * n, (0,) * n)]
+        self._states: dict[tuple[int, int], tuple[int, ...]] = {}
+        self._segments: OrderedDict[int, tuple[I64, I64]] = OrderedDict()
+        self._firsts: dict[int, int] = {}
 
-    # -- the stream ----------------------------------------------------------------------
+    @property
+    def items_kept(self) -> int:
+        """Items (row groups of the stream) held now: the cached epochs' and the kept permutations'."""
+        seg = sum(len(a) for a, _ in self._segments.values())
+        return seg + sum(len(p) for s in self._sources for p, _ in s._perm.values())
 
-    def _stage_end(self) -> float:
-        if self._stage + 1 < len(self.stages):
-            assert self.seq_len is not None
-            return self.run_at(self.stages[self._stage + 1].start)
-        return math.inf
+    # -- one stage: counts after n items, found by key --------------------------------------
+
+    def _active(self, ent: _Entry) -> tuple[list[tuple[int, int]], int]:
+        weights = self.stages[ent.stage].weights
+        active = [(i, w) for i, w in enumerate(weights) if w > 0]
+        return active, sum(w for _, w in active)
+
+    def _at_key(self, ent: _Entry, k: int) -> list[int]:
+        """Items each source gave in the stage before key ``k`` (every item of key < k)."""
+        active, total_w = self._active(ent)
+        out = [0] * len(self._sources)
+        for i, w in active:
+            # key < k  <=>  C * W < k * w  <=>  C < ceil(k * w / W)
+            a = ent.cum[i] + -(-k * w // total_w)
+            out[i] = max(0, self._sources[i].count_below(a) - ent.pos[i])
+        return out
+
+    def _at_key_bounds(self, ent: _Entry, k: int) -> tuple[int, int]:
+        active, total_w = self._active(ent)
+        lo = hi = 0
+        for i, w in active:
+            a, b = self._sources[i].count_bounds(ent.cum[i] + -(-k * w // total_w))
+            lo += max(0, a - ent.pos[i])
+            hi += max(0, b - ent.pos[i])
+        return lo, hi
+
+    def _given(self, ent: _Entry, counts: Sequence[int]) -> int:
+        """Tokens the stage gave with ``counts`` items of each source."""
+        return sum(
+            s.cum(ent.pos[i] + c) - ent.cum[i] for i, (s, c) in enumerate(zip(self._sources, counts, strict=True)) if c
+        )
+
+    def _ties(self, ent: _Entry, k: int, counts: list[int]) -> list[tuple[int, I64]]:
+        """The items of key exactly ``k`` after ``counts``, per source in source order: (source, tokens)."""
+        nxt = self._at_key(ent, k + 1)
+        out = []
+        for i, (a, b) in enumerate(zip(counts, nxt, strict=True)):
+            if b > a:
+                p = ent.pos[i]
+                out.append((i, self._sources[i].items(p + a, p + b)[1]))
+        return out
+
+    def _state(self, ent: _Entry, n: int) -> tuple[int, ...]:
+        """Items each source gave in the first ``n`` items of the stage."""
+        got = self._states.get((ent.stage, n))
+        if got is not None:
+            return got
+        active, _ = self._active(ent)
+        biggest = max(self._sources[i].largest for i, _ in active)
+        lo, hi = 0, (n + 1) * max(1, biggest) + sum(self._sources[i].largest for i, _ in active) + 1
+        while hi - lo > 1:  # the largest key k with fewer than n + 1 items before it
+            mid = (lo + hi) // 2
+            b_lo, b_hi = self._at_key_bounds(ent, mid)
+            if b_hi <= n or (b_lo <= n and sum(self._at_key(ent, mid)) <= n):
+                lo = mid
+            else:
+                hi = mid
+        counts = self._at_key(ent, lo)
+        left = n - sum(counts)
+        for i, tok in self._ties(ent, lo, counts) if left else []:
+            take = min(left, len(tok))
+            counts[i] += take
+            left -= take
+        out = tuple(counts)
+        if len(self._states) > 4096:
+            self._states.clear()
+        self._states[(ent.stage, n)] = out
+        return out
+
+    def _first_reaching(self, ent: _Entry, y: int) -> int:
+        """The fewest items of the stage that hold at least ``y`` tokens."""
+        if y <= 0:
+            return 0
+        active, _ = self._active(ent)
+        # Before key k the stage holds D tokens with k - sum(t_s) <= D < k (docs/design.md).
+        lo, hi = y, y + sum(self._sources[i].largest for i, _ in active) + 1
+        while self._given(ent, self._at_key(ent, hi)) < y:
+            lo, hi = hi, 2 * hi
+        while hi - lo > 1:  # the largest key k before which the stage holds fewer than y tokens
+            mid = (lo + hi) // 2
+            if self._given(ent, self._at_key(ent, mid)) < y:
+                lo = mid
+            else:
+                hi = mid
+        counts = self._at_key(ent, lo)
+        d, n = self._given(ent, counts), sum(counts)
+        for _, tok in self._ties(ent, lo, counts):
+            c = d + np.cumsum(tok)
+            j = int(np.searchsorted(c, y, side="left"))
+            if j < len(tok):
+                return n + j + 1
+            d, n = int(c[-1]), n + len(tok)
+        msg = f"interleave: no item of key {lo} reaches token {y} of stage {ent.stage}"  # unreachable by the bound
+        raise AssertionError(msg)
+
+    # -- the stages of the run -------------------------------------------------------------
 
     def run_at(self, step: int) -> int:
         """The run's tokens before global step ``step`` (under the layout stages, :mod:`planner.layout`)."""
@@ -330,85 +472,76 @@ class Interleave:
         assert self.seq_len is not None
         return step * self.settings.lanes * self.seq_len
 
-    def _candidates(self, windows: int) -> tuple[list[int], list[I64], list[I64], list[I64], list[I64], list[I64]]:
-        """Each active source's next items (its share of ``windows`` windows plus one of its epochs of slack).
+    def _enter(self, ent: _Entry, windows: int) -> _Entry:
+        """The entry ``windows`` windows into ``ent``'s stage, as if the next stage began there."""
+        c = self._state(ent, windows * self.settings.window)
+        pos = tuple(p + x for p, x in zip(ent.pos, c, strict=True))
+        cum = tuple(s.cum(p) if x else q for s, p, x, q in zip(self._sources, pos, c, ent.cum, strict=True))
+        return _Entry(ent.stage + 1, ent.window + windows, ent.run + self._given(ent, c), pos, cum)
 
-        Returns the active sources and, per source, its items' global row groups,
-        tokens, source epochs, keys and stream numbers. Keys are virtual finish times
-        ``floor(C_s(m) * W / w_s)``, C_s counting the source's tokens since the stage began.
-        """
-        stage = self.stages[self._stage]
-        active = [i for i, w in enumerate(stage.weights) if w > 0]
-        total_w = sum(stage.weights[i] for i in active)
-        need = windows * self.settings.window
-        ids_l, tok_l, sep_l, key_l, num_l = [], [], [], [], []
-        for i in active:
-            src = self._sources[i]
-            start = self._consumed[i]
-            stop = start + -(-need * stage.weights[i] // total_w) + src.g
-            ids, tok, sep = src.items(start, stop)
-            ids_l.append(ids)
-            tok_l.append(tok)
-            sep_l.append(sep)
-            key_l.append(finish_keys(self._stage_given[i] + np.cumsum(tok), stage.weights[i], total_w))
-            num_l.append(np.arange(start, stop, dtype=np.int64))
-        return active, ids_l, tok_l, sep_l, key_l, num_l
+    def _next(self) -> _Entry | None:
+        """The entry of the stage after the last one computed (None after the last stage)."""
+        last = self._entries[-1]
+        if last.stage + 1 >= len(self.stages):
+            return None
+        end = self.run_at(self.stages[last.stage + 1].start)
+        n = self._first_reaching(last, end - last.run)
+        ent = self._enter(last, -(-n // self.settings.window))
+        self._entries.append(ent)
+        return ent
 
-    def _grow(self, windows: int) -> None:
-        """Generate at least ``windows`` more whole windows of the stream (or up to a stage's end)."""
-        w_size = self.settings.window
-        active, ids_l, tok_l, sep_l, key_l, num_l = self._candidates(windows)
-        # Only keys below every source's last generated key are certain: a source's
-        # later items have keys at least its last one.
-        horizon = min(int(k[-1]) for k in key_l)
-        keys = np.concatenate(key_l)
-        srcs = np.concatenate([np.full(len(ids), i, np.int64) for i, ids in zip(active, ids_l, strict=True)])
-        order = np.lexsort((np.concatenate(num_l), srcs, keys))
-        if len(active) > 1:
-            order = order[keys[order] < horizon]
-        n_win = len(order) // w_size
-        if n_win == 0:  # too few certain items for one window: ask for more
-            self._grow(2 * windows)
-            return
-        order = order[: n_win * w_size]
-        ids, tok = np.concatenate(ids_l)[order], np.concatenate(tok_l)[order]
-        sep, srcs = np.concatenate(sep_l)[order], srcs[order]
-        wtok = tok.reshape(n_win, w_size).sum(axis=1)
-        starts = int(self._wstart[-1]) + np.cumsum(wtok) - wtok
-        end = self._stage_end()
-        # The first window starting at or after the next stage's first token is that stage's.
-        cut = int(np.searchsorted(starts, end, side="left")) if end != math.inf else n_win
-        if cut > 0:
-            k = cut * w_size
-            self._append(ids[:k], sep[:k], wtok[:cut])
-            counts = np.bincount(srcs[:k], minlength=len(self._sources))
-            gave = np.bincount(srcs[:k], weights=tok[:k], minlength=len(self._sources))
-            for i in range(len(self._sources)):
-                self._consumed[i] += int(counts[i])
-                self._stage_given[i] += int(gave[i])
-        if cut < n_win:
-            self._stage += 1
-            self._stage_given = [0] * len(self._sources)
-            self._stage_first.append(len(self._wtok))
-            self._stage_consumed.append(list(self._consumed))
+    def _entry_of_unit(self, unit: int) -> _Entry:
+        """The entry of the stage that holds window ``unit``."""
+        while self._entries[-1].window <= unit and self._next() is not None:
+            pass
+        return next(e for e in reversed(self._entries) if e.window <= unit)
 
-    def _append(self, ids: I64, sep: I64, wtok: I64) -> None:
-        self._items = np.concatenate([self._items, ids])
-        self._sepochs = np.concatenate([self._sepochs, sep])
-        self._wtok = np.concatenate([self._wtok, wtok])
-        self._wstart = np.concatenate([self._wstart, int(self._wstart[-1]) + np.cumsum(wtok)])
-
-    def _ensure_run(self, run: int) -> None:
-        """Generate windows until the stream reaches past run token ``run``."""
-        while int(self._wstart[-1]) <= run:
-            left = run - int(self._wstart[-1])
-            mean = max(1, self.total // max(1, self._row_groups))
-            self._grow(max(1, min(4096, left // (mean * self.settings.window) + 1)))
+    def window_start(self, unit: int) -> int:
+        """The run's tokens before window ``unit``."""
+        ent = self._entry_of_unit(unit)
+        return ent.run + self._given(ent, self._state(ent, (unit - ent.window) * self.settings.window))
 
     def first_window_at(self, run: int) -> int:
         """The first window (unit) whose first token is at or after run token ``run``."""
-        self._ensure_run(run)
-        return int(np.searchsorted(self._wstart[:-1], run, side="left"))
+        if run <= 0:
+            return 0
+        got = self._firsts.get(run)
+        if got is None:
+            while self._entries[-1].run < run and self._next() is not None:
+                pass
+            ent = next(e for e in reversed(self._entries) if e.run < run)
+            got = ent.window + -(-self._first_reaching(ent, run - ent.run) // self.settings.window)
+            if len(self._firsts) > 4096:
+                self._firsts.clear()
+            self._firsts[run] = got
+        return got
+
+    def _segment(self, a: int, b: int) -> tuple[I64, I64]:
+        """Windows ``[a, b)`` of the stream: each position's global row group and source epoch."""
+        w = self.settings.window
+        ids_l, sep_l = [], []
+        u = a
+        while u < b:
+            ent = self._entry_of_unit(u)
+            nxt = self._entries[ent.stage + 1].window if ent.stage + 1 < len(self._entries) else b
+            stop = min(b, nxt)
+            c0, c1 = self._state(ent, (u - ent.window) * w), self._state(ent, (stop - ent.window) * w)
+            active, total_w = self._active(ent)
+            parts = []
+            for i, wt in active:
+                src, p = self._sources[i], ent.pos[i]
+                ids, tok, sep = src.items(p + c0[i], p + c1[i])
+                given = src.cum(p + c0[i]) - ent.cum[i]
+                keys = finish_keys(given + np.cumsum(tok), wt, total_w)
+                parts.append((ids, sep, keys, np.full(len(ids), i, np.int64), np.arange(len(ids), dtype=np.int64)))
+            ids, sep, keys, srcs, nums = (np.concatenate(x) for x in zip(*parts, strict=True))
+            order = np.lexsort((nums, srcs, keys))
+            ids_l.append(ids[order])
+            sep_l.append(sep[order])
+            u = stop
+        if not ids_l:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(ids_l), np.concatenate(sep_l)
 
     def add_stage(self, stage: Stage) -> int:
         """Append ``stage`` (after every stage so far); the first unit (window) it can change."""
@@ -418,18 +551,18 @@ class Interleave:
     def restage(self, stages: Sequence[Stage]) -> int:
         """Take ``stages`` (the same first stage); the first unit (window) the change can touch.
 
-        With ``k`` the first stage that differs, windows already generated from the first
-        one at or after the earlier of the two stages' steps are dropped, and the merge
-        state (items taken per source, tokens given in the stage in effect) is rewound to
-        that window, so the stream is the one an up-front list of ``stages`` gives. The
-        caller forgets every layout it derived from the dropped windows (docs/design.md,
-        "Live stages").
+        With ``k`` the first stage that differs, that is the first window at or after the
+        earlier of the two stages' steps (the windows before it are in the stages both lists
+        share). The entries of stage ``k`` on are forgotten and found again under the new
+        stages, so the stream is the one an up-front list of ``stages`` gives. The caller
+        forgets every layout it derived from the windows from that unit on
+        (docs/design.md, "Live stages").
         """
         assert self.seq_len is not None and stages[0] == self.stages[0]
         old, new = self.stages, tuple(stages)
         k = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), min(len(old), len(new)))
         if k == len(old) == len(new):
-            return len(self._wtok)
+            return 1 << 62  # nothing changes
         first = min(x.start for x in (*old[k : k + 1], *new[k : k + 1]))
         self.stages = new
         return self._rewind(k, self.run_at(first))
@@ -442,46 +575,33 @@ class Interleave:
             b = layout.run_at(st.start) if layout is not None else None
             if a != b:
                 return self._rewind(k, min(x for x in (a, b) if x is not None))
-        return len(self._wtok)
+        return 1 << 62  # no stage moves
 
     def _rewind(self, k: int, run: int) -> int:
-        """Drop the windows from the first one at or after run token ``run``; stages before ``k`` are kept."""
-        made = len(self._wtok)
-        cut = int(np.searchsorted(self._wstart[:made], run, side="left"))
-        # Rewind to window `cut`: the stage in effect there (one of the first k, which
-        # both lists share), and what each source had given by then, counted from that
-        # stage's first window (so a change costs the items of that stage, not the run's).
-        w = self.settings.window
-        j = min(int(np.searchsorted(np.array(self._stage_first), cut, side="right")) - 1, k - 1)
-        self._stage_first, self._stage_consumed = self._stage_first[: j + 1], self._stage_consumed[: j + 1]
-        self._stage = j
-        items = self._items[self._stage_first[j] * w : cut * w]
-        srcs = np.searchsorted(self._rg_base, items, side="right") - 1
-        n = len(self._sources)
-        counts = np.bincount(srcs, minlength=n)
-        gave = np.bincount(srcs, weights=self._tokens[items], minlength=n)
-        self._consumed = [int(a) + int(c) for a, c in zip(self._stage_consumed[j], counts, strict=True)]
-        self._stage_given = [int(g) for g in gave]
-        self._items, self._sepochs = self._items[: cut * w], self._sepochs[: cut * w]
-        self._wtok, self._wstart = self._wtok[:cut], self._wstart[: cut + 1]
-        # Windows not generated yet are generated under the new stages: the first unit
-        # the change can touch is at most the first one not generated (nothing planned it).
+        """Forget the entries of stage ``k`` on; the first window at or after run token ``run``.
+
+        The windows before it are in the stages before ``k``, the same under the old and
+        the new stages (and layout), so the answer does not depend on which entries of
+        stage ``k`` on were computed; those are forgotten and found again when asked.
+        """
+        cut = self.first_window_at(run)
+        self._entries = self._entries[:k]
+        self._states = {key: v for key, v in self._states.items() if key[0] < k}
+        self._segments.clear()
+        self._firsts.clear()
         return cut
 
     # -- epochs and units ----------------------------------------------------------------
 
     def _first_window(self, epoch: int) -> int:
         """The first window (unit) of ``epoch``: the first starting at or after e*T."""
-        self._ensure_run(epoch * self.total)
-        return int(np.searchsorted(self._wstart[:-1], epoch * self.total, side="left"))
+        return self.first_window_at(epoch * self.total)
 
     def unit(self, epoch: int, window: int) -> int:
         return self._first_window(epoch) + window
 
     def unit_epoch_window(self, unit: int) -> tuple[int, int]:
-        while len(self._wtok) <= unit:
-            self._ensure_run(int(self._wstart[-1]))
-        e = int(self._wstart[unit]) // self.total
+        e = self.window_start(unit) // self.total
         return e, unit - self._first_window(e)
 
     def windows_in(self, epoch: int) -> int:
@@ -492,31 +612,35 @@ class Interleave:
         return self.windows_in(0)
 
     def run_before(self, epoch: int) -> int:
-        first = self._first_window(epoch)  # first: it may grow the stream, which replaces _wstart
-        return int(self._wstart[first])
+        return self.window_start(self._first_window(epoch))
 
     def epoch_of_run(self, run: int) -> int:
-        self._ensure_run(run)
-        u = int(np.searchsorted(self._wstart, run, side="right")) - 1
-        return int(self._wstart[u]) // self.total
+        return self.window_start(self.first_window_at(run + 1) - 1) // self.total
+
+    def _epoch_items(self, epoch: int) -> tuple[I64, I64]:
+        got = self._segments.get(epoch)
+        if got is None:
+            got = self._segment(self._first_window(epoch), self._first_window(epoch + 1))
+            self._segments[epoch] = got
+            if len(self._segments) > 2:
+                self._segments.popitem(last=False)
+        else:
+            self._segments.move_to_end(epoch)
+        return got
 
     def layout(self, epoch: int) -> EpochPlan:
-        a, b = self._first_window(epoch), self._first_window(epoch + 1)
-        w = self.settings.window
-        order = self._items[a * w : b * w]
-        return layout_epoch(order, self._tokens, self._rows, self._empty, self.settings, epoch, int(self._wstart[a]))
+        order = self._epoch_items(epoch)[0]
+        return layout_epoch(order, self._tokens, self._rows, self._empty, self.settings, epoch, self.run_before(epoch))
 
     def window_starts(self, windows: int) -> I64:
-        while len(self._wtok) < windows:
-            self._ensure_run(int(self._wstart[-1]))
-        out: I64 = self._wstart[:windows]
+        w = self.settings.window
+        ids, _ = self._segment(0, windows)
+        wtok = self._tokens[ids].reshape(windows, w).sum(axis=1)
+        out: I64 = np.cumsum(wtok) - wtok
         return out
 
     def source_epochs(self, epoch: int) -> I64:
-        a, b = self._first_window(epoch), self._first_window(epoch + 1)
-        w = self.settings.window
-        out: I64 = self._sepochs[a * w : b * w]
-        return out
+        return self._epoch_items(epoch)[1]
 
 
 class MixturePlan(Plan):

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -114,13 +114,54 @@ class EpochPlan:
     window_z: I64  # z per window: the run's tokens before it, mod B
     first_rank: I64  # first rank that reads each position (-1: nobody, no rows)
     last_rank: I64
-    read_window: I64  # reads, sorted by (window, rank, position)
-    read_rank: I64
-    read_position: I64
+    # Windows of fewer tokens than lanes (the only ones where a rank can own no token, and
+    # so read nothing of a row group spanning it), and which ranks own a token there.
+    short_windows: I64
+    short_owns: NDArray[np.bool_]  # (len(short_windows), world)
+    _reads: list[tuple[I64, I64, I64]] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def windows(self) -> int:
         return len(self.window_tokens)
+
+    # Every rank's reads, (window, rank, position) sorted so, built on first use (the plan's
+    # tables): about positions x world / W of them, so a rank's loader, which asks
+    # :meth:`reads_of` only, never builds them (docs/design.md, "One index per job").
+
+    @property
+    def read_window(self) -> I64:
+        return self._all_reads()[0]
+
+    @property
+    def read_rank(self) -> I64:
+        return self._all_reads()[1]
+
+    @property
+    def read_position(self) -> I64:
+        return self._all_reads()[2]
+
+    def _owns(self, window: Any, rank: Any) -> NDArray[np.bool_]:
+        """Whether ``rank`` owns a token of ``window`` (arrays broadcast)."""
+        w, r = np.broadcast_arrays(np.asarray(window, np.int64), np.asarray(rank, np.int64))
+        out = np.ones(w.shape, bool)
+        if len(self.short_windows):
+            i = np.minimum(np.searchsorted(self.short_windows, w), len(self.short_windows) - 1)
+            sel = self.short_windows[i] == w
+            out[sel] = self.short_owns[i[sel], r[sel]]
+        return out
+
+    def _all_reads(self) -> tuple[I64, I64, I64]:
+        if not self._reads:
+            first, last = self.first_rank, self.last_rank
+            count = np.where(first >= 0, last - first + 1, 0)
+            rep = np.repeat(np.arange(len(first), dtype=np.int64), count)
+            offs = np.cumsum(count) - count
+            rank = first[rep] + (np.arange(len(rep), dtype=np.int64) - offs[rep])
+            keep = (rank == first[rep]) | (rank == last[rep]) | self._owns(self.window[rep], rank)
+            rep, rank = rep[keep], rank[keep]
+            sort = np.lexsort((rep, rank, self.window[rep]))
+            self._reads.append((self.window[rep][sort], rank[sort], rep[sort]))
+        return self._reads[0]
 
     def cuts(self, window: int, lanes: int, k: Any = None) -> I64:
         """``c_0..c_B`` of one window (with ``c_B = T_w``), or ``c_k`` for the given ``k``."""
@@ -135,13 +176,16 @@ class EpochPlan:
         return lane_of(x, t // lanes, t % lanes, self.window_z[window], lanes)
 
     def reads_of(self, window: int, rank: int) -> I64:
-        """Positions a rank reads in a window, in stream order."""
-        lo = np.searchsorted(self.read_window, window, side="left")
-        hi = np.searchsorted(self.read_window, window, side="right")
-        ranks = self.read_rank[lo:hi]
-        a = lo + np.searchsorted(ranks, rank, side="left")
-        b = lo + np.searchsorted(ranks, rank, side="right")
-        return self.read_position[a:b]
+        """Positions a rank reads in a window, in stream order (from the window's positions alone)."""
+        lo = int(np.searchsorted(self.window, window, side="left"))
+        hi = int(np.searchsorted(self.window, window, side="right"))
+        first, last = self.first_rank[lo:hi], self.last_rank[lo:hi]
+        hit = (first <= rank) & (rank <= last)  # -1, -1: a position nobody reads
+        inner = hit & (first != rank) & (last != rank)
+        if inner.any() and not bool(self._owns(window, rank)):
+            hit &= ~inner
+        out: I64 = lo + np.flatnonzero(hit)
+        return out
 
 
 def plan_epoch(tokens: I64, rows: I64, empty_docs: I64, settings: PlanSettings, epoch: int) -> EpochPlan:
@@ -204,8 +248,6 @@ def cut_epoch(
     What :func:`layout_epoch` does after placing the windows; a layout stage with
     other lanes (:mod:`planner.layout`) cuts the same windows again with it.
     """
-    g = len(order)
-    pos = np.arange(g, dtype=np.int64)
     tok = tokens[order]
     n = rows[order]
     emp = empty_docs[order]
@@ -220,24 +262,19 @@ def cut_epoch(
     first = np.where(n > 0, first, -1)
     last = np.where(n > 0, last, -1)
 
-    # A rank with an empty cut range (c_lo == c_hi, possible when T_w < B) owns no
-    # token, so it reads nothing even if a row group spans across it.
+    # A rank with an empty cut range (c_lo == c_hi) owns no token, so it reads nothing
+    # even if a row group spans across it. That needs T_w < B (else every lane gets
+    # q >= 1 tokens), so only those windows get a (windows x world) table: memory
+    # that grew with windows times ranks on every rank (docs/design.md, "One index per job").
+    short = np.flatnonzero(window_tokens < lanes).astype(np.int64)
     rk = np.arange(world, dtype=np.int64)[None, :]
-    wq = (window_tokens // lanes)[:, None]
-    wr = (window_tokens % lanes)[:, None]
-    wz = window_z[:, None]
+    wq = (window_tokens[short] // lanes)[:, None]
+    wr = (window_tokens[short] % lanes)[:, None]
+    wz = window_z[short][:, None]
     c_lo = cut_at(rk * lanes_per_rank, wq, wr, wz, lanes)
     c_hi = cut_at((rk + 1) * lanes_per_rank, wq, wr, wz, lanes)
-    nonempty = c_lo < c_hi
-    nonempty[:, -1] = True
-
-    count = np.where(n > 0, last - first + 1, 0)
-    rep = np.repeat(pos, count)
-    offs = np.cumsum(count) - count
-    rank = first[rep] + (np.arange(len(rep), dtype=np.int64) - offs[rep])
-    keep = (rank == first[rep]) | (rank == last[rep]) | nonempty[window[rep], rank]
-    rep, rank = rep[keep], rank[keep]
-    sort = np.lexsort((rep, rank, window[rep]))
+    owns = c_lo < c_hi
+    owns[:, -1] = True
     return EpochPlan(
         epoch=epoch,
         order=order,
@@ -247,9 +284,8 @@ def cut_epoch(
         window_z=window_z,
         first_rank=first,
         last_rank=last,
-        read_window=window[rep][sort],
-        read_rank=rank[sort],
-        read_position=rep[sort],
+        short_windows=short,
+        short_owns=owns,
     )
 
 

@@ -45,7 +45,8 @@ _EXAMPLES = {
         "  plitzer index data/sample\n"
         "  plitzer index s3://bucket/prefix --endpoint http://localhost:9000 --no-lengths\n"
         "  plitzer index data/fineweb-edu --where \"int_score >= 3 and language = 'en'\" --length-column token_count\n"
-        '  plitzer index s3://bucket/fineweb-edu --where "int_score >= 3" --engine ray --address auto'
+        '  plitzer index s3://bucket/fineweb-edu --where "int_score >= 3" --engine ray --address auto\n'
+        "  plitzer index s3://bucket/fineweb-edu --out s3://bucket/fineweb-edu.index   # a job index"
     ),
     "explain": (
         "examples:\n"
@@ -246,6 +247,12 @@ def cmd_index(args: argparse.Namespace) -> int:
         msg = "index reads one dataset; for a mixture use `plitzer plan --mixture FILE --table sources`"
         raise ConfigError(msg)
     ix = planner.index(source, column=args.column, storage_options=_storage_options(args), progress=True)
+    if args.out is not None:
+        from planner import jobindex
+
+        data = jobindex.encode(ix)
+        jobindex.write_object(args.out, data, _storage_options(args))
+        print(f"job index: {args.out} ({len(ix.files):,} files, {ix.row_groups:,} row groups, {len(data):,} bytes)")
     if args.where is not None:
         from plitzer.select import select_index, select_on_ray
 
@@ -569,6 +576,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --where: run the selection pass on this machine's cores, or as Ray tasks",
     )
     p.add_argument("--address", default=None, help="with --engine ray: the cluster (default: start a local one)")
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="PATH_OR_URL",
+        help="also write the job index there (a local path or s3://, gs://, az:// URL): every rank of a job "
+        "then reads that one object instead of every footer (Loader(..., index=PATH_OR_URL))",
+    )
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("plan", help="the plan tables, or SQL over them", epilog=_EXAMPLES["plan"], formatter_class=fmt)

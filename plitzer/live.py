@@ -66,11 +66,12 @@ def earliest_step(plan: Plan, step: int, seq_len: int) -> int:
     mix = _mixture(plan)
     order = _order(plan)
     unbegun = order.first_window_at(order.run_at(step))
+    last = 0 if unbegun == 0 else order.window_start(unbegun - 1)  # the last window begun
     if order.layout_stages is not None:
-        begun = 0 if unbegun == 0 else order.layout_stages.step_at_run(int(plan.window_starts(unbegun)[-1]) + 1)
+        begun = 0 if unbegun == 0 else order.layout_stages.step_at_run(last + 1)
     else:
         per_step = plan.settings.lanes * seq_len
-        begun = 0 if unbegun == 0 else int(plan.window_starts(unbegun)[-1]) // per_step + 1
+        begun = 0 if unbegun == 0 else last // per_step + 1
     return max(begun, mix.stages[-1].start + 1)
 
 

@@ -177,6 +177,11 @@ class Loader:
         ``length_column`` names an integer column holding each row's token count, so
         the selection pass need not decode the tokens. A mixture's sources may each
         have their own (``{"web": {"path": ..., "where": ...}}``).
+    index :
+        A job index (``plitzer index DATA --out PATH_OR_URL``): read that one object instead
+        of every footer. The source is still listed once; a file added, removed or changed
+        since the job index was written is a :class:`~plitzer.errors.StaleIndexError`
+        naming it (docs/design.md, "One index per job").
 
     Examples
     --------
@@ -214,6 +219,7 @@ class Loader:
         add_bos: bool = False,
         where: str | None = None,
         length_column: str | None = None,
+        index: str | None = None,
     ) -> None:
         settings = LoaderSettings.of(
             seed=seed,
@@ -233,6 +239,7 @@ class Loader:
             add_bos=add_bos,
             where=where,
             length_column=length_column,
+            index=index,
         )
         self._build(open_plan(source, settings), settings)
 

@@ -58,6 +58,7 @@ class Keywords(TypedDict, total=False):
     add_bos: bool
     where: str | None
     length_column: str | None
+    index: str | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,6 +80,8 @@ class LoaderSettings:
     where: str | None = None
     length_column: str | None = None
     layout: Layout | None = None  # layout stages (planner.layout); None: one stage of plan.lanes and seq_len
+    index: str | None = None
+    """A job index (``plitzer index DATA --out PATH``) to read instead of the footers."""
 
     def __post_init__(self) -> None:
         check_int("seq_len", self.seq_len, 1, "seq_len is the tokens per sequence, e.g. 2048")
@@ -122,6 +125,7 @@ class LoaderSettings:
         add_bos: bool = False,
         where: str | None = None,
         length_column: str | None = None,
+        index: str | None = None,
     ) -> LoaderSettings:
         """The settings of these keywords, each checked (``lanes`` and ``seq_len`` may be layout stages)."""
         layout = Layout.of(lanes=lanes, seq_len=seq_len)
@@ -142,6 +146,7 @@ class LoaderSettings:
             where=where,
             length_column=length_column,
             layout=layout,
+            index=None if index is None else os.fspath(index),
         )
 
     @property
@@ -189,6 +194,9 @@ def open_source(source: Source, settings: LoaderSettings) -> RowGroupIndex:
         )
     from plitzer.select import select_index
 
+    if s.index is not None:
+        source = _job_index(source, s)
+
     def select(ix: Index, spec: SourceSpec) -> Index:
         assert spec.where is not None
         return select_index(
@@ -206,6 +214,23 @@ def open_source(source: Source, settings: LoaderSettings) -> RowGroupIndex:
         select=select,
         text_source=_text_source,
     )
+
+
+def _job_index(source: Source, s: LoaderSettings) -> Index:
+    """The index of ``source`` from the job index ``s.index`` (one listing, one read, no footer)."""
+    from planner.jobindex import load
+
+    assert s.index is not None
+    if isinstance(source, Mapping) or not isinstance(source, (str, os.PathLike, list, tuple)):
+        msg = (
+            f"index={s.index!r} needs one source (a path, URL or list of them), not {type(source).__name__}; "
+            "a mixture's sources are indexed one by one"
+        )
+        raise ConfigError(msg)
+    if s.tokenizer is not None:
+        msg = f"index={s.index!r} with tokenizer=: a text source is counted by tokenizing; leave index= out"
+        raise ConfigError(msg)
+    return load(s.index, source, column=s.column, storage_options=s.storage_options)
 
 
 def _text_source(spec: SourceSpec) -> Index:

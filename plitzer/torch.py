@@ -198,6 +198,69 @@ def _share_selection(source: Source, cfg: LoaderSettings, group: dist.ProcessGro
         )
 
 
+def _all_or_raise(value: Any, group: dist.ProcessGroup | None) -> list[Any]:
+    """All-gather ``value`` (or the exception it is), raising the first rank's error on every rank."""
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, value, group=group)
+    for got in out:
+        if isinstance(got, BaseException):
+            raise got
+    return out
+
+
+def _attempt(fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, or the exception it raised (to be sent to every rank and raised there)."""
+    try:
+        return fn(*args)
+    except Exception as e:
+        return e
+
+
+def _share_one(
+    path: Any, column: str | None, options: Mapping[str, Any] | None, threads: int, group: dist.ProcessGroup | None
+) -> Index:
+    """One dataset's index for the whole group: rank 0 lists, each rank reads its share of the footers."""
+    from planner import jobindex
+
+    me, n = dist.get_rank(group), dist.get_world_size(group)
+    box: list[Any] = [_attempt(jobindex.listing, path, options) if me == 0 else None]
+    dist.broadcast_object_list(box, src=0 if group is None else dist.get_global_rank(group, 0), group=group)
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    entries, src = jobindex.entries_of(path, options, box[0])
+    if not all(_all_or_raise(_attempt(jobindex.has_cached_index, entries, column), group)):
+        parts = _all_or_raise(_attempt(jobindex.footer_share, entries, me, n, threads), group)
+        jobindex.take_footers(entries, parts)
+    return jobindex.job_index(entries, src, column, threads=threads)
+
+
+def _share_index(source: Source, cfg: LoaderSettings, group: dist.ProcessGroup | None) -> Source:
+    """Each footer read once for the whole job, the listing once (docs/design.md, "One index per job").
+
+    Collective, like the selection pass: for one dataset, rank 0 of ``group`` lists and
+    broadcasts the files; unless every rank's cache already holds the finished index,
+    each rank reads the footers of files ``rank, rank + world, ...`` (its cache's, else one
+    GET each) and ``all_gather_object`` gives every rank all of them (kept in its cache).
+    Returns the index, the loader's source. For a mixture each token source is shared so
+    in turn and lands in every rank's cache, and the mixture itself is returned (each
+    rank then lists each source once more, and reads no footer). Text sources, a job
+    index (``index=``) and an Index are left as they are.
+    """
+    from planner.sources import source_specs
+
+    threads = cfg.threads or 32
+    if cfg.tokenizer is not None or cfg.index is not None:
+        return source
+    if isinstance(source, Mapping):
+        for spec in source_specs(source, column=cfg.column, storage_options=cfg.storage_options):
+            if spec.text is None:
+                _share_one(spec.path, spec.column, spec.storage_options, threads, group)
+        return source
+    if not isinstance(source, (str, os.PathLike, list, tuple)):
+        return source
+    return _share_one(source, cfg.column, cfg.storage_options, threads, group)
+
+
 def _dist_ready() -> bool:
     return dist.is_available() and dist.is_initialized()
 
@@ -308,6 +371,8 @@ class Dataset(IterableDataset[Batch]):
             msg = "group= was given but torch.distributed is not initialised; call init_process_group first"
             raise ConfigError(msg)
         cfg = LoaderSettings.of(rank=0 if rank is None else rank, world=1 if world is None else world, **kw)
+        if _dist_ready() and dist.get_world_size(group) > 1:
+            source = _share_index(source, cfg, group)
         if cfg.where is not None and cfg.world > 1 and _dist_ready() and not isinstance(source, Mapping):
             _share_selection(source, cfg, group)
         self._loader = Loader.from_settings(source, cfg)

@@ -196,6 +196,10 @@ RULES: dict[str, Rule] = {
         "python benchmarks/mixture.py --tokens 1000000 --row-groups 300 --epochs 3 --repeat 1 --data {scratch}/mix",
     ),
     "python benchmarks/plan_scale.py": scaled("python benchmarks/plan_scale.py --row-groups 2000 --files 10"),
+    "python benchmarks/seek_far.py": R,
+    "python benchmarks/cluster.py": scaled(
+        "python benchmarks/cluster.py --row-groups 2000 --files 200 --world 16 --from-world 8 --window 4"
+    ),
     "python benchmarks/resume.py": scaled(
         f"python benchmarks/resume.py --tokens 2000000 --fractions 0,0.5 --repeat 1 {OUT}"
     ),

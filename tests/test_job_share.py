@@ -1,0 +1,161 @@
+"""One index per job: 4 gloo ranks, each its own cache folder (as on 4 machines), against S3.
+
+The ranks share one listing (rank 0's) and read each footer once between them, so the
+server sees one listing for the job and at most 1.1 footer GETs a file; the ranks' rows
+are world 1's batch (docs/design.md, "One index per job").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+if sys.platform == "win32":  # pragma: no cover
+    pytest.skip("gloo process groups on loopback are tested on POSIX", allow_module_level=True)
+
+import plitzer
+from tests.conftest import SynthDataset, tokens_of
+from tests.s3_fixtures import FaultProxy, S3Data, options, proxy, s3, upload
+from tests.share_worker import SETTINGS
+
+__all__ = ["proxy", "s3"]  # the fixtures, imported for pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "share_worker.py"
+WORLD = 4
+STEPS = 3
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _run_job(source: str, opts: dict[str, str], out: Path) -> None:
+    port = _free_port()
+    env = {
+        **os.environ,
+        "WORLD_SIZE": str(WORLD),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
+    if sys.platform.startswith("linux"):
+        env["GLOO_SOCKET_IFNAME"] = "lo"
+    cmd = [sys.executable, str(WORKER), "--source", source, "--options", json.dumps(opts)]
+    cmd += ["--out", str(out), "--port", str(port), "--steps", str(STEPS)]
+    procs = []
+    for rank in range(WORLD):
+        cache = out / f"cache{rank}"  # each rank its own cache folder, as on its own machine
+        log = open(out / f"rank{rank}.log", "wb")  # noqa: SIM115
+        procs.append(
+            subprocess.Popen(
+                cmd, env={**env, "RANK": str(rank), "PLITZER_CACHE": str(cache)}, stdout=log, stderr=subprocess.STDOUT
+            )
+        )
+        log.close()
+    try:
+        codes = [p.wait(timeout=240) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+            p.wait()
+        codes = [-1]
+    if any(codes):
+        logs = "\n".join(f"--- rank {r}\n{(out / f'rank{r}.log').read_text()[-3000:]}" for r in range(WORLD))
+        pytest.fail(f"a rank failed: {codes}\n{logs}")
+
+
+@pytest.mark.timeout(420)
+def test_four_ranks_list_once_and_read_each_footer_once(
+    s3: S3Data, proxy: FaultProxy, synth_dataset: SynthDataset, tmp_path: Path
+) -> None:
+    local = synth_dataset(tokens=120_000, seed=21, docs_per_row_group=12, row_groups_per_file=2, mean_length=100)
+    files = upload(s3.client(), s3.bucket, local, "share")
+    assert len(files) >= 40
+    source = f"s3://{s3.bucket}/share"
+    with plitzer.Loader(local, **SETTINGS) as ref:
+        want = [tokens_of(ref.next_batch()).copy() for _ in range(STEPS)]
+        frame = ref.index.frame
+    chunks = {f"bytes={o}-{o + n - 1}" for o, n in zip(frame["byte_offset"], frame["byte_length"], strict=True)}
+    proxy.reset()
+    _run_job(source, options(proxy.endpoint), tmp_path)
+    log = proxy.log()
+    lists = [r for r in log if r.is_list]
+    footers = [r for r in log if r.is_object_get and r.range not in chunks]
+    assert len(lists) == 1, [r.query for r in lists]  # one listing for the job
+    assert len(footers) <= 1.1 * len(files), (len(footers), len(files))
+    assert len({(r.path, r.range) for r in footers}) == len(footers)  # no footer twice
+    got = [np.load(tmp_path / f"rank{r}.npz") for r in range(WORLD)]
+    order = sorted(range(WORLD), key=lambda r: int(got[r]["lanes"][0]))
+    for t in range(STEPS):
+        np.testing.assert_array_equal(np.concatenate([got[r]["tokens"][t] for r in order]), want[t])
+    # A restart on the same machines (the same cache folders): one listing, no footer GET.
+    proxy.reset()
+    _run_job(source, options(proxy.endpoint), tmp_path)
+    log = proxy.log()
+    assert sum(r.is_list for r in log) == 1
+    assert [r for r in log if r.is_object_get and r.range not in chunks] == []
+
+
+@pytest.mark.timeout(300)
+def test_a_mixture_reads_each_footer_once_too(
+    s3: S3Data, proxy: FaultProxy, synth_dataset: SynthDataset, tmp_path: Path
+) -> None:
+    """Each source of a mixture is shared in turn: no footer is read twice in the job (each
+    rank then lists each source once more, from its cache's finished index)."""
+    files = 0
+    local, remote = {}, {}
+    for i, name in enumerate(("code", "web")):
+        d = synth_dataset(tokens=60_000, seed=30 + i, docs_per_row_group=12, row_groups_per_file=2, mean_length=100)
+        files += len(upload(s3.client(), s3.bucket, d, f"mix-{name}"))
+        local[name], remote[name] = str(d), f"s3://{s3.bucket}/mix-{name}"
+    with plitzer.Loader(local, **SETTINGS) as ref:
+        want = [tokens_of(ref.next_batch()).copy() for _ in range(STEPS)]
+        frame = ref.index.frame
+    chunks = {f"bytes={o}-{o + n - 1}" for o, n in zip(frame["byte_offset"], frame["byte_length"], strict=True)}
+    proxy.reset()
+    _run_job(json.dumps(remote), options(proxy.endpoint), tmp_path)
+    footers = [(r.path, r.range) for r in proxy.log() if r.is_object_get and r.range not in chunks]
+    assert len(footers) <= 1.1 * files, (len(footers), files)
+    assert len(set(footers)) == len(footers)
+    got = [np.load(tmp_path / f"rank{r}.npz") for r in range(WORLD)]
+    order = sorted(range(WORLD), key=lambda r: int(got[r]["lanes"][0]))
+    for t in range(STEPS):
+        np.testing.assert_array_equal(np.concatenate([got[r]["tokens"][t] for r in order]), want[t])
+
+
+@pytest.mark.timeout(180)
+def test_processes_sharing_one_cache_fetch_each_footer_once(
+    s3: S3Data, proxy: FaultProxy, synth_dataset: SynthDataset, tmp_path: Path
+) -> None:
+    """Three plain processes (no process group) index the same S3 source at once into one
+    cache folder: the cache's lock around a fetch lets one fetch each footer."""
+    local = synth_dataset(tokens=120_000, seed=22, docs_per_row_group=12, row_groups_per_file=2, mean_length=100)
+    files = upload(s3.client(), s3.bucket, local, "shared-cache")
+    source = f"s3://{s3.bucket}/shared-cache"
+    code = (
+        "import json, sys, planner, plitzer; "
+        "ix = planner.index(sys.argv[1], storage_options=json.loads(sys.argv[2]), threads=4); "
+        "print(ix.fingerprint)"
+    )
+    env = {**os.environ, "PLITZER_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-c", code, source, json.dumps(options(proxy.endpoint))]
+    proxy.reset()
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(3)]
+    outs = [p.communicate(timeout=150)[0].decode() for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert len(set(outs)) == 1  # the same index in every process
+    gets = [(r.path, r.range) for r in proxy.log() if r.is_object_get]
+    assert len(gets) == len(set(gets)) == len(files)

@@ -1,0 +1,174 @@
+"""The job index (``plitzer index DATA --out PATH``, ``Loader(..., index=PATH)``): written, read, refused when stale."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import plitzer
+import plitzer.synth
+from planner import jobindex
+from planner.storage import FileStat, LocalStorage
+from plitzer.cli import main
+from plitzer.errors import ConfigError, DataError, StaleIndexError
+from tests.conftest import tokens_of
+from tests.s3_fixtures import FaultProxy, S3Data, options, proxy, s3
+
+__all__ = ["proxy", "s3"]  # the fixtures, imported for pytest
+
+CFG = {"seed": 3, "lanes": 8, "window": 2, "seq_len": 64}
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    d = tmp_path / "data"
+    plitzer.synth.write(d, tokens=120_000, seed=5, docs_per_row_group=10, row_groups_per_file=2)
+    return d
+
+
+@pytest.fixture
+def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty footer cache: without a job index every footer would be read from storage."""
+    d = tmp_path / "cache"
+    monkeypatch.setenv("PLITZER_CACHE", str(d))
+    return d
+
+
+def _batches(ld: plitzer.Loader, n: int) -> list[np.ndarray]:
+    return [tokens_of(ld.next_batch()).copy() for _ in range(n)]
+
+
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
+    reads: list[tuple[str, int, int]] = []
+    real = LocalStorage.read_range
+
+    def counted(self: LocalStorage, file: FileStat, offset: int, length: int) -> bytes:
+        reads.append((file.name, offset, length))
+        return real(self, file, offset, length)
+
+    monkeypatch.setattr(LocalStorage, "read_range", counted)
+    return reads
+
+
+def test_written_then_read_gives_the_same_batches_and_reads_no_footer(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "job.index"
+    info = jobindex.write(data, out)
+    assert out.exists() and info.files == len(list(data.rglob("*.parquet"))) and info.bytes == out.stat().st_size
+    with plitzer.Loader(data, **CFG) as plain:
+        want = _batches(plain, 6)
+        frame = plain.index.frame
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "empty-cache"))  # nothing cached: footers would be read
+    reads = _count_reads(monkeypatch)
+    with plitzer.Loader(data, index=str(out), **CFG) as ld:
+        assert reads == []  # opened from the one object: no footer read
+        assert ld.index.frame.equals(frame)
+        got = _batches(ld, 6)
+        ranges = set(
+            zip(frame["file"].to_list(), frame["byte_offset"].to_list(), frame["byte_length"].to_list(), strict=True)
+        )
+        assert reads and all(r in ranges for r in reads)  # every read is a token column chunk
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_selection_and_the_torch_settings_take_it_too(data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "job.index"
+    jobindex.write(data, out)
+    where = "int_score >= 2"
+    with plitzer.Loader(data, where=where, **CFG) as a, plitzer.Loader(data, where=where, index=str(out), **CFG) as b:
+        for x, y in zip(_batches(a, 4), _batches(b, 4), strict=True):
+            np.testing.assert_array_equal(x, y)
+        assert a.config == b.config  # the job index is where footers come from, not part of the run
+
+
+def test_stale_when_a_file_changed_was_added_or_removed(data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "job.index"
+    jobindex.write(data, out)
+    files = sorted(data.rglob("*.parquet"))
+    # changed: rewritten with other content
+    victim = files[1]
+    table = pq.read_table(victim)
+    pq.write_table(table.slice(0, table.num_rows - 1), victim, row_group_size=10)
+    with pytest.raises(StaleIndexError, match=f"{victim.name} changed since it was written") as e:
+        plitzer.Loader(data, index=str(out), **CFG)
+    assert e.value.file == str(victim)
+    jobindex.write(data, out)  # fresh again
+    extra = data / "zz-new.parquet"
+    shutil.copy(files[0], extra)
+    with pytest.raises(StaleIndexError, match=r"zz-new\.parquet was added"):
+        plitzer.Loader(data, index=str(out), **CFG)
+    extra.unlink()
+    files[2].unlink()
+    with pytest.raises(StaleIndexError, match=f"{files[2].name} was removed"):
+        plitzer.Loader(data, index=str(out), **CFG)
+
+
+def test_changed_in_place_after_the_listing_is_refused_on_first_read(data: Path, tmp_path: Path) -> None:
+    """A rewrite the listing cannot see (same size, same mtime) is caught by the read's own check."""
+    out = tmp_path / "job.index"
+    jobindex.write(data, out)
+    with plitzer.Loader(data, index=str(out), **CFG) as ld:
+        for f in data.rglob("*.parquet"):
+            os.utime(f, ns=(1, 1))  # another version under the running loader
+        with pytest.raises(plitzer.FileChangedError, match="changed after it was indexed"):
+            ld.next_batch()
+
+
+def test_cli_writes_it_and_bad_uses_are_refused(data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cli.index"
+    assert main(["index", str(data), "--no-lengths", "--out", str(out)]) == 0
+    assert f"job index: {out}" in capsys.readouterr().out
+    with plitzer.Loader(data, index=str(out), **CFG) as ld:
+        assert ld.next_batch().step == 0
+    with pytest.raises(ConfigError, match="needs one source"):
+        plitzer.Loader({"a": str(data), "b": str(data)}, index=str(out), **CFG)
+    with pytest.raises(ConfigError, match="differs from the job index's token column"):
+        plitzer.Loader(data, index=str(out), column="other", **CFG)
+    with pytest.raises(ConfigError, match="does not exist"):
+        plitzer.Loader(data, index=str(tmp_path / "missing.index"), **CFG)
+    bad = tmp_path / "bad.index"
+    pq.write_table(pa.table({"x": [1]}), bad)
+    with pytest.raises(DataError, match="is not a plitzer job index"):
+        plitzer.Loader(data, index=str(bad), **CFG)
+
+
+@pytest.mark.timeout(120)
+def test_on_s3_one_listing_one_get_then_only_chunks(s3: S3Data, proxy: FaultProxy, fresh_cache: Path) -> None:
+    """Written to and read from s3:// through the store's client; before the first batch the
+    server sees one listing and one GET (the job index), and no footer GET after it."""
+    src, url = s3.url["synth"], f"s3://{s3.bucket}/jobs/synth.index"
+    opts = options(proxy.endpoint)
+    jobindex.write(src, url, storage_options=s3.options())  # the proxy forwards no request body
+    with plitzer.Loader(src, storage_options=opts, **CFG) as plain:
+        want = _batches(plain, 3)
+        frame = plain.index.frame
+    shutil.rmtree(fresh_cache, ignore_errors=True)
+    proxy.reset()
+    with plitzer.Loader(src, storage_options=opts, index=url, **CFG) as ld:
+        before = proxy.log()
+        assert sum(r.is_list for r in before) == 1
+        gets = [r for r in before if r.is_object_get]
+        assert len(gets) == 1 and gets[0].path.endswith("/jobs/synth.index")
+        got = _batches(ld, 3)
+        chunks = {f"bytes={o}-{o + n - 1}" for o, n in zip(frame["byte_offset"], frame["byte_length"], strict=True)}
+        later = [r for r in proxy.log()[len(before) :] if r.is_object_get]
+        assert later and all(r.range in chunks for r in later)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_explain_takes_it_through_the_shared_settings(data: Path, tmp_path: Path) -> None:
+    from plitzer.explain import explain
+
+    out = tmp_path / "job.index"
+    jobindex.write(data, out)
+    want = explain(data, 2, **CFG)  # type: ignore[arg-type]
+    assert explain(data, 2, index=str(out), **CFG).equals(want)  # type: ignore[arg-type]
