@@ -601,6 +601,43 @@ class Plan:
             }
         )
 
+    def steps(self, epoch: int) -> pl.DataFrame:
+        """One row per global step labelled ``epoch``: step, epoch, layout_stage, lanes, seq_len, tokens, token_start.
+
+        ``token_start`` is the run's tokens before the step (``X(t)``, SPEC 12), ``tokens``
+        the step's (``lanes * seq_len`` of the layout stage in force), so the layout over
+        a run is ``select layout_stage, min(step), sum(tokens) from steps group by 1``.
+        A plan made without ``seq_len`` has no steps: refused.
+
+        >>> import tempfile, planner, plitzer.synth
+        >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=20_000, seed=0)
+        >>> p = planner.plan(d, lanes=[(0, 4), (10, 2)], seq_len=[(0, 64), (10, 256)], window=2)
+        >>> p.steps(0).filter(pl.col("step").is_between(9, 10)).select("step", "lanes", "seq_len", "token_start").rows()
+        [(9, 4, 64, 2304), (10, 2, 256, 2560)]
+        """
+        lay = self.layout
+        if lay is None:
+            msg = "the plan has no layout: give seq_len= (and lanes= in stages, if any) to planner.plan"
+            raise ConfigError(msg)
+        first, stop = lay.step_at_run(self.run_before(epoch)), lay.step_at_run(self.run_before(epoch + 1))
+        step = np.arange(first, stop, dtype=np.int64)
+        stage = np.searchsorted(np.array([s.start for s in lay.stages], np.int64), step, side="right") - 1
+        lanes = np.array([s.lanes for s in lay.stages], np.int64)[stage]
+        seq_len = np.array([s.seq_len for s in lay.stages], np.int64)[stage]
+        begins = np.array(lay.begins(), np.int64)[stage]
+        starts = np.array([s.start for s in lay.stages], np.int64)[stage]
+        return pl.DataFrame(
+            {
+                "step": step,
+                "epoch": np.full(len(step), epoch, np.int64),
+                "layout_stage": stage.astype(np.int64),
+                "lanes": lanes,
+                "seq_len": seq_len,
+                "tokens": lanes * seq_len,
+                "token_start": begins + (step - starts) * lanes * seq_len,
+            }
+        )
+
     def reads(self, epoch: int) -> pl.DataFrame:
         """epoch, window_index, rank, file, row_group, bytes: each rank's reads, in order."""
         ep = self.epoch(epoch)
@@ -630,7 +667,7 @@ class Plan:
     def sql(
         self, query: str, epochs: Iterable[int] = (0,), *, external_access: bool = False, seq_len: int | None = None
     ) -> pl.DataFrame:
-        """Run DuckDB SQL over ``index``, ``row_groups``, ``lanes`` and ``reads`` (and ``pieces``).
+        """DuckDB SQL over ``index``, ``row_groups``, ``lanes``, ``reads`` (and ``pieces``, ``steps``, ``layout``).
 
         The tables hold the given epochs. Frames reach DuckDB through Arrow,
         without a copy into a database. The query is any DuckDB SQL over them, but
@@ -661,6 +698,8 @@ class Plan:
             "reads": pl.concat([self.reads(e) for e in eps]) if eps else self.reads(0).clear(),
         }
         tables.update(self._extra_tables())
+        if self.layout is not None and re.search(r"\bsteps\b", query, re.IGNORECASE):
+            tables["steps"] = pl.concat([self.steps(e) for e in eps]) if eps else self.steps(0).clear()
         con = duckdb.connect(config={"enable_external_access": bool(external_access)})
         try:
             for name, frame in tables.items():

@@ -334,6 +334,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "reads": lambda: p.reads(args.epoch),
             "sources": lambda: _sources_table(p),
             "layout": p.layout_table,
+            "steps": lambda: p.steps(args.epoch),
         }
         _print_frame(tables[args.table](), args.format, args.out, title=f"{args.table}, epoch {args.epoch}")
         return 0
@@ -597,7 +598,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let --sql read files and URLs (read_parquet of the dataset); off by default",
     )
-    p.add_argument("--table", choices=["index", "row_groups", "lanes", "reads", "sources", "layout"], default=None)
+    p.add_argument(
+        "--table", choices=["index", "row_groups", "lanes", "reads", "sources", "layout", "steps"], default=None
+    )
     p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
     p.add_argument("--out", default=None, help="write to this file instead of printing")
     p.set_defaults(func=cmd_plan)

@@ -587,6 +587,27 @@ def test_plan_tables_and_explain_show_the_layout(data: tuple[Path, list[list[lis
         assert one.drop("step").equals(run[step].filter(pl.col("lane") == 1).drop("batch_row"))
 
 
+def test_the_steps_table_is_the_loaders_steps(data: tuple[Path, list[list[list[int]]]]) -> None:
+    """plan.steps(epoch): every step of the epoch with the layout in force, as the loader gives them."""
+    import planner
+
+    path, _ = data
+    kw = {"seed": 1, "window": 2, "lanes": [(0, 4), (5, 2), (9, 8)], "seq_len": [(0, 8), (5, 32), (9, 4)]}
+    p = planner.plan(path, **kw)  # type: ignore[arg-type]
+    with plitzer.Loader(path, **kw) as ld:  # type: ignore[arg-type]
+        seen = []
+        while ld.epoch < 2:
+            b = ld.next_batch()
+            seen.append((b.step, b.epoch, *b.tokens.shape))
+    table = pl.concat([p.steps(0), p.steps(1)])
+    assert table.select("step", "epoch", "lanes", "seq_len").rows() == seen
+    assert table["token_start"].to_list() == np.cumsum([0] + [b * n for *_, b, n in seen[:-1]]).tolist()
+    assert table.filter(pl.col("step") == 5)["layout_stage"].item() == 1
+    assert p.sql("select count(*) as n from steps", epochs=[0, 1])["n"].item() == len(seen)
+    total = p.sql("select sum(tokens) as t from steps where epoch = 0")["t"].item()
+    assert total >= p.tokens  # epoch 0's steps hold its tokens (the last runs into epoch 1)
+
+
 def test_the_command_line_takes_stages(
     data: tuple[Path, list[list[list[int]]]], capsys: pytest.CaptureFixture[str]
 ) -> None:
