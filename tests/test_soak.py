@@ -3,12 +3,15 @@
 20,000 steps of a three-source mixture with stages (about 20 epochs, 4,000 windows
 read), locally and from S3 (moto's server on 127.0.0.1), each in a fresh process:
 after the first epoch boundary, the process's RSS must stay within 5 % or 4 MiB of
-its level there, whichever is larger.
+its level there, whichever is larger. That is the full size, which CI runs as a step of
+its own (``PLITZER_STRESS=full``); the suite's default run takes 8,000 steps (about 8
+epochs) sampled as often, so the README's test command stays within ten minutes.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BOUND_MIB = 4.0
+FULL = os.environ.get("PLITZER_STRESS") == "full"
+STEPS, EVERY, EPOCHS = (20_000, 250, 10) if FULL else (8_000, 100, 4)
 
 
 @pytest.mark.slow
@@ -25,7 +30,15 @@ def test_rss_stays_flat_over_twenty_thousand_steps(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
     r = subprocess.run(
         [
-            *(sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--steps", "20000", "--every", "250", "--s3"),
+            *(
+                sys.executable,
+                str(ROOT / "benchmarks" / "soak.py"),
+                "--steps",
+                str(STEPS),
+                "--every",
+                str(EVERY),
+                "--s3",
+            ),
             *("--slack-mib", str(BOUND_MIB), "--json", str(out), "--data", str(tmp_path / "data")),
         ],
         capture_output=True,
@@ -38,7 +51,7 @@ def test_rss_stays_flat_over_twenty_thousand_steps(tmp_path: Path) -> None:
     assert set(results) == {"local", "s3"}
     for name, res in results.items():
         step, base, _ = res["boundary"]
-        assert res["epochs"] >= 10, (name, res["epochs"])  # epochs wrapped many times
+        assert res["epochs"] >= EPOCHS, (name, res["epochs"])  # epochs wrapped many times
         after = [s for s in res["samples"] if s[0] >= step]
         assert len(after) > 50
         growth = max(s[2] for s in after) - base
