@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -327,7 +327,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         _print_frame(p.sql(args.sql, epochs=[args.epoch], external_access=args.external_access), args.format, args.out)
         return 0
     if args.table:
-        tables = {
+        tables: dict[str, Callable[[], pl.DataFrame]] = {
             "index": lambda: p.index,
             "row_groups": lambda: p.row_groups(args.epoch),
             "lanes": lambda: p.lanes(args.epoch),
