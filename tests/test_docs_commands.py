@@ -122,6 +122,8 @@ RULES: dict[str, Rule] = {
     ),
     'plitzer locate data/sample --where "id in (7, 123)" --lanes 16 --window 4 --seq-len 512 --epochs 0:2': R,
     'plitzer locate DATA --where "..." [--epochs a:b] [--steps N] [--format csv]': synopsis("plitzer locate"),
+    'plitzer locate DATA --where "..."': synopsis("plitzer locate"),
+    "plitzer index DATA --out URL": scaled("plitzer index data/sample --out {scratch}/job-index.parquet"),
     "python benchmarks/locate.py": scaled(
         "python benchmarks/locate.py --row-groups 2000 --data-row-groups 40 --counts 1,10 --lanes 64 --window 8"
     ),
