@@ -35,12 +35,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from planner.errors import CheckpointError, ConfigError
+from planner.layout import Layout, LayoutStage
 from planner.mixture import Interleave, MixturePlan
 from planner.plan import Plan, check_int
+from planner.run import earliest_stage_step
 from planner.sources import Stage, parse_stages
 from plitzer.state import layout_of
 
-__all__ = ["Reconciled", "earliest_step", "live_stage", "reconcile"]
+__all__ = ["Reconciled", "earliest_step", "layout_stage", "live_stage", "reconcile"]
 
 I64 = NDArray[np.int64]
 
@@ -55,24 +57,12 @@ def _mixture(plan: Plan) -> MixturePlan:
     return plan
 
 
-def _order(plan: Plan) -> Interleave:
-    order = _mixture(plan).order
-    assert isinstance(order, Interleave)
-    return order
-
-
 def earliest_step(plan: Plan, step: int, seq_len: int) -> int:
-    """The earliest step a stage may start at when the next batch is ``step`` (module docstring)."""
-    mix = _mixture(plan)
-    order = _order(plan)
-    unbegun = order.first_window_at(order.run_at(step))
-    last = 0 if unbegun == 0 else order.window_start(unbegun - 1)  # the last window begun
-    if order.layout_stages is not None:
-        begun = 0 if unbegun == 0 else order.layout_stages.step_at_run(last + 1)
-    else:
-        per_step = plan.settings.lanes * seq_len
-        begun = 0 if unbegun == 0 else last // per_step + 1
-    return max(begun, mix.stages[-1].start + 1)
+    """The earliest step a stage may start at when the next batch is ``step`` (module docstring).
+
+    The arithmetic is the run's (:func:`planner.run.earliest_stage_step`).
+    """
+    return earliest_stage_step(_mixture(plan), step, seq_len)
 
 
 def live_stage(plan: Plan, weights: Mapping[str, Any] | None, at_step: int | None, step: int, seq_len: int) -> Stage:
@@ -104,6 +94,42 @@ def live_stage(plan: Plan, weights: Mapping[str, Any] | None, at_step: int | Non
     tokens = [ix.tokens for ix in mix.mixture.parts]
     got = parse_stages(weights, mix.names, tokens)[0]
     return Stage(at_step, got.weights)
+
+
+def layout_stage(
+    layout: Layout, lanes: int | None, seq_len: int | None, at_step: int | None, step: int, world: int
+) -> LayoutStage:
+    """The stage ``set_layout(lanes, seq_len, at_step)`` appends when the next batch is ``step``, checked.
+
+    ``at_step`` defaults to the earliest allowed, the next batch's (and after the last
+    stage's); ``lanes`` and ``seq_len`` to those of the last stage; ``lanes`` must be a
+    multiple of ``world``.
+    """
+    last = layout.stages[-1]
+    earliest = max(step, last.start + 1)
+    if at_step is None:
+        at_step = earliest
+    at_step = check_int("at_step", at_step, 0, "at_step is a global step")
+    if at_step < earliest:
+        why = (
+            f"the last layout stage starts at step {last.start}"
+            if earliest == last.start + 1
+            else f"the loader is at step {step} (its next batch)"
+        )
+        msg = (
+            f"set_layout(at_step={at_step}): {why}; the earliest allowed at_step is {earliest} "
+            "(leave at_step out to get it)"
+        )
+        raise ConfigError(msg)
+    b = last.lanes if lanes is None else check_int("lanes", lanes, 1, "lanes is the rows of a global batch")
+    n = last.seq_len if seq_len is None else check_int("seq_len", seq_len, 1, "seq_len is tokens per row")
+    if b % world:
+        msg = (
+            f"set_layout(lanes={b}): lanes is not divisible by world={world}; every rank must own the "
+            f"same number of lanes: use lanes a multiple of {world}"
+        )
+        raise ConfigError(msg)
+    return LayoutStage(at_step, b, n)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,124 +22,31 @@ import functools
 import os
 import sys
 import threading
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from planner.errors import CheckpointError, ConfigError, DataError, PerformanceWarning, UsageError
-from planner.hf import revisions
-from planner.lanes import lane_positions
-from planner.layout import Layout, LayoutStage
-from planner.mixture import MixtureIndex, MixturePlan
-from planner.plan import LanesPlan, Plan, check_int, row_group_counts
+from planner.errors import UsageError
+from planner.layout import Layout
+from planner.mixture import MixturePlan
+from planner.plan import Plan, check_int
+from planner.run import Run
 from planner.sources import Weights
-from plitzer import live
+from plitzer import live, resume
 from plitzer import state as ckpt
-from plitzer.batch import Batch, Located, Tokens
+from plitzer.batch import Batch, Tokens
+from plitzer.build import check_layout, make_config, open_plan, parts
 from plitzer.cost import budget_floor
-from plitzer.pack import PackedUnit, Recut, Segments, Slices, assemble
-from plitzer.scan import Scanner, Segment, Stats, lane_base
-from plitzer.select import select_config, source_rows
-from plitzer.settings import LoaderSettings, Source, default_threads, make_plan, open_source
-from plitzer.text import text_config
+from plitzer.packed import PackedUnit, Segments, assemble
+from plitzer.scan import Stats
+from plitzer.settings import LoaderSettings, Source
 
-__all__ = ["Loader", "LoaderSettings", "budget_floor"]
+__all__ = ["Loader", "LoaderSettings", "budget_floor", "open_plan"]
 
 I64 = NDArray[np.int64]
-
-
-def open_plan(source: Source, settings: LoaderSettings) -> Plan:
-    """The plan a loader of ``settings`` runs from: lists files and reads footers (the I/O)."""
-    return make_plan(open_source(source, settings), settings)
-
-
-def positions_at(
-    plan: Plan,
-    step: int,
-    seq_len: int,
-    rank_lanes: range,
-    slices: Callable[[int], Slices],
-    segment: Segment | None = None,
-) -> I64:
-    """Checkpoint rows ``[lane, epoch, window, piece, offset]`` of ``rank_lanes`` before ``step``.
-
-    The step says where each lane is (:func:`planner.lanes.lane_positions`: the window
-    of its next token and the offset in its slice); ``slices(unit)`` turns an offset
-    inside a slice into the shuffled piece and the offset in it. A lane at its
-    slice's start is ``(0, 0)`` there. ``segment``: the layout stage in force at ``step``.
-    """
-    lanes = plan.settings.lanes
-    g = segment or Segment(lanes, seq_len)
-    rows = lane_positions(plan, step, seq_len, lanes, rank_lanes, g.begin_step, g.begin_run)
-    offsets = rows[:, 4].copy()
-    rows[:, 3:] = 0
-    inside = np.flatnonzero(offsets > 0)
-    if len(inside):
-        units = np.array([plan.unit(int(e), int(w)) for e, w in rows[inside, 1:3].tolist()], np.int64)
-        for unit in np.unique(units).tolist():
-            sel = inside[units == unit]
-            rows[sel, 3], rows[sel, 4] = slices(int(unit)).positions(sel, offsets[sel])
-    return rows
-
-
-class LayoutSegments:
-    """A run's layout stages over its plan: each stage's plan (cut into its lanes) and :class:`Segment`.
-
-    Small and apart from the loader (it holds the plan, not the loader), so that the
-    state after a batch can be encoded under the layout in force when it is read.
-    """
-
-    def __init__(self, plan: Plan, layout: Layout, world: int, rank: int) -> None:
-        self.plan, self.layout, self.world, self.rank = plan, layout, world, rank
-        self._segs: dict[int, tuple[Plan, Segment]] = {}
-
-    def rank_lanes(self, seg: Segment) -> range:
-        per = seg.lanes // self.world
-        return range(self.rank * per, (self.rank + 1) * per)
-
-    def at(self, step: int) -> tuple[Plan, Segment]:
-        """The stage in force at global step ``step``."""
-        return self.segment(self.layout.index_at(step))
-
-    def forget(self, keep: int) -> None:
-        """The plan's windows changed (a live weight stage): forget the stages after ``keep``."""
-        self._segs = {i: v for i, v in self._segs.items() if i <= keep}
-
-    def _window_at(self, run: int) -> tuple[int, int]:
-        """The unit holding run token ``run`` and the run's tokens before it."""
-        e = self.plan.epoch_of_run(run)
-        wt = self.plan.epoch(e).window_tokens
-        ends = np.cumsum(wt)
-        start = self.plan.run_before(e)
-        w = int(np.searchsorted(ends, run - start, side="right"))
-        return self.plan.unit(e, w), start + int(ends[w] - wt[w])
-
-    def segment(self, i: int) -> tuple[Plan, Segment]:
-        """Layout stage ``i``: the plan cut into its lanes, and where it began (docs/design.md, "Layout stages")."""
-        got = self._segs.get(i)
-        if got is not None:
-            return got
-        st = self.layout.stages[i]
-        plan = self.plan if st.lanes == self.plan.settings.lanes else LanesPlan(self.plan, st.lanes)
-        if i == 0:
-            seg = Segment(st.lanes, st.seq_len)
-        else:
-            begins = self.layout.begins()
-            x = begins[i]
-            unit, start = self._window_at(x)
-            if start == x:  # at a window's edge: nothing to cut again
-                seg = Segment(st.lanes, st.seq_len, st.start, x)
-            else:  # cut first as the stage in force at the window's start did, then by every change inside it
-                j = max(m for m in range(i + 1) if begins[m] <= start)
-                recuts = tuple(Recut(self.layout.stages[m].lanes, begins[m]) for m in range(j + 1, i + 1))
-                seg = Segment(st.lanes, st.seq_len, st.start, x, unit, self.layout.stages[j].lanes, recuts)
-        got = (plan, seg)
-        self._segs[i] = got
-        return got
 
 
 class Loader:
@@ -261,134 +168,45 @@ class Loader:
 
     def _build(self, plan: Plan, settings: LoaderSettings) -> None:
         self.settings = settings
-        s = settings
-        budget = s.budget
         self.plan = plan
         self.index = plan.dataset
         self.tokens = plan.tokens
         self.epoch_tokens = plan.epoch_tokens  # T; less than tokens for a mixture whose first stage weighs a source 0
-        if self.tokens == 0:
-            msg = f"dataset {self.index.source!r} has no tokens (every document is empty); nothing to train on"
-            raise DataError(msg)
-        self.layout: Layout = s.stages
-        frame = self.index.frame
-        tok, rows, _ = row_group_counts(self.index)  # the selected ones where selected
-        inflight = self._check_layout(self.layout, self.layout.stages, tok, rows)
-        if budget < inflight:
-            # Works, but the next window is read only once the current one is released:
-            # decoding and training take turns instead of overlapping.
-            warnings.warn(
-                f"budget={budget:,} bytes holds the windows a step uses but not the next one as well, so "
-                f"reads wait for the consumer; set budget to at least {inflight:,} bytes for two windows in "
-                "flight (docs/design.md, 'The budget')",
-                PerformanceWarning,
-                stacklevel=4,
-            )
-        self._doc_base = np.cumsum(rows) - rows
-        self._files = frame["file"].to_numpy()
-        self._row_groups = frame["row_group"].to_numpy()
-        self._sources = frame["source"].to_numpy() if isinstance(self.index, MixtureIndex) else None
-        threads = s.threads or default_threads(self.index)
-        self._scanner = Scanner(plan, rank=s.rank, budget=budget, threads=threads, seq_len=s.seq_len)
-        self._layouts = LayoutSegments(plan, self.layout, s.world, s.rank)
-        self._seg = 0
+        got = parts(plan, settings)  # checked (plitzer.build)
+        self._run: Run = got.run
+        self._scanner = got.scanner
+        self._locate = got.locate
+        # What states encoded later record (the run and config in force; _set_run renews them).
+        self._now = resume.Now(got.run, make_config(settings, got.run))
         self._pid = os.getpid()
         self._lock = threading.RLock()
-        self._window_ends: dict[int, I64] = {}
-        self._config = self._make_config()
-        # What batches' states after them record (set_weights and set_layout renew it).
-        self._cell: list[Any] = [self._config, self._layouts]
         self._place(0)
 
-    def _check_layout(
-        self, layout: Layout, new: Sequence[LayoutStage], tok: I64 | None = None, rows: I64 | None = None
-    ) -> int:
-        """Refuse stages ``new`` of ``layout`` that the data or the budget cannot hold.
+    def _set_run(self, run: Run, unit: int) -> None:
+        """Run ``run`` from now on, which differs from the last from ``unit`` on: the one place it is swapped.
 
-        Returns the bytes that two windows in flight need (below them, a warning).
-
-        The floor is every stage's (the scanner packs one layout stage at a time; docs/design.md,
-        "Layout stages"), named with the stage that needs the most.
+        The scanner drops what it read ahead from ``unit`` on; later states record the
+        new config (a weight or layout stage added live, or a checkpoint's).
         """
-        s = self.settings
-        if tok is None or rows is None:
-            tok, rows, _ = row_group_counts(self.index)
-        big = max(new, key=lambda st: st.lanes)
-        if self.tokens < big.lanes:
-            msg = (
-                f"lanes={big.lanes} exceeds the dataset's {self.tokens} tokens: some lanes could never "
-                "receive a document. Lower lanes (or use more data)"
-            )
-            raise ConfigError(msg)
-        floors = [(budget_floor(tok, rows, lanes=st.lanes, window=s.window, seq_len=st.seq_len), st) for st in new]
-        (need, units), worst = max(floors, key=lambda f: f[0][0])
-        if s.budget < need:
-            stage = (
-                f" of the layout stage from step {worst.start} ({worst.lanes} lanes of {worst.seq_len} tokens)"
-                if layout.staged
-                else ""
-            )
-            msg = (
-                f"budget={s.budget:,} bytes cannot hold the windows one step{stage} can touch: up to {need:,} bytes "
-                f"({units} windows of the largest row groups, decoded and packed: the window in use and the "
-                f"next, and any window shorter than a step). Raise budget to at least {need:,}, or lower window"
-            )
-            raise ConfigError(msg)
-        inflight, _ = budget_floor(tok, rows, lanes=worst.lanes, window=s.window, seq_len=worst.seq_len, ahead=1)
-        return int(inflight)
-
-    def _relayout(self, layout: Layout) -> None:
-        """Run ``layout`` from now on (a live stage, a resume's): the plan, the segments, the config."""
-        old = self.layout
-        self.layout = layout
-        self.settings = replace(self.settings, layout=layout)
-        unit = self.plan.relayout(layout) if isinstance(self.plan, MixturePlan) else None
-        self.plan.layout = layout
-        self._window_ends.clear()
-        keep = self._layouts
-        self._layouts = LayoutSegments(self.plan, layout, self.settings.world, self.settings.rank)
-        for i in range(min(len(old), len(layout))):  # the stages both share keep their (computed) segments
-            if old.stages[i] != layout.stages[i] or unit is not None:
-                break
-            if i in keep._segs:
-                self._layouts._segs[i] = keep._segs[i]
-        if unit is not None:
-            self._scanner.replan_from(unit)
-        self._config = self._make_config()
-        self._cell[0], self._cell[1] = self._config, self._layouts
+        if run.layout is not self._run.layout:
+            self.settings = replace(self.settings, layout=run.layout)
+        self._run = run
+        if self._cur is not None and self._cur.unit >= unit:
+            self._cur, self._cur_block = None, None
+        self._scanner.set_run(run, unit)
+        self._now.run, self._now.config = run, make_config(self.settings, run)
 
     # -- state -----------------------------------------------------------------
 
     @property
     def config(self) -> dict[str, Any]:
         """The settings that fix the order, as a checkpoint records them."""
-        return dict(self._config)
+        return dict(self._now.config)
 
-    def _make_config(self) -> dict[str, Any]:
-        s = self.settings
-        return {
-            "seed": s.seed,
-            "lanes": s.lanes,
-            "seq_len": s.seq_len,
-            "window": s.window,
-            **({"layout": self.layout.as_config()} if self.layout.staged else {}),
-            "column": self.index.column,
-            "dtype": self.index.dtype,
-            "fingerprint": self.index.fingerprint,
-            **text_config(self.index),
-            **select_config(self.index),
-            **self._mixture_config(),
-            "revisions": revisions((self.index.storage(f), self.index.file(f)) for f in range(len(self.index.files))),
-        }
-
-    def _mixture_config(self) -> dict[str, Any]:
-        if not isinstance(self.plan, MixturePlan):
-            return {}
-        ix = self.plan.mixture
-        return {
-            "sources": [[n, p.fingerprint] for n, p in zip(ix.names, ix.parts, strict=True)],
-            "stages": [[st.start, st.as_dict(ix.names)] for st in self.plan.stages],
-        }
+    @property
+    def layout(self) -> Layout:
+        """The layout stages of the run (one when ``lanes`` and ``seq_len`` are ints)."""
+        return self._run.layout
 
     @property
     def step(self) -> int:
@@ -398,43 +216,26 @@ class Loader:
     @property
     def epoch(self) -> int:
         """Epoch label of the next batch."""
-        return self._epoch_of(self._step)
-
-    def _epoch_of(self, step: int) -> int:
-        """``floor(X(step) / T)``: the run's tokens before the step (``step * lanes * seq_len`` in one layout)."""
-        return self.layout.run_at(step) // self.epoch_tokens
+        return self._run.epoch_of(self._step)
 
     def __len__(self) -> int:
         """Batches left in the current epoch."""
-        end = self.layout.step_at_run((self.epoch + 1) * self.epoch_tokens)
-        return end - self._step
-
-    # -- layout stages -------------------------------------------------------------
+        return self._run.epoch_end(self.epoch) - self._step
 
     @property
     def rank_lanes(self) -> range:
         """This rank's lanes in the layout stage of the next batch."""
-        return self._layouts.rank_lanes(self._layouts.at(self._step)[1])
+        return self._run.lanes_at(self._step)
 
     @property
     def seq_len(self) -> int:
         """Tokens per row in the layout stage of the next batch."""
-        return self._segment(self.layout.index_at(self._step))[1].seq_len
+        return self._run.at(self._step)[1].seq_len
 
     @property
     def lanes(self) -> int:
         """Lanes (rows of the global batch) in the layout stage of the next batch."""
-        return self._segment(self.layout.index_at(self._step))[1].lanes
-
-    def _segment(self, i: int) -> tuple[Plan, Segment]:
-        """Layout stage ``i``: the plan cut into its lanes, and where it began (:class:`LayoutSegments`)."""
-        return self._layouts.segment(i)
-
-    def _enter(self, step: int) -> None:
-        """Make the scanner pack the layout stage of ``step`` (then reset it)."""
-        self._seg = self.layout.index_at(step)
-        plan, seg = self._segment(self._seg)
-        self._scanner.set_segment(plan, seg)
+        return self._run.at(self._step)[1].lanes
 
     @property
     def stats(self) -> Stats:
@@ -462,59 +263,15 @@ class Loader:
         self._cur: PackedUnit | None = None
         self._cur_block: NDArray[Any] | None = None
         self._resumed: NDArray[np.int64] | None = None
-        self._checks: dict[int, tuple[I64, I64, I64, I64]] = {}
-        self._enter(step)
+        self._checks: resume.Checks = {}
         self._scanner.reset(step)
-
-    def _unit_of_run(self, run: int) -> int:
-        """The unit holding run token ``run``."""
-        e = self.plan.epoch_of_run(run)
-        ends = self._window_ends.get(e)
-        if ends is None:
-            ends = np.cumsum(self.plan.epoch(e).window_tokens)
-            if len(self._window_ends) > 4:
-                self._window_ends.clear()
-            self._window_ends[e] = ends
-        w = int(np.searchsorted(ends, run - self.plan.run_before(e), side="right"))
-        return self.plan.unit(e, w)
-
-    def _units_of_step(self, step: int) -> tuple[int, int]:
-        """The first and last unit step ``step`` takes tokens from, for this rank's lanes."""
-        _, g = self._segment(self._seg)
-        b, n = g.lanes, g.seq_len
-        # Lane k's token p of the stage is run token begin + ((k - begin) mod B) + p * B.
-        mine = self._scanner.rank_lanes
-        ks = np.arange(mine.start, mine.stop, dtype=np.int64)
-        off = (ks - g.begin_run) % b
-        p = (step - g.begin_step) * n
-        first = self._unit_of_run(g.begin_run + int(off.min()) + p * b)
-        last = self._unit_of_run(g.begin_run + int(off.max()) + (p + n - 1) * b)
-        return first, last
 
     def _get(self, unit: int) -> PackedUnit:
         """The packed ``unit``, checking the positions a resume left to check there."""
         u = self._scanner.get(unit)
         check = self._checks.get(unit)
         if check is not None:
-            lanes, pieces, offsets, want = check
-            got = u.slices.offsets(lanes, pieces, offsets)
-            bad = np.flatnonzero(got != want)
-            if len(bad):
-                i = int(bad[0])
-                lane, where = int(lanes[i]), f"(piece {int(pieces[i])}, offset {int(offsets[i])})"
-                sl = u.slices
-                n = int(sl.lane_piece[lane + 1] - sl.lane_piece[lane])
-                size = int(sl.lane_start[lane + 1] - sl.lane_start[lane])
-                problem = (
-                    f"is past its slice of {n} pieces ({size} tokens)"
-                    if got[i] < 0
-                    else f"is not where step {self._step} puts it (token {int(want[i])} of its slice)"
-                )
-                msg = (
-                    f"checkpoint position of lane {self._scanner.rank_lanes.start + lane} {where} in epoch {u.epoch} "
-                    f"window {u.window} {problem}: the checkpoint does not belong to this dataset or settings"
-                )
-                raise CheckpointError(msg)
+            resume.check_unit(u, check, self._step, self._scanner.rank_lanes.start)
             del self._checks[unit]
         return u
 
@@ -524,29 +281,10 @@ class Loader:
         with self._lock:
             rows = self._resumed
             if rows is None:
-                # At a layout stage's first step every lane is at a slice's start: no window needed.
-                plan, g = self._layouts.at(self._step)
-                rows = positions_at(
-                    plan, self._step, g.seq_len, self.rank_lanes, lambda u: self._get(u).slices, segment=g
-                )
-            return ckpt.encode(ckpt.State(self._config, self._step, rows))
+                rows = self._run.checkpoint_rows(self._step, lambda u: self._get(u).slices)
+            return ckpt.encode(ckpt.State(self._now.config, self._step, rows))
 
-    def _state_after(self, step: int, units: dict[int, Slices]) -> Callable[[], bytes]:
-        """The checkpoint right after step ``step``, encoded when called.
-
-        Lanes inside a slice after the step are in windows the step took tokens
-        from, whose slices ``units`` holds (small tables: not the tokens).
-        """
-        cell = self._cell
-
-        def encode() -> bytes:  # holds the plan and small tables, not the loader
-            layouts: LayoutSegments = cell[1]
-            plan, g = layouts.at(step + 1)
-            lanes = layouts.rank_lanes(g)
-            rows = positions_at(plan, step + 1, g.seq_len, lanes, units.__getitem__, segment=g)
-            return ckpt.encode(ckpt.State(cell[0], step + 1, rows))
-
-        return encode
+    # -- live stages -------------------------------------------------------------
 
     def set_weights(self, weights: Mapping[str, Any] | None, at_step: int | None = None) -> int:
         """Append a stage of ``weights`` from global step ``at_step``; the step it starts at.
@@ -573,15 +311,8 @@ class Loader:
         """
         self._check_fork()
         with self._lock:
-            s = self.settings
-            stage = live.live_stage(self.plan, weights, at_step, self._step, s.seq_len)
-            assert isinstance(self.plan, MixturePlan)
-            unit = self.plan.add_stage(stage)
-            self._window_ends.clear()
-            self._layouts.forget(self._seg)
-            self._scanner.replan_from(unit)
-            self._config = self._make_config()
-            self._cell[0] = self._config
+            stage = live.live_stage(self.plan, weights, at_step, self._step, self.settings.seq_len)
+            self._set_run(*self._run.with_stage(stage))
             return stage.start
 
     def earliest_layout_step(self) -> int:
@@ -615,38 +346,15 @@ class Loader:
         """
         self._check_fork()
         with self._lock:
-            last = self.layout.stages[-1]
-            earliest = self.earliest_layout_step()
-            if at_step is None:
-                at_step = earliest
-            at_step = check_int("at_step", at_step, 0, "at_step is a global step")
-            if at_step < earliest:
-                why = (
-                    f"the last layout stage starts at step {last.start}"
-                    if earliest == last.start + 1
-                    else f"the loader is at step {self._step} (its next batch)"
-                )
-                msg = (
-                    f"set_layout(at_step={at_step}): {why}; the earliest allowed at_step is {earliest} "
-                    "(leave at_step out to get it)"
-                )
-                raise ConfigError(msg)
-            b = last.lanes if lanes is None else check_int("lanes", lanes, 1, "lanes is the rows of a global batch")
-            n = last.seq_len if seq_len is None else check_int("seq_len", seq_len, 1, "seq_len is tokens per row")
-            world = self.settings.world
-            if b % world:
-                msg = (
-                    f"set_layout(lanes={b}): lanes is not divisible by world={world}; every rank must own the "
-                    f"same number of lanes: use lanes a multiple of {world}"
-                )
-                raise ConfigError(msg)
-            stage = LayoutStage(at_step, b, n)
-            layout = Layout((*self.layout.stages, stage))
-            self._check_layout(layout, [stage])
-            if at_step == self._step:  # positions a resume left: in the old layout, no longer what comes
+            stage = live.layout_stage(self.layout, lanes, seq_len, at_step, self._step, self.settings.world)
+            layout = self.layout.with_stage(stage)
+            check_layout(self.plan, self.settings, layout, [stage])
+            if stage.start == self._step:  # positions a resume left: in the old layout, no longer what comes
                 self._resumed, self._checks = None, {}
-            self._relayout(layout)
-            return at_step
+            self._set_run(*self._run.with_layout(layout))
+            return stage.start
+
+    # -- seek and resume ---------------------------------------------------------
 
     def seek(self, step: int) -> None:
         """Jump to global step ``step``, as if every step before it had been taken.
@@ -671,33 +379,18 @@ class Loader:
         self._check_fork()
         st = ckpt.decode(state)
         fit = self.fit(st)
-        mine = np.arange(self.lanes_after(fit, st.step).start, self.lanes_after(fit, st.step).stop)
-        lanes = st.positions[:, 0]
-        idx = np.searchsorted(lanes, mine)
-        ok = (idx < len(lanes)) & (lanes[np.minimum(idx, len(lanes) - 1)] == mine)
-        if not ok.all():
-            missing = mine[~ok]
-            msg = (
-                f"checkpoint lacks lanes {missing[:10].tolist()} of rank {self.settings.rank}; "
-                "resume from plitzer.merge(parts of every rank)"
-            )
-            raise CheckpointError(msg)
-        rows = st.positions[idx]
+        rows = resume.rank_rows(st, self.lanes_after(fit, st.step), self.settings.rank)
         with self._lock:
-            stages = self.plan.stages if isinstance(self.plan, MixturePlan) else None
-            layout = self.layout
+            old = self._run
             self.take_stages(fit)
             try:
-                checks = self._check_positions(st.step, rows)
+                checks = resume.check_positions(self._run, st.step, rows)
             except BaseException:
                 # A refused resume leaves the loader as it was: its own stages back.
                 if fit.layout:
-                    self._relayout(layout)
-                if fit.stages and isinstance(self.plan, MixturePlan) and stages is not None:
-                    self.plan.restage(stages)
-                    self._window_ends.clear()
-                    self._config = self._make_config()
-                    self._cell[0] = self._config
+                    self._set_run(*self._run.with_layout(old.layout))
+                if fit.stages and old.stages is not None:
+                    self._set_run(*self._run.with_stages(old.stages))
                 raise
             self._place(st.step)
             self._resumed = rows
@@ -710,79 +403,25 @@ class Loader:
         it) and sources it lacks that weigh 0 up to its step are accepted (:mod:`plitzer.live`).
         """
         names = self.plan.names if isinstance(self.plan, MixturePlan) else []
-        fit = live.reconcile(st.config, self.config, st.step, names)
-        diffs = ckpt.diff_config(fit.checkpoint, fit.loader, step=st.step)
-        diffs += ckpt.diff_revisions(fit.checkpoint, fit.loader)
-        if diffs:
-            msg = f"{what} does not match this loader: " + "; ".join(diffs)
-            raise CheckpointError(msg)
-        return fit
+        return resume.fit(st, self.config, names, what)
 
     def lanes_after(self, fit: live.Reconciled, step: int) -> range:
         """This rank's lanes at ``step`` once checkpoint ``fit`` is taken (its layout stages, where it brings them)."""
-        runs = Layout.from_config(fit.layout) if fit.layout else self.layout
-        per = runs.at(step).lanes // self.settings.world
-        return range(self.settings.rank * per, (self.settings.rank + 1) * per)
+        return resume.lanes_after(fit, self.layout, self.settings.world, self.settings.rank, step)
 
     def take_stages(self, fit: live.Reconciled) -> None:
-        """Run the stages a checkpoint brought (its live ones; before placing the loader)."""
-        if fit.layout:
-            layout = Layout.from_config(fit.layout)
-            with self._lock:
-                self._check_layout(layout, layout.stages)
-                self._relayout(layout)
-        if not fit.stages:
-            return
-        assert isinstance(self.plan, MixturePlan)
-        with self._lock:
-            self.plan.restage(fit.stages)
-            self._window_ends.clear()
-            self._config = self._make_config()
-            self._cell[0] = self._config
+        """Run the stages a checkpoint brought (its live ones); place the loader (seek or resume) next.
 
-    def _check_positions(self, step: int, rows: I64) -> dict[int, tuple[I64, I64, I64, I64]]:
-        """Refuse positions that are not where ``step`` puts the lanes; what needs the pieces, later.
-
-        Lanes run in lockstep, so a checkpoint's positions follow from its step.
-        A position at a slice's start (piece 0, offset 0) is checked from the footers;
-        one inside a slice must be in the lane's window, and its piece and offset are
-        checked when that window is packed (:meth:`_get`).
+        The scanner is told (what it read ahead from the first changed window on is
+        read again), so the loader is consistent after this call on its own.
         """
-        plan, g = self._segment(self.layout.index_at(step))
-        per = g.lanes // self.settings.world
-        rank_lanes = range(self.settings.rank * per, (self.settings.rank + 1) * per)
-        for _, e, w, _, _ in rows.tolist():
-            nw = self.plan.windows_in(e)
-            if w >= nw:
-                msg = f"checkpoint position window {w} is out of range: epoch {e} of the dataset has {nw} windows"
-                raise CheckpointError(msg)
-        want = lane_positions(plan, step, g.seq_len, g.lanes, rank_lanes, g.begin_step, g.begin_run)
-        at_start = (rows[:, 3] == 0) & (rows[:, 4] == 0)
-        later: dict[int, list[int]] = {}
-        for i in range(len(rows)):
-            e, w = int(rows[i, 1]), int(rows[i, 2])
-            unit = self.plan.unit(e, w)
-            if at_start[i]:
-                if int(lane_base(plan, unit, rank_lanes, g)[i]) != step * g.seq_len:
-                    self._refuse(rows[i], step, want[i])
-            elif (e, w) != (int(want[i, 1]), int(want[i, 2])):
-                self._refuse(rows[i], step, want[i])
-            else:
-                later.setdefault(unit, []).append(i)
-        checks: dict[int, tuple[I64, I64, I64, I64]] = {}
-        for unit, sel in later.items():
-            ix = np.array(sel, np.int64)
-            checks[unit] = (ix, rows[ix, 3], rows[ix, 4], want[ix, 4])
-        return checks
-
-    def _refuse(self, row: I64, step: int, want: I64) -> None:
-        msg = (
-            f"checkpoint position of lane {int(row[0])} (epoch {int(row[1])}, window {int(row[2])}, piece "
-            f"{int(row[3])}, offset {int(row[4])}) is not where step {step} puts it (epoch {int(want[1])}, "
-            f"window {int(want[2])}, token {int(want[4])} of its slice): the checkpoint does not belong to "
-            "this dataset or settings"
-        )
-        raise CheckpointError(msg)
+        with self._lock:
+            if fit.layout:
+                layout = Layout.from_config(fit.layout)
+                check_layout(self.plan, self.settings, layout, layout.stages)
+                self._set_run(*self._run.with_layout(layout))
+            if fit.stages:
+                self._set_run(*self._run.with_stages(fit.stages))
 
     # -- iteration ---------------------------------------------------------------
 
@@ -805,15 +444,14 @@ class Loader:
 
     def _next_batch(self) -> Batch:
         t = self._step
-        if self._seg != self.layout.index_at(t):  # a layout stage begins: the scanner packs its lanes
+        if self._scanner.stage != self._run.stage_of(t):  # a layout stage begins: the scanner packs its lanes
             self._cur, self._cur_block = None, None
-            self._enter(t)
             self._scanner.reset(t)
         cur = self._cur
         if cur is not None and cur.t0 <= t < cur.t1:  # the common case: a view of the block
             assert self._cur_block is not None
             return self._deliver(t, self._cur_block[t - cur.t0], functools.partial(cur.segments, t), [cur])
-        first, last = self._units_of_step(t)
+        first, last = self._run.units_of_step(t)
         if first == last:
             u = self._get(first)
             if u.t0 <= t < u.t1:
@@ -832,32 +470,23 @@ class Loader:
         units: list[PackedUnit],
     ) -> Batch:
         """Advance past step ``t`` (which took tokens from ``units``); release what no lane needs."""
-        after = self._state_after(t, {u.unit: u.slices for u in units})
+        after = resume.state_after(self._now, t, {u.unit: u.slices for u in units})
         self._step = t + 1
         self._resumed = None
         cur = self._cur
-        if (cur is None or not (cur.t0 <= t + 1 < cur.t1)) and self.layout.index_at(t + 1) == self._seg:
-            nxt, _ = self._units_of_step(t + 1)
+        if (cur is None or not (cur.t0 <= t + 1 < cur.t1)) and self._run.stage_of(t + 1) == self._scanner.stage:
+            nxt, _ = self._run.units_of_step(t + 1)
             if cur is not None and cur.unit < nxt:
                 self._cur, self._cur_block = None, None
             self._scanner.release_before(nxt)
         return Batch(
             tokens=tokens.view(Tokens),
             step=t,
-            epoch=self._epoch_of(t),
+            epoch=self._run.epoch_of(t),
             lanes=self._scanner.rank_lanes,
             _segments=segments,
             _locate=self._locate,
             _after=after,
-        )
-
-    def _locate(self, doc_ids: NDArray[np.int64]) -> Located:
-        rg = np.searchsorted(self._doc_base, doc_ids, side="right") - 1
-        return (
-            self._files[rg].tolist(),
-            self._row_groups[rg].astype(np.int64),
-            source_rows(self.index, rg, (doc_ids - self._doc_base[rg]).astype(np.int64)),
-            None if self._sources is None else self._sources[rg].tolist(),
         )
 
     # -- lifecycle ---------------------------------------------------------------

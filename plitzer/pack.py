@@ -43,223 +43,29 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from planner.hashing import key, mix_array
 from planner.lanes import cut_at
-from plitzer.cost import LANE_BYTES, PIECE_BYTES
+from plitzer.packed import (
+    Memory,
+    PackedUnit,
+    Segments,
+    Slices,
+    StepRange,
+    UnitReads,
+    _gather,
+    _lists,
+    arrow_ints,
+    assemble,
+)
 from plitzer.read import list_lengths, numpy_view
 
-__all__ = ["Memory", "PackedUnit", "Recut", "Segments", "Slices", "StepRange", "assemble", "pack_rest", "pack_unit"]
+__all__ = ["Memory", "PackedUnit", "Segments", "Slices", "StepRange", "UnitReads", "assemble", "pack_unit"]
 
 I64 = NDArray[np.int64]
-
-
-class Memory:
-    """Owns the packed tokens of one unit; every batch view of them refers to it.
-
-    NumPy views (``block[t]``), DLPack tensors and Arrow arrays made from them keep
-    this object alive, so the scanner learns that the last view is gone by a
-    ``weakref.finalize`` on it, and only then stops counting its bytes against the
-    budget (the allocator then reuses the memory for a later window).
-    """
-
-    __slots__ = ("__array_interface__", "__weakref__", "_dtype", "_owner", "_size")
-
-    def __init__(self, owner: pa.Array | pa.Buffer, dtype: np.dtype[Any]) -> None:
-        if isinstance(owner, pa.Buffer):
-            n = owner.size // dtype.itemsize
-            address = owner.address if n else 0
-        else:
-            buf = owner.buffers()[1]
-            n = len(owner)
-            address = 0 if buf is None or n == 0 else buf.address + owner.offset * dtype.itemsize
-        self._owner = owner  # holds the memory
-        self._dtype = dtype
-        self._size = n
-        self.__array_interface__ = {"data": (address, False), "shape": (n,), "typestr": dtype.str, "version": 3}
-
-    def array(self) -> NDArray[Any]:
-        """The tokens as a NumPy array whose base is this object."""
-        if self._size == 0:
-            return np.zeros(0, self._dtype)
-        return np.asarray(self)
-
-
-@dataclass(frozen=True, slots=True)
-class Segments:
-    """The pieces of some rows, in row order: what a batch's document boundaries come from.
-
-    ``row`` (within the rank's rows), ``length`` (> 0), ``doc`` (a running number over
-    the dataset's documents), ``offset`` (of the piece's first token in the document),
-    and the piece's ``epoch`` and ``window``.
-    """
-
-    row: I64
-    length: I64
-    doc: I64
-    offset: I64
-    epoch: I64
-    window: I64
-
-
-@dataclass(frozen=True, slots=True)
-class StepRange:
-    """Steps ``[first, stop)`` that one unit gives sub-pieces to, and where each step's are."""
-
-    first: int
-    bounds: I64  # step first + i's sub-pieces are bounds[i]:bounds[i+1]
-
-    @property
-    def stop(self) -> int:
-        return self.first + len(self.bounds) - 1
-
-    def of(self, step: int) -> tuple[int, int]:
-        i = step - self.first
-        if i < 0 or i >= len(self.bounds) - 1:
-            return 0, 0
-        return int(self.bounds[i]), int(self.bounds[i + 1])
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Slices:
-    """The rank's shuffled slices of one window: where a lane's position is a piece and offset.
-
-    Rank lane ``i``'s pieces are ``lane_piece[i]:lane_piece[i+1]``, ending at
-    ``piece_end`` (positions in the rank's slices laid end to end; lane ``i``'s slice
-    starts at ``lane_start[i]``). Small (16 bytes a piece), and apart from the packed
-    tokens, so a checkpoint taken later can hold it without holding them.
-    """
-
-    lane_start: I64
-    lane_piece: I64
-    piece_end: I64
-
-    def positions(self, lanes: I64, offsets: I64) -> tuple[I64, I64]:
-        """A checkpoint's ``(piece, offset)`` of rank lanes ``lanes`` at ``offsets`` into their slices.
-
-        The piece is the first of the shuffled slice whose end is past the offset
-        (empty documents and used-up pieces before it are skipped); offset 0 is
-        ``(0, 0)``, the slice's start, whatever its first pieces are.
-        """
-        target = self.lane_start[lanes] + offsets
-        j = np.searchsorted(self.piece_end, target, side="right")
-        prev = np.where(j > 0, self.piece_end[np.maximum(j - 1, 0)], 0) if len(self.piece_end) else target
-        prev = np.maximum(prev, self.lane_start[lanes])
-        zero = offsets == 0
-        piece = np.where(zero, 0, j - self.lane_piece[lanes])
-        offset = np.where(zero, 0, target - prev)
-        return piece.astype(np.int64), offset.astype(np.int64)
-
-    def offsets(self, lanes: I64, pieces: I64, offsets: I64) -> I64:
-        """The inverse of :meth:`positions`: tokens into each slice, -1 where out of range."""
-        ends = np.concatenate([[0], self.piece_end])  # ends[g + 1] is piece g's end
-        p0, p1 = self.lane_piece[lanes], self.lane_piece[lanes + 1]
-        s = self.lane_start[lanes]
-        ok = (pieces >= 0) & (pieces <= p1 - p0) & (offsets >= 0)
-        g = np.clip(p0 + pieces, 0, len(self.piece_end))
-        start = np.maximum(np.where(pieces > 0, ends[g], s), s)
-        end = np.where(pieces < p1 - p0, ends[np.minimum(g + 1, len(self.piece_end))], start)
-        ok &= offsets <= end - start
-        out: I64 = np.where(ok, start + offsets - s, -1)
-        return out
-
-
-@dataclass(slots=True, eq=False)
-class PackedUnit:
-    """The rank's lanes of one window, packed step-major.
-
-    The steps ``[t0, t1)`` whose rows lie wholly in this window are ``block``, a
-    ``(t1 - t0, rows, seq_len)`` array, so step ``t``'s batch is ``block[t - t0]``, a
-    view. The sub-pieces of every step this unit gives tokens to (``row``, ``length``,
-    ``doc``, ``offset``) are in (step, lane, position) order, ``steps`` says where each
-    step's are; those of the steps at the window's ends, which straddle into the
-    windows before or after, have their tokens at ``start`` in ``edges``.
-    ``slices`` are the shuffled slices, what checkpoints need.
-    """
-
-    unit: int
-    epoch: int
-    window: int
-    rows: int  # the rank's lanes
-    seq_len: int
-    t0: int
-    t1: int
-    memory: Memory | None  # owns block's memory (and edges', when they share it)
-    block: NDArray[Any]
-    edges: pa.Array
-    steps: StepRange
-    row: I64
-    length: I64
-    doc: I64
-    offset: I64
-    start: I64
-    slices: Slices
-
-    def segments(self, step: int) -> Segments:
-        """The sub-pieces of ``step`` in this unit (views of the tables)."""
-        a, b = self.steps.of(step)
-        n = b - a
-        return Segments(
-            row=self.row[a:b],
-            length=self.length[a:b],
-            doc=self.doc[a:b],
-            offset=self.offset[a:b],
-            epoch=np.full(n, self.epoch, np.int64),
-            window=np.full(n, self.window, np.int64),
-        )
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held: the packed tokens and the tables (the cost model's ``packed_bytes``)."""
-        shared = self.memory is not None and self.memory._owner is self.edges
-        tokens = self.edges.nbytes if shared else self.block.nbytes + self.edges.nbytes
-        return int(tokens + PIECE_BYTES * len(self.row) + LANE_BYTES * len(self.slices.lane_start))
-
-
-def arrow_ints(a: NDArray[Any], typ: pa.DataType) -> pa.Array:
-    """A NumPy integer array as an Arrow array of ``typ``, without ``pa.array``.
-
-    ``pa.array`` on a NumPy array imports pandas the first time (to ask whether it
-    is a pandas object: 0.23 s measured), which a fresh process's first batch would
-    wait for; building from the buffer does not.
-    """
-    data = np.ascontiguousarray(a, dtype=typ.to_pandas_dtype())
-    return pa.Array.from_buffers(typ, len(data), [None, pa.py_buffer(data)])
-
-
-def _lists(values: pa.Array, starts: I64, ends: I64) -> pa.Array:
-    """A large-list array over ``values``: list ``i`` is ``values[starts[i]:ends[i]]``.
-
-    Consecutive lists must tile a stretch of ``values`` (``ends[i] == starts[i+1]``).
-    The values are sliced to that stretch and the offsets start at 0: given offsets
-    that start further in, Polars copies the whole values buffer on import (1.7 ms
-    against 0.07 ms for a 131 k-token step out of a 6 M-token window, measured).
-    """
-    lo = int(starts[0]) if len(starts) else 0
-    hi = int(ends[-1]) if len(ends) else lo
-    offsets = np.empty(len(starts) + 1, np.int64)
-    offsets[:-1] = starts - lo
-    offsets[-1] = hi - lo
-    return pa.LargeListArray.from_arrays(arrow_ints(offsets, pa.int64()), values.slice(lo, hi - lo))
-
-
-def _gather(lists: list[pa.Array], order: I64) -> pa.Array:
-    """The values of lists ``order`` (indexes over all the lists, end to end), concatenated.
-
-    Polars' list gather copies each list's values with one memcpy, in Rust, without
-    the GIL, into memory its allocator recycles (about 0.4 ns/token warm,
-    docs/design.md); Arrow's ``take`` on a list array builds an int64 index per token
-    first and was 6x slower. No Python loop over pieces.
-    """
-    series = pl.Series(lists[0]) if len(lists) == 1 else pl.concat([pl.Series(c) for c in lists], rechunk=False)
-    taken = series.gather(order).to_arrow()
-    if isinstance(taken, pa.ChunkedArray):
-        taken = taken.combine_chunks()
-    return taken.flatten()
 
 
 def slice_keys(seed: int, epoch: int, window: int, lanes: range) -> NDArray[np.uint64]:
@@ -551,70 +357,54 @@ def _transposed(
     return memory, block, edges, start
 
 
-def pack_unit(
-    chunks: list[pa.Array],
-    chunk_token_start: list[int],
-    chunk_doc_base: list[int],
-    *,
-    window_tokens: int,
-    window_z: int,
-    lanes: int,
-    rank_lanes: range,
-    lane_base: I64,
-    seq_len: int,
-    seed: int,
-    epoch: int,
-    window: int,
-    unit: int,
-    dtype: np.dtype[Any],
-    keep: NDArray[np.bool_] | None = None,
-    from_step: int = 0,
-) -> PackedUnit:
+def pack_unit(chunks: list[pa.Array], reads: UnitReads) -> PackedUnit:
     """Pack the decoded row groups a rank read in one window into step-major blocks.
 
-    ``chunks`` are the token columns of the rank's row groups in stream order,
-    ``chunk_token_start`` where each starts in the window's stream, and
-    ``chunk_doc_base`` the running number of each one's first document.
-    ``window_z`` is the run's tokens before this window, mod ``lanes``; ``lane_base``
-    the tokens each rank lane received before this window (so its slice is lane
-    stream positions ``[lane_base[i], lane_base[i] + n_i)``, and step ``t`` is
+    ``chunks`` are the token columns of the rank's row groups in stream order (the
+    reads of ``reads.place``, each starting at its ``token_start`` in the window's
+    stream). ``window_z`` is the run's tokens before this window, mod ``lanes``;
+    ``lane_base`` the tokens each rank lane received before this window (so its slice
+    is lane stream positions ``[lane_base[i], lane_base[i] + n_i)``, and step ``t`` is
     ``[t * seq_len, (t + 1) * seq_len)`` of every lane). ``keep`` (one flag per rank
     lane) leaves out lanes that will never read this window, and ``from_step`` the
     steps before it (after a resume).
     """
+    p = reads.place
+    rank_lanes = p.rank_lanes
     nl = len(rank_lanes)
-    q, r = divmod(window_tokens, lanes)
+    q, r = divmod(p.window_tokens, p.lanes)
     # The rank's cuts c_{k0} .. c_{k1}: its lanes' token ranges, end to end.
-    cuts = cut_at(np.arange(rank_lanes.start, rank_lanes.stop + 1), q, r, window_z, lanes)
+    cuts = cut_at(np.arange(rank_lanes.start, rank_lanes.stop + 1), q, r, p.window_z, p.lanes)
     arrays = [_documents(c)[0] for c in chunks]
-    pc_ = _pieces(arrays, chunk_token_start, chunk_doc_base, cuts, at_end=rank_lanes.stop == lanes)
-    order, lane_piece = _shuffle(pc_, keep, nl, slice_keys(seed, epoch, window, rank_lanes))
-    return _finish(
-        arrays, pc_, order, lane_piece, lane_base, seq_len, from_step, keep, dtype, (unit, epoch, window), tiled=True
-    )
+    starts, bases = p.token_start.tolist(), reads.doc_base.tolist()
+    pc_ = _pieces(arrays, starts, bases, cuts, at_end=rank_lanes.stop == p.lanes)
+    order, lane_piece = _shuffle(pc_, p.keep, nl, slice_keys(p.seed, p.epoch, p.window, rank_lanes))
+    return _finish(arrays, pc_, order, lane_piece, reads, tiled=True)
+
+
+def _whole_steps(
+    lane_base: I64, n_lane: I64, seq_len: int, from_step: int, keep: NDArray[np.bool_] | None
+) -> tuple[int, int]:
+    """Steps ``[t0, t1)`` wholly inside this window for every rank lane (from ``from_step`` on)."""
+    nl = len(n_lane)
+    t0 = max(-(-int(lane_base.max()) // seq_len) if nl else 0, from_step)
+    t1 = int((lane_base + n_lane).min()) // seq_len if nl else t0
+    if keep is not None and not keep.all():
+        t1 = t0  # lanes left out: no step is whole here (they all straddle or are past)
+    return t0, max(t1, t0)
 
 
 def _finish(
-    arrays: list[pa.Array],
-    pc_: _Pieces,
-    order: I64,
-    lane_piece: I64,
-    lane_base: I64,
-    seq_len: int,
-    from_step: int,
-    keep: NDArray[np.bool_] | None,
-    dtype: np.dtype[Any],
-    where: tuple[int, int, int],
-    *,
-    tiled: bool,
+    arrays: list[pa.Array], pc_: _Pieces, order: I64, lane_piece: I64, reads: UnitReads, *, tiled: bool
 ) -> PackedUnit:
     """The rank's pieces in packed order (slices ``lane_piece``) laid out step-major: the packed unit.
 
     ``tiled``: the pieces in stream order tile the decoded values (a window's own
-    cut); a window cut again at a layout change (:func:`pack_rest`) takes suffixes
-    of its slices, which leave gaps, and gathers them through :func:`_scattered`.
+    cut); a window cut again at a layout change (:func:`plitzer.recut.pack_rest`) takes
+    suffixes of its slices, which leave gaps, and gathers them through :func:`_scattered`.
     """
-    unit, epoch, window = where
+    p = reads.place
+    lane_base, seq_len, dtype = p.lane_base, p.seq_len, reads.dtype
     nl = len(lane_piece) - 1
     length = pc_.end - pc_.start
     packed_len = length[order]
@@ -625,15 +415,9 @@ def _finish(
     lane_pos = np.zeros(len(length), np.int64)
     loc = pc_.local[order]
     lane_pos[order] = lane_base[loc] + (piece_end - packed_len) - lane_start[loc]
-    subs = _row_cuts(pc_, order, lane_pos, seq_len, from_step, nl)
-
-    # Steps wholly inside this window for every rank lane: [t0, t1).
+    subs = _row_cuts(pc_, order, lane_pos, seq_len, p.from_step, nl)
     n_lane = np.diff(lane_start)
-    t0 = max(-(-int(lane_base.max()) // seq_len) if nl else 0, from_step)
-    t1 = int((lane_base + n_lane).min()) // seq_len if nl else t0
-    if keep is not None and not keep.all():
-        t1 = t0  # lanes left out: no step is whole here (they all straddle or are past)
-    t1 = max(t1, t0)
+    t0, t1 = _whole_steps(lane_base, n_lane, seq_len, p.from_step, p.keep)
     lay = subs.layout
     out_step = subs.step[lay]
     s_first = int(out_step[0]) if len(out_step) else t0
@@ -649,9 +433,9 @@ def _finish(
     else:
         memory, block, edges, start = _direct(arrays, subs, dtype, (first, stop, t1 - t0, nl, seq_len), tiled=tiled)
     return PackedUnit(
-        unit=unit,
-        epoch=epoch,
-        window=window,
+        unit=p.unit,
+        epoch=p.epoch,
+        window=p.window,
         rows=nl,
         seq_len=seq_len,
         t0=t0,
@@ -700,159 +484,3 @@ def _scattered(arrays: list[pa.Array], chunk: I64, value: I64, length: I64) -> t
     ids = np.empty(n, np.int64)
     ids[srt] = at
     return _chunk_lists(arrays, seq_c, seq_s, seq_e - seq_s), ids
-
-
-@dataclass(frozen=True, slots=True)
-class Recut:
-    """A layout change inside a window: from run token ``begin`` on, the rest is cut into ``lanes``."""
-
-    lanes: int
-    begin: int
-
-
-def _split(start: I64, end: I64, cuts: I64) -> tuple[I64, I64, I64, I64]:
-    """Intervals ``[start, end)`` (increasing, tiling their range) split at ``cuts`` inside them.
-
-    Returns each part's interval index, start, end and lane (``max{k : cuts[k] <= start}``).
-    """
-    lo = np.searchsorted(cuts, start, side="right")
-    hi = np.searchsorted(cuts, end, side="left")
-    npieces = 1 + np.maximum(hi - lo, 0)
-    rep = np.repeat(np.arange(len(start), dtype=np.int64), npieces)
-    j = np.arange(len(rep), dtype=np.int64) - (np.cumsum(npieces) - npieces)[rep]
-    last_cut = len(cuts) - 1
-    p_start = np.where(j == 0, start[rep], cuts[np.minimum(lo[rep] + j - 1, last_cut)])
-    p_end = np.where(j == npieces[rep] - 1, end[rep], cuts[np.minimum(lo[rep] + j, last_cut)])
-    lane = np.minimum(np.searchsorted(cuts, p_start, side="right") - 1, len(cuts) - 2)
-    return rep, p_start, p_end, lane
-
-
-def pack_rest(
-    chunks: list[pa.Array],
-    chunk_token_start: list[int],
-    chunk_doc_base: list[int],
-    *,
-    window_tokens: int,
-    window_start: int,
-    base_lanes: int,
-    recuts: list[Recut],
-    rank_lanes: range,
-    lane_base: I64,
-    seq_len: int,
-    seed: int,
-    epoch: int,
-    window: int,
-    unit: int,
-    dtype: np.dtype[Any],
-    keep: NDArray[np.bool_] | None = None,
-    from_step: int = 0,
-) -> PackedUnit:
-    """Pack a window cut again by layout changes inside it (docs/design.md, "Layout stages").
-
-    ``chunks`` are every row group of the window (stream order). The window is first
-    cut into ``base_lanes`` lanes and shuffled as usual (``z`` from ``window_start``,
-    the run's tokens before it); then, for each change in ``recuts`` (at run token
-    ``begin``, into ``lanes``), what each lane has not consumed of its slice by then
-    (lane ``k`` consumed ``ceil((begin - k) / B) - ceil((S - k) / B)`` tokens of it,
-    ``S`` where its slices began) is laid end to end, lane 0's first, each in packed
-    order, and cut into the new lanes by section 3.4 with ``z = begin mod lanes``, with
-    no second shuffle. The last cut's lanes ``rank_lanes`` are packed like a window's
-    (``lane_base``: their stream positions before it).
-    """
-    from planner.layout import stage_tokens
-
-    b0 = base_lanes
-    q, r = divmod(window_tokens, b0)
-    cuts = cut_at(np.arange(b0 + 1), q, r, window_start % b0, b0)
-    arrays = [_documents(c)[0] for c in chunks]
-    pc_ = _pieces(arrays, chunk_token_start, chunk_doc_base, cuts, at_end=True)
-    order, _ = _shuffle(pc_, None, b0, slice_keys(seed, epoch, window, range(b0)))
-    # The current slicing, in packed order: stream piece, token range [a, e) inside it, lane.
-    length = pc_.end - pc_.start
-    src, a, e, lane = order, np.zeros(len(order), np.int64), length[order], pc_.local[order]
-    lanes, begun = b0, window_start
-    end_run = window_start + window_tokens
-    for rc in recuts:
-        ln = e - a
-        cum = np.cumsum(ln)
-        lane_first = np.searchsorted(lane, np.arange(lanes + 1), side="left")
-        slice_start = np.concatenate([[0], cum])[lane_first]
-        pos = cum - ln - slice_start[lane]  # each item's start in its lane's slice
-        used = stage_tokens(rc.begin, np.arange(lanes), lanes, begun)[lane]
-        cut_in = np.clip(used - pos, 0, ln)
-        live = ln - cut_in > 0
-        src, a, e = src[live], (a + cut_in)[live], e[live]
-        ln = e - a
-        rest_end = np.cumsum(ln)
-        rest_start = rest_end - ln
-        total = end_run - rc.begin
-        q, r = divmod(total, rc.lanes)
-        new_cuts = cut_at(np.arange(rc.lanes + 1), q, r, rc.begin % rc.lanes, rc.lanes)
-        rep, ps, pe, lane = _split(rest_start, rest_end, new_cuts)
-        src, a = src[rep], a[rep] + (ps - rest_start[rep])
-        e = a + (pe - ps)
-        lanes, begun = rc.lanes, rc.begin
-    # The rank's lanes of the last cut.
-    mine = (lane >= rank_lanes.start) & (lane < rank_lanes.stop)
-    local = lane - rank_lanes.start
-    if keep is not None:
-        mine &= keep[np.clip(local, 0, len(keep) - 1)]
-    src, a, e, local = src[mine], a[mine], e[mine], local[mine]
-    ln = e - a
-    end = np.cumsum(ln)
-    rest = _Pieces(
-        start=end - ln,
-        end=end,
-        local=local,
-        doc=pc_.doc[src],
-        offset=pc_.offset[src] + a,
-        chunk=pc_.chunk[src],
-        value=pc_.value[src] + a,
-    )
-    nl = len(rank_lanes)
-    bounds = np.searchsorted(local, np.arange(nl + 1), side="left").astype(np.int64)
-    ident = np.arange(len(src), dtype=np.int64)
-    return _finish(
-        arrays, rest, ident, bounds, lane_base, seq_len, from_step, keep, dtype, (unit, epoch, window), tiled=False
-    )
-
-
-def assemble(units: list[PackedUnit], step: int, rows: int, seq_len: int) -> tuple[NDArray[Any], Segments]:
-    """Step ``step``'s rows from the windows it straddles (each unit's sub-pieces of that step).
-
-    One Polars gather: every unit's sub-pieces of the step are lists over its packed
-    tokens; ordered by (row, unit) they are the step's rows, end to end.
-    """
-    lists, row_p, unit_p, parts = [], [], [], []
-    for u_i, u in enumerate(units):
-        a, b = u.steps.of(step)
-        if a == b:
-            continue
-        lists.append(_lists(u.edges, u.start[a:b], u.start[a:b] + u.length[a:b]))
-        row_p.append(u.row[a:b])
-        unit_p.append(np.full(b - a, u_i, np.int64))
-        parts.append((u, a, b))
-    row = np.concatenate(row_p)
-    unit_of = np.concatenate(unit_p)
-    order = np.lexsort((np.arange(len(row)), unit_of, row))
-    dtype = units[0].block.dtype
-    values = _gather(lists, order)
-    # A copy into memory the step owns: the gather's Arrow buffer is read-only, and a
-    # read-only step breaks JAX's DLPack import and torch.from_numpy (docs/design.md,
-    # "Every step writable"). Straddling steps are a few per window, so the copy is a
-    # small fraction of the tokens.
-    tokens = np.empty((rows, seq_len), dtype)
-    tokens.reshape(-1)[:] = numpy_view(values).view(dtype)
-
-    def cat(name: str) -> I64:
-        return np.concatenate([getattr(u, name)[a:b] for u, a, b in parts])[order]
-
-    segs = Segments(
-        row=row[order],
-        length=cat("length"),
-        doc=cat("doc"),
-        offset=cat("offset"),
-        epoch=np.concatenate([np.full(b - a, u.epoch, np.int64) for u, a, b in parts])[order],
-        window=np.concatenate([np.full(b - a, u.window, np.int64) for u, a, b in parts])[order],
-    )
-    return tokens, segs

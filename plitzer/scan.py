@@ -41,69 +41,27 @@ import time
 import weakref
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
 from planner.errors import UsageError
-from planner.lanes import lane_positions, piece_range
-from planner.layout import stage_tokens
-from planner.plan import Plan, row_group_counts
+from planner.plan import row_group_counts
 from planner.rowgroups import RowGroupIndex
+from planner.run import Run, Segment, Start, lane_base
 from plitzer import _shutdown
 from plitzer.cost import unit_estimate
-from plitzer.pack import PackedUnit, Recut, pack_rest, pack_unit
+from plitzer.pack import pack_unit
+from plitzer.packed import PackedUnit, UnitReads
 from plitzer.read import read_chunk
+from plitzer.recut import pack_rest
 
 __all__ = ["AHEAD", "Scanner", "Segment", "Stats", "UnitState", "lane_base"]
 
 I64 = NDArray[np.int64]
 
 AHEAD = 2  # units started past the furthest one in use (read ahead)
-
-
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """The layout stage a scanner packs (:mod:`planner.layout`): its lanes and rows, where it began.
-
-    ``begin_step`` and ``begin_run``: the stage's first step and the run tokens consumed
-    before it. ``rest_unit``: the window holding run token ``begin_run`` strictly inside
-    it, cut again at the change (-1: none, the stage began at a window's edge), first
-    into ``base_lanes`` and then by ``recuts`` (every change inside that window, this
-    one last; :func:`plitzer.pack.pack_rest`).
-    """
-
-    lanes: int
-    seq_len: int
-    begin_step: int = 0
-    begin_run: int = 0
-    rest_unit: int = -1
-    base_lanes: int = 0
-    recuts: tuple[Recut, ...] = ()
-
-
-def lane_base(plan: Plan, unit: int, rank_lanes: range, segment: Segment | None = None) -> I64:
-    """Stream positions of ``rank_lanes`` before ``unit``: ``ceil((R - k) / B)`` after R run tokens.
-
-    The cards rule (docs/design.md, "The order"): lane ``k`` gets run tokens ``k, k + B,
-    k + 2B, ...``, so its slice of the unit is its stream positions from here on. Under a
-    layout stage (``segment``), the cards begin at the stage's first run token, and
-    positions count from the stage's first step times its ``seq_len`` (so that position
-    ``p`` is in step ``p // seq_len``).
-    """
-    epoch, window = plan.unit_epoch_window(unit)
-    ep = plan.epoch(epoch)
-    lanes = plan.settings.lanes
-    run = plan.run_before(epoch) + int(ep.window_tokens[:window].sum())
-    ks = np.arange(rank_lanes.start, rank_lanes.stop, dtype=np.int64)
-    if segment is None or segment.begin_run == 0:
-        out: I64 = (run - ks + lanes - 1) // lanes
-        return out
-    got = stage_tokens(max(run, segment.begin_run), ks, lanes, segment.begin_run)
-    out = segment.begin_step * segment.seq_len + got
-    return out
 
 
 class UnitState(enum.Enum):
@@ -145,26 +103,6 @@ class Stats:
     storage_wait_seconds: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class _Reads:
-    """A unit's planned reads for this rank: row groups in stream order, and their place."""
-
-    epoch: int
-    window: int
-    row_groups: I64
-    token_start: I64
-    estimate: int
-    window_tokens: int
-    window_z: int
-    lane_base: I64
-    keep: NDArray[np.bool_] | None  # the rank's lanes that need the unit (None: all)
-    from_step: int  # the first step packed
-    lanes: int  # the layout stage's
-    rank_lanes: range
-    seq_len: int
-    rest: tuple[int, int, tuple[Recut, ...]] | None  # a window cut again: (run before it, base lanes, recuts)
-
-
 @dataclass(eq=False, slots=True)
 class _Charge:
     """A unit's bytes against the budget. Kept apart from the unit: a finalizer holds it."""
@@ -180,7 +118,7 @@ class _Unit:
     """One unit being read and packed (transitions under the scanner's lock)."""
 
     unit: int
-    reads: _Reads
+    reads: UnitReads
     charge: _Charge
     future: Future[PackedUnit] = field(default_factory=Future)
     state: UnitState = UnitState.READING
@@ -207,33 +145,22 @@ class _Unit:
 class Scanner:
     """Reads and packs units for one rank, in order, within a byte budget."""
 
-    def __init__(
-        self,
-        plan: Plan,
-        *,
-        rank: int,
-        budget: int,
-        threads: int,
-        seq_len: int,
-        ahead: int = AHEAD,
-        segment: Segment | None = None,
-    ) -> None:
-        self.index: RowGroupIndex = plan.dataset
-        self.rank = rank
-        self.set_segment(plan, segment or Segment(plan.settings.lanes, seq_len))
+    def __init__(self, run: Run, *, budget: int, threads: int, ahead: int = AHEAD) -> None:
+        self.index: RowGroupIndex = run.plan.dataset
+        self.rank = run.rank
+        self.run = run
+        self._stage(0)
         self.budget = budget
         self.ahead = ahead
         self._threads = threads
         self._pool: ThreadPoolExecutor | None = None  # started at the first read
         self._lock = threading.RLock()  # RLock: a view's finalizer may run inside a locked section
         self._units: dict[int, _Unit] = {}
-        self._reads: dict[int, _Reads] = {}
+        self._reads: dict[int, UnitReads] = {}
         self._next = 0
         self._released = 0
         self._wanted = 0
-        self._from_step = 0
-        self._first = np.zeros(len(self.rank_lanes), dtype=np.int64)
-        self._first_max = 0
+        self._at = Start(0, np.zeros(len(self.rank_lanes), dtype=np.int64))
         self._held = 0
         self._caller = 0
         self._peak = 0
@@ -245,7 +172,7 @@ class Scanner:
         self._wait = 0.0
         f = self.index.frame
         # What each row group gives the stream: the selected rows where selected (plitzer.select).
-        self._tokens, self._rows, self._empty = row_group_counts(self.index)
+        self._tokens, self._rows, _ = row_group_counts(self.index)
         self._byte_length = f["byte_length"].to_numpy()
         self._doc_base = np.cumsum(self._rows) - self._rows
         self._dtype = np.dtype(self.index.dtype)
@@ -296,132 +223,80 @@ class Scanner:
 
     # -- scheduling (consumer thread only) ---------------------------------------
 
-    def set_segment(self, plan: Plan, segment: Segment) -> None:
-        """Pack for layout stage ``segment`` over ``plan`` (its lanes' cuts) from now on; call :meth:`reset` next."""
-        self.plan = plan
-        self.segment = segment
-        per = plan.settings.lanes // plan.settings.world
-        self.rank_lanes = range(self.rank * per, (self.rank + 1) * per)
-        self.lanes = plan.settings.lanes
-        self.seq_len = segment.seq_len
-
-    def _positions(self, step: int) -> I64:
-        g = self.segment
-        return lane_positions(self.plan, step, self.seq_len, self.lanes, self.rank_lanes, g.begin_step, g.begin_run)
+    def _stage(self, stage: int) -> None:
+        """Pack layout stage ``stage`` of the run (its plan, lanes and rows) from now on."""
+        self.stage = stage
+        self.plan, self.segment = self.run.segment(stage)
+        self.rank_lanes = self.run.rank_lanes(self.segment.lanes)
+        self.lanes = self.segment.lanes
+        self.seq_len = self.segment.seq_len
 
     def reset(self, step: int) -> None:
-        """Forget every unit; the next step is ``step``.
+        """Forget every unit; the next step is ``step`` (packed in the layout stage in force there).
 
-        Lane ``k``'s next token is in the window :func:`planner.lanes.lane_positions`
-        says; a unit behind some lanes' positions is then needed only by the lanes at
-        or before it, so only the row groups that can hold those lanes' documents
-        are read, and only the steps from ``step`` on are packed: resuming reads what
-        the positions need, not whole windows (docs/design.md, "Resuming").
+        Lane ``k``'s next token is in the window :meth:`planner.run.Run.start` says; a
+        unit behind some lanes' positions is then needed only by the lanes at or before
+        it, so only the row groups that can hold those lanes' documents are read, and
+        only the steps from ``step`` on are packed: resuming reads what the positions
+        need, not whole windows (docs/design.md, "Resuming").
         """
-        rows = self._positions(step)
-        first = np.array([self.plan.unit(int(e), int(w)) for e, w in rows[:, 1:3].tolist()], dtype=np.int64)
+        self._stage(self.run.stage_of(step))
+        at = self.run.start(step, self.stage)
         with self._lock:
             for u in self._units.values():
                 self._drop(u)
             self._units.clear()
             self._reads.clear()
-        self._first = first
-        self._first_max = int(first.max())
-        self._from_step = step
-        unit = int(first.min())
+        self._at = at
+        unit = int(at.first.min())
         self._next = self._released = self._wanted = unit
 
-    def replan_from(self, unit: int) -> None:
-        """The plan changed from ``unit`` on (a live stage): forget those units, read and pack them again.
+    def set_run(self, run: Run, unit: int) -> None:
+        """Run ``run`` from now on, which differs from the last from ``unit`` on (a live stage).
 
         Units before ``unit`` are untouched (lanes may be inside them); a unit read
-        ahead past the change holds row groups of the old plan and is dropped, so
-        prefetch never commits the stream (docs/design.md, "Live stages").
+        ahead past the change holds row groups of the old plan and is dropped, and read
+        and packed again, so prefetch never commits the stream (docs/design.md, "Live
+        stages"). The layout stage packed stays until the next :meth:`reset`.
         """
+        self.run = run
+        self._stage(self.stage)
         with self._lock:
             for x in [x for x in self._units if x >= unit]:
                 self._drop(self._units.pop(x))
             for x in [x for x in self._reads if x >= unit]:
                 del self._reads[x]
-        if unit <= self._first_max:  # the resumed lanes' windows may have moved
-            rows = self._positions(self._from_step)
-            self._first = np.array([self.plan.unit(int(e), int(w)) for e, w in rows[:, 1:3].tolist()], np.int64)
-            self._first_max = int(self._first.max())
+        if unit <= self._at.last:  # the resumed lanes' windows may have moved
+            self._at = run.start(self._at.step, self.stage)
         self._next = min(self._next, max(unit, self._released))
 
-    def _plan_reads(self, unit: int) -> _Reads:
+    def _plan_reads(self, unit: int) -> UnitReads:
+        """The run's answers for ``unit`` and what its reads hold (in the consumer thread).
+
+        What the pack needs from the plan is taken here: the plan of a mixture changes
+        under set_weights, so reader threads never read it.
+        """
         got = self._reads.get(unit)
         if got is not None:
             return got
-        epoch, window = self.plan.unit_epoch_window(unit)
-        ep = self.plan.epoch(epoch)
-        g = self.segment
-        rest = None
-        if unit == g.rest_unit:  # cut again at the layout change: every row group of the window
-            positions = np.flatnonzero(ep.window == window).astype(np.int64)
-            before = self.plan.run_before(epoch) + int(ep.window_tokens[:window].sum())
-            rest = (before, g.base_lanes, g.recuts)
-        else:
-            positions = ep.reads_of(window, self.rank)
-            if unit < self._first_max:
-                positions = positions[self._needed_positions(unit, epoch, window, positions)]
-        rgs = ep.order[positions]
-        est = int(
-            unit_estimate(
-                int(self._tokens[rgs].sum()),
-                int(self._rows[rgs].sum()),
-                lanes=len(self.rank_lanes),
-                seq_len=self.seq_len,
-            )
+        place = self.run.place(unit, self.stage, self._at)
+        rgs = place.row_groups
+        est = unit_estimate(
+            int(self._tokens[rgs].sum()), int(self._rows[rgs].sum()), lanes=len(self.rank_lanes), seq_len=self.seq_len
         )
-        # What the pack needs from the plan is taken here, in the consumer thread: the
-        # plan of a mixture changes under set_weights, so reader threads never read it.
-        got = _Reads(
-            epoch,
-            window,
-            rgs,
-            ep.token_start[positions],
-            est,
-            int(ep.window_tokens[window]),
-            int(ep.window_z[window]),
-            self.lane_base(unit),
-            self._needed(unit),
-            self._from_step if unit <= self._first_max else g.begin_step,
-            self.lanes,
-            self.rank_lanes,
-            self.seq_len,
-            rest,
-        )
+        got = UnitReads(place, self._doc_base[rgs], int(est), self._dtype)
         self._reads[unit] = got
         return got
 
-    def _needed(self, unit: int) -> NDArray[np.bool_] | None:
-        """Which of the rank's lanes need ``unit`` (None: all of them)."""
-        return None if unit >= self._first_max else self._first <= unit
-
-    def _needed_positions(self, unit: int, epoch: int, window: int, positions: I64) -> NDArray[np.bool_]:
-        """Of a window's read positions, those that can hold a needed lane's documents."""
-        needed = self._needed(unit)
-        assert needed is not None
-        ep = self.plan.epoch(epoch)
-        rgs = ep.order[positions]
-        lo, hi = piece_range(ep.token_start[positions], self._tokens[rgs], self._empty[rgs])
-        first = self.rank_lanes.start
-        a = np.clip(ep.lane_of(window, lo, self.lanes) - first, 0, len(needed) - 1)
-        b = np.clip(ep.lane_of(window, hi, self.lanes) - first, 0, len(needed) - 1)
-        count = np.concatenate([[0], np.cumsum(needed)])
-        has: NDArray[np.bool_] = count[b + 1] - count[a] > 0
-        return has
-
-    def lane_base(self, unit: int) -> I64:
-        """Stream positions of the rank's lanes before ``unit`` (:func:`lane_base`)."""
-        return lane_base(self.plan, unit, self.rank_lanes, self.segment)
+    def lane_base(self, unit: int) -> NDArray[np.int64]:
+        """Stream positions of the rank's lanes before ``unit`` (:meth:`planner.run.Run.lane_base`)."""
+        return self.run.lane_base(unit, self.stage)
 
     def _start(self, unit: int) -> None:
         """READING: charge ``unit`` and submit its reads; the last read packs it."""
         reads = self._plan_reads(unit)
         u = _Unit(unit=unit, reads=reads, charge=_Charge(reads.estimate))
-        n = len(reads.row_groups)
+        n = len(reads.place.row_groups)
         u.chunks = [None] * n
         u.left = n
         est = reads.estimate
@@ -439,7 +314,7 @@ class Scanner:
             self._pool = ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="plitzer-scan")
         if n == 0:
             self._pool.submit(self._pack, u)
-        for i, g in enumerate(reads.row_groups.tolist()):
+        for i, g in enumerate(reads.place.row_groups.tolist()):
             self._pool.submit(self._read, u, i, g)
 
     def _read(self, u: _Unit, i: int, g: int) -> None:
@@ -467,33 +342,11 @@ class Scanner:
 
     def _pack(self, u: _Unit) -> None:
         """Worker: PACKING -> READY (or FAILED)."""
-        r = u.reads
-        seed = self.plan.settings.seed
         try:
             chunks = list(u.chunks)
             assert all(c is not None for c in chunks)
-            starts = [int(x) for x in r.token_start]
-            bases = [int(self._doc_base[g]) for g in r.row_groups]
-            common: dict[str, Any] = {
-                "window_tokens": r.window_tokens,
-                "rank_lanes": r.rank_lanes,
-                "lane_base": r.lane_base,
-                "seq_len": r.seq_len,
-                "seed": seed,
-                "epoch": r.epoch,
-                "window": r.window,
-                "unit": u.unit,
-                "dtype": self._dtype,
-                "keep": r.keep,
-                "from_step": r.from_step,
-            }
-            if r.rest is None:
-                packed = pack_unit(chunks, starts, bases, window_z=r.window_z, lanes=r.lanes, **common)
-            else:
-                before, base_lanes, recuts = r.rest
-                packed = pack_rest(
-                    chunks, starts, bases, window_start=before, base_lanes=base_lanes, recuts=list(recuts), **common
-                )
+            pack = pack_unit if u.reads.place.rest is None else pack_rest
+            packed = pack(chunks, u.reads)
         except BaseException as e:
             with self._lock:
                 u.stop(e)
