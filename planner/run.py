@@ -249,8 +249,13 @@ class Run:
     layout: Layout
     world: int
     rank: int
+    stages: tuple[Stage, ...] | None = field(init=False)  # a mixture's weight stages (None: one dataset)
     _ends: dict[int, I64] = field(default_factory=dict, repr=False)
     _segs: dict[int, tuple[Plan, Segment]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        # The stages this run was made with: the plan's order is re-planned in place by a change.
+        object.__setattr__(self, "stages", self.plan.stages if isinstance(self.plan, MixturePlan) else None)
 
     # -- layout stages ---------------------------------------------------------------------
 
@@ -459,8 +464,3 @@ class Run:
         unit = self.plan.relayout(layout) if isinstance(self.plan, MixturePlan) else NEVER
         self.plan.layout = layout
         return Run(self.plan, layout, self.world, self.rank), unit
-
-    @property
-    def stages(self) -> tuple[Stage, ...] | None:
-        """A mixture's weight stages (None: one dataset)."""
-        return self.plan.stages if isinstance(self.plan, MixturePlan) else None

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -126,8 +127,8 @@ def test_allocator_defaults_yield_to_the_user() -> None:
 def test_a_unit_packed_for_some_lanes_is_those_rows_of_all_lanes(data: Path) -> None:
     """pack_unit for a rank's lanes gives those rows of the all-lanes packing, and from_step
     drops exactly the steps before it: the step-major layout does not depend on the world size."""
-    from plitzer.pack import pack_unit
-    from plitzer.scan import lane_base
+    from planner.run import UnitPlace, lane_base
+    from plitzer.pack import UnitReads, pack_unit
 
     with plitzer.Loader(data, **CFG) as ld:  # type: ignore[arg-type]
         plan, index = ld.plan, ld.index
@@ -141,24 +142,31 @@ def test_a_unit_packed_for_some_lanes_is_those_rows_of_all_lanes(data: Path) -> 
         chunks = [read_chunk(index, int(g)) for g in rgs]
         unit = plan.unit(epoch, window)
         base = lane_base(plan, unit, range(16))
-        kw = {
-            "window_tokens": int(ep.window_tokens[window]),
-            "window_z": int(ep.window_z[window]),
-            "lanes": CFG["lanes"],
-            "seed": CFG["seed"],
-            "epoch": epoch,
-            "window": window,
-            "unit": unit,
-            "seq_len": seq_len,
-            "dtype": np.dtype(np.int32),
-        }
-        args = (chunks, [int(x) for x in ep.token_start[pos]], [int(doc_base[g]) for g in rgs])
-        whole = pack_unit(*args, rank_lanes=range(16), lane_base=base, **kw)  # type: ignore[arg-type]
+
+        def pack(lanes: range, from_step: int = 0) -> Any:
+            place = UnitPlace(
+                unit=unit,  # noqa: B023
+                epoch=epoch,  # noqa: B023
+                window=window,  # noqa: B023
+                row_groups=rgs,  # noqa: B023
+                token_start=ep.token_start[pos],  # noqa: B023
+                window_tokens=int(ep.window_tokens[window]),  # noqa: B023
+                window_z=int(ep.window_z[window]),  # noqa: B023
+                lanes=CFG["lanes"],
+                rank_lanes=lanes,
+                lane_base=base[lanes.start : lanes.stop],  # noqa: B023
+                seq_len=seq_len,
+                seed=CFG["seed"],
+                from_step=from_step,
+            )
+            return pack_unit(chunks, UnitReads(place, doc_base[rgs], 0, np.dtype(np.int32)))  # noqa: B023
+
+        whole = pack(range(16))
         assert whole.t1 > whole.t0
         for lanes in (range(0, 8), range(5, 11)):
-            part = pack_unit(*args, rank_lanes=lanes, lane_base=base[lanes.start : lanes.stop], **kw)  # type: ignore[arg-type]
+            part = pack(lanes)
             np.testing.assert_array_equal(part.block, whole.block[:, lanes.start : lanes.stop])
-        later = pack_unit(*args, rank_lanes=range(16), lane_base=base, from_step=whole.t0 + 2, **kw)  # type: ignore[arg-type]
+        later = pack(range(16), from_step=whole.t0 + 2)
         assert later.steps.first == whole.t0 + 2
         np.testing.assert_array_equal(later.block, whole.block[2:])
 
