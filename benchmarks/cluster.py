@@ -34,9 +34,9 @@ import polars as pl
 
 import plitzer
 from planner.dataset import INDEX_SCHEMA, FileEntry, Index
-from planner.lanes import lane_positions
 from planner.mixture import MixtureIndex, MixturePlan
 from planner.plan import Plan, PlanSettings
+from planner.run import lane_positions
 from planner.sources import SourceSpec, parse_stages
 from planner.storage import FileStat
 from plitzer import state as ckpt

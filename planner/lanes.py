@@ -3,7 +3,8 @@
 With ``q, r = divmod(T_w, B)`` and ``z`` the run's tokens before the window, mod B,
 lane ``k`` gets ``q + 1`` tokens when ``(k - z) mod B < r``, else ``q``: the run's
 tokens are dealt to lanes like cards. These functions are that rule and its inverse,
-in integer arithmetic on whole arrays; :mod:`planner.plan` lays epochs out with them.
+in integer arithmetic on whole arrays; :mod:`planner.plan` lays epochs out with them, and
+:mod:`planner.run` answers where a step puts each lane.
 
 A worked example (docs/design.md, "Windows, token cuts and lanes (lockstep)"): B = 4,
 T_w = 10, z = 3 gives q = 2, r = 2; lanes 3 and 0 get 3 tokens, lanes 1 and 2 get 2:
@@ -17,12 +18,12 @@ cuts 0, 3, 5, 7, 10; the next window has z = (3 + 10) mod 4 = 1.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["cut_at", "lane_of", "lane_positions", "piece_range", "window_offsets"]
+__all__ = ["cut_at", "lane_of", "piece_range", "window_offsets"]
 
 I64 = NDArray[np.int64]
 
@@ -89,53 +90,3 @@ def piece_range(token_start: I64, tokens: I64, empty_docs: I64) -> tuple[I64, I6
     and those between, are the lanes the row group gives pieces to.
     """
     return token_start, token_start + tokens - ((tokens > 0) & (empty_docs == 0))
-
-
-class _Run(Protocol):
-    """What :func:`lane_positions` needs of a plan (``planner.plan.Plan`` has it)."""
-
-    def epoch_of_run(self, run: int) -> int: ...
-
-    def run_before(self, epoch: int) -> int: ...
-
-    def epoch(self, epoch: int) -> Any: ...
-
-
-def lane_positions(
-    plan: _Run, step: int, seq_len: int, lanes: int, rank_lanes: range, begin_step: int = 0, begin_run: int = 0
-) -> I64:
-    """Where ``rank_lanes`` are before global step ``step``, from the windows' tokens alone.
-
-    Rows ``[lane, epoch, window, -1, offset in the lane's slice]``. The cuts deal the
-    run's tokens like cards, so lane ``k``'s next token is run token
-    ``step * seq_len * lanes + k``; its window is found by one ``searchsorted`` over the
-    epoch's window tokens, and lane ``k`` has received ``ceil((R - k) / B)`` tokens once
-    the run has ``R``. (The piece ordinal needs the window's documents: the loader
-    resolves it once the window is packed.)
-
-    Under a layout stage that began at step ``begin_step``, run token ``begin_run``
-    (:mod:`planner.layout`), the cards start there: lane ``k``'s next token is the run
-    token ``begin_run + ((k - begin_run) mod B) + p * B`` with ``p = (step - begin_step)
-    * seq_len`` its tokens of the stage, and the window holding ``begin_run`` (the one
-    cut again at the change) is counted from ``begin_run``.
-    """
-    ks = np.arange(rank_lanes.start, rank_lanes.stop, dtype=np.int64)
-    p = (step - begin_step) * seq_len
-    run = begin_run + (ks - begin_run) % lanes + p * lanes
-    epoch = np.array([plan.epoch_of_run(int(x)) for x in (run.min(), run.max())])
-    epoch = np.where(run >= plan.run_before(int(epoch[-1])), epoch[-1], epoch[0])
-    rows = np.zeros((len(ks), 5), np.int64)
-    rows[:, 0] = ks
-    rows[:, 3] = -1
-    for e in np.unique(epoch).tolist():
-        sel = epoch == e
-        window_tokens = plan.epoch(int(e)).window_tokens
-        ends = np.cumsum(window_tokens)
-        start = plan.run_before(int(e))
-        w = np.searchsorted(ends, run[sel] - start, side="right")
-        before = np.maximum(start + (ends[w] - window_tokens[w]), begin_run)
-        got = -((ks[sel] - before) // lanes) + (ks[sel] - begin_run) // lanes
-        rows[sel, 1] = e
-        rows[sel, 2] = w
-        rows[sel, 4] = p - got
-    return rows

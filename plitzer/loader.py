@@ -40,6 +40,7 @@ from plitzer import state as ckpt
 from plitzer.batch import Batch, Tokens
 from plitzer.build import check_layout, make_config, open_plan, parts
 from plitzer.cost import budget_floor
+from plitzer.live import LiveStages
 from plitzer.packed import PackedUnit, Segments, assemble
 from plitzer.scan import Stats
 from plitzer.settings import LoaderSettings, Source
@@ -49,7 +50,7 @@ __all__ = ["Loader", "LoaderSettings", "budget_floor", "open_plan"]
 I64 = NDArray[np.int64]
 
 
-class Loader:
+class Loader(LiveStages):
     """Deterministic, resumable batches of full sequences for one rank.
 
     Parameters
@@ -180,6 +181,10 @@ class Loader:
         self._now = resume.Now(got.run, make_config(settings, got.run))
         self._pid = os.getpid()
         self._lock = threading.RLock()
+        self._cur: PackedUnit | None = None  # the unit whose block the steps are views of
+        self._cur_block: NDArray[Any] | None = None
+        self._resumed: I64 | None = None  # a resume's positions, until the next batch
+        self._checks: resume.Checks = {}  # positions a resume left to check, per unit
         self._place(0)
 
     def _set_run(self, run: Run, unit: int) -> None:
@@ -202,11 +207,6 @@ class Loader:
     def config(self) -> dict[str, Any]:
         """The settings that fix the order, as a checkpoint records them."""
         return dict(self._now.config)
-
-    @property
-    def layout(self) -> Layout:
-        """The layout stages of the run (one when ``lanes`` and ``seq_len`` are ints)."""
-        return self._run.layout
 
     @property
     def step(self) -> int:
@@ -260,10 +260,8 @@ class Loader:
     def _place(self, step: int) -> None:
         """Make ``step`` the next step: forget the units in use, start over from the footers."""
         self._step = step
-        self._cur: PackedUnit | None = None
-        self._cur_block: NDArray[Any] | None = None
-        self._resumed: NDArray[np.int64] | None = None
-        self._checks: resume.Checks = {}
+        self._cur, self._cur_block = None, None
+        self._resumed, self._checks = None, {}
         self._scanner.reset(step)
 
     def _get(self, unit: int) -> PackedUnit:
@@ -283,76 +281,6 @@ class Loader:
             if rows is None:
                 rows = self._run.checkpoint_rows(self._step, lambda u: self._get(u).slices)
             return ckpt.encode(ckpt.State(self._now.config, self._step, rows))
-
-    # -- live stages -------------------------------------------------------------
-
-    def set_weights(self, weights: Mapping[str, Any] | None, at_step: int | None = None) -> int:
-        """Append a stage of ``weights`` from global step ``at_step``; the step it starts at.
-
-        A live change of the mixture (docs/design.md, "Live stages"): the run is the one
-        made with this stage in the list of stages from the start, and the stage is in
-        every later checkpoint, the plan tables and the audit. ``at_step`` defaults to
-        the earliest allowed, the first step whose window no lane has begun to consume
-        (windows read ahead past it are read again); an earlier one is a ConfigError
-        naming it. Every rank must make the same call at the same step
-        (:meth:`plitzer.torch.Dataset.set_weights` checks it).
-
-        Examples
-        --------
-        >>> import plitzer, plitzer.synth, tempfile
-        >>> a, b = tempfile.mkdtemp(), tempfile.mkdtemp()
-        >>> _ = plitzer.synth.write(a, tokens=60_000, seed=1); _ = plitzer.synth.write(b, tokens=60_000, seed=2)
-        >>> loader = plitzer.Loader({"a": a, "b": b}, weights={"a": 1, "b": 1}, lanes=4, window=2, seq_len=64)
-        >>> _ = [loader.next_batch() for _ in range(3)]
-        >>> start = loader.set_weights({"a": 3, "b": 1})
-        >>> start >= loader.step - 3, loader.config["stages"][-1] == [start, {"a": 3, "b": 1}]
-        (True, True)
-        >>> loader.close()
-        """
-        self._check_fork()
-        with self._lock:
-            stage = live.live_stage(self.plan, weights, at_step, self._step, self.settings.seq_len)
-            self._set_run(*self._run.with_stage(stage))
-            return stage.start
-
-    def earliest_layout_step(self) -> int:
-        """The earliest step :meth:`set_layout` may start a stage at: the next batch's, after the last stage."""
-        return max(self._step, self.layout.stages[-1].start + 1)
-
-    def set_layout(self, lanes: int | None = None, seq_len: int | None = None, at_step: int | None = None) -> int:
-        """Append a layout stage: ``lanes`` rows of ``seq_len`` tokens from global step ``at_step``; the step.
-
-        A live change of the layout (docs/design.md, "Layout stages"): the run is the one
-        made with this stage in ``lanes=``/``seq_len=`` from the start (the rule of SPEC
-        section 12 applies at the step exactly, so no window needs to be unbegun), and the
-        stage is in every later checkpoint and the plan. ``lanes`` and ``seq_len`` default
-        to those in force; ``at_step`` to the earliest allowed, the next batch's step (and
-        after the last stage's); an earlier one is a ConfigError naming it. ``lanes`` must
-        be a multiple of the world size, and the budget must hold the new layout's floor.
-        Every rank must make the same call at the same step
-        (:meth:`plitzer.torch.Dataset.set_layout` checks it).
-
-        Examples
-        --------
-        >>> import plitzer, plitzer.synth, tempfile
-        >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=60_000, seed=1)
-        >>> loader = plitzer.Loader(d, lanes=4, window=2, seq_len=64)
-        >>> _ = [loader.next_batch() for _ in range(3)]
-        >>> loader.set_layout(lanes=2, seq_len=256)
-        3
-        >>> loader.next_batch().tokens.shape, loader.config["layout"]
-        ((2, 256), [[0, 4, 64], [3, 2, 256]])
-        >>> loader.close()
-        """
-        self._check_fork()
-        with self._lock:
-            stage = live.layout_stage(self.layout, lanes, seq_len, at_step, self._step, self.settings.world)
-            layout = self.layout.with_stage(stage)
-            check_layout(self.plan, self.settings, layout, [stage])
-            if stage.start == self._step:  # positions a resume left: in the old layout, no longer what comes
-                self._resumed, self._checks = None, {}
-            self._set_run(*self._run.with_layout(layout))
-            return stage.start
 
     # -- seek and resume ---------------------------------------------------------
 
