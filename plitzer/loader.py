@@ -10,10 +10,13 @@ copy, no per-lane work); a step that straddles windows is assembled from their e
 by one gather (``plitzer.pack.assemble``). Units that every lane has left are
 released; the scanner reads the next ones ahead, within ``budget``.
 
-The loader owns the step, the epoch edge (the epoch label of step ``t`` is
-``floor(t * lanes * seq_len / T)``) and the state; ``checkpoint`` derives each
+The loader owns the step and delivers; every question about a step (the units it
+needs, where each lane is, the epoch label ``floor(t * lanes * seq_len / T)``, the
+layout stage) is asked of the run value (:class:`planner.run.Run`), which it and its
+scanner hold and swap together (:meth:`Loader._set_run`). ``checkpoint`` derives each
 lane's position from the step when it is called, and the positions do not depend
-on the number of ranks.
+on the number of ranks. Construction and its checks are :mod:`plitzer.build`, the
+checks a resume makes :mod:`plitzer.resume`, live stages :mod:`plitzer.live`.
 """
 
 from __future__ import annotations
