@@ -326,6 +326,7 @@ def _rows(epoch: int, docs: _Docs, cut: _Cut, lane_pos: I64, seq_len: int) -> Pi
     sub_start = np.maximum(lane_pos[si], step * seq_len)
     sub_end = np.minimum(lane_pos[si] + n_tok[si], (step + 1) * seq_len)
     d = cut.doc[si]
+    token_offset = np.asarray((cut.start[si] - docs.start[d]) + (sub_start - lane_pos[si]), np.int64)
     return Pieces(
         step=step,
         lane=cut.lane[si],
@@ -334,7 +335,7 @@ def _rows(epoch: int, docs: _Docs, cut: _Cut, lane_pos: I64, seq_len: int) -> Pi
         position=docs.position[d],
         row_group=docs.row_group[d],
         doc=docs.ordinal[d],
-        token_offset=(cut.start[si] - docs.start[d]) + (sub_start - lane_pos[si]),
+        token_offset=token_offset,
         epoch=np.full(len(step), epoch, np.int64),
         window=cut.window[si],
     )

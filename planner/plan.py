@@ -417,7 +417,7 @@ class LanesPlan(Plan):
         self._bases: dict[int, EpochPlan] = {}
         self.layout = base.layout
 
-    @property  # type: ignore[override]
+    @property
     def order(self) -> EpochOrder:
         """The base plan's epoch order, as it is now."""
         return self.base.order
