@@ -56,7 +56,6 @@ __all__ = [
     "source_key",
 ]
 
-_ONE_SOURCE = "weights of a mixture of one source ({name!r}) cannot change: it has nothing to mix"
 _NO_SEQ_LEN = "weights in stages start at global steps: give seq_len= to place them (tokens per step)"
 
 
@@ -108,15 +107,10 @@ class MixturePlan(Plan):
         that unit on are planned again (:meth:`Interleave.with_stages`). This plan is
         unchanged, its cached epochs its own; the new one computes its epochs afresh.
         """
-        if not isinstance(self.order, Interleave):
-            msg = _ONE_SOURCE.format(name=self.names[0])
-            raise ConfigError(msg)
-        if self.seq_len is None:
-            raise ConfigError(_NO_SEQ_LEN)
-        order, unit = self.order.with_stages(stages)
-        if order is self.order:
+        order, unit = self._interleave().with_stages(stages)
+        if order is self.order:  # the same stages: the same value
             return self, unit
-        return self._with_order(order, self.layout, keep_epochs=unit == UNCHANGED), unit
+        return self._with_order(order, self.layout, keep_epochs=False), unit
 
     def with_layout(self, layout: Layout | None) -> tuple[MixturePlan, int]:
         """This plan under other layout stages (a live ``set_layout``, a resume's), and the first unit it touches."""
@@ -126,6 +120,16 @@ class MixturePlan(Plan):
             return self._with_order(self.order, layout, keep_epochs=True), UNCHANGED
         order, unit = self.order.with_layout(layout)
         return self._with_order(order, layout, keep_epochs=unit == UNCHANGED), unit
+
+    def _interleave(self) -> Interleave:
+        """The interleave whose stages change (a ConfigError where the plan has none, or no steps)."""
+        if not isinstance(self.order, Interleave):
+            msg = f"weights of a mixture of one source ({self.names[0]!r}) cannot change: it has nothing to mix"
+            raise ConfigError(msg)
+        if self.seq_len is None:
+            msg = _NO_SEQ_LEN
+            raise ConfigError(msg)
+        return self.order
 
     def _with_order(self, order: EpochOrder, layout: Layout | None, *, keep_epochs: bool) -> MixturePlan:
         """A copy of this plan over ``order`` and ``layout`` (its epochs kept only where the order's windows are)."""
@@ -145,11 +149,7 @@ class MixturePlan(Plan):
         becomes :meth:`with_stages`'s new value (the windows from that unit on are
         planned again).
         """
-        if not isinstance(self.order, Interleave):
-            msg = _ONE_SOURCE.format(name=self.names[0])
-            raise ConfigError(msg)
-        if self.seq_len is None:
-            raise ConfigError(_NO_SEQ_LEN)
+        self._interleave()
         if stage.start <= self.stages[-1].start:
             msg = f"a stage at step {stage.start} must start after the last one, at step {self.stages[-1].start}"
             raise ConfigError(msg)
