@@ -216,25 +216,8 @@ def row_groups(
     for g in range(md.num_row_groups):
         rg = md.row_group(g)
         cc = rg.column(j)
-        start = cc.data_page_offset
-        if cc.has_dictionary_page and cc.dictionary_page_offset is not None and cc.dictionary_page_offset > 0:
-            start = min(start, cc.dictionary_page_offset)
-        length = cc.total_compressed_size
         where = f"{st.location}, row group {g}"
-        if rg.num_rows > 0 and (start < 4 or length < 0 or start + length > st.size):
-            msg = (
-                f"{where}: the token column chunk [{start}, {start + length}) lies outside the file; "
-                "the footer is damaged"
-            )
-            raise DataError(msg)
-        # pyarrow aborts the process (an uncaught C++ exception) when statistics are
-        # read from a column chunk whose type field was damaged; check it first.
-        if cc.physical_type != physical:
-            msg = (
-                f"{where}: the footer gives the token column type {cc.physical_type}, not {physical}; "
-                "the footer is damaged"
-            )
-            raise DataError(msg)
+        start, length = _chunk_range(cc, rg.num_rows, physical, st.size, where)
         stats = cc.statistics if cc.is_stats_set else None
         if rg.num_rows == 0:
             tokens, empties = 0, 0
@@ -242,15 +225,7 @@ def row_groups(
             tokens = int(stats.num_values)
             empties = int(cc.num_values) - tokens
         else:
-            counter = count if count is not None else _counters.get("default")
-            if counter is None:
-                msg = (
-                    f"{where}: the footer has no statistics for the token column, so its tokens must be counted "
-                    "by reading it once, and planner reads metadata only: import plitzer (or pass count=) "
-                    "to index this dataset"
-                )
-                raise DataError(msg)
-            tokens, empties = counter(
+            tokens, empties = _counter(count, where)(
                 storage, st, md, row_group=g, column=name, offset=start, length=length, where=where
             )
         if tokens < 0 or empties < 0 or empties > rg.num_rows:
@@ -262,6 +237,40 @@ def row_groups(
         check = narrowing and tokens > 0 and not _fits(stats, delivered)
         rows.append((g, rg.num_rows, tokens, empties, start, length, check))
     return rows, name, dtype
+
+
+def _chunk_range(cc: Any, num_rows: int, physical: str, size: int, where: str) -> tuple[int, int]:
+    """The token column chunk's byte range ``(offset, length)``, checked against the file and the column's type."""
+    start = cc.data_page_offset
+    if cc.has_dictionary_page and cc.dictionary_page_offset is not None and cc.dictionary_page_offset > 0:
+        start = min(start, cc.dictionary_page_offset)
+    length = cc.total_compressed_size
+    if num_rows > 0 and (start < 4 or length < 0 or start + length > size):
+        msg = (
+            f"{where}: the token column chunk [{start}, {start + length}) lies outside the file; the footer is damaged"
+        )
+        raise DataError(msg)
+    # pyarrow aborts the process (an uncaught C++ exception) when statistics are
+    # read from a column chunk whose type field was damaged; check it first.
+    if cc.physical_type != physical:
+        msg = (
+            f"{where}: the footer gives the token column type {cc.physical_type}, not {physical}; the footer is damaged"
+        )
+        raise DataError(msg)
+    return int(start), int(length)
+
+
+def _counter(count: ChunkCounter | None, where: str) -> ChunkCounter:
+    """What counts a chunk whose footer has no statistics: ``count``, else the registered default."""
+    counter = count if count is not None else _counters.get("default")
+    if counter is None:
+        msg = (
+            f"{where}: the footer has no statistics for the token column, so its tokens must be counted "
+            "by reading it once, and planner reads metadata only: import plitzer (or pass count=) "
+            "to index this dataset"
+        )
+        raise DataError(msg)
+    return counter
 
 
 _MAX_DEPTH = 64

@@ -1,47 +1,51 @@
-"""Each epoch's plan as tables: row-group order, windows, lane cuts, and reads.
+"""The Plan value: a dataset's plan for given settings, any epoch's tables, SQL over them.
 
-With G row groups, B lanes, W row groups per window and ``world`` ranks:
+A :class:`Plan` holds the index, the settings (:class:`PlanSettings`) and the epochs'
+order (:mod:`planner.order`), and answers every epoch's tables as Polars frames:
+``row_groups``, ``lanes``, ``reads`` (and ``steps``, ``layout`` under layout stages,
+``pieces`` given the run's ``seq_len``). Each epoch's arrays are computed on demand
+by :mod:`planner.epoch` (which states the plan's rules) and the last few are kept.
+Around it, one module a purpose:
 
-1. The row groups of epoch ``e`` are taken in the order ``permutation(G, key(seed, e, 1))``.
-2. Windows are consecutive runs of W row groups in that order (the last may be shorter).
-3. A window's stream is its row groups in that order, each one's documents in
-   storage order; ``token_start`` is where a row group begins in that stream.
-4. Lane cuts split the stream at exact token positions. With ``q, r = divmod(T_w, B)``
-   and ``z`` the run's tokens before this window mod B, lane ``k`` gets ``q + 1``
-   tokens when ``(k - z) mod B < r``, else ``q``: the cut arithmetic deals the run's
-   tokens to lanes like cards (token ``i`` of the run counts to lane ``i mod B``),
-   so every lane has received within one token of every other, at every window of
-   every run. A document that crosses a cut is split there into *pieces*.
-5. Rank ``r`` owns lanes ``[r*B/world, (r+1)*B/world)`` and reads only the row
-   groups whose tokens meet its cut range (and those whose empty documents fall in it).
+- :mod:`planner.epoch`: one epoch's windows, lane cuts and reads, as arrays;
+- :mod:`planner.order`: the epochs' order over the run (one source's permutations);
+- :mod:`planner.sql`: the tables in DuckDB (:meth:`Plan.sql`);
+- :mod:`planner.rankscan`: the rows a rank reads, as a LazyFrame (:meth:`Plan.scan`);
+- :mod:`planner.pieces`: where each piece of a document lands (:meth:`Plan.pieces`).
 
-A worked example (docs/design.md, "Windows, token cuts and lanes (lockstep)"): B = 4,
-T_w = 10, z = 3 gives q = 2, r = 2; lanes 3 and 0 get 3 tokens, lanes 1 and 2 get 2:
-cuts 0, 3, 5, 7, 10; the next window has z = (3 + 10) mod 4 = 1.
-
-The lane arithmetic itself is :mod:`planner.lanes`.
-
-Everything here is numpy on the index's columns: no I/O, no hidden state.
+:class:`LanesPlan` is a plan cut again into other lanes (a layout stage). This module
+also exports the epoch arithmetic its plans are built on (``PlanSettings``,
+``check_int``, ``EpochPlan``, ...), where callers have always imported it from.
 """
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
-from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import polars as pl
 from numpy.typing import NDArray
 
+from planner.epoch import (
+    EpochPlan,
+    PlanSettings,
+    check_int,
+    cut_epoch,
+    epoch_of_step,
+    layout_epoch,
+    plan_epoch,
+    row_group_counts,
+)
 from planner.errors import ConfigError
-from planner.hashing import key, permutation
-from planner.lanes import cut_at, lane_of, piece_range
+from planner.lanes import cut_at
 from planner.layout import Layout
-from planner.rowgroups import RowGroupIndex, SelectedRows, stream_counts, with_selected
-from planner.storage import Storage, duckdb_filesystems
+from planner.order import EpochOrder, Permutation
+from planner.rankscan import rank_rows
+from planner.rowgroups import RowGroupIndex, with_selected
+from planner.sql import run_query
 
 __all__ = [
     "EpochOrder",
@@ -59,338 +63,6 @@ __all__ = [
 ]
 
 I64 = NDArray[np.int64]
-
-
-def epoch_of_step(step: int, *, lanes: int, seq_len: int, tokens: int) -> int:
-    """Epoch label of global step ``step``: ``floor(step * lanes * seq_len / tokens)`` (docs/glossary.md, "Step")."""
-    return step * lanes * seq_len // tokens
-
-
-def check_int(name: str, value: object, low: int, fix: str) -> int:
-    """``value`` as an int ``>= low``, or a ConfigError naming the field, the value and ``fix``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        msg = f"{name}={value!r} must be an integer >= {low}; {fix}"
-        raise ConfigError(msg)
-    if value < low:
-        msg = f"{name}={value} must be >= {low}; {fix}"
-        raise ConfigError(msg)
-    return int(value)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PlanSettings:
-    """The settings that shape a plan; each checks itself."""
-
-    seed: int = 0
-    lanes: int = 512
-    window: int = 64
-    world: int = 1
-
-    def __post_init__(self) -> None:
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
-            msg = f"seed={self.seed!r} must be an integer"
-            raise ConfigError(msg)
-        check_int("lanes", self.lanes, 1, "lanes is the number of sequences per global batch")
-        check_int("window", self.window, 1, "window is the number of row groups shuffled together")
-        check_int("world", self.world, 1, "world is the number of ranks (GPUs)")
-        if self.lanes % self.world:
-            divisors = [d for d in range(1, self.lanes + 1) if self.lanes % d == 0]
-            msg = (
-                f"lanes={self.lanes} is not divisible by world={self.world}; every rank must own "
-                f"the same number of lanes: use a world among {divisors[:12]} or lanes a multiple of {self.world}"
-            )
-            raise ConfigError(msg)
-
-
-@dataclass(frozen=True, slots=True)
-class EpochPlan:
-    """One epoch's plan as arrays (positions are indexes into the epoch order)."""
-
-    epoch: int
-    order: I64  # row-group id (row of the index) at each position
-    window: I64  # window of each position
-    token_start: I64  # first token of each position in its window's stream
-    window_tokens: I64  # T_w per window
-    window_z: I64  # z per window: the run's tokens before it, mod B
-    first_rank: I64  # first rank that reads each position (-1: nobody, no rows)
-    last_rank: I64
-    # Windows of fewer tokens than lanes (the only ones where a rank can own no token, and
-    # so read nothing of a row group spanning it), and which ranks own a token there.
-    short_windows: I64
-    short_owns: NDArray[np.bool_]  # (len(short_windows), world)
-    _reads: list[tuple[I64, I64, I64]] = field(default_factory=list, repr=False, compare=False)
-
-    @property
-    def windows(self) -> int:
-        return len(self.window_tokens)
-
-    # Every rank's reads, (window, rank, position) sorted so, built on first use (the plan's
-    # tables): about positions x world / W of them, so a rank's loader, which asks
-    # :meth:`reads_of` only, never builds them (docs/design.md, "One index per job").
-
-    @property
-    def read_window(self) -> I64:
-        return self._all_reads()[0]
-
-    @property
-    def read_rank(self) -> I64:
-        return self._all_reads()[1]
-
-    @property
-    def read_position(self) -> I64:
-        return self._all_reads()[2]
-
-    def _owns(self, window: Any, rank: Any) -> NDArray[np.bool_]:
-        """Whether ``rank`` owns a token of ``window`` (arrays broadcast)."""
-        w, r = np.broadcast_arrays(np.asarray(window, np.int64), np.asarray(rank, np.int64))
-        out = np.ones(w.shape, bool)
-        if len(self.short_windows):
-            i = np.minimum(np.searchsorted(self.short_windows, w), len(self.short_windows) - 1)
-            sel = self.short_windows[i] == w
-            out[sel] = self.short_owns[i[sel], r[sel]]
-        return out
-
-    def _all_reads(self) -> tuple[I64, I64, I64]:
-        if not self._reads:
-            first, last = self.first_rank, self.last_rank
-            count = np.where(first >= 0, last - first + 1, 0)
-            rep = np.repeat(np.arange(len(first), dtype=np.int64), count)
-            offs = np.cumsum(count) - count
-            rank = first[rep] + (np.arange(len(rep), dtype=np.int64) - offs[rep])
-            keep = (rank == first[rep]) | (rank == last[rep]) | self._owns(self.window[rep], rank)
-            rep, rank = rep[keep], rank[keep]
-            sort = np.lexsort((rep, rank, self.window[rep]))
-            self._reads.append((self.window[rep][sort], rank[sort], rep[sort]))
-        return self._reads[0]
-
-    def cuts(self, window: int, lanes: int, k: Any = None) -> I64:
-        """``c_0..c_B`` of one window (with ``c_B = T_w``), or ``c_k`` for the given ``k``."""
-        if k is None:
-            k = np.arange(lanes + 1, dtype=np.int64)
-        q, r = divmod(int(self.window_tokens[window]), lanes)
-        return cut_at(k, q, r, int(self.window_z[window]), lanes)
-
-    def lane_of(self, window: Any, x: Any, lanes: int) -> I64:
-        """Lane of token position ``x`` of ``window`` (both arrays broadcast)."""
-        t = self.window_tokens[window]
-        return lane_of(x, t // lanes, t % lanes, self.window_z[window], lanes)
-
-    def reads_of(self, window: int, rank: int) -> I64:
-        """Positions a rank reads in a window, in stream order (from the window's positions alone)."""
-        lo = int(np.searchsorted(self.window, window, side="left"))
-        hi = int(np.searchsorted(self.window, window, side="right"))
-        first, last = self.first_rank[lo:hi], self.last_rank[lo:hi]
-        hit = (first <= rank) & (rank <= last)  # -1, -1: a position nobody reads
-        inner = hit & (first != rank) & (last != rank)
-        if inner.any() and not bool(self._owns(window, rank)):
-            hit &= ~inner
-        out: I64 = lo + np.flatnonzero(hit)
-        return out
-
-
-def plan_epoch(tokens: I64, rows: I64, empty_docs: I64, settings: PlanSettings, epoch: int) -> EpochPlan:
-    """The plan of one epoch, from the index's per-row-group counts (docs/design.md, "The order")."""
-    order = permutation(len(tokens), key(settings.seed, epoch, 1))
-    run_before = epoch * int(tokens.sum())
-    return layout_epoch(order, tokens, rows, empty_docs, settings, epoch, run_before)
-
-
-def layout_epoch(
-    order: I64, tokens: I64, rows: I64, empty_docs: I64, settings: PlanSettings, epoch: int, run_before: int
-) -> EpochPlan:
-    """Windows, lane cuts and reads of an epoch whose row groups come in ``order``.
-
-    ``order`` holds row-group ids (rows of the index) in stream order; windows are
-    consecutive runs of W of them; ``run_before`` is the run's tokens before the
-    epoch (``z`` of its first window is that mod B). Shared by one source's epochs and
-    a mixture's (:mod:`planner.mixture`).
-    """
-    s = settings
-    g = len(order)
-    pos = np.arange(g, dtype=np.int64)
-    window = pos // s.window
-    tok = tokens[order]
-    starts = np.arange(0, g, s.window, dtype=np.int64)
-    window_tokens = np.add.reduceat(tok, starts) if g else np.zeros(0, np.int64)
-    before = np.cumsum(tok) - tok
-    token_start = before - before[starts][window] if g else before
-    return cut_epoch(
-        epoch,
-        order,
-        window,
-        token_start,
-        window_tokens.astype(np.int64, copy=False),
-        tokens,
-        rows,
-        empty_docs,
-        lanes=s.lanes,
-        world=s.world,
-        run_before=run_before,
-    )
-
-
-def cut_epoch(
-    epoch: int,
-    order: I64,
-    window: I64,
-    token_start: I64,
-    window_tokens: I64,
-    tokens: I64,
-    rows: I64,
-    empty_docs: I64,
-    *,
-    lanes: int,
-    world: int,
-    run_before: int,
-) -> EpochPlan:
-    """An epoch's lane cuts and reads for ``lanes`` lanes over ``world`` ranks (its windows given).
-
-    What :func:`layout_epoch` does after placing the windows; a layout stage with
-    other lanes (:mod:`planner.layout`) cuts the same windows again with it.
-    """
-    tok = tokens[order]
-    n = rows[order]
-    emp = empty_docs[order]
-    prefix = np.cumsum(window_tokens) - window_tokens
-    window_z = (run_before % lanes + prefix % lanes) % lanes
-    lo, hi = piece_range(token_start, tok, emp)
-    t_w = window_tokens[window]
-    q, r, z = t_w // lanes, t_w % lanes, window_z[window]
-    lanes_per_rank = lanes // world
-    first = lane_of(lo, q, r, z, lanes) // lanes_per_rank
-    last = lane_of(hi, q, r, z, lanes) // lanes_per_rank
-    first = np.where(n > 0, first, -1)
-    last = np.where(n > 0, last, -1)
-
-    # A rank with an empty cut range (c_lo == c_hi) owns no token, so it reads nothing
-    # even if a row group spans across it. That needs T_w < B (else every lane gets
-    # q >= 1 tokens), so only those windows get a (windows x world) table: memory
-    # that grew with windows times ranks on every rank (docs/design.md, "One index per job").
-    short = np.flatnonzero(window_tokens < lanes).astype(np.int64)
-    rk = np.arange(world, dtype=np.int64)[None, :]
-    wq = (window_tokens[short] // lanes)[:, None]
-    wr = (window_tokens[short] % lanes)[:, None]
-    wz = window_z[short][:, None]
-    c_lo = cut_at(rk * lanes_per_rank, wq, wr, wz, lanes)
-    c_hi = cut_at((rk + 1) * lanes_per_rank, wq, wr, wz, lanes)
-    owns = c_lo < c_hi
-    owns[:, -1] = True
-    return EpochPlan(
-        epoch=epoch,
-        order=order,
-        window=window,
-        token_start=token_start,
-        window_tokens=window_tokens,
-        window_z=window_z,
-        first_rank=first,
-        last_rank=last,
-        short_windows=short,
-        short_owns=owns,
-    )
-
-
-def row_group_counts(idx: RowGroupIndex) -> tuple[I64, I64, I64]:
-    """Tokens, rows and empty documents of every row group of ``idx`` in the stream, as int64 arrays.
-
-    Those a selection (``where=``) keeps where the index is selected
-    (:func:`planner.dataset.stream_counts`).
-    """
-    tokens, rows, empty = stream_counts(idx.frame)
-    return (
-        tokens.to_numpy().astype(np.int64),
-        rows.to_numpy().astype(np.int64),
-        empty.to_numpy().astype(np.int64),
-    )
-
-
-class EpochOrder(Protocol):
-    """Which row groups each epoch takes, in which order, and how the run's windows are numbered.
-
-    A *unit* is one window of the run, numbered from 0 over all epochs; the loader
-    and the scanner walk units (docs/glossary.md). :class:`Permutation` orders one
-    source; a mixture's interleave (:class:`planner.mixture.Interleave`) merges several.
-    """
-
-    total: int
-    """Tokens of an epoch, ``T``."""
-
-    @property
-    def windows(self) -> int:
-        """Windows of epoch 0."""
-        ...
-
-    def windows_in(self, epoch: int) -> int: ...
-
-    def unit(self, epoch: int, window: int) -> int: ...
-
-    def unit_epoch_window(self, unit: int) -> tuple[int, int]: ...
-
-    def run_before(self, epoch: int) -> int:
-        """Tokens of the run before ``epoch``."""
-        ...
-
-    def epoch_of_run(self, run: int) -> int:
-        """The epoch holding run token ``run``."""
-        ...
-
-    def layout(self, epoch: int) -> EpochPlan:
-        """The arrays of one epoch's plan (computed, not cached)."""
-        ...
-
-    def source_epochs(self, epoch: int) -> I64:
-        """Each position's source epoch (its source's own epoch) in ``epoch``."""
-        ...
-
-    def window_starts(self, windows: int) -> I64:
-        """The run's tokens before each of the first ``windows`` units."""
-        ...
-
-
-class Permutation:
-    """One source's epochs: epoch ``e`` takes all row groups in ``permutation(G, key(seed, e, 1))``.
-
-    Every epoch has the same ``windows`` units and ``T`` tokens.
-    """
-
-    def __init__(self, tokens: I64, rows: I64, empty_docs: I64, settings: PlanSettings) -> None:
-        self._tokens, self._rows, self._empty = tokens, rows, empty_docs
-        self.settings = settings
-        self.total = int(tokens.sum())
-
-    @property
-    def windows(self) -> int:
-        return -(-len(self._tokens) // self.settings.window)
-
-    def windows_in(self, epoch: int) -> int:
-        return self.windows
-
-    def unit(self, epoch: int, window: int) -> int:
-        return epoch * self.windows + window
-
-    def unit_epoch_window(self, unit: int) -> tuple[int, int]:
-        e, w = divmod(unit, self.windows)
-        return e, w
-
-    def run_before(self, epoch: int) -> int:
-        return epoch * self.total
-
-    def epoch_of_run(self, run: int) -> int:
-        return run // self.total
-
-    def layout(self, epoch: int) -> EpochPlan:
-        return plan_epoch(self._tokens, self._rows, self._empty, self.settings, epoch)
-
-    def source_epochs(self, epoch: int) -> I64:
-        return np.full(len(self._tokens), epoch, np.int64)
-
-    def window_starts(self, windows: int) -> I64:
-        out = np.zeros(windows, np.int64)
-        for u in range(0, windows, max(1, self.windows)):
-            e = u // max(1, self.windows)
-            wt = self.layout(e).window_tokens
-            n = min(len(wt), windows - u)
-            out[u : u + n] = self.run_before(e) + (np.cumsum(wt) - wt)[:n]
-        return out
 
 
 class Plan:
@@ -660,7 +332,7 @@ class Plan:
         ``lengths`` are every document's token length in index order (default: the
         runtime's cached document pass, plitzer); ``seq_len`` is the run's.
         """
-        from planner.pieces import pieces_frame
+        from planner.pieceframe import pieces_frame
 
         return pieces_frame(self, epoch, seq_len, lengths)
 
@@ -676,7 +348,7 @@ class Plan:
         ``external_access=True``: then ``read_parquet`` of the dataset's own files
         works too, through the same storages (credentials included), so pass it
         only for queries you wrote. A query that names ``pieces`` (needs ``seq_len``)
-        streams :meth:`pieces` of those epochs, read once.
+        streams :meth:`pieces` of those epochs, read once (:mod:`planner.sql`).
 
         Examples
         --------
@@ -688,42 +360,24 @@ class Plan:
         >>> p.sql("select count(*) as n from row_groups")["n"][0] == p.index.height
         True
         """
-        import duckdb
-
         eps = list(epochs)
         tables: dict[str, pl.DataFrame] = {
             "index": self.index,
-            "row_groups": pl.concat([self.row_groups(e) for e in eps]) if eps else self.row_groups(0).clear(),
-            "lanes": pl.concat([self.lanes(e) for e in eps]) if eps else self.lanes(0).clear(),
-            "reads": pl.concat([self.reads(e) for e in eps]) if eps else self.reads(0).clear(),
+            "row_groups": _over(self.row_groups, eps),
+            "lanes": _over(self.lanes, eps),
+            "reads": _over(self.reads, eps),
         }
         tables.update(self._extra_tables())
-        if self.layout is not None and re.search(r"\bsteps\b", query, re.IGNORECASE):
-            tables["steps"] = pl.concat([self.steps(e) for e in eps]) if eps else self.steps(0).clear()
-        con = duckdb.connect(config={"enable_external_access": bool(external_access)})
-        try:
-            for name, frame in tables.items():
-                con.register(name, frame.to_arrow())
-            if re.search(r"\bpieces\b", query, re.IGNORECASE):
-                from planner.pieces import pieces_reader
 
-                con.register("pieces", pieces_reader(self, eps, seq_len))
-            # read_parquet('s3://...') in the query reaches the dataset's objects through
-            # the same s3fs filesystem (DuckDB's httpfs extension may not be installable).
-            for fs in _duckdb_filesystems(self.dataset) if external_access else ():
-                con.register_filesystem(fs)
-            try:
-                result: pl.DataFrame = con.sql(query).pl()
-            except duckdb.PermissionException as e:
-                msg = (
-                    f"the query reads a file or URL ({' '.join(str(e).split())}), and plan.sql runs with "
-                    "DuckDB's external access off: it sees the plan's tables only. For a query you wrote, "
-                    "pass plan.sql(query, external_access=True) (CLI: plitzer plan ... --external-access)"
-                )
-                raise ConfigError(msg) from e
-            return result
-        finally:
-            con.close()
+        def pieces() -> Any:
+            from planner.pieceframe import pieces_reader
+
+            return pieces_reader(self, eps, seq_len)
+
+        makers: dict[str, Callable[[], Any]] = {"pieces": pieces}
+        if self.layout is not None:
+            makers["steps"] = lambda: _over(self.steps, eps)
+        return run_query(query, tables, makers=makers, dataset=self.dataset, external_access=external_access)
 
     def scan(self, epoch: int, rank: int = 0) -> pl.LazyFrame:
         """A LazyFrame of exactly the rows (documents) that ``rank`` reads in ``epoch``.
@@ -731,64 +385,27 @@ class Plan:
         Columns: epoch, window_index, position, file, row_group, row, and the token
         column. Nothing is read until the frame is collected. A selected plan
         (``where=``) yields the selected rows only, ``row`` numbering them in the file's
-        row group.
+        row group (:mod:`planner.rankscan`).
         """
         rank = check_int("rank", rank, 0, "ranks count from 0")
         if rank >= self.settings.world:
             msg = f"rank={rank} is out of range for world={self.settings.world}; use 0..{self.settings.world - 1}"
             raise ConfigError(msg)
-        ep = self.epoch(epoch)
-        sel = ep.read_rank == rank
-        positions = ep.read_position[sel]
-        windows = ep.read_window[sel]
-        f = self.index.with_columns((pl.col("rows").cum_sum().over("file_index") - pl.col("rows")).alias("row_offset"))
-        col = self.dataset.column
-        selected = self.dataset if isinstance(self.dataset, SelectedRows) else None
-        parts = []
-        for p, w in zip(positions.tolist(), windows.tolist(), strict=True):
-            rg = int(ep.order[p])
-            r = f.row(rg, named=True)
-            loc = self.dataset.location(r["file_index"])
-            lf = (
-                _scan_parquet(loc, self.dataset.storage(r["file_index"]))
-                .select(col)
-                .slice(r["row_offset"], r["rows"])
-                .with_row_index("row")
-            )
-            kept = None if selected is None else selected.selected_rows(rg)
-            if kept is not None:
-                lf = lf.filter(pl.col("row").is_in(pl.Series(kept, dtype=pl.UInt32).implode()))
-            lf = lf.select(
-                pl.lit(epoch, pl.Int64).alias("epoch"),
-                pl.lit(w, pl.Int64).alias("window_index"),
-                pl.lit(p, pl.Int64).alias("position"),
-                pl.lit(r["file"]).alias("file"),
-                pl.lit(r["row_group"], pl.Int64).alias("row_group"),
-                pl.col("row").cast(pl.Int64),
-                pl.col(col),
-            )
-            parts.append(lf)
-        if not parts:
-            return pl.LazyFrame(
-                schema={
-                    "epoch": pl.Int64,
-                    "window_index": pl.Int64,
-                    "position": pl.Int64,
-                    "file": pl.String,
-                    "row_group": pl.Int64,
-                    "row": pl.Int64,
-                    col: pl.List(pl.UInt32 if self.dataset.dtype == "uint32" else pl.Int32),
-                }
-            )
-        return pl.concat(parts)
+        return rank_rows(self.dataset, self.index, self.epoch(epoch), rank)
+
+
+def _over(table: Callable[[int], pl.DataFrame], epochs: list[int]) -> pl.DataFrame:
+    """``table`` of every epoch of ``epochs``, one frame (no epoch: the table's columns, no row)."""
+    return pl.concat([table(e) for e in epochs]) if epochs else table(0).clear()
 
 
 class LanesPlan(Plan):
     """``base`` cut into ``lanes`` lanes (a layout stage, :mod:`planner.layout`): the same windows.
 
-    Units, epochs and the run's tokens are the base plan's (its epoch order is shared,
-    so a mixture's live stages reach it); each epoch's cuts, ``z`` and reads are
-    computed again for ``lanes`` (``z`` counting the run's tokens mod ``lanes``).
+    Units, epochs and the run's tokens are the base plan's: its epoch order is read
+    through the base each time (so a mixture's stage change, which gives the base a new
+    order, reaches this plan too); each epoch's cuts, ``z`` and reads are computed again
+    for ``lanes`` (``z`` counting the run's tokens mod ``lanes``).
     """
 
     def __init__(self, base: Plan, lanes: int) -> None:  # the base's index and order: nothing read again
@@ -796,15 +413,23 @@ class LanesPlan(Plan):
         self.dataset = base.dataset
         self.settings = replace(base.settings, lanes=lanes)
         self._tokens, self._rows, self._empty = base._tokens, base._rows, base._empty
-        self.order = base.order
         self._epochs = OrderedDict()
         self._bases: dict[int, EpochPlan] = {}
         self.layout = base.layout
 
+    @property
+    def order(self) -> EpochOrder:
+        """The base plan's epoch order, as it is now."""
+        return self.base.order
+
+    @order.setter
+    def order(self, order: EpochOrder) -> None:  # a LanesPlan has no order of its own: it is the base's
+        self.base.order = order
+
     def epoch(self, epoch: int) -> EpochPlan:
         ep = self.base.epoch(epoch)
         got = self._epochs.get(epoch)
-        if got is None or self._bases.get(epoch) is not ep:  # the base planned it again (a live stage)
+        if got is None or self._bases.get(epoch) is not ep:  # the base planned it again (a stage change)
             s = self.settings
             got = cut_epoch(
                 epoch,
@@ -825,17 +450,3 @@ class LanesPlan(Plan):
                 old, _ = self._epochs.popitem(last=False)
                 self._bases.pop(old, None)
         return got
-
-
-def _scan_parquet(location: str, storage: Storage) -> pl.LazyFrame:
-    """Polars' scan of one file, with the options of the storage that listed it."""
-    return pl.scan_parquet(location, storage_options=storage.polars_options() or None)
-
-
-def _duckdb_filesystems(idx: RowGroupIndex) -> list[Any]:
-    """The filesystems DuckDB needs: one per protocol, routing each path to its own source's storage."""
-    seen: dict[int, Storage] = {}
-    for f in range(len(idx.files)):
-        st = idx.storage(f)
-        seen.setdefault(id(st), st)
-    return duckdb_filesystems(list(seen.values()))

@@ -6,6 +6,7 @@ tests compare the two window for window (same batch order, by construction).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 
@@ -183,6 +184,13 @@ class ReplayInterleave:
         """Append ``stage`` (after every stage so far); the first unit (window) it can change."""
         assert stage.start > self.stages[-1].start
         return self.restage((*self.stages, stage))
+
+    def with_stages(self, stages: Sequence[Stage]) -> tuple[ReplayInterleave, int]:
+        """The interleave under ``stages`` as a new value (this one unchanged), and the first unit it can change."""
+        new = copy.copy(self)
+        new._consumed, new._stage_given = list(self._consumed), list(self._stage_given)
+        new._stage_first, new._stage_consumed = list(self._stage_first), [list(c) for c in self._stage_consumed]
+        return new, new.restage(stages)
 
     def restage(self, stages: Sequence[Stage]) -> int:
         """Take ``stages`` (the same first stage); the first unit (window) the change can touch.

@@ -67,17 +67,56 @@ def check_row(row: dict[str, Any]) -> None:
     assert row["peak_rss_mib"] > 0 and row["first_batch_s"] >= 0
 
 
-@pytest.mark.slow
-def test_plitzer_end_to_end(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rows = run(tiny, tmp_path, "plitzer")
-    assert list(rows) == ["pyarrow", "pyarrow-rg", "plitzer"]  # the ceiling rows are always there
-    check_row(rows["pyarrow"])
-    check_row(rows["pyarrow-rg"])
-    p = rows["plitzer"]
+# The peers that are installed (the `baseline` extra has them all), run with plitzer in
+# one harness call: the ceiling rows and the dataset are shared, as a user's run shares them.
+PEERS = [
+    name
+    for name, module in (("hf", "datasets"), ("litdata", "litdata"), ("grain", "grain"))
+    if importlib.util.find_spec(module) is not None
+]
+
+
+def check_plitzer(p: dict[str, Any]) -> None:
     check_row(p)
     assert p["convert_s"] == 0 and p["converted_mib"] == 0
     assert p["exact"] == "yes" and p["lost"] == 0 and p["repeated"] == 0
     assert p["resume_s"] is not None and p["resume_s"] >= 0
+
+
+def check_hf(hf: dict[str, Any]) -> None:
+    check_row(hf)
+    assert hf["convert_s"] > 0 and hf["converted_mib"] > 0  # the Arrow copy
+    if importlib.util.find_spec("torchdata") is not None:
+        assert hf["exact"] == "yes" and hf["lost"] == 0
+
+
+def check_litdata(lit: dict[str, Any]) -> None:
+    check_row(lit)
+    assert lit["convert_s"] > 0 and lit["converted_mib"] > 0  # optimize wrote its chunks
+    assert lit["exact"] in {"yes", "no"} and lit["lost"] is not None and lit["resume_s"] is not None
+    assert any(n.startswith("litdata chunks hold") for n in lit["notes"]), lit["notes"]
+    assert any(n.startswith("one epoch delivered") for n in lit["notes"]), lit["notes"]
+
+
+def check_grain(g: dict[str, Any]) -> None:
+    check_row(g)
+    assert g["convert_s"] == 0 and g["converted_mib"] == 0  # the Parquet as it is
+    # Grain's iterator state restores its shuffle window and packer: exactly the rest of the epoch.
+    assert g["exact"] == "yes" and g["lost"] == 0 and g["repeated"] == 0, g
+
+
+CHECKS = {"plitzer": check_plitzer, "hf": check_hf, "litdata": check_litdata, "grain": check_grain}
+
+
+@pytest.mark.slow
+def test_plitzer_and_the_peers_end_to_end(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = run(tiny, tmp_path, ",".join(["plitzer", *PEERS]))
+    assert list(rows)[:2] == ["pyarrow", "pyarrow-rg"]  # the ceiling rows are always there, first
+    assert sorted(rows) == sorted(["pyarrow", "pyarrow-rg", "plitzer", *PEERS])
+    check_row(rows["pyarrow"])
+    check_row(rows["pyarrow-rg"])
+    for name in ["plitzer", *PEERS]:
+        CHECKS[name](rows[name])
     assert rows["pyarrow"]["window_s"] > 0 and rows["pyarrow"]["resume_window_s"] > 0
     printed = capsys.readouterr().out
     assert "| loader | convert (s) |" in printed and "| plitzer | 0.0 | 0.0 |" in printed
@@ -88,18 +127,6 @@ def test_plitzer_end_to_end(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFi
     runs = record["first_batch"]["runs"]
     assert len(runs["first"]) == len(runs["window"]) == len(runs["resume"]) == 2, printed
     assert all(x > 0 for v in runs.values() for x in v)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="datasets is not installed")
-def test_hf_end_to_end(tiny: Path, tmp_path: Path) -> None:
-    rows = run(tiny, tmp_path, "hf")
-    assert list(rows) == ["pyarrow", "pyarrow-rg", "hf"]
-    hf = rows["hf"]
-    check_row(hf)
-    assert hf["convert_s"] > 0 and hf["converted_mib"] > 0  # the Arrow copy
-    if importlib.util.find_spec("torchdata") is not None:
-        assert hf["exact"] == "yes" and hf["lost"] == 0
 
 
 def test_missing_peer_is_a_row_with_the_reason(
@@ -123,29 +150,3 @@ def test_compare_counts_lost_and_repeated_documents(tmp_path: Path) -> None:
     np.save(tmp_path / "resume-digests.npy", np.array([3, 4, 5], dtype=np.uint64))
     np.save(tmp_path / "resume-lengths.npy", np.array([30, 40, 50]))
     assert baseline.compare(tmp_path, 2, docs=True) == (True, 0, 0)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("litdata") is None, reason="litdata is not installed")
-def test_litdata_end_to_end(tiny: Path, tmp_path: Path) -> None:
-    rows = run(tiny, tmp_path, "litdata")
-    assert list(rows) == ["pyarrow", "pyarrow-rg", "litdata"]
-    lit = rows["litdata"]
-    check_row(lit)
-    assert lit["convert_s"] > 0 and lit["converted_mib"] > 0  # optimize wrote its chunks
-    assert lit["exact"] in {"yes", "no"} and lit["lost"] is not None and lit["resume_s"] is not None
-    assert any(n.startswith("litdata chunks hold") for n in lit["notes"]), lit["notes"]
-    assert any(n.startswith("one epoch delivered") for n in lit["notes"]), lit["notes"]
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("grain") is None, reason="grain is not installed")
-def test_grain_end_to_end(tiny: Path, tmp_path: Path) -> None:
-    rows = run(tiny, tmp_path, "grain")
-    assert list(rows) == ["pyarrow", "pyarrow-rg", "grain"]
-    g = rows["grain"]
-    check_row(g)
-    assert g["convert_s"] == 0 and g["converted_mib"] == 0  # the Parquet as it is
-    # Grain's iterator state restores its shuffle window and packer: exactly the rest of the epoch.
-    assert g["exact"] == "yes" and g["lost"] == 0 and g["repeated"] == 0, g
-    assert any(n.startswith("padding in the measured batches") for n in g["notes"]), g["notes"]
