@@ -120,8 +120,11 @@ class RangeFile(io.RawIOBase):
 _KEEP = 64 << 20
 """The largest read buffer a thread keeps between chunks (a larger chunk reads into a buffer of its own)."""
 
-_DECODERS = 4
-"""Decoders (one ``ParquetFile`` per footer) a thread keeps: the files it is reading from."""
+_DECODERS = 16
+"""Decoders (one ``ParquetFile`` per footer) a thread keeps: the files a window reads from, about.
+
+Each holds its footer, so at most this many footers per reader thread outlive a dropped index, until
+the thread reads other files or ends (a finished thread's reader is dropped by the next one)."""
 
 
 class _Reader:

@@ -65,7 +65,7 @@ def _chunk(ix: planner.Index, rg: int, column: str) -> tuple[FileStat, pq.FileMe
 )
 def test_many_chunks_through_the_reused_buffer_stay_intact(tmp_path: Path, compression: str, dictionary: bool) -> None:
     d = tmp_path / "data"
-    _write(d, 6, compression=compression, dictionary=dictionary)  # more files than a thread keeps decoders for
+    _write(d, 20, compression=compression, dictionary=dictionary)  # more files than a thread keeps decoders for
     ix = planner.index(d)
     storage = LocalStorage(d)
     got: dict[tuple[int, str], pa.Array] = {}
