@@ -1,11 +1,16 @@
 """The read path: one ranged read per row group, decoded and checked into tokens.
 
-``read_chunk(index, rg)`` reads exactly row group ``rg``'s token column chunk (one
-``pread``, or one ranged GET on S3), decodes it with pyarrow through a file object
-that serves only that byte range plus the cached footer (so a decode can never
-issue a second, hidden read), checks it, and returns a plain ``list<int32>`` (or
-``list<uint32>``, as ``index.dtype`` says) whatever the column's integer width and
-list type in the file:
+Every column chunk is read and decoded by one function, :func:`read_decoded`: one
+ranged read of exactly the chunk's bytes (a ``preadv`` into the calling thread's
+reused buffer on local disk, one ranged GET on an object store), decoded by pyarrow
+through a file object that serves only that byte range plus the cached footer (so a
+decode can never issue a second, hidden read), with one ``ParquetFile`` kept per
+footer and thread rather than built per chunk. The decode copies into Arrow's
+memory, so the buffer is reused by the thread's next chunk.
+
+``read_chunk(index, rg)`` reads row group ``rg``'s token column that way, checks it,
+and returns a plain ``list<int32>`` (or ``list<uint32>``, as ``index.dtype`` says)
+whatever the column's integer width and list type in the file:
 
 * a null token inside a document, or rows and tokens other than the footer's, is
   a :class:`DataError` naming file, row group and row;

@@ -142,7 +142,7 @@ def test_a_damaged_chunk_then_good_ones(tmp_path: Path) -> None:
     ix = planner.index(d)
     st, md, g, start, length = _chunk(ix, 1, "tokens")
     storage = LocalStorage(d)
-    with pytest.raises(DamagedChunkError, match="outside the token column chunk|cannot decode"):
+    with pytest.raises(DamagedChunkError, match=r"outside the token column chunk|cannot decode"):
         read_decoded(storage, st, md, row_group=g, column="tokens", offset=start + 8, length=length - 8, where="x")
     want = pq.ParquetFile(st.location).read_row_group(g, columns=["tokens"]).column(0).combine_chunks()
     got = read_decoded(storage, st, md, row_group=g, column="tokens", offset=start, length=length, where="x")
