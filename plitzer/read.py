@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import io
+import os
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -171,8 +172,21 @@ class _Reader:
         return f, pf
 
 
-_READERS: dict[int, _Reader] = {}
-_READERS_LOCK = threading.Lock()
+class _Readers:
+    """Every thread's :class:`_Reader`, by thread id, and the lock that adds one."""
+
+    def __init__(self) -> None:
+        self.by_thread: dict[int, _Reader] = {}
+        self.lock = threading.Lock()
+
+    def forget(self) -> None:
+        """In a forked child: a fresh lock (another thread may have held it at the fork) and no readers."""
+        self.lock = threading.Lock()
+        self.by_thread.clear()
+
+
+_READERS = _Readers()
+os.register_at_fork(after_in_child=_READERS.forget)
 
 
 def _reader() -> _Reader:
@@ -184,13 +198,14 @@ def _reader() -> _Reader:
     starts reading, a live one (plitzer/_shutdown.py).
     """
     me = threading.get_ident()
-    r = _READERS.get(me)
+    readers = _READERS.by_thread
+    r = readers.get(me)
     if r is None:
-        with _READERS_LOCK:
+        with _READERS.lock:
             alive = {t.ident for t in threading.enumerate()}
-            for gone in [k for k in _READERS if k not in alive]:
-                del _READERS[gone]
-            r = _READERS[me] = _Reader()
+            for gone in [k for k in readers if k not in alive]:
+                del readers[gone]
+            r = readers[me] = _Reader()
     return r
 
 

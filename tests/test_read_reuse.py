@@ -10,6 +10,7 @@ could be tempted to alias the page bytes (uncompressed, plain, strings).
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -132,7 +133,7 @@ def test_reader_threads_each_reuse_their_own_buffer(tmp_path: Path) -> None:
             t.start()
         for t in more:
             t.join()
-    assert len(plitzer.read._READERS) <= 4 + len(threading.enumerate())
+    assert len(plitzer.read._READERS.by_thread) <= 4 + len(threading.enumerate())
 
 
 def test_a_damaged_chunk_then_good_ones(tmp_path: Path) -> None:
@@ -147,3 +148,32 @@ def test_a_damaged_chunk_then_good_ones(tmp_path: Path) -> None:
     want = pq.ParquetFile(st.location).read_row_group(g, columns=["tokens"]).column(0).combine_chunks()
     got = read_decoded(storage, st, md, row_group=g, column="tokens", offset=start, length=length, where="x")
     assert got.equals(want)
+
+
+def test_a_forked_child_reads_with_readers_of_its_own(tmp_path: Path) -> None:
+    """The child starts with no readers (the parent's lock may have been held at the fork)."""
+    d = tmp_path / "data"
+    _write(d, 1, compression="zstd", dictionary=True, seed=4)
+    f = next(d.glob("*.parquet"))
+    storage = LocalStorage(f)
+    st = storage.list_files()[0]
+    md = pq.read_metadata(f)
+    leaf = next(j for j in range(md.num_columns) if md.schema.column(j).path.startswith("tokens"))
+    cc = md.row_group(0).column(leaf)
+    start = min(x for x in (cc.data_page_offset, cc.dictionary_page_offset) if x)
+
+    def read() -> pa.Array:
+        return read_decoded(
+            storage, st, md, row_group=0, column="tokens", offset=start, length=cc.total_compressed_size, where="x"
+        )
+
+    want = read()
+    pid = os.fork()  # no Polars in the child: it reads with pyarrow alone
+    if pid == 0:
+        code = 3
+        try:
+            code = 0 if not plitzer.read._READERS.by_thread and read().equals(want) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
