@@ -47,16 +47,16 @@ import pyarrow.parquet as pq
 from _common import Timing, timed, warm_page_cache
 
 
-def fineweb_shaped(tokens: int, root: str | None = None) -> Path:
-    """Synthetic FineWeb-Edu-shaped data: 12 row groups of 800 documents a file, lognormal
+def fineweb_shaped(tokens: int, root: str | None = None, docs: int = 800) -> Path:
+    """Synthetic FineWeb-Edu-shaped data: 12 row groups of ``docs`` documents a file, lognormal
     lengths (mean 900), Zipf ids, zstd; generated once and kept."""
     import plitzer.synth
 
     base = Path(root or os.environ.get("PLITZER_BENCH_DATA", "data"))
-    d = base / f"fineweb-{tokens // 1_000_000}M"
+    d = base / (f"fineweb-{tokens // 1_000_000}M" + ("" if docs == 800 else f"-{docs}docs"))
     if not (d / ".done").exists():
         print(f"generating {tokens:,} tokens into {d} ...", flush=True)
-        plitzer.synth.write(d, tokens=tokens, seed=0, mean_length=900, docs_per_row_group=800, row_groups_per_file=12)
+        plitzer.synth.write(d, tokens=tokens, seed=0, mean_length=900, docs_per_row_group=docs, row_groups_per_file=12)
         (d / ".done").write_text("ok")
     return d
 
@@ -105,6 +105,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=38_000_000)
     ap.add_argument("--data", help="a Parquet folder (default: FineWeb-shaped synthetic data of --tokens)")
     ap.add_argument("--column", default=None)
+    ap.add_argument(
+        "--docs-per-row-group",
+        type=int,
+        default=800,
+        help="documents per row group of the synthetic data (200 with --tokens 34560000: 192 row groups of 200)",
+    )
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--lanes", type=int, default=64)
     ap.add_argument("--window", type=int, default=8)
@@ -118,7 +124,7 @@ def main() -> None:
     if args.widths:
         widths(args.tokens)
         return
-    d = Path(args.data) if args.data else fineweb_shaped(args.tokens)
+    d = Path(args.data) if args.data else fineweb_shaped(args.tokens, docs=args.docs_per_row_group)
     warm_page_cache(d)
     pa.set_cpu_count(args.threads)
     pa.set_io_thread_count(args.threads)

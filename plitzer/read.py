@@ -1,11 +1,16 @@
 """The read path: one ranged read per row group, decoded and checked into tokens.
 
-``read_chunk(index, rg)`` reads exactly row group ``rg``'s token column chunk (one
-``pread``, or one ranged GET on S3), decodes it with pyarrow through a file object
-that serves only that byte range plus the cached footer (so a decode can never
-issue a second, hidden read), checks it, and returns a plain ``list<int32>`` (or
-``list<uint32>``, as ``index.dtype`` says) whatever the column's integer width and
-list type in the file:
+Every column chunk is read and decoded by one function, :func:`read_decoded`: one
+ranged read of exactly the chunk's bytes (a ``preadv`` into the calling thread's
+reused buffer on local disk, one ranged GET on an object store), decoded by pyarrow
+through a file object that serves only that byte range plus the cached footer (so a
+decode can never issue a second, hidden read), with one ``ParquetFile`` kept per
+footer and thread rather than built per chunk. The decode copies into Arrow's
+memory, so the buffer is reused by the thread's next chunk.
+
+``read_chunk(index, rg)`` reads row group ``rg``'s token column that way, checks it,
+and returns a plain ``list<int32>`` (or ``list<uint32>``, as ``index.dtype`` says)
+whatever the column's integer width and list type in the file:
 
 * a null token inside a document, or rows and tokens other than the footer's, is
   a :class:`DataError` naming file, row group and row;
@@ -25,6 +30,9 @@ from __future__ import annotations
 
 import functools
 import io
+import os
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -44,12 +52,14 @@ from planner.storage import FileStat, Storage
 __all__ = [
     "RangeFile",
     "check_decoded",
+    "check_list_of_integers",
     "check_no_null_tokens",
     "count_chunk",
     "decode_chunk",
     "decode_column",
-    "read_column",
     "read_chunk",
+    "read_column",
+    "read_decoded",
     "to_tokens",
 ]
 
@@ -65,14 +75,20 @@ class RangeFile(io.RawIOBase):
     """
 
     def __init__(
-        self, data: bytes, offset: int, size: int, where: str, *, file: str | None = None, row_group: int | None = None
+        self, data: Any, offset: int, size: int, where: str, *, file: str | None = None, row_group: int | None = None
     ) -> None:
         super().__init__()
+        self._size = size
+        self.load(data, offset, where, file=file, row_group=row_group)
+
+    def load(
+        self, data: Any, offset: int, where: str, *, file: str | None = None, row_group: int | None = None
+    ) -> None:
+        """Serve ``data`` (any buffer: bytes, or a view of a reused buffer) as the file's bytes at ``offset``."""
         self._file, self._row_group = file, row_group
         self._data = data
         self._view = memoryview(data)
         self._offset = offset
-        self._size = size
         self._pos = 0
         self._where = where
 
@@ -107,8 +123,94 @@ class RangeFile(io.RawIOBase):
         return len(data)
 
 
+_KEEP = 64 << 20
+"""The largest read buffer a thread keeps between chunks (a larger chunk reads into a buffer of its own)."""
+
+_DECODERS = 16
+"""Decoders (one ``ParquetFile`` per footer) a thread keeps: the files a window reads from, about.
+
+Each holds its footer, so at most this many footers per reader thread outlive a dropped index, until
+the thread reads other files or ends (a finished thread's reader is dropped by the next one)."""
+
+
+class _Reader:
+    """One thread's reused memory: its read buffer and a decoder per footer it reads with.
+
+    The buffer grows to the largest chunk read (up to :data:`_KEEP`) and is then
+    reused, so a chunk costs neither an allocation nor first-touch page faults. A
+    decoder is a ``ParquetFile`` over a :class:`RangeFile` that is loaded with each
+    chunk's bytes, built once per footer instead of once per chunk.
+    """
+
+    def __init__(self) -> None:
+        self.buffer = bytearray(0)
+        self.decoders: OrderedDict[int, tuple[pq.FileMetaData, RangeFile, pq.ParquetFile]] = OrderedDict()
+
+    def view(self, n: int) -> memoryview:
+        if n > _KEEP:
+            return memoryview(bytearray(n))
+        if len(self.buffer) < n:
+            self.buffer = bytearray(min(max(n, 2 * len(self.buffer)), _KEEP))
+        return memoryview(self.buffer)[:n]
+
+    def decoder(self, metadata: pq.FileMetaData, file_size: int) -> tuple[RangeFile, pq.ParquetFile]:
+        key = id(metadata)
+        got = self.decoders.get(key)
+        if got is not None and got[0] is metadata and got[1].size() == file_size:
+            self.decoders.move_to_end(key)
+            return got[1], got[2]
+        f = RangeFile(b"", 0, file_size, "")
+        # Page CRCs are verified whenever the writer stored them (docs/reliability.md).
+        # pre_buffer=False: the chunk is read here, in the calling thread. With
+        # pre_buffer, Arrow's I/O pool calls f.read and may drop the last reference to
+        # f, so one of its threads can enter Python as the interpreter ends, and the
+        # process aborts (docs/reliability.md, "How a run ends"; plitzer/_shutdown.py).
+        pf = pq.ParquetFile(f, metadata=metadata, pre_buffer=False, page_checksum_verification=True)
+        self.decoders[key] = (metadata, f, pf)  # the footer held: its id is not reused while cached
+        while len(self.decoders) > _DECODERS:
+            self.decoders.popitem(last=False)
+        return f, pf
+
+
+class _Readers:
+    """Every thread's :class:`_Reader`, by thread id, and the lock that adds one."""
+
+    def __init__(self) -> None:
+        self.by_thread: dict[int, _Reader] = {}
+        self.lock = threading.Lock()
+
+    def forget(self) -> None:
+        """In a forked child: a fresh lock (another thread may have held it at the fork) and no readers."""
+        self.lock = threading.Lock()
+        self.by_thread.clear()
+
+
+_READERS = _Readers()
+os.register_at_fork(after_in_child=_READERS.forget)
+
+
+def _reader() -> _Reader:
+    """The calling thread's :class:`_Reader`.
+
+    Kept in a module dict by thread id, not a ``threading.local``: a thread-local's
+    objects are released as their thread ends, where ``threading`` no longer knows
+    the thread; here a finished thread's reader is dropped by the next thread that
+    starts reading, a live one (plitzer/_shutdown.py).
+    """
+    me = threading.get_ident()
+    readers = _READERS.by_thread
+    r = readers.get(me)
+    if r is None:
+        with _READERS.lock:
+            alive = {t.ident for t in threading.enumerate()}
+            for gone in [k for k in readers if k not in alive]:
+                del readers[gone]
+            r = readers[me] = _Reader()
+    return r
+
+
 def decode_column(
-    data: bytes,
+    data: Any,
     *,
     offset: int,
     file_size: int,
@@ -121,30 +223,80 @@ def decode_column(
 ) -> pa.Array:
     """Decode one row group's ``column`` from the bytes of its column chunk, as the file holds it.
 
-    Damaged data is a DataError naming ``where`` (on one line), never a bare pyarrow
-    error; ``what`` names the column in that message ("token", "text"); ``file``
-    (the file's location) goes into the error's attributes.
+    ``data`` is any buffer (it may be reused once this returns: the decoded array
+    lives in Arrow's memory). Damaged data is a DataError naming ``where`` (on one
+    line), never a bare pyarrow error; ``what`` names the column in that message
+    ("token", "text"); ``file`` (the file's location) goes into the error's attributes.
     """
-    f = RangeFile(data, offset, file_size, where, file=file, row_group=row_group)
+    r = _reader()
+    f, pf = r.decoder(metadata, file_size)
+    f.load(data, offset, where, file=file, row_group=row_group)
     try:
-        # Page CRCs are verified whenever the writer stored them (docs/reliability.md).
-        # pre_buffer=False: the chunk is read here, in the calling thread. With
-        # pre_buffer, Arrow's I/O pool calls f.read and may drop the last reference to
-        # f, so one of its threads can enter Python as the interpreter ends, and the
-        # process aborts (docs/reliability.md, "How a run ends"; plitzer/_shutdown.py).
-        pf = pq.ParquetFile(f, metadata=metadata, pre_buffer=False, page_checksum_verification=True)
         table = pf.read_row_group(row_group, columns=[column], use_threads=False)
     except DataError:
+        r.decoders.pop(id(metadata), None)
         raise
     except (pa.ArrowException, OSError, ValueError, IndexError, TypeError) as e:
+        r.decoders.pop(id(metadata), None)
         msg = f"{where}: cannot decode the {what} column ({type(e).__name__}: {one_line(e)}); the file is damaged"
         raise DamagedChunkError(msg, file=file, row_group=row_group) from e
+    finally:
+        f.load(b"", 0, "")  # nothing refers to the chunk's bytes once decoded: its buffer is reused
     col = table.column(0)
     return col.chunk(0) if col.num_chunks == 1 else pa.concat_arrays(col.chunks)
 
 
+def read_decoded(
+    storage: Storage,
+    stat: FileStat,
+    metadata: pq.FileMetaData,
+    *,
+    row_group: int,
+    column: str,
+    offset: int,
+    length: int,
+    where: str,
+    what: str = "token",
+) -> pa.Array:
+    """Read a column chunk's byte range (one ranged read) and decode it: the read path's one reader.
+
+    Where the storage has ``read_into`` (local disk) the bytes go into the calling
+    thread's reused buffer, else ``read_range`` returns them (object stores). The
+    decode copies out of that buffer into Arrow's memory, so the buffer is reused
+    by the thread's next chunk. Returns the column as the file holds it; errors as
+    :func:`decode_column`.
+    """
+    into = getattr(storage, "read_into", None)
+    data: Any
+    if into is not None:
+        data = _reader().view(length)
+        into(stat, offset, data)
+    else:
+        data = storage.read_range(stat, offset, length)
+    return decode_column(
+        data,
+        offset=offset,
+        file_size=stat.size,
+        metadata=metadata,
+        row_group=row_group,
+        column=column,
+        where=where,
+        what=what,
+        file=stat.location,
+    )
+
+
+def check_list_of_integers(arr: pa.Array, where: str, *, file: str | None = None, row_group: int | None = None) -> None:
+    """The token column must decode as a list (or large_list) of integers."""
+    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or not pa.types.is_integer(
+        arr.type.value_type
+    ):
+        msg = f"{where}: the token column decoded as {arr.type}, not a list of integers; the file is damaged"
+        raise DamagedChunkError(msg, file=file, row_group=row_group)
+
+
 def decode_chunk(
-    data: bytes,
+    data: Any,
     *,
     offset: int,
     file_size: int,
@@ -170,11 +322,7 @@ def decode_chunk(
         where=where,
         file=file,
     )
-    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)) or not pa.types.is_integer(
-        arr.type.value_type
-    ):
-        msg = f"{where}: the token column decoded as {arr.type}, not a list of integers; the file is damaged"
-        raise DamagedChunkError(msg, file=file, row_group=row_group)
+    check_list_of_integers(arr, where, file=file, row_group=row_group)
     return arr
 
 
@@ -184,21 +332,22 @@ def read_column(index: Index, rg: int, *, what: str = "token") -> tuple[pa.Array
     Returns the array, the row group's index row and where it is (for messages).
     """
     row = index.frame.row(rg, named=True)
-    fi = row["file_index"]
+    fi, g = row["file_index"], row["row_group"]
     st = index.file(fi)
-    where = index.location(fi, row["row_group"])
-    data = index.storage(fi).read_range(st, row["byte_offset"], row["byte_length"])
-    decode = decode_chunk if what == "token" else functools.partial(decode_column, what=what)
-    arr = decode(
-        data,
-        offset=row["byte_offset"],
-        file_size=st.size,
-        metadata=index.metadata(fi),
-        row_group=row["row_group"],
+    where = index.location(fi, g)
+    arr = read_decoded(
+        index.storage(fi),
+        st,
+        index.metadata(fi),
+        row_group=g,
         column=index.column,
+        offset=row["byte_offset"],
+        length=row["byte_length"],
         where=where,
-        file=st.location,
+        what=what,
     )
+    if what == "token":
+        check_list_of_integers(arr, where, file=st.location, row_group=g)
     return arr, row, where
 
 
@@ -356,17 +505,10 @@ def count_chunk(
     where: str,
 ) -> tuple[int, int]:
     """Tokens and empty documents of one row group, by reading it once (no statistics)."""
-    data = storage.read_range(file, offset, length)
-    arr = decode_chunk(
-        data,
-        offset=offset,
-        file_size=file.size,
-        metadata=metadata,
-        row_group=row_group,
-        column=column,
-        where=where,
-        file=file.location,
+    arr = read_decoded(
+        storage, file, metadata, row_group=row_group, column=column, offset=offset, length=length, where=where
     )
+    check_list_of_integers(arr, where, file=file.location, row_group=row_group)
     check_no_null_tokens(arr, where, file=file.location, row_group=row_group)
     lengths = list_lengths(arr)
     if len(arr) != metadata.row_group(row_group).num_rows:

@@ -1,7 +1,7 @@
 """The selection pass: which rows of each row group a predicate keeps, and their tokens (cached).
 
 Per row group, :class:`SelectionPass` reads only the column chunks the predicate names
-(one ranged read each, decoded by :func:`plitzer.read.decode_column`) and each row's
+(one ranged read each, through :func:`plitzer.read.read_decoded`) and each row's
 token count (the token column's list lengths, or a ``length_column``), and evaluates
 the predicate in DuckDB. :func:`run_pass` runs row groups on every core with a progress
 bar and caches one entry per chunk of :data:`CHUNK` row groups of a file under
@@ -30,7 +30,7 @@ from planner.cache import cache_dir, digest, discard, read_entry, write_entry
 from planner.dataset import Index
 from planner.errors import DataError, SelectionError, one_line
 from plitzer.predicate import connect
-from plitzer.read import decode_chunk, decode_column, list_lengths
+from plitzer.read import list_lengths, read_column, read_decoded
 
 __all__ = [
     "CHUNK",
@@ -104,17 +104,16 @@ class SelectionPass:
         md = self.ix.metadata(fi)
         where = self.ix.location(fi, g)
         start, length = leaf_range(md, g, column, st.size, where)
-        data = self.ix.storage(fi).read_range(st, start, length)
-        return decode_column(
-            data,
-            offset=start,
-            file_size=st.size,
-            metadata=md,
+        return read_decoded(
+            self.ix.storage(fi),
+            st,
+            md,
             row_group=g,
             column=column,
+            offset=start,
+            length=length,
             where=where,
             what=f"{column!r}",
-            file=st.location,
         )
 
     def _lengths(self, rg: int) -> I64:
@@ -137,18 +136,7 @@ class SelectionPass:
                 )
                 raise DataError(msg, file=self.ix.file(fi).location, row_group=g)
             return lengths
-        st = self.ix.file(fi)
-        data = self.ix.storage(fi).read_range(st, row["byte_offset"], row["byte_length"])
-        arr = decode_chunk(
-            data,
-            offset=row["byte_offset"],
-            file_size=st.size,
-            metadata=self.ix.metadata(fi),
-            row_group=g,
-            column=self.ix.column,
-            where=where,
-            file=st.location,
-        )
+        arr, _, _ = read_column(self.ix, rg)
         return list_lengths(arr)
 
     def _con(self) -> Any:

@@ -59,7 +59,7 @@ from planner.dataset import Counted, FileEntry, Index, index
 from planner.errors import ConfigError, DamagedChunkError, DataError, TokenizerChangedError, TokenRangeError, one_line
 from planner.rowgroups import RowGroupIndex
 from planner.storage import FileStat
-from plitzer.read import decode_column, read_chunk, read_column
+from plitzer.read import read_chunk, read_column, read_decoded
 from plitzer.tokenizer import TextTokenizer, load_tokenizer
 
 __all__ = [
@@ -337,17 +337,16 @@ class TextCounting:
         assert md is not None
         where = f"{e.stat.location}, row group {g}"
         start, length = _chunk_range(md, g, _text_leaf(md, self.text_column, where), e.stat.size, where)
-        data = e.storage.read_range(e.stat, start, length)
-        arr = decode_column(
-            data,
-            offset=start,
-            file_size=e.stat.size,
-            metadata=md,
+        arr = read_decoded(
+            e.storage,
+            e.stat,
+            md,
             row_group=g,
             column=self.text_column,
+            offset=start,
+            length=length,
             where=where,
             what="text",
-            file=e.stat.location,
         )
         ids = encode_texts(self.tokenizer, texts_of(arr))
         return np.fromiter((len(x) for x in ids), np.int64, len(ids))

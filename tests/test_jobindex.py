@@ -52,7 +52,14 @@ def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
         reads.append((file.name, offset, length))
         return real(self, file, offset, length)
 
+    real_into = LocalStorage.read_into
+
+    def counted_into(self: LocalStorage, file: FileStat, offset: int, out: memoryview) -> None:
+        reads.append((file.name, offset, len(out)))
+        real_into(self, file, offset, out)
+
     monkeypatch.setattr(LocalStorage, "read_range", counted)
+    monkeypatch.setattr(LocalStorage, "read_into", counted_into)  # the hot path's read, into a reused buffer
     return reads
 
 
