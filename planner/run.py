@@ -19,10 +19,10 @@ module is the one place that turns a step into windows, lanes and positions:
 A :class:`Run` is never changed: a live weight stage or a layout change is
 :meth:`Run.with_stages` / :meth:`Run.with_layout`, which return a new run and the first
 unit the change can touch. Its caches (window ends per epoch, layout segments) live on
-the value and go with it. The plan's epoch order is the one thing a change re-plans in
-place (a mixture's :class:`planner.mixture.Interleave`, shared with the plan's tables),
-so a run that was replaced must not be asked again: its holders (the loader and its
-scanner) swap the new one in together.
+the value and go with it. A mixture's change is a new plan as well
+(:meth:`planner.mixture.MixturePlan.with_stages`), so the run replaced still answers as
+it did; one dataset's plan only records the layout stages for its tables. The run's
+holders (the loader and its scanner) swap the new one in together.
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ class Run:
     _segs: dict[int, tuple[Plan, Segment]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        # The stages this run was made with: the plan's order is re-planned in place by a change.
+        # The weight stages this run was made with (a mixture's; None for one dataset).
         object.__setattr__(self, "stages", self.plan.stages if isinstance(self.plan, MixturePlan) else None)
 
     # -- layout stages ---------------------------------------------------------------------
@@ -446,13 +446,20 @@ class Run:
 
     def with_stage(self, stage: Stage) -> tuple[Run, int]:
         """This run with weight stage ``stage`` appended (a live ``set_weights``); the first unit it changes."""
-        unit = self._mixture("set_weights()").add_stage(stage)
-        return Run(self.plan, self.layout, self.world, self.rank), unit
+        mix = self._mixture("set_weights()")
+        if stage.start <= mix.stages[-1].start:
+            msg = f"a stage at step {stage.start} must start after the last one, at step {mix.stages[-1].start}"
+            raise ConfigError(msg)
+        plan, unit = mix.with_stages((*mix.stages, stage))
+        return Run(plan, self.layout, self.world, self.rank), unit
 
     def with_stages(self, stages: Sequence[Stage]) -> tuple[Run, int]:
         """This run with the weight stages ``stages`` (same first one; a resume's); the first unit they change."""
-        unit = self._mixture("a checkpoint's weight stages").restage(stages)
-        return Run(self.plan, self.layout, self.world, self.rank), unit
+        mix = self._mixture("a checkpoint's weight stages")
+        if not isinstance(mix.order, Interleave):
+            return self, NEVER
+        plan, unit = mix.with_stages(stages)
+        return Run(plan, self.layout, self.world, self.rank), unit
 
     def with_layout(self, layout: Layout) -> tuple[Run, int]:
         """This run with the layout stages ``layout`` (a live ``set_layout``, a resume's); the first unit touched.
@@ -461,6 +468,10 @@ class Run:
         may move from that unit on; one dataset's windows do not depend on the layout
         (:data:`NEVER`).
         """
-        unit = self.plan.relayout(layout) if isinstance(self.plan, MixturePlan) else NEVER
-        self.plan.layout = layout
-        return Run(self.plan, layout, self.world, self.rank), unit
+        plan: Plan
+        if isinstance(self.plan, MixturePlan):
+            plan, unit = self.plan.with_layout(layout)
+        else:  # one dataset: the same windows; the plan's tables show the layout
+            plan, unit = self.plan, NEVER
+            plan.layout = layout
+        return Run(plan, layout, self.world, self.rank), unit

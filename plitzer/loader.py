@@ -199,6 +199,7 @@ class Loader(LiveStages):
         if run.layout is not self._run.layout:
             self.settings = replace(self.settings, layout=run.layout)
         self._run = run
+        self.plan = run.plan  # a mixture's change is a new plan value
         if self._cur is not None and self._cur.unit >= unit:
             self._cur, self._cur_block = None, None
         self._scanner.set_run(run, unit)
