@@ -56,7 +56,6 @@ import polars as pl
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from planner.api import set_selector
 from planner.cache import cache_dir
 from planner.dataset import Index
 from planner.errors import ConfigError, DataError, SelectionError
@@ -88,6 +87,7 @@ __all__ = [
     "select_config",
     "select_index",
     "select_on_ray",
+    "select_spec",
     "source_rows",
 ]
 
@@ -358,9 +358,12 @@ def select_on_ray(
     return len(todo)
 
 
-def _select_spec(ix: Index, spec: SourceSpec) -> Index:
-    assert spec.where is not None
+def select_spec(ix: Index, spec: SourceSpec) -> Index:
+    """The selection pass as planner takes it (``planner.plan(..., selector=plitzer.selector)``).
+
+    :data:`planner.api.Selector`: ``ix`` selected by ``spec.where`` (and ``spec.length_column``),
+    this process doing the whole pass; the loader passes its own, which splits it across ranks.
+    """
+    if spec.where is None:
+        return ix
     return select_index(ix, spec.where, length_column=spec.length_column)
-
-
-set_selector(_select_spec)

@@ -48,6 +48,7 @@ from torch.utils.data._utils.collate import default_collate_fn_map
 from torch.utils.dlpack import from_dlpack
 
 from planner.dataset import Index
+from planner.parameters import document
 from plitzer import state as ckpt
 from plitzer.batch import Batch as PlitzerBatch
 from plitzer.errors import CheckpointError, ConfigError
@@ -310,14 +311,15 @@ def _refuse_collate(batch: Any, *, collate_fn_map: Any = None) -> Any:
     raise ConfigError(_BATCH_SIZE_NONE)
 
 
+@document(exclude=("rank", "world"))
 class Dataset(IterableDataset[Batch]):
     """The loader of one rank as a PyTorch ``IterableDataset``: one item per step.
 
     Parameters
     ----------
-    source, seed, lanes, window, seq_len, budget, column, storage_options, weights, threads,
-    text_column, tokenizer, add_eos, add_bos :
-        As for :class:`plitzer.Loader` (keywords; a dict of named sources is a mixture).
+    source : str, PathLike, list, dict of named sources, or planner.Index
+        As for :class:`plitzer.Loader` (a dict of named sources is a mixture).
+    <settings>
     rank, world : int, optional
         This rank and the number of ranks. Default: ``torch.distributed``'s rank
         and world size in ``group`` when it is initialised, else 0 and 1. An
