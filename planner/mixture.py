@@ -56,7 +56,7 @@ from planner.errors import ConfigError
 from planner.hashing import key, permutation
 from planner.layout import Layout
 from planner.plan import EpochOrder, EpochPlan, Permutation, Plan, PlanSettings, layout_epoch, row_group_counts
-from planner.rowgroups import SelectedRows, stream_counts, with_selected
+from planner.rowgroups import stream_counts, with_selected
 from planner.sources import SourceSpec, Stage, source_specs
 from planner.storage import FileStat, Storage
 
@@ -160,7 +160,19 @@ class MixtureIndex:
     def selected_rows(self, row_group: int) -> NDArray[np.int64] | None:
         """The rows of global ``row_group`` its source's selection keeps (None: every row)."""
         sub, local = self.part(row_group)
-        return sub.selected_rows(local) if isinstance(sub, SelectedRows) else None
+        return sub.selected_rows(local)
+
+    def config_fields(self) -> dict[str, Any]:
+        """The checkpoint fields of a mixture: its sources (name, fingerprint), and their selections by name."""
+        each = [(n, p.config_fields()) for n, p in zip(self.names, self.parts, strict=True)]
+        out: dict[str, Any] = {"sources": [[n, p.fingerprint] for n, p in zip(self.names, self.parts, strict=True)]}
+        where = [[n, c["where"]] for n, c in each if "where" in c]
+        lengths = [[n, c["length_column"]] for n, c in each if c.get("length_column")]
+        if where:
+            out["where"] = where
+        if lengths:
+            out["length_column"] = lengths
+        return out
 
     def source_of(self, row_group: int) -> str:
         return self.names[int(np.searchsorted(self._rg_base, row_group, side="right")) - 1]
@@ -746,6 +758,10 @@ class MixturePlan(Plan):
     def sources(self) -> pl.DataFrame:
         """name, path, column, fingerprint, tokens, row_groups, files: one row per source."""
         return self.mixture.sources_table()
+
+    def stage_config(self) -> dict[str, Any]:
+        """The checkpoint field of the weight stages: ``[[start step, {source: weight}], ...]``."""
+        return {"stages": [[st.start, st.as_dict(self.mixture.names)] for st in self.stages]}
 
     def stages_table(self) -> pl.DataFrame:
         """stage, start_step, source, weight, target_share: the weights of every stage."""

@@ -32,7 +32,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from planner.errors import CheckpointError, ConfigError, DataError, PerformanceWarning, UsageError
-from planner.hf import revisions
 from planner.lanes import lane_positions
 from planner.layout import Layout, LayoutStage
 from planner.mixture import MixtureIndex, MixturePlan
@@ -44,9 +43,18 @@ from plitzer.batch import Batch, Located, Tokens
 from plitzer.cost import budget_floor
 from plitzer.pack import PackedUnit, Recut, Segments, Slices, assemble
 from plitzer.scan import Scanner, Segment, Stats, lane_base
-from plitzer.select import select_config, source_rows
-from plitzer.settings import Keywords, LoaderSettings, Source, bind, default_threads, make_plan, open_source, signature
-from plitzer.text import text_config
+from plitzer.select import source_rows
+from plitzer.settings import (
+    Keywords,
+    LoaderSettings,
+    Source,
+    bind,
+    checkpoint_config,
+    default_threads,
+    make_plan,
+    open_source,
+    signature,
+)
 
 __all__ = ["Loader", "LoaderSettings", "budget_floor"]
 
@@ -300,30 +308,7 @@ class Loader:
         return dict(self._config)
 
     def _make_config(self) -> dict[str, Any]:
-        s = self.settings
-        return {
-            "seed": s.seed,
-            "lanes": s.lanes,
-            "seq_len": s.seq_len,
-            "window": s.window,
-            **({"layout": self.layout.as_config()} if self.layout.staged else {}),
-            "column": self.index.column,
-            "dtype": self.index.dtype,
-            "fingerprint": self.index.fingerprint,
-            **text_config(self.index),
-            **select_config(self.index),
-            **self._mixture_config(),
-            "revisions": revisions((self.index.storage(f), self.index.file(f)) for f in range(len(self.index.files))),
-        }
-
-    def _mixture_config(self) -> dict[str, Any]:
-        if not isinstance(self.plan, MixturePlan):
-            return {}
-        ix = self.plan.mixture
-        return {
-            "sources": [[n, p.fingerprint] for n, p in zip(ix.names, ix.parts, strict=True)],
-            "stages": [[st.start, st.as_dict(ix.names)] for st in self.plan.stages],
-        }
+        return checkpoint_config(self.plan, self.settings)
 
     @property
     def step(self) -> int:

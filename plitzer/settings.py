@@ -30,6 +30,7 @@ from planner import api
 from planner.api import Source, open_index
 from planner.dataset import Index
 from planner.errors import ConfigError
+from planner.hf import revisions
 from planner.layout import Layout
 from planner.parameters import PARAMETERS, POSITIONAL
 from planner.plan import Plan, PlanSettings, check_int
@@ -43,6 +44,7 @@ __all__ = [
     "Source",
     "Stages",
     "bind",
+    "checkpoint_config",
     "default_threads",
     "keywords",
     "make_plan",
@@ -312,6 +314,36 @@ def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:
     return api.make_plan(
         index, settings.plan, weights=settings.weights, seq_len=settings.seq_len, layout=settings.stages
     )
+
+
+def checkpoint_config(plan: Plan, settings: LoaderSettings) -> dict[str, Any]:
+    """The configuration a checkpoint records (SPEC section 7), assembled here and nowhere else.
+
+    The settings that fix the order (seed, lanes, seq_len, window, the layout stages), the
+    index's column, dtype and fingerprint, the fields its kind adds
+    (:meth:`~planner.rowgroups.RowGroupIndex.config_fields`: a selection's predicate, a
+    text index's tokenizer, a mixture's sources; the defaults where it adds none), the
+    plan's weight stages, and the Hub revisions of its files.
+    """
+    from plitzer.select import SELECT_DEFAULTS
+    from plitzer.text import TEXT_DEFAULTS
+
+    s, ix = settings, plan.dataset
+    return {
+        "seed": s.seed,
+        "lanes": s.lanes,
+        "seq_len": s.seq_len,
+        "window": s.window,
+        **({"layout": s.stages.as_config()} if s.stages.staged else {}),
+        "column": ix.column,
+        "dtype": ix.dtype,
+        "fingerprint": ix.fingerprint,
+        **TEXT_DEFAULTS,
+        **SELECT_DEFAULTS,
+        **ix.config_fields(),
+        **plan.stage_config(),
+        "revisions": revisions((ix.storage(f), ix.file(f)) for f in range(len(ix.files))),
+    }
 
 
 def default_threads(index: RowGroupIndex) -> int:
