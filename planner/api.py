@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError
@@ -39,6 +39,7 @@ __all__ = [
     "Source",
     "check_layout",
     "check_source",
+    "source_kind",
     "make_plan",
     "open_index",
     "plan",
@@ -89,37 +90,51 @@ def _selector(given: Selector | None) -> Selector:
     return refuse
 
 
+SourceKind = Literal["dict", "mixture index", "index", "paths"]
+"""What a source is: a dict of named sources, a mixture's index, another index, or a path source."""
+
+
+def source_kind(source: object) -> SourceKind:
+    """The one place a source's kind is told apart (what :func:`open_index` and the checks dispatch on)."""
+    if isinstance(source, Mapping):
+        return "dict"
+    if isinstance(source, MixtureIndex):
+        return "mixture index"
+    if isinstance(source, Index):
+        return "index"
+    return "paths"
+
+
 def check_source(
-    source: object,
+    kind: SourceKind,
     *,
     weights: Weights = None,
     text: bool = False,
     where: str | None = None,
     length_column: str | None = None,
 ) -> None:
-    """Refuse keywords that do not go together with ``source`` (the planner's checks of a source, in one place).
+    """Refuse keywords that do not go together with a source of ``kind`` (the planner's checks, in one place).
 
     ``text``: a tokenizer is given (the source is text, counted by tokenizing).
     """
-    named = isinstance(source, (Mapping, MixtureIndex))
-    if length_column is not None and where is None and not isinstance(source, Mapping):
+    if length_column is not None and where is None and kind != "dict":
         msg = f"length_column={length_column!r} without where=; the length column serves a selection"
         raise ConfigError(msg)
-    if named:
+    if kind in ("dict", "mixture index"):
         if text:
             msg = (
                 "tokenizer= with a mixture: give each text source its own, e.g. {'web': {'path': 'data/web', "
                 "'tokenizer': 'tok.json', 'text_column': 'text'}, 'code': 'data/code'}"
             )
             raise ConfigError(msg)
-        if isinstance(source, MixtureIndex) and where is not None:
+        if kind == "mixture index" and where is not None:
             msg = "where= with a mixture's index: give each source its where in the dict of named sources"
             raise ConfigError(msg)
         return
     if weights is not None:
         msg = "weights= needs named sources: pass a dict such as {'web': 'data/web', 'code': 'data/code'}"
         raise ConfigError(msg)
-    if isinstance(source, Index):
+    if kind == "index":
         if text:
             msg = "tokenizer= needs the text source, not an Index; pass the path (or a plitzer.text.text_index)"
             raise ConfigError(msg)
@@ -174,10 +189,11 @@ def open_index(
     here is the default of those without. ``text_source`` indexes a mixture's text
     source (one whose dict has a ``tokenizer``).
     """
-    check_source(source, weights=weights, text=text is not None, where=where, length_column=length_column)
-    if isinstance(source, (Mapping, MixtureIndex)):
+    kind = source_kind(source)
+    check_source(kind, weights=weights, text=text is not None, where=where, length_column=length_column)
+    if kind in ("dict", "mixture index"):
         return mixture_index(
-            source,
+            source,  # type: ignore[arg-type]  # a dict or a MixtureIndex (source_kind)
             column=column,
             storage_options=storage_options,
             where=where,
@@ -185,8 +201,8 @@ def open_index(
             select=_selector(select),
             text=text_source,
         )
-    if isinstance(source, Index):
-        ix = ensure_index(source, column=column)
+    if kind == "index":
+        ix = ensure_index(source, column=column)  # type: ignore[arg-type]  # an Index (source_kind)
     else:
         paths = _paths(source)
         if text is not None:  # text in (plitzer.text): tokenized as read, counted once

@@ -53,7 +53,7 @@ from planner.rowgroups import RowGroupIndex, stream_counts
 from plitzer.loader import open_plan
 from plitzer.predicate import available_columns, check_predicate, missing_column, normalize, predicate_columns
 from plitzer.read import list_lengths, read_chunk
-from plitzer.select import SelectedIndex, source_rows
+from plitzer.select import source_rows
 from plitzer.selection_pass import SelectionPass
 from plitzer.settings import KeywordsLessWhere, LoaderSettings
 from plitzer.settings import Source as AnySource
@@ -119,15 +119,14 @@ def _matches(part: Index, where: str, columns: list[str], threads: int, progress
 
     p = SelectionPass(ix=part, where=where, columns=columns, length_column=None)
     stored = part.frame["rows"].to_list()
-    selected = isinstance(part, SelectedIndex)
 
     def one(rg: int) -> I64:
         if stored[rg] == 0:
             return np.zeros(0, np.int64)
         mask = p.mask(p.table(rg, stored[rg]))
-        if selected:
-            assert isinstance(part, SelectedIndex)
-            mask = mask[part.selected_rows(rg)]  # the run's selection: its rows are the stream's
+        kept = part.selected_rows(rg)
+        if kept is not None:
+            mask = mask[kept]  # the run's selection: its rows are the stream's
         return np.flatnonzero(mask).astype(np.int64)
 
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="plitzer-locate") as pool:
@@ -232,8 +231,8 @@ def _resolve_rows(ix: RowGroupIndex, rows: Rows) -> tuple[I64, I64]:
                 raise ConfigError(msg)
             local, in_rg = int(hit["rg"][0]), int(row)
         ordinal = in_rg
-        if isinstance(part, SelectedIndex):
-            kept = part.selected_rows(local)
+        kept = part.selected_rows(local)
+        if kept is not None:
             j = int(np.searchsorted(kept, in_rg))
             if j >= len(kept) or int(kept[j]) != in_rg:
                 continue  # the run's where= leaves it out: the model never saw it
@@ -309,23 +308,17 @@ class RowLengths:
         self._memo: dict[int, I64] = {}
         self.reads = 0
 
-    def _column(self, part: Index) -> str | None:
-        if isinstance(part, SelectedIndex):
-            return part.length_column
-        if isinstance(part, TextIndex):
-            return None
-        return self.length_column
-
     def _read(self, rg: int) -> I64:
         if self._rows[rg] == 0:
             return np.zeros(0, np.int64)
         part, local = _part_of(self.ix, rg)
-        column = self._column(part)
+        column = part.length_source(self.length_column)  # a selection's own, none for text
         if column is not None:
             p = SelectionPass(ix=part, where="", columns=[], length_column=column)
             lengths = p._lengths(local)  # checked against the footer's tokens
-            if isinstance(part, SelectedIndex):
-                lengths = lengths[part.selected_rows(local)]
+            kept = part.selected_rows(local)
+            if kept is not None:
+                lengths = lengths[kept]
         else:
             lengths = list_lengths(read_chunk(part, local))
         if len(lengths) != self._rows[rg] or int(lengths.sum()) != self._tokens[rg]:
@@ -402,7 +395,7 @@ def _frame(ix: RowGroupIndex, p: Pieces, per: int) -> pl.DataFrame:
         "start": p.start,
         "length": p.length,
     }
-    if isinstance(ix, MixtureIndex):
+    if "source" in frame.columns:  # a mixture's
         cols["source"] = frame["source"].gather(rg).cast(pl.String)
     cols.update(
         {
