@@ -60,7 +60,8 @@ and the caller passes it (``selector=``): planner itself reads metadata only.
 
 NO_SELECTOR = (
     "where= needs a selection pass, which reads data (planner reads metadata only): pass "
-    "selector=plitzer.selector, or call plitzer.plan (the same function with plitzer's selection pass)"
+    "selector=plitzer.selector, or call plitzer.plan (this function, where importing plitzer "
+    "gives it plitzer's pass)"
 )
 
 
@@ -262,8 +263,8 @@ def plan(
 
     ``where`` (a DuckDB predicate over the dataset's columns, SPEC section 10) plans
     the rows it keeps; the selection pass that counts them reads data, so it is the
-    runtime's: pass ``selector=plitzer.selector``, or call :func:`plitzer.plan`, which
-    passes it (in a process that has imported plitzer, its pass is found without).
+    runtime's: pass ``selector=plitzer.selector``; in a process that has imported plitzer
+    (``plitzer.plan`` is this function) its pass is found without.
 
     Parameters
     ----------

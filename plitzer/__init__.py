@@ -8,7 +8,7 @@
 # First: allocator defaults that must be in place before Polars and pyarrow load.
 from plitzer import _allocators  # noqa: F401, I001
 
-from planner import index
+from planner import index, plan
 from plitzer import synth
 from plitzer.batch import Batch, Tokens
 from plitzer.errors import (
@@ -28,7 +28,6 @@ from plitzer.explain import explain
 from plitzer.loader import Loader, LoaderSettings
 from plitzer.locate import locate
 from plitzer.select import select_spec as selector
-from plitzer.settings import plan
 from plitzer.state import load_checkpoint, merge, save_checkpoint
 
 __version__ = "0.3.0"  # the one source of the version: pyproject.toml reads it from here

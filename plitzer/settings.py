@@ -49,7 +49,6 @@ __all__ = [
     "keywords",
     "make_plan",
     "open_source",
-    "plan",
     "signature",
 ]
 
@@ -293,20 +292,6 @@ def _text_source(spec: SourceSpec) -> Index:
         add_bos=t.get("add_bos", False),
         storage_options=spec.storage_options,
     )
-
-
-def plan(source: Source, *args: Any, **keywords: Any) -> Plan:
-    """:func:`planner.plan` with plitzer's selection pass (``selector=plitzer.selector`` unless given)."""
-    from plitzer.select import select_spec
-
-    if keywords.get("selector") is None:
-        keywords["selector"] = select_spec
-    return api.plan(source, *args, **keywords)
-
-
-_, _, _rest = (api.plan.__doc__ or "").partition("\n")
-plan.__doc__ = f"{(plan.__doc__ or '').splitlines()[0]}\n\n    {_rest.lstrip()}"
-plan.__signature__ = inspect.signature(api.plan)  # type: ignore[attr-defined]
 
 
 def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:
