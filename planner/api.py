@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError
@@ -194,7 +194,7 @@ def open_index(
     check_source(kind, weights=weights, text=text is not None, where=where, length_column=length_column)
     if kind in ("dict", "mixture index"):
         return mixture_index(
-            source,  # type: ignore[arg-type]  # a dict or a MixtureIndex (source_kind)
+            cast("Mapping[str, Any] | MixtureIndex", source),  # what source_kind found
             column=column,
             storage_options=storage_options,
             where=where,
@@ -203,7 +203,7 @@ def open_index(
             text=text_source,
         )
     if kind == "index":
-        ix = ensure_index(source, column=column)  # type: ignore[arg-type]  # an Index (source_kind)
+        ix = ensure_index(cast("Index", source), column=column)  # what source_kind found
     else:
         paths = _paths(source)
         if text is not None:  # text in (plitzer.text): tokenized as read, counted once
