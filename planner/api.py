@@ -3,8 +3,15 @@
 A source is a path, an ``s3://`` URL, a list of them, an index already built, or a
 dict of named sources (a mixture, :mod:`planner.mixture`). :func:`open_index` turns
 it into its :class:`~planner.rowgroups.RowGroupIndex`, :func:`make_plan` turns an
-index into its :class:`~planner.plan.Plan`; each mistake is a ConfigError raised
-here and nowhere else (docs/design.md, "One index protocol, one builder, one dispatch").
+index into its :class:`~planner.plan.Plan`. The planner's checks of how the keywords
+go together are here (:func:`check_source`, :func:`check_layout`), each a ConfigError
+naming the field and the fix; those of one value are its own type's
+(:class:`~planner.plan.PlanSettings`, :class:`~planner.layout.Layout`,
+:func:`~planner.sources.source_specs`, :func:`~planner.sources.parse_stages`;
+docs/design.md, "Where settings are checked").
+
+The selection pass (``where=``) reads data, so planner does not run one of its own:
+the caller passes it (``selector=``, ``select=``), as plitzer does.
 
 This module is the top of planner: it imports the modules it dispatches to, and none
 of them imports it.
@@ -13,18 +20,30 @@ of them imports it.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal, cast
 
 from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError
-from planner.layout import Layout
+from planner.layout import Layout, LayoutStage
 from planner.mixture import MixtureIndex, MixturePlan, mixture_index
+from planner.parameters import PLAN_PARAMETERS, document
 from planner.plan import Plan, PlanSettings
 from planner.rowgroups import RowGroupIndex
 from planner.sources import SourceSpec, Weights, parse_stages
 
-__all__ = ["PathSource", "Selector", "Source", "make_plan", "open_index", "plan", "set_selector"]
+__all__ = [
+    "PathSource",
+    "Selector",
+    "Source",
+    "check_layout",
+    "check_source",
+    "source_kind",
+    "make_plan",
+    "open_index",
+    "plan",
+]
 
 PathSource = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 """A path, an ``s3://`` URL, or a list of them."""
@@ -35,24 +54,108 @@ Source = RowGroupIndex | PathSource | Mapping[str, Any]
 Selector = Callable[[Index, SourceSpec], Index]
 """The selection pass (``where=``): an index in, the index of the rows its spec's predicate keeps out.
 
-It reads data, so it is the runtime's (``plitzer.select``), set here when plitzer is
-imported, as the chunk counter is; planner itself reads metadata only.
+It reads data, so it is the runtime's (``plitzer.selector``, :func:`plitzer.select.select_spec`),
+and the caller passes it (``selector=``): planner itself reads metadata only.
 """
 
-_selector: Selector | None = None
+NO_SELECTOR = (
+    "where= needs a selection pass, which reads data (planner reads metadata only): pass "
+    "selector=plitzer.selector, or call plitzer.plan (this function, where importing plitzer "
+    "gives it plitzer's pass)"
+)
 
 
-def set_selector(select: Selector) -> None:
-    """Make ``select`` the selection pass of :func:`plan` (``plitzer.select`` calls this on import)."""
-    global _selector  # noqa: PLW0603  # one process-wide default, as planner.footer's chunk counter
-    _selector = select
+def _runtime_selector() -> Selector | None:
+    """The runtime's selection pass where it is loaded already (code written for planner 0.3), else None.
+
+    Nothing registers it and nothing is imported: ``planner.plan(where=...)`` in a process
+    that has imported plitzer finds ``plitzer.select.select_spec``; in one that has not it is
+    a ConfigError that says what to pass (:data:`NO_SELECTOR`).
+    """
+    runtime = sys.modules.get("plitzer.select")
+    found = getattr(runtime, "select_spec", None)
+    return found if callable(found) else None
 
 
-def _default_selector() -> Selector:
-    if _selector is None:
-        msg = "where= needs the runtime's selection pass, which reads data: import plitzer first"
+def _selector(given: Selector | None) -> Selector:
+    """``given``, else the loaded runtime's pass, else one that refuses with :data:`NO_SELECTOR`."""
+    found = given or _runtime_selector()
+    if found is not None:
+        return found
+
+    def refuse(ix: Index, spec: SourceSpec) -> Index:
+        name = f"source {spec.name!r}: " if spec.name else ""
+        msg = f"{name}{NO_SELECTOR}"
         raise ConfigError(msg)
-    return _selector
+
+    return refuse
+
+
+SourceKind = Literal["dict", "mixture index", "index", "paths"]
+"""What a source is: a dict of named sources, a mixture's index, another index, or a path source."""
+
+
+def source_kind(source: object) -> SourceKind:
+    """The one place a source's kind is told apart (what :func:`open_index` and the checks dispatch on)."""
+    if isinstance(source, Mapping):
+        return "dict"
+    if isinstance(source, MixtureIndex):
+        return "mixture index"
+    if isinstance(source, Index):
+        return "index"
+    return "paths"
+
+
+def check_source(
+    kind: SourceKind,
+    *,
+    weights: Weights = None,
+    text: bool = False,
+    where: str | None = None,
+    length_column: str | None = None,
+) -> None:
+    """Refuse keywords that do not go together with a source of ``kind`` (the planner's checks, in one place).
+
+    ``text``: a tokenizer is given (the source is text, counted by tokenizing).
+    """
+    if length_column is not None and where is None and kind != "dict":
+        msg = f"length_column={length_column!r} without where=; the length column serves a selection"
+        raise ConfigError(msg)
+    if kind in ("dict", "mixture index"):
+        if text:
+            msg = (
+                "tokenizer= with a mixture: give each text source its own, e.g. {'web': {'path': 'data/web', "
+                "'tokenizer': 'tok.json', 'text_column': 'text'}, 'code': 'data/code'}"
+            )
+            raise ConfigError(msg)
+        if kind == "mixture index" and where is not None:
+            msg = "where= with a mixture's index: give each source its where in the dict of named sources"
+            raise ConfigError(msg)
+        return
+    if weights is not None:
+        msg = "weights= needs named sources: pass a dict such as {'web': 'data/web', 'code': 'data/code'}"
+        raise ConfigError(msg)
+    if kind == "index":
+        if text:
+            msg = "tokenizer= needs the text source, not an Index; pass the path (or a plitzer.text.text_index)"
+            raise ConfigError(msg)
+        return
+    if text and where is not None:
+        msg = "where= with tokenizer=: tokenize first (plitzer tokenize SRC DST), then select on the tokens"
+        raise ConfigError(msg)
+
+
+def check_layout(stages: Iterable[LayoutStage], world: object) -> None:
+    """Refuse layout stages whose lanes ``world`` ranks cannot share evenly."""
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        return  # PlanSettings names a bad world
+    for st in stages:
+        if st.lanes % world:
+            msg = (
+                f"lanes={st.lanes} (the layout stage from step {st.start}) is not divisible by world={world}; "
+                f"every rank must own the same number of lanes in every stage: use lanes a multiple of {world}"
+            )
+            raise ConfigError(msg)
 
 
 def _paths(source: object) -> PathSource:
@@ -82,52 +185,34 @@ def open_index(
     ``weights`` belong to named sources only. ``text`` indexes a text source (plitzer
     passes its tokenizer's ``text_index`` here); it takes a path source only.
     ``where`` (and ``length_column``) select rows by a DuckDB predicate through
-    ``select`` (default: the runtime's pass, :func:`set_selector`); a mixture's sources
-    may each have their own, and ``where`` here is the default of those without.
-    ``text_source`` indexes a mixture's text source (one whose dict has a ``tokenizer``).
+    ``select``, the runtime's selection pass (``plitzer.selector``; without it, see
+    :data:`NO_SELECTOR`); a mixture's sources may each have their own, and ``where``
+    here is the default of those without. ``text_source`` indexes a mixture's text
+    source (one whose dict has a ``tokenizer``).
     """
-    if length_column is not None and where is None and not isinstance(source, Mapping):
-        msg = f"length_column={length_column!r} without where=; the length column serves a selection"
-        raise ConfigError(msg)
-    if isinstance(source, (Mapping, MixtureIndex)):
-        if text is not None:
-            msg = (
-                "tokenizer= with a mixture: give each text source its own, e.g. {'web': {'path': 'data/web', "
-                "'tokenizer': 'tok.json', 'text_column': 'text'}, 'code': 'data/code'}"
-            )
-            raise ConfigError(msg)
-        if isinstance(source, MixtureIndex) and where is not None:
-            msg = "where= with a mixture's index: give each source its where in the dict of named sources"
-            raise ConfigError(msg)
+    kind = source_kind(source)
+    check_source(kind, weights=weights, text=text is not None, where=where, length_column=length_column)
+    if kind in ("dict", "mixture index"):
         return mixture_index(
-            source,
+            cast("Mapping[str, Any] | MixtureIndex", source),  # what source_kind found
             column=column,
             storage_options=storage_options,
             where=where,
             length_column=length_column,
-            select=select if select is not None else (_selector if _selector is not None else None),
+            select=_selector(select),
             text=text_source,
         )
-    if weights is not None:
-        msg = "weights= needs named sources: pass a dict such as {'web': 'data/web', 'code': 'data/code'}"
-        raise ConfigError(msg)
-    if isinstance(source, Index):
-        if text is not None:
-            msg = "tokenizer= needs the text source, not an Index; pass the path (or a plitzer.text.text_index)"
-            raise ConfigError(msg)
-        ix = ensure_index(source, column=column)
+    if kind == "index":
+        ix = ensure_index(cast("Index", source), column=column)  # what source_kind found
     else:
         paths = _paths(source)
         if text is not None:  # text in (plitzer.text): tokenized as read, counted once
-            if where is not None:
-                msg = "where= with tokenizer=: tokenize first (plitzer tokenize SRC DST), then select on the tokens"
-                raise ConfigError(msg)
             return text(paths)
         ix = ensure_index(paths, column=column, storage_options=storage_options)
     if where is None:
         return ix
     spec = SourceSpec(name="", path=ix.source, column=ix.column, where=where, length_column=length_column)
-    return (select or _default_selector())(ix, spec)
+    return _selector(select)(ix, spec)
 
 
 def make_plan(
@@ -154,6 +239,7 @@ def make_plan(
     return out
 
 
+@document(PLAN_PARAMETERS)
 def plan(
     source: Source,
     seed: int = 0,
@@ -167,6 +253,7 @@ def plan(
     seq_len: Any = None,
     where: str | None = None,
     length_column: str | None = None,
+    selector: Selector | None = None,
 ) -> Plan:
     """The plan of ``source`` (a path, URL, list, an :class:`~planner.dataset.Index`, or a dict of named sources).
 
@@ -175,8 +262,18 @@ def plan(
     to place their steps); without weights each source weighs its tokens.
 
     ``where`` (a DuckDB predicate over the dataset's columns, SPEC section 10) plans
-    the rows it keeps; the selection pass that counts them is the runtime's (import
-    plitzer), and ``length_column`` names a column that holds each row's token count.
+    the rows it keeps; the selection pass that counts them reads data, so it is the
+    runtime's: pass ``selector=plitzer.selector``; in a process that has imported plitzer
+    (``plitzer.plan`` is this function) its pass is found without.
+
+    Parameters
+    ----------
+    source : str, PathLike, list, planner.Index or dict of named sources
+        The dataset (or mixture).
+    <settings>
+    selector : callable, optional
+        The selection pass for ``where`` (``plitzer.selector``): an index and a
+        :class:`~planner.sources.SourceSpec` in, the selected index out.
 
     Examples
     --------
@@ -195,13 +292,7 @@ def plan(
     if seq_len is not None:
         layout = Layout.of(lanes=lanes, seq_len=seq_len)
         lanes, seq_len = layout.first.lanes, layout.first.seq_len
-        for st in layout.stages[1:]:
-            if isinstance(world, int) and world > 0 and st.lanes % world:
-                msg = (
-                    f"lanes={st.lanes} (the layout stage from step {st.start}) is not divisible by world={world}; "
-                    f"every rank must own the same number of lanes in every stage: use lanes a multiple of {world}"
-                )
-                raise ConfigError(msg)
+        check_layout(layout.stages[1:], world)  # the first stage's lanes: PlanSettings checks them
     settings = PlanSettings(seed=seed, lanes=lanes, window=window, world=world)
     ix = open_index(
         source,
@@ -210,5 +301,6 @@ def plan(
         weights=weights,
         where=where,
         length_column=length_column,
+        select=selector,
     )
     return make_plan(ix, settings, weights=weights, seq_len=seq_len, layout=layout)

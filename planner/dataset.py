@@ -38,9 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+from numpy.typing import NDArray
 
 from planner import footer
 from planner.backends import open_storages
@@ -153,6 +155,24 @@ class Index:
     def location(self, file_index: int, row_group: int | None = None) -> str:
         where = self._files[file_index].stat.location
         return where if row_group is None else f"{where}, row group {row_group}"
+
+    # -- what a kind of index says of itself (docs/design.md, "One index protocol") --------
+
+    def config_fields(self) -> dict[str, Any]:
+        """The checkpoint fields this kind of index adds (SPEC section 7): none for a dataset's.
+
+        A selected index adds its predicate, a text index its tokenizer, a mixture its
+        sources; the runtime gives the fields an index leaves out their defaults.
+        """
+        return {}
+
+    def selected_rows(self, row_group: int) -> NDArray[np.int64] | None:
+        """The rows of ``row_group`` the stream takes (numbers in it, ascending); None: every row."""
+        return None
+
+    def length_source(self, given: str | None) -> str | None:
+        """The column that holds each row's token count, if any: ``given`` (a selected index has its own)."""
+        return given
 
 
 def _fingerprint(frame: pl.DataFrame, extra: str = "") -> str:

@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 from planner.column import TokenDtype
 from planner.dataset import Index, ensure_index
 from planner.errors import ConfigError
-from planner.rowgroups import SelectedRows, stream_counts, with_selected
+from planner.rowgroups import stream_counts, with_selected
 from planner.sources import SourceSpec, source_specs
 from planner.storage import FileStat, Storage
 
@@ -110,7 +110,19 @@ class MixtureIndex:
     def selected_rows(self, row_group: int) -> NDArray[np.int64] | None:
         """The rows of global ``row_group`` its source's selection keeps (None: every row)."""
         sub, local = self.part(row_group)
-        return sub.selected_rows(local) if isinstance(sub, SelectedRows) else None
+        return sub.selected_rows(local)
+
+    def config_fields(self) -> dict[str, Any]:
+        """The checkpoint fields of a mixture: its sources (name, fingerprint), and their selections by name."""
+        each = [(n, p.config_fields()) for n, p in zip(self.names, self.parts, strict=True)]
+        out: dict[str, Any] = {"sources": [[n, p.fingerprint] for n, p in zip(self.names, self.parts, strict=True)]}
+        where = [[n, c["where"]] for n, c in each if "where" in c]
+        lengths = [[n, c["length_column"]] for n, c in each if c.get("length_column")]
+        if where:
+            out["where"] = where
+        if lengths:
+            out["length_column"] = lengths
+        return out
 
     def source_of(self, row_group: int) -> str:
         return self.names[int(np.searchsorted(self._rg_base, row_group, side="right")) - 1]

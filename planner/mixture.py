@@ -201,6 +201,10 @@ class MixturePlan(Plan):
         """name, path, column, fingerprint, tokens, row_groups, files: one row per source."""
         return self.mixture.sources_table()
 
+    def stage_config(self) -> dict[str, Any]:
+        """The checkpoint field of the weight stages: ``[[start step, {source: weight}], ...]``."""
+        return {"stages": [[st.start, st.as_dict(self.mixture.names)] for st in self.stages]}
+
     def stages_table(self) -> pl.DataFrame:
         """stage, start_step, source, weight, target_share: the weights of every stage."""
         rows: dict[str, list[Any]] = {"stage": [], "start_step": [], "source": [], "weight": [], "target_share": []}

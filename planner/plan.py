@@ -239,6 +239,10 @@ class Plan:
             parts.append(pl.DataFrame(frame))
         return pl.concat(parts) if parts else pl.DataFrame(parts)
 
+    def stage_config(self) -> dict[str, Any]:
+        """The checkpoint fields of the plan's weight stages: none for one source (a mixture's: ``stages``)."""
+        return {}
+
     def layout_table(self) -> pl.DataFrame:
         """The layout stages: layout_stage, start_step, lanes, seq_len, tokens_per_step, start_token.
 

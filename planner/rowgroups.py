@@ -4,16 +4,18 @@ Three indexes satisfy :class:`RowGroupIndex`: a dataset's :class:`planner.datase
 (token counts from footer statistics), a text dataset's ``plitzer.text.TextIndex`` (an
 ``Index`` whose counts come from a tokenizer pass) and a mixture's
 :class:`planner.mixture.MixtureIndex` (its sources' indexes side by side). Code that
-only reads an index takes a ``RowGroupIndex`` and never asks which one it has; the
-few places that must (where a chunk is read, where a plan is made) dispatch on the
-type once (docs/design.md, "One index protocol, one builder, one dispatch").
+only reads an index takes a ``RowGroupIndex`` and never asks which one it has: what
+differs between them (the rows a selection keeps, the checkpoint fields a kind of
+index adds) is a method of the protocol, so callers ask the index; the few places
+that must (where a chunk is read, where a plan is made) dispatch on the type once
+(docs/design.md, "One index protocol, one builder, one dispatch").
 
 This module is a leaf of planner: it imports nothing of planner but the storage types.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import polars as pl
@@ -110,4 +112,13 @@ class RowGroupIndex(Protocol):
 
     def location(self, file_index: int, row_group: int | None = None) -> str:
         """The file (and row group) for messages: ``path`` or ``path, row group g``."""
+        ...
+
+    def selected_rows(self, row_group: int) -> NDArray[np.int64] | None:
+        """The rows of ``row_group`` the stream takes (``where=``); None: every row (:class:`SelectedRows`)."""
+        ...
+
+    def config_fields(self) -> dict[str, Any]:
+        """The checkpoint fields this kind of index adds: a selection's predicate, a text index's
+        tokenizer, a mixture's sources (none for a dataset's); the runtime fills in the rest."""
         ...

@@ -27,6 +27,7 @@ from plitzer.errors import (
 from plitzer.explain import explain
 from plitzer.loader import Loader, LoaderSettings
 from plitzer.locate import locate
+from plitzer.select import select_spec as selector
 from plitzer.state import load_checkpoint, merge, save_checkpoint
 
 __version__ = "0.3.0"  # the one source of the version: pyproject.toml reads it from here
@@ -55,5 +56,6 @@ __all__ = [
     "merge",
     "plan",
     "save_checkpoint",
+    "selector",
     "synth",
 ]

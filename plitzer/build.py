@@ -11,25 +11,23 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from planner.errors import ConfigError, DataError, PerformanceWarning
-from planner.hf import revisions
 from planner.layout import Layout, LayoutStage
-from planner.mixture import MixtureIndex, MixturePlan
+from planner.mixture import MixtureIndex
 from planner.plan import Plan, row_group_counts
 from planner.rowgroups import RowGroupIndex
 from planner.run import Run
 from plitzer.batch import Located
 from plitzer.cost import budget_floor
 from plitzer.scan import Scanner
-from plitzer.select import select_config, source_rows
-from plitzer.settings import LoaderSettings, Source, default_threads, make_plan, open_source
-from plitzer.text import text_config
+from plitzer.select import source_rows
+from plitzer.settings import LoaderSettings, Source, checkpoint_config, default_threads, make_plan, open_source
 
 __all__ = ["Locator", "Parts", "check_layout", "make_config", "open_plan", "parts"]
 
@@ -85,32 +83,8 @@ def check_layout(
 
 
 def make_config(settings: LoaderSettings, run: Run) -> dict[str, Any]:
-    """The settings that fix the order, as a checkpoint records them."""
-    s, index = settings, run.plan.dataset
-    return {
-        "seed": s.seed,
-        "lanes": s.lanes,
-        "seq_len": s.seq_len,
-        "window": s.window,
-        **({"layout": run.layout.as_config()} if run.layout.staged else {}),
-        "column": index.column,
-        "dtype": index.dtype,
-        "fingerprint": index.fingerprint,
-        **text_config(index),
-        **select_config(index),
-        **_mixture_config(run.plan),
-        "revisions": revisions((index.storage(f), index.file(f)) for f in range(len(index.files))),
-    }
-
-
-def _mixture_config(plan: Plan) -> dict[str, Any]:
-    if not isinstance(plan, MixturePlan):
-        return {}
-    ix = plan.mixture
-    return {
-        "sources": [[n, p.fingerprint] for n, p in zip(ix.names, ix.parts, strict=True)],
-        "stages": [[st.start, st.as_dict(ix.names)] for st in plan.stages],
-    }
+    """The settings that fix the order, as a checkpoint records them (under the run's layout stages)."""
+    return checkpoint_config(run.plan, replace(settings, layout=run.layout))
 
 
 class Locator:

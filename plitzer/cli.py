@@ -17,6 +17,7 @@ import polars as pl
 
 from planner.errors import ConfigError
 from planner.layout import Layout
+from planner.parameters import by_name
 from plitzer.mixfile import read_mixture
 
 __all__ = ["main"]
@@ -159,21 +160,11 @@ def _add_source(p: argparse.ArgumentParser) -> None:
         help="a mixture file (TOML): [sources.NAME] tables with path, column, weight; or [[stages]] "
         "tables with step and weights = {NAME = w}",
     )
-    p.add_argument("--column", default=None, help="token column (default: the one list<int32|uint32> column)")
+    _add_setting(p, "column")
     p.add_argument("--endpoint", default=None, help="S3 endpoint URL (or the Hub's, for hf://; else HF_ENDPOINT)")
     p.add_argument("--region", default=None, help="S3 region")
-    p.add_argument(
-        "--where",
-        default=None,
-        help="only the rows for which this DuckDB SQL condition over the dataset's columns is true, "
-        "e.g. \"int_score >= 3 and language = 'en'\"",
-    )
-    p.add_argument(
-        "--length-column",
-        default=None,
-        help="with --where: an integer column holding each row's token count (the selection pass then "
-        "does not decode the tokens)",
-    )
+    _add_setting(p, "where")
+    _add_setting(p, "length_column")
 
 
 def _selection(args: argparse.Namespace) -> dict[str, Any]:
@@ -194,23 +185,31 @@ def _stages_arg(text: str) -> int | list[tuple[int, int]]:
         raise argparse.ArgumentTypeError(msg) from None
 
 
+_TYPES: dict[str, Callable[[str], Any]] = {
+    "seed": int,
+    "lanes": _stages_arg,
+    "window": int,
+    "seq_len": _stages_arg,
+    "budget": int,
+    "rank": int,
+    "world": int,
+}
+"""How each setting given on the command line is read (the rest are strings)."""
+
+
+def _add_setting(p: argparse.ArgumentParser, name: str, **kw: Any) -> None:
+    """The option of setting ``name``: flag, default and help from :data:`planner.parameters.PARAMETERS`."""
+    param = by_name(name)
+    opts: dict[str, Any] = {"default": param.default, "help": param.help}
+    if name in _TYPES:
+        opts["type"] = _TYPES[name]
+    opts.update(kw)
+    p.add_argument(param.flag, **opts)
+
+
 def _add_settings(p: argparse.ArgumentParser, *, seq_len: bool = False) -> None:
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--lanes",
-        type=_stages_arg,
-        default=512,
-        help="sequences per global batch (B), or layout stages STEP:B,STEP:B,... (e.g. 0:512,90000:128)",
-    )
-    p.add_argument("--window", type=int, default=64, help="row groups shuffled together (W)")
-    p.add_argument("--world", type=int, default=1, help="number of ranks (GPUs)")
-    if seq_len:
-        p.add_argument(
-            "--seq-len",
-            type=_stages_arg,
-            default=2048,
-            help="tokens per sequence (L), or layout stages STEP:L,STEP:L,... (e.g. 0:2048,90000:8192)",
-        )
+    for name in ("seed", "lanes", "window", "world", *(("seq_len",) if seq_len else ())):
+        _add_setting(p, name)
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
@@ -620,8 +619,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=int, required=True, help="global step K (from 0)")
     p.add_argument("--lane", type=int, default=None, help="only this lane (row of the global batch)")
     _add_settings(p, seq_len=True)
-    p.add_argument("--rank", type=int, default=0, help="with --world: only this rank's lanes")
-    p.add_argument("--budget", type=int, default=8 << 30, help="bytes of decoded tokens the loader may hold")
+    _add_setting(p, "rank")
+    _add_setting(p, "budget")
     p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
     p.add_argument("--out", default=None, help="write to this file instead of printing")
     p.set_defaults(func=cmd_explain)
@@ -638,7 +637,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("data", nargs="*", help="folder, .parquet file or s3://bucket/prefix (several allowed)")
     p.add_argument("--mixture", default=None, metavar="FILE", help="a mixture file (TOML), as for plan")
-    p.add_argument("--column", default=None, help="token column (default: the one list<int32|uint32> column)")
+    _add_setting(p, "column")
     p.add_argument("--endpoint", default=None, help="S3 endpoint URL")
     p.add_argument("--region", default=None, help="S3 region")
     p.add_argument("--where", default=None, help="the documents: a DuckDB SQL condition over the dataset's columns")
@@ -646,9 +645,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", default=None, help="epochs to search, 'a:b' (b excluded) or one (default: 0)")
     p.add_argument("--steps", default=None, help="only these steps: N (the first N) or 'a:b'")
     p.add_argument("--selection", default=None, help="the run's own where= (rows it trains on)")
-    p.add_argument("--length-column", default=None, help="an integer column of each row's token count")
+    _add_setting(p, "length_column", help="an integer column of each row's token count")
     _add_settings(p, seq_len=True)
-    p.add_argument("--rank", type=int, default=None, help="with --world: only this rank's lanes")
+    _add_setting(p, "rank", default=None)
     p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
     p.add_argument("--out", default=None, help="write to this file instead of printing")
     p.set_defaults(func=cmd_locate)

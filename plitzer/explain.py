@@ -45,6 +45,7 @@ from planner.api import PathSource, open_index
 from planner.cache import cache_dir, digest, discard, read_entry, write_entry
 from planner.errors import ConfigError, DataError
 from planner.hashing import mix_array
+from planner.parameters import document
 from planner.plan import check_int
 from planner.rowgroups import RowGroupIndex, stream_counts
 from plitzer.loader import Loader
@@ -218,6 +219,7 @@ def document_table(
     )
 
 
+@document()
 def explain(
     source: AnySource,
     step: int,
@@ -237,11 +239,7 @@ def explain(
     lane : int, optional
         Only this lane (a row of the global batch); by default every lane of
         ``rank`` (every lane when ``world`` is 1).
-    **settings :
-        The run's settings, the keywords of :class:`plitzer.Loader` (seed, lanes,
-        window, seq_len, budget, rank, world, column, storage_options, weights,
-        threads, text_column, tokenizer, add_eos, add_bos). ``world`` and ``rank``
-        only choose which lanes to explain; the answer does not depend on them.
+    <settings>
     progress : bool, optional
         Unused (kept for compatibility): explaining a step reads no document pass.
 
@@ -253,6 +251,8 @@ def explain(
         the same as ``batch.documents()`` of that step in a real run.
 
     Only the windows that hold the lanes' positions are read; nothing is replayed.
+    The settings are the run's, the keywords of :class:`plitzer.Loader`; ``world`` and
+    ``rank`` only choose which lanes to explain: the answer does not depend on them.
     """
     step = check_int("step", step, 0, "steps count from 0")
     s = LoaderSettings.of(**settings)

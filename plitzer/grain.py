@@ -71,6 +71,7 @@ from typing import Any, Literal, Unpack
 import grain
 import numpy as np
 
+from planner.parameters import document
 from plitzer import live
 from plitzer import state as ckpt
 from plitzer.batch import Batch
@@ -150,14 +151,15 @@ def element_of(batch: Batch, *, boundaries: bool = True) -> Element:
     }
 
 
+@document(exclude=("rank", "world"))
 class Dataset(grain.IterDataset):  # type: ignore[misc]
     """The loader of one process as a Grain ``IterDataset``: one element per step.
 
     Parameters
     ----------
-    source, seed, lanes, window, seq_len, budget, column, storage_options, weights, threads,
-    text_column, tokenizer, add_eos, add_bos :
-        As for :class:`plitzer.Loader` (keywords; a dict of named sources is a mixture).
+    source : str, PathLike, list, dict of named sources, or planner.Index
+        As for :class:`plitzer.Loader` (a dict of named sources is a mixture).
+    <settings>
     rank, world : int, optional
         This process's data rank and the number of data ranks. Default: JAX's
         ``process_index()`` and ``process_count()`` when JAX is imported and

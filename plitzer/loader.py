@@ -22,12 +22,13 @@ checks a resume makes :mod:`plitzer.resume`, live stages :mod:`plitzer.live`.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 from numpy.typing import NDArray
@@ -35,9 +36,9 @@ from numpy.typing import NDArray
 from planner.errors import UsageError
 from planner.layout import Layout
 from planner.mixture import MixturePlan
+from planner.parameters import document
 from planner.plan import Plan, check_int
 from planner.run import Run
-from planner.sources import Weights
 from plitzer import live, resume
 from plitzer import state as ckpt
 from plitzer.batch import Batch, Tokens
@@ -46,53 +47,28 @@ from plitzer.cost import budget_floor
 from plitzer.live import LiveStages
 from plitzer.packed import PackedUnit, Segments, assemble
 from plitzer.scan import Stats
-from plitzer.settings import LoaderSettings, Source
+from plitzer.settings import Keywords, LoaderSettings, Source, bind, signature
 
 __all__ = ["Loader", "LoaderSettings", "budget_floor", "open_plan"]
 
 I64 = NDArray[np.int64]
 
 
+@document()
 class Loader(LiveStages):
     """Deterministic, resumable batches of full sequences for one rank.
 
     Parameters
     ----------
-    source : str, PathLike, list, or planner.Index
+    source : str, PathLike, list, dict of named sources, or planner.Index
         Local folder or file, ``s3://bucket/prefix``, ``gs://bucket/prefix``,
-        ``az://container/prefix`` (or ``abfs://``), or a list of these.
-    seed, lanes, window, seq_len, budget, rank, world :
-        See docs/usage.md. ``lanes`` must be divisible by ``world``. ``lanes`` and
-        ``seq_len`` may be layout stages ``[(global step, value), ...]`` from step 0
-        (SPEC section 12, docs/design.md "Layout stages"; :meth:`set_layout` adds one live).
-    column : str, optional
-        Token column (default: the single ``list<int32|uint32>`` column).
-    storage_options : dict, optional
-        S3 settings (``endpoint``, ``region``, ``key``, ``secret``); for ``gs://`` and
-        ``az://``, keyword arguments of ``gcsfs.GCSFileSystem`` / ``adlfs.AzureBlobFileSystem``
-        (docs/storage.md).
-    threads : int, optional
-        Reader and decoding threads (default: the number of CPUs; on S3 at least
-        ``storage_options["concurrency"]``, 16, since its threads mostly wait on GETs).
-    text_column, tokenizer, add_eos, add_bos :
-        Text in (docs/design.md, "Text in"): with ``tokenizer`` (a SentencePiece
-        ``.model`` file, a ``tokenizers`` JSON file or ``tokenizers.Tokenizer``, or
-        a callable; see :func:`plitzer.text.load_tokenizer`), ``text_column`` holds
-        text that is tokenized as it is read: each document's ids, BOS first when
-        ``add_bos``, EOS last when ``add_eos``. The batches are those of the same
-        data tokenized first (``plitzer tokenize``).
-    where, length_column :
-        Selection (docs/usage.md, "Selecting rows"): a DuckDB SQL boolean expression
-        over the dataset's columns; the stream holds only the rows for which it is
-        true, every row group keeping its place (:mod:`plitzer.select`).
-        ``length_column`` names an integer column holding each row's token count, so
-        the selection pass need not decode the tokens. A mixture's sources may each
-        have their own (``{"web": {"path": ..., "where": ...}}``).
-    index :
-        A job index (``plitzer index DATA --out PATH_OR_URL``): read that one object instead
-        of every footer. The source is still listed once; a file added, removed or changed
-        since the job index was written is a :class:`~plitzer.errors.StaleIndexError`
-        naming it (docs/design.md, "One index per job").
+        ``az://container/prefix`` (or ``abfs://``), or a list of these; a dict of
+        named sources is a mixture (SPEC section 8).
+    <settings>
+
+    The settings after ``source`` are keywords (``seed`` .. ``storage_options`` may also
+    be given by position, in this order); each is defined once, with its documentation,
+    in :data:`planner.parameters.PARAMETERS`.
 
     Examples
     --------
@@ -109,50 +85,9 @@ class Loader(LiveStages):
     True
     """
 
-    def __init__(
-        self,
-        source: Source,
-        seed: int = 0,
-        lanes: int = 512,
-        window: int = 64,
-        seq_len: int = 2048,
-        budget: int = 8 << 30,
-        rank: int = 0,
-        world: int = 1,
-        column: str | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        *,
-        weights: Weights = None,
-        threads: int | None = None,
-        text_column: str = "text",
-        tokenizer: Any = None,
-        add_eos: bool = True,
-        add_bos: bool = False,
-        where: str | None = None,
-        length_column: str | None = None,
-        index: str | None = None,
-    ) -> None:
-        settings = LoaderSettings.of(
-            seed=seed,
-            lanes=lanes,
-            window=window,
-            seq_len=seq_len,
-            budget=budget,
-            rank=rank,
-            world=world,
-            column=column,
-            storage_options=storage_options,
-            weights=weights,
-            threads=threads,
-            text_column=text_column,
-            tokenizer=tokenizer,
-            add_eos=add_eos,
-            add_bos=add_bos,
-            where=where,
-            length_column=length_column,
-            index=index,
-        )
-        self._build(open_plan(source, settings), settings)
+    def __init__(self, source: Source, *args: Any, **settings: Unpack[Keywords]) -> None:
+        cfg = LoaderSettings.of(**bind("Loader", args, settings))
+        self._build(open_plan(source, cfg), cfg)
 
     @classmethod
     def from_settings(cls, source: Source, settings: LoaderSettings) -> Loader:
@@ -458,3 +393,10 @@ class Loader(LiveStages):
             f"Loader(step={self._step}, epoch={self.epoch}, lanes={self.lanes}, seq_len={self.seq_len}, "
             f"window={s.window}, rank={s.rank}, world={s.world}, tokens={self.tokens:,})"
         )
+
+
+_SELF_SOURCE = [
+    inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+    inspect.Parameter("source", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+]
+Loader.__init__.__signature__ = signature(before=_SELF_SOURCE)  # type: ignore[attr-defined]  # help() and IDEs

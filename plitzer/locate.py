@@ -26,9 +26,9 @@ True
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypedDict, Unpack
+from typing import Any, Unpack
 
 import numpy as np
 import polars as pl
@@ -38,6 +38,7 @@ from numpy.typing import NDArray
 from planner.dataset import Index
 from planner.errors import ConfigError, DataError, SelectionError, one_line
 from planner.mixture import MixtureIndex
+from planner.parameters import document
 from planner.pieces import (
     Lengths,
     OneSource,
@@ -49,13 +50,12 @@ from planner.pieces import (
 )
 from planner.plan import Permutation, Plan, check_int, row_group_counts
 from planner.rowgroups import RowGroupIndex, stream_counts
-from planner.sources import Weights
 from plitzer.loader import open_plan
 from plitzer.predicate import available_columns, check_predicate, missing_column, normalize, predicate_columns
 from plitzer.read import list_lengths, read_chunk
-from plitzer.select import SelectedIndex, source_rows
+from plitzer.select import source_rows
 from plitzer.selection_pass import SelectionPass
-from plitzer.settings import LoaderSettings
+from plitzer.settings import KeywordsLessWhere, LoaderSettings
 from plitzer.settings import Source as AnySource
 from plitzer.text import TextIndex
 
@@ -66,25 +66,8 @@ I64 = NDArray[np.int64]
 Rows = Sequence[tuple[Any, ...]] | pl.DataFrame
 
 
-class Keywords(TypedDict, total=False):
-    """The run's settings (:class:`plitzer.settings.Keywords` less ``where``: locate's own names documents)."""
-
-    seed: int
-    lanes: int
-    window: int
-    seq_len: int
-    budget: int
-    rank: int
-    world: int
-    column: str | None
-    storage_options: Mapping[str, Any] | None
-    weights: Weights
-    threads: int | None
-    text_column: str
-    tokenizer: Any
-    add_eos: bool
-    add_bos: bool
-    length_column: str | None
+Keywords = KeywordsLessWhere
+"""The run's settings (:class:`plitzer.settings.Keywords` less ``where``: locate's own names documents)."""
 
 
 def _parts(ix: RowGroupIndex) -> list[tuple[str | None, Index, int]]:
@@ -136,15 +119,14 @@ def _matches(part: Index, where: str, columns: list[str], threads: int, progress
 
     p = SelectionPass(ix=part, where=where, columns=columns, length_column=None)
     stored = part.frame["rows"].to_list()
-    selected = isinstance(part, SelectedIndex)
 
     def one(rg: int) -> I64:
         if stored[rg] == 0:
             return np.zeros(0, np.int64)
         mask = p.mask(p.table(rg, stored[rg]))
-        if selected:
-            assert isinstance(part, SelectedIndex)
-            mask = mask[part.selected_rows(rg)]  # the run's selection: its rows are the stream's
+        kept = part.selected_rows(rg)
+        if kept is not None:
+            mask = mask[kept]  # the run's selection: its rows are the stream's
         return np.flatnonzero(mask).astype(np.int64)
 
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="plitzer-locate") as pool:
@@ -249,8 +231,8 @@ def _resolve_rows(ix: RowGroupIndex, rows: Rows) -> tuple[I64, I64]:
                 raise ConfigError(msg)
             local, in_rg = int(hit["rg"][0]), int(row)
         ordinal = in_rg
-        if isinstance(part, SelectedIndex):
-            kept = part.selected_rows(local)
+        kept = part.selected_rows(local)
+        if kept is not None:
             j = int(np.searchsorted(kept, in_rg))
             if j >= len(kept) or int(kept[j]) != in_rg:
                 continue  # the run's where= leaves it out: the model never saw it
@@ -326,23 +308,17 @@ class RowLengths:
         self._memo: dict[int, I64] = {}
         self.reads = 0
 
-    def _column(self, part: Index) -> str | None:
-        if isinstance(part, SelectedIndex):
-            return part.length_column
-        if isinstance(part, TextIndex):
-            return None
-        return self.length_column
-
     def _read(self, rg: int) -> I64:
         if self._rows[rg] == 0:
             return np.zeros(0, np.int64)
         part, local = _part_of(self.ix, rg)
-        column = self._column(part)
+        column = part.length_source(self.length_column)  # a selection's own, none for text
         if column is not None:
             p = SelectionPass(ix=part, where="", columns=[], length_column=column)
             lengths = p._lengths(local)  # checked against the footer's tokens
-            if isinstance(part, SelectedIndex):
-                lengths = lengths[part.selected_rows(local)]
+            kept = part.selected_rows(local)
+            if kept is not None:
+                lengths = lengths[kept]
         else:
             lengths = list_lengths(read_chunk(part, local))
         if len(lengths) != self._rows[rg] or int(lengths.sum()) != self._tokens[rg]:
@@ -419,7 +395,7 @@ def _frame(ix: RowGroupIndex, p: Pieces, per: int) -> pl.DataFrame:
         "start": p.start,
         "length": p.length,
     }
-    if isinstance(ix, MixtureIndex):
+    if "source" in frame.columns:  # a mixture's
         cols["source"] = frame["source"].gather(rg).cast(pl.String)
     cols.update(
         {
@@ -458,6 +434,7 @@ def locate_in_plan(
     return _frame(plan.dataset, got.sorted(), per)
 
 
+@document(exclude=("where",))
 def locate(
     source: AnySource,
     where: str | None = None,
@@ -494,12 +471,7 @@ def locate(
     selection : str, optional
         The run's own ``where=`` (its selection, SPEC section 10): ``where`` here names the
         documents to find, so the loader's keyword is spelled ``selection``.
-    **settings :
-        The run's settings, the keywords of :class:`plitzer.Loader` (seed, lanes,
-        window, seq_len, world, column, storage_options, weights with their stages,
-        text_column, tokenizer, ...). ``world`` decides the ``rank`` column; ``rank``,
-        when given, keeps that rank's lanes only. ``length_column`` (a column of each
-        row's token count) spares decoding the token column for the lengths.
+    <settings>
 
     Returns
     -------
@@ -512,6 +484,10 @@ def locate(
 
     Nothing is replayed and no token value is read: footers, the predicate's columns,
     and the token lengths of the row groups that share a lane with the documents.
+    The settings are the run's, the keywords of :class:`plitzer.Loader` but ``where``
+    (spelled ``selection`` here): ``world`` decides the ``rank`` column; ``rank``, when
+    given, keeps that rank's lanes only; ``length_column`` also spares decoding the
+    token column for the lengths, without ``selection``.
     """
     length_column = settings.get("length_column")
     rank_given = "rank" in settings

@@ -56,11 +56,9 @@ import polars as pl
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from planner.api import set_selector
 from planner.cache import cache_dir
 from planner.dataset import Index
 from planner.errors import ConfigError, DataError, SelectionError
-from planner.mixture import MixtureIndex
 from planner.rowgroups import RowGroupIndex
 from planner.sources import SourceSpec
 from plitzer.predicate import available_columns, check_predicate, normalize
@@ -88,6 +86,7 @@ __all__ = [
     "select_config",
     "select_index",
     "select_on_ray",
+    "select_spec",
     "source_rows",
 ]
 
@@ -115,6 +114,14 @@ class SelectedIndex(Index):
     length_column: str | None = None
     base_fingerprint: str = ""
     bits: list[U8] = field(default_factory=list, repr=False)
+
+    def config_fields(self) -> dict[str, Any]:
+        """The checkpoint fields of a selection: the normalized predicate and the length column."""
+        return {"where": self.where, "length_column": self.length_column or ""}
+
+    def length_source(self, given: str | None) -> str | None:
+        """The selection's own length column: its pass read the lengths from there (or from the tokens)."""
+        return self.length_column
 
     @property
     def rows_selected(self) -> int:
@@ -152,36 +159,21 @@ def _read_selected_chunk(index: SelectedIndex, rg: int) -> pa.Array:
 
 def source_rows(index: RowGroupIndex, rgs: I64, ordinals: I64) -> I64:
     """The row (in its row group) of the ``ordinals``-th document the stream takes from row groups ``rgs``."""
-    if isinstance(index, SelectedIndex):
-        out = np.empty(len(rgs), np.int64)
-        for g in np.unique(rgs).tolist():
+    if "tokens_selected" not in index.frame.columns:  # nothing selected: the ordinal is the row
+        return ordinals
+    out = ordinals.astype(np.int64, copy=True)
+    for g in np.unique(rgs).tolist():
+        kept = index.selected_rows(int(g))
+        if kept is not None:
             sel = rgs == g
-            out[sel] = index.selected_rows(g)[ordinals[sel]]
-        return out
-    if isinstance(index, MixtureIndex) and any(isinstance(p, SelectedIndex) for p in index.parts):
-        out = ordinals.astype(np.int64, copy=True)
-        for g in np.unique(rgs).tolist():
-            sub, local = index.part(int(g))
-            if isinstance(sub, SelectedIndex):
-                sel = rgs == g
-                out[sel] = sub.selected_rows(local)[ordinals[sel]]
-        return out
-    return ordinals
+            out[sel] = kept[ordinals[sel]]
+    return out
 
 
 def select_config(ix: RowGroupIndex) -> dict[str, Any]:
-    """The checkpoint fields of a selection: the normalized predicate and the length column."""
-    if isinstance(ix, SelectedIndex):
-        return {"where": ix.where, "length_column": ix.length_column or ""}
-    if isinstance(ix, MixtureIndex):
-        each = [[n, p.where] for n, p in zip(ix.names, ix.parts, strict=True) if isinstance(p, SelectedIndex)]
-        lengths = [
-            [n, p.length_column]
-            for n, p in zip(ix.names, ix.parts, strict=True)
-            if isinstance(p, SelectedIndex) and p.length_column
-        ]
-        return {"where": each or "", "length_column": lengths or ""}
-    return dict(SELECT_DEFAULTS)
+    """The checkpoint fields of a selection: the normalized predicate and the length column (or their defaults)."""
+    fields = ix.config_fields()
+    return {k: fields.get(k, v) for k, v in SELECT_DEFAULTS.items()}
 
 
 def select_index(
@@ -358,9 +350,12 @@ def select_on_ray(
     return len(todo)
 
 
-def _select_spec(ix: Index, spec: SourceSpec) -> Index:
-    assert spec.where is not None
+def select_spec(ix: Index, spec: SourceSpec) -> Index:
+    """The selection pass as planner takes it (``planner.plan(..., selector=plitzer.selector)``).
+
+    :data:`planner.api.Selector`: ``ix`` selected by ``spec.where`` (and ``spec.length_column``),
+    this process doing the whole pass; the loader passes its own, which splits it across ranks.
+    """
+    if spec.where is None:
+        return ix
     return select_index(ix, spec.where, length_column=spec.length_column)
-
-
-set_selector(_select_spec)

@@ -1,10 +1,12 @@
-"""One settings object for every entry point: Loader, torch.Dataset, explain, audit, the CLI.
+"""One settings object for every entry point: Loader, torch.Dataset, grain.Dataset, explain, locate, audit, the CLI.
 
-Each entry point takes the same keywords (:class:`Keywords`), builds one
-:class:`LoaderSettings` from them (every field checks itself and names the fix), and
-opens its source and plan through :func:`open_source` and :func:`make_plan`, so a
-keyword added here (a mixture's ``weights``, a text source's ``tokenizer``) reaches
-all of them at once.
+The parameters are defined once, in :data:`planner.parameters.PARAMETERS` (name,
+default, documentation, command-line help). Each entry point takes them as keywords
+(:class:`Keywords`), builds one :class:`LoaderSettings` from them (:meth:`LoaderSettings.of`;
+the runtime's checks are here, each naming the field and the fix), and opens its
+source and plan through :func:`open_source` and :func:`make_plan`, so a parameter
+added there (a mixture's ``weights``, a text source's ``tokenizer``) reaches all of
+them at once, documented (docs/design.md, "One definition of the parameters").
 
 >>> s = LoaderSettings.of(lanes=8, window=2, seq_len=16)
 >>> s.plan, s.lanes, s.seq_len
@@ -18,28 +20,44 @@ planner.errors.ConfigError: seq_len=0 must be >= 1; seq_len is the tokens per se
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, TypedDict, Unpack
 
 from planner import api
 from planner.api import Source, open_index
 from planner.dataset import Index
 from planner.errors import ConfigError
+from planner.hf import revisions
 from planner.layout import Layout
+from planner.parameters import PARAMETERS, POSITIONAL
 from planner.plan import Plan, PlanSettings, check_int
 from planner.rowgroups import RowGroupIndex
 from planner.sources import SourceSpec, Weights
 
-__all__ = ["Keywords", "LoaderSettings", "Source", "Stages", "default_threads", "make_plan", "open_source"]
+__all__ = [
+    "Keywords",
+    "KeywordsLessWhere",
+    "LoaderSettings",
+    "Source",
+    "Stages",
+    "bind",
+    "checkpoint_config",
+    "default_threads",
+    "keywords",
+    "make_plan",
+    "open_source",
+    "signature",
+]
 
 Stages = Sequence[tuple[int, int]]
 """Layout stages of ``lanes`` or ``seq_len``: ``[(global step, value), ...]`` from step 0 (docs/design.md)."""
 
 
-class Keywords(TypedDict, total=False):
-    """The keywords every entry point takes (see :class:`plitzer.Loader` for each)."""
+class KeywordsLessWhere(TypedDict, total=False):
+    """:class:`Keywords` but ``where`` (``plitzer.locate``'s own ``where`` names documents)."""
 
     seed: int
     lanes: int | Stages
@@ -56,9 +74,60 @@ class Keywords(TypedDict, total=False):
     tokenizer: Any
     add_eos: bool
     add_bos: bool
-    where: str | None
     length_column: str | None
     index: str | None
+
+
+class Keywords(KeywordsLessWhere, total=False):
+    """The keywords every entry point takes: the names of :data:`planner.parameters.PARAMETERS`.
+
+    Written out for type checkers (``**settings: Unpack[Keywords]``); the documentation and
+    the defaults are the parameters' (a test checks that the two list the same names).
+    """
+
+    where: str | None
+
+
+_NAMES = frozenset(p.name for p in PARAMETERS)
+
+
+def keywords(given: Mapping[str, Any], caller: str) -> dict[str, Any]:
+    """Every parameter of :data:`~planner.parameters.PARAMETERS`: ``given``'s value, else its default.
+
+    A name that is not a parameter is a TypeError, as Python's own for ``caller``.
+    """
+    unknown = [k for k in given if k not in _NAMES]
+    if unknown:
+        msg = f"{caller}() got an unexpected keyword argument {unknown[0]!r}"
+        raise TypeError(msg)
+    return {p.name: given.get(p.name, p.default) for p in PARAMETERS}
+
+
+def bind(
+    caller: str, args: Sequence[Any], given: Mapping[str, Any], positional: Sequence[str] = POSITIONAL
+) -> dict[str, Any]:
+    """The keywords of a call that also takes the first ``positional`` parameters by position."""
+    if len(args) > len(positional):
+        msg = f"{caller}() takes at most {len(positional) + 1} positional arguments ({len(args) + 1} given)"
+        raise TypeError(msg)
+    out = dict(given)
+    for name, value in zip(positional, args, strict=False):
+        if name in out:
+            msg = f"{caller}() got multiple values for argument {name!r}"
+            raise TypeError(msg)
+        out[name] = value
+    return out
+
+
+def signature(*, before: Sequence[inspect.Parameter] = (), names: Sequence[str] | None = None) -> inspect.Signature:
+    """The signature of an entry point that takes the parameters (``POSITIONAL`` ones by position too)."""
+    params = list(before)
+    for p in PARAMETERS:
+        if names is not None and p.name not in names:
+            continue
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD if p.name in POSITIONAL else inspect.Parameter.KEYWORD_ONLY
+        params.append(inspect.Parameter(p.name, kind, default=p.default))
+    return inspect.Signature(params)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,14 +156,7 @@ class LoaderSettings:
         check_int("seq_len", self.seq_len, 1, "seq_len is the tokens per sequence, e.g. 2048")
         if self.layout is None:
             object.__setattr__(self, "layout", Layout.of(lanes=self.plan.lanes, seq_len=self.seq_len))
-        for st in self.stages.stages:
-            if st.lanes % self.plan.world:
-                msg = (
-                    f"lanes={st.lanes} (the layout stage from step {st.start}) is not divisible by "
-                    f"world={self.plan.world}; every rank must own the same number of lanes in every stage: "
-                    f"use lanes a multiple of {self.plan.world}"
-                )
-                raise ConfigError(msg)
+        api.check_layout(self.stages.stages, self.plan.world)
         check_int("budget", self.budget, 1, "budget is bytes of decoded tokens to hold, e.g. 8 << 30")
         check_int("rank", self.rank, 0, "rank is this process's index, 0..world-1")
         if self.rank >= self.plan.world:
@@ -105,46 +167,30 @@ class LoaderSettings:
             check_int("threads", self.threads, 1, "threads decode row groups in parallel")
 
     @classmethod
-    def of(
-        cls,
-        *,
-        seed: int = 0,
-        lanes: int | Stages = 512,
-        window: int = 64,
-        world: int = 1,
-        seq_len: int | Stages = 2048,
-        budget: int = 8 << 30,
-        rank: int = 0,
-        column: str | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        weights: Weights = None,
-        threads: int | None = None,
-        text_column: str = "text",
-        tokenizer: Any = None,
-        add_eos: bool = True,
-        add_bos: bool = False,
-        where: str | None = None,
-        length_column: str | None = None,
-        index: str | None = None,
-    ) -> LoaderSettings:
-        """The settings of these keywords, each checked (``lanes`` and ``seq_len`` may be layout stages)."""
-        layout = Layout.of(lanes=lanes, seq_len=seq_len)
+    def of(cls, **settings: Unpack[Keywords]) -> LoaderSettings:
+        """The settings of these keywords, each checked (``lanes`` and ``seq_len`` may be layout stages).
+
+        Every keyword is one of :data:`planner.parameters.PARAMETERS`, with its default there.
+        """
+        kw = keywords(settings, "LoaderSettings.of")
+        layout = Layout.of(lanes=kw["lanes"], seq_len=kw["seq_len"])
         first = layout.first
+        index = kw["index"]
         return cls(
-            plan=PlanSettings(seed=seed, lanes=first.lanes, window=window, world=world),
+            plan=PlanSettings(seed=kw["seed"], lanes=first.lanes, window=kw["window"], world=kw["world"]),
             seq_len=first.seq_len,
-            budget=budget,
-            rank=rank,
-            threads=threads,
-            column=column,
-            storage_options=storage_options,
-            weights=weights,
-            text_column=text_column,
-            tokenizer=tokenizer,
-            add_eos=add_eos,
-            add_bos=add_bos,
-            where=where,
-            length_column=length_column,
+            budget=kw["budget"],
+            rank=kw["rank"],
+            threads=kw["threads"],
+            column=kw["column"],
+            storage_options=kw["storage_options"],
+            weights=kw["weights"],
+            text_column=kw["text_column"],
+            tokenizer=kw["tokenizer"],
+            add_eos=kw["add_eos"],
+            add_bos=kw["add_bos"],
+            where=kw["where"],
+            length_column=kw["length_column"],
             layout=layout,
             index=None if index is None else os.fspath(index),
         )
@@ -253,6 +299,36 @@ def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:
     return api.make_plan(
         index, settings.plan, weights=settings.weights, seq_len=settings.seq_len, layout=settings.stages
     )
+
+
+def checkpoint_config(plan: Plan, settings: LoaderSettings) -> dict[str, Any]:
+    """The configuration a checkpoint records (SPEC section 7), assembled here and nowhere else.
+
+    The settings that fix the order (seed, lanes, seq_len, window, the layout stages), the
+    index's column, dtype and fingerprint, the fields its kind adds
+    (:meth:`~planner.rowgroups.RowGroupIndex.config_fields`: a selection's predicate, a
+    text index's tokenizer, a mixture's sources; the defaults where it adds none), the
+    plan's weight stages, and the Hub revisions of its files.
+    """
+    from plitzer.select import SELECT_DEFAULTS
+    from plitzer.text import TEXT_DEFAULTS
+
+    s, ix = settings, plan.dataset
+    return {
+        "seed": s.seed,
+        "lanes": s.lanes,
+        "seq_len": s.seq_len,
+        "window": s.window,
+        **({"layout": s.stages.as_config()} if s.stages.staged else {}),
+        "column": ix.column,
+        "dtype": ix.dtype,
+        "fingerprint": ix.fingerprint,
+        **TEXT_DEFAULTS,
+        **SELECT_DEFAULTS,
+        **ix.config_fields(),
+        **plan.stage_config(),
+        "revisions": revisions((ix.storage(f), ix.file(f)) for f in range(len(ix.files))),
+    }
 
 
 def default_threads(index: RowGroupIndex) -> int:

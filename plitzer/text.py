@@ -172,6 +172,17 @@ class TextIndex(Index):
     add_bos: bool = False
     add_eos: bool = True
 
+    def config_fields(self) -> dict[str, Any]:
+        """The checkpoint fields for text: the tokenizer's identity and the BOS/EOS policy."""
+        if self.tokenizer is None:
+            return {}
+        tokenizer = f"{self.tokenizer.kind}:{self.tokenizer.identity}"
+        return {"tokenizer": tokenizer, "add_bos": self.add_bos, "add_eos": self.add_eos}
+
+    def length_source(self, given: str | None) -> str | None:
+        """None: a text source's lengths come from tokenizing it, never from a column."""
+        return None
+
     def read_text(self, rg: int) -> pa.Array:
         """Row group ``rg``'s text column (one ranged read)."""
         arr, row, where = read_column(self, rg, what="text")
@@ -208,13 +219,8 @@ def _read_text_chunk(index: TextIndex, rg: int) -> pa.Array:
 
 def text_config(ix: RowGroupIndex) -> dict[str, Any]:
     """The checkpoint fields for text: tokenizer identity and BOS/EOS policy (defaults for tokens)."""
-    if isinstance(ix, TextIndex) and ix.tokenizer is not None:
-        return {
-            "tokenizer": f"{ix.tokenizer.kind}:{ix.tokenizer.identity}",
-            "add_bos": ix.add_bos,
-            "add_eos": ix.add_eos,
-        }
-    return dict(TEXT_DEFAULTS)
+    fields = ix.config_fields()
+    return {k: fields.get(k, v) for k, v in TEXT_DEFAULTS.items()}
 
 
 def _text_leaf(md: pq.FileMetaData, column: str, where: str) -> int:

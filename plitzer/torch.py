@@ -47,12 +47,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate_fn_map
 from torch.utils.dlpack import from_dlpack
 
-from planner.dataset import Index
+from planner.parameters import document
 from plitzer import state as ckpt
 from plitzer.batch import Batch as PlitzerBatch
 from plitzer.errors import CheckpointError, ConfigError
 from plitzer.loader import Loader
 from plitzer.settings import Keywords, LoaderSettings, Source
+from plitzer.share import join_parts, share_index, share_selection
 
 __all__ = ["Batch", "Dataset"]
 
@@ -169,96 +170,30 @@ class Batch:
         )
 
 
-def _share_selection(source: Source, cfg: LoaderSettings, group: dist.ProcessGroup | None) -> None:
-    """Run this rank's share of the selection pass and gather the others' (SPEC section 10).
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """A ``torch.distributed`` process group as :class:`plitzer.share.Collective` (None: the whole world)."""
 
-    Collective: every rank constructs its Dataset. Each computes ``1/world`` of the
-    pass and ``all_gather_object`` shares the parts, which land in each rank's cache,
-    so the loader built next finds the whole pass there.
-    """
-    from planner.api import open_index
-    from plitzer.select import Part, select_index
+    group: dist.ProcessGroup | None
 
-    def exchange(part: Part) -> list[Part]:
-        out: list[Any] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(out, part, group=group)
-        return [p for p in out if p is not None]
+    @property
+    def rank(self) -> int:
+        return int(dist.get_rank(self.group))
 
-    assert cfg.where is not None
-    ix = open_index(source, column=cfg.column, storage_options=cfg.storage_options)
-    if isinstance(ix, Index):
-        select_index(
-            ix,
-            cfg.where,
-            length_column=cfg.length_column,
-            rank=cfg.rank,
-            world=cfg.world,
-            threads=cfg.threads,
-            exchange=exchange,
-        )
+    @property
+    def world(self) -> int:
+        return int(dist.get_world_size(self.group))
 
+    def broadcast(self, value: Any) -> Any:
+        box: list[Any] = [value]
+        src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+        dist.broadcast_object_list(box, src=src, group=self.group)
+        return box[0]
 
-def _all_or_raise(value: Any, group: dist.ProcessGroup | None) -> list[Any]:
-    """All-gather ``value`` (or the exception it is), raising the first rank's error on every rank."""
-    out: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, value, group=group)
-    for got in out:
-        if isinstance(got, BaseException):
-            raise got
-    return out
-
-
-def _attempt(fn: Any, *args: Any) -> Any:
-    """``fn(*args)``, or the exception it raised (to be sent to every rank and raised there)."""
-    try:
-        return fn(*args)
-    except Exception as e:
-        return e
-
-
-def _share_one(
-    path: Any, column: str | None, options: Mapping[str, Any] | None, threads: int, group: dist.ProcessGroup | None
-) -> Index:
-    """One dataset's index for the whole group: rank 0 lists, each rank reads its share of the footers."""
-    from planner import jobindex
-
-    me, n = dist.get_rank(group), dist.get_world_size(group)
-    box: list[Any] = [_attempt(jobindex.listing, path, options) if me == 0 else None]
-    dist.broadcast_object_list(box, src=0 if group is None else dist.get_global_rank(group, 0), group=group)
-    if isinstance(box[0], BaseException):
-        raise box[0]
-    entries, src = jobindex.entries_of(path, options, box[0])
-    if not all(_all_or_raise(_attempt(jobindex.has_cached_index, entries, column), group)):
-        parts = _all_or_raise(_attempt(jobindex.footer_share, entries, me, n, threads), group)
-        jobindex.take_footers(entries, parts)
-    return jobindex.job_index(entries, src, column, threads=threads)
-
-
-def _share_index(source: Source, cfg: LoaderSettings, group: dist.ProcessGroup | None) -> Source:
-    """Each footer read once for the whole job, the listing once (docs/design.md, "One index per job").
-
-    Collective, like the selection pass: for one dataset, rank 0 of ``group`` lists and
-    broadcasts the files; unless every rank's cache already holds the finished index,
-    each rank reads the footers of files ``rank, rank + world, ...`` (its cache's, else one
-    GET each) and ``all_gather_object`` gives every rank all of them (kept in its cache).
-    Returns the index, the loader's source. For a mixture each token source is shared so
-    in turn and lands in every rank's cache, and the mixture itself is returned (each
-    rank then lists each source once more, and reads no footer). Text sources, a job
-    index (``index=``) and an Index are left as they are.
-    """
-    from planner.sources import source_specs
-
-    threads = cfg.threads or 32
-    if cfg.tokenizer is not None or cfg.index is not None:
-        return source
-    if isinstance(source, Mapping):
-        for spec in source_specs(source, column=cfg.column, storage_options=cfg.storage_options):
-            if spec.text is None:
-                _share_one(spec.path, spec.column, spec.storage_options, threads, group)
-        return source
-    if not isinstance(source, (str, os.PathLike, list, tuple)):
-        return source
-    return _share_one(source, cfg.column, cfg.storage_options, threads, group)
+    def all_gather(self, value: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, value, group=self.group)
+        return out
 
 
 def _dist_ready() -> bool:
@@ -310,14 +245,15 @@ def _refuse_collate(batch: Any, *, collate_fn_map: Any = None) -> Any:
     raise ConfigError(_BATCH_SIZE_NONE)
 
 
+@document(exclude=("rank", "world"))
 class Dataset(IterableDataset[Batch]):
     """The loader of one rank as a PyTorch ``IterableDataset``: one item per step.
 
     Parameters
     ----------
-    source, seed, lanes, window, seq_len, budget, column, storage_options, weights, threads,
-    text_column, tokenizer, add_eos, add_bos :
-        As for :class:`plitzer.Loader` (keywords; a dict of named sources is a mixture).
+    source : str, PathLike, list, dict of named sources, or planner.Index
+        As for :class:`plitzer.Loader` (a dict of named sources is a mixture).
+    <settings>
     rank, world : int, optional
         This rank and the number of ranks. Default: ``torch.distributed``'s rank
         and world size in ``group`` when it is initialised, else 0 and 1. An
@@ -372,9 +308,9 @@ class Dataset(IterableDataset[Batch]):
             raise ConfigError(msg)
         cfg = LoaderSettings.of(rank=0 if rank is None else rank, world=1 if world is None else world, **kw)
         if _dist_ready() and dist.get_world_size(group) > 1:
-            source = _share_index(source, cfg, group)
+            source = share_index(source, cfg, _Group(group))
         if cfg.where is not None and cfg.world > 1 and _dist_ready() and not isinstance(source, Mapping):
-            _share_selection(source, cfg, group)
+            share_selection(source, cfg, _Group(group))
         self._loader = Loader.from_settings(source, cfg)
         self._pin = bool(pin_memory)
         if self._pin and not _can_pin():
@@ -553,31 +489,8 @@ class Dataset(IterableDataset[Batch]):
         buf[: len(part)] = torch.from_numpy(np.frombuffer(part, dtype=np.uint8).copy()).to(dev)
         bufs = [torch.empty_like(buf) for _ in range(n)]
         dist.all_gather(bufs, buf, group=group)
-        worlds = sorted({w for _, w, _ in info})
-        if worlds != [world]:
-            msg = f"ranks disagree on world: {worlds}; every rank's Dataset needs the same world (and lanes)"
-            raise ConfigError(msg)
-        parts: dict[int, bytes] = {}
-        for (r, _, length), b in zip(info, bufs, strict=True):
-            data = bytes(b[:length].cpu().numpy())
-            if parts.setdefault(r, data) != data:
-                msg = (
-                    f"two processes with data rank {r} are at different positions; processes that "
-                    "share a data rank must consume the same batches"
-                )
-                raise CheckpointError(msg)
-        missing = sorted(set(range(world)) - set(parts))
-        if missing:
-            msg = (
-                f"state_dict() gathered no part from data ranks {missing} of world={world}: the process "
-                f"group has {n} processes; pass group= a group that holds every data rank"
-            )
-            raise ConfigError(msg)
-        try:
-            return ckpt.merge(parts[r] for r in range(world))
-        except CheckpointError as e:
-            msg = f"{e}. Call state_dict() on every rank at the same step"
-            raise CheckpointError(msg) from e
+        datas = [bytes(b[:length].cpu().numpy()) for (_, _, length), b in zip(info, bufs, strict=True)]
+        return join_parts(info, datas, world, n)
 
     # -- lifecycle ---------------------------------------------------------------
 

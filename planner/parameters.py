@@ -1,0 +1,286 @@
+"""The run's parameters, defined once: name, default, documentation and command-line help.
+
+Every entry point that takes a run's settings (``plitzer.Loader``,
+``plitzer.torch.Dataset``, ``plitzer.grain.Dataset``, ``plitzer.explain``,
+``plitzer.locate``, :func:`planner.plan` and the CLI) documents and accepts the
+parameters of :data:`PARAMETERS`: its docstring's parameter section is rendered
+from here (:func:`document`), ``plitzer.settings.Keywords`` lists the same names
+(a test checks both), and the CLI's options take their help text from here. A
+parameter added here reaches every one of them; one missing anywhere fails
+``tests/test_settings_parameters.py``.
+
+The planner's own (:data:`PLAN_PARAMETERS`) are those :func:`planner.plan` takes:
+the ones that decide the plan tables.
+
+This module is a leaf of planner: it imports nothing of planner.
+
+>>> print(render(["seed"]))
+seed : int, default 0
+    Seed of the order: the same seed, data and settings give the same batches on
+    every machine (SPEC section 3).
+"""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+__all__ = ["MARKER", "PARAMETERS", "PLAN_PARAMETERS", "POSITIONAL", "Parameter", "by_name", "document", "render"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+MARKER = "<settings>"
+"""The line of a docstring that :func:`document` replaces with the rendered parameters."""
+
+
+@dataclass(frozen=True, slots=True)
+class Parameter:
+    """One setting of a run.
+
+    ``kind`` is its type as the docs show it, ``doc`` its documentation (the body of
+    a NumPy-style parameter entry), ``help`` the CLI's one-line help (None: not a
+    command-line option).
+    """
+
+    name: str
+    default: Any
+    kind: str
+    doc: str
+    help: str | None = None
+    shown: str | None = None  # the default as the docs write it, where repr() would not read well
+
+    @property
+    def flag(self) -> str:
+        """The command-line option: ``--seq-len`` for ``seq_len``."""
+        return "--" + self.name.replace("_", "-")
+
+    def render(self, default: Any = ...) -> str:
+        """This parameter as a NumPy-style docstring entry (``default``: the entry point's, where it differs)."""
+        if default is ...:
+            default = self.default
+        shown = self.shown if default == self.default and self.shown else None if default is None else repr(default)
+        kind = self.kind if shown is not None or "optional" in self.kind else f"{self.kind}, optional"
+        default = "" if shown is None else f", default {shown}"
+        body = textwrap.fill(" ".join(self.doc.split()), width=84, initial_indent="    ", subsequent_indent="    ")
+        return f"{self.name} : {kind}{default}\n{body}"
+
+
+PARAMETERS: tuple[Parameter, ...] = (
+    Parameter(
+        "seed",
+        0,
+        "int",
+        "Seed of the order: the same seed, data and settings give the same batches on every machine (SPEC section 3).",
+        "seed of the order",
+    ),
+    Parameter(
+        "lanes",
+        512,
+        "int or layout stages",
+        "Sequences per global batch (B); must be divisible by ``world``. Or layout stages "
+        '``[(global step, lanes), ...]`` from step 0 (SPEC section 12, docs/design.md "Layout stages"; '
+        "``set_layout`` adds one live).",
+        "sequences per global batch (B), or layout stages STEP:B,STEP:B,... (e.g. 0:512,90000:128)",
+    ),
+    Parameter(
+        "window",
+        64,
+        "int",
+        "Row groups shuffled together (W): a window's documents are cut into the lanes and shuffled "
+        "within each lane's slice; the loader holds the window in use and the next.",
+        "row groups shuffled together (W)",
+    ),
+    Parameter(
+        "seq_len",
+        2048,
+        "int or layout stages",
+        "Tokens per sequence (L). Or layout stages ``[(global step, seq_len), ...]`` from step 0, as for ``lanes``.",
+        "tokens per sequence (L), or layout stages STEP:L,STEP:L,... (e.g. 0:2048,90000:8192)",
+    ),
+    Parameter(
+        "budget",
+        8 << 30,
+        "int",
+        "Bytes of decoded token data held (4 per token and 8 per document, prefetched and queued); "
+        "one that cannot hold the windows a step can touch is a ConfigError naming the bytes needed "
+        '(docs/design.md, "The budget").',
+        "bytes of decoded tokens the loader may hold",
+        "8 << 30",
+    ),
+    Parameter(
+        "rank",
+        0,
+        "int",
+        "This process's rank, ``0 .. world - 1``: it owns lanes "
+        "``[rank * lanes / world, (rank + 1) * lanes / world)``.",
+        "this rank (with --world: only this rank's lanes)",
+    ),
+    Parameter(
+        "world",
+        1,
+        "int",
+        "Number of ranks (GPUs); must divide ``lanes``. The global batch is the same at any world size.",
+        "number of ranks (GPUs)",
+    ),
+    Parameter(
+        "column",
+        None,
+        "str, optional",
+        "Token column (default: the one integer-list column named ``input_ids``, ``tokens`` or "
+        "``token_ids``, else the one integer-list column).",
+        "token column (default: the one list<int32|uint32> column)",
+    ),
+    Parameter(
+        "storage_options",
+        None,
+        "dict, optional",
+        "S3 settings (``endpoint``, ``region``, ``key``, ``secret``); for ``gs://`` and ``az://``, "
+        "keyword arguments of ``gcsfs.GCSFileSystem`` / ``adlfs.AzureBlobFileSystem`` (docs/storage.md).",
+    ),
+    Parameter(
+        "weights",
+        None,
+        "dict or stages, optional",
+        "A mixture's shares of tokens (the source is a dict of named sources): a dict, or stages "
+        "``[(global step, dict), ...]`` from step 0; default: each source weighs its tokens (SPEC section 8).",
+    ),
+    Parameter(
+        "threads",
+        None,
+        "int, optional",
+        "Reader and decoding threads (default: the number of CPUs; on S3 at least "
+        '``storage_options["concurrency"]``, 16, since its threads mostly wait on GETs).',
+    ),
+    Parameter(
+        "text_column",
+        "text",
+        "str",
+        'With ``tokenizer``: the column of text that is tokenized as it is read (docs/design.md, "Text in").',
+    ),
+    Parameter(
+        "tokenizer",
+        None,
+        "str, PathLike, tokenizers.Tokenizer or callable, optional",
+        "Text in: a SentencePiece ``.model`` file, a ``tokenizers`` JSON file or ``tokenizers.Tokenizer``, "
+        "or a callable from a list of strings to lists of ids (:func:`plitzer.text.load_tokenizer`). "
+        "The batches are those of the same data tokenized first (``plitzer tokenize``).",
+    ),
+    Parameter(
+        "add_eos",
+        True,
+        "bool",
+        "With ``tokenizer``: end each document with the tokenizer's EOS id.",
+    ),
+    Parameter(
+        "add_bos",
+        False,
+        "bool",
+        "With ``tokenizer``: start each document with the tokenizer's BOS id.",
+    ),
+    Parameter(
+        "where",
+        None,
+        "str, optional",
+        'Selection (docs/usage.md, "Selecting rows"): a DuckDB SQL boolean expression over the '
+        "dataset's columns; the stream holds only the rows for which it is true, every row group "
+        "keeping its place (SPEC section 10). A mixture's sources may each have their own "
+        '(``{"web": {"path": ..., "where": ...}}``).',
+        "only the rows for which this DuckDB SQL condition over the dataset's columns is true, "
+        "e.g. \"int_score >= 3 and language = 'en'\"",
+    ),
+    Parameter(
+        "length_column",
+        None,
+        "str, optional",
+        "With ``where``: an integer column holding each row's token count, so the selection pass "
+        "need not decode the tokens (checked against the footer's count).",
+        "with --where: an integer column holding each row's token count (the selection pass then "
+        "does not decode the tokens)",
+    ),
+    Parameter(
+        "index",
+        None,
+        "str or PathLike, optional",
+        "A job index (``plitzer index DATA --out PATH_OR_URL``): read that one object instead of every "
+        "footer. The source is still listed once; a file added, removed or changed since the job index "
+        'was written is a ``StaleIndexError`` naming it (docs/design.md, "One index per job").',
+    ),
+)
+"""Every setting of a run, in the order of ``plitzer.Loader``'s signature."""
+
+POSITIONAL: tuple[str, ...] = (
+    "seed",
+    "lanes",
+    "window",
+    "seq_len",
+    "budget",
+    "rank",
+    "world",
+    "column",
+    "storage_options",
+)
+"""The settings ``plitzer.Loader`` also takes by position, after the source (SPEC section 5)."""
+
+PLAN_PARAMETERS: tuple[str, ...] = (
+    "seed",
+    "lanes",
+    "window",
+    "world",
+    "column",
+    "storage_options",
+    "weights",
+    "seq_len",
+    "where",
+    "length_column",
+)
+"""The settings :func:`planner.plan` takes: those that decide the plan tables."""
+
+_BY_NAME = {p.name: p for p in PARAMETERS}
+
+
+def by_name(name: str) -> Parameter:
+    """The parameter called ``name``."""
+    return _BY_NAME[name]
+
+
+def render(names: Iterable[str], defaults: Mapping[str, Any] | None = None) -> str:
+    """The NumPy-style entries of the parameters ``names`` (in :data:`PARAMETERS` order).
+
+    ``defaults``: an entry point's own defaults, where they differ from the parameters'.
+    """
+    wanted = set(names)
+    given = defaults or {}
+    return "\n".join(p.render(given.get(p.name, ...)) for p in PARAMETERS if p.name in wanted)
+
+
+def document(names: Sequence[str] | None = None, *, exclude: Iterable[str] = ()) -> Callable[[F], F]:
+    """Replace the :data:`MARKER` line of the decorated object's docstring with the parameters' entries.
+
+    ``names``: the parameters (default: all of :data:`PARAMETERS`), less ``exclude`` (those the
+    entry point documents itself). The entries take the marker line's indentation.
+    """
+    skip = set(exclude)
+    chosen = [p.name for p in PARAMETERS if (names is None or p.name in names) and p.name not in skip]
+
+    def wrap(obj: F) -> F:
+        doc = obj.__doc__ or ""
+        lines = doc.splitlines()
+        at = [i for i, line in enumerate(lines) if line.strip() == MARKER]
+        if len(at) != 1:
+            msg = f"{obj.__qualname__}'s docstring needs one {MARKER!r} line for its parameters, has {len(at)}"
+            raise RuntimeError(msg)
+        line = lines[at[0]]
+        pad = line[: len(line) - len(line.lstrip())]
+        try:
+            own: Mapping[str, inspect.Parameter] = inspect.signature(obj).parameters
+        except (TypeError, ValueError):
+            own = {}
+        defaults = {n: own[n].default for n in chosen if n in own and own[n].default is not inspect.Parameter.empty}
+        block = textwrap.indent(render(chosen, defaults), pad)
+        obj.__doc__ = "\n".join([*lines[: at[0]], block, *lines[at[0] + 1 :]]) + ("\n" if doc.endswith("\n") else "")
+        return obj
+
+    return wrap
