@@ -33,15 +33,15 @@ import numpy as np
 import polars as pl
 
 import plitzer
-from planner.dataset import INDEX_SCHEMA, FileEntry, Index
-from planner.mixture import MixtureIndex, MixturePlan
-from planner.plan import Plan, PlanSettings
+from planner.catalog.dataset import INDEX_SCHEMA, FileEntry, Index
+from planner.mixing.mixture import MixtureIndex, MixturePlan
+from planner.mixing.sources import SourceSpec, parse_stages
+from planner.order.plan import Plan, PlanSettings
 from planner.run import lane_positions
-from planner.sources import SourceSpec, parse_stages
-from planner.storage import FileStat
-from plitzer import state as ckpt
+from planner.stores.storage import FileStat
 from plitzer.loader import Loader
-from plitzer.settings import LoaderSettings
+from plitzer.state import checkpoint as ckpt
+from plitzer.state.settings import LoaderSettings
 
 T = TypeVar("T")
 SEQ_LEN = 2048

@@ -28,9 +28,9 @@ from _common import timed
 from mixture import synthetic_index, write_sources
 
 import plitzer
-from planner.mixture import MixtureIndex, MixturePlan
-from planner.plan import PlanSettings
-from planner.sources import SourceSpec, Stage, parse_stages
+from planner.mixing.mixture import MixtureIndex, MixturePlan
+from planner.mixing.sources import SourceSpec, Stage, parse_stages
+from planner.order.plan import PlanSettings
 
 CYCLE = [{"books": 1, "code": 2, "web": 3}, {"books": 3, "code": 1, "web": 2}, {"books": 1, "code": 4, "web": 1}]
 
@@ -54,7 +54,7 @@ def live(sources: dict[str, str], steps: int, every: int, cfg: dict[str, int], l
 
 
 def live_earliest(ld: plitzer.Loader) -> int:
-    from plitzer.live import earliest_step
+    from plitzer.state.live import earliest_step
 
     return earliest_step(ld.plan, ld.step, ld.settings.seq_len)
 

@@ -2,7 +2,7 @@
 
 Two parts:
 
-* **plan** (the arithmetic, ``plitzer.locate.locate_in_plan``): a synthetic index of
+* **plan** (the arithmetic, ``plitzer.tools.locate.locate_in_plan``): a synthetic index of
   ``--row-groups`` row groups (default 100,000) of ``--docs`` documents each, with
   document lengths computed instead of read, so it times exactly what locate adds to
   the reads: permutations, windows, lanes, slice shuffles, row cuts. Also one document
@@ -72,8 +72,8 @@ def timed(f: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def plan_part(row_groups: int, docs: int, lanes: int, window: int, seq_len: int, counts: list[int]) -> None:
-    from planner.plan import Plan, PlanSettings
-    from plitzer.locate import locate_in_plan
+    from planner.order.plan import Plan, PlanSettings
+    from plitzer.tools.locate import locate_in_plan
 
     ix = SyntheticIndex(row_groups, docs)
     settings = PlanSettings(seed=0, lanes=lanes, window=window, world=8)

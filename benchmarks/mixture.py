@@ -25,10 +25,10 @@ from _common import timed, warm_page_cache
 
 import plitzer
 import plitzer.synth
-from planner.dataset import INDEX_SCHEMA, Index
-from planner.mixture import MixtureIndex, MixturePlan
-from planner.plan import PlanSettings
-from planner.sources import SourceSpec, parse_stages
+from planner.catalog.dataset import INDEX_SCHEMA, Index
+from planner.mixing.mixture import MixtureIndex, MixturePlan
+from planner.mixing.sources import SourceSpec, parse_stages
+from planner.order.plan import PlanSettings
 
 
 def write_sources(root: Path, tokens: int) -> dict[str, str]:

@@ -48,7 +48,7 @@ def main() -> None:
     import polars as pl
 
     import planner
-    from plitzer.read import read_chunk
+    from plitzer.readpath.read import read_chunk
 
     ix = planner.index(d)
 

@@ -15,7 +15,7 @@ import tracemalloc
 
 import plitzer
 import plitzer.synth
-from planner.mixture import Interleave
+from planner.mixing.mixture import Interleave
 
 STAGES = [(0, {"books": 1, "code": 1, "web": 2}), (500, {"books": 0, "code": 3, "web": 1})]
 CFG = {"seed": 1, "lanes": 8, "window": 2, "seq_len": 32}

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 def _pass(data: Path, where: str, length_column: str | None) -> tuple[float, int, int]:
     import plitzer
-    from plitzer.select import select_index
+    from plitzer.selection.select import select_index
 
     os.environ["PLITZER_CACHE"] = tempfile.mkdtemp(prefix="plitzer-select-bench-")
     ix = plitzer.index(data)  # footers only (not timed: the index is not the pass)
@@ -80,7 +80,7 @@ def main() -> None:
     wall_len, _, _ = _pass(data, half, "token_count")
     # warm: the same cache as the last pass
     import plitzer
-    from plitzer.select import select_index
+    from plitzer.selection.select import select_index
 
     ix = plitzer.index(data)
     t = time.perf_counter()

@@ -26,7 +26,7 @@ should not grow with lanes.
 ``--widths`` measures instead what another integer width costs: the same tokens
 written as list<uint16> (widened), list<int64> (narrowed, proved safe by the
 footer's min/max) and list<int64> without statistics (narrowed, every value
-checked), each read row group by row group with ``plitzer.read.read_chunk`` (one
+checked), each read row group by row group with ``plitzer.readpath.read.read_chunk`` (one
 ranged read, decode, checks, conversion to int32) on one thread, in ns/token and
 against the same tokens as list<int32>:
 
@@ -227,7 +227,7 @@ def widths(tokens: int, repeats: int = 5) -> None:
     import tempfile
 
     import planner
-    from plitzer.read import read_chunk, to_tokens
+    from plitzer.readpath.read import read_chunk, to_tokens
 
     d = fineweb_shaped(tokens)
     src = pq.read_table(sorted(d.glob("*.parquet"))[0].parent, columns=["tokens"]).column(0).combine_chunks()

@@ -8,7 +8,7 @@ Reported, all on every core of this machine:
 
 1. the tokenizer's own batch rate: ``tokenizers``' ``encode_batch`` (multi-threaded)
    or SentencePiece's ``encode(..., num_threads=cores)`` over every document;
-2. the counting pass (``plitzer.text.text_index``, cold cache);
+2. the counting pass (``plitzer.text.source.text_index``, cold cache);
 3. the loader on text: one epoch of ``plitzer.Loader(..., tokenizer=...)`` after the
    counting pass, tokens delivered per second (target: at least 0.8x rate 1);
 4. ``plitzer tokenize`` (local engine), text Parquet to token Parquet.
@@ -65,7 +65,7 @@ def default_tokenizer() -> str:
 
 def own_rate(path: str, docs: list[str], cores: int) -> tuple[int, float]:
     """Tokens and seconds of the tokenizer's own batch call on every core."""
-    from plitzer.text import load_tokenizer
+    from plitzer.text.source import load_tokenizer
 
     kind = load_tokenizer(path).kind
     if kind == "sentencepiece":
@@ -101,8 +101,8 @@ def main() -> None:
     os.environ["PLITZER_CACHE"] = str(work / "cache")  # a cold counting pass
 
     import plitzer
-    from plitzer.text import text_index
-    from plitzer.tokenize import tokenize
+    from plitzer.text.source import text_index
+    from plitzer.text.tokenize import tokenize
 
     docs = real_text(args.mb)
     mb = sum(len(d.encode()) for d in docs) / 1e6

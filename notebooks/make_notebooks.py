@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 import plitzer
 from plitzer import audit
-from plitzer.explain import document_lengths, document_table
+from plitzer.tools.explain import document_lengths, document_table
 
 pl.Config.set_tbl_rows(12)
 data = Path(tempfile.mkdtemp(prefix="plitzer-notebook-"))

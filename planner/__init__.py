@@ -2,7 +2,7 @@
 
 Pure planning: reads Parquet metadata only, never token data, and never imports
 torch or plitzer. (A row group whose footer lacks statistics is counted by the
-runtime's reader, ``plitzer.read.count_chunk``, passed in as a ``ChunkCounter``.)
+runtime's reader, ``plitzer.readpath.read.count_chunk``, passed in as a ``ChunkCounter``.)
 
 >>> import planner
 >>> planner.permutation(4, planner.key(7, 0, 1)).tolist()
@@ -10,13 +10,13 @@ runtime's reader, ``plitzer.read.count_chunk``, passed in as a ``ChunkCounter``.
 """
 
 from planner.api import plan
-from planner.cache import cache_dir
-from planner.dataset import Index, index
+from planner.catalog.dataset import Index, index
+from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import CheckpointError, ConfigError, DataError, PlitzerError, StorageError
 from planner.hashing import key, mix, permutation
 from planner.lanes import cut_at, lane_of
-from planner.plan import EpochPlan, Plan, PlanSettings, plan_epoch
-from planner.rowgroups import RowGroupIndex
+from planner.order.plan import EpochPlan, Plan, PlanSettings, plan_epoch
+from planner.stores.cache import cache_dir
 
 __all__ = [
     "CheckpointError",

@@ -1,13 +1,13 @@
 """Source -> index -> plan, in one place: what :func:`planner.plan` and every plitzer entry point call.
 
 A source is a path, an ``s3://`` URL, a list of them, an index already built, or a
-dict of named sources (a mixture, :mod:`planner.mixture`). :func:`open_index` turns
-it into its :class:`~planner.rowgroups.RowGroupIndex`, :func:`make_plan` turns an
-index into its :class:`~planner.plan.Plan`. The planner's checks of how the keywords
+dict of named sources (a mixture, :mod:`planner.mixing.mixture`). :func:`open_index` turns
+it into its :class:`~planner.catalog.rowgroups.RowGroupIndex`, :func:`make_plan` turns an
+index into its :class:`~planner.order.plan.Plan`. The planner's checks of how the keywords
 go together are here (:func:`check_source`, :func:`check_layout`), each a ConfigError
 naming the field and the fix; those of one value are its own type's
-(:class:`~planner.plan.PlanSettings`, :class:`~planner.layout.Layout`,
-:func:`~planner.sources.source_specs`, :func:`~planner.sources.parse_stages`;
+(:class:`~planner.order.plan.PlanSettings`, :class:`~planner.order.layout.Layout`,
+:func:`~planner.mixing.sources.source_specs`, :func:`~planner.mixing.sources.parse_stages`;
 docs/design.md, "Where settings are checked").
 
 The selection pass (``where=``) reads data, so planner does not run one of its own:
@@ -24,14 +24,14 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, cast
 
-from planner.dataset import Index, ensure_index
+from planner.catalog.dataset import Index, ensure_index
+from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError
-from planner.layout import Layout, LayoutStage
-from planner.mixture import MixtureIndex, MixturePlan, mixture_index
+from planner.mixing.mixture import MixtureIndex, MixturePlan, mixture_index
+from planner.mixing.sources import SourceSpec, Weights, parse_stages
+from planner.order.layout import Layout, LayoutStage
+from planner.order.plan import Plan, PlanSettings
 from planner.parameters import PLAN_PARAMETERS, document
-from planner.plan import Plan, PlanSettings
-from planner.rowgroups import RowGroupIndex
-from planner.sources import SourceSpec, Weights, parse_stages
 
 __all__ = [
     "PathSource",
@@ -54,7 +54,7 @@ Source = RowGroupIndex | PathSource | Mapping[str, Any]
 Selector = Callable[[Index, SourceSpec], Index]
 """The selection pass (``where=``): an index in, the index of the rows its spec's predicate keeps out.
 
-It reads data, so it is the runtime's (``plitzer.selector``, :func:`plitzer.select.select_spec`),
+It reads data, so it is the runtime's (``plitzer.selector``, :func:`plitzer.selection.select.select_spec`),
 and the caller passes it (``selector=``): planner itself reads metadata only.
 """
 
@@ -69,10 +69,10 @@ def _runtime_selector() -> Selector | None:
     """The runtime's selection pass where it is loaded already (code written for planner 0.3), else None.
 
     Nothing registers it and nothing is imported: ``planner.plan(where=...)`` in a process
-    that has imported plitzer finds ``plitzer.select.select_spec``; in one that has not it is
+    that has imported plitzer finds ``plitzer.selection.select.select_spec``; in one that has not it is
     a ConfigError that says what to pass (:data:`NO_SELECTOR`).
     """
-    runtime = sys.modules.get("plitzer.select")
+    runtime = sys.modules.get("plitzer.selection.select")
     found = getattr(runtime, "select_spec", None)
     return found if callable(found) else None
 
@@ -137,7 +137,7 @@ def check_source(
         raise ConfigError(msg)
     if kind == "index":
         if text:
-            msg = "tokenizer= needs the text source, not an Index; pass the path (or a plitzer.text.text_index)"
+            msg = "tokenizer= needs the text source, not an Index; pass the path (or a plitzer.text.source.text_index)"
             raise ConfigError(msg)
         return
     if text and where is not None:
@@ -206,7 +206,7 @@ def open_index(
         ix = ensure_index(cast("Index", source), column=column)  # what source_kind found
     else:
         paths = _paths(source)
-        if text is not None:  # text in (plitzer.text): tokenized as read, counted once
+        if text is not None:  # text in (plitzer.text.source): tokenized as read, counted once
             return text(paths)
         ix = ensure_index(paths, column=column, storage_options=storage_options)
     if where is None:
@@ -225,7 +225,7 @@ def make_plan(
 ) -> Plan:
     """The plan of ``index``: a mixture's (weights in stages) or one source's.
 
-    ``layout``: layout stages (:mod:`planner.layout`), which place a weight stage's
+    ``layout``: layout stages (:mod:`planner.order.layout`), which place a weight stage's
     step in the run's tokens; by default one stage of ``settings.lanes`` and ``seq_len``.
     """
     if layout is None and seq_len is not None:
@@ -255,9 +255,9 @@ def plan(
     length_column: str | None = None,
     selector: Selector | None = None,
 ) -> Plan:
-    """The plan of ``source`` (a path, URL, list, an :class:`~planner.dataset.Index`, or a dict of named sources).
+    """The plan of ``source`` (a path, URL, list, an :class:`~planner.Index`, or a dict of named sources).
 
-    A dict of named sources is a mixture (:mod:`planner.mixture`): ``weights`` are its
+    A dict of named sources is a mixture (:mod:`planner.mixing.mixture`): ``weights`` are its
     shares of tokens, a dict or stages ``[(step, dict), ...]`` (stages need ``seq_len``
     to place their steps); without weights each source weighs its tokens.
 
@@ -273,7 +273,7 @@ def plan(
     <settings>
     selector : callable, optional
         The selection pass for ``where`` (``plitzer.selector``): an index and a
-        :class:`~planner.sources.SourceSpec` in, the selected index out.
+        :class:`~planner.mixing.sources.SourceSpec` in, the selected index out.
 
     Examples
     --------

@@ -4,7 +4,7 @@ Every entry point that takes a run's settings (``plitzer.Loader``,
 ``plitzer.torch.Dataset``, ``plitzer.grain.Dataset``, ``plitzer.explain``,
 ``plitzer.locate``, :func:`planner.plan` and the CLI) documents and accepts the
 parameters of :data:`PARAMETERS`: its docstring's parameter section is rendered
-from here (:func:`document`), ``plitzer.settings.Keywords`` lists the same names
+from here (:func:`document`), ``plitzer.state.settings.Keywords`` lists the same names
 (a test checks both), and the CLI's options take their help text from here. A
 parameter added here reaches every one of them; one missing anywhere fails
 ``tests/test_settings_parameters.py``.
@@ -165,7 +165,7 @@ PARAMETERS: tuple[Parameter, ...] = (
         None,
         "str, PathLike, tokenizers.Tokenizer or callable, optional",
         "Text in: a SentencePiece ``.model`` file, a ``tokenizers`` JSON file or ``tokenizers.Tokenizer``, "
-        "or a callable from a list of strings to lists of ids (:func:`plitzer.text.load_tokenizer`). "
+        "or a callable from a list of strings to lists of ids (:func:`plitzer.text.source.load_tokenizer`). "
         "The batches are those of the same data tokenized first (``plitzer tokenize``).",
     ),
     Parameter(

@@ -20,7 +20,7 @@ A :class:`Run` is never changed: a live weight stage or a layout change is
 :meth:`Run.with_stages` / :meth:`Run.with_layout`, which return a new run and the first
 unit the change can touch. Its caches (window ends per epoch, layout segments) live on
 the value and go with it. A mixture's change is a new plan as well
-(:meth:`planner.mixture.MixturePlan.with_stages`), so the run replaced still answers as
+(:meth:`planner.mixing.mixture.MixturePlan.with_stages`), so the run replaced still answers as
 it did; one dataset's plan only records the layout stages for its tables. The run's
 holders (the loader and its scanner) swap the new one in together.
 """
@@ -36,10 +36,10 @@ from numpy.typing import NDArray
 
 from planner.errors import ConfigError
 from planner.lanes import piece_range
-from planner.layout import Layout, stage_tokens
-from planner.mixture import Interleave, MixturePlan
-from planner.plan import LanesPlan, Plan
-from planner.sources import Stage
+from planner.mixing.mixture import Interleave, MixturePlan
+from planner.mixing.sources import Stage
+from planner.order.layout import Layout, stage_tokens
+from planner.order.plan import LanesPlan, Plan
 
 __all__ = [
     "NEVER",
@@ -68,13 +68,13 @@ class Recut:
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """A layout stage (:mod:`planner.layout`) over the run: its lanes and rows, where it began.
+    """A layout stage (:mod:`planner.order.layout`) over the run: its lanes and rows, where it began.
 
     ``begin_step`` and ``begin_run``: the stage's first step and the run tokens consumed
     before it. ``rest_unit``: the window holding run token ``begin_run`` strictly inside
     it, cut again at the change (-1: none, the stage began at a window's edge), first
     into ``base_lanes`` and then by ``recuts`` (every change inside that window, this
-    one last; :func:`plitzer.recut.pack_rest`).
+    one last; :func:`plitzer.readpath.recut.pack_rest`).
     """
 
     lanes: int
@@ -87,7 +87,7 @@ class Segment:
 
 
 class _Epochs(Protocol):
-    """What :func:`lane_positions` needs of a plan (``planner.plan.Plan`` has it)."""
+    """What :func:`lane_positions` needs of a plan (``planner.order.plan.Plan`` has it)."""
 
     def epoch_of_run(self, run: int) -> int: ...
 
@@ -97,7 +97,7 @@ class _Epochs(Protocol):
 
 
 class _Slices(Protocol):
-    """A window's shuffled slices (``plitzer.packed.Slices``): offsets into them as pieces."""
+    """A window's shuffled slices (``plitzer.readpath.packed.Slices``): offsets into them as pieces."""
 
     def positions(self, lanes: I64, offsets: I64) -> tuple[I64, I64]: ...
 
@@ -115,7 +115,7 @@ def lane_positions(
     resolves it once the window is packed.)
 
     Under a layout stage that began at step ``begin_step``, run token ``begin_run``
-    (:mod:`planner.layout`), the cards start there: lane ``k``'s next token is the run
+    (:mod:`planner.order.layout`), the cards start there: lane ``k``'s next token is the run
     token ``begin_run + ((k - begin_run) mod B) + p * B`` with ``p = (step - begin_step)
     * seq_len`` its tokens of the stage, and the window holding ``begin_run`` (the one
     cut again at the change) is counted from ``begin_run``.

@@ -6,11 +6,11 @@
 """
 
 # First: allocator defaults that must be in place before Polars and pyarrow load.
-from plitzer import _allocators  # noqa: F401, I001
+from plitzer.readpath import _allocators  # noqa: F401, I001
 
 from planner import index, plan
 from plitzer import synth
-from plitzer.batch import Batch, Tokens
+from plitzer.readpath.batch import Batch, Tokens
 from plitzer.errors import (
     CacheWarning,
     CheckpointError,
@@ -24,11 +24,11 @@ from plitzer.errors import (
     StorageWaitWarning,
     UsageError,
 )
-from plitzer.explain import explain
+from plitzer.tools.explain import explain
 from plitzer.loader import Loader, LoaderSettings
-from plitzer.locate import locate
-from plitzer.select import select_spec as selector
-from plitzer.state import load_checkpoint, merge, save_checkpoint
+from plitzer.tools.locate import locate
+from plitzer.selection.select import select_spec as selector
+from plitzer.state.checkpoint import load_checkpoint, merge, save_checkpoint
 
 __version__ = "0.3.0"  # the one source of the version: pyproject.toml reads it from here
 

@@ -16,9 +16,9 @@ from typing import Any
 import polars as pl
 
 from planner.errors import ConfigError
-from planner.layout import Layout
+from planner.order.layout import Layout
 from planner.parameters import by_name
-from plitzer.mixfile import read_mixture
+from plitzer.tools.mixfile import read_mixture
 
 __all__ = ["main"]
 
@@ -120,7 +120,7 @@ def _source(values: list[str]) -> str | list[str]:
 
 
 def _sources_table(p: Any) -> pl.DataFrame:
-    from planner.mixture import MixturePlan
+    from planner.mixing.mixture import MixturePlan
 
     if isinstance(p, MixturePlan):
         return p.sources()
@@ -214,7 +214,7 @@ def _add_settings(p: argparse.ArgumentParser, *, seq_len: bool = False) -> None:
 
 def cmd_synth(args: argparse.Namespace) -> int:
     if args.text:
-        from plitzer.synth_text import write_text
+        from plitzer.tools.synth_text import write_text
 
         files, passes = write_text(
             args.out, args.tokens, tokenizer=args.tokenizer, row_group_tokens=args.row_group_tokens
@@ -247,13 +247,13 @@ def cmd_index(args: argparse.Namespace) -> int:
         raise ConfigError(msg)
     ix = planner.index(source, column=args.column, storage_options=_storage_options(args), progress=True)
     if args.out is not None:
-        from planner import jobindex
+        from planner.catalog import jobindex
 
         data = jobindex.encode(ix)
         jobindex.write_object(args.out, data, _storage_options(args))
         print(f"job index: {args.out} ({len(ix.files):,} files, {ix.row_groups:,} row groups, {len(data):,} bytes)")
     if args.where is not None:
-        from plitzer.select import select_index, select_on_ray
+        from plitzer.selection.select import select_index, select_on_ray
 
         if args.engine == "ray":
             select_on_ray(
@@ -282,7 +282,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         columns["row_groups_emptied"] = [int((f["rows_selected"] == 0).sum())]
     columns.update({"column": [ix.column], "dtype": [ix.dtype], "fingerprint": [ix.fingerprint[:16]]})
     _print_frame(pl.DataFrame(columns), args.format, None, title="index")
-    from planner.hf import HFStorage
+    from planner.stores.hf import HFStorage
 
     pinned = {st.pinned for st in map(ix.storage, range(len(ix.files))) if isinstance(st, HFStorage)}
     for url in sorted(pinned):  # what a later run passes to read these very files
@@ -297,7 +297,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     if args.no_lengths:
         return 0
     from plitzer.audit import length_histogram, length_summary
-    from plitzer.explain import document_lengths
+    from plitzer.tools.explain import document_lengths
 
     # One pass over the token column (cached next to the index); --no-lengths skips it.
     lengths = document_lengths(ix, progress=True)
@@ -356,7 +356,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from plitzer.explain import explain
+    from plitzer.tools.explain import explain
 
     source, weights = _source_of(args)
     docs = explain(
@@ -404,7 +404,7 @@ def _rows_arg(values: list[str] | None) -> list[tuple[Any, ...]] | None:
 
 
 def cmd_locate(args: argparse.Namespace) -> int:
-    from plitzer.locate import locate
+    from plitzer.tools.locate import locate
 
     source, weights = _source_of(args)
     steps: Any = args.steps
@@ -500,13 +500,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from plitzer.demo import run
+    from plitzer.tools.demo import run
 
     return run(Path(args.dir), tokens=args.tokens, seq_len=args.seq_len, lanes=args.lanes, window=args.window)
 
 
 def cmd_tokenize(args: argparse.Namespace) -> int:
-    from plitzer.tokenize import tokenize
+    from plitzer.text.tokenize import tokenize
 
     r = tokenize(
         args.src,

@@ -72,12 +72,12 @@ import grain
 import numpy as np
 
 from planner.parameters import document
-from plitzer import live
-from plitzer import state as ckpt
-from plitzer.batch import Batch
 from plitzer.errors import CheckpointError, ConfigError
 from plitzer.loader import Loader
-from plitzer.settings import Keywords, LoaderSettings, Source
+from plitzer.readpath.batch import Batch
+from plitzer.state import checkpoint as ckpt
+from plitzer.state import live
+from plitzer.state.settings import Keywords, LoaderSettings, Source
 
 __all__ = ["Dataset", "DatasetIterator", "element_of", "merge_states"]
 

@@ -4,10 +4,10 @@ Lanes run in lockstep: the cuts deal the run's tokens to lanes like cards (token
 ``i`` of the run goes to lane ``i mod B``, docs/design.md "The order"), so lane
 ``k``'s token ``P`` is run token ``P*B + k``, and at step ``t`` every lane takes its
 tokens ``[t*L, (t+1)*L)``. The step alone says where every lane is: there are no
-per-lane cursors. The scanner (``plitzer.scan``) packs each window step-major, so a
+per-lane cursors. The scanner (``plitzer.readpath.scan``) packs each window step-major, so a
 step that lies wholly inside one window is a view of that window's block (no
 copy, no per-lane work); a step that straddles windows is assembled from their ends
-by one gather (``plitzer.pack.assemble``). Units that every lane has left are
+by one gather (``plitzer.readpath.pack.assemble``). Units that every lane has left are
 released; the scanner reads the next ones ahead, within ``budget``.
 
 The loader owns the step and delivers; every question about a step (the units it
@@ -15,8 +15,8 @@ needs, where each lane is, the epoch label ``floor(t * lanes * seq_len / T)``, t
 layout stage) is asked of the run value (:class:`planner.run.Run`), which it and its
 scanner hold and swap together (:meth:`Loader._set_run`). ``checkpoint`` derives each
 lane's position from the step when it is called, and the positions do not depend
-on the number of ranks. Construction and its checks are :mod:`plitzer.build`, the
-checks a resume makes :mod:`plitzer.resume`, live stages :mod:`plitzer.live`.
+on the number of ranks. Construction and its checks are :mod:`plitzer.state.build`, the
+checks a resume makes :mod:`plitzer.state.resume`, live stages :mod:`plitzer.state.live`.
 """
 
 from __future__ import annotations
@@ -34,20 +34,20 @@ import numpy as np
 from numpy.typing import NDArray
 
 from planner.errors import UsageError
-from planner.layout import Layout
-from planner.mixture import MixturePlan
+from planner.mixing.mixture import MixturePlan
+from planner.order.layout import Layout
+from planner.order.plan import Plan, check_int
 from planner.parameters import document
-from planner.plan import Plan, check_int
 from planner.run import Run
-from plitzer import live, resume
-from plitzer import state as ckpt
-from plitzer.batch import Batch, Tokens
-from plitzer.build import check_layout, make_config, open_plan, parts
-from plitzer.cost import budget_floor
-from plitzer.live import LiveStages
-from plitzer.packed import PackedUnit, Segments, assemble
-from plitzer.scan import Stats
-from plitzer.settings import Keywords, LoaderSettings, Source, bind, signature
+from plitzer.readpath.batch import Batch, Tokens
+from plitzer.readpath.cost import budget_floor
+from plitzer.readpath.packed import PackedUnit, Segments, assemble
+from plitzer.readpath.scan import Stats
+from plitzer.state import checkpoint as ckpt
+from plitzer.state import live, resume
+from plitzer.state.build import check_layout, make_config, open_plan, parts
+from plitzer.state.live import LiveStages
+from plitzer.state.settings import Keywords, LoaderSettings, Source, bind, signature
 
 __all__ = ["Loader", "LoaderSettings", "budget_floor", "open_plan"]
 
@@ -111,7 +111,7 @@ class Loader(LiveStages):
         self.index = plan.dataset
         self.tokens = plan.tokens
         self.epoch_tokens = plan.epoch_tokens  # T; less than tokens for a mixture whose first stage weighs a source 0
-        got = parts(plan, settings)  # checked (plitzer.build)
+        got = parts(plan, settings)  # checked (plitzer.state.build)
         self._run: Run = got.run
         self._scanner = got.scanner
         self._locate = got.locate
@@ -267,7 +267,7 @@ class Loader(LiveStages):
         """How checkpoint ``st`` lines up with this loader; a mismatch is refused with every differing field.
 
         Stages the checkpoint has after this loader's (added live by the run that wrote
-        it) and sources it lacks that weigh 0 up to its step are accepted (:mod:`plitzer.live`).
+        it) and sources it lacks that weigh 0 up to its step are accepted (:mod:`plitzer.state.live`).
         """
         names = self.plan.names if isinstance(self.plan, MixturePlan) else []
         return resume.fit(st, self.config, names, what)

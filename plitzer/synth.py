@@ -7,7 +7,7 @@ group, zstd. Tests, the demo and the benchmarks all use it, so the same bytes ca
 be regenerated anywhere from ``(tokens, seed)``.
 
 Beside the tokens each document has FineWeb-Edu's metadata, for selections
-(``where=``, :mod:`plitzer.select`): ``score`` (an educational score in [0, 5)),
+(``where=``, :mod:`plitzer.selection.select`): ``score`` (an educational score in [0, 5)),
 ``int_score`` (it rounded), ``language`` (``en`` for about 70 % of documents, else
 ``de``, ``fr``, ``es`` or ``zh``) and ``token_count`` (the document's tokens). They
 come from their own random stream, so the tokens are those of ``(tokens, seed)``

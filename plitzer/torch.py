@@ -48,12 +48,12 @@ from torch.utils.data._utils.collate import default_collate_fn_map
 from torch.utils.dlpack import from_dlpack
 
 from planner.parameters import document
-from plitzer import state as ckpt
-from plitzer.batch import Batch as PlitzerBatch
 from plitzer.errors import CheckpointError, ConfigError
 from plitzer.loader import Loader
-from plitzer.settings import Keywords, LoaderSettings, Source
-from plitzer.share import join_parts, share_index, share_selection
+from plitzer.readpath.batch import Batch as PlitzerBatch
+from plitzer.state import checkpoint as ckpt
+from plitzer.state.settings import Keywords, LoaderSettings, Source
+from plitzer.state.share import join_parts, share_index, share_selection
 
 __all__ = ["Batch", "Dataset"]
 
@@ -172,7 +172,7 @@ class Batch:
 
 @dataclass(frozen=True, slots=True)
 class _Group:
-    """A ``torch.distributed`` process group as :class:`plitzer.share.Collective` (None: the whole world)."""
+    """A ``torch.distributed`` process group as :class:`plitzer.state.share.Collective` (None: the whole world)."""
 
     group: dist.ProcessGroup | None
 

@@ -88,9 +88,9 @@ class GCSEmulator:
         try:
             import gcp_storage_emulator  # noqa: F401
 
-            from planner.gcs import import_gcsfs
+            from planner.stores.gcs import import_gcsfs
 
-            import_gcsfs()  # (with its bucket-type probe off: see planner/gcs.py)
+            import_gcsfs()  # (with its bucket-type probe off: see planner/stores/gcs.py)
         except ImportError:
             _missing("gcp-storage-emulator or gcsfs is not installed (pip install 'plitzer[test]')")
         self.port = free_port()
@@ -127,7 +127,7 @@ class GCSEmulator:
         return {"endpoint_url": self.endpoint, "token": "anon", "project": GCS_PROJECT, **extra}
 
     def fs(self) -> Any:
-        from planner.gcs import import_gcsfs
+        from planner.stores.gcs import import_gcsfs
 
         return import_gcsfs().GCSFileSystem(skip_instance_cache=True, **self.options())
 

@@ -41,9 +41,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-import planner.cache
+import planner.stores.cache
 import plitzer
-import plitzer.state
+import plitzer.state.checkpoint
 import plitzer.torch
 
 SETTINGS: dict[str, Any] = {"seed": 7, "lanes": 12, "window": 2, "seq_len": 128}
@@ -75,7 +75,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 class _HangingOs:
-    """``os`` for planner.cache (save_checkpoint's atomic write) whose write() stores half the bytes and then stops."""
+    """``os`` for planner.stores.cache (the atomic write of save_checkpoint): write() stores half, then stops."""
 
     def __init__(self, marker: Path) -> None:
         self.marker = marker
@@ -190,7 +190,7 @@ def main() -> int:
             if progress:
                 _write_atomic(out / f"model-{step}.json", json.dumps({"step": step, "hash": h.hex()}))
                 if step == a.hang_in_save:
-                    planner.cache.os = _HangingOs(out / "hanging")  # type: ignore[attr-defined]
+                    planner.stores.cache.os = _HangingOs(out / "hanging")  # type: ignore[attr-defined]
                 plitzer.save_checkpoint(out / "data.ckpt", state["checkpoint"])
                 progress.write(f"ckpt {step}\n")
                 progress.flush()

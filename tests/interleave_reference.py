@@ -1,6 +1,6 @@
 """The 0.3 interleave, kept as a reference: it replays a mixture's stream from step 0 and keeps it.
 
-:class:`planner.mixture.Interleave` computes any window from its stage's start instead;
+:class:`planner.mixing.mixture.Interleave` computes any window from its stage's start instead;
 tests compare the two window for window (same batch order, by construction).
 """
 
@@ -14,9 +14,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from planner.hashing import key, permutation
-from planner.mixture import MixtureIndex, finish_keys, source_key
-from planner.plan import EpochPlan, PlanSettings, layout_epoch
-from planner.sources import Stage
+from planner.mixing.mixture import MixtureIndex, finish_keys, source_key
+from planner.mixing.sources import Stage
+from planner.order.plan import EpochPlan, PlanSettings, layout_epoch
 
 I64 = NDArray[np.int64]
 

@@ -80,7 +80,7 @@ def lane_streams(
     return streams
 
 
-# -- mixtures (SPEC section 8, planner.mixture) ---------------------------------------
+# -- mixtures (SPEC section 8, planner.mixing.mixture) ---------------------------------------
 
 
 def source_key(name: str) -> int:
@@ -103,7 +103,7 @@ def mixture_windows(
 
     ``sources[s]`` are source s's row groups' token counts; ``stages`` are (start
     step, integer weights). Each window is ([(source, row group, source epoch)], its
-    first run token). One item at a time, straight from the text of planner.mixture.
+    first run token). One item at a time, straight from the text of planner.mixing.mixture.
     """
     n = len(sources)
     consumed = [0] * n

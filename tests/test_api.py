@@ -13,11 +13,11 @@ import pytest
 import planner
 import plitzer
 from planner.api import make_plan, open_index
-from planner.mixture import Interleave, MixtureIndex, MixturePlan
-from planner.plan import Permutation, PlanSettings
-from plitzer.read import read_chunk
-from plitzer.settings import LoaderSettings, open_source
-from plitzer.settings import make_plan as loader_plan
+from planner.mixing.mixture import Interleave, MixtureIndex, MixturePlan
+from planner.order.plan import Permutation, PlanSettings
+from plitzer.readpath.read import read_chunk
+from plitzer.state.settings import LoaderSettings, open_source
+from plitzer.state.settings import make_plan as loader_plan
 from tests.conftest import numbered_dataset
 
 CFG: dict[str, Any] = {"seed": 3, "lanes": 4, "window": 2, "world": 2}

@@ -14,8 +14,8 @@ import pytest
 import planner
 import plitzer
 from plitzer import audit as au
-from plitzer import state as ckpt
-from plitzer.explain import document_lengths, document_table
+from plitzer.state import checkpoint as ckpt
+from plitzer.tools.explain import document_lengths, document_table
 from tests.conftest import SynthDataset, write_dataset
 
 CFG = {"seed": 2, "lanes": 8, "window": 3, "seq_len": 80}

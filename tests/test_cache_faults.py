@@ -28,10 +28,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import planner
-import planner.cache
+import planner.stores.cache
 import plitzer
 from plitzer.errors import CacheWarning, DataError
-from plitzer.text import load_tokenizer
+from plitzer.text.source import load_tokenizer
 from tests.conftest import SynthDataset, tokens_of
 
 CFG = {"seed": 3, "lanes": 4, "window": 3, "seq_len": 32}
@@ -182,7 +182,7 @@ def test_a_damaged_entry_is_rebuilt_with_one_warning_naming_it(
     assert len(messages) == len(damaged), messages
     # Written again, sound: the next run reads them back without a word.
     for path in damaged:
-        assert planner.cache.read_entry(path) is not None, path
+        assert planner.stores.cache.read_entry(path) is not None, path
     quiet = _quiet()
     try:
         assert run(data, text) == want[WANT[kind]]
@@ -209,8 +209,8 @@ def _unwritable_kinds() -> list[str]:
 @pytest.fixture
 def reset_unwritable() -> Iterator[None]:
     yield
-    with planner.cache._lock:
-        planner.cache._unwritable.clear()
+    with planner.stores.cache._lock:
+        planner.stores.cache._unwritable.clear()
 
 
 @pytest.mark.usefixtures("reset_unwritable")
@@ -233,9 +233,9 @@ def test_an_unwritable_cache_folder_means_running_uncached_with_one_warning(
             folder.mkdir()
             folder.chmod(0o500)
             if os.access(folder, os.W_OK):  # root writes anywhere: the refusal anyone else gets
-                monkeypatch.setattr(planner.cache, "_open", _refuse(code))
+                monkeypatch.setattr(planner.stores.cache, "_open", _refuse(code))
         else:
-            monkeypatch.setattr(planner.cache, "_write", _refuse(code))
+            monkeypatch.setattr(planner.stores.cache, "_write", _refuse(code))
     monkeypatch.setenv("PLITZER_CACHE", str(folder))
     with pytest.warns(CacheWarning) as record:
         # uncached: the same twice over, and not warned again
@@ -273,7 +273,7 @@ def test_a_missing_cache_folder_is_created(tmp_path: Path, monkeypatch: pytest.M
 _WRITER = """
 import sys
 from pathlib import Path
-from planner.cache import write_entry
+from planner.stores.cache import write_entry
 path, n = Path(sys.argv[1]), int(sys.argv[2])
 payloads = [bytes([k]) * (1000 + 997 * k) for k in range(4)]
 print("ready", flush=True)
@@ -300,7 +300,7 @@ def test_concurrent_writers_never_leave_a_torn_entry(tmp_path: Path) -> None:
         try:
             deadline = time.monotonic() + 20
             while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-                got = planner.cache.read_entry(path)
+                got = planner.stores.cache.read_entry(path)
                 if got is not None:
                     assert got in payloads
                     seen += 1
@@ -320,7 +320,7 @@ _RANK = """
 import hashlib, sys, warnings
 import numpy as np
 import plitzer, planner
-from plitzer.explain import document_pass
+from plitzer.tools.explain import document_pass
 warnings.simplefilter("error")  # a damaged entry (a torn write read back) would be a CacheWarning
 data = sys.argv[1]
 with plitzer.Loader(data, where="int_score >= 2", seed=3, lanes=4, window=3, seq_len=32) as ld:
@@ -357,7 +357,7 @@ def test_processes_racing_on_one_cache_folder_give_the_same_batches(
     try:
         for kind in ("footers", "index", "select", "documents"):
             entries = _entries(shared, kind)
-            assert entries and all(planner.cache.read_entry(e) is not None for e in entries), kind
+            assert entries and all(planner.stores.cache.read_entry(e) is not None for e in entries), kind
         assert run_data(data) == want["data"]
     finally:
         quiet.__exit__(None, None, None)

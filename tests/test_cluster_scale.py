@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from planner.lanes import cut_at
-from planner.plan import PlanSettings, layout_epoch
+from planner.order.plan import PlanSettings, layout_epoch
 
 
 def _reads_with_the_full_table(

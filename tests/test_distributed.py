@@ -29,7 +29,7 @@ if sys.platform == "win32":  # pragma: no cover
     pytest.skip("process groups and SIGKILL are POSIX", allow_module_level=True)
 
 import plitzer
-import plitzer.state
+import plitzer.state.checkpoint
 from tests.conftest import SynthDataset
 from tests.dist_worker import SETTINGS, ZERO, fold, row_digests
 
@@ -175,7 +175,7 @@ def test_kill_and_resume_on_another_world(
     a.kill()
     killed_after = a.last_step()
     ckpt = plitzer.load_checkpoint(tmp_path / "data.ckpt")
-    k = plitzer.state.decode(ckpt).step
+    k = plitzer.state.checkpoint.decode(ckpt).step
     why = f"seed={seed} kill_at={kill_at} killed after step {killed_after}, checkpoint at step {k}"
     assert k > 0 and k % EVERY == 0 and k <= killed_after + 1, why
     _check_prefix(a, reference, k)
@@ -203,9 +203,9 @@ def test_kill_during_checkpoint_write_keeps_the_previous_one(
     temps = list(tmp_path.glob(".data.ckpt.*.tmp"))
     assert len(temps) == 1, why  # the half-written new checkpoint
     with pytest.raises(plitzer.CheckpointError):
-        plitzer.state.decode(temps[0].read_bytes())
+        plitzer.state.checkpoint.decode(temps[0].read_bytes())
     prev = plitzer.load_checkpoint(tmp_path / "data.ckpt")  # still whole
-    assert plitzer.state.decode(prev).step == hang - EVERY, why
+    assert plitzer.state.checkpoint.decode(prev).step == hang - EVERY, why
     _check_prefix(a, reference, hang)
 
     b = Job(1, data, tmp_path, "b", "--resume")

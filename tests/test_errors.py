@@ -13,8 +13,8 @@ import pytest
 import planner
 import plitzer
 from plitzer.errors import DamagedChunkError, DataError, TokenizerChangedError, TokenRangeError
-from plitzer.read import check_decoded, read_chunk
-from plitzer.text import load_tokenizer, text_index
+from plitzer.readpath.read import check_decoded, read_chunk
+from plitzer.text.source import load_tokenizer, text_index
 
 
 def test_a_token_out_of_range_is_a_token_range_error_with_file_row_group_and_row(tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import plitzer
-import plitzer.scan
-from plitzer.read import read_chunk
+import plitzer.readpath.scan
+from plitzer.readpath.read import read_chunk
 from tests.conftest import SynthDataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,7 +48,7 @@ def test_the_first_batch_waits_for_its_window_and_nothing_else(data: Path, monke
             assert gate.wait(30), "the test never released the last row group"
         return real(index, g)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(plitzer.scan, "read_chunk", slow_last)
+    monkeypatch.setattr(plitzer.readpath.scan, "read_chunk", slow_last)
     with plitzer.Loader(data, **CFG) as ld:  # type: ignore[arg-type]
         assert ld.stats.units_in_flight == 0  # construction starts no read
         got: list[np.ndarray] = []
@@ -76,7 +76,7 @@ def test_a_read_error_fails_the_step(data: Path, monkeypatch: pytest.MonkeyPatch
             raise plitzer.DataError(msg)
         return real(index, g)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(plitzer.scan, "read_chunk", broken)
+    monkeypatch.setattr(plitzer.readpath.scan, "read_chunk", broken)
     with plitzer.Loader(data, **CFG) as ld, pytest.raises(plitzer.DataError, match=f"row group {bad}"):  # type: ignore[arg-type]
         ld.next_batch()
 
@@ -96,7 +96,7 @@ def test_the_first_batch_does_not_import_pandas(data: Path) -> None:
 def _env_after_import(env: dict[str, str], first: str = "") -> dict[str, object]:
     code = (
         f"{first}\nimport json, os, plitzer\n"
-        "print(json.dumps({'applied': plitzer._allocators.applied,"
+        "print(json.dumps({'applied': plitzer.readpath._allocators.applied,"
         " 'rjem': os.environ.get('_RJEM_MALLOC_CONF'), 'mi': os.environ.get('MIMALLOC_PURGE_DELAY')}))"
     )
     base = {k: v for k, v in os.environ.items() if k not in {"_RJEM_MALLOC_CONF", "MIMALLOC_PURGE_DELAY"}}
@@ -128,7 +128,7 @@ def test_a_unit_packed_for_some_lanes_is_those_rows_of_all_lanes(data: Path) -> 
     """pack_unit for a rank's lanes gives those rows of the all-lanes packing, and from_step
     drops exactly the steps before it: the step-major layout does not depend on the world size."""
     from planner.run import UnitPlace, lane_base
-    from plitzer.pack import UnitReads, pack_unit
+    from plitzer.readpath.pack import UnitReads, pack_unit
 
     with plitzer.Loader(data, **CFG) as ld:  # type: ignore[arg-type]
         plan, index = ld.plan, ld.index

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import plitzer
-import plitzer.state
+import plitzer.state.checkpoint
 from tests.conftest import SynthDataset, docs_by_row_group, numbered_dataset, tokens_of
 from tests.reference import lane_streams
 
@@ -102,18 +102,18 @@ def test_no_checkpoint_is_encoded_per_step(numbered, monkeypatch: pytest.MonkeyP
 
     root, _ = numbered
     calls = {"n": 0}
-    real = plitzer.state.encode
+    real = plitzer.state.checkpoint.encode
 
-    def counting(state: plitzer.state.State) -> bytes:
+    def counting(state: plitzer.state.checkpoint.State) -> bytes:
         calls["n"] += 1
         return real(state)
 
-    monkeypatch.setattr(plitzer.state, "encode", counting)
+    monkeypatch.setattr(plitzer.state.checkpoint, "encode", counting)
     ds = plitzer.torch.Dataset(root, **CFG)
     batches = [ds.next_batch() for _ in range(30)]
     assert calls["n"] == 0
     after = batches[10].state_after  # encoded now, for step 11
-    assert calls["n"] == 1 and plitzer.state.decode(after).step == 11
+    assert calls["n"] == 1 and plitzer.state.checkpoint.decode(after).step == 11
     with plitzer.Loader(root, **CFG) as fresh:
         fresh.resume(after)
         np.testing.assert_array_equal(tokens_of(fresh.next_batch()), batches[11].tokens.numpy())
@@ -137,12 +137,12 @@ def test_a_forged_position_inside_a_slice_is_refused(numbered) -> None:
     with plitzer.Loader(root, **CFG) as loader:
         for _ in range(5):
             loader.next_batch()
-        st = plitzer.state.decode(loader.checkpoint())
+        st = plitzer.state.checkpoint.decode(loader.checkpoint())
     pos = st.positions.copy()
     inside = np.flatnonzero(pos[:, 4] > 0)
     assert len(inside)
     pos[inside[0], 4] += 1  # one token off
-    forged = plitzer.state.encode(plitzer.state.State(st.config, st.step, pos))
+    forged = plitzer.state.checkpoint.encode(plitzer.state.checkpoint.State(st.config, st.step, pos))
     with plitzer.Loader(root, **CFG) as other:
         other.resume(forged)
         with pytest.raises(plitzer.CheckpointError, match=r"not where step 5 puts it|past its slice"):
@@ -153,13 +153,13 @@ def test_a_forged_position_inside_a_slice_is_refused(numbered) -> None:
 def test_both_layouts_give_the_same_batches(numbered, monkeypatch: pytest.MonkeyPatch, seq_len: int) -> None:
     """Short rows are laid out lane by lane and transposed; long rows gathered step-major at
     once: the same tokens, pieces and documents either way."""
-    import plitzer.pack
+    import plitzer.readpath.pack
 
     root, _ = numbered
     cfg = {**CFG, "seq_len": seq_len}
     runs = []
     for threshold in (0, 10**9):  # always direct, always transposed (where a block exists)
-        monkeypatch.setattr(plitzer.pack, "SHORT_ROWS", threshold)
+        monkeypatch.setattr(plitzer.readpath.pack, "SHORT_ROWS", threshold)
         with plitzer.Loader(root, **cfg) as loader:
             batches = [loader.next_batch() for _ in range(3 * len(loader) // 2)]
             runs.append(([tokens_of(b).copy() for b in batches], [b.documents() for b in batches]))

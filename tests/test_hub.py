@@ -22,9 +22,9 @@ import pytest
 
 import planner
 import plitzer
-from planner.backends import open_storages
 from planner.errors import CheckpointError, ConfigError, FileChangedError, StorageError
-from planner.hf import HFStorage
+from planner.stores.backends import open_storages
+from planner.stores.hf import HFStorage
 from tests.conftest import SynthDataset, tokens_of, write_dataset
 from tests.hub_server import TOKEN, HubData, HubServer, StaticServer, Throttling, WebData, files_of, hub, web
 
@@ -215,7 +215,7 @@ def test_throttling_with_retry_after_is_retried_to_the_same_batches_and_counted(
 def test_retry_after_is_waited_up_to_its_cap(
     hub: HubData, monkeypatch: pytest.MonkeyPatch, header: str, waited: float
 ) -> None:
-    from planner import ranged
+    from planner.stores import ranged
 
     (st,) = open_storages(hub.url, hub.options(backoff=0))
     (f, *_) = st.list_files()
@@ -231,7 +231,7 @@ def test_retry_after_is_waited_up_to_its_cap(
 
 @pytest.mark.timeout(60)
 def test_a_corrupt_revisions_field_is_refused() -> None:
-    from plitzer.state import State, decode, encode
+    from plitzer.state.checkpoint import State, decode, encode
 
     cfg = {"seed": 0, "lanes": 1, "seq_len": 4, "window": 1, "column": "t", "dtype": "int32", "fingerprint": "x"}
     good = encode(State(config={**cfg, "revisions": [["hf://datasets/a/b", "c" * 40, "d"]]}, step=0, positions=_pos()))

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import planner
-import planner.footer
+import planner.catalog.footer
 from tests.conftest import write_dataset
 
 DOCS = [[[1, 2, 3], [], [4, 5]], [[6] * 7], []]  # row groups: 3 docs, 1 doc, 0 docs
@@ -34,7 +34,7 @@ def test_counts_come_from_footers(tmp_path: Path) -> None:
 def test_footer_without_statistics_is_read_once_to_count(tmp_path: Path) -> None:
     write_dataset(tmp_path / "a", [DOCS], statistics=True)
     write_dataset(tmp_path / "b", [DOCS], statistics=False)
-    from plitzer.read import count_chunk
+    from plitzer.readpath.read import count_chunk
 
     a, b = planner.index(tmp_path / "a"), planner.index(tmp_path / "b", count=count_chunk)
     assert a.frame["tokens"].to_list() == b.frame["tokens"].to_list()
@@ -208,7 +208,7 @@ def test_second_call_reads_no_footer(tmp_path: Path, monkeypatch: pytest.MonkeyP
     def boom(*args: object) -> bytes:
         raise AssertionError("a footer was read")
 
-    monkeypatch.setattr(planner.footer, "fetch", boom)
+    monkeypatch.setattr(planner.catalog.footer, "fetch", boom)
     again = planner.index(tmp_path)
     assert again.frame.equals(first.frame) and again.fingerprint == first.fingerprint
     again.metadata(0)  # the runtime's footer comes from the cache too

@@ -5,7 +5,7 @@ two things against a reference dataset of the same documents and row groups
 written as plain ``list<int32>`` with pyarrow's defaults (``list<uint32>`` for
 uint32 and uint64 data):
 
-* every decoded row group (``plitzer.read.read_chunk``) holds exactly the
+* every decoded row group (``plitzer.readpath.read.read_chunk``) holds exactly the
   documents written, as ``list<int32>``/``list<uint32>``;
 * a Loader gives the same batches, step by step, as a Loader on the reference.
 
@@ -25,7 +25,7 @@ import pytest
 
 import planner
 import plitzer
-from plitzer.read import read_chunk
+from plitzer.readpath.read import read_chunk
 from tests.handmade_parquet import write_two_level
 
 SETTINGS = {"seed": 3, "lanes": 4, "window": 2, "seq_len": 24}

@@ -13,8 +13,8 @@ import pytest
 
 import plitzer
 import plitzer.synth
-from planner import jobindex
-from planner.storage import FileStat, LocalStorage
+from planner.catalog import jobindex
+from planner.stores.storage import FileStat, LocalStorage
 from plitzer.cli import main
 from plitzer.errors import ConfigError, DataError, StaleIndexError
 from tests.conftest import tokens_of
@@ -173,7 +173,7 @@ def test_on_s3_one_listing_one_get_then_only_chunks(s3: S3Data, proxy: FaultProx
 
 
 def test_explain_takes_it_through_the_shared_settings(data: Path, tmp_path: Path) -> None:
-    from plitzer.explain import explain
+    from plitzer.tools.explain import explain
 
     out = tmp_path / "job.index"
     jobindex.write(data, out)

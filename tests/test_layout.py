@@ -320,7 +320,7 @@ def test_lanes_of_a_stage_not_a_multiple_of_the_world_is_refused(data: tuple[Pat
 
 
 def test_the_budget_floor_is_checked_for_the_larger_layout(data: tuple[Path, list[list[list[int]]]]) -> None:
-    from planner.plan import row_group_counts
+    from planner.order.plan import row_group_counts
 
     path, _ = data
     with plitzer.Loader(path, lanes=4, seq_len=8, window=2) as ld:
@@ -519,7 +519,7 @@ def test_layout_stages_and_weight_stages_combine(tmp_path: Path) -> None:
         again.resume(part)
         assert [tokens_of(again.next_batch()).tolist() for _ in range(8)] == want[12:20]
         assert again.config["layout"] == [[0, 4, 8], [4, 2, 24]] and again.config["stages"][-1][0] == 6
-    assert plitzer.state.decode(state).config["layout"] == [[0, 4, 8], [4, 2, 24]]
+    assert plitzer.state.checkpoint.decode(state).config["layout"] == [[0, 4, 8], [4, 2, 24]]
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -691,7 +691,7 @@ def test_gloo_ranks_switch_layout_and_resume_at_world_one(
 
 @pytest.mark.parametrize("stages", [[(0, 4, 8), (6, 2, 64)], [(0, 2, 64), (3, 8, 4), (9, 4, 16)]])
 def test_the_budget_holds_across_the_change(data: tuple[Path, list[list[list[int]]]], stages: list[Stage]) -> None:
-    from planner.plan import row_group_counts
+    from planner.order.plan import row_group_counts
 
     path, docs = data
     with plitzer.Loader(path, lanes=4, seq_len=8, window=2) as ld:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import plitzer
 import plitzer.audit
-from plitzer import live
+from plitzer.state import live
 from tests.conftest import tokens_of
 from tests.test_mixture import _share_bounds
 
@@ -125,7 +125,7 @@ def test_every_world_and_resume_at_another_world(three: dict[str, str]) -> None:
             loaders = [plitzer.Loader(three, weights=W0, world=world, rank=r, **CFG) for r in range(world)]
             for ld in loaders:
                 ld.resume(state)
-                assert ld.config["stages"][: len(stages)] == plitzer.state.decode(state).config["stages"]
+                assert ld.config["stages"][: len(stages)] == plitzer.state.checkpoint.decode(state).config["stages"]
             rest = _steps(loaders, 10)
             resumed.append(rest)
             for ld in loaders:
@@ -208,7 +208,7 @@ def test_recorded_in_checkpoint_plan_tables_explain_and_audit(three: dict[str, s
         _steps([ld], 30)
         b = ld.set_weights({"books": 2, "code": 1, "web": 0}, at_step=ld.step + 4)
         batches = [ld.next_batch() for _ in range(60)]
-        state = plitzer.state.decode(ld.checkpoint())
+        state = plitzer.state.checkpoint.decode(ld.checkpoint())
         plan = ld.plan
         stages = plan.sql("select start_step, source, weight from stages order by start_step, source").rows()
         shares = plitzer.audit.mixture_shares(plan, seq_len=CFG["seq_len"], epochs=1)
@@ -341,7 +341,7 @@ def test_a_source_added_epochs_into_the_run_changes_nothing_until_it_weighs(thre
     with plitzer.Loader(old, weights=w_old, **CFG) as a:
         c = 5 * a.tokens // (2 * per_step) + 3  # inside mixture epoch 2
         a.seek(c)
-        assert (plitzer.state.decode(a.checkpoint()).positions[:, 3:] > 0).any()  # mid-slice lanes
+        assert (plitzer.state.checkpoint.decode(a.checkpoint()).positions[:, 3:] > 0).any()  # mid-slice lanes
         state = a.checkpoint()
         without = [a.next_batch() for _ in range(80)]
     at = c + 40
@@ -398,11 +398,11 @@ def test_a_refused_resume_leaves_the_loaders_stages_as_they_were(three: dict[str
     with plitzer.Loader(three, weights=W0, **CFG) as a:
         a.set_weights({"books": 2, "code": 1, "web": 1}, at_step=5)
         a.seek(30)
-        good = plitzer.state.decode(a.checkpoint())
+        good = plitzer.state.checkpoint.decode(a.checkpoint())
     assert len(good.config["stages"]) == 2
     moved = good.positions.copy()
     moved[:, 2] += 1  # every lane a window further than step 30 puts it
-    state = plitzer.state.encode(plitzer.state.State(good.config, good.step, moved))
+    state = plitzer.state.checkpoint.encode(plitzer.state.checkpoint.State(good.config, good.step, moved))
     with plitzer.Loader(three, weights=W0, **CFG) as b, plitzer.Loader(three, weights=W0, **CFG) as ref:
         before = b.config
         with pytest.raises(plitzer.CheckpointError, match="is not where step 30 puts it"):

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import plitzer
-from plitzer.text import TextIndex, load_tokenizer
-from plitzer.tokenize import tokenize
+from plitzer.text.source import TextIndex, load_tokenizer
+from plitzer.text.tokenize import tokenize
 from tests.conftest import tokens_of
 
 CFG = {"seed": 9, "lanes": 4, "window": 2, "seq_len": 24}

@@ -32,7 +32,7 @@ def test_dataset_set_weights_equals_the_loader(two: dict[str, str]) -> None:
         assert ds.set_weights({"a": 1, "b": 3}) == ld.set_weights({"a": 1, "b": 3})
         for _ in range(20):
             np.testing.assert_array_equal(ds.next_batch().tokens.numpy(), tokens_of(ld.next_batch()))
-        assert plitzer.state.decode(ds.state_dict()["checkpoint"]).config["stages"] == ld.config["stages"]
+        assert plitzer.state.checkpoint.decode(ds.state_dict()["checkpoint"]).config["stages"] == ld.config["stages"]
 
 
 def _free_port() -> int:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import planner
 import plitzer
 from planner.errors import ConfigError, SelectionError
-from plitzer.explain import document_lengths
+from plitzer.tools.explain import document_lengths
 from tests.s3_fixtures import S3Data, s3  # noqa: F401  # the fixture
 
 # -- datasets whose tokens say which document and offset they are ---------------------------
@@ -317,7 +317,7 @@ def chars(texts: list[str]) -> list[list[int]]:
 
 
 def test_text_source_and_its_text_column(tmp_path: Path) -> None:
-    from plitzer.text import load_tokenizer
+    from plitzer.text.source import load_tokenizer
 
     rng = np.random.default_rng(3)
     words = ["alpha", "beta", "gamma", "delta", "Ω", ""]
@@ -341,7 +341,7 @@ def test_text_source_and_its_text_column(tmp_path: Path) -> None:
 
 
 def test_text_source_in_a_mixture(tmp_path: Path, synth_dataset: Any) -> None:
-    from plitzer.text import load_tokenizer
+    from plitzer.text.source import load_tokenizer
 
     texts = [("Ω " * (i % 7)) + "x" * (i % 5) for i in range(60)]
     pq.write_table(pa.table({"text": texts}), tmp_path / "t.parquet", row_group_size=6)
@@ -476,8 +476,8 @@ def test_cli_locate(synth_dataset: Any, capsys: pytest.CaptureFixture[str]) -> N
 
 @pytest.mark.parametrize("where", [None, "int_score >= 2"])
 def test_one_source_positions_are_the_plans(synth_dataset: Any, where: str | None) -> None:
-    from planner.pieces import OneSource
-    from planner.plan import row_group_counts
+    from planner.lookup.pieces import OneSource
+    from planner.order.plan import row_group_counts
 
     d = synth_dataset(30_000, seed=2, docs_per_row_group=40, mean_length=100)
     plan = plitzer.plan(d, seed=7, lanes=8, window=3, world=2, where=where)

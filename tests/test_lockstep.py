@@ -17,7 +17,7 @@ import pytest
 
 import plitzer
 from plitzer.loader import budget_floor
-from plitzer.scan import AHEAD
+from plitzer.readpath.scan import AHEAD
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_old_rule_would_have_drifted(tiny_row_groups: Path) -> None:
     ix = plitzer.index(tiny_row_groups)
     plan = plitzer.plan(ix, lanes=4, window=1)
     ep = plan.epoch(0)
-    from plitzer.explain import document_lengths
+    from plitzer.tools.explain import document_lengths
 
     lengths = document_lengths(ix)
     rows = ix.frame["rows"].to_numpy()

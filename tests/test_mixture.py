@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import planner
 import plitzer
-from planner.sources import parse_stages
+from planner.mixing.sources import parse_stages
 from tests.conftest import docs_by_row_group, numbered_dataset, tokens_of
 from tests.reference import lane_streams, mixture_lane_streams
 from tests.s3_fixtures import S3Data, s3
@@ -91,7 +91,7 @@ def test_matches_the_reference_and_every_world(tmp_path_factory: pytest.TempPath
             np.testing.assert_array_equal(np.concatenate([p[t] for p in parts]), got[t])
 
 
-def _share_bounds(plan: planner.mixture.MixturePlan, epochs: int) -> None:
+def _share_bounds(plan: planner.mixing.mixture.MixturePlan, epochs: int) -> None:
     """Within each stage, after every window: each source's tokens against its weight's
     share, within the bounds docs/design.md derives (behind by less than one of its row
     groups plus one token; ahead by less than its share of one largest row group of
@@ -131,8 +131,8 @@ def test_shares_within_one_row_group_and_source_epochs_whole(tmp_path_factory, m
     lengths, stages, cfg = mix
     root = tmp_path_factory.mktemp("mix")
     sources, _ = _write(root, lengths)
-    ix = planner.mixture.mixture_index(sources)
-    p = planner.mixture.MixturePlan(
+    ix = planner.mixing.mixture.mixture_index(sources)
+    p = planner.mixing.mixture.MixturePlan(
         ix,
         planner.PlanSettings(seed=cfg["seed"], lanes=cfg["lanes"], window=cfg["window"]),
         parse_stages(stages, ix.names, [x.tokens for x in ix.parts]),

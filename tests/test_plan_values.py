@@ -15,11 +15,11 @@ import pytest
 
 import plitzer.synth
 from planner.errors import ConfigError
-from planner.interleave import UNCHANGED, Interleave
-from planner.layout import Layout
-from planner.mixture import MixturePlan, mixture_index
-from planner.plan import LanesPlan, PlanSettings
-from planner.sources import Stage
+from planner.mixing.interleave import UNCHANGED, Interleave
+from planner.mixing.mixture import MixturePlan, mixture_index
+from planner.mixing.sources import Stage
+from planner.order.layout import Layout
+from planner.order.plan import LanesPlan, PlanSettings
 
 SETTINGS = PlanSettings(seed=3, lanes=4, window=2)
 SEQ_LEN = 32

@@ -18,7 +18,7 @@ import pytest
 import planner
 import plitzer
 from plitzer.errors import SelectionError
-from plitzer.predicate import connect, normalize
+from plitzer.selection.predicate import connect, normalize
 from tests.conftest import SynthDataset, tokens_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -147,7 +147,7 @@ def test_expressions_a_user_writes_select_as_duckdb_does(data: Path, where: str)
     import pyarrow.parquet as pq
 
     ix = plitzer.index(data)
-    sel = plitzer.select.select_index(ix, where)
+    sel = plitzer.selection.select.select_index(ix, where)
     want = []
     con = duckdb.connect()
     for f in sorted(data.glob("*.parquet")):

@@ -1,6 +1,6 @@
 """Chunks read into reused memory: every decoded array stays intact after later reads.
 
-``plitzer.read.read_decoded`` reads each column chunk into its thread's reused
+``plitzer.readpath.read.read_decoded`` reads each column chunk into its thread's reused
 buffer and decodes it with a ``ParquetFile`` kept per footer and thread. A decoded
 array that pointed into that buffer would change under the caller at the next
 read; these tests read many chunks, keep every array, and compare them at the end
@@ -20,10 +20,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import planner
-import plitzer.read
+import plitzer.readpath.read
 from planner.errors import DamagedChunkError
-from planner.storage import FileStat, LocalStorage
-from plitzer.read import read_chunk, read_decoded
+from planner.stores.storage import FileStat, LocalStorage
+from plitzer.readpath.read import read_chunk, read_decoded
 
 
 def _write(folder: Path, files: int, *, compression: str, dictionary: bool, seed: int = 0) -> None:
@@ -92,9 +92,9 @@ def test_the_hot_path_reads_into_one_buffer_and_its_arrays_stay_intact(tmp_path:
     ix = planner.index(d)
     largest = int(np.argmax(ix.frame["byte_length"].to_numpy()))
     kept = [read_chunk(ix, largest)]
-    buffer = plitzer.read._reader().buffer  # grown to the largest chunk once: every later chunk reuses it
+    buffer = plitzer.readpath.read._reader().buffer  # grown to the largest chunk once: every later chunk reuses it
     kept += [read_chunk(ix, rg) for rg in range(ix.row_groups)]
-    assert plitzer.read._reader().buffer is buffer
+    assert plitzer.readpath.read._reader().buffer is buffer
     for rg, arr in enumerate(kept[1:]):
         row = ix.frame.row(rg, named=True)
         want = pq.ParquetFile(ix.file(row["file_index"]).location).read_row_group(row["row_group"], columns=["tokens"])
@@ -133,7 +133,7 @@ def test_reader_threads_each_reuse_their_own_buffer(tmp_path: Path) -> None:
             t.start()
         for t in more:
             t.join()
-    assert len(plitzer.read._READERS.by_thread) <= 4 + len(threading.enumerate())
+    assert len(plitzer.readpath.read._READERS.by_thread) <= 4 + len(threading.enumerate())
 
 
 def test_a_damaged_chunk_then_good_ones(tmp_path: Path) -> None:
@@ -172,7 +172,7 @@ def test_a_forked_child_reads_with_readers_of_its_own(tmp_path: Path) -> None:
     if pid == 0:
         code = 3
         try:
-            code = 0 if not plitzer.read._READERS.by_thread and read().equals(want) else 2
+            code = 0 if not plitzer.readpath.read._READERS.by_thread and read().equals(want) else 2
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)

@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import plitzer
-from plitzer import state as ckpt
+from plitzer.state import checkpoint as ckpt
 from tests.conftest import SynthDataset
 
 REPO = Path(__file__).resolve().parents[1]

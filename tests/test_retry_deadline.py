@@ -23,7 +23,7 @@ import pytest
 import planner
 import plitzer
 from planner.errors import ConfigError, StorageError, StorageWaitWarning
-from planner.retry import DEFAULT_DEADLINE, PATIENCE, Fatal, Retrier, Retrying, Transient
+from planner.stores.retry import DEFAULT_DEADLINE, PATIENCE, Fatal, Retrier, Retrying, Transient
 from tests.cloud_fixtures import CloudData, azure, gcs
 from tests.conftest import tokens_of
 from tests.s3_fixtures import FaultProxy, S3Data, SeededFaults, options, s3
@@ -264,7 +264,7 @@ def _through(name: str, store: Any, proxy: FaultProxy, **extra: Any) -> dict[str
 @pytest.mark.parametrize("url", ["s3://bucket/prefix", "gs://bucket/prefix", "az://container/prefix"])
 def test_every_object_store_takes_the_deadline_from_storage_options(url: str) -> None:
     """The default (checked without waiting it out), the option, and 0, on each backend's own retrier."""
-    from planner.backends import open_storages
+    from planner.stores.backends import open_storages
 
     base: dict[str, Any] = {
         "s3": {"endpoint": "http://127.0.0.1:9", "region": "us-east-1", "key": "k", "secret": "s"},

@@ -13,8 +13,8 @@ import pytest
 
 import plitzer
 import plitzer.synth
+from planner.mixing.sources import Stage
 from planner.run import Run
-from planner.sources import Stage
 
 CFG = {"seed": 3, "lanes": 8, "window": 2, "seq_len": 32}
 W0 = {"books": 1, "code": 1, "web": 2}
@@ -59,14 +59,18 @@ def test_take_stages_alone_tells_the_scanner(three: dict[str, str]) -> None:
         a.next_batch()
         a.next_batch()
         a.set_weights(W1)
-        state = plitzer.state.decode(a.checkpoint())
+        state = plitzer.state.checkpoint.decode(a.checkpoint())
         want = [_tokens(a.next_batch()) for _ in range(30)]
     with plitzer.Loader(three, weights=W0, **CFG) as b:
         b._scanner.ahead = 6  # read well past the change, under the old stages
         b.next_batch()
         b.next_batch()
         b.take_stages(b.fit(state))
-        assert b.config["stages"] == plitzer.state.decode(b.checkpoint()).config["stages"] == state.config["stages"]
+        assert (
+            b.config["stages"]
+            == plitzer.state.checkpoint.decode(b.checkpoint()).config["stages"]
+            == state.config["stages"]
+        )
         got = [_tokens(b.next_batch()) for _ in range(30)]
     for x, y in zip(got, want, strict=True):
         np.testing.assert_array_equal(x, y)

@@ -20,7 +20,7 @@ import pytest
 import planner
 import plitzer
 from planner.errors import ConfigError, StorageError
-from planner.s3 import S3Storage
+from planner.stores.s3 import S3Storage
 from tests.conftest import tokens_of
 from tests.s3_fixtures import FAULTS, FaultProxy, S3Data, SeededFaults, always, options, proxy, s3, upload
 
@@ -247,7 +247,7 @@ def test_throttling_is_retried_to_the_same_batches_and_counted(
 
 
 def test_the_throttle_halves_once_a_round_and_grows_back() -> None:
-    from planner.retry import Throttle
+    from planner.stores.retry import Throttle
 
     t = Throttle(16)
     with t.slot() as first, t.slot() as second:  # two requests of the same round, both throttled
@@ -274,7 +274,7 @@ def test_the_throttle_halves_once_a_round_and_grows_back() -> None:
 def test_the_throttle_bounds_requests_in_flight() -> None:
     import threading
 
-    from planner.retry import Throttle
+    from planner.stores.retry import Throttle
 
     t = Throttle(8)
     with t.slot() as s:
@@ -355,7 +355,7 @@ def test_an_object_changed_since_indexing_is_refused(s3: S3Data, tmp_path: Path)
 def test_listing_pages_are_followed(s3: S3Data, proxy: FaultProxy) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from planner.s3 import S3Storage
+    from planner.stores.s3 import S3Storage
 
     client = s3.client()
     keys = [f"paged/d{i % 7}/{i:05d}.parquet" for i in range(1234)] + ["paged/readme.md"]

@@ -1,6 +1,6 @@
 """Resume anywhere at the cost of resuming near the start (a mixture's interleave is never replayed).
 
-:class:`planner.mixture.Interleave` finds any window from its stage's entry by binary
+:class:`planner.mixing.mixture.Interleave` finds any window from its stage's entry by binary
 search over the merge's keys; ``tests/interleave_reference.py`` keeps 0.3's interleave,
 which replays the stream from step 0, and these tests hold the two equal window for window
 (so the batch order cannot have changed), at step 10^7 too, and the plan's memory bounded.
@@ -15,9 +15,9 @@ import pytest
 
 import plitzer
 import plitzer.synth
-from planner.mixture import Interleave, MixturePlan
-from planner.plan import PlanSettings
-from planner.sources import Stage
+from planner.mixing.mixture import Interleave, MixturePlan
+from planner.mixing.sources import Stage
+from planner.order.plan import PlanSettings
 from tests.conftest import tokens_of
 from tests.interleave_reference import ReplayInterleave
 

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 import planner
 import plitzer
 import plitzer.errors
-import plitzer.select as sel
+import plitzer.selection.select as sel
 from planner.errors import CheckpointError, ConfigError, DataError
 from tests.conftest import SynthDataset, tokens_of
 from tests.s3_fixtures import S3Data, s3
@@ -433,7 +433,7 @@ _DIST_WORKER = """
 import json, os, sys
 import numpy as np
 import torch.distributed as dist
-import plitzer.select as sel
+import plitzer.selection.select as sel
 import plitzer.torch
 
 rank, world, port, data, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]

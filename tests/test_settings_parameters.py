@@ -27,12 +27,12 @@ import plitzer
 import plitzer.synth
 from planner.api import NO_SELECTOR, check_layout, check_source, source_kind
 from planner.errors import ConfigError
-from planner.layout import Layout
+from planner.order.layout import Layout
 from planner.parameters import MARKER, PARAMETERS, PLAN_PARAMETERS, POSITIONAL, Parameter, by_name, document
 from plitzer.cli import build_parser
-from plitzer.explain import explain
-from plitzer.locate import locate
-from plitzer.settings import Keywords, KeywordsLessWhere, LoaderSettings, checkpoint_config
+from plitzer.state.settings import Keywords, KeywordsLessWhere, LoaderSettings, checkpoint_config
+from plitzer.tools.explain import explain
+from plitzer.tools.locate import locate
 
 NAMES = [p.name for p in PARAMETERS]
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,14 +217,14 @@ def test_planner_plan_takes_the_selector_explicitly(data: str) -> None:
         f"""
         import planner
         p = planner.plan({data!r}, where="score >= 3", lanes=4, window=2, selector=None if False else __import__(
-            "plitzer.select", fromlist=["select_spec"]).select_spec)
+            "plitzer.selection.select", fromlist=["select_spec"]).select_spec)
         print(p.tokens, p.dataset.fingerprint)
         """
     )
     assert got.returncode == 0, got.stderr
     want = plitzer.plan(data, where="score >= 3", lanes=4, window=2)
     assert got.stdout.split() == [str(want.tokens), want.dataset.fingerprint]
-    assert plitzer.selector is plitzer.select.select_spec
+    assert plitzer.selector is plitzer.selection.select.select_spec
     assert not hasattr(planner.api, "set_selector")
     calls: list[str | None] = []
 
@@ -264,7 +264,7 @@ def test_the_planners_checks_of_a_source_are_in_api() -> None:
 def test_each_index_says_its_own_checkpoint_fields(data: str, tmp_path: Path) -> None:
     ix = plitzer.index(data)
     assert ix.config_fields() == {} and ix.selected_rows(0) is None and ix.length_source("n") == "n"
-    sel = plitzer.selector(ix, planner.sources.SourceSpec(name="", path=data, where="score >= 3"))
+    sel = plitzer.selector(ix, planner.mixing.sources.SourceSpec(name="", path=data, where="score >= 3"))
     assert sel.config_fields() == {"where": "(score >= 3)", "length_column": ""}  # normalized
     assert sel.length_source("n") is None and sel.selected_rows(0) is not None
     other = tmp_path / "b"

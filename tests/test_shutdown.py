@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import plitzer
-from plitzer import _shutdown
+from plitzer.readpath import _shutdown
 from tests import exit_stress
 from tests.conftest import SynthDataset
 
@@ -38,11 +38,11 @@ def _env() -> dict[str, str]:
 
 def test_no_arrow_thread_runs_python_code(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The decoder's file object is read and released only in threads that shutdown joins."""
-    import plitzer.read
+    import plitzer.readpath.read
 
     seen: set[str] = set()
 
-    class Watched(plitzer.read.RangeFile):
+    class Watched(plitzer.readpath.read.RangeFile):
         def read(self, n: int | None = -1) -> bytes:
             seen.add(threading.current_thread().name)
             return super().read(n)
@@ -50,7 +50,7 @@ def test_no_arrow_thread_runs_python_code(tiny: Path, monkeypatch: pytest.Monkey
         def __del__(self) -> None:
             seen.add(threading.current_thread().name)
 
-    monkeypatch.setattr(plitzer.read, "RangeFile", Watched)
+    monkeypatch.setattr(plitzer.readpath.read, "RangeFile", Watched)
     with plitzer.Loader(tiny, **CFG) as ld:
         for _ in range(30):
             ld.next_batch()
@@ -61,16 +61,16 @@ def test_no_arrow_thread_runs_python_code(tiny: Path, monkeypatch: pytest.Monkey
 
 _LATE_RELEASE = r"""
 import sys, threading, time
-import plitzer, plitzer.read
+import plitzer, plitzer.readpath.read
 
-class Late(plitzer.read.RangeFile):
+class Late(plitzer.readpath.read.RangeFile):
     # Widens the window of the abort: a thread that drops the last reference to the
     # file object as the interpreter ends. In an Arrow thread, that aborted.
     def __del__(self):
         if threading.current_thread() is not threading.main_thread():
             time.sleep(0.05)
 
-plitzer.read.RangeFile = Late
+plitzer.readpath.read.RangeFile = Late
 ld = plitzer.Loader(sys.argv[1], seed=1, lanes=8, window=16, seq_len=64, threads=2)
 for _ in range(int(sys.argv[2])):
     ld.next_batch()

@@ -8,7 +8,7 @@ source is pinned to a commit, so the suite's "replace" and "delete" rewrite the
 repository's history (the pinned commit is gone); a plain commit that moves the
 branch is what tests/test_hub.py shows a pinned reader never notices. fsspec's shared abstract tests
 are the model: each test below runs for each store, through the public
-:class:`planner.storage.Storage` interface and the loader.
+:class:`planner.stores.storage.Storage` interface and the loader.
 
 Also here: a list source that mixes stores reads each file through its own
 storage (``Index.storage(f)``), for Polars scans, DuckDB and the loader's threads.
@@ -28,11 +28,11 @@ import pytest
 
 import planner
 import plitzer
-from planner.backends import open_storages
 from planner.errors import FileChangedError, StorageError
-from planner.s3 import S3Storage
-from planner.storage import LocalStorage, Storage
-from plitzer.settings import default_threads
+from planner.stores.backends import open_storages
+from planner.stores.s3 import S3Storage
+from planner.stores.storage import LocalStorage, Storage
+from plitzer.state.settings import default_threads
 from tests.cloud_fixtures import CloudData, azure, gcs
 from tests.conftest import tokens_of
 from tests.hub_server import HubData, WebData, hub, web
@@ -272,7 +272,7 @@ def test_same_batches_as_local_disk(store: Store) -> None:
 
 def _without_revisions(state: bytes) -> bytes:
     """The checkpoint as disk writes it: a Hub source's also records its commit (revisions)."""
-    from plitzer.state import State, decode, encode
+    from plitzer.state.checkpoint import State, decode, encode
 
     st = decode(state)
     return encode(State(config={**st.config, "revisions": []}, step=st.step, positions=st.positions))

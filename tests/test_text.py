@@ -26,8 +26,8 @@ import pytest
 
 import plitzer
 from plitzer.errors import CheckpointError, ConfigError
-from plitzer.text import load_tokenizer, text_index
-from plitzer.tokenize import tokenize
+from plitzer.text.source import load_tokenizer, text_index
+from plitzer.text.tokenize import tokenize
 from tests.conftest import tokens_of
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -371,7 +371,7 @@ def test_synth_text_writes_real_text_shards(tmp_path: Path) -> None:
     """plitzer synth --text: real text under a folder, a real tokenizer, large row groups,
     every document ending with EOS, and the loader reads it."""
     pytest.importorskip("mistral_common")
-    from plitzer.synth_text import default_tokenizer, write_text
+    from plitzer.tools.synth_text import default_tokenizer, write_text
 
     src = Path(plitzer.__file__).parent  # real text: plitzer's own sources
     files, passes = write_text(tmp_path / "t", 30_000, roots=[src], row_group_tokens=8_000, progress=False)

@@ -19,7 +19,7 @@ import pytest
 
 import plitzer
 from plitzer.cli import main
-from plitzer.tokenize import tokenize
+from plitzer.text.tokenize import tokenize
 from tests.cloud_fixtures import CloudData, azure, gcs
 from tests.conftest import tokens_of
 from tests.hub_server import HubData, hub

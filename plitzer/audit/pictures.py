@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from planner.layout import Layout
+    from planner.order.layout import Layout
 
 __all__ = [
     "plot_amplification",

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Unpack
 
 import polars as pl
 
-from planner.layout import Layout
-from planner.mixture import MixturePlan
-from planner.plan import Plan
-from planner.rowgroups import RowGroupIndex
+from planner.catalog.rowgroups import RowGroupIndex
+from planner.mixing.mixture import MixturePlan
+from planner.order.layout import Layout
+from planner.order.plan import Plan
 from plitzer.audit.pictures import (
     plot_amplification,
     plot_lane_balance,
@@ -42,9 +42,9 @@ from plitzer.audit.tables import (
     reads_per_rank,
     source_repetitions,
 )
-from plitzer.explain import document_pass
-from plitzer.select import select_config
-from plitzer.settings import Keywords, LoaderSettings, make_plan, open_source
+from plitzer.selection.select import select_config
+from plitzer.state.settings import Keywords, LoaderSettings, make_plan, open_source
+from plitzer.tools.explain import document_pass
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -247,7 +247,7 @@ def _reads_section(plan: Plan, cfg: LoaderSettings, windows: Sequence[int] | Non
 
 
 def _selection_section(ix: RowGroupIndex, out: _Sections) -> None:
-    """Kept against total rows and tokens, per file and per source (``where=``, plitzer.select)."""
+    """Kept against total rows and tokens, per file and per source (``where=``, plitzer.selection.select)."""
     tables, _, notes = out
     f = ix.frame
     keys = ["source", "file_index", "file"] if "source" in f.columns else ["file_index", "file"]

@@ -14,11 +14,11 @@ import polars as pl
 from numpy.typing import NDArray
 
 from planner.api import PathSource, open_index
-from planner.layout import Layout
-from planner.mixture import MixturePlan
-from planner.plan import Plan, PlanSettings
-from planner.rowgroups import RowGroupIndex
-from plitzer.explain import document_table
+from planner.catalog.rowgroups import RowGroupIndex
+from planner.mixing.mixture import MixturePlan
+from planner.order.layout import Layout
+from planner.order.plan import Plan, PlanSettings
+from plitzer.tools.explain import document_table
 
 __all__ = [
     "I64",
@@ -292,7 +292,7 @@ def mixture_shares(plan: MixturePlan, seq_len: int, epochs: int = 1) -> pl.DataF
     starts = plan.window_starts(n_win)
     per_step = plan.settings.lanes * seq_len
     lay = plan.layout if plan.layout is not None and plan.layout.staged else None
-    # A stage's first run token: X(step), the run's tokens before its step (layout stages: planner.layout).
+    # A stage's first run token: X(step), the run's tokens before its step (layout stages: planner.order.layout).
     bounds = np.array([lay.run_at(st.start) if lay else st.start * per_step for st in plan.stages], dtype=np.int64)
     stage = np.searchsorted(bounds, starts, side="right") - 1
     names = plan.names

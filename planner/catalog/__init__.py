@@ -1,0 +1,1 @@
+"""The catalog of a dataset: footers fetched, checked and parsed into one row per row group; job indexes."""

@@ -1,0 +1,486 @@
+"""The row-group index: one row per row group, built from Parquet footers alone.
+
+``index(source)`` lists the ``*.parquet`` files below ``source`` (bytewise order of
+their path relative to it), reads every footer concurrently, and returns an
+:class:`Index`: a Polars frame with, per row group, its file, rows, exact token
+count, and the byte range of the token column chunk (the one ranged read the
+runtime will issue), plus the dataset fingerprint.
+
+Token counts come from the footer: for a list column the leaf statistics'
+``num_values`` is the number of non-null tokens, and the chunk's own
+``num_values`` minus that is the number of empty (or null) documents. planner
+reads metadata only: a row group whose footer has no statistics is counted by a
+:class:`planner.catalog.footer.ChunkCounter` that reads it once (the runtime's, ``plitzer.readpath.read``).
+
+The token column is a list or large_list of any integer type; batches are int32,
+or uint32 for uint32 and uint64 data (``Index.dtype``). Where a token may not fit
+(int64 or uint64 data whose footer min/max do not prove it), ``needs_check`` marks
+the row group and decoding checks every value.
+
+How a row group's tokens are counted is a :class:`Counting` step; this module owns
+everything else (listing, footers, the frame, the fingerprint, the cache), so the
+text index (``plitzer.text.source.TextCounting``, a tokenizer pass) shares it.
+
+Footers and the finished index are cached under ``PLITZER_CACHE`` (default
+``~/.cache/plitzer``), keyed by each file's location, size and mtime (ETag on S3),
+never inside the dataset. A second call on an unchanged dataset lists the files
+and reads no footer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+from numpy.typing import NDArray
+
+from planner.catalog import footer
+from planner.catalog.column import TokenDtype, delivered_dtype
+from planner.catalog.rowgroups import stream_counts
+from planner.errors import ConfigError, DataError
+from planner.stores.backends import open_storages
+from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
+from planner.stores.storage import FileStat, Storage
+
+__all__ = [
+    "INDEX_SCHEMA",
+    "Counted",
+    "Counting",
+    "FileEntry",
+    "FooterCounting",
+    "Index",
+    "ensure_index",
+    "index",
+    "index_cache_path",
+    "index_entries",
+    "list_files",
+]
+
+INDEX_SCHEMA: dict[str, Any] = {
+    "file": pl.String,
+    "file_index": pl.Int64,
+    "row_group": pl.Int64,
+    "rows": pl.Int64,
+    "tokens": pl.Int64,
+    "empty_docs": pl.Int64,
+    "byte_offset": pl.Int64,
+    "byte_length": pl.Int64,
+    "file_size": pl.Int64,
+    # True where a token may not fit the batch dtype (int64 or uint64 data whose
+    # footer min/max are missing or out of range): decoding then checks every value.
+    "needs_check": pl.Boolean,
+}
+_INDEX_FORMAT = "3"  # 3: entries with a length and checksum (planner.stores.cache)
+
+
+@dataclass
+class FileEntry:
+    stat: FileStat
+    storage: Storage
+    metadata: pq.FileMetaData | None = None
+    raw: bytes | None = None
+    """The footer bytes where they came with the listing (a job index, a rank's exchange)."""
+
+
+@dataclass
+class Index:
+    """The row-group index of a dataset.
+
+    Attributes
+    ----------
+    frame : polars.DataFrame
+        One row per row group (files in order, row groups in file order) with the
+        columns of ``INDEX_SCHEMA``.
+    column : str
+        The token column.
+    dtype : {"int32", "uint32"}
+        The dtype of every batch and of every decoded chunk: uint32 when the
+        column is uint32 or uint64, else int32 (whatever the files' widths).
+    fingerprint : str
+        sha256 of (relative path, rows, tokens) of every row group, in order; it
+        does not depend on where the dataset lives.
+    """
+
+    frame: pl.DataFrame
+    column: str
+    dtype: TokenDtype
+    fingerprint: str
+    source: str
+    _files: list[FileEntry] = field(repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def files(self) -> list[FileStat]:
+        return [f.stat for f in self._files]
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of the stream (the selected ones where the index is selected)."""
+        return int(stream_counts(self.frame)[0].sum())
+
+    @property
+    def row_groups(self) -> int:
+        return self.frame.height
+
+    def storage(self, file_index: int) -> Storage:
+        return self._files[file_index].storage
+
+    def file(self, file_index: int) -> FileStat:
+        return self._files[file_index].stat
+
+    def metadata(self, file_index: int) -> pq.FileMetaData:
+        """The file's parsed footer: from memory, else the cache, else storage."""
+        e = self._files[file_index]
+        if e.metadata is not None:
+            return e.metadata
+        with self._lock:
+            if e.metadata is None:
+                raw = e.raw if e.raw is not None else footer.cached(e.stat)
+                if raw is None:
+                    raw = footer.fetch(e.storage, e.stat)
+                    footer.remember(e.stat, raw)
+                e.metadata = footer.parse(raw, e.stat.location)
+            return e.metadata
+
+    def location(self, file_index: int, row_group: int | None = None) -> str:
+        where = self._files[file_index].stat.location
+        return where if row_group is None else f"{where}, row group {row_group}"
+
+    # -- what a kind of index says of itself (docs/design.md, "One index protocol") --------
+
+    def config_fields(self) -> dict[str, Any]:
+        """The checkpoint fields this kind of index adds (SPEC section 7): none for a dataset's.
+
+        A selected index adds its predicate, a text index its tokenizer, a mixture its
+        sources; the runtime gives the fields an index leaves out their defaults.
+        """
+        return {}
+
+    def selected_rows(self, row_group: int) -> NDArray[np.int64] | None:
+        """The rows of ``row_group`` the stream takes (numbers in it, ascending); None: every row."""
+        return None
+
+    def length_source(self, given: str | None) -> str | None:
+        """The column that holds each row's token count, if any: ``given`` (a selected index has its own)."""
+        return given
+
+
+def _fingerprint(frame: pl.DataFrame, extra: str = "") -> str:
+    h = hashlib.sha256()
+    for name, rows, tokens in zip(
+        frame["file"].to_list(), frame["rows"].to_list(), frame["tokens"].to_list(), strict=True
+    ):
+        h.update(f"{name}\t{rows}\t{tokens}\n".encode())
+    h.update(extra.encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """One file's index rows as a counting step gives them.
+
+    ``rows`` are :data:`planner.catalog.footer.Row` tuples; ``column`` and ``dtype`` are the
+    column counted and the dtype of its batches; ``stored`` is the column's type in
+    the file, for messages.
+    """
+
+    rows: list[footer.Row]
+    column: str
+    dtype: TokenDtype
+    stored: str
+
+
+class Counting(Protocol):
+    """How :func:`index` counts a row group's tokens (docs/design.md, "One index protocol, one builder, one dispatch").
+
+    :func:`index` lists the files, loads their footers and builds, fingerprints and
+    caches the frame; a counting step only counts. :class:`FooterCounting` reads the
+    token column's footer statistics; ``plitzer.text.source.TextCounting`` tokenizes text.
+    """
+
+    def cache_key(self) -> tuple[object, ...] | None:
+        """What besides the files decides the counts (None: the finished index is not cached)."""
+        ...
+
+    def scan(self, entry: FileEntry) -> Counted | None:
+        """One file's rows from its footer (``entry.metadata`` is set), or None where :meth:`finish` counts them."""
+        ...
+
+    def finish(
+        self, entries: Sequence[FileEntry], scanned: list[Counted | None], progress: bool | None
+    ) -> list[Counted]:
+        """Every file's rows, counting those that :meth:`scan` left as None."""
+        ...
+
+    def fingerprint_extra(self) -> str:
+        """Hashed into the fingerprint after the row groups' counts ("" for footer counts)."""
+        ...
+
+    def wrap(self, ix: Index) -> Index:
+        """The index to hand out for ``ix``: ``ix`` itself, or an index that reads it differently."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class FooterCounting:
+    """Counts from the token column's footer statistics (a row group without them is read once by ``count``)."""
+
+    column: str | None = None
+    count: footer.ChunkCounter | None = None
+
+    def cache_key(self) -> tuple[object, ...]:
+        return (self.column,)
+
+    def scan(self, entry: FileEntry) -> Counted:
+        assert entry.metadata is not None
+        rows, name, dtype = footer.row_groups(entry.storage, entry.stat, entry.metadata, self.column, self.count)
+        return Counted(rows=rows, column=name, dtype=delivered_dtype(dtype), stored=str(dtype))
+
+    def finish(
+        self, entries: Sequence[FileEntry], scanned: list[Counted | None], progress: bool | None
+    ) -> list[Counted]:
+        return [c for c in scanned if c is not None]
+
+    def fingerprint_extra(self) -> str:
+        return ""
+
+    def wrap(self, ix: Index) -> Index:
+        return ix
+
+
+def list_files(
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], storage_options: Mapping[str, Any] | None
+) -> tuple[list[FileEntry], str]:
+    """The ``*.parquet`` files of ``source`` in index order, and the source for messages."""
+    storages = open_storages(source, storage_options)
+    entries: list[FileEntry] = []
+    for i, s in enumerate(storages):
+        for found in s.list_files():
+            # Files of a list source are named by their source's position, so two
+            # folders with the same file names stay distinct.
+            st = (
+                found
+                if len(storages) == 1
+                else FileStat(f"{i}/{found.name}", found.location, found.size, found.version)
+            )
+            entries.append(FileEntry(stat=st, storage=s))
+    src = ", ".join(s.url for s in storages)
+    if not entries:
+        msg = f"source {src!r} holds no *.parquet file; check the path (folders are searched recursively)"
+        raise ConfigError(msg)
+    return entries, src
+
+
+def _token_dtype(name: str) -> TokenDtype:
+    if name == "int32":
+        return "int32"
+    if name == "uint32":
+        return "uint32"
+    raise KeyError(name)  # a damaged cache entry: rebuilt
+
+
+def _from_cache(path: Path, counting: Counting, src: str, entries: list[FileEntry]) -> Index | None:
+    raw = read_entry(path)
+    if raw is None:
+        return None
+    try:
+        # ParquetFile.read, not read_table: read_table imports pyarrow.dataset and
+        # pandas on first use, a fifth of a second on every fresh process's start.
+        table = pq.ParquetFile(pa.BufferReader(raw)).read()
+        meta = table.schema.metadata or {}
+        frame = pl.from_arrow(table)
+        assert isinstance(frame, pl.DataFrame)
+        return counting.wrap(
+            Index(
+                frame=frame,
+                column=meta[b"column"].decode(),
+                dtype=_token_dtype(meta[b"dtype"].decode()),
+                fingerprint=meta[b"fingerprint"].decode(),
+                source=src,
+                _files=entries,
+            )
+        )
+    except (OSError, KeyError, pa.ArrowException, AssertionError) as e:
+        discard(path, f"unreadable: {type(e).__name__}")  # rebuilt, never trusted
+        return None
+
+
+def _to_cache(path: Path, frame: pl.DataFrame, column: str, dtype: TokenDtype, fingerprint: str) -> None:
+    table = frame.to_arrow().replace_schema_metadata({"column": column, "dtype": dtype, "fingerprint": fingerprint})
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf)
+    write_entry(path, buf.getvalue().to_pybytes())  # a folder that cannot be written costs speed, not rows
+
+
+def _scan_footers(
+    entries: list[FileEntry], counting: Counting, progress: bool | None, threads: int
+) -> list[Counted | None]:
+    """Every file's footer (the cache's, else storage's) and what ``counting`` gets from it, concurrently."""
+
+    def load(entry: FileEntry) -> Counted | None:
+        raw = entry.raw if entry.raw is not None else footer.cached(entry.stat)
+        if raw is not None:
+            entry.metadata = footer.parse(raw, entry.stat.location)
+            return counting.scan(entry)
+        with footer.fetch_lock(entry.stat):  # processes sharing the cache fetch a footer once
+            raw = footer.cached(entry.stat)
+            fresh = raw is None
+            if raw is None:
+                raw = footer.fetch(entry.storage, entry.stat)
+            entry.metadata = footer.parse(raw, entry.stat.location)
+            result = counting.scan(entry)
+            if fresh:
+                footer.remember(entry.stat, raw)  # only once it parsed and gave rows
+            return result
+
+    show = progress if progress is not None else (len(entries) >= 64 and None)
+    from tqdm import tqdm
+
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(entries)))) as pool:
+        return list(
+            tqdm(
+                pool.map(load, entries),
+                total=len(entries),
+                desc="footers",
+                unit="file",
+                disable=None if show is None else not show,
+                leave=False,
+            )
+        )
+
+
+def _frame(entries: list[FileEntry], counted: list[Counted]) -> pl.DataFrame:
+    """The index frame of every file's rows; every file's column must give the same batches."""
+    first = counted[0]
+    cols: dict[str, list[Any]] = {k: [] for k in INDEX_SCHEMA}
+    for fi, (entry, c) in enumerate(zip(entries, counted, strict=True)):
+        # list and large_list, and integer widths, may differ between files as long
+        # as the batches they give have the same dtype.
+        if c.column != first.column or c.dtype != first.dtype:
+            msg = (
+                f"{entry.stat.location}: token column {c.column!r} of type {c.stored} (batches of "
+                f"{c.dtype}) differs from {first.column!r} of type {first.stored} (batches of "
+                f"{first.dtype}) in {entries[0].stat.location}; all files must agree: rewrite this file "
+                "or pass column="
+            )
+            raise DataError(msg)
+        for g, n, tokens, empties, start, length, check in c.rows:
+            cols["file"].append(entry.stat.name)
+            cols["file_index"].append(fi)
+            cols["row_group"].append(g)
+            cols["rows"].append(n)
+            cols["tokens"].append(tokens)
+            cols["empty_docs"].append(empties)
+            cols["byte_offset"].append(start)
+            cols["byte_length"].append(length)
+            cols["file_size"].append(entry.stat.size)
+            cols["needs_check"].append(check)
+    return pl.DataFrame(cols, schema=INDEX_SCHEMA)
+
+
+def index(
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    column: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    progress: bool | None = None,
+    threads: int = 32,
+    count: footer.ChunkCounter | None = None,
+    counting: Counting | None = None,
+) -> Index:
+    """Build (or load from the cache) the row-group index of ``source``.
+
+    Parameters
+    ----------
+    source : str, PathLike or list of them
+        A local folder (searched recursively for ``*.parquet``), one file,
+        ``s3://bucket/prefix``, ``gs://bucket/prefix``, ``az://container/prefix`` (or
+        ``abfs://``), or a list of these (files of each source in turn).
+    column : str, optional
+        The token column (a list or large_list of any integer type); by default
+        the one integer-list column named ``input_ids``, ``tokens`` or
+        ``token_ids``, else the one integer-list column.
+    storage_options : dict, optional
+        S3 settings: ``endpoint``, ``region``, ``key``, ``secret``, ``anon``.
+    progress : bool, optional
+        Show a progress bar while reading footers (default: when there are many
+        files and stderr is a terminal).
+    count : callable, optional
+        Counts a row group whose footer lacks statistics by reading its token
+        column once (:class:`planner.catalog.footer.ChunkCounter`); by default the runtime's, set when
+        plitzer is imported. planner itself reads metadata only.
+    counting : Counting, optional
+        How to count a row group's tokens; by default ``FooterCounting(column, count)``
+        (footer statistics). ``plitzer.text.source`` passes a tokenizer pass.
+
+    Examples
+    --------
+    An HF-style file: ``input_ids`` (list<int32>) beside an int8 ``attention_mask``.
+
+    >>> import os, tempfile, planner, pyarrow as pa, pyarrow.parquet as pq
+    >>> d = tempfile.mkdtemp()
+    >>> ids = pa.array([[5, 6, 7], [8, 9]], pa.list_(pa.int32()))
+    >>> mask = pa.array([[1, 1, 1], [1, 1]], pa.list_(pa.int8()))
+    >>> pq.write_table(pa.table({"input_ids": ids, "attention_mask": mask}), os.path.join(d, "a.parquet"))
+    >>> ix = planner.index(d)
+    >>> ix.column, ix.dtype, ix.tokens
+    ('input_ids', 'int32', 5)
+    >>> ix.frame.columns[:5]
+    ['file', 'file_index', 'row_group', 'rows', 'tokens']
+    """
+    if counting is None:
+        counting = FooterCounting(column, count)
+    entries, src = list_files(source, storage_options)
+    return index_entries(entries, src, counting, progress=progress, threads=threads)
+
+
+def index_cache_path(entries: Sequence[FileEntry], counting: Counting) -> Path | None:
+    """Where the finished index of these files is cached (None: not cached for this counting)."""
+    extra = counting.cache_key()
+    if extra is None:
+        return None
+    stats = [(e.stat.location, e.stat.size, e.stat.version, e.stat.name) for e in entries]
+    return cache_dir() / "index" / f"{digest(_INDEX_FORMAT, *extra, *stats)}.parquet"
+
+
+def index_entries(
+    entries: list[FileEntry], src: str, counting: Counting, *, progress: bool | None = None, threads: int = 32
+) -> Index:
+    """The index of files already listed (:func:`index` after its listing; a job's shared listing)."""
+    cached = index_cache_path(entries, counting)
+    if cached is not None:
+        hit = _from_cache(cached, counting, src, entries)
+        if hit is not None:
+            return hit
+    counted = counting.finish(entries, _scan_footers(entries, counting, progress, threads), progress)
+    frame = _frame(entries, counted)
+    first = counted[0]
+    fp = _fingerprint(frame, counting.fingerprint_extra())
+    if cached is not None:
+        _to_cache(cached, frame, first.column, first.dtype, fp)
+    ix = Index(frame=frame, column=first.column, dtype=first.dtype, fingerprint=fp, source=src, _files=entries)
+    return counting.wrap(ix)
+
+
+def ensure_index(
+    source: Index | str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    column: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Index:
+    """``source`` if it is an :class:`Index` (of the same ``column``), else its index."""
+    if isinstance(source, Index):
+        if column is not None and column != source.column:
+            msg = f"column={column!r} differs from the index's token column {source.column!r}; pass the same column"
+            raise ConfigError(msg)
+        return source
+    return index(source, column=column, storage_options=storage_options)

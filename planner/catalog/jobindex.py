@@ -1,0 +1,343 @@
+"""A job index: a dataset's index and its files' footers in one object, for every rank of a job.
+
+``write(source, out)`` indexes ``source`` (the cache's footers, else storage's) and writes
+one Parquet object: a row per file with its identity (``name``, ``size``, ``version``: what
+the listing gives), its footer bytes (``footer``, the Thrift metadata and its 8-byte tail,
+what :func:`planner.catalog.footer.fetch` returns) and its index rows as lists (``row_group``,
+``rows``, ``tokens``, ``empty_docs``, ``byte_offset``, ``byte_length``, ``needs_check``);
+the schema's metadata holds the token column, the batch dtype, the fingerprint and the
+format. ``load(url, source)`` lists ``source`` once, refuses the job index if a file was
+added, removed or changed since (:class:`planner.errors.StaleIndexError`, naming it), and
+gives the :class:`planner.catalog.dataset.Index` with every footer in memory: a rank reads this one
+object and then only the token column chunks, no footer (decoding a chunk needs the
+file's parsed footer, so the job index carries the bytes, not just the byte ranges).
+
+A file changed in place after the listing (same size, so the listing cannot see it on
+local disk within the mtime's resolution) is refused on its first read, as without a job
+index (the version check of every ranged read). ``out`` and ``url`` are local paths or any
+object-store URL a source may be (``s3://``, ``gs://``, ``az://``), read and written with
+the store's own client and ``storage_options``.
+
+The ranks of a process group build the same index without a job index file:
+:func:`listing` on one rank, :func:`entries_of` on every rank from that listing,
+:func:`footer_share` (each rank's share of the footers), :func:`take_footers` (everyone's
+shares) and :func:`job_index`; ``plitzer.torch`` runs the collectives between them.
+docs/design.md, "One index per job".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from planner.catalog import footer
+from planner.catalog.dataset import (
+    INDEX_SCHEMA,
+    FileEntry,
+    FooterCounting,
+    Index,
+    index,
+    index_cache_path,
+    index_entries,
+    list_files,
+)
+from planner.errors import ConfigError, DataError, StaleIndexError
+from planner.stores.backends import open_storages
+from planner.stores.cache import write_atomic
+from planner.stores.storage import SCHEMES, FileStat
+
+__all__ = [
+    "FORMAT",
+    "JobIndexInfo",
+    "entries_of",
+    "footer_share",
+    "has_cached_index",
+    "job_index",
+    "listing",
+    "load",
+    "read_object",
+    "take_footers",
+    "write",
+    "write_object",
+]
+
+FORMAT = "plitzer-job-index/1"
+_LISTS = ("row_group", "rows", "tokens", "empty_docs", "byte_offset", "byte_length", "needs_check")
+
+
+@dataclass(frozen=True, slots=True)
+class JobIndexInfo:
+    """What :func:`write` wrote: where, how many files and row groups, how many bytes."""
+
+    out: str
+    files: int
+    row_groups: int
+    bytes: int
+    fingerprint: str
+
+
+def _is_url(path: str) -> bool:
+    return path.startswith(SCHEMES)
+
+
+def _store(url: str, storage_options: Mapping[str, Any] | None) -> Any:
+    fs = getattr(open_storages(url, storage_options)[0], "fs", None)
+    if fs is None:  # every object store has its fsspec filesystem
+        msg = f"{url}: this store cannot read or write a job index; use a local path"
+        raise ConfigError(msg)
+    return fs
+
+
+def read_object(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None) -> bytes:
+    """The bytes of one object or local file (one GET on an object store)."""
+    text = os.fspath(url)
+    try:
+        if _is_url(text):
+            data: bytes = _store(text, storage_options).cat_file(text)
+            return data
+        return Path(text).expanduser().read_bytes()
+    except FileNotFoundError as e:
+        msg = f"job index {text!r} does not exist; write it with: plitzer index DATA --out {text}"
+        raise ConfigError(msg) from e
+
+
+def write_object(url: str | os.PathLike[str], data: bytes, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Write one object (a local file atomically; an object store's PUT is atomic)."""
+    text = os.fspath(url)
+    if _is_url(text):
+        _store(text, storage_options).pipe_file(text, data)
+    else:
+        write_atomic(Path(text).expanduser(), data)
+
+
+def _footer_bytes(e: FileEntry) -> bytes:
+    raw = e.raw if e.raw is not None else footer.cached(e.stat)
+    if raw is None:  # a cache folder that cannot be written: fetch again
+        raw = footer.fetch(e.storage, e.stat)
+    return raw
+
+
+def encode(ix: Index) -> bytes:
+    """The job index of ``ix`` as Parquet bytes (its footers from the cache, else storage)."""
+    entries = ix._files
+    frame = ix.frame
+    lists = frame.group_by("file_index", maintain_order=True).agg(*(pl.col(c) for c in _LISTS)).sort("file_index")
+    if lists.height != len(entries):  # a file without row groups has no index rows
+        lists = (
+            pl.DataFrame({"file_index": range(len(entries))}, schema={"file_index": pl.Int64})
+            .join(lists, on="file_index", how="left")
+            .with_columns(
+                *(pl.col(c).fill_null(pl.lit([], dtype=pl.List(INDEX_SCHEMA[c]))) for c in _LISTS),
+            )
+        )
+    table = pa.table(
+        {
+            "name": pa.array([e.stat.name for e in entries], pa.string()),
+            "location": pa.array([e.stat.location for e in entries], pa.string()),
+            "size": pa.array([e.stat.size for e in entries], pa.int64()),
+            "version": pa.array([e.stat.version for e in entries], pa.string()),
+            "footer": pa.array([_footer_bytes(e) for e in entries], pa.large_binary()),
+            **{c: lists[c].to_arrow() for c in _LISTS},
+        }
+    ).replace_schema_metadata(
+        {"format": FORMAT, "column": ix.column, "dtype": ix.dtype, "fingerprint": ix.fingerprint, "source": ix.source}
+    )
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf, compression="zstd")
+    data: bytes = buf.getvalue().to_pybytes()
+    return data
+
+
+def write(
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    column: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    out_options: Mapping[str, Any] | None = None,
+    progress: bool | None = None,
+) -> JobIndexInfo:
+    """Index ``source`` and write its job index to ``out`` (a local path or a store URL).
+
+    ``out_options`` are the ``storage_options`` of ``out`` (default: ``storage_options``).
+    """
+    ix = index(source, column=column, storage_options=storage_options, progress=progress)
+    data = encode(ix)
+    write_object(out, data, storage_options if out_options is None else out_options)
+    return JobIndexInfo(os.fspath(out), len(ix.files), ix.row_groups, len(data), ix.fingerprint)
+
+
+def _stale(where: str, listed: list[FileEntry], kept: dict[str, tuple[int, str]]) -> None:
+    """Refuse a job index whose files are not the listing's, naming the first that differs."""
+    names = set()
+    for e in listed:
+        st = e.stat
+        names.add(st.name)
+        got = kept.get(st.name)
+        if got is None:
+            what = f"{st.location} was added since it was written"
+        elif got != (st.size, st.version):
+            what = (
+                f"{st.location} changed since it was written (size {got[0]} -> {st.size}, "
+                f"version {got[1]!r} -> {st.version!r})"
+            )
+        else:
+            continue
+        msg = f"job index {where} is stale: {what}; write it again (plitzer index DATA --out {where})"
+        raise StaleIndexError(msg, file=st.location)
+    for name in kept:
+        if name not in names:
+            msg = (
+                f"job index {where} is stale: {name} was removed since it was written; "
+                f"write it again (plitzer index DATA --out {where})"
+            )
+            raise StaleIndexError(msg, file=name)
+
+
+def load(
+    url: str | os.PathLike[str],
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    column: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    index_options: Mapping[str, Any] | None = None,
+) -> Index:
+    """The index of ``source`` from its job index at ``url``: one listing, one read, no footer read.
+
+    ``index_options`` are the ``storage_options`` of ``url`` (default: ``storage_options``).
+    """
+    where = os.fspath(url)
+    data = read_object(where, storage_options if index_options is None else index_options)
+    try:
+        table = pq.ParquetFile(pa.BufferReader(data)).read()
+        meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+        if meta.get("format") != FORMAT:
+            msg = f"format {meta.get('format')!r}, not {FORMAT!r}"
+            raise ValueError(msg)
+        cols = {c: table.column(c).to_pylist() for c in ("name", "size", "version")}
+        footers = table.column("footer").to_pylist()
+        lists = pl.from_arrow(table.select(list(_LISTS)))
+        assert isinstance(lists, pl.DataFrame)
+    except (OSError, KeyError, ValueError, pa.ArrowException, AssertionError) as e:
+        msg = f"{where} is not a plitzer job index ({e}); write it with: plitzer index DATA --out {where}"
+        raise DataError(msg) from e
+    if column is not None and column != meta["column"]:
+        msg = (
+            f"column={column!r} differs from the job index's token column {meta['column']!r} ({where}); "
+            f"write it again with --column {column}"
+        )
+        raise ConfigError(msg)
+    entries, src = list_files(source, storage_options)
+    kept = {n: (s, v) for n, s, v in zip(cols["name"], cols["size"], cols["version"], strict=True)}
+    _stale(where, entries, kept)
+    if [e.stat.name for e in entries] != cols["name"]:  # the same files, so only a damaged index
+        msg = f"{where}: its files are not in the listing's order; write it again (plitzer index DATA --out {where})"
+        raise DataError(msg)
+    for entry, raw in zip(entries, footers, strict=True):
+        entry.raw = raw
+    frame = (
+        lists.with_columns(
+            pl.Series("file", cols["name"], pl.String),
+            pl.Series("file_size", cols["size"], pl.Int64),
+            pl.int_range(pl.len(), dtype=pl.Int64).alias("file_index"),
+        )
+        .explode(list(_LISTS))
+        .drop_nulls("row_group")
+        .select(list(INDEX_SCHEMA))
+        .cast(INDEX_SCHEMA)  # type: ignore[arg-type]
+    )
+    return Index(
+        frame=frame,
+        column=meta["column"],
+        dtype="uint32" if meta["dtype"] == "uint32" else "int32",
+        fingerprint=meta["fingerprint"],
+        source=src,
+        _files=entries,
+    )
+
+
+# -- one index per job: the ranks of a process group share the listing and the footers --------
+
+
+def listing(
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], storage_options: Mapping[str, Any] | None
+) -> list[FileStat]:
+    """The files of ``source`` (one listing: what one rank does for the job)."""
+    return [e.stat for e in list_files(source, storage_options)[0]]
+
+
+def entries_of(
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    storage_options: Mapping[str, Any] | None,
+    stats: Sequence[FileStat],
+) -> tuple[list[FileEntry], str]:
+    """The entries of a listing another rank made (no request: storages open without I/O).
+
+    A list source's files are named ``i/name`` by their source's position (as
+    :func:`planner.catalog.dataset.list_files` names them); each goes to its own storage.
+    """
+    storages = open_storages(source, storage_options)
+    out = []
+    for st in stats:
+        i = 0 if len(storages) == 1 else int(st.name.split("/", 1)[0])
+        out.append(FileEntry(stat=st, storage=storages[i]))
+    return out, ", ".join(s.url for s in storages)
+
+
+def has_cached_index(entries: Sequence[FileEntry], column: str | None) -> bool:
+    """Whether this machine's cache holds the finished index of these files (then no footer is needed)."""
+    path = index_cache_path(entries, FooterCounting(column))
+    return path is not None and path.exists()
+
+
+def footer_share(entries: Sequence[FileEntry], rank: int, world: int, threads: int = 32) -> dict[int, bytes]:
+    """The footers of files ``rank, rank + world, ...``: the cache's, else one fetch each (then cached)."""
+
+    def one(i: int) -> tuple[int, bytes]:
+        e = entries[i]
+        raw = footer.cached(e.stat)
+        if raw is None:
+            with footer.fetch_lock(e.stat):
+                raw = footer.cached(e.stat)
+                if raw is None:
+                    raw = footer.fetch(e.storage, e.stat)
+                    footer.parse(raw, e.stat.location)  # damaged: refused here, naming the file, not cached
+                    with contextlib.suppress(OSError):  # a read-only cache costs speed only
+                        footer.remember(e.stat, raw)
+        return i, raw
+
+    mine = range(rank, len(entries), world)
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(mine)))) as pool:
+        return dict(pool.map(one, mine))
+
+
+def take_footers(entries: Sequence[FileEntry], parts: Sequence[Mapping[int, bytes]]) -> None:
+    """Give every entry its footer from the ranks' shares (each rank's :func:`footer_share`).
+
+    Each footer also goes into this machine's cache (where it is not yet), so a restart
+    here, or an index built again from the listing, reads none from storage.
+    """
+    for part in parts:
+        for i, raw in part.items():
+            entries[i].raw = raw
+            if footer.cached(entries[i].stat) is None:
+                with contextlib.suppress(OSError):  # a read-only cache costs speed only
+                    footer.remember(entries[i].stat, raw)
+    missing = [e.stat.location for e in entries if e.raw is None]
+    if missing:
+        msg = f"the ranks' footer shares lack {len(missing)} files, first {missing[0]}; every rank must share"
+        raise ConfigError(msg)
+
+
+def job_index(entries: list[FileEntry], src: str, column: str | None, threads: int = 32) -> Index:
+    """The index of files whose footers came with them (or from this machine's cache)."""
+    return index_entries(entries, src, FooterCounting(column), threads=threads)

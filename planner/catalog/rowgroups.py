@@ -1,0 +1,124 @@
+"""What every row-group index is: the protocol that the plan, the runtime and the tools read.
+
+Three indexes satisfy :class:`RowGroupIndex`: a dataset's :class:`planner.catalog.dataset.Index`
+(token counts from footer statistics), a text dataset's ``plitzer.text.source.TextIndex`` (an
+``Index`` whose counts come from a tokenizer pass) and a mixture's
+:class:`planner.mixing.mixture.MixtureIndex` (its sources' indexes side by side). Code that
+only reads an index takes a ``RowGroupIndex`` and never asks which one it has: what
+differs between them (the rows a selection keeps, the checkpoint fields a kind of
+index adds) is a method of the protocol, so callers ask the index; the few places
+that must (where a chunk is read, where a plan is made) dispatch on the type once
+(docs/design.md, "One index protocol, one builder, one dispatch").
+
+This module is a leaf of planner: it imports nothing of planner but the storage types.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+from numpy.typing import NDArray
+
+from planner.catalog.column import TokenDtype
+from planner.stores.storage import FileStat, Storage
+
+__all__ = ["SELECTED_COLUMNS", "RowGroupIndex", "SelectedRows", "stream_counts", "with_selected"]
+
+SELECTED_COLUMNS: dict[str, str] = {
+    "rows_selected": "rows",
+    "tokens_selected": "tokens",
+    "empty_docs_selected": "empty_docs",
+}
+"""A selected index's columns (``where=``, ``plitzer.selection.select``) and the stored counts they select from."""
+
+
+def stream_counts(frame: pl.DataFrame) -> tuple[pl.Series, pl.Series, pl.Series]:
+    """Tokens, rows and empty documents each row group gives the stream: the selected ones where selected.
+
+    A row-group index built with ``where=`` (``plitzer.selection.select``) carries
+    ``rows_selected``, ``tokens_selected`` and ``empty_docs_selected`` beside the stored
+    counts; the order, the cuts and the reads are made of those (SPEC section 10).
+    """
+    if "tokens_selected" in frame.columns:
+        return frame["tokens_selected"], frame["rows_selected"], frame["empty_docs_selected"]
+    return frame["tokens"], frame["rows"], frame["empty_docs"]
+
+
+@runtime_checkable
+class SelectedRows(Protocol):
+    """An index whose row groups give the stream only some of their rows (``where=``, ``plitzer.selection.select``)."""
+
+    def selected_rows(self, row_group: int) -> NDArray[np.int64] | None:
+        """The rows of ``row_group`` (numbers in it, ascending) the stream takes; None: all of them."""
+        ...
+
+
+def with_selected(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with the selected columns (equal to the stored counts where nothing is selected)."""
+    missing = [pl.col(base).alias(name) for name, base in SELECTED_COLUMNS.items() if name not in frame.columns]
+    return frame.with_columns(missing) if missing else frame
+
+
+class RowGroupIndex(Protocol):
+    """One row per row group (rows of ``frame``, the columns of ``planner.catalog.dataset.INDEX_SCHEMA``).
+
+    Row-group ids are rows of ``frame``; files are numbered by ``frame["file_index"]``.
+    """
+
+    @property
+    def frame(self) -> pl.DataFrame:
+        """One row per row group: files in order, row groups in file order."""
+        ...
+
+    @property
+    def column(self) -> str:
+        """The token (or text) column."""
+        ...
+
+    @property
+    def dtype(self) -> TokenDtype:
+        """The dtype of every batch: int32, or uint32."""
+        ...
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the row groups' counts (and of whatever else decides them)."""
+        ...
+
+    @property
+    def source(self) -> str:
+        """Where the data lives, for messages."""
+        ...
+
+    @property
+    def files(self) -> list[FileStat]: ...
+
+    @property
+    def tokens(self) -> int: ...
+
+    @property
+    def row_groups(self) -> int: ...
+
+    def storage(self, file_index: int) -> Storage: ...
+
+    def file(self, file_index: int) -> FileStat: ...
+
+    def metadata(self, file_index: int) -> pq.FileMetaData:
+        """The file's parsed footer."""
+        ...
+
+    def location(self, file_index: int, row_group: int | None = None) -> str:
+        """The file (and row group) for messages: ``path`` or ``path, row group g``."""
+        ...
+
+    def selected_rows(self, row_group: int) -> NDArray[np.int64] | None:
+        """The rows of ``row_group`` the stream takes (``where=``); None: every row (:class:`SelectedRows`)."""
+        ...
+
+    def config_fields(self) -> dict[str, Any]:
+        """The checkpoint fields this kind of index adds: a selection's predicate, a text index's
+        tokenizer, a mixture's sources (none for a dataset's); the runtime fills in the rest."""
+        ...

@@ -1,0 +1,1 @@
+"""Reverse lookup: the pieces each document becomes, from the plan and token lengths alone."""

@@ -1,0 +1,341 @@
+"""Every piece of some windows, exactly as the loader packs them: the arithmetic of :mod:`planner.lookup.pieces`.
+
+:func:`window_pieces` takes the windows of one epoch in four passes, each on whole
+arrays (no loop over documents, pieces or lanes):
+
+1. the positions of the windows (those meeting the lanes asked about) and their
+   documents in stream order, from the row groups' document lengths;
+2. each document split per rank at the rank's range, then at the cuts inside it
+   (:mod:`planner.lanes`): the pieces, each in one lane;
+3. each lane's slice of pieces shuffled by ``permutation(n, key(seed, e, w, k, 2))``:
+   a piece's offset in its slice is the length of the pieces drawn ahead of it;
+4. the lane has received ``ceil((R - k) / B)`` tokens before the window (``R`` the
+   run's tokens before it), and step ``t`` is tokens ``[t*L, (t+1)*L)`` of every lane:
+   each piece cut where rows end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from planner.hashing import key, mix_array
+from planner.lanes import cut_at, lane_of
+from planner.lookup.lengths import Lengths
+
+__all__ = ["Pieces", "PlanView", "concat_ranges", "window_pieces"]
+
+I64 = NDArray[np.int64]
+
+
+class PlanView(Protocol):
+    """What the piece arithmetic needs of a plan (:class:`planner.order.plan.Plan` has it)."""
+
+    @property
+    def settings(self) -> Any: ...
+
+    def epoch(self, epoch: int) -> Any: ...
+
+    def run_before(self, epoch: int) -> int: ...
+
+    def epoch_of_run(self, run: int) -> int: ...
+
+    def windows_in(self, epoch: int) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Pieces:
+    """Pieces (parts of a document inside one row of one step), arrays of one length.
+
+    ``position`` is the row group's position in the epoch's order, ``row_group`` its id
+    (row of the index), ``doc`` the document's ordinal among the documents the stream
+    takes from the row group; ``start`` is the piece's first token in the row and
+    ``token_offset`` in the document.
+    """
+
+    step: I64
+    lane: I64
+    start: I64
+    length: I64
+    position: I64
+    row_group: I64
+    doc: I64
+    token_offset: I64
+    epoch: I64
+    window: I64
+
+    @classmethod
+    def empty(cls) -> Pieces:
+        z = np.zeros(0, np.int64)
+        return cls(*(z for _ in fields(cls)))
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def take(self, idx: Any) -> Pieces:
+        return Pieces(*(getattr(self, f.name)[idx] for f in fields(self)))
+
+    @staticmethod
+    def concat(parts: Iterable[Pieces]) -> Pieces:
+        got = list(parts)
+        if not got:
+            return Pieces.empty()
+        return Pieces(*(np.concatenate([getattr(p, f.name) for p in got]) for f in fields(Pieces)))
+
+    def sorted(self) -> Pieces:
+        """In the order batches list them: step, then lane, then start in the row."""
+        return self.take(np.lexsort((self.start, self.lane, self.step)))
+
+
+def concat_ranges(starts: I64, counts: I64) -> tuple[I64, I64]:
+    """``concat(arange(s, s + c))`` and the index of the range each element comes from."""
+    rep = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    j = np.arange(len(rep), dtype=np.int64) - (np.cumsum(counts) - counts)[rep]
+    return starts[rep] + j, rep
+
+
+def _position_tokens(ep: Any) -> I64:
+    """Tokens of every position of an epoch (from the token starts inside each window)."""
+    g = len(ep.order)
+    nxt = np.empty(g, np.int64)
+    if g:
+        nxt[:-1] = ep.token_start[1:]
+        last = np.ones(g, bool)
+        last[:-1] = ep.window[1:] != ep.window[:-1]
+        nxt[last] = ep.window_tokens[ep.window[last]]
+    out: I64 = nxt - ep.token_start
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Docs:
+    """Documents of some positions of an epoch, in stream order: where each one is in its window's stream."""
+
+    position: I64  # its row group's position in the epoch's order
+    row_group: I64
+    ordinal: I64  # among the documents the stream takes from the row group
+    start: I64  # first token in the window's stream
+    length: I64
+    window: I64
+
+
+@dataclass(frozen=True, slots=True)
+class _Cut:
+    """Pieces before the shuffle: each one's token range in its window's stream, lane and document."""
+
+    start: I64
+    end: I64
+    lane: I64
+    doc: I64  # index into the :class:`_Docs`
+    window: I64
+
+
+def window_pieces(
+    plan: PlanView,
+    epoch: int,
+    windows: I64,
+    lengths: Lengths,
+    seq_len: int,
+    *,
+    lanes: I64 | None = None,
+) -> Pieces:
+    """Every piece of the given windows of ``epoch`` (only lanes ``lanes`` of them, if given).
+
+    ``lanes`` holds keys ``window * B + lane`` (sorted, unique). Only the row groups
+    whose token range meets one of those lanes are asked for their lengths. The pieces
+    are made exactly as the loader's packer makes them at the plan's ``world``: each
+    rank splits its documents at the cuts inside its own range, and an empty document
+    is a piece of length 0 in the lane ``max{k < B : c_k <= s}``; pieces of length 0
+    take part in the shuffle but are not returned.
+    """
+    s = plan.settings
+    b, per = int(s.lanes), int(s.lanes) // int(s.world)
+    ep = plan.epoch(epoch)
+    windows = np.unique(np.asarray(windows, np.int64))
+    if not len(windows):
+        return Pieces.empty()
+    keys = None if lanes is None else np.asarray(lanes, np.int64)
+    pos, win, start, tok = _window_positions(ep, windows, int(s.window), b, keys)
+    if not len(pos):
+        return Pieces.empty()
+    docs = _documents(ep, pos, win, start, tok, lengths, b, keys)
+    cut = _split(ep, docs, b, per)
+    if keys is not None:
+        mine = np.flatnonzero(np.isin(cut.window * b + cut.lane, keys))
+        cut = _Cut(*(getattr(cut, f.name)[mine] for f in fields(_Cut)))
+    if not len(cut.lane):
+        return Pieces.empty()
+    offset = _slice_offsets(cut, key(s.seed, epoch), b)
+    # Where the lane is at the window's start: ceil((R - k) / B) tokens received.
+    prefix = np.cumsum(ep.window_tokens) - ep.window_tokens
+    run = plan.run_before(epoch) + prefix[cut.window]
+    lane_pos = (run - cut.lane + b - 1) // b + offset
+    return _rows(epoch, docs, cut, lane_pos, seq_len)
+
+
+def _window_positions(ep: Any, windows: I64, size: int, b: int, lanes: I64 | None) -> tuple[I64, I64, I64, I64]:
+    """The positions of ``windows`` (those whose token range meets ``lanes``): position, window, start, tokens."""
+    g = len(ep.order)
+    first = windows * size
+    pos, _ = concat_ranges(first, np.minimum(first + size, g) - first)
+    win = ep.window[pos]
+    t_w = ep.window_tokens[win]
+    q, r, z = t_w // b, t_w % b, ep.window_z[win]
+    tok = _position_tokens(ep)[pos]
+    start = ep.token_start[pos]
+    if lanes is not None:
+        lo = win * b + lane_of(start, q, r, z, b)
+        hi = win * b + lane_of(start + tok, q, r, z, b)  # conservative: trailing empty documents
+        need = np.searchsorted(lanes, lo, side="left") < np.searchsorted(lanes, hi, side="right")
+        pos, win, start, tok = pos[need], win[need], start[need], tok[need]
+    return pos, win, start, tok
+
+
+def _documents(ep: Any, pos: I64, win: I64, start: I64, tok: I64, lengths: Lengths, b: int, lanes: I64 | None) -> _Docs:
+    """The documents of positions ``pos`` in stream order (those that can reach ``lanes``, if given)."""
+    rgs = ep.order[pos].astype(np.int64)
+    uniq, inv = np.unique(rgs, return_inverse=True)
+    per_rg = [np.asarray(x, np.int64) for x in lengths(uniq)]
+    counts_u = np.array([len(x) for x in per_rg], np.int64)
+    flat = np.concatenate(per_rg) if per_rg else np.zeros(0, np.int64)
+    base_u = np.cumsum(counts_u) - counts_u
+    csum = np.concatenate([[0], np.cumsum(flat)])
+    # Documents in stream order: position by position, each row group's in storage order.
+    first_doc, n_doc = base_u[inv], counts_u[inv]
+    if lanes is not None:
+        first_doc, n_doc = _near_lanes(ep, lanes, b, win, start, tok, csum, first_doc, n_doc)
+    di, pi = concat_ranges(first_doc, n_doc)
+    return _Docs(
+        position=pos[pi],
+        row_group=rgs[pi],
+        ordinal=di - base_u[inv][pi],
+        start=start[pi] + (csum[di] - csum[base_u[inv][pi]]),
+        length=flat[di],
+        window=win[pi],
+    )
+
+
+def _near_lanes(
+    ep: Any, lanes: I64, b: int, win: I64, start: I64, tok: I64, csum: I64, first_doc: I64, n_doc: I64
+) -> tuple[I64, I64]:
+    """Each position's first document and count, kept to those that can reach a lane of ``lanes``.
+
+    On one axis, window * span + position, each lane's closed range [c_k, c_{k+1}] is
+    sorted as the lanes are; a row group's documents that meet the first and the last
+    range it meets are found by two binary searches in the running token count
+    (docs/design.md, "Locating documents"). A document's pieces, zero-length ones
+    included, lie in those ranges.
+    """
+    span = int(ep.window_tokens.max()) + 1
+    kw, kk = lanes // b, lanes % b
+    kt = ep.window_tokens[kw]
+    kq, kr, kz = kt // b, kt % b, ep.window_z[kw]
+    r_lo = kw * span + cut_at(kk, kq, kr, kz, b)
+    r_hi = kw * span + cut_at(kk + 1, kq, kr, kz, b)
+    axis = win * span + start
+    ka = np.searchsorted(r_hi, axis, side="left")  # the first range ending at or after the start
+    kb = np.searchsorted(r_lo, axis + tok, side="right") - 1  # the last starting at or before the end
+    ok = ka <= kb
+    x_lo = np.maximum(r_lo[np.minimum(ka, len(r_lo) - 1)] - axis, 0)
+    x_hi = np.minimum(r_hi[np.maximum(kb, 0)] - axis, tok)
+    at = csum[first_doc]
+    j0 = np.searchsorted(csum, at + x_lo, side="left") - 1 - first_doc  # first document ending at or after x_lo
+    j1 = np.searchsorted(csum, at + x_hi, side="right") - first_doc  # documents starting at or before x_hi
+    j0 = np.clip(j0, 0, n_doc)
+    j1 = np.clip(j1, 0, n_doc)
+    j1 = np.where(ok, np.maximum(j1, j0), j0)
+    return first_doc + j0, j1 - j0
+
+
+def _split(ep: Any, docs: _Docs, b: int, per: int) -> _Cut:
+    """Each document split per rank (clipped to the rank's range), then at the cuts inside it.
+
+    An empty document is one piece of length 0, in the lane ``max{k < B : c_k <= s}``.
+    """
+    ds, length, dw = docs.start, docs.length, docs.window
+    de = ds + length
+    t_d = ep.window_tokens[dw]
+    qd, rd, zd = t_d // b, t_d % b, ep.window_z[dw]
+    full = length > 0
+    r_s = np.where(full, lane_of(ds, qd, rd, zd, b) // per, 0)
+    r_e = np.where(full, lane_of(np.maximum(de - 1, 0), qd, rd, zd, b) // per, 0)
+    rk, ri = concat_ranges(r_s, r_e - r_s + 1)
+    cq, cr, cz = qd[ri], rd[ri], zd[ri]
+    c_lo = cut_at(rk * per, cq, cr, cz, b)
+    c_hi = cut_at((rk + 1) * per, cq, cr, cz, b)
+    s_clip = np.where(full[ri], np.maximum(ds[ri], c_lo), ds[ri])
+    e_clip = np.where(full[ri], np.minimum(de[ri], c_hi), ds[ri])
+    keep = ~full[ri] | (e_clip > s_clip)
+    rk, ri, s_clip, e_clip, cq, cr, cz = (a[keep] for a in (rk, ri, s_clip, e_clip, cq, cr, cz))
+    f = full[ri]
+    k_lo = np.where(f, lane_of(s_clip, cq, cr, cz, b) + 1, 0)
+    k_hi = np.where(f, lane_of(np.maximum(e_clip - 1, 0), cq, cr, cz, b) + 1, 0)
+    n_p = 1 + np.maximum(k_hi - k_lo, 0)
+    j, xi = concat_ranges(np.zeros(len(n_p), np.int64), n_p)
+    x_q, x_r, x_z = cq[xi], cr[xi], cz[xi]
+    p_start = np.where(j == 0, s_clip[xi], cut_at(k_lo[xi] + j - 1, x_q, x_r, x_z, b))
+    p_end = np.where(j == n_p[xi] - 1, e_clip[xi], cut_at(k_lo[xi] + j, x_q, x_r, x_z, b))
+    p_end = np.maximum(p_end, p_start)
+    lane = np.minimum(lane_of(p_start, x_q, x_r, x_z, b), np.where(f[xi], (rk[xi] + 1) * per - 1, b - 1))
+    doc_of = ri[xi]  # the stream-order document of each piece
+    return _Cut(start=p_start, end=p_end, lane=lane, doc=doc_of, window=dw[doc_of])
+
+
+def _slice_offsets(cut: _Cut, epoch_key: int, b: int) -> I64:
+    """Each piece's offset in its lane's slice after the shuffle.
+
+    A slice's ordinals in stream order are sorted by (mix(key ^ ordinal), ordinal),
+    the slice's key being ``key(seed, e, w, k, 2)``.
+    """
+    group = cut.window * b + cut.lane
+    idx = np.arange(len(group), dtype=np.int64)
+    by_group = np.lexsort((idx, group))
+    g_sorted = group[by_group]
+    new = np.ones(len(g_sorted), bool)
+    new[1:] = g_sorted[1:] != g_sorted[:-1]
+    g_first = np.maximum.accumulate(np.where(new, np.arange(len(g_sorted)), 0))
+    ordinal_in_slice = np.empty(len(group), np.int64)
+    ordinal_in_slice[by_group] = np.arange(len(g_sorted)) - g_first
+    slice_key = mix_array(
+        mix_array(mix_array(np.uint64(epoch_key) ^ cut.window.astype(np.uint64)) ^ cut.lane.astype(np.uint64))
+        ^ np.uint64(2)
+    )
+    h = mix_array(slice_key ^ ordinal_in_slice.astype(np.uint64))
+    packed = np.lexsort((ordinal_in_slice, h, group))
+    plen = (cut.end - cut.start)[packed]
+    gp = group[packed]
+    newp = np.ones(len(gp), bool)
+    newp[1:] = gp[1:] != gp[:-1]
+    cum = np.cumsum(plen) - plen
+    offset_in_slice = np.empty(len(group), np.int64)
+    offset_in_slice[packed] = cum - np.maximum.accumulate(np.where(newp, cum, 0))
+    return offset_in_slice
+
+
+def _rows(epoch: int, docs: _Docs, cut: _Cut, lane_pos: I64, seq_len: int) -> Pieces:
+    """The pieces cut where rows end (``lane_pos``: each one's first token in its lane); those of length 0 dropped."""
+    n_tok = cut.end - cut.start
+    live = n_tok > 0
+    first_step = lane_pos // seq_len
+    n_sub = np.where(live, (lane_pos + n_tok - 1) // seq_len - first_step + 1, 0)
+    step, si = concat_ranges(first_step, n_sub)
+    sub_start = np.maximum(lane_pos[si], step * seq_len)
+    sub_end = np.minimum(lane_pos[si] + n_tok[si], (step + 1) * seq_len)
+    d = cut.doc[si]
+    token_offset = np.asarray((cut.start[si] - docs.start[d]) + (sub_start - lane_pos[si]), np.int64)
+    return Pieces(
+        step=step,
+        lane=cut.lane[si],
+        start=sub_start - step * seq_len,
+        length=sub_end - sub_start,
+        position=docs.position[d],
+        row_group=docs.row_group[d],
+        doc=docs.ordinal[d],
+        token_offset=token_offset,
+        epoch=np.full(len(step), epoch, np.int64),
+        window=cut.window[si],
+    )

@@ -1,0 +1,78 @@
+"""Document lengths in: what the piece arithmetic (:mod:`planner.lookup.pieces`) asks of the data.
+
+Where a piece lands depends on the token lengths of the documents that share its lane
+(the shuffle places a piece after those it draws ahead of it). planner reads no data,
+so lengths come in as :data:`Lengths`, a function of row groups: from an array of
+every document's length (:func:`lengths_from_array`), any callable, or the runtime's
+reader, which plitzer registers (:func:`set_length_reader`: its cached document pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from planner.catalog.rowgroups import RowGroupIndex, stream_counts
+from planner.errors import ConfigError
+
+__all__ = ["LengthReader", "Lengths", "as_lengths", "default_lengths", "lengths_from_array", "set_length_reader"]
+
+I64 = NDArray[np.int64]
+
+Lengths = Callable[[I64], Sequence[I64]]
+"""Row groups (ids, rows of the index) -> each one's documents' token lengths, in stream order.
+
+A selected row group (``where=``) gives its selected documents only."""
+
+LengthReader = Callable[[RowGroupIndex], Lengths]
+"""What makes :data:`Lengths` for an index that reads data: the runtime's (plitzer sets it)."""
+
+_reader: LengthReader | None = None
+
+
+def set_length_reader(reader: LengthReader) -> None:
+    """Make ``reader`` where :meth:`planner.order.plan.Plan.pieces` gets document lengths (plitzer calls this)."""
+    global _reader  # noqa: PLW0603  # one process-wide default, as planner.api's selector
+    _reader = reader
+
+
+def default_lengths(index: RowGroupIndex) -> Lengths:
+    """The runtime's :data:`Lengths` of ``index`` (a ConfigError saying what to do where none is set)."""
+    if _reader is None:
+        msg = (
+            "plan.pieces needs each document's token length, which is data: import plitzer first (its "
+            "cached document pass reads them), or pass lengths= (every document's length, in index order)"
+        )
+        raise ConfigError(msg)
+    return _reader(index)
+
+
+def lengths_from_array(lengths: I64, rows: I64) -> Lengths:
+    """:data:`Lengths` from every document's length in index order (``rows`` documents per row group)."""
+    lengths = np.asarray(lengths, np.int64)
+    rows = np.asarray(rows, np.int64)
+    if len(lengths) != int(rows.sum()):
+        msg = (
+            f"lengths= holds {len(lengths)} documents but the index's row groups give the stream "
+            f"{int(rows.sum())}; pass one length per document, in index order (plitzer.tools.explain.document_lengths)"
+        )
+        raise ConfigError(msg)
+    base = np.cumsum(rows) - rows
+
+    def of(rgs: I64) -> list[I64]:
+        return [lengths[int(base[g]) : int(base[g] + rows[g])] for g in np.asarray(rgs).tolist()]
+
+    return of
+
+
+def as_lengths(plan: Any, lengths: Any) -> Lengths:
+    """``lengths=`` as :data:`Lengths`: a callable as it is, an array of every document's length, or the default."""
+    if lengths is None:
+        return default_lengths(plan.dataset)
+    if callable(lengths):
+        out: Lengths = lengths
+        return out
+    return lengths_from_array(np.asarray(lengths), stream_counts(plan.dataset.frame)[1].to_numpy())

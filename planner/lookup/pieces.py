@@ -1,0 +1,249 @@
+"""Every piece of a window, and where in which step each one lands: from the plan and document lengths.
+
+A *piece* is the part of a document that one row of one step holds (what a batch's
+``documents()`` lists). Where it lands is arithmetic on the plan (docs/design.md,
+"Locating documents"): the window's stream is cut into lanes (:mod:`planner.lanes`),
+each lane's slice of pieces is shuffled by ``permutation(n, key(seed, e, w, k, 2))``,
+the lane has received ``ceil((R - k) / B)`` tokens before the window (``R`` the run's
+tokens before it), and step ``t`` is tokens ``[t*L, (t+1)*L)`` of every lane. The only
+data it needs are the lengths of the documents of the row groups that hold the lanes
+asked about: the shuffle places a piece after the pieces it draws ahead of it, so their
+lengths decide its offset. planner reads no data, so those lengths come in through
+``lengths`` (plitzer reads them: token lengths, a ``length_column``, or its cached
+document pass).
+
+A worked example: one file of two row groups (rg 0: documents of 3 and 2 tokens; rg 1:
+one of 5), B = 2, W = 2, seq_len 4, seed 0. Epoch 0 takes rg 1 first, so the window's
+stream is rg 1's document (positions 0..4), then rg 0's (5..7, 8..9); T_w = 10 gives the
+cuts 0, 5, 10. Lane 0's slice is rg 1's document: 4 tokens in step 0, the last one in
+step 1. Lane 1's slice is rg 0's two documents, shuffled: document 1 (2 tokens) then
+document 0, whose first 2 tokens end step 0 and whose last one starts step 1. Rows are
+(step, lane, start, length, row group, document):
+
+>>> import planner, tempfile, pyarrow as pa, pyarrow.parquet as pq
+>>> d = tempfile.mkdtemp()
+>>> docs = pa.array([[1] * 3, [2] * 2, [3] * 5], pa.list_(pa.int32()))
+>>> pq.write_table(pa.table({"tokens": docs}), f"{d}/a.parquet", row_group_size=2)
+>>> p = planner.plan(d, lanes=2, window=2)
+>>> got = window_pieces(p, 0, np.array([0]), lengths_from_array(np.array([3, 2, 5]), np.array([2, 1])), 4).sorted()
+>>> list(zip(*(getattr(got, c).tolist() for c in ("step", "lane", "start", "length", "row_group", "doc"))))
+[(0, 0, 0, 4, 1, 0), (0, 1, 0, 2, 0, 1), (0, 1, 2, 2, 0, 0), (1, 0, 0, 1, 1, 0), (1, 1, 0, 1, 0, 0)]
+
+:func:`window_pieces` makes those rows for any window, lane and world exactly as the
+loader packs them (zero-length pieces at duplicate cuts included, since they take part
+loader packs them (zero-length pieces at duplicate cuts included, since they take part
+in the shuffle; its arithmetic is :mod:`planner.lookup.cut`); :func:`locate_pieces` keeps
+a few documents' rows, reading the lengths of only the row groups that share their
+lanes. The lengths come in as :mod:`planner.lookup.lengths` describes; the pieces as Polars
+frames and DuckDB's stream are :mod:`planner.lookup.frames`'s.
+
+Everything is numpy on whole arrays per epoch: no loop over documents, pieces or lanes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from planner.errors import ConfigError
+from planner.hashing import key, permutation
+from planner.lanes import lane_of
+from planner.lookup.cut import Pieces, PlanView, concat_ranges, window_pieces
+from planner.lookup.lengths import Lengths, as_lengths, lengths_from_array, set_length_reader
+
+__all__ = [
+    "Lengths",
+    "OneSource",
+    "Pieces",
+    "Positions",
+    "as_lengths",
+    "epoch_pieces",
+    "epochs_of_steps",
+    "lengths_from_array",
+    "locate_pieces",
+    "positions",
+    "set_length_reader",
+    "window_pieces",
+    "windows_of_steps",
+]
+
+I64 = NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class Positions:
+    """What the arithmetic reads of an epoch's plan: the order, windows, token starts and cuts' offsets.
+
+    :class:`planner.order.plan.EpochPlan` has these and the reads besides; :func:`positions`
+    computes only these (the reads of every rank are most of an epoch's layout).
+    """
+
+    order: I64
+    window: I64
+    token_start: I64
+    window_tokens: I64
+    window_z: I64
+
+
+def positions(order: I64, tokens: I64, lanes: int, window: int, run_before: int) -> Positions:
+    """The :class:`Positions` of row groups ``order`` (the first steps of :func:`planner.order.plan.layout_epoch`)."""
+    g = len(order)
+    pos = np.arange(g, dtype=np.int64)
+    win = pos // window
+    tok = tokens[order]
+    starts = np.arange(0, g, window, dtype=np.int64)
+    window_tokens = np.add.reduceat(tok, starts).astype(np.int64) if g else np.zeros(0, np.int64)
+    before = np.cumsum(tok) - tok
+    token_start = before - before[starts][win] if g else before
+    prefix = np.cumsum(window_tokens) - window_tokens
+    window_z = (run_before % lanes + prefix % lanes) % lanes
+    return Positions(order, win, token_start, window_tokens, window_z)
+
+
+class OneSource:
+    """A one-source plan seen through :class:`Positions` only: epoch ``e`` is ``permutation(G, key(seed, e, 1))``.
+
+    Same answers as the plan's own layouts, without the reads (docs/design.md, "Locating documents").
+    """
+
+    def __init__(self, plan: PlanView, tokens: I64) -> None:
+        self.plan = plan
+        self.tokens = np.asarray(tokens, np.int64)
+        self._cache: dict[int, Positions] = {}
+
+    @property
+    def settings(self) -> Any:
+        return self.plan.settings
+
+    def epoch(self, epoch: int) -> Positions:
+        got = self._cache.get(epoch)
+        if got is None:
+            s = self.plan.settings
+            order = permutation(len(self.tokens), key(s.seed, epoch, 1))
+            got = positions(order, self.tokens, int(s.lanes), int(s.window), self.plan.run_before(epoch))
+            if len(self._cache) > 4:
+                self._cache.clear()
+            self._cache[epoch] = got
+        return got
+
+    def run_before(self, epoch: int) -> int:
+        return self.plan.run_before(epoch)
+
+    def epoch_of_run(self, run: int) -> int:
+        return self.plan.epoch_of_run(run)
+
+    def windows_in(self, epoch: int) -> int:
+        return self.plan.windows_in(epoch)
+
+
+def windows_of_steps(plan: PlanView, epoch: int, steps: tuple[int, int], seq_len: int) -> I64:
+    """The windows of ``epoch`` that give tokens to steps ``[steps[0], steps[1])``.
+
+    Run token ``i`` is lane ``i mod B``'s token ``i // B``, so it is in step
+    ``i // (B * L)`` whatever the shuffle: a window of run tokens ``[R, R + T_w)``
+    feeds steps ``R // (B L)`` to ``(R + T_w - 1) // (B L)``.
+    """
+    b = int(plan.settings.lanes)
+    ep = plan.epoch(epoch)
+    ends = np.cumsum(ep.window_tokens)
+    run0 = plan.run_before(epoch)
+    lo, hi = steps[0] * b * seq_len - run0, steps[1] * b * seq_len - run0
+    a = int(np.searchsorted(ends, lo, side="right"))
+    z = int(np.searchsorted(ends - ep.window_tokens, hi, side="left"))
+    return np.arange(a, max(a, z), dtype=np.int64)
+
+
+def epochs_of_steps(plan: PlanView, steps: tuple[int, int], seq_len: int) -> range:
+    """The epochs whose windows give tokens to steps ``[steps[0], steps[1])``."""
+    if steps[1] <= steps[0]:
+        return range(0)
+    per_step = int(plan.settings.lanes) * seq_len
+    first = plan.epoch_of_run(steps[0] * per_step)
+    last = plan.epoch_of_run(steps[1] * per_step - 1)
+    return range(first, last + 1)
+
+
+def locate_pieces(
+    plan: PlanView,
+    epoch: int,
+    row_groups: I64,
+    docs: I64,
+    lengths: Lengths,
+    seq_len: int,
+    *,
+    steps: tuple[int, int] | None = None,
+) -> Pieces:
+    """Every piece of documents ``(row_groups[i], docs[i])`` in the windows of ``epoch``.
+
+    ``docs`` are ordinals among the documents the stream takes from each row group.
+    The lengths asked for are those of the documents' own row groups and of the row
+    groups that share a lane with one of their pieces: a few per document, whatever
+    the epoch or step. ``steps`` keeps the pieces of steps ``[start, stop)``.
+    """
+    b = int(plan.settings.lanes)
+    ep = plan.epoch(epoch)
+    want = np.unique((np.asarray(row_groups, np.int64) << 32) | np.asarray(docs, np.int64))
+    pos = np.flatnonzero(np.isin(ep.order, np.unique(want >> 32))).astype(np.int64)
+    if steps is not None:
+        ok = windows_of_steps(plan, epoch, steps, seq_len)
+        pos = pos[np.isin(ep.window[pos], ok)]
+    if not len(pos) or not len(want):
+        return Pieces.empty()
+    keys = _target_lanes(ep, pos, want, lengths, b)
+    if not len(keys):
+        return Pieces.empty()
+    got = window_pieces(plan, epoch, np.unique(keys // b), lengths, seq_len, lanes=keys)
+    mine = np.isin((got.row_group << 32) | got.doc, want)
+    if steps is not None:
+        mine &= (got.step >= steps[0]) & (got.step < steps[1])
+    return got.take(np.flatnonzero(mine))
+
+
+def _target_lanes(ep: Any, pos: I64, want: I64, lengths: Lengths, b: int) -> I64:
+    """The lanes (keys ``window * B + lane``) the target documents ``want`` reach at positions ``pos``.
+
+    ``want`` holds ``row_group << 32 | ordinal``, sorted; a target's stream position is
+    its row group's start plus the lengths of the documents before it.
+    """
+    t_rg = want >> 32
+    u_rg, t_first = np.unique(t_rg, return_index=True)
+    t_count = np.diff(np.concatenate([t_first, [len(want)]]))
+    rg = ep.order[pos].astype(np.int64)
+    ui = np.searchsorted(u_rg, rg)
+    hit_rg = np.unique(rg)
+    per_rg = [np.asarray(x, np.int64) for x in lengths(hit_rg)]
+    n_rg = np.array([len(x) for x in per_rg], np.int64)
+    flat = np.concatenate(per_rg) if per_rg else np.zeros(0, np.int64)
+    base = np.cumsum(n_rg) - n_rg
+    csum = np.concatenate([[0], np.cumsum(flat)])
+    ti, pi = concat_ranges(t_first[ui], t_count[ui])
+    ords = want[ti] & 0xFFFFFFFF
+    hi = np.searchsorted(hit_rg, rg[pi])
+    beyond = ords >= n_rg[hi]
+    if beyond.any():
+        i = int(np.flatnonzero(beyond)[0])
+        msg = f"row group {int(rg[pi][i])} has {int(n_rg[hi][i])} documents in the stream, not document {ords[i]}"
+        raise ConfigError(msg)
+    at = base[hi] + ords
+    s_doc, l_doc = csum[at] - csum[base[hi]], flat[at]
+    w = ep.window[pos][pi]
+    ds = ep.token_start[pos][pi] + s_doc
+    t = ep.window_tokens[w]
+    q, r, z = t // b, t % b, ep.window_z[w]
+    full = l_doc > 0
+    ls = lane_of(ds, q, r, z, b)[full]
+    le = lane_of(ds + l_doc - 1, q, r, z, b)[full]
+    k, ki = concat_ranges(ls, le - ls + 1)
+    out: I64 = np.unique(w[full][ki] * b + k)
+    return out
+
+
+def epoch_pieces(plan: PlanView, epoch: int, lengths: Lengths, seq_len: int, *, batch: int = 64) -> Iterator[Pieces]:
+    """Every piece of ``epoch``, a batch of ``batch`` windows at a time (window order)."""
+    n = plan.windows_in(epoch)
+    for a in range(0, n, batch):
+        yield window_pieces(plan, epoch, np.arange(a, min(n, a + batch), dtype=np.int64), lengths, seq_len)

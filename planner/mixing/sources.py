@@ -1,0 +1,214 @@
+"""A mixture's configuration: named sources, and weights in stages, each checked.
+
+Sources are a dict of name to a path (or list of paths, or ``s3://`` URL), or to a
+dict with ``path`` and optionally ``column``, ``storage_options``, ``where`` and
+``length_column`` (SPEC section 10), or a text source's ``tokenizer``, ``text_column``,
+``add_eos`` and ``add_bos`` (section 9); they are ordered by name. Weights are a dict
+(one stage from step 0), a list of ``(step, dict)`` stages, or None (each source weighs
+its tokens). Every mistake is a ConfigError naming the field and the fix.
+:mod:`planner.mixing.mixture` interleaves what this describes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from planner.errors import ConfigError
+
+__all__ = ["SourceSpec", "Stage", "Weights", "parse_stages", "source_specs"]
+
+Weights = Mapping[str, Any] | Sequence[tuple[int, Mapping[str, Any]]] | None
+_TEXT_KEYS = ("text_column", "tokenizer", "add_eos", "add_bos")
+_SOURCE_KEYS = {"path", "column", "storage_options", "where", "length_column", *_TEXT_KEYS}
+_MAX_TOTAL_WEIGHT = 1 << 24
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSpec:
+    """One named source: a path (or list of paths), its token column and storage options.
+
+    ``text`` holds a text source's ``tokenizer`` and optionally ``text_column``,
+    ``add_eos`` and ``add_bos`` (SPEC section 9), as given: planner reads footers only,
+    so plitzer indexes such a source (``plitzer.text.source``); None for token data.
+    """
+
+    name: str
+    path: str | list[str]
+    column: str | None = None
+    storage_options: Mapping[str, Any] | None = None
+    where: str | None = None
+    length_column: str | None = None
+    text: Mapping[str, Any] | None = None
+
+
+def source_specs(
+    sources: Mapping[str, Any],
+    *,
+    column: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    where: str | None = None,
+    length_column: str | None = None,
+) -> list[SourceSpec]:
+    """Check a dict of named sources; sources are ordered by name (bytewise).
+
+    Each value is a path, a list of paths, or a dict with ``path`` and optionally
+    ``column``, ``storage_options``, ``where`` and ``length_column``; those given to
+    the loader are the defaults.
+    """
+    if not sources:
+        msg = "sources={} names no source; give at least one, e.g. {'web': 'data/web'}"
+        raise ConfigError(msg)
+    specs = []
+    for name in sorted(sources):
+        if not isinstance(name, str) or not name:
+            msg = f"source name {name!r} must be a non-empty string"
+            raise ConfigError(msg)
+        value = sources[name]
+        if isinstance(value, Mapping):
+            extra = set(value) - _SOURCE_KEYS
+            if extra or "path" not in value:
+                msg = (
+                    f"source {name!r}: {sorted(extra) if extra else 'no path'}; a source is a path or a dict with "
+                    f"'path' and optionally 'column', 'storage_options', 'where' and 'length_column' "
+                    "(a text source: 'tokenizer' and optionally 'text_column', 'add_eos', 'add_bos')"
+                )
+                raise ConfigError(msg)
+            path = value["path"]
+            col = value.get("column", column)
+            opts = value.get("storage_options", storage_options)
+            pred = value.get("where", where)
+            lcol = value.get("length_column", length_column)
+            text = {k: value[k] for k in _TEXT_KEYS if k in value} or None
+            if text is not None and text.get("tokenizer") is None:
+                msg = (
+                    f"source {name!r}: {sorted(text)} without a tokenizer; a text source needs 'tokenizer' "
+                    "(SPEC section 9), a token source none of these keys"
+                )
+                raise ConfigError(msg)
+        else:
+            path, col, opts, pred, lcol, text = value, column, storage_options, where, length_column, None
+        if isinstance(path, (str, os.PathLike)):
+            path = os.fspath(path)
+        elif isinstance(path, Sequence) and all(isinstance(p, (str, os.PathLike)) for p in path):
+            path = [os.fspath(p) for p in path]
+        else:
+            msg = f"source {name!r}: path {path!r} must be a path, an s3:// URL or a list of them"
+            raise ConfigError(msg)
+        if lcol is not None and pred is None:
+            msg = f"source {name!r}: length_column={lcol!r} without where=; the length column serves a selection"
+            raise ConfigError(msg)
+        if text is not None and pred is not None:
+            msg = (
+                f"source {name!r}: where= with a text source (tokenizer=) is not supported; tokenize it "
+                "first with `plitzer tokenize` and select on the token dataset"
+            )
+            raise ConfigError(msg)
+        specs.append(
+            SourceSpec(
+                name=name, path=path, column=col, storage_options=opts, where=pred, length_column=lcol, text=text
+            )
+        )
+    return specs
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """Weights (integers, in source order) from global step ``start`` on."""
+
+    start: int
+    weights: tuple[int, ...]
+
+    def as_dict(self, names: Sequence[str]) -> dict[str, int]:
+        return dict(zip(names, self.weights, strict=True))
+
+
+def _weight(name: str, value: object, where: str) -> Fraction:
+    if isinstance(value, bool) or not isinstance(value, (int, float, Fraction, np.integer, np.floating)):
+        msg = f"{where}: weight of {name!r} is {value!r}; a weight is a number >= 0 (a share of tokens)"
+        raise ConfigError(msg)
+    try:
+        w = Fraction(str(value)) if isinstance(value, (float, np.floating)) else Fraction(value)  # type: ignore[arg-type]
+    except (ValueError, OverflowError) as e:
+        msg = f"{where}: weight of {name!r} is {value!r}; a weight is a finite number >= 0"
+        raise ConfigError(msg) from e
+    if w < 0:
+        msg = f"{where}: weight of {name!r} is {value!r}; weights must be >= 0 (0 leaves the source out)"
+        raise ConfigError(msg)
+    return w
+
+
+def _stage_weights(mapping: object, names: Sequence[str], where: str) -> tuple[int, ...]:
+    if not isinstance(mapping, Mapping):
+        msg = f"{where} must be a dict of source name to weight, got {mapping!r}"
+        raise ConfigError(msg)
+    unknown = sorted(set(map(str, mapping)) - set(names))
+    if unknown:
+        msg = f"{where}: unknown source {unknown[0]!r}; the sources are {list(names)}"
+        raise ConfigError(msg)
+    missing = [n for n in names if n not in mapping]
+    if missing:
+        msg = f"{where}: no weight for source {missing[0]!r}; give every source a weight (0 to leave it out)"
+        raise ConfigError(msg)
+    fr = [_weight(n, mapping[n], where) for n in names]
+    if not any(fr):
+        msg = f"{where}: every weight is 0; give at least one source a weight above 0"
+        raise ConfigError(msg)
+    den = math.lcm(*(f.denominator for f in fr))
+    ints = [int(f * den) for f in fr]
+    g = math.gcd(*ints)
+    ints = [i // g for i in ints]
+    total = sum(ints)
+    if total > _MAX_TOTAL_WEIGHT:
+        # Keep keys within int64 over any run: shares rounded down to 1 / 2**24
+        # (a source with a weight keeps at least 1).
+        ints = [max(1, i * _MAX_TOTAL_WEIGHT // total) if i else 0 for i in ints]
+    return tuple(ints)
+
+
+def parse_stages(weights: Weights, names: Sequence[str], tokens: Sequence[int]) -> tuple[Stage, ...]:
+    """The stages of ``weights``: a dict (one stage from step 0), a list of
+    ``(step, dict)``, or None (each source weighted by its tokens: natural mixing).
+
+    Weights become integers per stage, exactly (0.7 is 7/10) and reduced by their
+    gcd; where they still sum past 2**24 (natural mixing of large sources) they are
+    rounded down to that resolution, a source with a weight keeping at least 1.
+
+    >>> [st.weights for st in parse_stages({"a": 0.7, "b": 0.3}, ["a", "b"], [10, 10])]
+    [(7, 3)]
+    >>> parse_stages([(0, {"a": 1, "b": 1}), (100, {"a": 0, "b": 2})], ["a", "b"], [5, 5])[1]
+    Stage(start=100, weights=(0, 1))
+    """
+    if weights is None:
+        return (Stage(0, _stage_weights(dict(zip(names, tokens, strict=True)), names, "weights")),)
+    if isinstance(weights, Mapping):
+        return (Stage(0, _stage_weights(weights, names, "weights")),)
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence) or not weights:
+        msg = f"weights={weights!r}: give a dict of weights, or a list of (step, dict) stages starting at step 0"
+        raise ConfigError(msg)
+    stages: list[Stage] = []
+    for i, item in enumerate(weights):
+        if not (isinstance(item, Sequence) and len(item) == 2):
+            msg = f"weights[{i}] = {item!r}: a stage is (step, {{source: weight}})"
+            raise ConfigError(msg)
+        step, mapping = item
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            msg = f"weights[{i}]: stage step {step!r} must be an integer >= 0 (a global step)"
+            raise ConfigError(msg)
+        if i == 0 and step != 0:
+            msg = f"weights[0]: the first stage starts at step {step}; it must start at step 0"
+            raise ConfigError(msg)
+        if i and step <= stages[-1].start:
+            msg = (
+                f"weights[{i}]: stage step {step} is not after the previous stage's {stages[-1].start}; "
+                "list stages in increasing step order"
+            )
+            raise ConfigError(msg)
+        stages.append(Stage(int(step), _stage_weights(mapping, names, f"weights[{i}] (step {step})")))
+    return tuple(stages)

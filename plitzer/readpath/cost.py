@@ -1,0 +1,96 @@
+"""The budget's cost model: the bytes a unit holds while it is read, packed and used.
+
+One module owns these numbers so that the construction-time floor
+(:func:`budget_floor`), the scanner's charge for a unit it starts
+(:func:`unit_estimate`) and what a packed unit reports it holds
+(``plitzer.readpath.pack.PackedUnit.nbytes``) agree. The contract counts decoded token
+data as 4 bytes per token and 8 per document; the packed copy a step's rows are
+views of is 4 bytes per token more, and its piece table (``PIECE_BYTES`` per
+piece) has at most one piece per document, per lane cut inside a document, and per
+row boundary (one per ``seq_len`` tokens of a lane) inside a piece:
+
+    decoded   4 * tokens + 8 * documents           (freed once the unit is packed)
+    packed    4 * tokens + PIECE_BYTES * pieces + LANE_BYTES * (lanes + 1)
+    pieces   <= documents + lanes + tokens // seq_len + lanes
+
+>>> decoded_bytes(1000, 10), packed_bytes(1000, 10, lanes=4, seq_len=100)
+(4080, 5240)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["LANE_BYTES", "PIECE_BYTES", "budget_floor", "decoded_bytes", "packed_bytes", "unit_estimate"]
+
+# Per piece of the step-major table (row, length, document, offset: int64) and of the
+# shuffled slices (end: int64) that checkpoints read.
+PIECE_BYTES = 40
+# Per lane: where its slice starts, and its first piece (int64 each).
+LANE_BYTES = 16
+
+
+def decoded_bytes(tokens: Any, rows: Any) -> Any:
+    """Decoded token data of row groups: 4 bytes per token, 8 per document (docs/design.md, "The budget")."""
+    return 4 * tokens + 8 * rows
+
+
+def max_pieces(tokens: Any, rows: Any, lanes: int, seq_len: int) -> Any:
+    """At most this many pieces in a unit of ``tokens`` and ``rows`` for ``lanes`` rank lanes."""
+    return rows + 2 * lanes + 1 + tokens // max(seq_len, 1)
+
+
+def packed_bytes(tokens: Any, rows: Any, *, lanes: int, seq_len: int) -> Any:
+    """An upper bound of what a packed unit holds: its step-major copy and its tables."""
+    return 4 * tokens + PIECE_BYTES * max_pieces(tokens, rows, lanes, seq_len) + LANE_BYTES * (lanes + 1)
+
+
+def unit_estimate(tokens: Any, rows: Any, *, lanes: int, seq_len: int) -> Any:
+    """Bytes charged while a unit is read and packed: decoded and packed at once (the gather's peak)."""
+    return decoded_bytes(tokens, rows) + packed_bytes(tokens, rows, lanes=lanes, seq_len=seq_len)
+
+
+def budget_floor(
+    tokens: NDArray[Any], rows: NDArray[Any], *, lanes: int, window: int, seq_len: int, ahead: int = 0
+) -> tuple[int, int]:
+    """Bytes the units of one step can hold at most, and how many units that is.
+
+    With ``ahead``, as many more worst-case windows (prefetch: ``ahead=1`` is what two
+    windows in flight need, the one in use being read while the next is decoded).
+
+    At step ``t`` every lane is inside the run's tokens ``[t*L*B - B, (t+1)*L*B)``
+    (lockstep), so the units in use are the windows overlapping ``X = (L + 1) * B``
+    tokens of the run: the two at its ends, and those wholly inside it, which exist
+    only when a window can hold at most ``X`` tokens (with tiny row groups, or the
+    short last window of an epoch). Any epoch may put the largest row groups
+    together, so the bound takes the largest row groups for each unit, each charged
+    :func:`unit_estimate` (all lanes of the dataset: a bound for every rank). Checked
+    once at construction, it means no step ever starts a read past the budget.
+    """
+    tok = np.asarray(tokens, dtype=np.int64)
+    n = np.asarray(rows, dtype=np.int64)
+    # Per row group: decoded and packed at once; the per-unit terms are added below.
+    est = np.sort(decoded_bytes(tok, n) + 4 * tok + PIECE_BYTES * (n + tok // max(seq_len, 1)))[::-1]
+    g, total = len(tok), int(tok.sum())
+    if g == 0:
+        return 0, 0
+    x = (seq_len + 1) * lanes
+    per_epoch = -(-g // window)
+    epochs = x // max(total, 1) + 2  # epochs an interval of x tokens can touch
+    asc = np.sort(tok)
+    full = int(asc[:window].sum()) if g >= window else None
+    short = g % window
+    inside_full = 0
+    if full is not None:
+        inside_full = x // full if full > 0 else epochs * per_epoch
+    inside_short = epochs - 1 if short and int(asc[:short].sum()) <= x else 0
+    base = min(2 + inside_full + inside_short, epochs * per_epoch)
+    count = (min(2 + inside_full, base) + ahead) * window + inside_short * short
+    units = base + ahead
+    whole, part = divmod(count, g)
+    per_unit = PIECE_BYTES * (2 * lanes + 2) + LANE_BYTES * (lanes + 1)
+    need = whole * int(est.sum()) + int(est[:part].sum()) + units * per_unit
+    return need, units

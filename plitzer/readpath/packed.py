@@ -1,0 +1,289 @@
+"""Packed units: a window's tokens laid out step-major, and what batches take from them.
+
+:class:`PackedUnit` is what :func:`plitzer.readpath.pack.pack_unit` makes of one window for a
+rank: the steps wholly inside the window as one ``(steps, rows, seq_len)`` block (a
+step's batch is a view of it), the sub-pieces of every step it gives tokens to, and
+the shuffled :class:`Slices` checkpoints need. :class:`Memory` owns the block's
+memory, so the scanner learns when the last view is gone. :func:`assemble` builds a
+step that straddles windows from their ends, with one Polars gather.
+:class:`UnitReads` is a unit's input to the packer: what the scanner read for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+from numpy.typing import NDArray
+
+from planner.run import UnitPlace
+from plitzer.readpath.cost import LANE_BYTES, PIECE_BYTES
+from plitzer.readpath.read import numpy_view
+
+__all__ = ["Memory", "PackedUnit", "Segments", "Slices", "StepRange", "UnitReads", "arrow_ints", "assemble"]
+
+I64 = NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class UnitReads:
+    """What the scanner read for one unit: the packer's whole input.
+
+    ``place``: the run's answers for the unit (its planned reads, cuts and lane
+    positions, :meth:`planner.run.Run.place`); ``doc_base``: the running number of each
+    read row group's first document; ``estimate``: the bytes it is charged while read
+    (:func:`plitzer.readpath.cost.unit_estimate`); ``dtype``: the token type.
+    """
+
+    place: UnitPlace
+    doc_base: I64
+    estimate: int
+    dtype: np.dtype[Any]
+
+
+class Memory:
+    """Owns the packed tokens of one unit; every batch view of them refers to it.
+
+    NumPy views (``block[t]``), DLPack tensors and Arrow arrays made from them keep
+    this object alive, so the scanner learns that the last view is gone by a
+    ``weakref.finalize`` on it, and only then stops counting its bytes against the
+    budget (the allocator then reuses the memory for a later window).
+    """
+
+    __slots__ = ("__array_interface__", "__weakref__", "_dtype", "_owner", "_size")
+
+    def __init__(self, owner: pa.Array | pa.Buffer, dtype: np.dtype[Any]) -> None:
+        if isinstance(owner, pa.Buffer):
+            n = owner.size // dtype.itemsize
+            address = owner.address if n else 0
+        else:
+            buf = owner.buffers()[1]
+            n = len(owner)
+            address = 0 if buf is None or n == 0 else buf.address + owner.offset * dtype.itemsize
+        self._owner = owner  # holds the memory
+        self._dtype = dtype
+        self._size = n
+        self.__array_interface__ = {"data": (address, False), "shape": (n,), "typestr": dtype.str, "version": 3}
+
+    def array(self) -> NDArray[Any]:
+        """The tokens as a NumPy array whose base is this object."""
+        if self._size == 0:
+            return np.zeros(0, self._dtype)
+        return np.asarray(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Segments:
+    """The pieces of some rows, in row order: what a batch's document boundaries come from.
+
+    ``row`` (within the rank's rows), ``length`` (> 0), ``doc`` (a running number over
+    the dataset's documents), ``offset`` (of the piece's first token in the document),
+    and the piece's ``epoch`` and ``window``.
+    """
+
+    row: I64
+    length: I64
+    doc: I64
+    offset: I64
+    epoch: I64
+    window: I64
+
+
+@dataclass(frozen=True, slots=True)
+class StepRange:
+    """Steps ``[first, stop)`` that one unit gives sub-pieces to, and where each step's are."""
+
+    first: int
+    bounds: I64  # step first + i's sub-pieces are bounds[i]:bounds[i+1]
+
+    @property
+    def stop(self) -> int:
+        return self.first + len(self.bounds) - 1
+
+    def of(self, step: int) -> tuple[int, int]:
+        i = step - self.first
+        if i < 0 or i >= len(self.bounds) - 1:
+            return 0, 0
+        return int(self.bounds[i]), int(self.bounds[i + 1])
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Slices:
+    """The rank's shuffled slices of one window: where a lane's position is a piece and offset.
+
+    Rank lane ``i``'s pieces are ``lane_piece[i]:lane_piece[i+1]``, ending at
+    ``piece_end`` (positions in the rank's slices laid end to end; lane ``i``'s slice
+    starts at ``lane_start[i]``). Small (16 bytes a piece), and apart from the packed
+    tokens, so a checkpoint taken later can hold it without holding them.
+    """
+
+    lane_start: I64
+    lane_piece: I64
+    piece_end: I64
+
+    def positions(self, lanes: I64, offsets: I64) -> tuple[I64, I64]:
+        """A checkpoint's ``(piece, offset)`` of rank lanes ``lanes`` at ``offsets`` into their slices.
+
+        The piece is the first of the shuffled slice whose end is past the offset
+        (empty documents and used-up pieces before it are skipped); offset 0 is
+        ``(0, 0)``, the slice's start, whatever its first pieces are.
+        """
+        target = self.lane_start[lanes] + offsets
+        j = np.searchsorted(self.piece_end, target, side="right")
+        prev = np.where(j > 0, self.piece_end[np.maximum(j - 1, 0)], 0) if len(self.piece_end) else target
+        prev = np.maximum(prev, self.lane_start[lanes])
+        zero = offsets == 0
+        piece = np.where(zero, 0, j - self.lane_piece[lanes])
+        offset = np.where(zero, 0, target - prev)
+        return piece.astype(np.int64), offset.astype(np.int64)
+
+    def offsets(self, lanes: I64, pieces: I64, offsets: I64) -> I64:
+        """The inverse of :meth:`positions`: tokens into each slice, -1 where out of range."""
+        ends = np.concatenate([[0], self.piece_end])  # ends[g + 1] is piece g's end
+        p0, p1 = self.lane_piece[lanes], self.lane_piece[lanes + 1]
+        s = self.lane_start[lanes]
+        ok = (pieces >= 0) & (pieces <= p1 - p0) & (offsets >= 0)
+        g = np.clip(p0 + pieces, 0, len(self.piece_end))
+        start = np.maximum(np.where(pieces > 0, ends[g], s), s)
+        end = np.where(pieces < p1 - p0, ends[np.minimum(g + 1, len(self.piece_end))], start)
+        ok &= offsets <= end - start
+        out: I64 = np.where(ok, start + offsets - s, -1)
+        return out
+
+
+@dataclass(slots=True, eq=False)
+class PackedUnit:
+    """The rank's lanes of one window, packed step-major.
+
+    The steps ``[t0, t1)`` whose rows lie wholly in this window are ``block``, a
+    ``(t1 - t0, rows, seq_len)`` array, so step ``t``'s batch is ``block[t - t0]``, a
+    view. The sub-pieces of every step this unit gives tokens to (``row``, ``length``,
+    ``doc``, ``offset``) are in (step, lane, position) order, ``steps`` says where each
+    step's are; those of the steps at the window's ends, which straddle into the
+    windows before or after, have their tokens at ``start`` in ``edges``.
+    ``slices`` are the shuffled slices, what checkpoints need.
+    """
+
+    unit: int
+    epoch: int
+    window: int
+    rows: int  # the rank's lanes
+    seq_len: int
+    t0: int
+    t1: int
+    memory: Memory | None  # owns block's memory (and edges', when they share it)
+    block: NDArray[Any]
+    edges: pa.Array
+    steps: StepRange
+    row: I64
+    length: I64
+    doc: I64
+    offset: I64
+    start: I64
+    slices: Slices
+
+    def segments(self, step: int) -> Segments:
+        """The sub-pieces of ``step`` in this unit (views of the tables)."""
+        a, b = self.steps.of(step)
+        n = b - a
+        return Segments(
+            row=self.row[a:b],
+            length=self.length[a:b],
+            doc=self.doc[a:b],
+            offset=self.offset[a:b],
+            epoch=np.full(n, self.epoch, np.int64),
+            window=np.full(n, self.window, np.int64),
+        )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the packed tokens and the tables (the cost model's ``packed_bytes``)."""
+        shared = self.memory is not None and self.memory._owner is self.edges
+        tokens = self.edges.nbytes if shared else self.block.nbytes + self.edges.nbytes
+        return int(tokens + PIECE_BYTES * len(self.row) + LANE_BYTES * len(self.slices.lane_start))
+
+
+def arrow_ints(a: NDArray[Any], typ: pa.DataType) -> pa.Array:
+    """A NumPy integer array as an Arrow array of ``typ``, without ``pa.array``.
+
+    ``pa.array`` on a NumPy array imports pandas the first time (to ask whether it
+    is a pandas object: 0.23 s measured), which a fresh process's first batch would
+    wait for; building from the buffer does not.
+    """
+    data = np.ascontiguousarray(a, dtype=typ.to_pandas_dtype())
+    return pa.Array.from_buffers(typ, len(data), [None, pa.py_buffer(data)])
+
+
+def _lists(values: pa.Array, starts: I64, ends: I64) -> pa.Array:
+    """A large-list array over ``values``: list ``i`` is ``values[starts[i]:ends[i]]``.
+
+    Consecutive lists must tile a stretch of ``values`` (``ends[i] == starts[i+1]``).
+    The values are sliced to that stretch and the offsets start at 0: given offsets
+    that start further in, Polars copies the whole values buffer on import (1.7 ms
+    against 0.07 ms for a 131 k-token step out of a 6 M-token window, measured).
+    """
+    lo = int(starts[0]) if len(starts) else 0
+    hi = int(ends[-1]) if len(ends) else lo
+    offsets = np.empty(len(starts) + 1, np.int64)
+    offsets[:-1] = starts - lo
+    offsets[-1] = hi - lo
+    return pa.LargeListArray.from_arrays(arrow_ints(offsets, pa.int64()), values.slice(lo, hi - lo))
+
+
+def _gather(lists: list[pa.Array], order: I64) -> pa.Array:
+    """The values of lists ``order`` (indexes over all the lists, end to end), concatenated.
+
+    Polars' list gather copies each list's values with one memcpy, in Rust, without
+    the GIL, into memory its allocator recycles (about 0.4 ns/token warm,
+    docs/design.md); Arrow's ``take`` on a list array builds an int64 index per token
+    first and was 6x slower. No Python loop over pieces.
+    """
+    series = pl.Series(lists[0]) if len(lists) == 1 else pl.concat([pl.Series(c) for c in lists], rechunk=False)
+    taken = series.gather(order).to_arrow()
+    if isinstance(taken, pa.ChunkedArray):
+        taken = taken.combine_chunks()
+    return taken.flatten()
+
+
+def assemble(units: list[PackedUnit], step: int, rows: int, seq_len: int) -> tuple[NDArray[Any], Segments]:
+    """Step ``step``'s rows from the windows it straddles (each unit's sub-pieces of that step).
+
+    One Polars gather: every unit's sub-pieces of the step are lists over its packed
+    tokens; ordered by (row, unit) they are the step's rows, end to end.
+    """
+    lists, row_p, unit_p, parts = [], [], [], []
+    for u_i, u in enumerate(units):
+        a, b = u.steps.of(step)
+        if a == b:
+            continue
+        lists.append(_lists(u.edges, u.start[a:b], u.start[a:b] + u.length[a:b]))
+        row_p.append(u.row[a:b])
+        unit_p.append(np.full(b - a, u_i, np.int64))
+        parts.append((u, a, b))
+    row = np.concatenate(row_p)
+    unit_of = np.concatenate(unit_p)
+    order = np.lexsort((np.arange(len(row)), unit_of, row))
+    dtype = units[0].block.dtype
+    values = _gather(lists, order)
+    # A copy into memory the step owns: the gather's Arrow buffer is read-only, and a
+    # read-only step breaks JAX's DLPack import and torch.from_numpy (docs/design.md,
+    # "Every step writable"). Straddling steps are a few per window, so the copy is a
+    # small fraction of the tokens.
+    tokens = np.empty((rows, seq_len), dtype)
+    tokens.reshape(-1)[:] = numpy_view(values).view(dtype)
+
+    def cat(name: str) -> I64:
+        return np.concatenate([getattr(u, name)[a:b] for u, a, b in parts])[order]
+
+    segs = Segments(
+        row=row[order],
+        length=cat("length"),
+        doc=cat("doc"),
+        offset=cat("offset"),
+        epoch=np.concatenate([np.full(b - a, u.epoch, np.int64) for u, a, b in parts])[order],
+        window=np.concatenate([np.full(b - a, u.window, np.int64) for u, a, b in parts])[order],
+    )
+    return tokens, segs

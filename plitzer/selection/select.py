@@ -1,0 +1,361 @@
+"""Selection: train on the rows a DuckDB predicate keeps (``where=``, SPEC section 10).
+
+``Loader(source, where="int_score >= 3 and language = 'en'")`` streams only the rows
+for which the predicate is true. Every row group of the index keeps its place in the
+order; inside a row group the selected rows keep their storage order, and a row
+group whose rows are all left out contributes no tokens and is never read. So the
+batches are exactly those of the same dataset with the unselected rows removed and
+the row groups otherwise kept. A worked example, one row group of four rows::
+
+    row   score  tokens          where score >= 3
+    0     2      [5, 6]          left out
+    1     4      [7]             kept: selected row 0
+    2     3      []              kept: selected row 1 (an empty document)
+    3     1      [8, 9, 10]      left out
+    -> rows_selected 2, tokens_selected 1, the stream sees [7], []
+
+Planning needs each row group's selected rows and tokens before the first batch:
+the *selection pass* evaluates the predicate per row group, reading only the
+columns it names (one ranged read per column chunk, as the token reads) plus each
+row's token count, from the token column's list lengths or, with
+``length_column=``, from a column that holds it (``token_count`` in FineWeb-Edu),
+which avoids decoding the tokens at all. It runs on every core with a progress bar
+and caches per chunk of row groups, under ``PLITZER_CACHE``, keyed by (file
+identity, token column, normalized predicate, length column), the selected row
+numbers and counts: a second run reads no data. planner stays metadata-only: it
+takes the counts (:func:`planner.catalog.rowgroups.stream_counts`).
+
+At run time a selected index reads the token column chunk of a planned row group
+as any index does, then keeps the selected rows with one vectorized ``take``.
+
+Ranks split the pass: rank ``r`` of ``world`` starts at its ``1/world`` of the
+chunks and goes on round the rest, skipping each chunk another rank has written to
+the cache folder meanwhile (``PLITZER_CACHE`` on a shared file system), so ranks
+that start together each do about ``1/world`` of it, and a rank never waits for
+another (a job whose ranks start one after the other, or one process that builds
+every rank's loader, is no deadlock). ``plitzer.torch`` passes an ``exchange``
+(``torch.distributed.all_gather_object``) that shares the parts directly.
+
+The predicate is normalized by DuckDB's own parser (``json_serialize_sql``, then
+back to SQL), so spacing and keyword case do not change it; the normalized text and
+``length_column`` are part of the fingerprint and of the checkpoint's configuration
+(fields ``where`` and ``length_column``), so a checkpoint never resumes under
+another selection, and the refusal names both predicates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+from numpy.typing import NDArray
+
+from planner.catalog.dataset import Index
+from planner.catalog.rowgroups import RowGroupIndex
+from planner.errors import ConfigError, DataError, SelectionError
+from planner.mixing.sources import SourceSpec
+from planner.stores.cache import cache_dir
+from plitzer.readpath.read import read_chunk
+from plitzer.selection.evaluate import (
+    CHUNK,
+    Entry,
+    Exchange,
+    Part,
+    SelectionPass,
+    chunks_of,
+    entry_path,
+    load_entry,
+    pack_entry,
+    run_pass,
+    save_entry,
+)
+from plitzer.selection.predicate import available_columns, check_predicate, normalize
+
+__all__ = [
+    "CHUNK",
+    "Exchange",
+    "Part",
+    "SelectedIndex",
+    "normalize",
+    "select_config",
+    "select_index",
+    "select_on_ray",
+    "select_spec",
+    "source_rows",
+]
+
+I64 = NDArray[np.int64]
+U8 = NDArray[np.uint8]
+
+SELECT_DEFAULTS: dict[str, Any] = {"where": "", "length_column": ""}
+"""The checkpoint fields of an unselected source."""
+
+# -- the selected index -----------------------------------------------------------
+
+
+@dataclass
+class SelectedIndex(Index):
+    """An :class:`Index` of the rows ``where`` keeps: counts in ``*_selected``, rows in ``bits``.
+
+    ``frame`` is the dataset's index with ``rows_selected``, ``tokens_selected`` and
+    ``empty_docs_selected``; ``bits[rg]`` is row group ``rg``'s bitmap of selected rows
+    (``np.packbits``: one bit a row, so a billion rows hold 125 MB, not the 8 GB of row
+    numbers); ``fingerprint`` hashes the dataset's, the predicate, the length column and
+    the selected counts.
+    """
+
+    where: str = ""
+    length_column: str | None = None
+    base_fingerprint: str = ""
+    bits: list[U8] = field(default_factory=list, repr=False)
+
+    def config_fields(self) -> dict[str, Any]:
+        """The checkpoint fields of a selection: the normalized predicate and the length column."""
+        return {"where": self.where, "length_column": self.length_column or ""}
+
+    def length_source(self, given: str | None) -> str | None:
+        """The selection's own length column: its pass read the lengths from there (or from the tokens)."""
+        return self.length_column
+
+    @property
+    def rows_selected(self) -> int:
+        return int(self.frame["rows_selected"].sum())
+
+    def selected_rows(self, row_group: int) -> I64:
+        """The selected rows of ``row_group``, ascending (:class:`planner.catalog.rowgroups.SelectedRows`)."""
+        rows = int(self.frame["rows"][row_group])
+        return np.flatnonzero(np.unpackbits(self.bits[row_group], count=rows)).astype(np.int64)
+
+    def read_tokens(self, rg: int) -> pa.Array:
+        """Row group ``rg``'s selected documents: the token chunk read and checked, then one ``take``."""
+        arr = read_chunk.dispatch(Index)(self, rg)
+        if int(self.frame["rows_selected"][rg]) != len(arr):
+            arr = arr.take(pa.array(self.selected_rows(rg), pa.int64()))
+        want = int(self.frame["tokens_selected"][rg])
+        got = arr.offsets[-1].as_py() - arr.offsets[0].as_py() if len(arr) else 0
+        if got != want:
+            row = self.frame.row(rg, named=True)
+            where = self.location(row["file_index"], row["row_group"])
+            why = (
+                f"length_column={self.length_column!r} does not hold each row's token count: drop length_column="
+                if self.length_column
+                else f"the file changed since the selection pass: clear {cache_dir() / 'select'} and start again"
+            )
+            msg = f"{where}: the selected rows hold {got} tokens, but the selection pass counted {want}; {why}"
+            raise DataError(msg, file=self.file(row["file_index"]).location, row_group=row["row_group"])
+        return arr
+
+
+@read_chunk.register
+def _read_selected_chunk(index: SelectedIndex, rg: int) -> pa.Array:
+    return index.read_tokens(rg)
+
+
+def source_rows(index: RowGroupIndex, rgs: I64, ordinals: I64) -> I64:
+    """The row (in its row group) of the ``ordinals``-th document the stream takes from row groups ``rgs``."""
+    if "tokens_selected" not in index.frame.columns:  # nothing selected: the ordinal is the row
+        return ordinals
+    out = ordinals.astype(np.int64, copy=True)
+    for g in np.unique(rgs).tolist():
+        kept = index.selected_rows(int(g))
+        if kept is not None:
+            sel = rgs == g
+            out[sel] = kept[ordinals[sel]]
+    return out
+
+
+def select_config(ix: RowGroupIndex) -> dict[str, Any]:
+    """The checkpoint fields of a selection: the normalized predicate and the length column (or their defaults)."""
+    fields = ix.config_fields()
+    return {k: fields.get(k, v) for k, v in SELECT_DEFAULTS.items()}
+
+
+def select_index(
+    ix: Index,
+    where: str,
+    *,
+    length_column: str | None = None,
+    rank: int = 0,
+    world: int = 1,
+    threads: int | None = None,
+    progress: bool | None = None,
+    exchange: Exchange | None = None,
+) -> SelectedIndex:
+    """The index of the rows of ``ix`` for which ``where`` is true (the selection pass, cached).
+
+    Parameters
+    ----------
+    ix : planner.Index
+        The dataset's index (token data; a text source is tokenized first).
+    where : str
+        A DuckDB SQL boolean expression over the dataset's columns other than the
+        token column.
+    length_column : str, optional
+        An integer column holding each row's token count: the pass then reads it
+        instead of decoding the token column (checked against the footer's count).
+    rank, world : int
+        This rank's share of the pass (see the module's docstring).
+    exchange : callable, optional
+        Shares this rank's part with every other rank's (``torch.distributed``).
+
+    Examples
+    --------
+    >>> import plitzer, plitzer.synth, tempfile
+    >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=40_000, seed=1)
+    >>> sel = select_index(plitzer.index(d), "score >= 3 and language = 'en'")
+    >>> 0 < sel.tokens < plitzer.index(d).tokens
+    True
+    >>> sel.frame.columns[-3:]
+    ['rows_selected', 'tokens_selected', 'empty_docs_selected']
+    """
+    if isinstance(ix, Index) and type(ix) in (Index, SelectedIndex):
+        norm = normalize(where, [*available_columns(ix), ix.column])
+    else:
+        norm = normalize(where)
+    if isinstance(ix, SelectedIndex):
+        if ix.where == norm and ix.length_column == length_column:
+            return ix
+        msg = (
+            f"the index is selected by where={ix.where!r} already; pass the dataset's own index (or its path) "
+            f"to select by {norm!r}"
+        )
+        raise ConfigError(msg)
+    if not isinstance(ix, Index) or type(ix) is not Index:
+        msg = f"where= needs a dataset of token columns, not a {type(ix).__name__}; tokenize text sources first"
+        raise ConfigError(msg)
+    columns = check_predicate(ix, norm, length_column)
+    p = SelectionPass(ix=ix, where=norm, columns=columns, length_column=length_column)
+    chunks = chunks_of(ix)
+    n = len(chunks)
+    workers = threads or os.cpu_count() or 2
+    if exchange is not None and world > 1:
+        mine = [c for c in range(n) if c * world // n == rank]
+        done: Part = {}
+        for part in exchange(run_pass(p, chunks, mine, shared=False, threads=workers, progress=progress)):
+            done.update(part)
+        for c, entry in done.items():
+            path = entry_path(ix, chunks[c], norm, length_column)
+            if not path.exists():
+                save_entry(path, entry)
+    else:
+        start = rank * n // world if world > 1 else 0
+        order = [(start + i) % n for i in range(n)]
+        done = run_pass(p, chunks, order, shared=world > 1, threads=workers, progress=progress)
+    bits: list[U8] = []
+    rows_sel, tokens_sel, empty_sel = [], [], []
+    for c in range(n):
+        b, rows, counts, tokens, empty = done[c]
+        offs = np.concatenate([[0], np.cumsum((rows + 7) // 8)])
+        bits.extend(b[offs[i] : offs[i + 1]] for i in range(len(counts)))
+        rows_sel.extend(counts.tolist())
+        tokens_sel.extend(tokens.tolist())
+        empty_sel.extend(empty.tolist())
+    frame = ix.frame.with_columns(
+        pl.Series("rows_selected", rows_sel, pl.Int64),
+        pl.Series("tokens_selected", tokens_sel, pl.Int64),
+        pl.Series("empty_docs_selected", empty_sel, pl.Int64),
+    )
+    total = int(sum(tokens_sel))
+    if total == 0:
+        msg = (
+            f"where={norm!r} selects no token of {ix.source!r} ({int(sum(rows_sel))} of {ix.frame['rows'].sum()} "
+            f"rows, all empty); loosen it. Available columns: {', '.join(available_columns(ix))}"
+        )
+        raise SelectionError(msg, predicate=norm, available=tuple(available_columns(ix)))
+    h = hashlib.sha256()
+    h.update(f"{ix.fingerprint}\nwhere\t{norm}\tlength_column={length_column or ''}\n".encode())
+    for r, t in zip(rows_sel, tokens_sel, strict=True):
+        h.update(f"{r}\t{t}\n".encode())
+    return SelectedIndex(
+        frame=frame,
+        column=ix.column,
+        dtype=ix.dtype,
+        fingerprint=h.hexdigest(),
+        source=ix.source,
+        _files=ix._files,
+        where=norm,
+        length_column=length_column,
+        base_fingerprint=ix.fingerprint,
+        bits=bits,
+    )
+
+
+def _ray_chunk(
+    source: Any,
+    column: str,
+    storage_options: Mapping[str, Any] | None,
+    where: str,
+    columns: list[str],
+    length_column: str | None,
+    first: int,
+    end: int,
+) -> tuple[int, Entry]:
+    """A Ray task: one chunk of the pass, on whichever machine runs it (its own footer cache)."""
+    from planner.catalog.dataset import index
+
+    p = SelectionPass(ix=index(source, column=column, storage_options=storage_options), where=where, columns=columns,
+              length_column=length_column)  # fmt: skip
+    return first, pack_entry([p.evaluate(rg) for rg in range(first, end)])
+
+
+def select_on_ray(
+    ix: Index,
+    where: str,
+    *,
+    length_column: str | None = None,
+    source: Any,
+    storage_options: Mapping[str, Any] | None = None,
+    address: str | None = None,
+    progress: bool | None = True,
+) -> int:
+    """Run the selection pass of ``ix`` as Ray tasks (one per chunk not cached); returns the chunks run.
+
+    For corpora one machine should not scan alone (``plitzer index DATA --where ...
+    --engine ray``). Each task reads its chunk where it runs; the parts come back to
+    this process, which writes them into its cache, so a :func:`select_index` that
+    follows (or a job whose ranks share this cache folder) finds the whole pass.
+    """
+    import ray
+
+    norm = normalize(where, [*available_columns(ix), ix.column])
+    columns = check_predicate(ix, norm, length_column)
+    chunks = chunks_of(ix)
+    paths = [entry_path(ix, c, norm, length_column) for c in chunks]
+    todo = [i for i, c in enumerate(chunks) if load_entry(paths[i], c[1] - c[0]) is None]
+    if not todo:
+        return 0
+    if not ray.is_initialized():
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    task = ray.remote(_ray_chunk)
+    by_first = {chunks[i][0]: i for i in todo}
+    refs = [
+        task.remote(source, ix.column, storage_options, norm, columns, length_column, chunks[i][0], chunks[i][1])
+        for i in todo
+    ]
+    from tqdm import tqdm
+
+    show = None if progress is None else not progress
+    with tqdm(total=len(refs), desc="selecting rows (ray)", unit="chunk", disable=show, leave=False) as bar:
+        while refs:
+            ready, refs = ray.wait(refs, num_returns=1)
+            first, entry = ray.get(ready[0])
+            save_entry(paths[by_first[first]], entry)
+            bar.update(1)
+    return len(todo)
+
+
+def select_spec(ix: Index, spec: SourceSpec) -> Index:
+    """The selection pass as planner takes it (``planner.plan(..., selector=plitzer.selector)``).
+
+    :data:`planner.api.Selector`: ``ix`` selected by ``spec.where`` (and ``spec.length_column``),
+    this process doing the whole pass; the loader passes its own, which splits it across ranks.
+    """
+    if spec.where is None:
+        return ix
+    return select_index(ix, spec.where, length_column=spec.length_column)

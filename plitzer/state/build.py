@@ -1,0 +1,149 @@
+"""Building a loader: its plan, its run value, its scanner and its checkpoint config, checked.
+
+What :class:`plitzer.Loader` is made of, apart from delivering: :func:`open_plan` (the
+I/O: listing and footers), :func:`check_layout` (layout stages the data or the budget
+cannot hold are refused, with the fix), :func:`make_config` (the fields a checkpoint
+records), :class:`Locator` (a batch's documents back to files and rows), and
+:func:`parts` that puts them together for one rank.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from planner.catalog.rowgroups import RowGroupIndex
+from planner.errors import ConfigError, DataError, PerformanceWarning
+from planner.mixing.mixture import MixtureIndex
+from planner.order.layout import Layout, LayoutStage
+from planner.order.plan import Plan, row_group_counts
+from planner.run import Run
+from plitzer.readpath.batch import Located
+from plitzer.readpath.cost import budget_floor
+from plitzer.readpath.scan import Scanner
+from plitzer.selection.select import source_rows
+from plitzer.state.settings import LoaderSettings, Source, checkpoint_config, default_threads, make_plan, open_source
+
+__all__ = ["Locator", "Parts", "check_layout", "make_config", "open_plan", "parts"]
+
+I64 = NDArray[np.int64]
+
+
+def open_plan(source: Source, settings: LoaderSettings) -> Plan:
+    """The plan a loader of ``settings`` runs from: lists files and reads footers (the I/O)."""
+    return make_plan(open_source(source, settings), settings)
+
+
+def check_layout(
+    plan: Plan,
+    settings: LoaderSettings,
+    layout: Layout,
+    new: Sequence[LayoutStage],
+    tok: I64 | None = None,
+    rows: I64 | None = None,
+) -> int:
+    """Refuse stages ``new`` of ``layout`` that the data or the budget cannot hold.
+
+    Returns the bytes that two windows in flight need (below them, a warning).
+
+    The floor is every stage's (the scanner packs one layout stage at a time; docs/design.md,
+    "Layout stages"), named with the stage that needs the most.
+    """
+    s = settings
+    if tok is None or rows is None:
+        tok, rows, _ = row_group_counts(plan.dataset)
+    big = max(new, key=lambda st: st.lanes)
+    if plan.tokens < big.lanes:
+        msg = (
+            f"lanes={big.lanes} exceeds the dataset's {plan.tokens} tokens: some lanes could never "
+            "receive a document. Lower lanes (or use more data)"
+        )
+        raise ConfigError(msg)
+    floors = [(budget_floor(tok, rows, lanes=st.lanes, window=s.window, seq_len=st.seq_len), st) for st in new]
+    (need, units), worst = max(floors, key=lambda f: f[0][0])
+    if s.budget < need:
+        stage = (
+            f" of the layout stage from step {worst.start} ({worst.lanes} lanes of {worst.seq_len} tokens)"
+            if layout.staged
+            else ""
+        )
+        msg = (
+            f"budget={s.budget:,} bytes cannot hold the windows one step{stage} can touch: up to {need:,} bytes "
+            f"({units} windows of the largest row groups, decoded and packed: the window in use and the "
+            f"next, and any window shorter than a step). Raise budget to at least {need:,}, or lower window"
+        )
+        raise ConfigError(msg)
+    inflight, _ = budget_floor(tok, rows, lanes=worst.lanes, window=s.window, seq_len=worst.seq_len, ahead=1)
+    return int(inflight)
+
+
+def make_config(settings: LoaderSettings, run: Run) -> dict[str, Any]:
+    """The settings that fix the order, as a checkpoint records them (under the run's layout stages)."""
+    return checkpoint_config(run.plan, replace(settings, layout=run.layout))
+
+
+class Locator:
+    """A batch's documents (running numbers) as file, row group, row and source: what ``documents()`` shows.
+
+    Small and apart from the loader (it holds the index and three arrays), so that a
+    batch keeps alive only what its views need.
+    """
+
+    __slots__ = ("_doc_base", "_files", "_row_groups", "_sources", "index")
+
+    def __init__(self, index: RowGroupIndex) -> None:
+        _, rows, _ = row_group_counts(index)  # the selected ones where selected
+        frame = index.frame
+        self.index = index
+        self._doc_base = np.cumsum(rows) - rows
+        self._files = frame["file"].to_numpy()
+        self._row_groups = frame["row_group"].to_numpy()
+        self._sources = frame["source"].to_numpy() if isinstance(index, MixtureIndex) else None
+
+    def __call__(self, doc_ids: I64) -> Located:
+        rg = np.searchsorted(self._doc_base, doc_ids, side="right") - 1
+        return (
+            self._files[rg].tolist(),
+            self._row_groups[rg].astype(np.int64),
+            source_rows(self.index, rg, (doc_ids - self._doc_base[rg]).astype(np.int64)),
+            None if self._sources is None else self._sources[rg].tolist(),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """What a loader is made of: its run value, its scanner and its locator."""
+
+    run: Run
+    scanner: Scanner
+    locate: Locator
+
+
+def parts(plan: Plan, settings: LoaderSettings) -> Parts:
+    """Check ``settings`` against ``plan`` and build a loader's parts (no thread starts yet)."""
+    s = settings
+    if plan.tokens == 0:
+        msg = f"dataset {plan.dataset.source!r} has no tokens (every document is empty); nothing to train on"
+        raise DataError(msg)
+    layout = s.stages
+    tok, rows, _ = row_group_counts(plan.dataset)  # the selected ones where selected
+    inflight = check_layout(plan, s, layout, layout.stages, tok, rows)
+    if s.budget < inflight:
+        # Works, but the next window is read only once the current one is released:
+        # decoding and training take turns instead of overlapping.
+        warnings.warn(
+            f"budget={s.budget:,} bytes holds the windows a step uses but not the next one as well, so "
+            f"reads wait for the consumer; set budget to at least {inflight:,} bytes for two windows in "
+            "flight (docs/design.md, 'The budget')",
+            PerformanceWarning,
+            stacklevel=5,
+        )
+    run = Run(plan, layout, s.world, s.rank)
+    threads = s.threads or default_threads(plan.dataset)
+    scanner = Scanner(run, budget=s.budget, threads=threads)
+    return Parts(run, scanner, Locator(plan.dataset))

@@ -1,0 +1,166 @@
+"""Checkpoints in and out: what a state records, and the checks a resume makes.
+
+A state is the config and the step, and each lane's position before it: lanes run in
+lockstep, so the positions follow from the step (:meth:`planner.run.Run.checkpoint_rows`).
+On resume, a checkpoint is lined up with the loader (:func:`fit`, with the live stages it
+brings, :mod:`plitzer.state.live`), and its positions are checked against where its step puts
+the lanes (:func:`check_positions`); a position inside a slice is checked once its
+window is packed (:func:`check_unit`). Every refusal names the field or the lane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from planner.errors import CheckpointError
+from planner.order.layout import Layout
+from planner.run import Run
+from plitzer.readpath.packed import PackedUnit, Slices
+from plitzer.state import checkpoint as ckpt
+from plitzer.state import live
+
+__all__ = ["Checks", "Now", "check_positions", "check_unit", "fit", "lanes_after", "rank_rows", "state_after"]
+
+I64 = NDArray[np.int64]
+Checks = dict[int, tuple[I64, I64, I64, I64]]  # per unit: rank lanes, pieces, offsets, the offsets wanted
+
+
+class Now:
+    """The run value and checkpoint config in force: what states encoded later record.
+
+    The loader swaps both in :meth:`plitzer.Loader._set_run`; a batch's
+    :meth:`~plitzer.readpath.batch.Batch.state_after` reads them when called (a stage added after
+    the batch starts after it, so the state records it).
+    """
+
+    __slots__ = ("config", "run")
+
+    def __init__(self, run: Run, config: dict[str, Any]) -> None:
+        self.run, self.config = run, config
+
+
+def state_after(now: Now, step: int, units: dict[int, Slices]) -> Callable[[], bytes]:
+    """The checkpoint right after step ``step``, encoded when called.
+
+    Lanes inside a slice after the step are in windows the step took tokens from, whose
+    slices ``units`` holds (small tables: not the tokens).
+    """
+
+    def encode() -> bytes:  # holds the run value and small tables, not the loader
+        rows = now.run.checkpoint_rows(step + 1, units.__getitem__)
+        return ckpt.encode(ckpt.State(now.config, step + 1, rows))
+
+    return encode
+
+
+def fit(st: ckpt.State, config: Mapping[str, Any], names: list[str], what: str = "checkpoint") -> live.Reconciled:
+    """How checkpoint ``st`` lines up with a loader of ``config``; a mismatch is refused with every differing field.
+
+    Stages the checkpoint has after the loader's (added live by the run that wrote it)
+    and sources it lacks that weigh 0 up to its step are accepted (:mod:`plitzer.state.live`).
+    """
+    got = live.reconcile(st.config, config, st.step, names)
+    diffs = ckpt.diff_config(got.checkpoint, got.loader, step=st.step)
+    diffs += ckpt.diff_revisions(got.checkpoint, got.loader)
+    if diffs:
+        msg = f"{what} does not match this loader: " + "; ".join(diffs)
+        raise CheckpointError(msg)
+    return got
+
+
+def lanes_after(fitted: live.Reconciled, layout: Layout, world: int, rank: int, step: int) -> range:
+    """The rank's lanes at ``step`` once checkpoint ``fitted`` is taken (its layout stages, where it brings them)."""
+    runs = Layout.from_config(fitted.layout) if fitted.layout else layout
+    per = runs.at(step).lanes // world
+    return range(rank * per, (rank + 1) * per)
+
+
+def rank_rows(st: ckpt.State, lanes: range, rank: int) -> I64:
+    """The rows of checkpoint ``st`` for ``lanes``; refused when some are missing."""
+    mine = np.arange(lanes.start, lanes.stop)
+    have = st.positions[:, 0]
+    idx = np.searchsorted(have, mine)
+    ok = (idx < len(have)) & (have[np.minimum(idx, len(have) - 1)] == mine)
+    if not ok.all():
+        missing = mine[~ok]
+        msg = (
+            f"checkpoint lacks lanes {missing[:10].tolist()} of rank {rank}; "
+            "resume from plitzer.merge(parts of every rank)"
+        )
+        raise CheckpointError(msg)
+    rows: I64 = st.positions[idx]
+    return rows
+
+
+def check_positions(run: Run, step: int, rows: I64) -> Checks:
+    """Refuse positions that are not where ``step`` puts the lanes; what needs the pieces, later.
+
+    Lanes run in lockstep, so a checkpoint's positions follow from its step. A position
+    at a slice's start (piece 0, offset 0) is checked from the footers; one inside a
+    slice must be in the lane's window, and its piece and offset are checked when that
+    window is packed (:func:`check_unit`).
+    """
+    plan = run.plan
+    stage = run.stage_of(step)
+    seq_len = run.segment(stage)[1].seq_len
+    for _, e, w, _, _ in rows.tolist():
+        nw = plan.windows_in(e)
+        if w >= nw:
+            msg = f"checkpoint position window {w} is out of range: epoch {e} of the dataset has {nw} windows"
+            raise CheckpointError(msg)
+    want = run.positions(step)
+    at_start = (rows[:, 3] == 0) & (rows[:, 4] == 0)
+    later: dict[int, list[int]] = {}
+    for i in range(len(rows)):
+        e, w = int(rows[i, 1]), int(rows[i, 2])
+        unit = plan.unit(e, w)
+        if at_start[i]:
+            if int(run.lane_base(unit, stage)[i]) != step * seq_len:
+                _refuse(rows[i], step, want[i])
+        elif (e, w) != (int(want[i, 1]), int(want[i, 2])):
+            _refuse(rows[i], step, want[i])
+        else:
+            later.setdefault(unit, []).append(i)
+    checks: Checks = {}
+    for unit, sel in later.items():
+        ix = np.array(sel, np.int64)
+        checks[unit] = (ix, rows[ix, 3], rows[ix, 4], want[ix, 4])
+    return checks
+
+
+def _refuse(row: I64, step: int, want: I64) -> None:
+    msg = (
+        f"checkpoint position of lane {int(row[0])} (epoch {int(row[1])}, window {int(row[2])}, piece "
+        f"{int(row[3])}, offset {int(row[4])}) is not where step {step} puts it (epoch {int(want[1])}, "
+        f"window {int(want[2])}, token {int(want[4])} of its slice): the checkpoint does not belong to "
+        "this dataset or settings"
+    )
+    raise CheckpointError(msg)
+
+
+def check_unit(u: PackedUnit, check: tuple[I64, I64, I64, I64], step: int, first_lane: int) -> None:
+    """Refuse a resumed position inside ``u``'s slices that is not where ``step`` puts its lane."""
+    lanes, pieces, offsets, want = check
+    got = u.slices.offsets(lanes, pieces, offsets)
+    bad = np.flatnonzero(got != want)
+    if not len(bad):
+        return
+    i = int(bad[0])
+    lane, where = int(lanes[i]), f"(piece {int(pieces[i])}, offset {int(offsets[i])})"
+    sl = u.slices
+    n = int(sl.lane_piece[lane + 1] - sl.lane_piece[lane])
+    size = int(sl.lane_start[lane + 1] - sl.lane_start[lane])
+    problem = (
+        f"is past its slice of {n} pieces ({size} tokens)"
+        if got[i] < 0
+        else f"is not where step {step} puts it (token {int(want[i])} of its slice)"
+    )
+    msg = (
+        f"checkpoint position of lane {first_lane + lane} {where} in epoch {u.epoch} "
+        f"window {u.window} {problem}: the checkpoint does not belong to this dataset or settings"
+    )
+    raise CheckpointError(msg)

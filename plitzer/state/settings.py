@@ -1,0 +1,337 @@
+"""One settings object for every entry point: Loader, torch.Dataset, grain.Dataset, explain, locate, audit, the CLI.
+
+The parameters are defined once, in :data:`planner.parameters.PARAMETERS` (name,
+default, documentation, command-line help). Each entry point takes them as keywords
+(:class:`Keywords`), builds one :class:`LoaderSettings` from them (:meth:`LoaderSettings.of`;
+the runtime's checks are here, each naming the field and the fix), and opens its
+source and plan through :func:`open_source` and :func:`make_plan`, so a parameter
+added there (a mixture's ``weights``, a text source's ``tokenizer``) reaches all of
+them at once, documented (docs/design.md, "One definition of the parameters").
+
+>>> s = LoaderSettings.of(lanes=8, window=2, seq_len=16)
+>>> s.plan, s.lanes, s.seq_len
+(PlanSettings(seed=0, lanes=8, window=2, world=1), 8, 16)
+>>> LoaderSettings.of(seq_len=0)
+Traceback (most recent call last):
+...
+planner.errors.ConfigError: seq_len=0 must be >= 1; seq_len is the tokens per sequence, e.g. 2048
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypedDict, Unpack
+
+from planner import api
+from planner.api import Source, open_index
+from planner.catalog.dataset import Index
+from planner.catalog.rowgroups import RowGroupIndex
+from planner.errors import ConfigError
+from planner.mixing.sources import SourceSpec, Weights
+from planner.order.layout import Layout
+from planner.order.plan import Plan, PlanSettings, check_int
+from planner.parameters import PARAMETERS, POSITIONAL
+from planner.stores.hf import revisions
+
+__all__ = [
+    "Keywords",
+    "KeywordsLessWhere",
+    "LoaderSettings",
+    "Source",
+    "Stages",
+    "bind",
+    "checkpoint_config",
+    "default_threads",
+    "keywords",
+    "make_plan",
+    "open_source",
+    "signature",
+]
+
+Stages = Sequence[tuple[int, int]]
+"""Layout stages of ``lanes`` or ``seq_len``: ``[(global step, value), ...]`` from step 0 (docs/design.md)."""
+
+
+class KeywordsLessWhere(TypedDict, total=False):
+    """:class:`Keywords` but ``where`` (``plitzer.locate``'s own ``where`` names documents)."""
+
+    seed: int
+    lanes: int | Stages
+    window: int
+    seq_len: int | Stages
+    budget: int
+    rank: int
+    world: int
+    column: str | None
+    storage_options: Mapping[str, Any] | None
+    weights: Weights
+    threads: int | None
+    text_column: str
+    tokenizer: Any
+    add_eos: bool
+    add_bos: bool
+    length_column: str | None
+    index: str | None
+
+
+class Keywords(KeywordsLessWhere, total=False):
+    """The keywords every entry point takes: the names of :data:`planner.parameters.PARAMETERS`.
+
+    Written out for type checkers (``**settings: Unpack[Keywords]``); the documentation and
+    the defaults are the parameters' (a test checks that the two list the same names).
+    """
+
+    where: str | None
+
+
+_NAMES = frozenset(p.name for p in PARAMETERS)
+
+
+def keywords(given: Mapping[str, Any], caller: str) -> dict[str, Any]:
+    """Every parameter of :data:`~planner.parameters.PARAMETERS`: ``given``'s value, else its default.
+
+    A name that is not a parameter is a TypeError, as Python's own for ``caller``.
+    """
+    unknown = [k for k in given if k not in _NAMES]
+    if unknown:
+        msg = f"{caller}() got an unexpected keyword argument {unknown[0]!r}"
+        raise TypeError(msg)
+    return {p.name: given.get(p.name, p.default) for p in PARAMETERS}
+
+
+def bind(
+    caller: str, args: Sequence[Any], given: Mapping[str, Any], positional: Sequence[str] = POSITIONAL
+) -> dict[str, Any]:
+    """The keywords of a call that also takes the first ``positional`` parameters by position."""
+    if len(args) > len(positional):
+        msg = f"{caller}() takes at most {len(positional) + 1} positional arguments ({len(args) + 1} given)"
+        raise TypeError(msg)
+    out = dict(given)
+    for name, value in zip(positional, args, strict=False):
+        if name in out:
+            msg = f"{caller}() got multiple values for argument {name!r}"
+            raise TypeError(msg)
+        out[name] = value
+    return out
+
+
+def signature(*, before: Sequence[inspect.Parameter] = (), names: Sequence[str] | None = None) -> inspect.Signature:
+    """The signature of an entry point that takes the parameters (``POSITIONAL`` ones by position too)."""
+    params = list(before)
+    for p in PARAMETERS:
+        if names is not None and p.name not in names:
+            continue
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD if p.name in POSITIONAL else inspect.Parameter.KEYWORD_ONLY
+        params.append(inspect.Parameter(p.name, kind, default=p.default))
+    return inspect.Signature(params)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoaderSettings:
+    """Every setting of a run: the plan's (seed, lanes, window, world) and the loader's."""
+
+    plan: PlanSettings = field(default_factory=PlanSettings)
+    seq_len: int = 2048
+    budget: int = 8 << 30
+    rank: int = 0
+    threads: int | None = None
+    column: str | None = None
+    storage_options: Mapping[str, Any] | None = None
+    weights: Weights = None
+    text_column: str = "text"
+    tokenizer: Any = None
+    add_eos: bool = True
+    add_bos: bool = False
+    where: str | None = None
+    length_column: str | None = None
+    layout: Layout | None = None  # layout stages (planner.order.layout); None: one stage of plan.lanes and seq_len
+    index: str | None = None
+    """A job index (``plitzer index DATA --out PATH``) to read instead of the footers."""
+
+    def __post_init__(self) -> None:
+        check_int("seq_len", self.seq_len, 1, "seq_len is the tokens per sequence, e.g. 2048")
+        if self.layout is None:
+            object.__setattr__(self, "layout", Layout.of(lanes=self.plan.lanes, seq_len=self.seq_len))
+        api.check_layout(self.stages.stages, self.plan.world)
+        check_int("budget", self.budget, 1, "budget is bytes of decoded tokens to hold, e.g. 8 << 30")
+        check_int("rank", self.rank, 0, "rank is this process's index, 0..world-1")
+        if self.rank >= self.plan.world:
+            world = self.plan.world
+            msg = f"rank={self.rank} is out of range for world={world}; use a rank in 0..{world - 1}"
+            raise ConfigError(msg)
+        if self.threads is not None:
+            check_int("threads", self.threads, 1, "threads decode row groups in parallel")
+
+    @classmethod
+    def of(cls, **settings: Unpack[Keywords]) -> LoaderSettings:
+        """The settings of these keywords, each checked (``lanes`` and ``seq_len`` may be layout stages).
+
+        Every keyword is one of :data:`planner.parameters.PARAMETERS`, with its default there.
+        """
+        kw = keywords(settings, "LoaderSettings.of")
+        layout = Layout.of(lanes=kw["lanes"], seq_len=kw["seq_len"])
+        first = layout.first
+        index = kw["index"]
+        return cls(
+            plan=PlanSettings(seed=kw["seed"], lanes=first.lanes, window=kw["window"], world=kw["world"]),
+            seq_len=first.seq_len,
+            budget=kw["budget"],
+            rank=kw["rank"],
+            threads=kw["threads"],
+            column=kw["column"],
+            storage_options=kw["storage_options"],
+            weights=kw["weights"],
+            text_column=kw["text_column"],
+            tokenizer=kw["tokenizer"],
+            add_eos=kw["add_eos"],
+            add_bos=kw["add_bos"],
+            where=kw["where"],
+            length_column=kw["length_column"],
+            layout=layout,
+            index=None if index is None else os.fspath(index),
+        )
+
+    @property
+    def stages(self) -> Layout:
+        """The layout stages (one when ``lanes`` and ``seq_len`` are ints)."""
+        assert self.layout is not None  # set in __post_init__
+        return self.layout
+
+    @property
+    def seed(self) -> int:
+        return self.plan.seed
+
+    @property
+    def lanes(self) -> int:
+        return self.plan.lanes
+
+    @property
+    def window(self) -> int:
+        return self.plan.window
+
+    @property
+    def world(self) -> int:
+        return self.plan.world
+
+
+def open_source(source: Source, settings: LoaderSettings) -> RowGroupIndex:
+    """The index of ``source``: token data, text (with a tokenizer), or a mixture (a dict).
+
+    The dispatch and its messages are :func:`planner.api.open_index`'s; this adds
+    the text step (``plitzer.text.source``) when a tokenizer is set, and the selection pass
+    (``plitzer.selection.select``, this rank's share of it) where a source has ``where``.
+    """
+    s = settings
+    text = None
+    if s.tokenizer is not None:
+        from plitzer.text.source import text_index
+
+        text = functools.partial(
+            text_index,
+            tokenizer=s.tokenizer,
+            text_column=s.text_column,
+            add_eos=s.add_eos,
+            add_bos=s.add_bos,
+            storage_options=s.storage_options,
+        )
+    from plitzer.selection.select import select_index
+
+    if s.index is not None:
+        source = _job_index(source, s)
+
+    def select(ix: Index, spec: SourceSpec) -> Index:
+        assert spec.where is not None
+        return select_index(
+            ix, spec.where, length_column=spec.length_column, rank=s.rank, world=s.world, threads=s.threads
+        )
+
+    return open_index(
+        source,
+        column=s.column,
+        storage_options=s.storage_options,
+        weights=s.weights,
+        text=text,
+        where=s.where,
+        length_column=s.length_column,
+        select=select,
+        text_source=_text_source,
+    )
+
+
+def _job_index(source: Source, s: LoaderSettings) -> Index:
+    """The index of ``source`` from the job index ``s.index`` (one listing, one read, no footer)."""
+    from planner.catalog.jobindex import load
+
+    assert s.index is not None
+    if isinstance(source, Mapping) or not isinstance(source, (str, os.PathLike, list, tuple)):
+        msg = (
+            f"index={s.index!r} needs one source (a path, URL or list of them), not {type(source).__name__}; "
+            "a mixture's sources are indexed one by one"
+        )
+        raise ConfigError(msg)
+    if s.tokenizer is not None:
+        msg = f"index={s.index!r} with tokenizer=: a text source is counted by tokenizing; leave index= out"
+        raise ConfigError(msg)
+    return load(s.index, source, column=s.column, storage_options=s.storage_options)
+
+
+def _text_source(spec: SourceSpec) -> Index:
+    """A mixture's text source, counted with its own tokenizer (``plitzer.text.source``)."""
+    from plitzer.text.source import text_index
+
+    t = dict(spec.text or {})
+    return text_index(
+        spec.path,
+        tokenizer=t["tokenizer"],
+        text_column=t.get("text_column", "text"),
+        add_eos=t.get("add_eos", True),
+        add_bos=t.get("add_bos", False),
+        storage_options=spec.storage_options,
+    )
+
+
+def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:
+    """The plan the loader runs from (and that ``plan.sql`` shows) for these settings."""
+    return api.make_plan(
+        index, settings.plan, weights=settings.weights, seq_len=settings.seq_len, layout=settings.stages
+    )
+
+
+def checkpoint_config(plan: Plan, settings: LoaderSettings) -> dict[str, Any]:
+    """The configuration a checkpoint records (SPEC section 7), assembled here and nowhere else.
+
+    The settings that fix the order (seed, lanes, seq_len, window, the layout stages), the
+    index's column, dtype and fingerprint, the fields its kind adds
+    (:meth:`~planner.catalog.rowgroups.RowGroupIndex.config_fields`: a selection's predicate, a
+    text index's tokenizer, a mixture's sources; the defaults where it adds none), the
+    plan's weight stages, and the Hub revisions of its files.
+    """
+    from plitzer.selection.select import SELECT_DEFAULTS
+    from plitzer.text.source import TEXT_DEFAULTS
+
+    s, ix = settings, plan.dataset
+    return {
+        "seed": s.seed,
+        "lanes": s.lanes,
+        "seq_len": s.seq_len,
+        "window": s.window,
+        **({"layout": s.stages.as_config()} if s.stages.staged else {}),
+        "column": ix.column,
+        "dtype": ix.dtype,
+        "fingerprint": ix.fingerprint,
+        **TEXT_DEFAULTS,
+        **SELECT_DEFAULTS,
+        **ix.config_fields(),
+        **plan.stage_config(),
+        "revisions": revisions((ix.storage(f), ix.file(f)) for f in range(len(ix.files))),
+    }
+
+
+def default_threads(index: RowGroupIndex) -> int:
+    """The CPUs, or more where the storage asks for it (S3: threads mostly wait on GETs)."""
+    want = {index.storage(i).concurrency for i in range(len(index.files))}
+    return max(os.cpu_count() or 2, *want)

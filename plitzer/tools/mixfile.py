@@ -1,0 +1,83 @@
+"""Mixture files: a mixture's sources and weights as TOML, for the command line.
+
+One ``[sources.NAME]`` table per source, with ``path`` and optionally ``column``,
+``storage_options`` and ``weight``; or ``[[stages]]`` tables, each with ``step`` and
+``weights = {NAME = w, ...}``, instead of per-source weights::
+
+    [sources.web]
+    path = "s3://bucket/web"
+    weight = 3
+
+    [sources.code]
+    path = "data/code"
+    column = "input_ids"
+    weight = 1
+
+:func:`read_mixture` returns what ``plitzer.Loader(sources, weights=...)`` takes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.errors import ConfigError
+
+__all__ = ["read_mixture"]
+
+
+def read_mixture(path: str) -> tuple[dict[str, Any], Any]:
+    """Sources and weights of a mixture file (TOML): one table per source.
+
+    ``[sources.NAME]`` holds ``path`` and optionally ``column``, ``storage_options``,
+    ``where`` and ``length_column`` (a selection, :mod:`plitzer.selection.select`) and ``weight``;
+    weights in stages are ``[[stages]]`` tables with ``step`` and ``weights = {NAME = w,
+    ...}`` instead. Without weights each source weighs its tokens.
+
+        [sources.web]
+        path = "data/web"
+        weight = 3
+        [sources.code]
+        path = "data/code"
+        column = "input_ids"
+        weight = 1
+    """
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        msg = f"mixture file {path}: {e}; see `plitzer plan --help` for its format"
+        raise ConfigError(" ".join(msg.split())) from e
+    unknown = set(doc) - {"sources", "stages"}
+    sources = doc.get("sources")
+    if unknown or not isinstance(sources, dict) or not sources:
+        msg = f"mixture file {path}: needs [sources.NAME] tables (and optionally [[stages]]), found {sorted(doc)}"
+        raise ConfigError(msg)
+    out: dict[str, Any] = {}
+    weights: dict[str, Any] = {}
+    for name, table in sources.items():
+        if not isinstance(table, dict):
+            msg = f"mixture file {path}: sources.{name} must be a table with path = ..."
+            raise ConfigError(msg)
+        spec = dict(table)
+        if "weight" in spec:
+            weights[name] = spec.pop("weight")
+        out[name] = spec
+    stages = doc.get("stages")
+    if stages is not None and weights:
+        msg = f"mixture file {path}: give weights per source or [[stages]], not both"
+        raise ConfigError(msg)
+    if stages is not None:
+        bad = [s for s in stages if not isinstance(s, dict) or set(s) != {"step", "weights"}]
+        if bad:
+            msg = f"mixture file {path}: each [[stages]] table has step = N and weights = {{NAME = w, ...}}"
+            raise ConfigError(msg)
+        return out, [(s["step"], s["weights"]) for s in stages]
+    if weights and len(weights) != len(out):
+        missing = sorted(set(out) - set(weights))
+        msg = (
+            f"mixture file {path}: no weight for source {missing[0]!r}; give every source a weight (0 to leave it out)"
+        )
+        raise ConfigError(msg)
+    return out, (weights or None)

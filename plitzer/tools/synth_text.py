@@ -1,0 +1,145 @@
+"""Realistic benchmark data anyone can regenerate: real text, a real tokenizer, real shards.
+
+Synthetic Zipf ids decode about three times faster per token than tokenized text (their
+dictionary pages are small), so a benchmark on them flatters every loader. This writes
+pre-tokenized Parquet from text found on this machine: the sources and documentation of
+installed packages (``.py``, ``.md``, ``.rst``, ``.txt`` files under site-packages, in
+sorted order, so the same machine gives the same data), tokenized with a real LLM
+tokenizer (by default the SentencePiece model that ``mistral-common`` ships, no
+download), each document followed by EOS. Lengths are long-tailed as real documents
+are (a licence, a README, a module of thousands of lines). Shards are shaped like
+real ones: ``input_ids`` as ``list<int32>``, zstd, page checksums, large row groups
+(``row_group_tokens``, 4.5 M by default, as in the real-text table of docs/benchmarks.md).
+
+When the machine holds less text than ``tokens`` asks for, the text is taken again from
+the start (each pass is a new document order, so windows differ) and the count of
+passes is reported.
+
+    plitzer synth --text data/text --tokens 200000000
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sysconfig
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from planner.errors import ConfigError
+
+__all__ = ["default_tokenizer", "find_text", "write_text"]
+
+_SUFFIXES = (".py", ".md", ".rst", ".txt")
+
+
+def find_text(roots: list[Path] | None = None) -> Iterator[str]:
+    """Every readable, non-empty text file under ``roots`` (default: site-packages), in sorted order."""
+    for root in roots or [Path(sysconfig.get_paths()["purelib"])]:
+        for p in sorted(root.rglob("*")):
+            if p.suffix not in _SUFFIXES or not p.is_file():
+                continue
+            try:
+                text = p.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
+            if text.strip():
+                yield text
+
+
+def default_tokenizer() -> str:
+    """mistral-common's SentencePiece model file (a real 32k-vocabulary LLM tokenizer)."""
+    spec = importlib.util.find_spec("mistral_common")
+    if spec is None or not spec.submodule_search_locations:
+        msg = "no tokenizer given and mistral-common is not installed: pass tokenizer= (a .model or tokenizer.json)"
+        raise ConfigError(msg)
+    data = Path(next(iter(spec.submodule_search_locations))) / "data"
+    models = sorted(data.glob("*.model.v7")) or sorted(data.glob("*.model*"))
+    if not models:
+        msg = f"no SentencePiece model under {data}; pass tokenizer= (a .model or tokenizer.json)"
+        raise ConfigError(msg)
+    return str(models[-1])
+
+
+def write_text(
+    out: str | os.PathLike[str],
+    tokens: int,
+    *,
+    tokenizer: Any = None,
+    row_group_tokens: int = 4_500_000,
+    row_groups_per_file: int = 8,
+    threads: int | None = None,
+    roots: list[Path] | None = None,
+    progress: bool = True,
+) -> tuple[list[Path], int]:
+    """Write at least ``tokens`` tokens of real text to ``out``; returns (files, passes over the text)."""
+    from tqdm import tqdm
+
+    from plitzer.text.source import encode_texts
+    from plitzer.text.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer if tokenizer is not None else default_tokenizer())
+    eos = tok.eos_id
+    dtype = pa.uint32() if tok.dtype == "uint32" else pa.int32()
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    schema = pa.schema([("input_ids", pa.list_(dtype))])
+    written, passes = 0, 0
+    files: list[Path] = []
+    rows: list[np.ndarray] = []
+    in_group = 0
+    writer: pq.ParquetWriter | None = None
+    groups_in_file = 0
+    bar = tqdm(total=tokens, unit="tok", unit_scale=True, disable=not progress, desc="synth --text")
+
+    def flush() -> None:
+        nonlocal rows, in_group, writer, groups_in_file
+        if not rows:
+            return
+        if writer is None:
+            path = folder / f"part-{len(files):05d}.parquet"
+            files.append(path)
+            writer = pq.ParquetWriter(path, schema, compression="zstd", write_page_checksum=True)
+        lengths = np.array([len(r) for r in rows], dtype=np.int32)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        values = pa.array(np.concatenate(rows).astype(dtype.to_pandas_dtype()), dtype)
+        writer.write_table(pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets), values)}))
+        rows, in_group = [], 0
+        groups_in_file += 1
+        if groups_in_file >= row_groups_per_file:
+            writer.close()
+            writer, groups_in_file = None, 0
+
+    with ThreadPoolExecutor(threads or os.cpu_count() or 2) as pool:
+        while written < tokens:
+            passes += 1
+            texts = list(find_text(roots))
+            if not texts:
+                msg = "no text files found under site-packages; pass roots= with folders of text"
+                raise ConfigError(msg)
+            if passes > 1:  # a new order for each pass over the same text
+                order = np.random.default_rng(passes).permutation(len(texts))
+                texts = [texts[i] for i in order]
+            batches = [texts[i : i + 64] for i in range(0, len(texts), 64)]
+            for ids in pool.map(lambda b: encode_texts(tok, b), batches):
+                for doc in ids:
+                    arr = np.asarray(doc + ([eos] if eos is not None else []), dtype=np.int64)
+                    rows.append(arr)
+                    in_group += len(arr)
+                    written += len(arr)
+                    bar.update(len(arr))
+                    if in_group >= row_group_tokens:
+                        flush()
+                if written >= tokens:
+                    break
+        flush()
+        if writer is not None:
+            writer.close()
+    bar.close()
+    return files, passes
