@@ -153,6 +153,11 @@ class Loader(LiveStages):
         return self._step
 
     @property
+    def run(self) -> Run:
+        """The run value in force (:class:`planner.run.Run`): every step question, answered without replaying."""
+        return self._run
+
+    @property
     def epoch(self) -> int:
         """Epoch label of the next batch."""
         return self._run.epoch_of(self._step)

@@ -30,8 +30,6 @@ True
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import sys
 import warnings
@@ -48,6 +46,7 @@ from torch.utils.data._utils.collate import default_collate_fn_map
 from torch.utils.dlpack import from_dlpack
 
 from planner.parameters import document
+from plitzer.adapt import refuse_auto_collation, refuse_collate, same_layout_call, same_weights_call
 from plitzer.errors import CheckpointError, ConfigError
 from plitzer.loader import Loader
 from plitzer.readpath.batch import Batch as PlitzerBatch
@@ -219,32 +218,6 @@ def _collective_device(group: Any) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-_BATCH_SIZE_NONE = (
-    "plitzer.torch.Dataset yields whole steps: use DataLoader(dataset, batch_size=None, num_workers=0). "
-    "DataLoader's default batch_size=1 would wrap each step in a batch of one step and collate it, "
-    "and a batch_size of k would join k steps: the global batch is already lanes x seq_len"
-)
-
-
-def _refuse_auto_collation(caller: Any) -> None:
-    """Refuse ``DataLoader(dataset)`` with a batch_size before the first step is taken.
-
-    A DataLoader calls ``iter(dataset)`` from its fetcher's ``__init__``, right after
-    it has stored ``auto_collation`` (True unless ``batch_size=None``), so the
-    caller's frame tells, before any step is read. This reads torch's private
-    fetcher by duck typing; where a DataLoader reaches us otherwise, the collate
-    function registered below refuses the Batch with the same message (a step
-    later: docs/torch.md).
-    """
-    fetcher = caller.f_locals.get("self") if caller is not None else None
-    if type(fetcher).__name__ == "_IterableDatasetFetcher" and getattr(fetcher, "auto_collation", False):
-        raise ConfigError(_BATCH_SIZE_NONE)
-
-
-def _refuse_collate(batch: Any, *, collate_fn_map: Any = None) -> Any:
-    raise ConfigError(_BATCH_SIZE_NONE)
-
-
 @document(exclude=("rank", "world"))
 class Dataset(IterableDataset[Batch]):
     """The loader of one rank as a PyTorch ``IterableDataset``: one item per step.
@@ -350,7 +323,7 @@ class Dataset(IterableDataset[Batch]):
 
     def __iter__(self) -> Iterator[Batch]:
         """The rest of the current epoch; the next loop gives the next epoch."""
-        _refuse_auto_collation(sys._getframe(1))
+        refuse_auto_collation(sys._getframe(1))
         info = get_worker_info()
         if info is not None:
             msg = (
@@ -398,7 +371,7 @@ class Dataset(IterableDataset[Batch]):
         return {
             "checkpoint": state,
             "step": step,
-            "epoch": self._loader.layout.run_at(step) // self._loader.epoch_tokens,
+            "epoch": self._loader.run.epoch_of(step),
         }
 
     def set_weights(self, weights: Mapping[str, Any] | None, at_step: int | None = None) -> int:
@@ -411,25 +384,7 @@ class Dataset(IterableDataset[Batch]):
         its mixture.
         """
         if self.world > 1 and _dist_ready():
-            key = json.dumps(_weights_key(weights), separators=(",", ":")).encode()
-            digest = np.frombuffer(hashlib.sha256(key).digest(), dtype="<i8").tolist()
-            group = self._group
-            dev = _collective_device(group)
-            mine = torch.tensor([self.step, -1 if at_step is None else at_step, *digest], dtype=torch.int64, device=dev)
-            calls = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-            dist.all_gather(calls, mine, group=group)
-            got = [tuple(int(v) for v in c.cpu().tolist()) for c in calls]
-            if len(set(got)) > 1:
-                kinds = {k: i + 1 for i, k in enumerate(dict.fromkeys(c[2:] for c in got))}
-                each = "; ".join(
-                    f"rank {r}: step {c[0]}, at_step {None if c[1] < 0 else c[1]}, weights #{kinds[c[2:]]}"
-                    for r, c in enumerate(got)
-                )
-                msg = (
-                    f"set_weights() differs across ranks ({each}; this rank asked for {weights!r}): every rank must "
-                    "make the same call at the same step"
-                )
-                raise ConfigError(msg)
+            same_weights_call(self.step, weights, at_step, self._all_gather_ints)
         return self._loader.set_weights(weights, at_step)
 
     def set_layout(self, lanes: int | None = None, seq_len: int | None = None, at_step: int | None = None) -> int:
@@ -442,25 +397,16 @@ class Dataset(IterableDataset[Batch]):
         rank changes its layout.
         """
         if self.world > 1 and _dist_ready():
-            group = self._group
-            dev = _collective_device(group)
-            call = [self.step, *(-1 if v is None else int(v) for v in (lanes, seq_len, at_step))]
-            mine = torch.tensor(call, dtype=torch.int64, device=dev)
-            calls = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-            dist.all_gather(calls, mine, group=group)
-            got = [tuple(int(v) for v in c.cpu().tolist()) for c in calls]
-            if len(set(got)) > 1:
-
-                def show(v: int) -> str:
-                    return "None" if v < 0 else str(v)
-
-                each = "; ".join(
-                    f"rank {r}: step {c[0]}, lanes {show(c[1])}, seq_len {show(c[2])}, at_step {show(c[3])}"
-                    for r, c in enumerate(got)
-                )
-                msg = f"set_layout() differs across ranks ({each}): every rank must make the same call at the same step"
-                raise ConfigError(msg)
+            same_layout_call(self.step, lanes, seq_len, at_step, self._all_gather_ints)
         return self._loader.set_layout(lanes, seq_len, at_step)
+
+    def _all_gather_ints(self, values: list[int]) -> list[tuple[int, ...]]:
+        """Every rank's ``values`` (int64, the same length on each), in rank order."""
+        group = self._group
+        mine = torch.tensor(values, dtype=torch.int64, device=_collective_device(group))
+        calls = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(calls, mine, group=group)
+        return [tuple(int(v) for v in c.cpu().tolist()) for c in calls]
 
     def load_state_dict(self, state: Mapping[str, Any] | bytes | bytearray | memoryview | torch.Tensor) -> None:
         """Resume from a ``state_dict()`` (or its bytes) taken at any world size."""
@@ -520,13 +466,6 @@ class Dataset(IterableDataset[Batch]):
         )
 
 
-def _weights_key(weights: object) -> object:
-    """A JSON form of ``set_weights``' weights to compare across ranks (no parsing: that is the loader's)."""
-    if isinstance(weights, Mapping):
-        return sorted([str(k), repr(v)] for k, v in weights.items())
-    return repr(weights)
-
-
 def _checkpoint_bytes(state: object) -> bytes:
     if isinstance(state, Mapping):
         if "checkpoint" not in state:
@@ -545,5 +484,5 @@ def _checkpoint_bytes(state: object) -> bytes:
 
 
 # torch's default_collate dispatches on the element's type: a plitzer Batch is one
-# whole step and must not be collated (see _refuse_auto_collation).
-default_collate_fn_map[Batch] = _refuse_collate
+# whole step and must not be collated (see plitzer.adapt.refuse_auto_collation).
+default_collate_fn_map[Batch] = refuse_collate

@@ -245,6 +245,10 @@ RULES: dict[str, Rule] = {
     "python benchmarks/throughput.py --tokens 38000000 --lanes 64 --seq-len 2048 --lanes-sweep 64,512,4096": scaled(
         "python benchmarks/throughput.py --tokens 1000000 --lanes 8 --seq-len 256 --lanes-sweep 8,64"
     ),
+    "python benchmarks/throughput.py --tokens 34560000 --docs-per-row-group 200 --threads 2": scaled(
+        "python benchmarks/throughput.py --tokens 1000000 --docs-per-row-group 200 --threads 2 --lanes 16 --repeat 1 "
+        "--epochs 1"
+    ),
     "python benchmarks/throughput.py --tokens 60000000": scaled(
         "python benchmarks/throughput.py --tokens 1000000 --lanes 16 --epochs 1"
     ),

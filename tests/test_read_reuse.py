@@ -21,6 +21,7 @@ import pytest
 
 import planner
 import plitzer.readpath.read
+import plitzer.readpath.readers
 from planner.errors import DamagedChunkError
 from planner.stores.storage import FileStat, LocalStorage
 from plitzer.readpath.read import read_chunk, read_decoded
@@ -92,9 +93,11 @@ def test_the_hot_path_reads_into_one_buffer_and_its_arrays_stay_intact(tmp_path:
     ix = planner.index(d)
     largest = int(np.argmax(ix.frame["byte_length"].to_numpy()))
     kept = [read_chunk(ix, largest)]
-    buffer = plitzer.readpath.read._reader().buffer  # grown to the largest chunk once: every later chunk reuses it
+    buffer = (
+        plitzer.readpath.readers.thread_reader().buffer
+    )  # grown to the largest chunk once: every later chunk reuses it
     kept += [read_chunk(ix, rg) for rg in range(ix.row_groups)]
-    assert plitzer.readpath.read._reader().buffer is buffer
+    assert plitzer.readpath.readers.thread_reader().buffer is buffer
     for rg, arr in enumerate(kept[1:]):
         row = ix.frame.row(rg, named=True)
         want = pq.ParquetFile(ix.file(row["file_index"]).location).read_row_group(row["row_group"], columns=["tokens"])

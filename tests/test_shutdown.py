@@ -38,11 +38,11 @@ def _env() -> dict[str, str]:
 
 def test_no_arrow_thread_runs_python_code(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The decoder's file object is read and released only in threads that shutdown joins."""
-    import plitzer.readpath.read
+    import plitzer.readpath.readers
 
     seen: set[str] = set()
 
-    class Watched(plitzer.readpath.read.RangeFile):
+    class Watched(plitzer.readpath.readers.RangeFile):
         def read(self, n: int | None = -1) -> bytes:
             seen.add(threading.current_thread().name)
             return super().read(n)
@@ -50,7 +50,7 @@ def test_no_arrow_thread_runs_python_code(tiny: Path, monkeypatch: pytest.Monkey
         def __del__(self) -> None:
             seen.add(threading.current_thread().name)
 
-    monkeypatch.setattr(plitzer.readpath.read, "RangeFile", Watched)
+    monkeypatch.setattr(plitzer.readpath.readers, "RangeFile", Watched)
     with plitzer.Loader(tiny, **CFG) as ld:
         for _ in range(30):
             ld.next_batch()
@@ -61,16 +61,16 @@ def test_no_arrow_thread_runs_python_code(tiny: Path, monkeypatch: pytest.Monkey
 
 _LATE_RELEASE = r"""
 import sys, threading, time
-import plitzer, plitzer.readpath.read
+import plitzer, plitzer.readpath.readers
 
-class Late(plitzer.readpath.read.RangeFile):
+class Late(plitzer.readpath.readers.RangeFile):
     # Widens the window of the abort: a thread that drops the last reference to the
     # file object as the interpreter ends. In an Arrow thread, that aborted.
     def __del__(self):
         if threading.current_thread() is not threading.main_thread():
             time.sleep(0.05)
 
-plitzer.readpath.read.RangeFile = Late
+plitzer.readpath.readers.RangeFile = Late
 ld = plitzer.Loader(sys.argv[1], seed=1, lanes=8, window=16, seq_len=64, threads=2)
 for _ in range(int(sys.argv[2])):
     ld.next_batch()

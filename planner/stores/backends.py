@@ -4,7 +4,7 @@
 builds on it in its own module (:mod:`planner.stores.s3`, :mod:`planner.stores.gcs`,
 :mod:`planner.stores.azure`, the Hugging Face Hub :mod:`planner.stores.hf`, HTTP :mod:`planner.stores.http`).
 Choosing among them lives here, above all of them, so that the storage modules
-form no cycle (docs/design.md, "The layer picture").
+form no cycle (docs/design.md, "The map of the code").
 """
 
 from __future__ import annotations
