@@ -123,8 +123,11 @@ def lane_positions(
     ks = np.arange(rank_lanes.start, rank_lanes.stop, dtype=np.int64)
     p = (step - begin_step) * seq_len
     run = begin_run + (ks - begin_run) % lanes + p * lanes
-    epoch = np.array([plan.epoch_of_run(int(x)) for x in (run.min(), run.max())])
-    epoch = np.where(run >= plan.run_before(int(epoch[-1])), epoch[-1], epoch[0])
+    lo, hi = plan.epoch_of_run(int(run.min())), plan.epoch_of_run(int(run.max()))
+    if hi - lo <= 1:
+        epoch = np.where(run >= plan.run_before(hi), hi, lo)
+    else:  # epochs of fewer tokens than a step's lanes: the lanes' next tokens span several
+        epoch = np.array([plan.epoch_of_run(int(x)) for x in run.tolist()], np.int64)
     rows = np.zeros((len(ks), 5), np.int64)
     rows[:, 0] = ks
     rows[:, 3] = -1

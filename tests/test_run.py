@@ -88,3 +88,24 @@ def test_a_batch_does_not_keep_the_loader_alive(tmp_path: Path) -> None:
     assert ref() is None
     assert batch.state_after() == state  # what the views need is still there
     assert batch.documents()["length"].sum() == 4 * 64
+
+
+def test_epochs_shorter_than_a_step_s_lanes(tmp_path: Path) -> None:
+    """A mixture whose epoch holds fewer tokens than a step has lanes: the lanes' next tokens
+    span several epochs, and the positions before any step are those stepping reaches."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for name, docs in (("a", [[1, 2, 3], [4], [], [7, 8], [9], []]), ("b", [[], [5], [], [], [], []])):
+        (tmp_path / name).mkdir()
+        table = pa.table({"tokens": pa.array(docs, pa.list_(pa.int32()))})
+        pq.write_table(table, tmp_path / name / "p.parquet", row_group_size=2)  # three row groups
+    sources = {n: str(tmp_path / n) for n in "ab"}
+    cfg = {"weights": {"a": 0, "b": 1}, "lanes": 4, "window": 1, "seq_len": 4, "seed": 57}
+    with plitzer.Loader(sources, **cfg) as ld:
+        stepped = [np.array(ld.next_batch().tokens).copy() for _ in range(8)]
+    assert {int(t) for b in stepped for t in b.ravel()} == {5}  # b's one token, again and again
+    for step in (1, 3, 7):
+        with plitzer.Loader(sources, **cfg) as ld:
+            ld.seek(step)
+            assert np.array_equal(np.array(ld.next_batch().tokens), stepped[step])
