@@ -136,7 +136,7 @@ def test_reader_threads_each_reuse_their_own_buffer(tmp_path: Path) -> None:
             t.start()
         for t in more:
             t.join()
-    assert len(plitzer.readpath.read._READERS.by_thread) <= 4 + len(threading.enumerate())
+    assert len(plitzer.readpath.readers._READERS.by_thread) <= 4 + len(threading.enumerate())
 
 
 def test_a_damaged_chunk_then_good_ones(tmp_path: Path) -> None:
@@ -175,7 +175,7 @@ def test_a_forked_child_reads_with_readers_of_its_own(tmp_path: Path) -> None:
     if pid == 0:
         code = 3
         try:
-            code = 0 if not plitzer.readpath.read._READERS.by_thread and read().equals(want) else 2
+            code = 0 if not plitzer.readpath.readers._READERS.by_thread and read().equals(want) else 2
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
