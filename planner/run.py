@@ -471,10 +471,5 @@ class Run:
         may move from that unit on; one dataset's windows do not depend on the layout
         (:data:`NEVER`).
         """
-        plan: Plan
-        if isinstance(self.plan, MixturePlan):
-            plan, unit = self.plan.with_layout(layout)
-        else:  # one dataset: the same windows; the plan's tables show the layout
-            plan, unit = self.plan, NEVER
-            plan.layout = layout
+        plan, unit = self.plan.with_layout(layout)  # one dataset's windows stay (NEVER); a mixture's may move
         return Run(plan, layout, self.world, self.rank), unit

@@ -20,6 +20,7 @@ also exports the epoch arithmetic its plans are built on (``PlanSettings``,
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -81,6 +82,18 @@ class Plan:
         )
         self._epochs: OrderedDict[int, EpochPlan] = OrderedDict()
         self.layout: Layout | None = None  # layout stages (planner.order.layout), where the run has them
+
+    def with_layout(self, layout: Layout | None) -> tuple[Plan, int]:
+        """This plan under layout stages ``layout`` (a new value), and the first unit it changes.
+
+        One dataset's windows do not depend on the layout (only its tables show it), so
+        the epochs' arrays are shared and no unit changes (``1 << 62``); a mixture's do
+        (:meth:`planner.mixing.mixture.MixturePlan.with_layout`).
+        """
+        new = copy.copy(self)
+        new._epochs = OrderedDict(self._epochs)
+        new.layout = layout
+        return new, 1 << 62
 
     def __repr__(self) -> str:
         s = self.settings
