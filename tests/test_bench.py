@@ -109,6 +109,7 @@ CHECKS = {"plitzer": check_plitzer, "hf": check_hf, "litdata": check_litdata, "g
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # every peer's conversion and resume check in one run: 2-5 minutes on 2 busy cores
 def test_plitzer_and_the_peers_end_to_end(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rows = run(tiny, tmp_path, ",".join(["plitzer", *PEERS]))
     assert list(rows)[:2] == ["pyarrow", "pyarrow-rg"]  # the ceiling rows are always there, first
