@@ -27,7 +27,7 @@ from planner.hashing import key, mix_array
 from planner.lanes import cut_at, lane_of
 from planner.lookup.lengths import Lengths
 
-__all__ = ["Pieces", "PlanView", "concat_ranges", "window_pieces"]
+__all__ = ["Cut", "Docs", "Pieces", "PlanView", "concat_ranges", "rows_of", "window_pieces", "window_slices"]
 
 I64 = NDArray[np.int64]
 
@@ -112,7 +112,7 @@ def _position_tokens(ep: Any) -> I64:
 
 
 @dataclass(frozen=True, slots=True)
-class _Docs:
+class Docs:
     """Documents of some positions of an epoch, in stream order: where each one is in its window's stream."""
 
     position: I64  # its row group's position in the epoch's order
@@ -124,13 +124,13 @@ class _Docs:
 
 
 @dataclass(frozen=True, slots=True)
-class _Cut:
+class Cut:
     """Pieces before the shuffle: each one's token range in its window's stream, lane and document."""
 
     start: I64
     end: I64
     lane: I64
-    doc: I64  # index into the :class:`_Docs`
+    doc: I64  # index into the :class:`Docs`
     window: I64
 
 
@@ -142,6 +142,7 @@ def window_pieces(
     seq_len: int,
     *,
     lanes: I64 | None = None,
+    stage: tuple[int, int] = (0, 0),
 ) -> Pieces:
     """Every piece of the given windows of ``epoch`` (only lanes ``lanes`` of them, if given).
 
@@ -151,30 +152,51 @@ def window_pieces(
     rank splits its documents at the cuts inside its own range, and an empty document
     is a piece of length 0 in the lane ``max{k < B : c_k <= s}``; pieces of length 0
     take part in the shuffle but are not returned.
+
+    ``stage``: ``(first step, run tokens before it)`` of the layout stage the windows
+    are cut in (docs/design.md, "Layout stages"; the windows begin at or after its first
+    token): the cards start there, and lane positions count from the stage's first step.
+    """
+    got = window_slices(plan, epoch, windows, lengths, lanes=lanes)
+    if got is None:
+        return Pieces.empty()
+    docs, cut, offset = got
+    ep = plan.epoch(epoch)
+    b = int(plan.settings.lanes)
+    # Where the lane is at the window's start: ceil((R - k) / B) tokens received
+    # (of the stage, since its first run token X: ceil((R - k) / B) - ceil((X - k) / B)).
+    first_step, begin = stage
+    prefix = np.cumsum(ep.window_tokens) - ep.window_tokens
+    run = plan.run_before(epoch) + prefix[cut.window]
+    lane_pos = first_step * seq_len - ((cut.lane - run) // b) + (cut.lane - begin) // b + offset
+    return rows_of(epoch, docs, cut, lane_pos, seq_len)
+
+
+def window_slices(
+    plan: PlanView, epoch: int, windows: I64, lengths: Lengths, *, lanes: I64 | None = None
+) -> tuple[Docs, Cut, I64] | None:
+    """The documents, the pieces (zero-length ones included) and each piece's offset in its shuffled slice.
+
+    What :func:`window_pieces` places in steps; None when the windows hold no piece.
     """
     s = plan.settings
     b, per = int(s.lanes), int(s.lanes) // int(s.world)
     ep = plan.epoch(epoch)
     windows = np.unique(np.asarray(windows, np.int64))
     if not len(windows):
-        return Pieces.empty()
+        return None
     keys = None if lanes is None else np.asarray(lanes, np.int64)
     pos, win, start, tok = _window_positions(ep, windows, int(s.window), b, keys)
     if not len(pos):
-        return Pieces.empty()
+        return None
     docs = _documents(ep, pos, win, start, tok, lengths, b, keys)
     cut = _split(ep, docs, b, per)
     if keys is not None:
         mine = np.flatnonzero(np.isin(cut.window * b + cut.lane, keys))
-        cut = _Cut(*(getattr(cut, f.name)[mine] for f in fields(_Cut)))
+        cut = Cut(*(getattr(cut, f.name)[mine] for f in fields(Cut)))
     if not len(cut.lane):
-        return Pieces.empty()
-    offset = _slice_offsets(cut, key(s.seed, epoch), b)
-    # Where the lane is at the window's start: ceil((R - k) / B) tokens received.
-    prefix = np.cumsum(ep.window_tokens) - ep.window_tokens
-    run = plan.run_before(epoch) + prefix[cut.window]
-    lane_pos = (run - cut.lane + b - 1) // b + offset
-    return _rows(epoch, docs, cut, lane_pos, seq_len)
+        return None
+    return docs, cut, _slice_offsets(cut, key(s.seed, epoch), b)
 
 
 def _window_positions(ep: Any, windows: I64, size: int, b: int, lanes: I64 | None) -> tuple[I64, I64, I64, I64]:
@@ -195,7 +217,7 @@ def _window_positions(ep: Any, windows: I64, size: int, b: int, lanes: I64 | Non
     return pos, win, start, tok
 
 
-def _documents(ep: Any, pos: I64, win: I64, start: I64, tok: I64, lengths: Lengths, b: int, lanes: I64 | None) -> _Docs:
+def _documents(ep: Any, pos: I64, win: I64, start: I64, tok: I64, lengths: Lengths, b: int, lanes: I64 | None) -> Docs:
     """The documents of positions ``pos`` in stream order (those that can reach ``lanes``, if given)."""
     rgs = ep.order[pos].astype(np.int64)
     uniq, inv = np.unique(rgs, return_inverse=True)
@@ -209,7 +231,7 @@ def _documents(ep: Any, pos: I64, win: I64, start: I64, tok: I64, lengths: Lengt
     if lanes is not None:
         first_doc, n_doc = _near_lanes(ep, lanes, b, win, start, tok, csum, first_doc, n_doc)
     di, pi = concat_ranges(first_doc, n_doc)
-    return _Docs(
+    return Docs(
         position=pos[pi],
         row_group=rgs[pi],
         ordinal=di - base_u[inv][pi],
@@ -251,7 +273,7 @@ def _near_lanes(
     return first_doc + j0, j1 - j0
 
 
-def _split(ep: Any, docs: _Docs, b: int, per: int) -> _Cut:
+def _split(ep: Any, docs: Docs, b: int, per: int) -> Cut:
     """Each document split per rank (clipped to the rank's range), then at the cuts inside it.
 
     An empty document is one piece of length 0, in the lane ``max{k < B : c_k <= s}``.
@@ -282,10 +304,10 @@ def _split(ep: Any, docs: _Docs, b: int, per: int) -> _Cut:
     p_end = np.maximum(p_end, p_start)
     lane = np.minimum(lane_of(p_start, x_q, x_r, x_z, b), np.where(f[xi], (rk[xi] + 1) * per - 1, b - 1))
     doc_of = ri[xi]  # the stream-order document of each piece
-    return _Cut(start=p_start, end=p_end, lane=lane, doc=doc_of, window=dw[doc_of])
+    return Cut(start=p_start, end=p_end, lane=lane, doc=doc_of, window=dw[doc_of])
 
 
-def _slice_offsets(cut: _Cut, epoch_key: int, b: int) -> I64:
+def _slice_offsets(cut: Cut, epoch_key: int, b: int) -> I64:
     """Each piece's offset in its lane's slice after the shuffle.
 
     A slice's ordinals in stream order are sorted by (mix(key ^ ordinal), ordinal),
@@ -316,7 +338,7 @@ def _slice_offsets(cut: _Cut, epoch_key: int, b: int) -> I64:
     return offset_in_slice
 
 
-def _rows(epoch: int, docs: _Docs, cut: _Cut, lane_pos: I64, seq_len: int) -> Pieces:
+def rows_of(epoch: int, docs: Docs, cut: Cut, lane_pos: I64, seq_len: int) -> Pieces:
     """The pieces cut where rows end (``lane_pos``: each one's first token in its lane); those of length 0 dropped."""
     n_tok = cut.end - cut.start
     live = n_tok > 0

@@ -176,19 +176,25 @@ def locate_pieces(
     seq_len: int,
     *,
     steps: tuple[int, int] | None = None,
+    windows: I64 | None = None,
+    stage: tuple[int, int] = (0, 0),
 ) -> Pieces:
     """Every piece of documents ``(row_groups[i], docs[i])`` in the windows of ``epoch``.
 
     ``docs`` are ordinals among the documents the stream takes from each row group.
     The lengths asked for are those of the documents' own row groups and of the row
     groups that share a lane with one of their pieces: a few per document, whatever
-    the epoch or step. ``steps`` keeps the pieces of steps ``[start, stop)``.
+    the epoch or step. ``steps`` keeps the pieces of steps ``[start, stop)``;
+    ``windows`` (given) only those windows; ``stage`` is the layout stage the windows
+    are cut in (:func:`planner.lookup.cut.window_pieces`; ``windows`` must then be given).
     """
     b = int(plan.settings.lanes)
     ep = plan.epoch(epoch)
     want = np.unique((np.asarray(row_groups, np.int64) << 32) | np.asarray(docs, np.int64))
     pos = np.flatnonzero(np.isin(ep.order, np.unique(want >> 32))).astype(np.int64)
-    if steps is not None:
+    if windows is not None:
+        pos = pos[np.isin(ep.window[pos], windows)]
+    elif steps is not None:
         ok = windows_of_steps(plan, epoch, steps, seq_len)
         pos = pos[np.isin(ep.window[pos], ok)]
     if not len(pos) or not len(want):
@@ -196,7 +202,7 @@ def locate_pieces(
     keys = _target_lanes(ep, pos, want, lengths, b)
     if not len(keys):
         return Pieces.empty()
-    got = window_pieces(plan, epoch, np.unique(keys // b), lengths, seq_len, lanes=keys)
+    got = window_pieces(plan, epoch, np.unique(keys // b), lengths, seq_len, lanes=keys, stage=stage)
     mine = np.isin((got.row_group << 32) | got.doc, want)
     if steps is not None:
         mine &= (got.step >= steps[0]) & (got.step < steps[1])

@@ -45,6 +45,9 @@ from planner.lookup.pieces import (
     locate_pieces,
     set_length_reader,
 )
+from planner.lookup.staged import epochs_of_steps as staged_epochs
+from planner.lookup.staged import lanes_of_steps, spans, staged_pieces
+from planner.order.layout import Layout
 from planner.order.plan import Permutation, Plan, check_int, row_group_counts
 from planner.parameters import document
 from plitzer.loader import open_plan
@@ -157,12 +160,12 @@ def parse_epochs(epochs: object) -> list[int] | None:
 # -- the answer -----------------------------------------------------------------------
 
 
-def _frame(ix: RowGroupIndex, p: Pieces, per: int) -> pl.DataFrame:
+def _frame(ix: RowGroupIndex, p: Pieces, rank: I64) -> pl.DataFrame:
     rg = p.row_group
     frame = ix.frame
     cols: dict[str, Any] = {
         "step": p.step,
-        "rank": p.lane // per,
+        "rank": rank,
         "lane": p.lane,
         "start": p.start,
         "length": p.length,
@@ -191,19 +194,35 @@ def locate_in_plan(
     *,
     epochs: list[int] | None = None,
     steps: tuple[int, int] | None = None,
-    lanes: range | None = None,
+    rank: int | None = None,
+    layout: Layout | None = None,
 ) -> pl.DataFrame:
-    """The pieces of the given documents in ``plan``'s run, as :func:`locate` returns them."""
-    if epochs is None:
-        epochs = list(epochs_of_steps(plan, steps, seq_len)) if steps is not None else [0]
+    """The pieces of the given documents in ``plan``'s run, as :func:`locate` returns them.
+
+    ``layout``: the run's layout stages (more than one: each stage's lanes and rows,
+    the window cut again at a change; ``seq_len`` is then the first stage's);
+    ``rank``: only that rank's lanes.
+    """
     # One source: its epochs are permutations of the index, laid out without the reads.
     view: Any = OneSource(plan, row_group_counts(plan.dataset)[0]) if isinstance(plan.order, Permutation) else plan
-    parts = [locate_pieces(view, e, row_groups, docs, lengths, seq_len, steps=steps) for e in epochs]
-    got = Pieces.concat(parts)
-    if lanes is not None:
-        got = got.take(np.flatnonzero((got.lane >= lanes.start) & (got.lane < lanes.stop)))
-    per = plan.settings.lanes // plan.settings.world
-    return _frame(plan.dataset, got.sorted(), per)
+    world = plan.settings.world
+    if layout is not None and layout.staged:
+        stages = spans(layout)
+        if epochs is None:
+            epochs = list(staged_epochs(view, stages, steps)) if steps is not None else [0]
+        parts = [staged_pieces(view, stages, e, lengths, targets=(row_groups, docs), steps=steps) for e in epochs]
+        got = Pieces.concat(parts).sorted()
+        ranks = got.lane // (lanes_of_steps(stages, got.step) // world)
+    else:
+        if epochs is None:
+            epochs = list(epochs_of_steps(plan, steps, seq_len)) if steps is not None else [0]
+        got = Pieces.concat(locate_pieces(view, e, row_groups, docs, lengths, seq_len, steps=steps) for e in epochs)
+        got = got.sorted()
+        ranks = got.lane // (plan.settings.lanes // world)
+    if rank is not None:
+        mine = np.flatnonzero(ranks == rank)
+        got, ranks = got.take(mine), ranks[mine]
+    return _frame(plan.dataset, got, ranks)
 
 
 @document(exclude=("where",))
@@ -266,20 +285,13 @@ def locate(
     if selection is None:
         settings.pop("length_column", None)  # for the lengths only: the loader's length_column serves a selection
     s = LoaderSettings.of(**settings, where=selection)
-    if s.stages.staged:
-        msg = (
-            f"locate with layout stages ({s.stages.as_config()}, [start step, lanes, seq_len]) is not supported yet: "
-            "it places documents under one layout; give lanes= and seq_len= as ints (the first stage's layout "
-            "holds for the steps before the first change)"
-        )
-        raise ConfigError(msg)
     span = _steps(steps)
     eps = parse_epochs(epochs)
     plan = open_plan(source, s)
     rgs, docs = target_documents(plan.dataset, where, rows, threads=s.threads, progress=progress)
     lengths = RowLengths(plan.dataset, length_column=length_column, threads=s.threads)
-    lanes = range(s.rank * (s.lanes // s.world), (s.rank + 1) * (s.lanes // s.world)) if rank_given else None
-    return locate_in_plan(plan, rgs, docs, lengths, s.seq_len, epochs=eps, steps=span, lanes=lanes)
+    rank = s.rank if rank_given else None
+    return locate_in_plan(plan, rgs, docs, lengths, s.seq_len, epochs=eps, steps=span, rank=rank, layout=s.stages)
 
 
 def _plan_lengths(ix: RowGroupIndex) -> Lengths:

@@ -1,0 +1,318 @@
+"""Pieces under layout stages (SPEC section 12): each stage's windows in its own lanes, and the window cut again.
+
+Layout stage ``i`` runs steps ``[s_i, s_{i+1})`` with ``B_i`` lanes of ``L_i`` tokens and
+delivers the run's tokens ``[X_i, X_{i+1})`` (docs/design.md, "Layout stages"). So a
+piece's place follows from the stage that delivers it:
+
+- a window that begins at or after ``X_i`` is cut into ``B_i`` lanes like any window
+  (:func:`planner.lookup.cut.window_pieces`, ``z = R_w mod B_i``), each lane's position
+  counted from the stage's first step: lane ``k`` has received ``ceil((R_w - k) / B_i) -
+  ceil((X_i - k) / B_i)`` tokens of the stage before the window;
+- the window holding ``X_i`` strictly inside (its *rest*) is cut as at its start, into
+  the lanes of the stage then in force, its slices shuffled (every lane at once, as the
+  loader cuts it again: ``plitzer.readpath.recut.pack_rest``), then by each change inside
+  it in turn: what every lane has not consumed, laid end to end lane after lane, each in
+  packed order, is cut into the new lanes by section 3 rule 4 with ``z = X mod B'`` and no
+  second shuffle (:func:`rest_pieces`, the same arithmetic on token ranges). The new
+  lanes' rests start at the stage's first step.
+
+Each stage keeps the pieces of its own steps; the windows a change crosses give pieces to
+both sides.
+
+>>> import planner, tempfile, pyarrow as pa, pyarrow.parquet as pq
+>>> from planner.lookup.lengths import lengths_from_array
+>>> d = tempfile.mkdtemp()
+>>> sizes = [12, 13, 10, 15, 20, 5, 9, 16]  # the worked example of docs/design.md, "Layout stages"
+>>> docs = pa.array([[i] * n for i, n in enumerate(sizes)], pa.list_(pa.int32()))
+>>> pq.write_table(pa.table({"tokens": docs}), f"{d}/a.parquet", row_group_size=2)
+>>> p = planner.plan(d, lanes=[(0, 4), (1, 2)], seq_len=[(0, 8), (1, 32)], window=2)
+>>> got = staged_pieces(p, spans(p.layout), 0, lengths_from_array(np.array(sizes), np.array([2, 2, 2, 2])))
+>>> step1 = got.take(np.flatnonzero(got.step == 1)).sorted()  # the rest, then window 1 (two documents a lane)
+>>> [(int(k), int(s), int(n)) for k, s, n in zip(step1.lane, step1.start, step1.length)]
+[(0, 0, 5), (0, 5, 4), (0, 9, 9), (0, 18, 14), (1, 0, 1), (1, 1, 4), (1, 5, 4), (1, 9, 12), (1, 21, 11)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from planner.lanes import cut_at
+from planner.lookup.cut import Cut, Pieces, PlanView, rows_of, window_pieces, window_slices
+from planner.lookup.lengths import Lengths
+from planner.lookup.pieces import Positions, locate_pieces
+
+__all__ = [
+    "NEVER",
+    "LanesView",
+    "Span",
+    "epochs_of_steps",
+    "lanes_of_steps",
+    "rest_pieces",
+    "run_at",
+    "spans",
+    "staged_pieces",
+    "windows_meeting",
+]
+
+I64 = NDArray[np.int64]
+
+NEVER = 1 << 62  # the end of the last stage
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One layout stage over the run: steps ``[begin_step, end_step)``, run tokens ``[begin_run, end_run)``."""
+
+    lanes: int
+    seq_len: int
+    begin_step: int
+    begin_run: int
+    end_step: int = NEVER
+    end_run: int = NEVER
+
+    def run_at(self, step: int) -> int:
+        """The run's tokens before ``step`` (a step of this stage, or its end)."""
+        if step >= self.end_step:
+            return self.end_run
+        return self.begin_run + (step - self.begin_step) * self.lanes * self.seq_len
+
+
+def spans(layout: Any) -> list[Span]:
+    """The :class:`Span` of every stage of ``layout`` (:class:`planner.order.layout.Layout`)."""
+    stages, begins = list(layout.stages), list(layout.begins())
+    out = []
+    for i, st in enumerate(stages):
+        last = i + 1 == len(stages)
+        out.append(
+            Span(
+                lanes=int(st.lanes),
+                seq_len=int(st.seq_len),
+                begin_step=int(st.start),
+                begin_run=int(begins[i]),
+                end_step=NEVER if last else int(stages[i + 1].start),
+                end_run=NEVER if last else int(begins[i + 1]),
+            )
+        )
+    return out
+
+
+class LanesView:
+    """A plan's windows cut into ``lanes`` lanes (``z = R_w mod lanes``), at ``world`` ranks (default the plan's)."""
+
+    def __init__(self, plan: PlanView, lanes: int, world: int | None = None) -> None:
+        self.plan = plan
+        s = plan.settings
+        self.settings = replace(s, lanes=lanes, world=s.world if world is None else world)
+        self._same = int(s.lanes) == lanes
+        self._cache: dict[int, tuple[Any, Positions]] = {}
+
+    def epoch(self, epoch: int) -> Any:
+        ep = self.plan.epoch(epoch)
+        if self._same:
+            return ep
+        got = self._cache.get(epoch)
+        if got is None or got[0] is not ep:
+            b = int(self.settings.lanes)
+            prefix = np.cumsum(ep.window_tokens) - ep.window_tokens
+            z = (self.plan.run_before(epoch) % b + prefix % b) % b
+            got = (ep, Positions(ep.order, ep.window, ep.token_start, ep.window_tokens, z.astype(np.int64)))
+            if len(self._cache) > 4:
+                self._cache.clear()
+            self._cache[epoch] = got
+        return got[1]
+
+    def run_before(self, epoch: int) -> int:
+        return self.plan.run_before(epoch)
+
+    def epoch_of_run(self, run: int) -> int:
+        return self.plan.epoch_of_run(run)
+
+    def windows_in(self, epoch: int) -> int:
+        return self.plan.windows_in(epoch)
+
+
+def windows_meeting(plan: PlanView, epoch: int, lo: int, hi: int) -> I64:
+    """The windows of ``epoch`` that hold some of the run's tokens ``[lo, hi)``."""
+    ep = plan.epoch(epoch)
+    ends = np.cumsum(ep.window_tokens)
+    run0 = plan.run_before(epoch)
+    a = int(np.searchsorted(ends, lo - run0, side="right"))
+    z = int(np.searchsorted(ends - ep.window_tokens, hi - run0, side="left"))
+    return np.arange(a, max(a, z), dtype=np.int64)
+
+
+def _rest_window(plan: PlanView, epoch: int, x: int) -> int | None:
+    """The window of ``epoch`` holding run token ``x`` strictly inside (None: none, or ``x`` at a window's edge)."""
+    if x <= 0 or plan.epoch_of_run(x) != epoch:
+        return None
+    ep = plan.epoch(epoch)
+    ends = np.cumsum(ep.window_tokens)
+    run0 = plan.run_before(epoch)
+    w = int(np.searchsorted(ends, x - run0, side="right"))
+    if w >= len(ends):
+        return None
+    return w if run0 + int(ends[w] - ep.window_tokens[w]) < x else None
+
+
+def _split(start: I64, end: I64, cuts: I64) -> tuple[I64, I64, I64, I64]:
+    """Ranges ``[start, end)`` (tiling theirs) split at ``cuts`` strictly inside: range, start, end, lane.
+
+    The lane of a part is ``max{k : cuts[k] <= start}`` (``plitzer.readpath.recut``'s rule).
+    """
+    lo = np.searchsorted(cuts, start, side="right")
+    hi = np.searchsorted(cuts, end, side="left")
+    n = 1 + np.maximum(hi - lo, 0)
+    rep = np.repeat(np.arange(len(start), dtype=np.int64), n)
+    j = np.arange(len(rep), dtype=np.int64) - (np.cumsum(n) - n)[rep]
+    last = len(cuts) - 1
+    p_start = np.where(j == 0, start[rep], cuts[np.minimum(lo[rep] + j - 1, last)])
+    p_end = np.where(j == n[rep] - 1, end[rep], cuts[np.minimum(lo[rep] + j, last)])
+    lane = np.minimum(np.searchsorted(cuts, p_start, side="right") - 1, len(cuts) - 2)
+    return rep, p_start, p_end, lane
+
+
+@dataclass(frozen=True, slots=True)
+class _Items:
+    """Token ranges of a window's pieces as lanes hold them: piece ``src``'s tokens ``[a, a + length)``."""
+
+    src: I64
+    a: I64
+    length: I64
+    lane: I64
+    pos: I64  # the range's first token in its lane's slice of the window
+
+    def take(self, idx: Any) -> _Items:
+        return _Items(self.src[idx], self.a[idx], self.length[idx], self.lane[idx], self.pos[idx])
+
+
+def _recut(items: _Items, lanes: int, begun: int, end_run: int, new_lanes: int, begin: int) -> _Items:
+    """``items`` of ``lanes`` lanes (their cards begun at run token ``begun``) cut again at run token ``begin``.
+
+    Lane ``k`` has consumed ``ceil((begin - k) / B) - ceil((begun - k) / B)`` tokens of
+    its slice; the rest, lane after lane, is cut into ``new_lanes`` by section 3 rule 4
+    with ``z = begin mod new_lanes``.
+    """
+    used = -((items.lane - begin) // lanes) + (items.lane - begun) // lanes
+    cut_in = np.clip(used - items.pos, 0, items.length)
+    live = np.flatnonzero(items.length - cut_in > 0)
+    cut_in = cut_in[live]
+    it = items.take(live)
+    it = _Items(it.src, it.a + cut_in, it.length - cut_in, it.lane, it.pos + cut_in)
+    it = it.take(np.lexsort((it.pos, it.lane)))
+    end = np.cumsum(it.length)
+    start = end - it.length
+    q, r = divmod(end_run - begin, new_lanes)
+    cuts = cut_at(np.arange(new_lanes + 1, dtype=np.int64), q, r, begin % new_lanes, new_lanes)
+    rep, ps, pe, lane = _split(start, end, cuts)
+    return _Items(it.src[rep], it.a[rep] + (ps - start[rep]), pe - ps, lane, ps - cuts[lane])
+
+
+def rest_pieces(plan: PlanView, stages: list[Span], i: int, epoch: int, window: int, lengths: Lengths) -> Pieces:
+    """The pieces stage ``i`` delivers of ``window``, the window it cuts again (begun before ``X_i``).
+
+    The window is cut into the lanes of the stage in force at its start, every lane at
+    once, its slices shuffled; then by every change inside it up to stage ``i``'s. Steps
+    from ``s_i`` on (the caller keeps the stage's).
+    """
+    ep = plan.epoch(epoch)
+    start = plan.run_before(epoch) + int(ep.window_tokens[:window].sum())
+    end = start + int(ep.window_tokens[window])
+    j = max(m for m in range(i + 1) if stages[m].begin_run <= start)
+    got = window_slices(LanesView(plan, stages[j].lanes, world=1), epoch, np.array([window]), lengths)
+    if got is None:
+        return Pieces.empty()
+    docs, cut, offset = got
+    live = np.flatnonzero(cut.end > cut.start)
+    items = _Items(live, np.zeros(len(live), np.int64), (cut.end - cut.start)[live], cut.lane[live], offset[live])
+    lanes, begun = stages[j].lanes, start
+    for m in range(j + 1, i + 1):
+        items = _recut(items, lanes, begun, end, stages[m].lanes, stages[m].begin_run)
+        lanes, begun = stages[m].lanes, stages[m].begin_run
+    first = cut.start[items.src] + items.a
+    moved = Cut(
+        start=first, end=first + items.length, lane=items.lane, doc=cut.doc[items.src], window=cut.window[items.src]
+    )
+    sp = stages[i]
+    return rows_of(epoch, docs, moved, sp.begin_step * sp.seq_len + items.pos, sp.seq_len)
+
+
+def _steps_of(p: Pieces, lo: int, hi: int) -> Pieces:
+    return p if not len(p) else p.take(np.flatnonzero((p.step >= lo) & (p.step < hi)))
+
+
+def staged_pieces(
+    plan: PlanView,
+    stages: list[Span],
+    epoch: int,
+    lengths: Lengths,
+    *,
+    windows: I64 | None = None,
+    targets: tuple[I64, I64] | None = None,
+    steps: tuple[int, int] | None = None,
+) -> Pieces:
+    """The pieces of ``epoch``'s windows under layout stages ``stages`` (:func:`spans`).
+
+    ``windows``: only these windows; ``targets``: only the documents ``(row_groups,
+    ordinals)`` (reading the lengths of the row groups that share their lanes, and of a
+    window cut again where it holds one of them); ``steps``: only steps ``[start, stop)``.
+    """
+    parts: list[Pieces] = []
+    target_rgs = None if targets is None else np.unique(targets[0])
+    ep = plan.epoch(epoch)
+    for i, sp in enumerate(stages):
+        s_lo, s_hi = sp.begin_step, sp.end_step
+        if steps is not None:
+            s_lo, s_hi = max(s_lo, steps[0]), min(s_hi, steps[1])
+        if s_lo >= s_hi:
+            continue
+        wins = windows_meeting(plan, epoch, sp.run_at(s_lo), sp.run_at(s_hi))
+        if windows is not None:
+            wins = wins[np.isin(wins, windows)]
+        if not len(wins):
+            continue
+        rest = _rest_window(plan, epoch, sp.begin_run) if i > 0 else None
+        normal = wins[wins != rest] if rest is not None else wins
+        view = LanesView(plan, sp.lanes)
+        stage = (sp.begin_step, sp.begin_run)
+        if targets is not None:
+            got = locate_pieces(view, epoch, *targets, lengths, sp.seq_len, windows=normal, stage=stage)
+        else:
+            got = window_pieces(view, epoch, normal, lengths, sp.seq_len, stage=stage)
+        parts.append(_steps_of(got, s_lo, s_hi))
+        if rest is None or rest not in wins:
+            continue
+        if target_rgs is not None and not np.isin(ep.order[ep.window == rest], target_rgs).any():
+            continue  # none of the documents is in the window cut again
+        got = _steps_of(rest_pieces(plan, stages, i, epoch, rest, lengths), s_lo, s_hi)
+        if targets is not None and len(got):
+            want = np.unique((np.asarray(targets[0], np.int64) << 32) | np.asarray(targets[1], np.int64))
+            got = got.take(np.flatnonzero(np.isin((got.row_group << 32) | got.doc, want)))
+        parts.append(got)
+    return Pieces.concat(parts)
+
+
+def run_at(stages: list[Span], step: int) -> int:
+    """The run's tokens before global step ``step`` (``X(t)``, SPEC section 12)."""
+    sp = next(s for s in reversed(stages) if s.begin_step <= step)
+    return sp.run_at(step)
+
+
+def epochs_of_steps(plan: PlanView, stages: list[Span], steps: tuple[int, int]) -> range:
+    """The epochs whose windows give tokens to steps ``[steps[0], steps[1])`` under layout stages."""
+    if steps[1] <= steps[0]:
+        return range(0)
+    first = plan.epoch_of_run(run_at(stages, steps[0]))
+    last = plan.epoch_of_run(run_at(stages, steps[1]) - 1)
+    return range(first, last + 1)
+
+
+def lanes_of_steps(stages: list[Span], step: I64) -> I64:
+    """The lanes of the stage in force at each of ``step``."""
+    starts = np.array([s.begin_step for s in stages], np.int64)
+    lanes = np.array([s.lanes for s in stages], np.int64)
+    out: I64 = lanes[np.searchsorted(starts, step, side="right") - 1]
+    return out
