@@ -4,7 +4,10 @@
 come from here. Each batch of windows' pieces (:func:`planner.lookup.pieces.epoch_pieces`) is
 sorted as batches list them and named as ``batch.documents()`` names its columns,
 with the step and the rank; ``row`` numbers a document in its row group (a
-selection's rows are sparse: :func:`stream_rows`).
+selection's rows are sparse: :func:`stream_rows`). Under layout stages (the plan's
+``layout``) each stage's windows are cut into its lanes and the window cut again at a
+change gives pieces to both sides (:mod:`planner.lookup.staged`); the stages give the
+steps their ``seq_len``, and ``rank`` counts each stage's lanes.
 """
 
 from __future__ import annotations
@@ -20,18 +23,19 @@ from planner.catalog.rowgroups import RowGroupIndex, SelectedRows
 from planner.errors import ConfigError
 from planner.lookup.lengths import Lengths, as_lengths
 from planner.lookup.pieces import Pieces, epoch_pieces
+from planner.lookup.staged import Span, lanes_of_steps, spans, staged_pieces
 
 __all__ = ["Rows", "pieces_frame", "pieces_reader", "pieces_schema", "stream_rows"]
 
 I64 = NDArray[np.int64]
 
 
-def _frame(p: Pieces, index: pl.DataFrame, rank_lanes: int, sources: bool) -> pl.DataFrame:
+def _frame(p: Pieces, index: pl.DataFrame, rank: I64, sources: bool) -> pl.DataFrame:
     cols: dict[str, Any] = {
         "epoch": p.epoch,
         "window_index": p.window,
         "step": p.step,
-        "rank": p.lane // rank_lanes,
+        "rank": rank,
         "lane": p.lane,
         "start": p.start,
         "length": p.length,
@@ -88,24 +92,57 @@ def stream_rows(index: RowGroupIndex) -> Rows:
     return rows
 
 
+def _staged(plan: Any) -> list[Span] | None:
+    """The plan's layout stages as :class:`~planner.lookup.staged.Span` (None: one layout)."""
+    layout = getattr(plan, "layout", None)
+    return spans(layout) if layout is not None and layout.staged else None
+
+
+def _batches(plan: Any, epoch: int, lengths: Lengths, seq_len: int, batch: int) -> Iterator[tuple[Pieces, I64]]:
+    """Each batch of ``batch`` windows' pieces and their ranks (under layout stages, each stage's)."""
+    world = int(plan.settings.world)
+    stages = _staged(plan)
+    if stages is None:
+        per = int(plan.settings.lanes) // world
+        for got in epoch_pieces(plan, epoch, lengths, seq_len, batch=batch):
+            yield got, got.lane // per
+        return
+    n = plan.windows_in(epoch)
+    for a in range(0, n, batch):
+        got = staged_pieces(plan, stages, epoch, lengths, windows=np.arange(a, min(n, a + batch), dtype=np.int64))
+        yield got, got.lane // (lanes_of_steps(stages, got.step) // world)
+
+
 def _pieces_batches(
     plan: Any, epochs: Sequence[int], lengths: Lengths, seq_len: int, rows: Rows, batch: int
 ) -> Iterator[pl.DataFrame]:
     index = plan.index
     sources = "source" in index.columns
-    per = int(plan.settings.lanes) // int(plan.settings.world)
     for e in epochs:
-        for got in epoch_pieces(plan, e, lengths, seq_len, batch=batch):
+        for got, rank in _batches(plan, e, lengths, seq_len, batch):
             if not len(got):
                 continue
-            p = got.sorted()
-            f = _frame(p, index, per, sources)
+            order = np.lexsort((got.start, got.lane, got.step))  # as batches list them (Pieces.sorted)
+            p = got.take(order)
+            f = _frame(p, index, rank[order], sources)
             row = rows(p.row_group, p.doc)
             yield f.with_columns(pl.Series("row", row, pl.Int64)).select(list(pieces_schema(sources)))
 
 
 def _seq_len(plan: Any, seq_len: int | None) -> int:
+    """The run's seq_len: given, the plan's (a mixture's), or its layout's first stage's."""
+    layout = getattr(plan, "layout", None)
+    if layout is not None and layout.staged:
+        if seq_len is not None and seq_len != layout.first.seq_len:
+            msg = (
+                f"seq_len={seq_len!r}: the plan has layout stages {layout.as_config()} ([start step, lanes, "
+                "seq_len]), which place the steps; omit seq_len="
+            )
+            raise ConfigError(msg)
+        return int(layout.first.seq_len)
     got = seq_len if seq_len is not None else getattr(plan, "seq_len", None)
+    if got is None and layout is not None:
+        got = layout.first.seq_len
     if got is None:
         msg = "pieces need the run's seq_len (tokens per sequence) to place steps: pass seq_len="
         raise ConfigError(msg)
