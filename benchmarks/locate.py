@@ -9,9 +9,14 @@ Two parts:
   at step 10^3 and at step 10^7 of the run (same source: the epoch is arithmetic).
 * **data** (``plitzer.locate`` end to end on Parquet written here, documents given by
   ``rows=``): the same counts on a small dataset, reads of token lengths included.
+* **mixture** (``plitzer.explain`` and ``plitzer.locate`` end to end): a 3-source mixture
+  with weight stages, plain and with layout stages, at step 10^3 and at step 10^7: the
+  step explained, then one of its documents located in a stretch of steps around it and
+  over its whole epoch. Each figure is the best of ``--repeats`` calls, alternating steps.
 
-    python benchmarks/locate.py                       # both parts, default sizes
+    python benchmarks/locate.py                       # every part, default sizes
     python benchmarks/locate.py --row-groups 20000    # a smaller synthetic index
+    python benchmarks/locate.py --part mixture        # the mixture's deep steps only (seconds)
 """
 
 from __future__ import annotations
@@ -121,6 +126,50 @@ def data_part(row_groups: int, lanes: int, window: int, seq_len: int, counts: li
             print(f"  {n:>6,} documents over 10 epochs: {took:8.3f} s  ({got.height:,} pieces)")
 
 
+def mixture_part(steps: list[int], repeats: int) -> None:
+    import plitzer
+    import plitzer.synth
+
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        sources = {}
+        for i, (tokens, mean) in enumerate([(400_000, 120), (200_000, 300), (100_000, 60)]):
+            plitzer.synth.write(d / f"s{i}", tokens=tokens, seed=i, docs_per_row_group=20, mean_length=mean)
+            sources[f"s{i}"] = str(d / f"s{i}")
+        weights = [
+            (0, {"s0": 3, "s1": 1, "s2": 1}),
+            (500, {"s0": 1, "s1": 2, "s2": 1}),
+            (5000, {"s0": 1, "s1": 1, "s2": 2}),
+        ]
+        plain: dict[str, Any] = {"seed": 0, "lanes": 8, "window": 4, "seq_len": 32, "weights": weights}
+        staged = {
+            **plain,
+            "lanes": [(0, 8), (2000, 4), (7_000_000, 8)],
+            "seq_len": [(0, 32), (2000, 64), (7_000_000, 16)],
+        }
+        groups = sum(plitzer.index(p).row_groups for p in sources.values())  # indexed once, cached
+        print(f"mixture: 3 sources (700 k tokens, {groups} row groups), weight stages at steps 500 and 5000")
+        for name, cfg in (("one layout (8 x 32)", plain), ("layout stages at 2000 and 7e6", staged)):
+            plitzer.explain(sources, 0, **cfg)  # the first call's imports and caches, timed in no row
+            best: dict[tuple[int, str], float] = {}
+            for _ in range(repeats):
+                for step in steps:
+                    took, e = timed(lambda: plitzer.explain(sources, step, **cfg))  # noqa: B023
+                    doc = e.select("source", "file", "row_group", "row").head(1)
+                    near, got = timed(lambda: plitzer.locate(sources, rows=doc, steps=(step, step + 1000), **cfg))  # noqa: B023
+                    assert step in got["step"].to_list()
+                    epoch = int(e["epoch"][0])
+                    whole, _ = timed(lambda: plitzer.locate(sources, rows=doc, epochs=[epoch], **cfg))  # noqa: B023
+                    for what, t in (("explain", took), ("locate", near), ("epoch", whole)):
+                        best[(step, what)] = min(best.get((step, what), t), t)
+            print(f"  {name}:")
+            for step in steps:
+                print(
+                    f"    step {step:>10,}: explain {best[(step, 'explain')]:6.3f} s, locate one of its documents "
+                    f"(1,000 steps) {best[(step, 'locate')]:6.3f} s, over its epoch {best[(step, 'epoch')]:6.3f} s"
+                )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--row-groups", type=int, default=100_000)
@@ -130,13 +179,17 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=64)
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--counts", default="1,100,10000")
-    ap.add_argument("--part", choices=["plan", "data", "both"], default="both")
+    ap.add_argument("--part", choices=["plan", "data", "mixture", "all"], default="all")
+    ap.add_argument("--steps", default="1000,10000000", help="the mixture's steps")
+    ap.add_argument("--repeats", type=int, default=2, help="the mixture's calls per figure (the best is printed)")
     a = ap.parse_args()
     counts = [int(x) for x in a.counts.split(",")]
-    if a.part in ("plan", "both"):
+    if a.part in ("plan", "all"):
         plan_part(a.row_groups, a.docs, a.lanes, a.window, a.seq_len, counts)
-    if a.part in ("data", "both"):
+    if a.part in ("data", "all"):
         data_part(a.data_row_groups, min(a.lanes, 64), min(a.window, 8), a.seq_len, counts)
+    if a.part in ("mixture", "all"):
+        mixture_part([int(x) for x in a.steps.split(",")], a.repeats)
 
 
 if __name__ == "__main__":
