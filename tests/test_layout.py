@@ -750,7 +750,11 @@ def test_the_audit_shows_the_layout(data: tuple[Path, list[list[list[int]]]], tm
     assert report.write(tmp_path / "audit.html").exists()
 
 
-def test_locate_refuses_layout_stages_clearly(data: tuple[Path, list[list[list[int]]]]) -> None:
-    path, _ = data
-    with pytest.raises(plitzer.ConfigError, match=r"locate with layout stages .* is not supported yet"):
-        plitzer.locate(path, "n = 0", lanes=[(0, 4), (5, 2)], seq_len=8, window=2)
+def test_locate_places_documents_under_layout_stages(data: tuple[Path, list[list[list[int]]]]) -> None:
+    path, _ = data  # tests/test_locate.py checks random stages; here every document across this run's change
+    kw: dict[str, object] = {"seed": 1, "window": 2, "lanes": [(0, 4), (5, 2)], "seq_len": [(0, 8), (5, 32)]}
+    with plitzer.Loader(path, **kw) as ld:
+        batches = [ld.next_batch() for _ in range(20)]
+        run = pl.concat([b.documents().with_columns(pl.lit(b.step, pl.Int64).alias("step")) for b in batches])
+    got = plitzer.locate(path, "true", steps=20, **kw)
+    assert got.drop("rank").equals(run.select(got.drop("rank").columns).sort("step", "lane", "start"))

@@ -9,7 +9,8 @@ hash of (seed, epoch, window, lane). So the pieces of a document follow from the
 plan and the token lengths of the few row groups that share its lanes
 (:mod:`planner.lookup.pieces` does the arithmetic). Reading is limited to the footers, the
 predicate's columns (to find the documents), and those row groups' token lengths
-(from ``length_column`` where given); no token value is needed.
+(from ``length_column`` where given); no token value is needed. Under layout stages each
+stage places the windows it delivers in its own lanes (:mod:`planner.lookup.staged`).
 
 >>> import plitzer, plitzer.synth, polars as pl, tempfile
 >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=60_000, seed=1, docs_per_row_group=50)
@@ -278,7 +279,12 @@ def locate(
     The settings are the run's, the keywords of :class:`plitzer.Loader` but ``where``
     (spelled ``selection`` here): ``world`` decides the ``rank`` column; ``rank``, when
     given, keeps that rank's lanes only; ``length_column`` also spares decoding the
-    token column for the lengths, without ``selection``.
+    token column for the lengths, without ``selection``. Layout stages (``lanes`` and
+    ``seq_len`` in stages, SPEC section 12) place each piece in the stage that delivers it,
+    the window cut again at a change included, ``rank`` counting that stage's lanes; after
+    a loader's live ``set_layout`` calls, pass the stages of ``loader.config["layout"]``
+    (``[[start step, lanes, seq_len], ...]``), as live weight stages are passed as
+    ``weights=loader.config["stages"]``.
     """
     length_column = settings.get("length_column")
     rank_given = "rank" in settings
