@@ -94,7 +94,25 @@ def plan_part(row_groups: int, docs: int, lanes: int, window: int, seq_len: int,
             f"  {n:>6,} documents over 10 epochs: {took:8.3f} s  ({got.height:,} pieces, "
             f"{ix.reads:,} row groups' lengths)"
         )
+    from planner.order.layout import Layout
+
+    # Layout stages inside epochs 2 and 5: a quarter of the lanes at 4x the rows, then half of them.
     per_step = lanes * seq_len
+    at = [int(f * ix.tokens_per.sum() / per_step) for f in (2.5, 5.5)]
+    layout = Layout.of(
+        lanes=[(0, lanes), (at[0], lanes // 4), (at[1], lanes // 2)], seq_len=[(0, seq_len), (at[0], 4 * seq_len)]
+    )
+    for n in [c for c in counts if c <= 100]:
+        plan = Plan(ix, settings)  # type: ignore[arg-type]
+        rgs, ords = rng.integers(0, row_groups, n), rng.integers(0, docs, n)
+        ix.reads, ix._memo = 0, {}
+        took, got = timed(
+            lambda: locate_in_plan(plan, rgs, ords, ix.lengths, seq_len, epochs=list(range(10)), layout=layout)  # noqa: B023
+        )
+        print(
+            f"  {n:>6,} documents over 10 epochs, 2 layout changes: {took:8.3f} s  ({got.height:,} pieces, "
+            f"{ix.reads:,} row groups' lengths)"
+        )
     for step in (10**3, 10**7):
         plan = Plan(ix, settings)  # type: ignore[arg-type]
         epoch = plan.epoch_of_run(step * per_step)
