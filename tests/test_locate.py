@@ -649,6 +649,12 @@ def test_a_stage_that_repeats_the_layout_changes_no_answer(synth_dataset: Any) -
     assert totals(moved).equals(totals(plain))
     late = moved.filter(pl.col("step") >= 37)
     assert late["lane"].max() < 2 and (late["start"] + late["length"]).max() <= 128
+    # ranks count each stage's lanes: 2 a rank before the change, 1 after
+    per = pl.when(pl.col("step") >= 37).then(1).otherwise(2)
+    assert moved["rank"].to_list() == moved.select(pl.col("lane") // per)["lane"].to_list()
+    one = plitzer.locate(d, "id % 40 = 7", epochs="0:2", lanes=[(0, 4), (37, 2)], seq_len=[(0, 32), (37, 128)],
+                         rank=1, **cfg)  # fmt: skip
+    assert one.height > 0 and one.equals(moved.filter(pl.col("rank") == 1))
 
 
 def test_plan_pieces_under_layout_stages_equal_the_run(synth_dataset: Any) -> None:

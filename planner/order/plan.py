@@ -347,7 +347,10 @@ class Plan:
 
         Computed a batch of windows at a time as the frame is read (:mod:`planner.lookup.pieces`).
         ``lengths`` are every document's token length in index order (default: the
-        runtime's cached document pass, plitzer); ``seq_len`` is the run's.
+        runtime's cached document pass, plitzer); ``seq_len`` is the run's (default: the
+        plan's, where it was made with one). Under layout stages each piece is placed in
+        the stage that delivers it (:mod:`planner.lookup.staged`), which gives the steps
+        their ``seq_len``.
         """
         from planner.lookup.frames import pieces_frame
 
