@@ -533,11 +533,9 @@ def check_staged_tokens(got: pl.DataFrame, tokens: dict[tuple[int, int], Any], i
         check_tokens(part, tokens, ids, tokens[(step, int(part["rank"][0]))].shape[0])
 
 
-changes_st = st.lists(
-    st.tuples(st.integers(1, 14), st.integers(1, 3), st.integers(3, 20)),
-    min_size=1,
-    max_size=3,
-    unique_by=lambda c: c[0],
+# Changes (step, lanes a rank, seq_len) at steps 1 to 6 apart: often two inside one window.
+changes_st = st.lists(st.tuples(st.integers(1, 6), st.integers(1, 3), st.integers(3, 20)), min_size=1, max_size=3).map(
+    lambda cs: [(sum(c[0] for c in cs[: i + 1]), b, n) for i, (_, b, n) in enumerate(cs)]
 )
 
 
@@ -634,6 +632,23 @@ def test_locate_in_a_mixture_under_layout_stages_equals_the_run(
         want = expected(run, ids, wanted, got.columns)
         assert got.equals(want), (got, want)
         check_staged_tokens(got, tokens, ids)
+
+
+def test_two_changes_inside_one_window(tmp_path: Path) -> None:
+    write_docs(tmp_path, [[[40, 3, 17, 25, 0, 31], [12, 22, 9], [30, 30, 5, 1]], [[19, 28, 7, 33, 2], [26, 14]]])
+    ids = id_table(tmp_path)
+    cfg: dict[str, Any] = {
+        "seed": 2,
+        "window": 3,
+        "lanes": [(0, 4), (3, 2), (5, 6)],
+        "seq_len": [(0, 8), (3, 5), (5, 3)],
+    }
+    table = planner.plan(tmp_path, **cfg).layout_table()
+    assert table.select("recut_epoch", "recut_window_index").rows()[1:] == [(0, 0), (0, 0)]  # the same window
+    run, tokens = run_documents(tmp_path, 30, 2, **cfg)
+    got = plitzer.locate(tmp_path, "true", steps=30, world=2, **cfg)
+    assert got.equals(run.select(got.columns).sort("step", "lane", "start"))
+    check_staged_tokens(got, tokens, ids)
 
 
 def test_a_stage_that_repeats_the_layout_changes_no_answer(synth_dataset: Any) -> None:
