@@ -477,10 +477,10 @@ def real_run(a: argparse.Namespace, work: Path) -> None:
         f"{', '.join(f'{v:.2f}' for k, v in each.items() if k.startswith('plitzer'))} s, a cold cache each)"
     )
     print(
-        f"  requests before the first batch: {ours['listings']} listing, {ours['footer_gets']} footer GETs "
-        f"({ours['distinct_footers']} distinct), {ours['first_step_gets']} row-group GETs of the first step's "
-        f"{spans} window(s), {ours['other']} other: {start_up / files:.3f} data GETs a file; and "
-        f"{ours['read_ahead_gets']} GETs of later windows read ahead ({every / files:.3f} a file with them)"
+        f"  requests before the first batch: listing {ours['listings']} (pages of 1,000 keys), footer GETs "
+        f"{ours['footer_gets']} ({ours['distinct_footers']} distinct), row-group GETs of the first step's "
+        f"{spans} window(s) {ours['first_step_gets']}, other {ours['other']}: {start_up / files:.3f} data GETs a "
+        f"file; read ahead from later windows {ours['read_ahead_gets']} ({every / files:.3f} a file with them)"
     )
     print(
         f"raw boto3 on the same ranks (each lists, then GETs the last 64 KiB of its {files / a.ranks:g} files on "
@@ -488,7 +488,7 @@ def real_run(a: argparse.Namespace, work: Path) -> None:
         f"{', '.join(f'{v:.2f}' for k, v in each.items() if k.startswith('raw'))} s)"
     )
     print(
-        f"  requests: {raw['listings']} listing, {raw_gets} GETs ({raw_gets / files:.3f} a file), {raw['other']} other"
+        f"  requests: listing {raw['listings']}, GETs {raw_gets} ({raw_gets / files:.3f} a file), other {raw['other']}"
     )
     print(
         f"plitzer / raw boto3: time to first batch {out['time_ratio']:.2f}x, "

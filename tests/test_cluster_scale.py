@@ -101,9 +101,10 @@ def test_the_real_run_counts_one_listing_and_a_footer_a_file(tmp_path: Path) -> 
     assert raw["listings"] == 2 and raw["footer_gets"] == 40  # each rank lists; its half of the tails
     for line in (
         r"first batch \d+\.\d\d s",
-        r"1 listing, 40 footer GETs \(40 distinct\), \d row-group GETs .*: 1\.0\d\d data GETs a file",
+        r"listing 1 \(pages of 1,000 keys\), footer GETs 40 \(40 distinct\), .* window\(s\) \d, other 0: "
+        r"1\.0\d\d data GETs a file",
         r"raw boto3 on the same ranks .*: \d+\.\d\d s",
-        r"2 listing, 40 GETs \(1\.000 a file\)",
+        r"listing 2, GETs 40 \(1\.000 a file\)",
         r"plitzer / raw boto3: time to first batch \d+\.\d\dx, data GETs a file 1\.0\dx, listing requests 1 / 2",
     ):
         assert re.search(line, done.stdout), (line, done.stdout)
