@@ -47,6 +47,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _s3_common import ProxyProcess, put_all, raw_footers
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -187,47 +189,6 @@ def main() -> None:
 # -- latency mode --------------------------------------------------------------------
 
 
-def _proxy_main(conn: Any, upstream: int, delay_s: float, pace_bps: float) -> None:
-    """The proxy in its own process, so that its CPU is not the client's."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.s3_fixtures import FaultProxy
-
-    proxy = FaultProxy(upstream, delay_s=delay_s, pace_bps=pace_bps)
-    conn.send(proxy.port)
-    while True:
-        cmd = conn.recv()
-        if cmd == "reset":
-            proxy.reset()
-            conn.send(None)
-        elif cmd == "log":
-            conn.send([(r.is_list, r.is_object_get, r.body_bytes) for r in proxy.log()])
-        elif cmd == "paths":
-            conn.send([r.path for r in proxy.log()])
-        else:
-            proxy.stop()
-            conn.send(None)
-            return
-
-
-class ProxyProcess:
-    def __init__(self, upstream: int, delay_s: float, pace_bps: float) -> None:
-        import multiprocessing as mp
-
-        ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_proxy_main, args=(child, upstream, delay_s, pace_bps), daemon=True)
-        self._proc.start()
-        self.endpoint = f"http://127.0.0.1:{self._conn.recv()}"
-
-    def call(self, cmd: str) -> Any:
-        self._conn.send(cmd)
-        return self._conn.recv()
-
-    def stop(self) -> None:
-        self.call("stop")
-        self._proc.join(10)
-
-
 def _cpu() -> float:
     import resource
 
@@ -236,8 +197,6 @@ def _cpu() -> float:
 
 
 def latency_mode(args: argparse.Namespace) -> None:
-    from concurrent.futures import ThreadPoolExecutor
-
     import numpy as np
 
     import planner
@@ -267,14 +226,8 @@ def latency_mode(args: argparse.Namespace) -> None:
         client = server.client()
         client.create_bucket(Bucket="bench")
 
-        def put_all(local: Path, prefix: str) -> int:
-            paths = sorted(local.rglob("*.parquet"))
-            with ThreadPoolExecutor(16) as pool:
-                list(pool.map(lambda p: client.upload_file(str(p), "bench", f"{prefix}/{p.relative_to(local)}"), paths))
-            return len(paths)
-
-        put_all(data, "synth")
-        n_cold = put_all(cold, "cold")
+        put_all(client, "bench", data, "synth")
+        n_cold = put_all(client, "bench", cold, "cold")
         url = "s3://bench/synth"
         direct, far = options(server.endpoint), options(proxy.endpoint)
         ix = planner.index(url, storage_options=direct)
@@ -320,33 +273,8 @@ def latency_mode(args: argparse.Namespace) -> None:
             return time.perf_counter() - t0
 
         def raw(endpoint: str) -> float:
-            import boto3
-            from botocore.config import Config
-
-            from tests.s3_fixtures import KEY, REGION, SECRET
-
-            s3 = boto3.client(
-                "s3",
-                endpoint_url=endpoint,
-                aws_access_key_id=KEY,
-                aws_secret_access_key=SECRET,
-                region_name=REGION,
-                config=Config(max_pool_connections=64),
-            )
             t0 = time.perf_counter()
-            objs = [
-                o
-                for page in s3.get_paginator("list_objects_v2").paginate(Bucket="bench", Prefix="cold/")
-                for o in page.get("Contents", [])
-            ]
-
-            def tail(o: dict[str, Any]) -> int:
-                start = max(0, int(o["Size"]) - (64 << 10))
-                body = s3.get_object(Bucket="bench", Key=o["Key"], Range=f"bytes={start}-{int(o['Size']) - 1}")["Body"]
-                return len(body.read())
-
-            with ThreadPoolExecutor(32) as pool:
-                list(pool.map(tail, objs))
+            raw_footers(options(endpoint), "bench", "cold/", threads=32)
             return time.perf_counter() - t0
 
         proxy.call("reset")

@@ -6,15 +6,27 @@ A rank's loader now asks only its own reads of a window, from the window's posit
 the (windows x world) table is built only for windows shorter than the lanes (the only
 ones where a rank can own no token), and every rank's reads only when a plan table asks.
 Both must be what the full tables gave.
+
+And the cluster benchmark's real run (benchmarks/cluster.py --real), at a tiny size: what it
+counts and prints.
 """
 
 from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from planner.lanes import cut_at
 from planner.order.plan import PlanSettings, layout_epoch
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _reads_with_the_full_table(
@@ -59,3 +71,40 @@ def test_reads_equal_the_full_rank_table(seed: int) -> None:
     # ... and the plan's table of every rank's reads, built on first use.
     got_all = set(zip(ep.read_window.tolist(), ep.read_rank.tolist(), ep.read_position.tolist(), strict=True))
     assert got_all == want
+
+
+# -- the cluster benchmark's real run -------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(sys.platform == "win32", reason="gloo process groups on loopback are tested on POSIX")
+def test_the_real_run_counts_one_listing_and_a_footer_a_file(tmp_path: Path) -> None:
+    """benchmarks/cluster.py --real at a tiny size: 2 gloo ranks, each its own cache folder, over
+    40 files on moto's S3 server behind a 5 ms proxy; it counts at the proxy what the ranks asked
+    before the job's first batch and prints the figures against raw boto3 on the same ranks."""
+    pytest.importorskip("torch")
+    pytest.importorskip("moto")
+    out = tmp_path / "figures.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "cluster.py"), "--real", "--files", "40", "--ranks", "2"]
+    cmd += ["--latency-ms", "5", "--window", "2", "--seq-len", "128", "--repeat", "1", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=110, check=False, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = json.loads(out.read_text())
+    ours, raw = got["plitzer"], got["raw"]
+    assert got["files"] == 40
+    assert ours["listings"] == 1  # rank 0's, for the job
+    assert ours["footer_gets"] == ours["distinct_footers"] == 40  # each footer once between the ranks
+    assert 1 <= ours["first_step_gets"] <= 2 + 1  # a window of 2 row groups, one of them read by both ranks
+    assert ours["other"] == 0
+    assert got["data_gets_per_file"] <= 1.1
+    assert raw["listings"] == 2 and raw["footer_gets"] == 40  # each rank lists; its half of the tails
+    for line in (
+        r"first batch \d+\.\d\d s",
+        r"listing 1 \(pages of 1,000 keys\), footer GETs 40 \(40 distinct\), .* window\(s\) \d, other 0: "
+        r"1\.0\d\d data GETs a file",
+        r"raw boto3 on the same ranks .*: \d+\.\d\d s",
+        r"listing 2, GETs 40 \(1\.000 a file\)",
+        r"plitzer / raw boto3: time to first batch \d+\.\d\dx, data GETs a file 1\.0\dx, listing requests 1 / 2",
+    ):
+        assert re.search(line, done.stdout), (line, done.stdout)

@@ -208,6 +208,9 @@ RULES: dict[str, Rule] = {
     "python benchmarks/cluster.py": scaled(
         "python benchmarks/cluster.py --row-groups 2000 --files 200 --world 16 --from-world 8 --window 4"
     ),
+    "python benchmarks/cluster.py --real --files 2000 --ranks 8 --latency-ms 30": scaled(
+        "python benchmarks/cluster.py --real --files 20 --ranks 2 --latency-ms 5 --window 1 --seq-len 128 --repeat 1"
+    ),
     "python benchmarks/resume.py": scaled(
         f"python benchmarks/resume.py --tokens 2000000 --fractions 0,0.5 --repeat 1 {OUT}"
     ),
@@ -351,7 +354,7 @@ def test_documented_command_runs(command: str, scratch: Path) -> None:
         if first == command:
             break
     rule = RULES[command]
-    if any(w in command for w in ("train_tiny", "torchrun", "plitzer.bench.baseline")):
+    if any(w in command for w in ("train_tiny", "torchrun", "plitzer.bench.baseline", "cluster.py --real")):
         pytest.importorskip("torch")  # the torch extra (the wheel's runs without torch skip these)
     r = _run(_argv(command, rule, scratch), scratch)
     assert r.returncode == 0, f"{command!r} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
