@@ -24,6 +24,25 @@ settings.register_profile("thorough", max_examples=500, deadline=None, suppress_
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 
+# -- how the suite shares the cores (the README's `python -m pytest -n auto`) ----------------
+# The suite is a few long tests (real processes, servers, the peers' harness: 10-130 s
+# each, marked slow) among hundreds of short ones. xdist's default hands each worker a
+# quarter of the collection up front, so a long test met late runs alone on one core
+# while the other idles. Instead: the long tests first, and each worker given the next
+# test only as it finishes one (at most two queued), so the short tests fill the cores
+# around the long ones and the run ends within a short test of each core's end.
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "maxschedchunk", 0) is None:
+        config.option.maxschedchunk = 1
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: the files' order otherwise
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     old = os.environ.get("PLITZER_CACHE")

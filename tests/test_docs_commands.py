@@ -155,8 +155,8 @@ RULES: dict[str, Rule] = {
     ),
     "python -m plitzer.bench.baseline": synopsis("python -m plitzer.bench.baseline"),
     "python -m plitzer.bench.baseline --help": R,
-    # The harness on the docs' own data folders; each peer runs end to end (rows, resume)
-    # in tests/test_bench.py, so only the text run here takes peers along (Grain, litdata).
+    # The harness on the docs' own data folders, with plitzer: each peer runs end to end
+    # (rows, resume) in tests/test_bench.py. The two text commands scale to one run.
     "python -m plitzer.bench.baseline data/text --loaders plitzer,mosaic,hf,hf-stream --batch 64 --workers 2 --setup": (
         scaled(
             "python -m plitzer.bench.baseline data/text --loaders plitzer --batch 8 --workers 1 "
@@ -165,7 +165,7 @@ RULES: dict[str, Rule] = {
     ),
     "python -m plitzer.bench.baseline data/text --loaders plitzer,litdata,grain,mosaic,hf,hf-stream --batch 64 "
     "--workers 2 --setup": scaled(
-        "python -m plitzer.bench.baseline data/text --loaders plitzer,litdata,grain --batch 8 --workers 1 "
+        "python -m plitzer.bench.baseline data/text --loaders plitzer --batch 8 --workers 1 "
         "--time-limit 0.5 --repeat 1 --no-resume --work {scratch}/bench-work",
     ),
     "python -m plitzer.bench.baseline data/synth-300M --loaders plitzer,mosaic,hf,hf-stream --batch 64 --workers 2 "
@@ -337,6 +337,12 @@ _FIRST = [
     if c.startswith(("plitzer demo", "plitzer synth data/sample", "plitzer synth --text", "plitzer synth data/synth"))
 ]
 _RUNNABLE = _FIRST + [c for c, r in RULES.items() if r.kind in ("run", "scaled", "help") and c not in _FIRST]
+# Commands that scale to the same command line run once, under the first one's name.
+_RUNNABLE = [
+    c
+    for i, c in enumerate(_RUNNABLE)
+    if all(_argv(c, RULES[c], Path()) != _argv(d, RULES[d], Path()) for d in _RUNNABLE[:i])
+]
 
 
 # All marked slow (the checkout's CI run has them; the wheel's three runs in parallel

@@ -33,7 +33,7 @@ import functools
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 
@@ -178,23 +178,34 @@ def _tokens_ok(where: str) -> None:
             raise _fail(where, "a statement separator ';'")
 
 
+@functools.lru_cache(maxsize=1024)
+def _sql_call(function: Literal["json_serialize_sql", "json_deserialize_sql"], text: str) -> str | None:
+    """DuckDB's ``function(text)``: its parser's serializer (``json_serialize_sql``) or printer.
+
+    Cached: the answer depends on the text alone, and a connection costs about 20 ms,
+    which a loader paid a few times for every source and every plan it made.
+    """
+    con = connect()
+    try:
+        # The text exactly as given after SELECT, not wrapped in anything: whatever is not
+        # one expression shows in the tree (a FROM, a second item, a LIMIT...), and an
+        # unbalanced parenthesis is a syntax error instead of an escape.
+        row = con.execute(f"select {function}($1)", [text]).fetchone()  # one of the two names above
+    finally:
+        con.close()
+    return None if row is None else str(row[0])
+
+
 def _parse(where: str) -> dict[str, Any]:
     """The checked parse tree of ``SELECT <where>``: one statement, one bare expression."""
     if not isinstance(where, str) or not where.strip():
         msg = f"where={where!r} must be a DuckDB SQL boolean expression, e.g. \"int_score >= 3 and language = 'en'\""
         raise SelectionError(msg, predicate=str(where))
     _tokens_ok(where)
-    con = connect()
-    try:
-        # The text exactly as given after SELECT, not wrapped in anything: whatever is not
-        # one expression shows in the tree (a FROM, a second item, a LIMIT...), and an
-        # unbalanced parenthesis is a syntax error instead of an escape.
-        raw = con.execute("select json_serialize_sql($1)", [_PREFIX + where]).fetchone()
-    finally:
-        con.close()
+    raw = _sql_call("json_serialize_sql", _PREFIX + where)
     if raw is None:  # pragma: no cover - DuckDB always answers
         raise _fail(where, "an expression DuckDB does not serialize")
-    ast: dict[str, Any] = json.loads(raw[0])
+    ast: dict[str, Any] = json.loads(raw)  # a fresh tree on every call: callers respell it in place
     if ast.get("error"):
         msg = f"where={where!r} is not a DuckDB SQL expression ({ast.get('error_message', 'syntax error')}); {_HOW}"
         raise SelectionError(msg, predicate=where)
@@ -299,12 +310,7 @@ def normalize(where: str, columns: Sequence[str] = ()) -> str:
     ast = _parse(where)
     if columns:
         _spell(ast, {c.lower(): c for c in columns})
-    con = connect()
-    try:
-        row = con.execute("select json_deserialize_sql($1)", [json.dumps(ast)]).fetchone()
-    finally:
-        con.close()
-    text = "" if row is None else str(row[0])
+    text = _sql_call("json_deserialize_sql", json.dumps(ast)) or ""
     if not text.startswith(_PREFIX):  # pragma: no cover - DuckDB writes back what it parsed
         raise _fail(where, "an expression DuckDB does not write back")
     out = text[len(_PREFIX) :]
