@@ -19,6 +19,7 @@ import plitzer.synth
 from planner.catalog import footer
 from planner.stores.storage import LocalStorage
 from plitzer.errors import ConfigError
+from plitzer.selection.evaluate import SelectionPass
 from plitzer.state.settings import LoaderSettings
 from plitzer.state.share import AUTO, job_group
 from tests.conftest import tokens_of
@@ -152,3 +153,32 @@ def test_which_group_a_loader_shares_over(tmp_path: Path) -> None:
         plitzer.Loader.in_group("world", tmp_path, **CFG)
     # No torch.distributed initialised here: the constructor shares nothing.
     assert job_group(AUTO, cfg) is None
+
+
+def test_a_group_with_a_job_index_and_a_selection(tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """index= and where= in a group: the footers come from the job index, the selection pass is split."""
+    from planner.catalog import jobindex
+
+    data = tmp_path / "data"
+    plitzer.synth.write(data, tokens=40_000, seed=7, docs_per_row_group=10, row_groups_per_file=2)
+    jobindex.write(data, tmp_path / "job.index")
+    kw = {"index": str(tmp_path / "job.index"), "where": "int_score >= 2"}
+    want = _alone(data, 3, **kw)
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "fresh"))
+    seen = _counters(monkeypatch)
+    evaluated: list[int] = []
+    real = SelectionPass.evaluate
+    monkeypatch.setattr(SelectionPass, "evaluate", lambda self, rg: evaluated.append(rg) or real(self, rg))
+    group = ThreadGroup(WORLD)
+    loaders = run_ranks(
+        WORLD, lambda r: plitzer.Loader.in_group(group.member(r), data, rank=r, world=WORLD, **kw, **CFG)
+    )
+    try:
+        assert seen["footers"] == 0
+        assert sorted(evaluated) == list(range(loaders[0].index.row_groups))  # each row group once for the job
+        got = _rows(loaders, 3)
+    finally:
+        for ld in loaders:
+            ld.close()
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -250,8 +250,13 @@ def share_index(source: Source, cfg: LoaderSettings, group: Collective) -> Sourc
             length_column=cfg.length_column,
         )
         for spec in specs:
-            if spec.index is not None:
-                continue  # its job index: one object, no footer
+            if spec.index is not None:  # its job index: one object, no footer to share
+                if spec.where is not None and spec.text is None:
+                    from planner.catalog.jobindex import load
+
+                    ix = load(spec.index, spec.path, column=spec.column, storage_options=spec.storage_options)
+                    _select(ix, spec.where, spec.length_column, cfg.threads, group)
+                continue
             if spec.text is not None:
                 share_text(spec.path, spec.text, spec.storage_options, threads, group)
                 continue
@@ -290,7 +295,12 @@ def share_selection(source: Source, cfg: LoaderSettings, group: Collective) -> N
 
     if cfg.where is None or isinstance(source, Mapping) or cfg.tokenizer is not None:
         return
-    ix = open_index(source, column=cfg.column, storage_options=cfg.storage_options)
+    if cfg.index is not None and isinstance(source, (str, os.PathLike, list, tuple)):
+        from planner.catalog.jobindex import load
+
+        ix: Any = load(cfg.index, source, column=cfg.column, storage_options=cfg.storage_options)
+    else:
+        ix = open_index(source, column=cfg.column, storage_options=cfg.storage_options)
     if isinstance(ix, Index) and type(ix) is Index:
         _select(ix, cfg.where, cfg.length_column, cfg.threads, group)
 
