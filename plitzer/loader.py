@@ -66,6 +66,7 @@ class Loader(LiveStages):
         ``az://container/prefix`` (or ``abfs://``), or a list of these; a dict of
         named sources is a mixture (SPEC section 8).
     <settings>
+
     The settings after ``source`` are keywords (``seed`` .. ``storage_options`` may also
     be given by position, in this order); each is defined once, with its documentation,
     in :data:`planner.parameters.PARAMETERS`.

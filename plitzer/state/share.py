@@ -4,7 +4,7 @@ Collective, whatever the framework: the functions here take a :class:`Collective
 (this rank, the world, a broadcast from rank 0 and an all-gather of objects).
 :class:`TorchGroup` is one over a ``torch.distributed`` process group, which it finds
 in ``sys.modules`` (this module imports no framework: a process that uses one has
-imported it); a user of another launcher passes their own to ``Loader(group=...)``.
+imported it); a user of another launcher passes their own to ``Loader.in_group``.
 :func:`job_group` says which a loader shares over (docs/design.md, "One index per job").
 
 - :func:`share_index`: for one dataset, rank 0 lists and broadcasts the files; unless
