@@ -21,7 +21,7 @@ the store's own client and ``storage_options``.
 The ranks of a process group build the same index without a job index file:
 :func:`listing` on one rank, :func:`entries_of` on every rank from that listing,
 :func:`footer_share` (each rank's share of the footers), :func:`take_footers` (everyone's
-shares) and :func:`job_index`; ``plitzer.torch`` runs the collectives between them.
+shares) and :func:`job_index`; ``plitzer.state.share`` runs the collectives between them.
 docs/design.md, "One index per job".
 """
 
