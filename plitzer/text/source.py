@@ -283,6 +283,7 @@ def _load_counts(path: Path, row_groups: int) -> Counts | None:
 
 
 def save_counts(path: Path, counts: Counts) -> None:
+    """Cache a file's counts at ``path`` (what :meth:`TextCounting.counts_of` finds later)."""
     buf = io.BytesIO()
     np.save(buf, counts, allow_pickle=False)
     write_entry(path, buf.getvalue())  # a folder that cannot be written costs time, not rows
