@@ -48,7 +48,8 @@ _EXAMPLES = {
         "  plitzer index data/fineweb-edu --where \"int_score >= 3 and language = 'en'\" --length-column token_count\n"
         '  plitzer index s3://bucket/fineweb-edu --where "int_score >= 3" --engine ray --address auto\n'
         "  plitzer index s3://bucket/fineweb-edu --out s3://bucket/fineweb-edu.index   # a job index\n"
-        "  plitzer index data/raw --tokenizer tokenizer.json --out data/raw.index      # a text source's"
+        "  plitzer index data/raw --tokenizer tokenizer.json --out data/raw.index      # a text source's\n"
+        "  plitzer index --mixture mix.toml --out s3://bucket/indexes                 # one a source"
     ),
     "explain": (
         "examples:\n"
@@ -261,14 +262,49 @@ def _index_text(args: argparse.Namespace, source: Any) -> int:
     return 0
 
 
+def _index_mixture(args: argparse.Namespace, sources: dict[str, Any]) -> int:
+    """``plitzer index --mixture FILE --out PREFIX``: each source's job index, ``PREFIX/NAME.index``."""
+    from planner.catalog import jobindex
+    from planner.mixing.sources import source_specs
+    from plitzer.text.job import write_text_index
+
+    prefix = str(args.out).rstrip("/")
+    for spec in source_specs(sources, column=args.column, storage_options=_storage_options(args)):
+        out = f"{prefix}/{spec.name}.index"
+        if spec.text is not None:
+            info = write_text_index(
+                spec.path,
+                out,
+                tokenizer=spec.text["tokenizer"],
+                text_column=spec.text.get("text_column", "text"),
+                storage_options=spec.storage_options,
+                out_options=_storage_options(args),
+                progress=True,
+            )
+        else:
+            info = jobindex.write(
+                spec.path,
+                out,
+                column=spec.column,
+                storage_options=spec.storage_options,
+                out_options=_storage_options(args),
+                progress=True,
+            )
+        print(f"job index: {out} ({info.files:,} files, {info.row_groups:,} row groups, {info.bytes:,} bytes)")
+    print(f'give each source its job index: index = "{prefix}/NAME.index" in its [sources.NAME] table')
+    return 0
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     import planner
 
     source, _ = _source_of(args)
     if isinstance(source, dict):
+        if args.out is not None and args.tokenizer is None and args.where is None:
+            return _index_mixture(args, source)
         msg = (
-            "index reads one dataset; for a mixture write one job index per source and give each source its "
-            "'index' (or use `plitzer plan --mixture FILE --table sources`)"
+            "index reads one dataset; for a mixture, --out FOLDER_OR_PREFIX writes one job index per source "
+            "(or use `plitzer plan --mixture FILE --table sources`)"
         )
         raise ConfigError(msg)
     if args.tokenizer is not None:

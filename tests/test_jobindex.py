@@ -302,3 +302,24 @@ def test_a_mixtures_sources_each_read_their_own_job_index(
         plitzer.Loader(plain, index=str(tmp_path / "web.index"), **CFG)
     with pytest.raises(ConfigError, match="must be the path or URL of its job index"):
         plitzer.Loader({"code": {"path": str(code), "index": 3}}, **CFG)
+
+
+def test_cli_writes_one_job_index_a_source_of_a_mixture(
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = tmp_path / "code"
+    plitzer.synth.write(code, tokens=30_000, seed=11, docs_per_row_group=10, row_groups_per_file=2)
+    mix = tmp_path / "mix.toml"
+    mix.write_text(f'[sources.web]\npath = "{data}"\nweight = 3\n[sources.code]\npath = "{code}"\nweight = 1\n')
+    out = tmp_path / "indexes"
+    assert main(["index", "--mixture", str(mix), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"job index: {out}/code.index" in printed and f"job index: {out}/web.index" in printed
+    plain = {"web": str(data), "code": str(code)}
+    indexed = {name: {"path": path, "index": str(out / f"{name}.index")} for name, path in plain.items()}
+    weights = {"web": 3, "code": 1}
+    with plitzer.Loader(plain, weights=weights, **CFG) as a, plitzer.Loader(indexed, weights=weights, **CFG) as b:
+        for x, y in zip(_batches(a, 3), _batches(b, 3), strict=True):
+            np.testing.assert_array_equal(x, y)
+    assert main(["index", "--mixture", str(mix)]) != 0  # no --out: one dataset only
+    assert "--out FOLDER_OR_PREFIX writes one job index per source" in capsys.readouterr().err
