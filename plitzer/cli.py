@@ -47,7 +47,9 @@ _EXAMPLES = {
         "  plitzer index s3://bucket/prefix --endpoint http://localhost:9000 --no-lengths\n"
         "  plitzer index data/fineweb-edu --where \"int_score >= 3 and language = 'en'\" --length-column token_count\n"
         '  plitzer index s3://bucket/fineweb-edu --where "int_score >= 3" --engine ray --address auto\n'
-        "  plitzer index s3://bucket/fineweb-edu --out s3://bucket/fineweb-edu.index   # a job index"
+        "  plitzer index s3://bucket/fineweb-edu --out s3://bucket/fineweb-edu.index   # a job index\n"
+        "  plitzer index data/raw --tokenizer tokenizer.json --out data/raw.index      # a text source's\n"
+        "  plitzer index --mixture mix.toml --out s3://bucket/indexes                 # one a source"
     ),
     "explain": (
         "examples:\n"
@@ -238,13 +240,75 @@ def cmd_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _index_text(args: argparse.Namespace, source: Any) -> int:
+    """``plitzer index DATA --tokenizer T --out URL``: a text source's job index (its counting pass's result)."""
+    if args.out is None or args.where is not None or args.engine == "ray":
+        msg = "--tokenizer writes a text source's job index: give --out PATH_OR_URL (and no --where or --engine)"
+        raise ConfigError(msg)
+    from plitzer.text.job import write_text_index
+
+    info = write_text_index(
+        source,
+        args.out,
+        tokenizer=args.tokenizer,
+        text_column=args.text_column,
+        storage_options=_storage_options(args),
+        progress=True,
+    )
+    print(
+        f"job index: {info.out} ({info.files:,} files, {info.row_groups:,} row groups, {info.bytes:,} bytes; "
+        f"the token counts of text column {args.text_column!r} under {args.tokenizer})"
+    )
+    return 0
+
+
+def _index_mixture(args: argparse.Namespace, sources: dict[str, Any]) -> int:
+    """``plitzer index --mixture FILE --out PREFIX``: each source's job index, ``PREFIX/NAME.index``."""
+    from planner.catalog import jobindex
+    from planner.mixing.sources import source_specs
+    from plitzer.text.job import write_text_index
+
+    prefix = str(args.out).rstrip("/")
+    for spec in source_specs(sources, column=args.column, storage_options=_storage_options(args)):
+        out = f"{prefix}/{spec.name}.index"
+        if spec.text is not None:
+            info = write_text_index(
+                spec.path,
+                out,
+                tokenizer=spec.text["tokenizer"],
+                text_column=spec.text.get("text_column", "text"),
+                storage_options=spec.storage_options,
+                out_options=_storage_options(args),
+                progress=True,
+            )
+        else:
+            info = jobindex.write(
+                spec.path,
+                out,
+                column=spec.column,
+                storage_options=spec.storage_options,
+                out_options=_storage_options(args),
+                progress=True,
+            )
+        print(f"job index: {out} ({info.files:,} files, {info.row_groups:,} row groups, {info.bytes:,} bytes)")
+    print(f'give each source its job index: index = "{prefix}/NAME.index" in its [sources.NAME] table')
+    return 0
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     import planner
 
     source, _ = _source_of(args)
     if isinstance(source, dict):
-        msg = "index reads one dataset; for a mixture use `plitzer plan --mixture FILE --table sources`"
+        if args.out is not None and args.tokenizer is None and args.where is None:
+            return _index_mixture(args, source)
+        msg = (
+            "index reads one dataset; for a mixture, --out FOLDER_OR_PREFIX writes one job index per source "
+            "(or use `plitzer plan --mixture FILE --table sources`)"
+        )
         raise ConfigError(msg)
+    if args.tokenizer is not None:
+        return _index_text(args, source)
     ix = planner.index(source, column=args.column, storage_options=_storage_options(args), progress=True)
     if args.out is not None:
         from planner.catalog import jobindex
@@ -583,6 +647,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write the job index there (a local path or s3://, gs://, az:// URL): every rank of a job "
         "then reads that one object instead of every footer (Loader(..., index=PATH_OR_URL))",
     )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="with --out: the data is text; count it with this tokenizer (.model or tokenizer.json) and write "
+        "the counts into the job index (Loader(..., tokenizer=SAME, index=PATH_OR_URL) skips the counting pass)",
+    )
+    p.add_argument("--text-column", default="text", help="with --tokenizer: the column of text (default: text)")
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("plan", help="the plan tables, or SQL over them", epilog=_EXAMPLES["plan"], formatter_class=fmt)

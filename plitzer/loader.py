@@ -48,6 +48,7 @@ from plitzer.state import live, resume
 from plitzer.state.build import check_layout, make_config, open_plan, parts
 from plitzer.state.live import LiveStages
 from plitzer.state.settings import Keywords, LoaderSettings, Source, bind, signature
+from plitzer.state.share import AUTO, job_group, share_source
 
 __all__ = ["Loader", "LoaderSettings", "budget_floor", "open_plan"]
 
@@ -70,6 +71,13 @@ class Loader(LiveStages):
     be given by position, in this order); each is defined once, with its documentation,
     in :data:`planner.parameters.PARAMETERS`.
 
+    In a job of several processes that has initialised ``torch.distributed``, a loader
+    whose ``rank`` and ``world`` are its process's shares the listing, the footers and
+    the counting and selection passes with the other ranks instead of doing them on each
+    (docs/design.md, "One index per job"): every rank then builds its loader (a
+    collective call). :meth:`in_group` names the group (another process group, a
+    launcher's own collective, or none).
+
     Examples
     --------
     >>> import plitzer, plitzer.synth, tempfile, numpy as np
@@ -87,7 +95,22 @@ class Loader(LiveStages):
 
     def __init__(self, source: Source, *args: Any, **settings: Unpack[Keywords]) -> None:
         cfg = LoaderSettings.of(**bind("Loader", args, settings))
-        self._build(open_plan(source, cfg), cfg)
+        self._build(open_plan(_shared(source, cfg, AUTO), cfg), cfg)
+
+    @classmethod
+    def in_group(cls, group: Any, source: Source, *args: Any, **settings: Unpack[Keywords]) -> Loader:
+        """A Loader whose listing, footers and passes are shared over ``group``.
+
+        ``group``: a ``torch.distributed`` ProcessGroup, or any object with ``rank``,
+        ``world``, ``broadcast(value)`` (rank 0's value on every rank) and
+        ``all_gather(value)`` (every rank's, in rank order):
+        :class:`plitzer.state.share.Collective`, for JAX, Ray or MPI launchers. Collective:
+        every process of the group calls it at the same point. None: nothing is shared
+        (not even over an initialised ``torch.distributed``). The other arguments are
+        :class:`Loader`'s.
+        """
+        cfg = LoaderSettings.of(**bind("Loader.in_group", args, settings))
+        return cls.from_plan(open_plan(_shared(source, cfg, group), cfg), cfg)
 
     @classmethod
     def from_settings(cls, source: Source, settings: LoaderSettings) -> Loader:
@@ -398,6 +421,12 @@ class Loader(LiveStages):
             f"Loader(step={self._step}, epoch={self.epoch}, lanes={self.lanes}, seq_len={self.seq_len}, "
             f"window={s.window}, rank={s.rank}, world={s.world}, tokens={self.tokens:,})"
         )
+
+
+def _shared(source: Source, cfg: LoaderSettings, group: Any) -> Source:
+    """``source`` as the loader opens it: its index shared over the job's ranks where there is a group."""
+    shared = job_group(group, cfg)
+    return source if shared is None else share_source(source, cfg, shared)
 
 
 _SELF_SOURCE = [

@@ -52,7 +52,7 @@ from plitzer.loader import Loader
 from plitzer.readpath.batch import Batch as PlitzerBatch
 from plitzer.state import checkpoint as ckpt
 from plitzer.state.settings import Keywords, LoaderSettings, Source
-from plitzer.state.share import join_parts, share_index, share_selection
+from plitzer.state.share import TorchGroup, join_parts, share_source, torch_ready
 
 __all__ = ["Batch", "Dataset"]
 
@@ -169,34 +169,8 @@ class Batch:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class _Group:
-    """A ``torch.distributed`` process group as :class:`plitzer.state.share.Collective` (None: the whole world)."""
-
-    group: dist.ProcessGroup | None
-
-    @property
-    def rank(self) -> int:
-        return int(dist.get_rank(self.group))
-
-    @property
-    def world(self) -> int:
-        return int(dist.get_world_size(self.group))
-
-    def broadcast(self, value: Any) -> Any:
-        box: list[Any] = [value]
-        src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
-        dist.broadcast_object_list(box, src=src, group=self.group)
-        return box[0]
-
-    def all_gather(self, value: Any) -> list[Any]:
-        out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, value, group=self.group)
-        return out
-
-
 def _dist_ready() -> bool:
-    return dist.is_available() and dist.is_initialized()
+    return torch_ready()
 
 
 def _can_pin() -> bool:
@@ -281,9 +255,7 @@ class Dataset(IterableDataset[Batch]):
             raise ConfigError(msg)
         cfg = LoaderSettings.of(rank=0 if rank is None else rank, world=1 if world is None else world, **kw)
         if _dist_ready() and dist.get_world_size(group) > 1:
-            source = share_index(source, cfg, _Group(group))
-        if cfg.where is not None and cfg.world > 1 and _dist_ready() and not isinstance(source, Mapping):
-            share_selection(source, cfg, _Group(group))
+            source = share_source(source, cfg, TorchGroup(group))
         self._loader = Loader.from_settings(source, cfg)
         self._pin = bool(pin_memory)
         if self._pin and not _can_pin():

@@ -42,7 +42,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _run_job(source: str, opts: dict[str, str], out: Path) -> None:
+def _run_job(source: str, opts: dict[str, str] | None, out: Path, mode: str = "dataset") -> None:
     port = _free_port()
     env = {
         **os.environ,
@@ -53,7 +53,7 @@ def _run_job(source: str, opts: dict[str, str], out: Path) -> None:
     }
     if sys.platform.startswith("linux"):
         env["GLOO_SOCKET_IFNAME"] = "lo"
-    cmd = [sys.executable, str(WORKER), "--source", source, "--options", json.dumps(opts)]
+    cmd = [sys.executable, str(WORKER), "--source", source, "--options", json.dumps(opts), "--mode", mode]
     cmd += ["--out", str(out), "--port", str(port), "--steps", str(STEPS)]
     procs = []
     for rank in range(WORLD):
@@ -107,6 +107,57 @@ def test_four_ranks_list_once_and_read_each_footer_once(
     log = proxy.log()
     assert sum(r.is_list for r in log) == 1
     assert [r for r in log if r.is_object_get and r.range not in chunks] == []
+
+
+def _rows_equal(out: Path, want: list[np.ndarray]) -> list[dict[str, np.ndarray]]:
+    got = [dict(np.load(out / f"rank{r}.npz")) for r in range(WORLD)]
+    order = sorted(range(WORLD), key=lambda r: int(got[r]["lanes"][0]))
+    for t in range(STEPS):
+        np.testing.assert_array_equal(np.concatenate([got[r]["tokens"][t] for r in order]), want[t])
+    return got
+
+
+@pytest.mark.timeout(300)
+def test_a_plain_loader_in_a_process_group_shares_too(
+    s3: S3Data, proxy: FaultProxy, synth_dataset: SynthDataset, tmp_path: Path
+) -> None:
+    """``plitzer.Loader(rank=r, world=4)`` on each rank of an initialised gloo group shares by itself."""
+    local = synth_dataset(tokens=80_000, seed=23, docs_per_row_group=12, row_groups_per_file=2, mean_length=100)
+    files = upload(s3.client(), s3.bucket, local, "share-loader")
+    source = f"s3://{s3.bucket}/share-loader"
+    with plitzer.Loader(local, **SETTINGS) as ref:
+        want = [tokens_of(ref.next_batch()).copy() for _ in range(STEPS)]
+        frame = ref.index.frame
+    chunks = {f"bytes={o}-{o + n - 1}" for o, n in zip(frame["byte_offset"], frame["byte_length"], strict=True)}
+    proxy.reset()
+    _run_job(source, options(proxy.endpoint), tmp_path, mode="loader")
+    log = proxy.log()
+    footers = [r for r in log if r.is_object_get and r.range not in chunks]
+    assert sum(r.is_list for r in log) == 1  # one listing for the job
+    assert len(footers) <= 1.1 * len(files), (len(footers), len(files))
+    _rows_equal(tmp_path, want)
+
+
+@pytest.mark.timeout(300)
+def test_a_text_source_splits_its_counting_pass_across_the_ranks(tmp_path: Path) -> None:
+    """4 ranks, each its own cache: each tokenizes about a quarter of the row groups before its
+    first batch (0.3: each all of them), and every rank's cache then holds every file's counts."""
+    from tests.share_fixtures import CharTokenizer, nonempty_texts, write_text
+
+    text = write_text(tmp_path / "text", files=8, row_groups=2, docs=10)
+    total = nonempty_texts(text)
+    with plitzer.Loader(text, tokenizer=CharTokenizer(), **SETTINGS) as ref:
+        want = [tokens_of(ref.next_batch()).copy() for _ in range(STEPS)]
+    out = tmp_path / "job"
+    out.mkdir()
+    _run_job(str(text), None, out, mode="text")
+    got = _rows_equal(out, want)
+    texts = [int(g["texts"]) for g in got]
+    assert sum(texts) == total, texts  # each row group tokenized once for the job
+    assert max(texts) < total / 2, texts  # split: no rank counted the lot
+    for r in range(WORLD):
+        assert len(list((out / f"cache{r}" / "text").glob("*.npy"))) == 8  # every file's counts, on every machine
+        assert len(list((out / f"cache{r}" / "footers").glob("*.footer"))) == 8
 
 
 @pytest.mark.timeout(300)

@@ -13,12 +13,13 @@ import pytest
 
 import plitzer
 import plitzer.synth
-from planner.catalog import jobindex
+from planner.catalog import footer, jobindex
 from planner.stores.storage import FileStat, LocalStorage
 from plitzer.cli import main
 from plitzer.errors import ConfigError, DataError, StaleIndexError
 from tests.conftest import tokens_of
 from tests.s3_fixtures import FaultProxy, S3Data, options, proxy, s3
+from tests.share_fixtures import CharTokenizer, nonempty_texts, write_text
 
 __all__ = ["proxy", "s3"]  # the fixtures, imported for pytest
 
@@ -179,3 +180,146 @@ def test_explain_takes_it_through_the_shared_settings(data: Path, tmp_path: Path
     jobindex.write(data, out)
     want = explain(data, 2, **CFG)  # type: ignore[arg-type]
     assert explain(data, 2, index=str(out), **CFG).equals(want)  # type: ignore[arg-type]
+
+
+# -- a text source's job index: the counting pass's result, keyed by the tokenizer ---------------
+
+
+def test_a_text_job_index_skips_footers_and_the_counting_pass(tmp_path: Path, fresh_cache: Path) -> None:
+    from plitzer.text.job import write_text_index
+
+    text = write_text(tmp_path / "text", files=4)
+    out = tmp_path / "text.index"
+    tok = CharTokenizer()
+    info = write_text_index(text, out, tokenizer=tok)
+    assert info.files == 4 and tok.texts == nonempty_texts(text)
+    for policy in ({}, {"add_eos": False}):  # any BOS/EOS policy reads the same index
+        with plitzer.Loader(text, tokenizer=tok, **policy, **CFG) as plain:
+            want = _batches(plain, 3)
+            config, frame = plain.config, plain.index.frame
+        shutil.rmtree(fresh_cache, ignore_errors=True)  # nothing cached: footers and counts would be redone
+        tok.texts = 0
+        with plitzer.Loader(text, tokenizer=tok, index=str(out), **policy, **CFG) as ld:
+            assert tok.texts == 0  # no counting pass
+            assert not (fresh_cache / "footers").exists()
+            assert ld.index.frame.equals(frame) and ld.config == config
+            got = _batches(ld, 3)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_text_job_index_is_refused_for_another_tokenizer_column_or_kind(tmp_path: Path, data: Path) -> None:
+    from plitzer.text.job import write_text_index
+
+    text = write_text(tmp_path / "text", files=3)
+    out = tmp_path / "text.index"
+    write_text_index(text, out, tokenizer=CharTokenizer("chars-v1"))
+    with pytest.raises(ConfigError, match=r"was counted with tokenizer callable:\w+, not tokenizer="):
+        plitzer.Loader(text, tokenizer=CharTokenizer("chars-v2"), index=str(out), **CFG)
+    with pytest.raises(ConfigError, match="counted text column 'text', not text_column='body'"):
+        plitzer.Loader(text, tokenizer=CharTokenizer(), text_column="body", index=str(out), **CFG)
+    with pytest.raises(ConfigError, match="pass that tokenizer="):
+        plitzer.Loader(text, index=str(out), **CFG)  # a text index read as tokens
+    tokens = tmp_path / "tokens.index"
+    jobindex.write(data, tokens)
+    with pytest.raises(ConfigError, match="indexes the token column 'tokens', not text"):
+        plitzer.Loader(data, tokenizer=CharTokenizer(), index=str(tokens), **CFG)
+    extra = text / "zz.parquet"
+    shutil.copy(sorted(text.glob("*.parquet"))[0], extra)
+    with pytest.raises(StaleIndexError, match=r"zz\.parquet was added") as e:
+        plitzer.Loader(text, tokenizer=CharTokenizer(), index=str(out), **CFG)
+    assert e.value.file == str(extra)
+
+
+def test_cli_writes_a_text_job_index(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tk = pytest.importorskip("tokenizers")
+    text = write_text(tmp_path / "text", files=2)
+    bpe = tk.Tokenizer(tk.models.BPE(unk_token="[UNK]"))
+    bpe.pre_tokenizer = tk.pre_tokenizers.Whitespace()
+    trainer = tk.trainers.BpeTrainer(special_tokens=["</s>", "[UNK]"])
+    bpe.train_from_iterator(["the loader packs tokens x deja vu"] * 5, trainer)
+    model = tmp_path / "tok.json"
+    bpe.save(str(model))
+    out = tmp_path / "cli-text.index"
+    assert main(["index", str(text), "--tokenizer", str(model), "--out", str(out)]) == 0
+    assert f"job index: {out}" in capsys.readouterr().out
+    with (
+        plitzer.Loader(text, tokenizer=str(model), **CFG) as a,
+        plitzer.Loader(text, tokenizer=str(model), index=str(out), **CFG) as b,
+    ):
+        for x, y in zip(_batches(a, 2), _batches(b, 2), strict=True):
+            np.testing.assert_array_equal(x, y)
+    capsys.readouterr()
+    assert main(["index", str(text), "--tokenizer", str(model)]) != 0
+    assert "give --out" in capsys.readouterr().err
+
+
+# -- a mixture: each source its own job index --------------------------------------------------
+
+
+def test_a_mixtures_sources_each_read_their_own_job_index(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plitzer.text.job import write_text_index
+
+    code = tmp_path / "code"
+    plitzer.synth.write(code, tokens=50_000, seed=9, docs_per_row_group=10, row_groups_per_file=2)
+    text = write_text(tmp_path / "text", files=3)
+    tok = CharTokenizer()
+    jobindex.write(data, tmp_path / "web.index")
+    jobindex.write(code, tmp_path / "code.index")
+    write_text_index(text, tmp_path / "notes.index", tokenizer=tok)
+    plain: dict[str, object] = {
+        "web": {"path": str(data), "where": "int_score >= 2"},
+        "code": str(code),
+        "notes": {"path": str(text), "tokenizer": tok},
+    }
+    indexed = {
+        "web": {"path": str(data), "where": "int_score >= 2", "index": str(tmp_path / "web.index")},
+        "code": {"path": str(code), "index": str(tmp_path / "code.index")},
+        "notes": {"path": str(text), "tokenizer": tok, "index": str(tmp_path / "notes.index")},
+    }
+    with plitzer.Loader(plain, **CFG) as a:
+        want = _batches(a, 4)
+        config = a.config
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "empty-cache"))  # footers and counts would be redone
+    tok.texts = 0
+    fetched: list[str] = []
+    real_fetch = footer.fetch
+    monkeypatch.setattr(footer, "fetch", lambda st, f: fetched.append(f.name) or real_fetch(st, f))
+    with plitzer.Loader(indexed, **CFG) as b:
+        assert tok.texts == 0  # no counting pass
+        assert fetched == []  # no footer: each source's job index has them
+        assert b.config == config  # where the footers come from is not part of the run
+        got = _batches(b, 4)
+    for x, y in zip(got, want, strict=True):
+        np.testing.assert_array_equal(x, y)
+    victim = sorted(code.glob("*.parquet"))[-1]
+    victim.unlink()
+    with pytest.raises(StaleIndexError, match=f"{victim.name} was removed"):
+        plitzer.Loader(indexed, **CFG)
+    with pytest.raises(ConfigError, match="give each source its own job index"):
+        plitzer.Loader(plain, index=str(tmp_path / "web.index"), **CFG)
+    with pytest.raises(ConfigError, match="must be the path or URL of its job index"):
+        plitzer.Loader({"code": {"path": str(code), "index": 3}}, **CFG)
+
+
+def test_cli_writes_one_job_index_a_source_of_a_mixture(
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = tmp_path / "code"
+    plitzer.synth.write(code, tokens=30_000, seed=11, docs_per_row_group=10, row_groups_per_file=2)
+    mix = tmp_path / "mix.toml"
+    mix.write_text(f'[sources.web]\npath = "{data}"\nweight = 3\n[sources.code]\npath = "{code}"\nweight = 1\n')
+    out = tmp_path / "indexes"
+    assert main(["index", "--mixture", str(mix), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"job index: {out}/code.index" in printed and f"job index: {out}/web.index" in printed
+    plain = {"web": str(data), "code": str(code)}
+    indexed = {name: {"path": path, "index": str(out / f"{name}.index")} for name, path in plain.items()}
+    weights = {"web": 3, "code": 1}
+    with plitzer.Loader(plain, weights=weights, **CFG) as a, plitzer.Loader(indexed, weights=weights, **CFG) as b:
+        for x, y in zip(_batches(a, 3), _batches(b, 3), strict=True):
+            np.testing.assert_array_equal(x, y)
+    assert main(["index", "--mixture", str(mix)]) != 0  # no --out: one dataset only
+    assert "--out FOLDER_OR_PREFIX writes one job index per source" in capsys.readouterr().err

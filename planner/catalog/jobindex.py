@@ -21,7 +21,7 @@ the store's own client and ``storage_options``.
 The ranks of a process group build the same index without a job index file:
 :func:`listing` on one rank, :func:`entries_of` on every rank from that listing,
 :func:`footer_share` (each rank's share of the footers), :func:`take_footers` (everyone's
-shares) and :func:`job_index`; ``plitzer.torch`` runs the collectives between them.
+shares) and :func:`job_index`; ``plitzer.state.share`` runs the collectives between them.
 docs/design.md, "One index per job".
 """
 
@@ -58,6 +58,7 @@ from planner.stores.storage import SCHEMES, FileStat
 __all__ = [
     "FORMAT",
     "JobIndexInfo",
+    "JobIndexParts",
     "entries_of",
     "footer_share",
     "has_cached_index",
@@ -65,6 +66,7 @@ __all__ = [
     "listing",
     "load",
     "read_object",
+    "read_parts",
     "take_footers",
     "write",
     "write_object",
@@ -126,8 +128,11 @@ def _footer_bytes(e: FileEntry) -> bytes:
     return raw
 
 
-def encode(ix: Index) -> bytes:
-    """The job index of ``ix`` as Parquet bytes (its footers from the cache, else storage)."""
+def encode(ix: Index, meta: Mapping[str, str] | None = None) -> bytes:
+    """The job index of ``ix`` as Parquet bytes (its footers from the cache, else storage).
+
+    ``meta``: more schema metadata (a text source's ``kind``, ``tokenizer``: ``plitzer.text.job``).
+    """
     entries = ix._files
     frame = ix.frame
     lists = frame.group_by("file_index", maintain_order=True).agg(*(pl.col(c) for c in _LISTS)).sort("file_index")
@@ -149,7 +154,14 @@ def encode(ix: Index) -> bytes:
             **{c: lists[c].to_arrow() for c in _LISTS},
         }
     ).replace_schema_metadata(
-        {"format": FORMAT, "column": ix.column, "dtype": ix.dtype, "fingerprint": ix.fingerprint, "source": ix.source}
+        {
+            "format": FORMAT,
+            "column": ix.column,
+            "dtype": ix.dtype,
+            "fingerprint": ix.fingerprint,
+            "source": ix.source,
+            **(meta or {}),
+        }
     )
     buf = pa.BufferOutputStream()
     pq.write_table(table, buf, compression="zstd")
@@ -203,18 +215,33 @@ def _stale(where: str, listed: list[FileEntry], kept: dict[str, tuple[int, str]]
             raise StaleIndexError(msg, file=name)
 
 
-def load(
+@dataclass(frozen=True, slots=True)
+class JobIndexParts:
+    """A job index read and checked against the listing: what :func:`load` (and a text source's) builds from.
+
+    ``entries`` carry their footer bytes; ``frame`` is the job index's rows (the index
+    schema); ``meta`` its schema metadata (``column``, ``dtype``, ``fingerprint``, ``kind``).
+    """
+
+    entries: list[FileEntry]
+    source: str
+    frame: pl.DataFrame
+    meta: dict[str, str]
+
+    @property
+    def kind(self) -> str:
+        """``tokens`` (a token column's index) or ``text`` (a text source's counts, by one tokenizer)."""
+        return self.meta.get("kind", "tokens")
+
+
+def read_parts(
     url: str | os.PathLike[str],
     source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
-    column: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
     index_options: Mapping[str, Any] | None = None,
-) -> Index:
-    """The index of ``source`` from its job index at ``url``: one listing, one read, no footer read.
-
-    ``index_options`` are the ``storage_options`` of ``url`` (default: ``storage_options``).
-    """
+) -> JobIndexParts:
+    """Read the job index at ``url``, list ``source`` once and refuse the index if stale (no footer read)."""
     where = os.fspath(url)
     data = read_object(where, storage_options if index_options is None else index_options)
     try:
@@ -227,15 +254,13 @@ def load(
         footers = table.column("footer").to_pylist()
         lists = pl.from_arrow(table.select(list(_LISTS)))
         assert isinstance(lists, pl.DataFrame)
+        lacking = [k for k in ("column", "dtype", "fingerprint") if k not in meta]
+        if lacking:
+            msg = f"no {lacking[0]!r} in its metadata"
+            raise ValueError(msg)
     except (OSError, KeyError, ValueError, pa.ArrowException, AssertionError) as e:
         msg = f"{where} is not a plitzer job index ({e}); write it with: plitzer index DATA --out {where}"
         raise DataError(msg) from e
-    if column is not None and column != meta["column"]:
-        msg = (
-            f"column={column!r} differs from the job index's token column {meta['column']!r} ({where}); "
-            f"write it again with --column {column}"
-        )
-        raise ConfigError(msg)
     entries, src = list_files(source, storage_options)
     kept = {n: (s, v) for n, s, v in zip(cols["name"], cols["size"], cols["version"], strict=True)}
     _stale(where, entries, kept)
@@ -255,13 +280,44 @@ def load(
         .select(list(INDEX_SCHEMA))
         .cast(INDEX_SCHEMA)  # type: ignore[arg-type]
     )
+    return JobIndexParts(entries=entries, source=src, frame=frame, meta=meta)
+
+
+def load(
+    url: str | os.PathLike[str],
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    column: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    index_options: Mapping[str, Any] | None = None,
+) -> Index:
+    """The index of ``source`` from its job index at ``url``: one listing, one read, no footer read.
+
+    ``index_options`` are the ``storage_options`` of ``url`` (default: ``storage_options``).
+    A text source's job index (written with a tokenizer) is refused: it needs ``tokenizer=``.
+    """
+    where = os.fspath(url)
+    got = read_parts(where, source, storage_options=storage_options, index_options=index_options)
+    meta = got.meta
+    if got.kind != "tokens":
+        msg = (
+            f"job index {where} holds the token counts of text column {meta['column']!r} under tokenizer "
+            f"{meta.get('tokenizer', '?')}; pass that tokenizer= (and text_column=) to read it"
+        )
+        raise ConfigError(msg)
+    if column is not None and column != meta["column"]:
+        msg = (
+            f"column={column!r} differs from the job index's token column {meta['column']!r} ({where}); "
+            f"write it again with --column {column}"
+        )
+        raise ConfigError(msg)
     return Index(
-        frame=frame,
+        frame=got.frame,
         column=meta["column"],
         dtype="uint32" if meta["dtype"] == "uint32" else "int32",
         fingerprint=meta["fingerprint"],
-        source=src,
-        _files=entries,
+        source=got.source,
+        _files=got.entries,
     )
 
 

@@ -19,6 +19,7 @@ import polars as pl
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
+from planner.catalog import jobindex
 from planner.catalog.column import TokenDtype
 from planner.catalog.dataset import Index, ensure_index
 from planner.catalog.rowgroups import stream_counts, with_selected
@@ -195,7 +196,10 @@ def mixture_index(
                 raise ConfigError(msg)
             parts.append(text(s))
             continue
-        ix = ensure_index(s.path, column=s.column, storage_options=s.storage_options)
+        if s.index is not None:  # its job index: one listing, one object, no footer
+            ix = jobindex.load(s.index, s.path, column=s.column, storage_options=s.storage_options)
+        else:
+            ix = ensure_index(s.path, column=s.column, storage_options=s.storage_options)
         if s.where is not None:
             if select is None:
                 msg = f"source {s.name!r}: where= needs the runtime's selection pass; import plitzer first"

@@ -26,7 +26,7 @@ __all__ = ["SourceSpec", "Stage", "Weights", "parse_stages", "source_specs"]
 
 Weights = Mapping[str, Any] | Sequence[tuple[int, Mapping[str, Any]]] | None
 _TEXT_KEYS = ("text_column", "tokenizer", "add_eos", "add_bos")
-_SOURCE_KEYS = {"path", "column", "storage_options", "where", "length_column", *_TEXT_KEYS}
+_SOURCE_KEYS = {"path", "column", "storage_options", "where", "length_column", "index", *_TEXT_KEYS}
 _MAX_TOTAL_WEIGHT = 1 << 24
 
 
@@ -46,6 +46,8 @@ class SourceSpec:
     where: str | None = None
     length_column: str | None = None
     text: Mapping[str, Any] | None = None
+    index: str | None = None
+    """The source's job index (``plitzer index PATH --out URL``), read instead of its footers."""
 
 
 def source_specs(
@@ -76,7 +78,7 @@ def source_specs(
             if extra or "path" not in value:
                 msg = (
                     f"source {name!r}: {sorted(extra) if extra else 'no path'}; a source is a path or a dict with "
-                    f"'path' and optionally 'column', 'storage_options', 'where' and 'length_column' "
+                    f"'path' and optionally 'column', 'storage_options', 'where', 'length_column' and 'index' "
                     "(a text source: 'tokenizer' and optionally 'text_column', 'add_eos', 'add_bos')"
                 )
                 raise ConfigError(msg)
@@ -86,6 +88,10 @@ def source_specs(
             pred = value.get("where", where)
             lcol = value.get("length_column", length_column)
             text = {k: value[k] for k in _TEXT_KEYS if k in value} or None
+            job = value.get("index")
+            if job is not None and not isinstance(job, (str, os.PathLike)):
+                msg = f"source {name!r}: index={job!r} must be the path or URL of its job index (plitzer index --out)"
+                raise ConfigError(msg)
             if text is not None and text.get("tokenizer") is None:
                 msg = (
                     f"source {name!r}: {sorted(text)} without a tokenizer; a text source needs 'tokenizer' "
@@ -93,7 +99,7 @@ def source_specs(
                 )
                 raise ConfigError(msg)
         else:
-            path, col, opts, pred, lcol, text = value, column, storage_options, where, length_column, None
+            path, col, opts, pred, lcol, text, job = value, column, storage_options, where, length_column, None, None
         if isinstance(path, (str, os.PathLike)):
             path = os.fspath(path)
         elif isinstance(path, Sequence) and all(isinstance(p, (str, os.PathLike)) for p in path):
@@ -112,7 +118,14 @@ def source_specs(
             raise ConfigError(msg)
         specs.append(
             SourceSpec(
-                name=name, path=path, column=col, storage_options=opts, where=pred, length_column=lcol, text=text
+                name=name,
+                path=path,
+                column=col,
+                storage_options=opts,
+                where=pred,
+                length_column=lcol,
+                text=text,
+                index=None if job is None else os.fspath(job),
             )
         )
     return specs

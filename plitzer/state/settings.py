@@ -227,7 +227,11 @@ def open_source(source: Source, settings: LoaderSettings) -> RowGroupIndex:
     """
     s = settings
     text = None
-    if s.tokenizer is not None:
+    if s.index is not None:
+        source = _job_index(source, s)
+    elif s.tokenizer is not None and _is_text_index(source):
+        source = _own_text_index(source, s)  # counted already (the ranks of a job shared the pass)
+    elif s.tokenizer is not None:
         from plitzer.text.source import text_index
 
         text = functools.partial(
@@ -239,9 +243,6 @@ def open_source(source: Source, settings: LoaderSettings) -> RowGroupIndex:
             storage_options=s.storage_options,
         )
     from plitzer.selection.select import select_index
-
-    if s.index is not None:
-        source = _job_index(source, s)
 
     def select(ix: Index, spec: SourceSpec) -> Index:
         assert spec.where is not None
@@ -262,28 +263,69 @@ def open_source(source: Source, settings: LoaderSettings) -> RowGroupIndex:
     )
 
 
+def _is_text_index(source: Source) -> bool:
+    from plitzer.text.source import TextIndex
+
+    return isinstance(source, TextIndex)
+
+
+def _own_text_index(source: Source, s: LoaderSettings) -> Index:
+    """A text index given with ``tokenizer=``: taken when counted by this tokenizer, column and policy."""
+    from plitzer.text.job import check_text_index
+    from plitzer.text.source import TextIndex, text_counting
+
+    assert isinstance(source, TextIndex)
+    counting = text_counting(s.tokenizer, text_column=s.text_column, add_eos=s.add_eos, add_bos=s.add_bos)
+    return check_text_index(source, counting)
+
+
 def _job_index(source: Source, s: LoaderSettings) -> Index:
     """The index of ``source`` from the job index ``s.index`` (one listing, one read, no footer)."""
     from planner.catalog.jobindex import load
 
     assert s.index is not None
-    if isinstance(source, Mapping) or not isinstance(source, (str, os.PathLike, list, tuple)):
+    if isinstance(source, Mapping):
         msg = (
-            f"index={s.index!r} needs one source (a path, URL or list of them), not {type(source).__name__}; "
-            "a mixture's sources are indexed one by one"
+            f"index={s.index!r} needs one source, not a mixture: give each source its own job index, e.g. "
+            "{'web': {'path': 's3://bucket/web', 'index': 's3://bucket/web.index'}, ...}"
         )
         raise ConfigError(msg)
-    if s.tokenizer is not None:
-        msg = f"index={s.index!r} with tokenizer=: a text source is counted by tokenizing; leave index= out"
+    if not isinstance(source, (str, os.PathLike, list, tuple)):
+        msg = f"index={s.index!r} needs the source's path, URL or list of them, not {type(source).__name__}"
         raise ConfigError(msg)
+    if s.tokenizer is not None:
+        from plitzer.text.job import load_text_index
+
+        return load_text_index(
+            s.index,
+            source,
+            tokenizer=s.tokenizer,
+            text_column=s.text_column,
+            add_eos=s.add_eos,
+            add_bos=s.add_bos,
+            storage_options=s.storage_options,
+            threads=s.threads,
+        )
     return load(s.index, source, column=s.column, storage_options=s.storage_options)
 
 
 def _text_source(spec: SourceSpec) -> Index:
-    """A mixture's text source, counted with its own tokenizer (``plitzer.text.source``)."""
+    """A mixture's text source, counted with its own tokenizer (``plitzer.text.source``), or from its job index."""
     from plitzer.text.source import text_index
 
     t = dict(spec.text or {})
+    if spec.index is not None:
+        from plitzer.text.job import load_text_index
+
+        return load_text_index(
+            spec.index,
+            spec.path,
+            tokenizer=t["tokenizer"],
+            text_column=t.get("text_column", "text"),
+            add_eos=t.get("add_eos", True),
+            add_bos=t.get("add_bos", False),
+            storage_options=spec.storage_options,
+        )
     return text_index(
         spec.path,
         tokenizer=t["tokenizer"],

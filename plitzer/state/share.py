@@ -1,14 +1,19 @@
 """Work a job shares across its ranks: its index's footers, its selection pass, its checkpoint's parts.
 
 Collective, whatever the framework: the functions here take a :class:`Collective`
-(this rank, the world, a broadcast from rank 0 and an all-gather of objects) that an
-adapter implements over its process group (``plitzer.torch`` over
-``torch.distributed``), so this module imports no framework.
+(this rank, the world, a broadcast from rank 0 and an all-gather of objects).
+:class:`TorchGroup` is one over a ``torch.distributed`` process group, which it finds
+in ``sys.modules`` (this module imports no framework: a process that uses one has
+imported it); a user of another launcher passes their own to ``Loader.in_group``.
+:func:`job_group` says which a loader shares over (docs/design.md, "One index per job").
 
 - :func:`share_index`: for one dataset, rank 0 lists and broadcasts the files; unless
   every rank's cache already holds the finished index, each rank reads the footers of
   files ``rank, rank + world, ...`` (its cache's, else one GET each) and an all-gather
   gives every rank all of them (kept in its cache).
+- A text source (``tokenizer=``): the same for the listing and the footers, then each
+  rank runs ``1/world`` of the counting pass and the all-gather shares the counts
+  (:mod:`plitzer.text.job`), which land in each rank's cache.
 - :func:`share_selection`: each rank runs ``1/world`` of the selection pass and the
   all-gather shares the parts, which land in each rank's cache.
 
@@ -21,13 +26,30 @@ checkpoint parts an adapter gathered.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from planner.catalog.dataset import Index
+from planner.errors import ConfigError
 from plitzer.state.settings import LoaderSettings, Source
 
-__all__ = ["Collective", "all_or_raise", "attempt", "join_parts", "share_index", "share_one", "share_selection"]
+__all__ = [
+    "AUTO",
+    "Collective",
+    "TorchGroup",
+    "all_or_raise",
+    "attempt",
+    "job_group",
+    "join_parts",
+    "share_index",
+    "share_one",
+    "share_selection",
+    "share_source",
+    "share_text",
+    "torch_ready",
+]
 
 
 class Collective(Protocol):
@@ -50,6 +72,84 @@ class Collective(Protocol):
     def all_gather(self, value: Any) -> list[Any]:
         """Every rank's ``value``, in rank order."""
         ...
+
+
+def _dist() -> Any:
+    """``torch.distributed`` where this process imported it, else None (never imported here)."""
+    return sys.modules.get("torch.distributed")
+
+
+def torch_ready() -> bool:
+    """Whether this process has imported and initialised ``torch.distributed``."""
+    dist = _dist()
+    return dist is not None and bool(dist.is_available()) and bool(dist.is_initialized())
+
+
+@dataclass(frozen=True, slots=True)
+class TorchGroup:
+    """A ``torch.distributed`` process group as a :class:`Collective` (``group=None``: the whole world)."""
+
+    group: Any = None
+
+    @property
+    def rank(self) -> int:
+        return int(_dist().get_rank(self.group))
+
+    @property
+    def world(self) -> int:
+        return int(_dist().get_world_size(self.group))
+
+    def broadcast(self, value: Any) -> Any:
+        dist = _dist()
+        box: list[Any] = [value]
+        src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+        dist.broadcast_object_list(box, src=src, group=self.group)
+        return box[0]
+
+    def all_gather(self, value: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world
+        _dist().all_gather_object(out, value, group=self.group)
+        return out
+
+
+def _is_collective(value: object) -> bool:
+    return all(hasattr(value, a) for a in ("rank", "world", "broadcast", "all_gather"))
+
+
+AUTO = "auto"
+"""``job_group``'s default: over ``torch.distributed``'s world where it fits (see :func:`job_group`)."""
+
+
+def job_group(group: Any, settings: LoaderSettings) -> Collective | None:
+    """The group a :class:`plitzer.Loader` shares its listing, footers and passes over, or None.
+
+    ``group``: :data:`AUTO` shares over the whole ``torch.distributed`` world when this
+    process has imported and initialised it with more than one process and the loader's
+    ``rank`` and ``world`` are the process's (every rank then builds its loader: a
+    collective call); None never shares; a :class:`Collective` or a
+    ``torch.distributed.ProcessGroup`` shares over it (every process of it builds its
+    loader at the same point). A group of one process shares nothing.
+    """
+    if group is None:
+        return None
+    if isinstance(group, str) and group == AUTO:
+        dist = _dist()
+        if not torch_ready() or dist.get_world_size() <= 1:
+            return None
+        if (dist.get_rank(), dist.get_world_size()) != (settings.rank, settings.world):
+            return None  # another data-parallel layout (tensor parallel, a reference loader): Loader.in_group
+        return TorchGroup(None)
+    if _is_collective(group):
+        out: Collective = group
+    elif torch_ready() and isinstance(group, _dist().ProcessGroup):
+        out = TorchGroup(group)
+    else:
+        msg = (
+            f"group={type(group).__name__}: give a torch.distributed ProcessGroup (initialised), an object with "
+            "rank, world, broadcast and all_gather (plitzer.state.share.Collective), or None (share nothing)"
+        )
+        raise ConfigError(msg)
+    return out if out.world > 1 else None
 
 
 def all_or_raise(value: Any, group: Collective) -> list[Any]:
@@ -86,55 +186,130 @@ def share_one(
     return jobindex.job_index(entries, src, column, threads=threads)
 
 
+def share_text(
+    path: Any, text: Mapping[str, Any], options: Mapping[str, Any] | None, threads: int, group: Collective
+) -> Any:
+    """One text dataset's index for the whole group: one listing, each footer once, the counting pass split.
+
+    ``text``: the source's ``tokenizer`` and optionally ``text_column``, ``add_eos``,
+    ``add_bos``. Every rank's cache gets every footer and every file's counts.
+    """
+    from planner.catalog import jobindex
+    from plitzer.text import job
+    from plitzer.text.source import text_counting
+
+    me, n = group.rank, group.world
+    counting = text_counting(
+        text["tokenizer"],
+        text_column=text.get("text_column", "text"),
+        add_eos=text.get("add_eos", True),
+        add_bos=text.get("add_bos", False),
+    )
+    listed = group.broadcast(attempt(jobindex.listing, path, options) if me == 0 else None)
+    if isinstance(listed, BaseException):
+        raise listed
+    entries, src = jobindex.entries_of(path, options, listed)
+    if all(all_or_raise(attempt(job.text_ready, entries, counting), group)):
+        return job.shared_text_index(entries, src, counting, {})  # a restart: all in every rank's cache
+    parts = all_or_raise(attempt(jobindex.footer_share, entries, me, n, threads), group)
+    jobindex.take_footers(entries, parts)
+    shares = all_or_raise(attempt(job.count_share, entries, counting, me, n), group)
+    known = job.take_counts(entries, counting, shares)
+    return job.shared_text_index(entries, src, counting, known)
+
+
+def _text_of(cfg: LoaderSettings) -> dict[str, Any]:
+    return {
+        "tokenizer": cfg.tokenizer,
+        "text_column": cfg.text_column,
+        "add_eos": cfg.add_eos,
+        "add_bos": cfg.add_bos,
+    }
+
+
 def share_index(source: Source, cfg: LoaderSettings, group: Collective) -> Source:
     """Each footer read once for the whole job, the listing once; returns the loader's source.
 
-    For one dataset that is its index. For a mixture each token source is shared so in
-    turn and lands in every rank's cache, and the mixture itself is returned (each rank
-    then lists each source once more, and reads no footer). Text sources, a job index
+    For one dataset that is its index (a text source's counted, the pass split across the
+    ranks). For a mixture each source is shared so in turn and lands in every rank's cache
+    (a selected source's selection pass too), and the mixture itself is returned (each rank
+    then lists each source once more, and reads no footer). A source with a job index
     (``index=``) and an Index are left as they are.
     """
     from planner.mixing.sources import source_specs
 
     threads = cfg.threads or 32
-    if cfg.tokenizer is not None or cfg.index is not None:
+    if cfg.index is not None:
         return source
     if isinstance(source, Mapping):
-        for spec in source_specs(source, column=cfg.column, storage_options=cfg.storage_options):
-            if spec.text is None:
-                share_one(spec.path, spec.column, spec.storage_options, threads, group)
+        specs = source_specs(
+            source,
+            column=cfg.column,
+            storage_options=cfg.storage_options,
+            where=cfg.where,
+            length_column=cfg.length_column,
+        )
+        for spec in specs:
+            if spec.index is not None:  # its job index: one object, no footer to share
+                if spec.where is not None and spec.text is None:
+                    from planner.catalog.jobindex import load
+
+                    ix = load(spec.index, spec.path, column=spec.column, storage_options=spec.storage_options)
+                    _select(ix, spec.where, spec.length_column, cfg.threads, group)
+                continue
+            if spec.text is not None:
+                share_text(spec.path, spec.text, spec.storage_options, threads, group)
+                continue
+            ix = share_one(spec.path, spec.column, spec.storage_options, threads, group)
+            if spec.where is not None:
+                _select(ix, spec.where, spec.length_column, cfg.threads, group)
         return source
     if not isinstance(source, (str, os.PathLike, list, tuple)):
         return source
+    if cfg.tokenizer is not None:
+        out: Source = share_text(source, _text_of(cfg), cfg.storage_options, threads, group)
+        return out
     return share_one(source, cfg.column, cfg.storage_options, threads, group)
+
+
+def _select(ix: Index, where: str, length_column: str | None, threads: int | None, group: Collective) -> None:
+    from plitzer.selection.select import Part, select_index
+
+    def exchange(part: Part) -> list[Part]:
+        return [p for p in group.all_gather(part) if p is not None]
+
+    select_index(
+        ix, where, length_column=length_column, rank=group.rank, world=group.world, threads=threads, exchange=exchange
+    )
 
 
 def share_selection(source: Source, cfg: LoaderSettings, group: Collective) -> None:
     """Run this rank's share of the selection pass and gather the others' (SPEC section 10).
 
     Collective: every rank constructs its loader. Each computes ``1/world`` of the pass
-    and the all-gather shares the parts, which land in each rank's cache, so the loader
-    built next finds the whole pass there.
+    (the group's ranks split it) and the all-gather shares the parts, which land in each
+    rank's cache, so the loader built next finds the whole pass there. A mixture's
+    selections are shared by :func:`share_index`.
     """
     from planner.api import open_index
-    from plitzer.selection.select import Part, select_index
 
-    def exchange(part: Part) -> list[Part]:
-        return [p for p in group.all_gather(part) if p is not None]
-
-    if cfg.where is None:
+    if cfg.where is None or isinstance(source, Mapping) or cfg.tokenizer is not None:
         return
-    ix = open_index(source, column=cfg.column, storage_options=cfg.storage_options)
-    if isinstance(ix, Index):
-        select_index(
-            ix,
-            cfg.where,
-            length_column=cfg.length_column,
-            rank=cfg.rank,
-            world=cfg.world,
-            threads=cfg.threads,
-            exchange=exchange,
-        )
+    if cfg.index is not None and isinstance(source, (str, os.PathLike, list, tuple)):
+        from planner.catalog.jobindex import load
+
+        ix: Any = load(cfg.index, source, column=cfg.column, storage_options=cfg.storage_options)
+    else:
+        ix = open_index(source, column=cfg.column, storage_options=cfg.storage_options)
+    if isinstance(ix, Index) and type(ix) is Index:
+        _select(ix, cfg.where, cfg.length_column, cfg.threads, group)
+
+
+def share_source(source: Source, cfg: LoaderSettings, group: Collective) -> Source:
+    """What a loader in ``group`` opens: :func:`share_index`, then :func:`share_selection` (both collective)."""
+    out = share_index(source, cfg, group)
+    share_selection(out, cfg, group)
+    return out
 
 
 def join_parts(info: list[tuple[int, ...]], datas: list[bytes], world: int, processes: int) -> bytes:

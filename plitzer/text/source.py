@@ -43,7 +43,7 @@ import itertools
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,19 +64,23 @@ from plitzer.text.tokenizer import TextTokenizer, load_tokenizer
 
 __all__ = [
     "TEXT_DEFAULTS",
+    "Counts",
     "TextCounting",
     "TextIndex",
     "TextTokenizer",
     "encode_texts",
+    "file_key",
     "is_text_type",
     "load_tokenizer",
+    "save_counts",
     "text_config",
+    "text_counting",
     "text_index",
     "texts_of",
     "tokens_array",
 ]
 
-_CACHE_FORMAT = "2"  # 2: entries with a length and checksum (planner.stores.cache)
+_CACHE_FORMAT = "3"  # 3: per row group (ids, documents without ids); 2: per document
 TEXT_DEFAULTS: dict[str, Any] = {"tokenizer": "", "add_bos": False, "add_eos": False}
 """The checkpoint fields of a token (not text) source."""
 
@@ -256,22 +260,38 @@ def _chunk_range(md: pq.FileMetaData, g: int, j: int, size: int, where: str) -> 
     return start, length
 
 
-def _lengths_path(st: FileStat, column: str, tok: TextTokenizer) -> Path:
+Counts = NDArray[np.int64]
+"""A file's counts: one ``(ids, documents without ids)`` row per row group (BOS and EOS excluded)."""
+
+
+def _counts_path(st: FileStat, column: str, tok: TextTokenizer) -> Path:
     return cache_dir() / "text" / f"{digest(_CACHE_FORMAT, st.location, st.size, st.version, column, tok.identity)}.npy"
 
 
-def _load_lengths(path: Path, rows: int) -> NDArray[np.int64] | None:
+def _load_counts(path: Path, row_groups: int) -> Counts | None:
     raw = read_entry(path)
     if raw is None:
         return None
     try:
-        got: NDArray[np.int64] = np.load(io.BytesIO(raw), allow_pickle=False)
+        got: Counts = np.load(io.BytesIO(raw), allow_pickle=False)
     except (OSError, ValueError) as e:
         discard(path, f"unreadable: {type(e).__name__}")
         return None
-    if got.ndim != 1 or len(got) != rows or got.dtype != np.int64:
+    if got.shape != (row_groups, 2) or got.dtype != np.int64:
         return None  # stale or damaged: counted again, never trusted
     return got
+
+
+def save_counts(path: Path, counts: Counts) -> None:
+    """Cache a file's counts at ``path`` (what :meth:`TextCounting.counts_of` finds later)."""
+    buf = io.BytesIO()
+    np.save(buf, counts, allow_pickle=False)
+    write_entry(path, buf.getvalue())  # a folder that cannot be written costs time, not rows
+
+
+def file_key(st: FileStat) -> tuple[str, int, str]:
+    """What names a file's counts in :attr:`TextCounting.known`: its location, size and version."""
+    return (st.location, st.size, st.version)
 
 
 @dataclass(frozen=True)
@@ -289,6 +309,8 @@ class TextCounting:
     add_bos: bool = False
     add_eos: bool = True
     threads: int | None = None
+    known: Mapping[tuple[str, int, str], Counts] | None = field(default=None, compare=False)
+    """Counts already at hand (a job index's, the ranks' shares), by :func:`file_key`; else the cache's."""
 
     @property
     def _extra(self) -> int:
@@ -315,32 +337,46 @@ class TextCounting:
             add_eos=self.add_eos,
         )
 
-    def _counted(self, e: FileEntry, lengths: NDArray[np.int64]) -> Counted:
+    def _counted(self, e: FileEntry, counts: Counts) -> Counted:
         md = e.metadata
         assert md is not None
         leaf = _text_leaf(md, self.text_column, e.stat.location)
         extra = self._extra
         rows: list[footer.Row] = []
-        at = 0
         for g in range(md.num_row_groups):
             n = md.row_group(g).num_rows
-            raw = lengths[at : at + n]
-            at += n
+            ids, bare = int(counts[g, 0]), int(counts[g, 1])
             start, length = _chunk_range(md, g, leaf, e.stat.size, f"{e.stat.location}, row group {g}")
-            rows.append((g, n, int(raw.sum()) + extra * n, int(((raw + extra) == 0).sum()), start, length, False))
+            # A document is empty when it has no ids and no BOS/EOS is added.
+            rows.append((g, n, ids + extra * n, bare if extra == 0 else 0, start, length, False))
         return Counted(rows=rows, column=self.text_column, dtype=self.tokenizer.dtype, stored="text")
+
+    def path(self, st: FileStat) -> Path:
+        """Where this machine caches the counts of file ``st``."""
+        return _counts_path(st, self.text_column, self.tokenizer)
+
+    def counts_of(self, entry: FileEntry) -> Counts | None:
+        """The counts of ``entry`` (its footer parsed) at hand or in the cache, else None."""
+        md = entry.metadata
+        assert md is not None
+        known = None if self.known is None else self.known.get(file_key(entry.stat))
+        if known is not None and known.shape == (md.num_row_groups, 2):
+            return known
+        return _load_counts(self.path(entry.stat), md.num_row_groups)
 
     def scan(self, entry: FileEntry) -> Counted | None:
         md = entry.metadata
         assert md is not None
         _text_leaf(md, self.text_column, entry.stat.location)
-        got = _load_lengths(_lengths_path(entry.stat, self.text_column, self.tokenizer), md.num_rows)
+        got = self.counts_of(entry)
         return None if got is None else self._counted(entry, got)
 
-    def _count(self, e: FileEntry, g: int) -> NDArray[np.int64]:
-        """Each document's id count in row group ``g`` of ``e`` (one ranged read, tokenized)."""
+    def count(self, e: FileEntry, g: int) -> tuple[int, int]:
+        """Row group ``g`` of ``e``: its ids and its documents without any (one ranged read, tokenized)."""
         md = e.metadata
         assert md is not None
+        if md.row_group(g).num_rows == 0:
+            return 0, 0
         where = f"{e.stat.location}, row group {g}"
         start, length = _chunk_range(md, g, _text_leaf(md, self.text_column, where), e.stat.size, where)
         arr = read_decoded(
@@ -355,7 +391,27 @@ class TextCounting:
             what="text",
         )
         ids = encode_texts(self.tokenizer, texts_of(arr))
-        return np.fromiter((len(x) for x in ids), np.int64, len(ids))
+        lens = np.fromiter((len(x) for x in ids), np.int64, len(ids))
+        return int(lens.sum()), int((lens == 0).sum())
+
+    def count_many(self, todo: Sequence[tuple[FileEntry, int]], progress: bool | None) -> list[tuple[int, int]]:
+        """:meth:`count` of every ``(entry, row group)`` of ``todo``, on every core, with progress."""
+        if not todo:
+            return []
+        from tqdm import tqdm
+
+        workers = self.threads or os.cpu_count() or 2
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="plitzer-count") as pool:
+            counts = pool.map(lambda eg: self.count(*eg), todo)
+            bar = tqdm(
+                counts,
+                total=len(todo),
+                desc="counting tokens",
+                unit="row group",
+                disable=None if progress is None else not progress,
+                leave=False,
+            )
+            return list(bar)
 
     def finish(
         self, entries: Sequence[FileEntry], scanned: list[Counted | None], progress: bool | None
@@ -365,41 +421,46 @@ class TextCounting:
             for e, c in zip(entries, scanned, strict=True)
             if c is None and e.metadata is not None
             for g in range(e.metadata.num_row_groups)
-            if e.metadata.row_group(g).num_rows > 0
         ]
-        parts: dict[tuple[int, int], NDArray[np.int64]] = {}
-        if todo:
-            from tqdm import tqdm
-
-            workers = self.threads or os.cpu_count() or 2
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="plitzer-count") as pool:
-                counts = pool.map(lambda eg: self._count(*eg), todo)
-                bar = tqdm(
-                    counts,
-                    total=len(todo),
-                    desc="counting tokens",
-                    unit="row group",
-                    disable=None if progress is None else not progress,
-                    leave=False,
-                )
-                parts.update(zip([(id(e), g) for e, g in todo], bar, strict=True))
+        parts = dict(zip([(id(e), g) for e, g in todo], self.count_many(todo, progress), strict=True))
         out: list[Counted] = []
         for e, c in zip(entries, scanned, strict=True):
-            out.append(c if c is not None else self._count_file(e, parts))
+            if c is not None:
+                out.append(c)
+                continue
+            md = e.metadata
+            assert md is not None
+            got = np.array([parts[(id(e), g)] for g in range(md.num_row_groups)], np.int64).reshape(-1, 2)
+            save_counts(self.path(e.stat), got)
+            out.append(self._counted(e, got))
         return out
 
-    def _count_file(self, e: FileEntry, parts: dict[tuple[int, int], NDArray[np.int64]]) -> Counted:
-        md = e.metadata
-        assert md is not None
-        per = [
-            parts[(id(e), g)] if md.row_group(g).num_rows > 0 else np.zeros(0, np.int64)
-            for g in range(md.num_row_groups)
-        ]
-        got = np.concatenate(per) if per else np.zeros(0, np.int64)
-        buf = io.BytesIO()
-        np.save(buf, got, allow_pickle=False)
-        write_entry(_lengths_path(e.stat, self.text_column, self.tokenizer), buf.getvalue())  # time, not rows
-        return self._counted(e, got)
+
+def text_counting(
+    tokenizer: Any,
+    *,
+    text_column: str = "text",
+    add_eos: bool = True,
+    add_bos: bool = False,
+    threads: int | None = None,
+    known: Mapping[tuple[str, int, str], Counts] | None = None,
+) -> TextCounting:
+    """The counting step of a text source, its settings checked."""
+    for name, v in (("add_eos", add_eos), ("add_bos", add_bos)):
+        if not isinstance(v, bool):
+            msg = f"{name}={v!r} must be True or False"
+            raise ConfigError(msg)
+    if not isinstance(text_column, str) or not text_column:
+        msg = f"text_column={text_column!r} must name the text column, e.g. 'text'"
+        raise ConfigError(msg)
+    return TextCounting(
+        load_tokenizer(tokenizer),
+        text_column=text_column,
+        add_bos=add_bos,
+        add_eos=add_eos,
+        threads=threads,
+        known=known,
+    )
 
 
 def text_index(
@@ -420,16 +481,7 @@ def text_index(
     (default: when stderr is a terminal). The listing, footers, schema and
     fingerprint are :func:`planner.catalog.dataset.index`'s; :class:`TextCounting` counts.
     """
-    for name, v in (("add_eos", add_eos), ("add_bos", add_bos)):
-        if not isinstance(v, bool):
-            msg = f"{name}={v!r} must be True or False"
-            raise ConfigError(msg)
-    if not isinstance(text_column, str) or not text_column:
-        msg = f"text_column={text_column!r} must name the text column, e.g. 'text'"
-        raise ConfigError(msg)
-    counting = TextCounting(
-        load_tokenizer(tokenizer), text_column=text_column, add_bos=add_bos, add_eos=add_eos, threads=threads
-    )
+    counting = text_counting(tokenizer, text_column=text_column, add_eos=add_eos, add_bos=add_bos, threads=threads)
     ix = index(source, storage_options=storage_options, progress=progress, counting=counting)
     assert isinstance(ix, TextIndex)
     return ix

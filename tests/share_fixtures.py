@@ -1,0 +1,111 @@
+"""Helpers of the one-index-per-job tests: a collective of threads, a counting tokenizer, a text dataset.
+
+:class:`ThreadGroup` is a :class:`plitzer.state.share.Collective` whose ranks are threads
+of this process (a barrier and a list): the sharing logic runs in one process, fast,
+without torch. :class:`CharTokenizer` tokenizes characters and counts the texts it was
+given (per thread group rank where the caller says which).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = ["CharTokenizer", "ThreadGroup", "nonempty_texts", "run_ranks", "write_text"]
+
+
+class ThreadGroup:
+    """``world`` threads as one process group; :meth:`member` is rank ``r``'s view of it."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self._barrier = threading.Barrier(world, timeout=60)
+        self._slots: list[Any] = [None] * world
+
+    def member(self, rank: int) -> Member:
+        return Member(self, rank)
+
+    def gather(self, rank: int, value: Any) -> list[Any]:
+        self._slots[rank] = value
+        self._barrier.wait()
+        out = list(self._slots)
+        self._barrier.wait()  # nobody writes the next round's value before all have read this one
+        return out
+
+
+class Member:
+    def __init__(self, group: ThreadGroup, rank: int) -> None:
+        self._group = group
+        self.rank = rank
+        self.world = group.world
+        self.calls = 0
+
+    def broadcast(self, value: Any) -> Any:
+        self.calls += 1
+        return self._group.gather(self.rank, value)[0]
+
+    def all_gather(self, value: Any) -> list[Any]:
+        self.calls += 1
+        return self._group.gather(self.rank, value)
+
+
+def run_ranks(world: int, fn: Callable[[int], Any]) -> list[Any]:
+    """``fn(rank)`` on ``world`` threads at once; the results in rank order (a thread's error is raised)."""
+    out: list[Any] = [None] * world
+    errors: list[BaseException] = []
+
+    def one(r: int) -> None:
+        try:
+            out[r] = fn(r)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    if errors:
+        raise errors[0]
+    return out
+
+
+class CharTokenizer:
+    """A callable tokenizer (one id per character, 1..255; EOS 0) that counts the texts it tokenized."""
+
+    eos_id = 0
+    vocab_size = 256
+
+    def __init__(self, tokenizer_id: str = "chars-v1") -> None:
+        self.tokenizer_id = tokenizer_id
+        self.texts = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, texts: list[str]) -> list[list[int]]:
+        with self._lock:
+            self.texts += len(texts)
+        return [[1 + (ord(c) % 255) for c in t] for t in texts]
+
+
+def write_text(d: Path, *, files: int = 6, row_groups: int = 3, docs: int = 12, seed: int = 0) -> Path:
+    """A small text dataset: ``files`` files of ``row_groups`` row groups of ``docs`` documents (some empty)."""
+    rng = random.Random(seed)
+    words = ["the", "loader", "packs", "tokens", "x", "déjà", "vu"]
+    d.mkdir(parents=True, exist_ok=True)
+    for f in range(files):
+        texts = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 30))) for _ in range(row_groups * docs)]
+        texts[1] = ""
+        table = pa.table({"text": pa.array(texts, pa.string()), "id": list(range(len(texts)))})
+        pq.write_table(table, d / f"part-{f:03d}.parquet", row_group_size=docs)
+    return d
+
+
+def nonempty_texts(d: Path) -> int:
+    """The documents of a text dataset that a tokenizer is given (an empty text is not tokenized)."""
+    return sum(1 for f in sorted(d.rglob("*.parquet")) for t in pq.read_table(f)["text"].to_pylist() if t)
