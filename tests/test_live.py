@@ -444,3 +444,27 @@ def test_where_on_a_text_source_is_refused(three: dict[str, str]) -> None:
     sources = {"books": {"path": three["books"], "where": "score > 1", "tokenizer": "tok.json"}, "code": three["code"]}
     with pytest.raises(plitzer.ConfigError, match="where= with a text source"):
         plitzer.Loader(sources, **CFG)
+
+
+@pytest.mark.parametrize("at", [1, 2, 3])
+def test_a_change_that_begins_in_windows_already_passed_is_read_again(tmp_path: Path, at: int) -> None:
+    """A source whose epoch holds one token, weighted alone, then off: step 0 runs through 16 of
+    its epochs and passes the empty windows at step 1's place; ``set_weights`` fills them with the
+    other source's row groups, which are read again (0.4 raised KeyError): the up-front stages' batches."""
+    from tests.test_locate import write_docs
+
+    write_docs(tmp_path / "a", [[[0, 1, 1], [0, 1, 1], [1, 0, 0]]])
+    write_docs(tmp_path / "b", [[[0, 1], [0, 0], [0, 0]]], first_id=9)
+    sources = {"a": str(tmp_path / "a"), "b": str(tmp_path / "b")}
+    cfg = {"seed": 57, "lanes": 4, "window": 1, "seq_len": 4}
+    first, later = {"a": 0, "b": 1}, {"a": 1, "b": 0}
+    with plitzer.Loader(sources, weights=[(0, first), (at, later)], **cfg) as up:
+        want = [tokens_of(up.next_batch()).copy() for _ in range(8)]
+    with plitzer.Loader(sources, weights=first, **cfg) as ld:
+        got = []
+        for t in range(8):
+            if t == at:
+                ld.set_weights(later)
+            got.append(tokens_of(ld.next_batch()).copy())
+    for t, (w, g) in enumerate(zip(want, got, strict=True)):
+        np.testing.assert_array_equal(g, w, err_msg=f"step {t}")

@@ -268,6 +268,10 @@ class Scanner:
                 del self._reads[x]
         if unit <= self._at.last:  # the resumed lanes' windows may have moved
             self._at = run.start(self._at.step, self.stage)
+        # A change can begin at a unit already released: windows with no token left for any
+        # lane (empty ones at the lanes' place, when an epoch holds fewer tokens than a step)
+        # that the new plan fills. Nothing of them was delivered: they are read again.
+        self._released = min(self._released, unit)
         self._next = min(self._next, max(unit, self._released))
 
     def _plan_reads(self, unit: int) -> UnitReads:
