@@ -179,6 +179,7 @@ def open_index(
     length_column: str | None = None,
     select: Selector | None = None,
     text_source: Callable[[SourceSpec], Index] | None = None,
+    opened: Mapping[str, Index] | None = None,
 ) -> RowGroupIndex:
     """The index of ``source``: a mixture's for a dict, the given one for an index, else a dataset's.
 
@@ -188,7 +189,8 @@ def open_index(
     ``select``, the runtime's selection pass (``plitzer.selector``; without it, see
     :data:`NO_SELECTOR`); a mixture's sources may each have their own, and ``where``
     here is the default of those without. ``text_source`` indexes a mixture's text
-    source (one whose dict has a ``tokenizer``).
+    source (one whose dict has a ``tokenizer``). ``opened``: a mixture's sources opened
+    already, by name (:func:`planner.mixing.mixindex.mixture_index`).
     """
     kind = source_kind(source)
     check_source(kind, weights=weights, text=text is not None, where=where, length_column=length_column)
@@ -201,6 +203,7 @@ def open_index(
             length_column=length_column,
             select=_selector(select),
             text=text_source,
+            opened=opened,
         )
     if kind == "index":
         ix = ensure_index(cast("Index", source), column=column)  # what source_kind found

@@ -124,6 +124,9 @@ RULES: dict[str, Rule] = {
     'plitzer locate DATA --where "..." [--epochs a:b] [--steps N] [--format csv]': synopsis("plitzer locate"),
     'plitzer locate DATA --where "..."': synopsis("plitzer locate"),
     "plitzer index DATA --out URL": scaled("plitzer index data/sample --out {scratch}/job-index.parquet"),
+    "python benchmarks/locate.py --part mixture --repeats 3": scaled(
+        "python benchmarks/locate.py --part mixture --repeats 1 --steps 1000,100000"
+    ),
     "python benchmarks/locate.py": scaled(
         "python benchmarks/locate.py --row-groups 2000 --data-row-groups 40 --counts 1,10 --lanes 64 --window 8"
     ),

@@ -164,8 +164,8 @@ def test_a_text_source_splits_its_counting_pass_across_the_ranks(tmp_path: Path)
 def test_a_mixture_reads_each_footer_once_too(
     s3: S3Data, proxy: FaultProxy, synth_dataset: SynthDataset, tmp_path: Path
 ) -> None:
-    """Each source of a mixture is shared in turn: no footer is read twice in the job (each
-    rank then lists each source once more, from its cache's finished index)."""
+    """Each source of a mixture is shared in turn: one listing a source for the job (rank 0's)
+    and no footer read twice; every rank's mixture is made of the shared indexes."""
     files = 0
     local, remote = {}, {}
     for i, name in enumerate(("code", "web")):
@@ -178,7 +178,10 @@ def test_a_mixture_reads_each_footer_once_too(
     chunks = {f"bytes={o}-{o + n - 1}" for o, n in zip(frame["byte_offset"], frame["byte_length"], strict=True)}
     proxy.reset()
     _run_job(json.dumps(remote), options(proxy.endpoint), tmp_path)
-    footers = [(r.path, r.range) for r in proxy.log() if r.is_object_get and r.range not in chunks]
+    log = proxy.log()
+    footers = [(r.path, r.range) for r in log if r.is_object_get and r.range not in chunks]
+    lists = [r for r in log if r.is_list]
+    assert len(lists) == len(remote), [r.query for r in lists]  # one listing a source for the job
     assert len(footers) <= 1.1 * files, (len(footers), files)
     assert len(set(footers)) == len(footers)
     got = [np.load(tmp_path / f"rank{r}.npz") for r in range(WORLD)]

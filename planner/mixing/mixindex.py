@@ -171,6 +171,7 @@ def mixture_index(
     length_column: str | None = None,
     select: Callable[[Index, SourceSpec], Index] | None = None,
     text: Callable[[SourceSpec], Index] | None = None,
+    opened: Mapping[str, Index] | None = None,
 ) -> MixtureIndex:
     """Index every source of a dict of named sources (footers only, cached).
 
@@ -178,7 +179,10 @@ def mixture_index(
     ``select`` (the runtime's selection pass, ``plitzer.selection.select``), and a text source
     (one with a ``tokenizer``) is indexed by ``text`` (its counting pass tokenizes):
     plitzer passes both, planner runs neither, and without them such a source is a
-    ConfigError.
+    ConfigError. ``opened``: sources' indexes opened already, by name (a job's ranks
+    shared their listing and footers, and a text source's count: ``plitzer.state.share``),
+    taken instead of listing them again; a selection still runs on them (from the cache
+    the ranks' shared pass filled).
     """
     if isinstance(sources, MixtureIndex):
         return sources
@@ -187,6 +191,10 @@ def mixture_index(
     )
     parts = []
     for s in specs:
+        if opened is not None and s.name in opened:
+            ix = opened[s.name]
+            parts.append(ix if s.where is None or select is None or s.text is not None else select(ix, s))
+            continue
         if s.text is not None:
             if text is None:
                 msg = (

@@ -218,7 +218,7 @@ class LoaderSettings:
         return self.plan.world
 
 
-def open_source(source: Source, settings: LoaderSettings) -> RowGroupIndex:
+def open_source(source: Source, settings: LoaderSettings, opened: Mapping[str, Index] | None = None) -> RowGroupIndex:
     """The index of ``source``: token data, text (with a tokenizer), or a mixture (a dict).
 
     The dispatch and its messages are :func:`planner.api.open_index`'s; this adds
@@ -260,6 +260,7 @@ def open_source(source: Source, settings: LoaderSettings) -> RowGroupIndex:
         length_column=s.length_column,
         select=select,
         text_source=_text_source,
+        opened=opened,
     )
 
 

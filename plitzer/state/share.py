@@ -232,9 +232,9 @@ def share_index(source: Source, cfg: LoaderSettings, group: Collective) -> Sourc
 
     For one dataset that is its index (a text source's counted, the pass split across the
     ranks). For a mixture each source is shared so in turn and lands in every rank's cache
-    (a selected source's selection pass too), and the mixture itself is returned (each rank
-    then lists each source once more, and reads no footer). A source with a job index
-    (``index=``) and an Index are left as they are.
+    (a selected source's selection pass too), and the mixture's index is returned, made of
+    those indexes: no rank lists a source again. A source with a job index (``index=``)
+    opens it on each rank; an Index is left as it is.
     """
     from planner.mixing.sources import source_specs
 
@@ -249,6 +249,7 @@ def share_index(source: Source, cfg: LoaderSettings, group: Collective) -> Sourc
             where=cfg.where,
             length_column=cfg.length_column,
         )
+        opened: dict[str, Index] = {}
         for spec in specs:
             if spec.index is not None:  # its job index: one object, no footer to share
                 if spec.where is not None and spec.text is None:
@@ -258,12 +259,14 @@ def share_index(source: Source, cfg: LoaderSettings, group: Collective) -> Sourc
                     _select(ix, spec.where, spec.length_column, cfg.threads, group)
                 continue
             if spec.text is not None:
-                share_text(spec.path, spec.text, spec.storage_options, threads, group)
+                opened[spec.name] = share_text(spec.path, spec.text, spec.storage_options, threads, group)
                 continue
-            ix = share_one(spec.path, spec.column, spec.storage_options, threads, group)
+            ix = opened[spec.name] = share_one(spec.path, spec.column, spec.storage_options, threads, group)
             if spec.where is not None:
                 _select(ix, spec.where, spec.length_column, cfg.threads, group)
-        return source
+        from plitzer.state.settings import open_source
+
+        return open_source(source, cfg, opened)
     if not isinstance(source, (str, os.PathLike, list, tuple)):
         return source
     if cfg.tokenizer is not None:
