@@ -59,6 +59,13 @@ I64 = NDArray[np.int64]
 class Loader(LiveStages):
     """Deterministic, resumable batches of full sequences for one rank.
 
+    In a job of several processes that has initialised ``torch.distributed``, a loader
+    whose ``rank`` and ``world`` are its process's shares the listing, the footers and
+    the counting and selection passes with the other ranks instead of doing them on each
+    (docs/design.md, "One index per job"), so every rank then builds its loader (a
+    collective call); :meth:`in_group` names the group (another process group, a
+    launcher's own collective, or none).
+
     Parameters
     ----------
     source : str, PathLike, list, dict of named sources, or planner.Index
@@ -70,13 +77,6 @@ class Loader(LiveStages):
     The settings after ``source`` are keywords (``seed`` .. ``storage_options`` may also
     be given by position, in this order); each is defined once, with its documentation,
     in :data:`planner.parameters.PARAMETERS`.
-
-    In a job of several processes that has initialised ``torch.distributed``, a loader
-    whose ``rank`` and ``world`` are its process's shares the listing, the footers and
-    the counting and selection passes with the other ranks instead of doing them on each
-    (docs/design.md, "One index per job"): every rank then builds its loader (a
-    collective call). :meth:`in_group` names the group (another process group, a
-    launcher's own collective, or none).
 
     Examples
     --------
