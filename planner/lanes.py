@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["cut_at", "lane_of", "piece_range", "window_offsets"]
+__all__ = ["cut_at", "lane_of", "piece_range", "split_at_cuts", "window_offsets"]
 
 I64 = NDArray[np.int64]
 
@@ -90,3 +90,22 @@ def piece_range(token_start: I64, tokens: I64, empty_docs: I64) -> tuple[I64, I6
     and those between, are the lanes the row group gives pieces to.
     """
     return token_start, token_start + tokens - ((tokens > 0) & (empty_docs == 0))
+
+
+def split_at_cuts(start: I64, end: I64, cuts: I64) -> tuple[I64, I64, I64, I64]:
+    """Intervals ``[start, end)`` (increasing, tiling their range) split at ``cuts`` inside them.
+
+    Returns each part's interval index, start, end and lane (``max{k : cuts[k] <= start}``):
+    the loader's cut of a window again at a layout change (``plitzer.readpath.recut``) and
+    locate's arithmetic of the same cut (``planner.lookup.staged``).
+    """
+    lo = np.searchsorted(cuts, start, side="right")
+    hi = np.searchsorted(cuts, end, side="left")
+    npieces = 1 + np.maximum(hi - lo, 0)
+    rep = np.repeat(np.arange(len(start), dtype=np.int64), npieces)
+    j = np.arange(len(rep), dtype=np.int64) - (np.cumsum(npieces) - npieces)[rep]
+    last_cut = len(cuts) - 1
+    p_start = np.where(j == 0, start[rep], cuts[np.minimum(lo[rep] + j - 1, last_cut)])
+    p_end = np.where(j == npieces[rep] - 1, end[rep], cuts[np.minimum(lo[rep] + j, last_cut)])
+    lane = np.minimum(np.searchsorted(cuts, p_start, side="right") - 1, len(cuts) - 2)
+    return rep, p_start, p_end, lane

@@ -58,6 +58,7 @@ from planner.lookup.lengths import Lengths, as_lengths, lengths_from_array, set_
 __all__ = [
     "Lengths",
     "OneSource",
+    "PlanBacked",
     "Pieces",
     "Positions",
     "as_lengths",
@@ -104,7 +105,22 @@ def positions(order: I64, tokens: I64, lanes: int, window: int, run_before: int)
     return Positions(order, win, token_start, window_tokens, window_z)
 
 
-class OneSource:
+class PlanBacked:
+    """A view of ``self.plan`` that answers the run's epoch edges as the plan does (its own epochs aside)."""
+
+    plan: PlanView
+
+    def run_before(self, epoch: int) -> int:
+        return self.plan.run_before(epoch)
+
+    def epoch_of_run(self, run: int) -> int:
+        return self.plan.epoch_of_run(run)
+
+    def windows_in(self, epoch: int) -> int:
+        return self.plan.windows_in(epoch)
+
+
+class OneSource(PlanBacked):
     """A one-source plan seen through :class:`Positions` only: epoch ``e`` is ``permutation(G, key(seed, e, 1))``.
 
     Same answers as the plan's own layouts, without the reads (docs/design.md, "Locating documents").
@@ -129,15 +145,6 @@ class OneSource:
                 self._cache.clear()
             self._cache[epoch] = got
         return got
-
-    def run_before(self, epoch: int) -> int:
-        return self.plan.run_before(epoch)
-
-    def epoch_of_run(self, run: int) -> int:
-        return self.plan.epoch_of_run(run)
-
-    def windows_in(self, epoch: int) -> int:
-        return self.plan.windows_in(epoch)
 
 
 def windows_of_steps(plan: PlanView, epoch: int, steps: tuple[int, int], seq_len: int) -> I64:

@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from planner.lanes import cut_at
+from planner.lanes import cut_at, split_at_cuts
 from planner.lookup.cut import Cut, Pieces, PlanView, rows_of, window_pieces, window_slices
 from planner.lookup.lengths import Lengths
-from planner.lookup.pieces import Positions, locate_pieces
+from planner.lookup.pieces import PlanBacked, Positions, locate_pieces
 
 __all__ = [
     "NEVER",
@@ -100,7 +100,7 @@ def spans(layout: Any) -> list[Span]:
     return out
 
 
-class LanesView:
+class LanesView(PlanBacked):
     """A plan's windows cut into ``lanes`` lanes (``z = R_w mod lanes``), at ``world`` ranks (default the plan's)."""
 
     def __init__(self, plan: PlanView, lanes: int, world: int | None = None) -> None:
@@ -125,15 +125,6 @@ class LanesView:
             self._cache[epoch] = got
         return got[1]
 
-    def run_before(self, epoch: int) -> int:
-        return self.plan.run_before(epoch)
-
-    def epoch_of_run(self, run: int) -> int:
-        return self.plan.epoch_of_run(run)
-
-    def windows_in(self, epoch: int) -> int:
-        return self.plan.windows_in(epoch)
-
 
 def windows_meeting(plan: PlanView, epoch: int, lo: int, hi: int) -> I64:
     """The windows of ``epoch`` that hold some of the run's tokens ``[lo, hi)``."""
@@ -156,23 +147,6 @@ def _rest_window(plan: PlanView, epoch: int, x: int) -> int | None:
     if w >= len(ends):
         return None
     return w if run0 + int(ends[w] - ep.window_tokens[w]) < x else None
-
-
-def _split(start: I64, end: I64, cuts: I64) -> tuple[I64, I64, I64, I64]:
-    """Ranges ``[start, end)`` (tiling theirs) split at ``cuts`` strictly inside: range, start, end, lane.
-
-    The lane of a part is ``max{k : cuts[k] <= start}`` (``plitzer.readpath.recut``'s rule).
-    """
-    lo = np.searchsorted(cuts, start, side="right")
-    hi = np.searchsorted(cuts, end, side="left")
-    n = 1 + np.maximum(hi - lo, 0)
-    rep = np.repeat(np.arange(len(start), dtype=np.int64), n)
-    j = np.arange(len(rep), dtype=np.int64) - (np.cumsum(n) - n)[rep]
-    last = len(cuts) - 1
-    p_start = np.where(j == 0, start[rep], cuts[np.minimum(lo[rep] + j - 1, last)])
-    p_end = np.where(j == n[rep] - 1, end[rep], cuts[np.minimum(lo[rep] + j, last)])
-    lane = np.minimum(np.searchsorted(cuts, p_start, side="right") - 1, len(cuts) - 2)
-    return rep, p_start, p_end, lane
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +181,7 @@ def _recut(items: _Items, lanes: int, begun: int, end_run: int, new_lanes: int, 
     start = end - it.length
     q, r = divmod(end_run - begin, new_lanes)
     cuts = cut_at(np.arange(new_lanes + 1, dtype=np.int64), q, r, begin % new_lanes, new_lanes)
-    rep, ps, pe, lane = _split(start, end, cuts)
+    rep, ps, pe, lane = split_at_cuts(start, end, cuts)
     return _Items(it.src[rep], it.a[rep] + (ps - start[rep]), pe - ps, lane, ps - cuts[lane])
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from planner.lanes import cut_at
+from planner.lanes import cut_at, split_at_cuts
 from planner.order.layout import stage_tokens
 from planner.run import Recut
 from plitzer.readpath.pack import _documents, _finish, _Pieces, _pieces, _shuffle, slice_keys
@@ -20,23 +20,6 @@ from plitzer.readpath.packed import PackedUnit, UnitReads
 __all__ = ["pack_rest"]
 
 I64 = NDArray[np.int64]
-
-
-def _split(start: I64, end: I64, cuts: I64) -> tuple[I64, I64, I64, I64]:
-    """Intervals ``[start, end)`` (increasing, tiling their range) split at ``cuts`` inside them.
-
-    Returns each part's interval index, start, end and lane (``max{k : cuts[k] <= start}``).
-    """
-    lo = np.searchsorted(cuts, start, side="right")
-    hi = np.searchsorted(cuts, end, side="left")
-    npieces = 1 + np.maximum(hi - lo, 0)
-    rep = np.repeat(np.arange(len(start), dtype=np.int64), npieces)
-    j = np.arange(len(rep), dtype=np.int64) - (np.cumsum(npieces) - npieces)[rep]
-    last_cut = len(cuts) - 1
-    p_start = np.where(j == 0, start[rep], cuts[np.minimum(lo[rep] + j - 1, last_cut)])
-    p_end = np.where(j == npieces[rep] - 1, end[rep], cuts[np.minimum(lo[rep] + j, last_cut)])
-    lane = np.minimum(np.searchsorted(cuts, p_start, side="right") - 1, len(cuts) - 2)
-    return rep, p_start, p_end, lane
 
 
 def _recut(
@@ -62,7 +45,7 @@ def _recut(
     rest_start = rest_end - ln
     q, r = divmod(end_run - rc.begin, rc.lanes)
     new_cuts = cut_at(np.arange(rc.lanes + 1), q, r, rc.begin % rc.lanes, rc.lanes)
-    rep, ps, pe, lane = _split(rest_start, rest_end, new_cuts)
+    rep, ps, pe, lane = split_at_cuts(rest_start, rest_end, new_cuts)
     src, a = src[rep], a[rep] + (ps - rest_start[rep])
     return src, a, a + (pe - ps), lane
 
