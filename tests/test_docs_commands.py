@@ -22,9 +22,11 @@ command lines of ``docs/examples/*.py`` docstrings. Each must have a rule in
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -300,12 +302,42 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A new user's folder: the checkout's docs/ and benchmarks/ beside the data the docs make."""
-    d = tmp_path_factory.mktemp("new-user")
+def _user_folder(d: Path) -> Path:
+    """A new user's folder: the checkout's docs/, benchmarks/ and tests/ beside their data."""
+    d.mkdir(parents=True, exist_ok=True)
     for sub in ("docs", "benchmarks", "tests"):
         (d / sub).symlink_to(ROOT / sub)
+    return d
+
+
+def _shared_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The data the docs make first (``_FIRST``), made once for the whole run, by the first
+    worker that asks under a lock (each of the workers made it again before: ~15 s each)."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # shared by every worker of this run
+    made = root / "docs-data"
+    with (root / "docs-data.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (made / ".made").exists():
+            shutil.rmtree(made, ignore_errors=True)
+            _user_folder(made)
+            for first in _FIRST:
+                r = _run(_argv(first, RULES[first], made), made)
+                assert r.returncode == 0, f"{first!r}: {r.stdout}{r.stderr}"
+            (made / ".made").touch()
+    return made / "data"
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A new user's folder holding what the docs' first commands made (``plitzer demo``'s
+    ``data/demo``, ``plitzer synth``'s ``data/sample`` and ``data/text``): links to the run's
+    one copy, which no command writes to (new data folders are the worker's own)."""
+    d = _user_folder(tmp_path_factory.mktemp("new-user"))
+    data = _shared_data(tmp_path_factory)
+    (d / "data").mkdir()
+    for made in data.iterdir():
+        (d / "data" / made.name).symlink_to(made, target_is_directory=True)
     return d
 
 
@@ -353,15 +385,9 @@ _RUNNABLE = [
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("command", _RUNNABLE, ids=[re.sub(r"[^\w.=-]+", "_", c)[:90] for c in _RUNNABLE])
-def test_documented_command_runs(command: str, scratch: Path) -> None:
-    for first in _FIRST:  # what the docs make before this command (once per module)
-        if first != command and not (scratch / ".made" / str(_FIRST.index(first))).exists():
-            r = _run(_argv(first, RULES[first], scratch), scratch)
-            assert r.returncode == 0, r.stdout + r.stderr
-            (scratch / ".made").mkdir(exist_ok=True)
-            (scratch / ".made" / str(_FIRST.index(first))).touch()
-        if first == command:
-            break
+def test_documented_command_runs(command: str, scratch: Path, tmp_path: Path) -> None:
+    if command in _FIRST:  # a command that makes data runs in an empty folder, as a new user's first
+        scratch = _user_folder(tmp_path / "new-user")
     rule = RULES[command]
     if any(w in command for w in ("train_tiny", "torchrun", "plitzer.bench.baseline", "cluster.py --real")):
         pytest.importorskip("torch")  # the torch extra (the wheel's runs without torch skip these)
