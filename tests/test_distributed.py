@@ -30,6 +30,7 @@ if sys.platform == "win32":  # pragma: no cover
 
 import plitzer
 import plitzer.state.checkpoint
+from tests import prefork
 from tests.conftest import SynthDataset
 from tests.dist_worker import SETTINGS, ZERO, fold, row_digests
 
@@ -89,13 +90,13 @@ class Job:
         }
         if sys.platform.startswith("linux"):
             env["GLOO_SOCKET_IFNAME"] = "lo"
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[prefork.Popen] = []
         cmd = [sys.executable, str(WORKER), "--data", str(data), "--out", str(out), "--port", str(port)]
         cmd += ["--run", run, "--steps", str(STEPS), "--every", str(EVERY), *args]
         for rank in range(world):
             log = open(out / f"{run}.rank{rank}.log", "wb")  # noqa: SIM115
             group = 0 if rank == 0 else self.procs[0].pid
-            p = subprocess.Popen(
+            p = prefork.Popen(  # forked from an interpreter that imported torch and plitzer (tests/prefork.py)
                 cmd, env={**env, "RANK": str(rank)}, stdout=log, stderr=subprocess.STDOUT, process_group=group
             )
             log.close()

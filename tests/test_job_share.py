@@ -22,6 +22,7 @@ if sys.platform == "win32":  # pragma: no cover
     pytest.skip("gloo process groups on loopback are tested on POSIX", allow_module_level=True)
 
 import plitzer
+from tests import prefork
 from tests.conftest import SynthDataset, tokens_of
 from tests.s3_fixtures import FaultProxy, S3Data, options, proxy, s3, upload
 from tests.share_worker import SETTINGS
@@ -60,7 +61,7 @@ def _run_job(source: str, opts: dict[str, str] | None, out: Path, mode: str = "d
         cache = out / f"cache{rank}"  # each rank its own cache folder, as on its own machine
         log = open(out / f"rank{rank}.log", "wb")  # noqa: SIM115
         procs.append(
-            subprocess.Popen(
+            prefork.Popen(  # forked from an interpreter that imported torch and plitzer (tests/prefork.py)
                 cmd, env={**env, "RANK": str(rank), "PLITZER_CACHE": str(cache)}, stdout=log, stderr=subprocess.STDOUT
             )
         )

@@ -635,6 +635,8 @@ def _gloo_job(data: Path, mode: str, out: Path) -> list[dict]:  # type: ignore[t
     import subprocess
     import sys
 
+    from tests import prefork
+
     root = Path(__file__).resolve().parent.parent
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -652,7 +654,7 @@ def _gloo_job(data: Path, mode: str, out: Path) -> list[dict]:  # type: ignore[t
     for rank in range(2):
         cmd = [sys.executable, str(root / "tests" / "layout_worker.py"), "--data", str(data), "--port", str(port)]
         cmd += ["--mode", mode, "--out", str(out / f"{mode}.{rank}.json")]
-        procs.append(subprocess.Popen(cmd, env={**env, "RANK": str(rank)}, stderr=subprocess.PIPE))
+        procs.append(prefork.Popen(cmd, env={**env, "RANK": str(rank)}, stderr=subprocess.PIPE))  # tests/prefork.py
     try:
         errs = [p.communicate(timeout=120)[1].decode(errors="replace") for p in procs]
     finally:

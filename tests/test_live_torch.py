@@ -16,6 +16,7 @@ pytest.importorskip("torch")
 
 import plitzer
 import plitzer.torch
+from tests import prefork
 from tests.conftest import tokens_of
 from tests.live_worker import SETTINGS, W0
 from tests.test_live import two
@@ -56,7 +57,7 @@ def _job(two: dict[str, str], mode: str, out: Path) -> list[dict]:
     for rank in range(2):
         cmd = [sys.executable, str(ROOT / "tests" / "live_worker.py"), "--sources", json.dumps(two)]
         cmd += ["--port", str(port), "--mode", mode, "--out", str(out / f"{mode}.{rank}.json")]
-        procs.append(subprocess.Popen(cmd, env={**env, "RANK": str(rank)}, stderr=subprocess.PIPE))
+        procs.append(prefork.Popen(cmd, env={**env, "RANK": str(rank)}, stderr=subprocess.PIPE))  # tests/prefork.py
     try:
         errs = [p.communicate(timeout=120)[1].decode(errors="replace") for p in procs]
     finally:

@@ -453,9 +453,9 @@ def test_torch_distributed_ranks_each_run_their_share_of_the_pass(data: Path, tm
     """Each rank (its own cache folder) evaluates its 1/world of the pass; all_gather_object shares the rest."""
     pytest.importorskip("torch")
     import json
-    import subprocess
     import sys
 
+    from tests import prefork
     from tests.s3_fixtures import free_port
 
     script = tmp_path / "worker.py"
@@ -469,7 +469,7 @@ def test_torch_distributed_ranks_each_run_their_share_of_the_pass(data: Path, tm
             "PYTHONPATH": str(Path(__file__).parents[1]),
         }
         args = [sys.executable, str(script), str(r), "2", port, str(data), str(tmp_path / f"out-{r}.json")]
-        procs.append(subprocess.Popen(args, env=env))
+        procs.append(prefork.Popen(args, env=env))  # tests/prefork.py
     for p in procs:
         assert p.wait(timeout=150) == 0
     got = [json.loads((tmp_path / f"out-{r}.json").read_text()) for r in range(2)]
