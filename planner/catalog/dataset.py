@@ -294,9 +294,7 @@ def _from_cache(path: Path, counting: Counting, src: str, entries: list[FileEntr
     if raw is None:
         return None
     try:
-        # ParquetFile.read, not read_table: read_table imports pyarrow.dataset and
-        # pandas on first use, a fifth of a second on every fresh process's start.
-        table = pq.ParquetFile(pa.BufferReader(raw)).read()
+        table = footer.read_table_bytes(raw)
         meta = table.schema.metadata or {}
         frame = pl.from_arrow(table)
         assert isinstance(frame, pl.DataFrame)

@@ -245,7 +245,7 @@ def read_parts(
     where = os.fspath(url)
     data = read_object(where, storage_options if index_options is None else index_options)
     try:
-        table = pq.ParquetFile(pa.BufferReader(data)).read()
+        table = footer.read_table_bytes(data)
         meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
         if meta.get("format") != FORMAT:
             msg = f"format {meta.get('format')!r}, not {FORMAT!r}"

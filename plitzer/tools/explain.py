@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from planner.api import PathSource, open_index
+from planner.catalog.footer import read_table_bytes
 from planner.catalog.rowgroups import RowGroupIndex, stream_counts
 from planner.errors import ConfigError, DataError
 from planner.hashing import mix_array
@@ -106,7 +107,7 @@ def document_pass(ix: RowGroupIndex, *, progress: bool | None = None, threads: i
     raw = read_entry(path)
     if raw is not None:
         try:
-            t = pq.ParquetFile(pa.BufferReader(raw)).read()
+            t = read_table_bytes(raw)
             lengths = t["length"].to_numpy().astype(np.int64)
             hashes = t["hash"].to_numpy().astype(np.uint64)
             if len(lengths) == int(rows.sum()):
