@@ -184,8 +184,8 @@ def write_text(
             writer.close()
             writer, groups_in_file = None, 0
 
-    with ThreadPoolExecutor(threads or os.cpu_count() or 2) as pool:
-        n_threads = threads or os.cpu_count() or 2
+    n_threads = threads or os.cpu_count() or 2
+    with ThreadPoolExecutor(n_threads) as pool:
         seen: list[Path] = []  # the first pass's files, read again in a new order by later passes
         while written < tokens:
             passes += 1
