@@ -3,7 +3,7 @@
 20,000 steps of a three-source mixture with stages (about 20 epochs, 4,000 windows
 read), locally and from S3 (moto's server on 127.0.0.1), each in a fresh process:
 after the first epoch boundary, the process's RSS must stay within 5 % or 4 MiB of
-its level there, whichever is larger. That is the full size, which CI runs as a step of
+its level there, whichever is larger. That is the full size, which CI runs as a run of
 its own (``PLITZER_STRESS=full``); the suite's default run takes 8,000 steps (about 8
 epochs) sampled as often, so the README's test command stays within ten minutes.
 """
@@ -28,7 +28,7 @@ STEPS, EVERY, EPOCHS = (20_000, 250, 10) if FULL else (8_000, 100, 4)
 @pytest.mark.timeout(600)
 def test_rss_stays_flat_over_twenty_thousand_steps(tmp_path: Path) -> None:
     if os.environ.get("PLITZER_STRESS") == "separate":
-        pytest.skip("CI runs it at full size in a step of its own (PLITZER_STRESS=full)")
+        pytest.skip("CI runs it at full size in a run of its own (PLITZER_STRESS=full)")
     out = tmp_path / "soak.json"
     r = subprocess.run(
         [
