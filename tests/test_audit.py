@@ -125,6 +125,23 @@ def test_lane_balance_adds_up_and_lanes_differ_by_at_most_one(data: Path) -> Non
         assert bal["tokens"].max() - bal["tokens"].min() <= 1
 
 
+def test_every_picture_places_its_legend_without_a_timed_search(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """loc="best" searches for an empty corner and warns when that took over a second, which a
+    busy machine reached (a failed audit under warnings-as-errors): every legend has its place."""
+    import matplotlib.legend
+
+    clock = iter(range(0, 10**6, 5))  # every reading 5 s after the last: any timed search is "slow"
+    monkeypatch.setattr(
+        matplotlib.legend, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: next(clock))})
+    )
+    report = au.audit(data, lanes=8, window=4, world=2, seq_len=96, windows=[1, 2, 4, 8])
+    report.write(tmp_path / "one.html")  # draws every figure; a warning fails the test
+    with_legend = [name for name, fig in report.figures.items() if any(ax.get_legend() for ax in fig.axes)]
+    assert {"lengths", "read_amplification"} <= set(with_legend)
+
+
 def test_read_amplification_is_the_plans_and_within_bound(data: Path) -> None:
     amp = au.read_amplification(data, lanes=8, world=4, windows=[1, 2, 5, 20])
     for row in amp.iter_rows(named=True):

@@ -90,7 +90,9 @@ def plot_lengths(lengths: I64, ax: Axes | None = None) -> Figure:
     ax.set_ylabel("documents")
     if len(n):
         ax.axvline(float(np.median(n)), color="#cc6677", linestyle="--", label=f"median {int(np.median(n))}")
-        ax.legend()
+        # A fixed place: loc="best" searches the bars for the emptiest corner, and matplotlib
+        # warns when that search takes over a second (a busy machine, many documents).
+        ax.legend(loc="upper right", fontsize="small")
     ax.set_title("document lengths")
     return fig
 
@@ -200,7 +202,7 @@ def plot_amplification(amp: pl.DataFrame, ax: Axes | None = None) -> Figure:
     ax.set_xlabel("window (row groups)")
     ax.set_ylabel("reads per row group")
     ax.set_title("read amplification versus window")
-    ax.legend()
+    ax.legend(loc="upper right", fontsize="small")  # the curves fall with the window
     return fig
 
 
