@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -44,7 +45,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from planner.catalog import footer
+from planner.catalog import chunkmeta, footer
+from planner.catalog.chunkmeta import Template
 from planner.catalog.column import TokenDtype, delivered_dtype
 from planner.catalog.rowgroups import stream_counts
 from planner.errors import ConfigError, DataError
@@ -79,8 +81,14 @@ INDEX_SCHEMA: dict[str, Any] = {
     # True where a token may not fit the batch dtype (int64 or uint64 data whose
     # footer min/max are missing or out of range): decoding then checks every value.
     "needs_check": pl.Boolean,
+    # What a minimal footer needs to decode the chunk (planner.catalog.chunkmeta): the
+    # chunk's codec (Thrift's number) and its level count (values, empty and null lists).
+    "codec": pl.UInt8,
+    "chunk_values": pl.Int64,
 }
-_INDEX_FORMAT = "3"  # 3: entries with a length and checksum (planner.stores.cache)
+FOOTERS_KEPT = 64
+"""Parsed footers (whole, or minimal) an index keeps: the files being read, about."""
+_INDEX_FORMAT = "4"  # 4: codec, chunk_values and the files' templates (planner.catalog.chunkmeta)
 
 
 @dataclass
@@ -88,8 +96,11 @@ class FileEntry:
     stat: FileStat
     storage: Storage
     metadata: pq.FileMetaData | None = None
+    """The parsed footer, only while the index is built (a counting step reads it)."""
     raw: bytes | None = None
-    """The footer bytes where they came with the listing (a job index, a rank's exchange)."""
+    """The footer bytes where they came with the listing (a rank's exchange of a text source's footers)."""
+    template: Template | None = None
+    """What decoding the index's column needs of the footer (planner.catalog.chunkmeta): kept, the footer not."""
 
 
 @dataclass
@@ -118,6 +129,9 @@ class Index:
     source: str
     _files: list[FileEntry] = field(repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _footers: OrderedDict[int, pq.FileMetaData] = field(default_factory=OrderedDict, repr=False)
+    _chunks: OrderedDict[int, pq.FileMetaData] = field(default_factory=OrderedDict, repr=False)
+    _starts: NDArray[np.int64] | None = field(default=None, repr=False)
 
     @property
     def files(self) -> list[FileStat]:
@@ -139,18 +153,65 @@ class Index:
         return self._files[file_index].stat
 
     def metadata(self, file_index: int) -> pq.FileMetaData:
-        """The file's parsed footer: from memory, else the cache, else storage."""
-        e = self._files[file_index]
-        if e.metadata is not None:
-            return e.metadata
+        """The file's whole parsed footer (every column): the cache's, else storage's.
+
+        For the passes that read other columns than the index's (a selection's
+        predicate, a schema's look-up); the read path needs only :meth:`chunk_metadata`.
+        The last :data:`FOOTERS_KEPT` are kept: a working set, whatever the file count.
+        """
         with self._lock:
-            if e.metadata is None:
-                raw = e.raw if e.raw is not None else footer.cached(e.stat)
-                if raw is None:
-                    raw = footer.fetch(e.storage, e.stat)
-                    footer.remember(e.stat, raw)
-                e.metadata = footer.parse(raw, e.stat.location)
-            return e.metadata
+            got = self._footers.get(file_index)
+            if got is not None:
+                self._footers.move_to_end(file_index)
+                return got
+        e = self._files[file_index]
+        md = e.metadata
+        if md is None:
+            raw = e.raw if e.raw is not None else footer.cached(e.stat)
+            if raw is None:
+                raw = footer.fetch(e.storage, e.stat)
+                footer.remember(e.stat, raw)
+            md = footer.parse(raw, e.stat.location)
+        with self._lock:
+            self._footers[file_index] = md
+            while len(self._footers) > FOOTERS_KEPT:
+                self._footers.popitem(last=False)
+        return md
+
+    def chunk_metadata(self, file_index: int) -> pq.FileMetaData:
+        """A footer for decoding the file's chunks of the index's column, made from the index alone.
+
+        Row group ``g`` of it is row group ``g`` of the file, holding only the index's
+        column (:func:`planner.catalog.chunkmeta.footer`): no footer is read. The last
+        :data:`FOOTERS_KEPT` are kept.
+        """
+        with self._lock:
+            got = self._chunks.get(file_index)
+            if got is not None:
+                self._chunks.move_to_end(file_index)
+                return got
+            if self._starts is None:
+                fi = self.frame["file_index"].to_numpy()
+                self._starts = np.searchsorted(fi, np.arange(len(self._files) + 1)).astype(np.int64)
+            a, b = int(self._starts[file_index]), int(self._starts[file_index + 1])
+        template = self._files[file_index].template
+        if template is None:
+            msg = f"{self.location(file_index)}: the index holds no template of its column; build the index again"
+            raise DataError(msg)
+        part = self.frame.slice(a, b - a)
+        md = chunkmeta.footer(
+            template,
+            part["rows"].to_numpy(),
+            part["byte_offset"].to_numpy(),
+            part["byte_length"].to_numpy(),
+            part["codec"].to_numpy(),
+            part["chunk_values"].to_numpy(),
+        )
+        with self._lock:
+            self._chunks[file_index] = md
+            while len(self._chunks) > FOOTERS_KEPT:
+                self._chunks.popitem(last=False)
+        return md
 
     def location(self, file_index: int, row_group: int | None = None) -> str:
         where = self._files[file_index].stat.location
@@ -176,11 +237,16 @@ class Index:
 
 
 def _fingerprint(frame: pl.DataFrame, extra: str = "") -> str:
+    """sha256 of ``name\trows\ttokens\n`` for every row group, then ``extra``.
+
+    The lines are formatted by Polars, a million row groups a second, in slices so
+    that the text held at once stays small.
+    """
     h = hashlib.sha256()
-    for name, rows, tokens in zip(
-        frame["file"].to_list(), frame["rows"].to_list(), frame["tokens"].to_list(), strict=True
-    ):
-        h.update(f"{name}\t{rows}\t{tokens}\n".encode())
+    step = 1 << 16
+    for a in range(0, frame.height, step):
+        lines = frame.slice(a, step).select(pl.format("{}\t{}\t{}\n", "file", "rows", "tokens").str.join(""))
+        h.update(lines.item().encode())
     h.update(extra.encode())
     return h.hexdigest()
 
@@ -226,6 +292,14 @@ class Counting(Protocol):
         """Hashed into the fingerprint after the row groups' counts ("" for footer counts)."""
         ...
 
+    def checks_histograms(self) -> bool:
+        """Whether :meth:`scan` checks the level histograms of the chunks it touches itself.
+
+        Then :func:`index` parses footers without checking every column's (a footer's
+        check costs 30 times its parse on files of many columns).
+        """
+        ...
+
     def wrap(self, ix: Index) -> Index:
         """The index to hand out for ``ix``: ``ix`` itself, or an index that reads it differently."""
         ...
@@ -243,8 +317,13 @@ class FooterCounting:
 
     def scan(self, entry: FileEntry) -> Counted:
         assert entry.metadata is not None
-        rows, name, dtype = footer.row_groups(entry.storage, entry.stat, entry.metadata, self.column, self.count)
+        rows, name, dtype = footer.row_groups(
+            entry.storage, entry.stat, entry.metadata, self.column, self.count, raw=entry.raw, checked=False
+        )
         return Counted(rows=rows, column=name, dtype=delivered_dtype(dtype), stored=str(dtype))
+
+    def checks_histograms(self) -> bool:
+        return True
 
     def finish(
         self, entries: Sequence[FileEntry], scanned: list[Counted | None], progress: bool | None
@@ -298,6 +377,9 @@ def _from_cache(path: Path, counting: Counting, src: str, entries: list[FileEntr
         meta = table.schema.metadata or {}
         frame = pl.from_arrow(table)
         assert isinstance(frame, pl.DataFrame)
+        templates = chunkmeta.unpack_templates({k.decode(): v.decode() for k, v in meta.items()}, len(entries))
+        for e, t in zip(entries, templates, strict=True):
+            e.template = t
         return counting.wrap(
             Index(
                 frame=frame,
@@ -308,13 +390,16 @@ def _from_cache(path: Path, counting: Counting, src: str, entries: list[FileEntr
                 _files=entries,
             )
         )
-    except (OSError, KeyError, pa.ArrowException, AssertionError) as e:
+    except (OSError, KeyError, ValueError, pa.ArrowException, AssertionError) as e:
         discard(path, f"unreadable: {type(e).__name__}")  # rebuilt, never trusted
         return None
 
 
-def _to_cache(path: Path, frame: pl.DataFrame, column: str, dtype: TokenDtype, fingerprint: str) -> None:
-    table = frame.to_arrow().replace_schema_metadata({"column": column, "dtype": dtype, "fingerprint": fingerprint})
+def _to_cache(
+    path: Path, frame: pl.DataFrame, column: str, dtype: TokenDtype, fingerprint: str, entries: Sequence[FileEntry]
+) -> None:
+    meta = {"column": column, "dtype": dtype, "fingerprint": fingerprint}
+    table = frame.to_arrow().replace_schema_metadata(meta | chunkmeta.pack_templates([e.template for e in entries]))
     buf = pa.BufferOutputStream()
     pq.write_table(table, buf)
     write_entry(path, buf.getvalue().to_pybytes())  # a folder that cannot be written costs speed, not rows
@@ -323,23 +408,24 @@ def _to_cache(path: Path, frame: pl.DataFrame, column: str, dtype: TokenDtype, f
 def _scan_footers(
     entries: list[FileEntry], counting: Counting, progress: bool | None, threads: int
 ) -> list[Counted | None]:
-    """Every file's footer (the cache's, else storage's) and what ``counting`` gets from it, concurrently."""
+    """Every file's footer (read once, one ranged read) and what ``counting`` gets from it, concurrently.
+
+    Streaming: a footer is parsed, counted and dropped in one task, so what is held is
+    the files' rows and templates (bytes a row group), never every footer. A counting
+    step that reads its footers again in :meth:`Counting.finish` (a text pass) keeps
+    them until then. Footers are not cached on disk: the finished index is.
+    """
+    own_check = counting.checks_histograms()
 
     def load(entry: FileEntry) -> Counted | None:
-        raw = entry.raw if entry.raw is not None else footer.cached(entry.stat)
-        if raw is not None:
-            entry.metadata = footer.parse(raw, entry.stat.location)
-            return counting.scan(entry)
-        with footer.fetch_lock(entry.stat):  # processes sharing the cache fetch a footer once
-            raw = footer.cached(entry.stat)
-            fresh = raw is None
-            if raw is None:
-                raw = footer.fetch(entry.storage, entry.stat)
-            entry.metadata = footer.parse(raw, entry.stat.location)
-            result = counting.scan(entry)
-            if fresh:
-                footer.remember(entry.stat, raw)  # only once it parsed and gave rows
-            return result
+        raw = entry.raw if entry.raw is not None else footer.fetch(entry.storage, entry.stat)
+        md = footer.parse(raw, entry.stat.location, check=not own_check)
+        entry.metadata, entry.raw = md, raw
+        result = counting.scan(entry)
+        if result is not None:
+            entry.template = chunkmeta.template_of(raw, md, result.column, entry.stat.location)
+            entry.metadata = entry.raw = None
+        return result
 
     show = progress if progress is not None else (len(entries) >= 64 and None)
     from tqdm import tqdm
@@ -360,8 +446,8 @@ def _scan_footers(
 def _frame(entries: list[FileEntry], counted: list[Counted]) -> pl.DataFrame:
     """The index frame of every file's rows; every file's column must give the same batches."""
     first = counted[0]
-    cols: dict[str, list[Any]] = {k: [] for k in INDEX_SCHEMA}
-    for fi, (entry, c) in enumerate(zip(entries, counted, strict=True)):
+    parts, names, sizes, counts = [], [], [], []
+    for entry, c in zip(entries, counted, strict=True):
         # list and large_list, and integer widths, may differ between files as long
         # as the batches they give have the same dtype.
         if c.column != first.column or c.dtype != first.dtype:
@@ -372,18 +458,38 @@ def _frame(entries: list[FileEntry], counted: list[Counted]) -> pl.DataFrame:
                 "or pass column="
             )
             raise DataError(msg)
-        for g, n, tokens, empties, start, length, check in c.rows:
-            cols["file"].append(entry.stat.name)
-            cols["file_index"].append(fi)
-            cols["row_group"].append(g)
-            cols["rows"].append(n)
-            cols["tokens"].append(tokens)
-            cols["empty_docs"].append(empties)
-            cols["byte_offset"].append(start)
-            cols["byte_length"].append(length)
-            cols["file_size"].append(entry.stat.size)
-            cols["needs_check"].append(check)
-    return pl.DataFrame(cols, schema=INDEX_SCHEMA)
+        if c.rows:
+            parts.append(np.asarray(c.rows, dtype=np.int64).reshape(-1, len(_ROW_FIELDS)))
+        names.append(entry.stat.name)
+        sizes.append(entry.stat.size)
+        counts.append(len(c.rows))
+    rows = np.concatenate(parts) if parts else np.zeros((0, len(_ROW_FIELDS)), np.int64)
+    per = np.asarray(counts, np.int64)
+    file_index = np.repeat(np.arange(len(entries), dtype=np.int64), per)
+    cols: dict[str, Any] = {
+        "file": pl.Series(names, dtype=pl.String).gather(file_index) if len(file_index) else [],
+        "file_index": file_index,
+        **{name: rows[:, k] for k, name in enumerate(_ROW_FIELDS) if name != "needs_check"},
+        "needs_check": rows[:, _ROW_FIELDS.index("needs_check")].astype(bool),
+        "file_size": np.repeat(np.asarray(sizes, np.int64), per),
+    }
+    return pl.DataFrame(cols).select(
+        pl.col(k).cast(v) if k in cols else pl.lit(None, v).alias(k) for k, v in INDEX_SCHEMA.items()
+    )
+
+
+_ROW_FIELDS = (
+    "row_group",
+    "rows",
+    "tokens",
+    "empty_docs",
+    "byte_offset",
+    "byte_length",
+    "needs_check",
+    "codec",
+    "chunk_values",
+)
+"""The fields of :data:`planner.catalog.footer.Row`, in order."""
 
 
 def index(
@@ -461,11 +567,15 @@ def index_entries(
         if hit is not None:
             return hit
     counted = counting.finish(entries, _scan_footers(entries, counting, progress, threads), progress)
+    for e, c in zip(entries, counted, strict=True):  # what finish counted kept its footer until now
+        if e.metadata is not None and e.raw is not None:
+            e.template = chunkmeta.template_of(e.raw, e.metadata, c.column, e.stat.location)
+        e.metadata = e.raw = None
     frame = _frame(entries, counted)
     first = counted[0]
     fp = _fingerprint(frame, counting.fingerprint_extra())
     if cached is not None:
-        _to_cache(cached, frame, first.column, first.dtype, fp)
+        _to_cache(cached, frame, first.column, first.dtype, fp, entries)
     ix = Index(frame=frame, column=first.column, dtype=first.dtype, fingerprint=fp, source=src, _files=entries)
     return counting.wrap(ix)
 

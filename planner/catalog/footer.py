@@ -31,7 +31,9 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from planner.catalog.chunkmeta import codec_of
 from planner.catalog.column import TokenDtype, delivered_dtype, narrows, token_column_of, token_range
+from planner.catalog.thrift import Reader, ThriftError, list_header, skip_value, varint
 from planner.errors import DataError, one_line
 from planner.stores.cache import cache_dir, digest, read_entry, write_entry
 from planner.stores.storage import FileStat, Storage
@@ -40,6 +42,7 @@ __all__ = [
     "ChunkCounter",
     "Row",
     "cached",
+    "check_column_histograms",
     "check_level_histograms",
     "fetch",
     "fetch_lock",
@@ -104,8 +107,12 @@ def read_table_bytes(data: bytes) -> pa.Table:
     return pq.ParquetFile(pa.BufferReader(owned)).read()
 
 
-def parse(raw: bytes, where: str) -> pq.FileMetaData:
-    """The parsed footer, checked first for what would abort pyarrow; a DataError naming ``where``."""
+def parse(raw: bytes, where: str, *, check: bool = True) -> pq.FileMetaData:
+    """The parsed footer, checked first for what would abort pyarrow; a DataError naming ``where``.
+
+    ``check=False`` leaves the level histograms unchecked: the caller then touches only
+    the column chunks it checked itself (:func:`check_column_histograms`).
+    """
     try:
         md = pq.read_metadata(pa.BufferReader(b"PAR1" + raw))
         levels = [
@@ -117,7 +124,8 @@ def parse(raw: bytes, where: str) -> pq.FileMetaData:
         raise DataError(msg) from e
     # Before any column chunk's metadata is touched: pyarrow aborts the process on
     # level histograms that do not fit the schema (check_level_histograms, below).
-    check_level_histograms(raw[:-8], levels, where)
+    if check:
+        check_level_histograms(raw[:-8], levels, where)
     return md
 
 
@@ -193,7 +201,8 @@ def fetch_lock(st: FileStat) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-Row = tuple[int, int, int, int, int, int, bool]  # row_group, rows, tokens, empty_docs, offset, length, check
+Row = tuple[int, int, int, int, int, int, bool, int, int]
+"""row_group, rows, tokens, empty_docs, offset, length, check, codec, chunk_values (the chunk's level count)."""
 
 
 def _fits(stats: Any, dtype: TokenDtype) -> bool:
@@ -208,13 +217,23 @@ def _fits(stats: Any, dtype: TokenDtype) -> bool:
 
 
 def row_groups(
-    storage: Storage, st: FileStat, md: pq.FileMetaData, column: str | None, count: ChunkCounter | None
+    storage: Storage,
+    st: FileStat,
+    md: pq.FileMetaData,
+    column: str | None,
+    count: ChunkCounter | None,
+    *,
+    raw: bytes | None = None,
+    checked: bool = True,
 ) -> tuple[list[Row], str, pa.DataType]:
     """One file's index rows, its token column's name and its type.
 
     A row per row group: (row_group, rows, tokens, empty_docs, offset, length,
-    check), where offset and length are the token column chunk's byte range and
-    check says whether decoding must check every value (``narrows``).
+    check, codec, chunk_values), where offset and length are the token column chunk's
+    byte range, check says whether decoding must check every value (``narrows``), and
+    codec and chunk_values are what a minimal footer needs (:mod:`planner.catalog.chunkmeta`).
+    ``checked=False``: ``md`` was parsed without the level-histogram check, so the token
+    column's chunks are checked here (from ``raw``) before any of them is touched.
     """
     try:
         schema = md.schema.to_arrow_schema()
@@ -229,6 +248,11 @@ def row_groups(
         msg = f"{st.location}: token column {name!r} is nested ({len(leaf)} leaves); it must be a flat list"
         raise DataError(msg)
     j = leaf[0]
+    if not checked:
+        if raw is None:
+            msg = "row_groups(checked=False) needs the footer's bytes (raw=)"
+            raise ValueError(msg)
+        check_column_histograms(raw, md, j, st.location)
     physical = md.schema.column(j).physical_type
     rows = []
     for g in range(md.num_row_groups):
@@ -253,7 +277,8 @@ def row_groups(
             )
             raise DataError(msg)
         check = narrowing and tokens > 0 and not _fits(stats, delivered)
-        rows.append((g, rg.num_rows, tokens, empties, start, length, check))
+        codec = codec_of(cc.compression, where)
+        rows.append((g, rg.num_rows, tokens, empties, start, length, check, codec, int(cc.num_values)))
     return rows, name, dtype
 
 
@@ -291,118 +316,7 @@ def _counter(count: ChunkCounter | None, where: str) -> ChunkCounter:
     return counter
 
 
-_MAX_DEPTH = 64
-
-
-class _Bad(Exception):
-    pass
-
-
-class _Reader:
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
-
-    def byte(self) -> int:
-        if self.pos >= len(self.data):
-            msg = "the footer ends inside a field"
-            raise _Bad(msg)
-        b = self.data[self.pos]
-        self.pos += 1
-        return b
-
-    def varint(self) -> int:
-        shift = result = 0
-        while True:
-            b = self.byte()
-            result |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return result
-            shift += 7
-            if shift > 70:
-                msg = "a varint longer than 10 bytes"
-                raise _Bad(msg)
-
-    def skip_bytes(self, n: int) -> None:
-        if n < 0 or self.pos + n > len(self.data):
-            msg = "a length runs past the footer"
-            raise _Bad(msg)
-        self.pos += n
-
-    def list_header(self) -> tuple[int, int]:
-        b = self.byte()
-        size, typ = b >> 4, b & 0x0F
-        if size == 15:
-            size = self.varint()
-        if size > len(self.data) - self.pos:  # every element takes at least one byte
-            msg = "a list longer than the footer"
-            raise _Bad(msg)
-        return size, typ
-
-    def skip(self, typ: int, depth: int) -> None:
-        if depth > _MAX_DEPTH:
-            msg = "nesting too deep"
-            raise _Bad(msg)
-        if typ in (1, 2):  # bool in a field header: no payload
-            return
-        if typ == 3:
-            self.skip_bytes(1)
-        elif typ in (4, 5, 6):
-            self.varint()
-        elif typ == 7:
-            self.skip_bytes(8)
-        elif typ == 8:
-            self.skip_bytes(self.varint())
-        elif typ in (9, 10):
-            size, et = self.list_header()
-            for _ in range(size):
-                if et in (1, 2):
-                    self.skip_bytes(1)  # bools in a list are one byte each
-                else:
-                    self.skip(et, depth + 1)
-        elif typ == 11:
-            size = self.varint()
-            if size:
-                kv = self.byte()
-                for _ in range(size):
-                    self.skip(kv >> 4, depth + 1)
-                    self.skip(kv & 0x0F, depth + 1)
-        elif typ == 12:
-            for _fid, t in self.fields():
-                self.skip(t, depth + 1)
-        else:
-            msg = f"unknown Thrift type {typ}"
-            raise _Bad(msg)
-
-    def fields(self) -> _FieldIter:
-        return _FieldIter(self)
-
-
-class _FieldIter:
-    """The fields of one struct: yields (field id, type); the caller reads or skips each."""
-
-    def __init__(self, r: _Reader) -> None:
-        self.r = r
-        self.last = 0
-
-    def __iter__(self) -> _FieldIter:
-        return self
-
-    def __next__(self) -> tuple[int, int]:
-        b = self.r.byte()
-        if b == 0:
-            raise StopIteration
-        delta, typ = b >> 4, b & 0x0F
-        if delta:
-            fid = self.last + delta
-        else:
-            z = self.r.varint()
-            fid = (z >> 1) ^ -(z & 1)
-        self.last = fid
-        return fid, typ
-
-
-def _histograms(r: _Reader) -> tuple[int | None, int | None]:
+def _histograms(r: Reader) -> tuple[int | None, int | None]:
     """Lengths of SizeStatistics' repetition (2) and definition (3) level histograms."""
     rep = dfn = None
     for fid, typ in r.fields():
@@ -419,7 +333,7 @@ def _histograms(r: _Reader) -> tuple[int | None, int | None]:
     return rep, dfn
 
 
-def _column_chunk(r: _Reader) -> tuple[int | None, int | None]:
+def _column_chunk(r: Reader) -> tuple[int | None, int | None]:
     found: tuple[int | None, int | None] = (None, None)
     for fid, typ in r.fields():
         if fid == 3 and typ == 12:  # ColumnChunk.meta_data
@@ -440,7 +354,7 @@ def check_level_histograms(footer: bytes, levels: Sequence[tuple[int, int]], whe
     (max repetition level, max definition level). Histograms, where present and
     not empty, must have one bucket per level (max + 1).
     """
-    r = _Reader(footer)
+    r = Reader(footer)
     try:
         for fid, typ in r.fields():
             if fid != 4 or typ != 9:  # FileMetaData.row_groups
@@ -459,13 +373,84 @@ def check_level_histograms(footer: bytes, levels: Sequence[tuple[int, int]], whe
                             continue  # pyarrow refuses more chunks than leaves itself
                         want_rep, want_dfn = levels[j][0] + 1, levels[j][1] + 1
                         if rep not in (None, 0, want_rep) or dfn not in (None, 0, want_dfn):
-                            msg = (
-                                f"{where}, row group {g}, column {j}: the footer's level histograms have "
-                                f"{rep} and {dfn} buckets but the schema's levels need {want_rep} and "
-                                f"{want_dfn}; the footer or schema is damaged (e.g. a required column "
-                                "holding nulls): rewrite the file"
-                            )
-                            raise DataError(msg)
-    except _Bad as e:
+                            raise _histogram_error(where, g, j, (rep, dfn), (want_rep, want_dfn))
+    except ThriftError as e:
         msg = f"{where}: the Parquet footer is damaged ({e}); restore or rewrite the file"
         raise DataError(msg) from e
+
+
+def _histogram_error(
+    where: str, g: int, j: int, got: tuple[int | None, int | None], want: tuple[int, int]
+) -> DataError:
+    msg = (
+        f"{where}, row group {g}, column {j}: the footer's level histograms have "
+        f"{got[0]} and {got[1]} buckets but the schema's levels need {want[0]} and "
+        f"{want[1]}; the footer or schema is damaged (e.g. a required column "
+        "holding nulls): rewrite the file"
+    )
+    return DataError(msg)
+
+
+def check_column_histograms(raw: bytes, md: pq.FileMetaData, j: int, where: str) -> None:
+    """Raise DataError if leaf column ``j``'s level histograms do not fit the schema, in any row group.
+
+    What :func:`check_level_histograms` checks, for one column: the one whose chunks the
+    index reads through pyarrow. Walking every column of every row group in Python costs
+    30 times pyarrow's parse of a FineWeb-Edu footer (eleven columns), so the column's
+    ``ColumnMetaData`` is found by its encoded path (field 3, right after the encodings:
+    every writer writes fields in id order) and only its remaining fields are walked.
+    Where the path is not found exactly once a row group (another field order, or a
+    statistic's bytes that happen to hold it), the whole footer is walked instead.
+    """
+    col = md.schema.column(j)
+    want = (col.max_repetition_level + 1, col.max_definition_level + 1)
+    body = raw[:-8]
+    parts = [p.encode() for p in col.path.split(".")]
+    pattern = b"\x19" + list_header(len(parts), 8) + b"".join(varint(len(p)) + p for p in parts)
+    starts = _find_all(body, pattern)
+    if len(starts) != md.num_row_groups:
+        levels = [
+            (md.schema.column(k).max_repetition_level, md.schema.column(k).max_definition_level)
+            for k in range(md.num_columns)
+        ]
+        check_level_histograms(body, levels, where)
+        return
+    r = Reader(body)
+    try:
+        for g, at in enumerate(starts):
+            pos, last = at + len(pattern), 3  # the path was field 3 of ColumnMetaData
+            got: tuple[int | None, int | None] = (None, None)
+            while True:
+                if pos >= len(body):
+                    msg = "the footer ends inside a field"
+                    raise ThriftError(msg)
+                b = body[pos]
+                pos += 1
+                if b == 0:
+                    break
+                typ, delta = b & 0x0F, b >> 4
+                if delta:
+                    last += delta
+                else:
+                    r.pos = pos
+                    z = r.varint()
+                    pos, last = r.pos, (z >> 1) ^ -(z & 1)
+                if last == 16 and typ == 12:  # ColumnMetaData.size_statistics
+                    r.pos = pos
+                    got = _histograms(r)
+                    pos = r.pos
+                else:
+                    pos = skip_value(body, pos, typ, 2)
+            if got[0] not in (None, 0, want[0]) or got[1] not in (None, 0, want[1]):
+                raise _histogram_error(where, g, j, got, want)
+    except ThriftError as e:
+        msg = f"{where}: the Parquet footer is damaged ({e}); restore or rewrite the file"
+        raise DataError(msg) from e
+
+
+def _find_all(data: bytes, pattern: bytes) -> list[int]:
+    out, at = [], data.find(pattern)
+    while at >= 0:
+        out.append(at)
+        at = data.find(pattern, at + 1)
+    return out

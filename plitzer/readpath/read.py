@@ -191,7 +191,7 @@ def read_column(index: Index, rg: int, *, what: str = "token") -> tuple[pa.Array
     arr = read_decoded(
         index.storage(fi),
         st,
-        index.metadata(fi),
+        index.chunk_metadata(fi),
         row_group=g,
         column=index.column,
         offset=row["byte_offset"],

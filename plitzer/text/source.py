@@ -53,6 +53,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from planner.catalog import footer
+from planner.catalog.chunkmeta import codec_of
 from planner.catalog.column import TokenDtype, token_range
 from planner.catalog.dataset import Counted, FileEntry, Index, index
 from planner.catalog.rowgroups import RowGroupIndex
@@ -320,6 +321,9 @@ class TextCounting:
     def cache_key(self) -> None:
         return None
 
+    def checks_histograms(self) -> bool:
+        return False
+
     def fingerprint_extra(self) -> str:
         tok = self.tokenizer
         return f"text\t{tok.kind}:{tok.identity}\tbos={self.add_bos}\teos={self.add_eos}\n"
@@ -346,9 +350,12 @@ class TextCounting:
         for g in range(md.num_row_groups):
             n = md.row_group(g).num_rows
             ids, bare = int(counts[g, 0]), int(counts[g, 1])
-            start, length = _chunk_range(md, g, leaf, e.stat.size, f"{e.stat.location}, row group {g}")
+            where = f"{e.stat.location}, row group {g}"
+            start, length = _chunk_range(md, g, leaf, e.stat.size, where)
+            cc = md.row_group(g).column(leaf)
+            codec = codec_of(cc.compression, where)
             # A document is empty when it has no ids and no BOS/EOS is added.
-            rows.append((g, n, ids + extra * n, bare if extra == 0 else 0, start, length, False))
+            rows.append((g, n, ids + extra * n, bare if extra == 0 else 0, start, length, False, codec, cc.num_values))
         return Counted(rows=rows, column=self.text_column, dtype=self.tokenizer.dtype, stored="text")
 
     def path(self, st: FileStat) -> Path:
