@@ -27,6 +27,7 @@ __all__ = [
     "SelectionError",
     "StaleIndexError",
     "StorageError",
+    "StoppedError",
     "UsageError",
     "one_line",
 ]
@@ -116,6 +117,14 @@ class CheckpointError(PlitzerError, ValueError):
 
 class UsageError(PlitzerError, RuntimeError):
     """An object is used where it cannot work: after close(), or in a forked child."""
+
+
+class StoppedError(UsageError):
+    """The loader was closed (by ``close()``, another thread, or the interpreter's end) while this waited.
+
+    A step blocked in ``next()`` and a request waiting for a store that does not answer
+    end with it at once instead of waiting out ``retry_deadline``.
+    """
 
 
 def one_line(e: BaseException) -> str:

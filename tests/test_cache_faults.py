@@ -146,8 +146,9 @@ def _entries(cache: Path, kind: str) -> list[Path]:
 
 
 CASES = [
-    # kinds with several entries: each entry damaged its own way in one run
-    ("footers", ("truncate", "garble", "empty")),
+    # kinds with several entries: each entry damaged its own way in one run (footers are
+    # read only by a pass that misses its own cache, so a damaged one is never read here:
+    # test_a_damaged_entry_is_never_a_data_error damages them)
     ("select", ("truncate", "garble", "empty")),
     ("text", ("truncate", "garble", "empty")),
     # one entry each: one damage a run

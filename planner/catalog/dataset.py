@@ -61,11 +61,14 @@ __all__ = [
     "FileEntry",
     "FooterCounting",
     "Index",
+    "build_index",
+    "fingerprint_of",
     "ensure_index",
     "index",
     "index_cache_path",
     "index_entries",
     "list_files",
+    "scan_footers",
 ]
 
 INDEX_SCHEMA: dict[str, Any] = {
@@ -236,7 +239,7 @@ class Index:
         return given
 
 
-def _fingerprint(frame: pl.DataFrame, extra: str = "") -> str:
+def fingerprint_of(frame: pl.DataFrame, extra: str = "") -> str:
     """sha256 of ``name\trows\ttokens\n`` for every row group, then ``extra``.
 
     The lines are formatted by Polars, a million row groups a second, in slices so
@@ -405,7 +408,7 @@ def _to_cache(
     write_entry(path, buf.getvalue().to_pybytes())  # a folder that cannot be written costs speed, not rows
 
 
-def _scan_footers(
+def scan_footers(
     entries: list[FileEntry], counting: Counting, progress: bool | None, threads: int
 ) -> list[Counted | None]:
     """Every file's footer (read once, one ranged read) and what ``counting`` gets from it, concurrently.
@@ -562,18 +565,35 @@ def index_entries(
 ) -> Index:
     """The index of files already listed (:func:`index` after its listing; a job's shared listing)."""
     cached = index_cache_path(entries, counting)
-    if cached is not None:
+    if cached is None:
+        return _index_entries(entries, src, counting, progress, threads)
+    hit = _from_cache(cached, counting, src, entries)
+    if hit is not None:
+        return hit
+    # Processes that share the cache folder and open the dataset at once read its footers
+    # once: the first builds the index under the lock, the others then find it cached.
+    with footer.cache_lock(cached.stem):
         hit = _from_cache(cached, counting, src, entries)
-        if hit is not None:
-            return hit
-    counted = counting.finish(entries, _scan_footers(entries, counting, progress, threads), progress)
+        return hit if hit is not None else _index_entries(entries, src, counting, progress, threads)
+
+
+def _index_entries(
+    entries: list[FileEntry], src: str, counting: Counting, progress: bool | None, threads: int
+) -> Index:
+    counted = counting.finish(entries, scan_footers(entries, counting, progress, threads), progress)
     for e, c in zip(entries, counted, strict=True):  # what finish counted kept its footer until now
         if e.metadata is not None and e.raw is not None:
             e.template = chunkmeta.template_of(e.raw, e.metadata, c.column, e.stat.location)
         e.metadata = e.raw = None
+    return build_index(entries, src, counting, counted)
+
+
+def build_index(entries: list[FileEntry], src: str, counting: Counting, counted: list[Counted]) -> Index:
+    """The index of files counted already (here, or by the ranks of a job), cached where ``counting`` is."""
     frame = _frame(entries, counted)
     first = counted[0]
-    fp = _fingerprint(frame, counting.fingerprint_extra())
+    fp = fingerprint_of(frame, counting.fingerprint_extra())
+    cached = index_cache_path(entries, counting)
     if cached is not None:
         _to_cache(cached, frame, first.column, first.dtype, fp, entries)
     ix = Index(frame=frame, column=first.column, dtype=first.dtype, fingerprint=fp, source=src, _files=entries)

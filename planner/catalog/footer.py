@@ -45,6 +45,7 @@ __all__ = [
     "check_column_histograms",
     "check_level_histograms",
     "fetch",
+    "cache_lock",
     "fetch_lock",
     "parse",
     "read_table_bytes",
@@ -178,12 +179,22 @@ def fetch_lock(st: FileStat) -> Iterator[None]:
     unavailable (no ``fcntl``, no writable temporary folder) it holds nothing: a footer
     may then be fetched twice, never wrongly.
     """
+    with cache_lock(_path(st).stem):
+        yield
+
+
+@contextmanager
+def cache_lock(name: str) -> Iterator[None]:
+    """Hold the cache's lock for the entry named ``name`` (a hex digest), across processes.
+
+    What :func:`fetch_lock` holds for a footer, for any entry: the first process builds
+    it, the next finds it built (the index of a dataset that several processes open at once).
+    """
     try:
         import fcntl
     except ImportError:  # not POSIX
         yield
         return
-    name = _path(st).stem
     # Beside the cache, not in it (the cache holds entries only): processes of one machine
     # that share the cache folder share the temporary folder too.
     folder = Path(tempfile.gettempdir()) / f"plitzer-locks-{digest(str(cache_dir()))[:16]}"

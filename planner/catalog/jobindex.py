@@ -35,20 +35,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from planner.catalog import footer
+from planner.catalog import chunkmeta, footer
 from planner.catalog.dataset import (
     INDEX_SCHEMA,
+    Counted,
     FileEntry,
     FooterCounting,
     Index,
+    build_index,
     index,
     index_cache_path,
     index_entries,
     list_files,
+    scan_footers,
 )
 from planner.errors import ConfigError, DataError, StaleIndexError
 from planner.stores.backends import open_storages
@@ -59,21 +63,34 @@ __all__ = [
     "FORMAT",
     "JobIndexInfo",
     "JobIndexParts",
+    "CountedShare",
+    "count_share",
     "entries_of",
-    "footer_share",
     "has_cached_index",
     "job_index",
     "listing",
     "load",
     "read_object",
     "read_parts",
+    "footer_share",
+    "take_counted",
     "take_footers",
     "write",
     "write_object",
 ]
 
-FORMAT = "plitzer-job-index/1"
-_LISTS = ("row_group", "rows", "tokens", "empty_docs", "byte_offset", "byte_length", "needs_check")
+FORMAT = "plitzer-job-index/2"  # 2: no footers; templates, codec and chunk_values (planner.catalog.chunkmeta)
+_LISTS = (
+    "row_group",
+    "rows",
+    "tokens",
+    "empty_docs",
+    "byte_offset",
+    "byte_length",
+    "needs_check",
+    "codec",
+    "chunk_values",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,15 +138,8 @@ def write_object(url: str | os.PathLike[str], data: bytes, storage_options: Mapp
         write_atomic(Path(text).expanduser(), data)
 
 
-def _footer_bytes(e: FileEntry) -> bytes:
-    raw = e.raw if e.raw is not None else footer.cached(e.stat)
-    if raw is None:  # a cache folder that cannot be written: fetch again
-        raw = footer.fetch(e.storage, e.stat)
-    return raw
-
-
 def encode(ix: Index, meta: Mapping[str, str] | None = None) -> bytes:
-    """The job index of ``ix`` as Parquet bytes (its footers from the cache, else storage).
+    """The job index of ``ix`` as Parquet bytes: its rows and its files' templates, no footer.
 
     ``meta``: more schema metadata (a text source's ``kind``, ``tokenizer``: ``plitzer.text.job``).
     """
@@ -150,7 +160,6 @@ def encode(ix: Index, meta: Mapping[str, str] | None = None) -> bytes:
             "location": pa.array([e.stat.location for e in entries], pa.string()),
             "size": pa.array([e.stat.size for e in entries], pa.int64()),
             "version": pa.array([e.stat.version for e in entries], pa.string()),
-            "footer": pa.array([_footer_bytes(e) for e in entries], pa.large_binary()),
             **{c: lists[c].to_arrow() for c in _LISTS},
         }
     ).replace_schema_metadata(
@@ -160,6 +169,7 @@ def encode(ix: Index, meta: Mapping[str, str] | None = None) -> bytes:
             "dtype": ix.dtype,
             "fingerprint": ix.fingerprint,
             "source": ix.source,
+            **chunkmeta.pack_templates([e.template for e in entries]),
             **(meta or {}),
         }
     )
@@ -251,7 +261,7 @@ def read_parts(
             msg = f"format {meta.get('format')!r}, not {FORMAT!r}"
             raise ValueError(msg)
         cols = {c: table.column(c).to_pylist() for c in ("name", "size", "version")}
-        footers = table.column("footer").to_pylist()
+        templates = chunkmeta.unpack_templates(meta, len(cols["name"]))
         lists = pl.from_arrow(table.select(list(_LISTS)))
         assert isinstance(lists, pl.DataFrame)
         lacking = [k for k in ("column", "dtype", "fingerprint") if k not in meta]
@@ -267,8 +277,8 @@ def read_parts(
     if [e.stat.name for e in entries] != cols["name"]:  # the same files, so only a damaged index
         msg = f"{where}: its files are not in the listing's order; write it again (plitzer index DATA --out {where})"
         raise DataError(msg)
-    for entry, raw in zip(entries, footers, strict=True):
-        entry.raw = raw
+    for entry, template in zip(entries, templates, strict=True):
+        entry.template = template
     frame = (
         lists.with_columns(
             pl.Series("file", cols["name"], pl.String),
@@ -355,8 +365,56 @@ def has_cached_index(entries: Sequence[FileEntry], column: str | None) -> bool:
     return path is not None and path.exists()
 
 
+@dataclass(frozen=True, slots=True)
+class CountedShare:
+    """One rank's share of a job's index: the rows and templates of files ``rank, rank + world, ...``.
+
+    What the ranks exchange (bytes a row group: the rows as one int64 array, a template a
+    file), never footers. ``errors`` is empty or the first file's DataError message.
+    """
+
+    files: tuple[int, ...]
+    rows: tuple[Any, ...]
+    columns: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    stored: tuple[str, ...]
+    templates: tuple[bytes, ...]
+
+
+def count_share(
+    entries: Sequence[FileEntry], column: str | None, rank: int, world: int, threads: int = 32
+) -> CountedShare:
+    """Index files ``rank, rank + world, ...`` from their footers (one read each), for :func:`take_counted`."""
+    mine = [entries[i] for i in range(rank, len(entries), world)]
+    counting = FooterCounting(column)
+    counted = scan_footers(mine, counting, None, threads) if mine else []
+    return CountedShare(
+        files=tuple(range(rank, len(entries), world)),
+        rows=tuple(np.asarray(c.rows, np.int64) for c in counted if c is not None),
+        columns=tuple(c.column for c in counted if c is not None),
+        dtypes=tuple(c.dtype for c in counted if c is not None),
+        stored=tuple(c.stored for c in counted if c is not None),
+        templates=tuple(e.template.key() if e.template else b"" for e in mine),
+    )
+
+
+def take_counted(entries: list[FileEntry], src: str, column: str | None, parts: Sequence[CountedShare]) -> Index:
+    """The job's index from every rank's :func:`count_share` (no footer read), cached on this machine."""
+    counted: list[Counted | None] = [None] * len(entries)
+    for part in parts:
+        for k, i in enumerate(part.files):
+            rows = [tuple(int(v) for v in r) for r in part.rows[k]]
+            counted[i] = Counted(rows, part.columns[k], part.dtypes[k], part.stored[k])  # type: ignore[arg-type]
+            entries[i].template = chunkmeta.Template.from_key(part.templates[k]) if part.templates[k] else None
+    missing = [e.stat.location for e, c in zip(entries, counted, strict=True) if c is None]
+    if missing:
+        msg = f"the ranks' shares lack {len(missing)} files, first {missing[0]}; every rank must share"
+        raise ConfigError(msg)
+    return build_index(entries, src, FooterCounting(column), [c for c in counted if c is not None])
+
+
 def footer_share(entries: Sequence[FileEntry], rank: int, world: int, threads: int = 32) -> dict[int, bytes]:
-    """The footers of files ``rank, rank + world, ...``: the cache's, else one fetch each (then cached)."""
+    """The footers of files ``rank, rank + world, ...``: a text source's counting pass reads through them."""
 
     def one(i: int) -> tuple[int, bytes]:
         e = entries[i]
@@ -395,5 +453,5 @@ def take_footers(entries: Sequence[FileEntry], parts: Sequence[Mapping[int, byte
 
 
 def job_index(entries: list[FileEntry], src: str, column: str | None, threads: int = 32) -> Index:
-    """The index of files whose footers came with them (or from this machine's cache)."""
+    """The index of files already listed: this machine's cached index, else their footers read here."""
     return index_entries(entries, src, FooterCounting(column), threads=threads)

@@ -15,6 +15,14 @@ when the store answers again (:class:`~planner.errors.StorageWaitWarning`); past
 deadline the StorageError names the object, the time waited and the option.
 :attr:`Retrier.waited` is the wall-clock time some request was failing (``Loader.stats``).
 
+A wait is never longer than its owner's life (docs/reliability.md, "Stopping during an
+outage"): the pause between attempts is a wait on an event, not a sleep. A thread that
+reads for a scanner runs its requests inside :func:`stop_on` (the scanner's event, set by
+``close()``), and :func:`stop_every_request` (run as the interpreter ends) sets every
+such event and a global one; a request whose event is set makes no further attempt and
+raises :class:`~planner.errors.StoppedError` at once. The deadline of a run that goes on
+is untouched.
+
 The throttle is AIMD, as TCP's congestion window: requests in flight are capped
 by a limit that starts at the storage's concurrency; a throttling answer (S3's 503
 SlowDown or a 429, GCS's and Azure's 429 or 503) halves it, once per round of
@@ -36,7 +44,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from planner.errors import ConfigError, FileChangedError, StorageError, StorageWaitWarning
+from planner.errors import ConfigError, FileChangedError, StorageError, StorageWaitWarning, StoppedError
 
 __all__ = [
     "DEFAULT_DEADLINE",
@@ -47,6 +55,8 @@ __all__ = [
     "Throttled",
     "Transient",
     "check_body",
+    "stop_every_request",
+    "stop_on",
     "with_deadline",
 ]
 
@@ -57,6 +67,68 @@ DEFAULT_DEADLINE = 600.0
 """Seconds a request keeps retrying a store that does not answer (``storage_options`` ``retry_deadline``)."""
 PATIENCE = 10.0
 """Seconds of failing after which a request is waiting for the store (warned once, and when it is back)."""
+
+
+class _Stops:
+    """The events that end waiting requests: one per :func:`stop_on` block, and the process's."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.active: set[threading.Event] = set()
+        self.everything = threading.Event()  # set as the interpreter ends
+        self.local = threading.local()
+
+
+_STOPS = _Stops()
+
+
+@contextlib.contextmanager
+def stop_on(event: threading.Event) -> Iterator[None]:
+    """Inside the block, this thread's requests stop waiting (StoppedError) once ``event`` is set.
+
+    >>> ev = threading.Event()
+    >>> r = Retrier(attempts=None, backoff=10.0, concurrency=1, transient=lambda e: True,
+    ...             throttled=lambda e: False, hint="", patience=60.0)
+    >>> def away():
+    ...     ev.set()  # closed while the store is away: the 5-15 s pause ends at once
+    ...     raise Transient("connection refused")
+    >>> with stop_on(ev):
+    ...     r.run("reading x", away)
+    Traceback (most recent call last):
+    planner.errors.StoppedError: reading x: stopped while waiting for the store (connection refused): its reader was closed
+    """
+    s = _STOPS
+    outer = getattr(s.local, "event", None)
+    with s.lock:
+        s.active.add(event)
+        if s.everything.is_set():
+            event.set()
+    s.local.event = event
+    try:
+        yield
+    finally:
+        s.local.event = outer
+        with s.lock:
+            s.active.discard(event)
+
+
+def stop_every_request() -> None:
+    """End every wait between attempts, now and from now on: the interpreter is ending."""
+    s = _STOPS
+    with s.lock:
+        s.everything.set()
+        for ev in s.active:
+            ev.set()
+
+
+def _stop_event() -> threading.Event:
+    got = getattr(_STOPS.local, "event", None)
+    return got if got is not None else _STOPS.everything
+
+
+def _pause(seconds: float) -> None:
+    """Wait ``seconds`` between attempts, or less when this thread's requests are stopped."""
+    _stop_event().wait(seconds)
 
 
 class Fatal(Exception):
@@ -172,7 +244,9 @@ class Retrier:
     has failed for ``patience`` seconds (with its next wait) is waiting for the store:
     one :class:`~planner.errors.StorageWaitWarning` says so, naming what it waits for,
     and one more says when the store answers again. ``clock`` and ``sleep`` are the
-    time the loop reads and waits (a test passes a fake one).
+    time the loop reads and waits (a test passes a fake one); the default wait ends
+    early when the thread's requests are stopped (:func:`stop_on`), and a stopped request
+    raises :class:`~planner.errors.StoppedError` before its next attempt.
     """
 
     def __init__(
@@ -187,7 +261,7 @@ class Retrier:
         deadline: float = DEFAULT_DEADLINE,
         patience: float = PATIENCE,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] = _pause,
     ) -> None:
         self.attempts = attempts
         self.backoff = backoff
@@ -275,7 +349,13 @@ class Retrier:
 
     def _attempts(self, what: str, attempt: Callable[[], T], location: str | None, failing: list[float]) -> T:
         tries = 0
+        stop = _stop_event()
+        cause = ""
         while True:
+            if stop.is_set():
+                why = f" ({cause})" if cause else ""
+                msg = f"{what}: stopped while waiting for the store{why}: its reader was closed"
+                raise StoppedError(msg)
             tries += 1
             try:
                 with self.throttle.slot() as started:
@@ -307,6 +387,7 @@ class Retrier:
                     self._note_waiting(what, first, _cause(e))
                 with self._lock:
                     self._retries += 1
+                cause = _cause(e)
                 self._sleep(delay)
 
     def _next_delay(self, e: Exception, what: str, tries: int, waited: float) -> float:

@@ -172,7 +172,7 @@ def attempt(fn: Callable[..., Any], *args: Any) -> Any:
 def share_one(
     path: Any, column: str | None, options: Mapping[str, Any] | None, threads: int, group: Collective
 ) -> Index:
-    """One dataset's index for the whole group: rank 0 lists, each rank reads its share of the footers."""
+    """One dataset's index for the whole group: rank 0 lists, each rank indexes its share of the files."""
     from planner.catalog import jobindex
 
     me, n = group.rank, group.world
@@ -180,10 +180,11 @@ def share_one(
     if isinstance(listed, BaseException):
         raise listed
     entries, src = jobindex.entries_of(path, options, listed)
-    if not all(all_or_raise(attempt(jobindex.has_cached_index, entries, column), group)):
-        parts = all_or_raise(attempt(jobindex.footer_share, entries, me, n, threads), group)
-        jobindex.take_footers(entries, parts)
-    return jobindex.job_index(entries, src, column, threads=threads)
+    if all(all_or_raise(attempt(jobindex.has_cached_index, entries, column), group)):
+        return jobindex.job_index(entries, src, column, threads=threads)  # a restart: no footer, no exchange
+    # Each rank reads 1/world of the footers; the ranks exchange the rows (bytes a row group).
+    parts = all_or_raise(attempt(jobindex.count_share, entries, column, me, n, threads), group)
+    return jobindex.take_counted(entries, src, column, parts)
 
 
 def share_text(

@@ -28,10 +28,11 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import polars as pl
 from numpy.typing import NDArray
 
 from planner.catalog import footer, jobindex
-from planner.catalog.dataset import FileEntry, index_entries
+from planner.catalog.dataset import FileEntry, Index, fingerprint_of, index_entries
 from planner.errors import ConfigError
 from plitzer.text.source import Counts, TextCounting, TextIndex, file_key, save_counts, text_counting, text_index
 
@@ -239,13 +240,18 @@ def load_text_index(
     if meta["column"] != text_column:
         msg = f"job index {where} counted text column {meta['column']!r}, not text_column={text_column!r}; {fix}"
         raise ConfigError(msg)
-    known: dict[tuple[str, int, str], Counts] = {}
-    frame = got.frame
-    per_file = frame.group_by("file_index", maintain_order=True).agg("tokens", "empty_docs")
-    for fi, ids, bare in per_file.iter_rows():
-        known[file_key(got.entries[fi].stat)] = np.stack(
-            [np.asarray(ids, np.int64), np.asarray(bare, np.int64)], axis=1
-        )
-    for e in got.entries:  # a file without row groups has no rows in the frame
-        known.setdefault(file_key(e.stat), np.zeros((0, 2), np.int64))
-    return shared_text_index(got.entries, got.source, counting, known)
+    # The rows as the counting pass would give them under this BOS/EOS policy: no footer, no tokenizing.
+    extra = counting.extra_ids
+    frame = got.frame.with_columns(
+        (pl.col("tokens") + extra * pl.col("rows")).alias("tokens"),
+        pl.col("empty_docs") if extra == 0 else pl.lit(0, pl.Int64).alias("empty_docs"),
+    )
+    ix = Index(
+        frame=frame,
+        column=text_column,
+        dtype=counting.tokenizer.dtype,
+        fingerprint=fingerprint_of(frame, counting.fingerprint_extra()),
+        source=got.source,
+        _files=got.entries,
+    )
+    return counting.wrap(ix)

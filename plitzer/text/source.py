@@ -314,7 +314,8 @@ class TextCounting:
     """Counts already at hand (a job index's, the ranks' shares), by :func:`file_key`; else the cache's."""
 
     @property
-    def _extra(self) -> int:
+    def extra_ids(self) -> int:
+        """Ids a document gets besides its text's: a BOS, an EOS, both or none."""
         bos, eos = self.tokenizer.special(self.add_bos, self.add_eos)
         return (bos is not None) + (eos is not None)
 
@@ -345,7 +346,7 @@ class TextCounting:
         md = e.metadata
         assert md is not None
         leaf = _text_leaf(md, self.text_column, e.stat.location)
-        extra = self._extra
+        extra = self.extra_ids
         rows: list[footer.Row] = []
         for g in range(md.num_row_groups):
             n = md.row_group(g).num_rows
