@@ -193,8 +193,8 @@ def test_the_exit_hook_runs_before_the_pools_drain(tiny: Path) -> None:
     plitzer.Loader(tiny, **CFG).close()  # a scanner registers, and so installs the hook
 
     hooks = [_registered(h) for h in threading._threading_atexits]  # type: ignore[attr-defined]
-    assert _shutdown.close_all in hooks
-    assert hooks.index(_shutdown.close_all) > hooks.index(concurrent.futures.thread._python_exit)
+    assert _shutdown._at_exit in hooks  # stops every waiting request, then close_all()
+    assert hooks.index(_shutdown._at_exit) > hooks.index(concurrent.futures.thread._python_exit)
 
 
 def test_registry_does_not_keep_loaders_alive(tiny: Path) -> None:

@@ -44,7 +44,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from planner.errors import ConfigError, FileChangedError, StorageError, StorageWaitWarning, StoppedError
+from planner.errors import ConfigError, FileChangedError, StoppedError, StorageError, StorageWaitWarning
 
 __all__ = [
     "DEFAULT_DEADLINE",
@@ -67,6 +67,9 @@ DEFAULT_DEADLINE = 600.0
 """Seconds a request keeps retrying a store that does not answer (``storage_options`` ``retry_deadline``)."""
 PATIENCE = 10.0
 """Seconds of failing after which a request is waiting for the store (warned once, and when it is back)."""
+
+
+_STOPPED = "its loader was closed, or the interpreter is ending"
 
 
 class _Stops:
@@ -92,10 +95,10 @@ def stop_on(event: threading.Event) -> Iterator[None]:
     >>> def away():
     ...     ev.set()  # closed while the store is away: the 5-15 s pause ends at once
     ...     raise Transient("connection refused")
-    >>> with stop_on(ev):
+    >>> with stop_on(ev):  # doctest: +ELLIPSIS
     ...     r.run("reading x", away)
     Traceback (most recent call last):
-    planner.errors.StoppedError: reading x: stopped while waiting for the store (connection refused): its reader was closed
+    planner.errors.StoppedError: reading x: stopped while waiting for the store (connection refused): its loader ...
     """
     s = _STOPS
     outer = getattr(s.local, "event", None)
@@ -127,8 +130,19 @@ def _stop_event() -> threading.Event:
 
 
 def _pause(seconds: float) -> None:
-    """Wait ``seconds`` between attempts, or less when this thread's requests are stopped."""
-    _stop_event().wait(seconds)
+    """Wait ``seconds`` between attempts, or less when this thread's requests are stopped.
+
+    The main thread waits in slices: a signal (Ctrl-C) that the kernel hands to another
+    thread does not wake a wait, so a listing waiting for the store in the main thread
+    would otherwise take its KeyboardInterrupt only at the end of the pause.
+    """
+    stop = _stop_event()
+    if threading.current_thread() is not threading.main_thread():
+        stop.wait(seconds)
+        return
+    end = time.monotonic() + seconds
+    while not stop.is_set() and (left := end - time.monotonic()) > 0:
+        stop.wait(min(left, 0.1))
 
 
 class Fatal(Exception):
@@ -354,7 +368,7 @@ class Retrier:
         while True:
             if stop.is_set():
                 why = f" ({cause})" if cause else ""
-                msg = f"{what}: stopped while waiting for the store{why}: its reader was closed"
+                msg = f"{what}: stopped while waiting for the store{why}: {_STOPPED}"
                 raise StoppedError(msg)
             tries += 1
             try:

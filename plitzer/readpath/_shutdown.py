@@ -37,6 +37,8 @@ import threading
 import weakref
 from typing import Protocol
 
+from planner.stores.retry import stop_every_request
+
 __all__ = ["close_all", "live", "register"]
 
 
@@ -89,6 +91,13 @@ def close_all() -> None:
             break
 
 
+def _at_exit() -> None:
+    """The interpreter ends: every request waiting for a store gives up (a footer fetch
+    or listing in a pool of its own too), then every live object is closed and joined."""
+    stop_every_request()
+    close_all()
+
+
 def _install() -> None:
     # threading._register_atexit is what concurrent.futures uses: its hooks run at
     # the start of threading._shutdown, in reverse order of registration, so ours
@@ -98,14 +107,14 @@ def _install() -> None:
     hook = getattr(threading, "_register_atexit", None)
     if hook is not None:
         try:
-            hook(close_all)
+            hook(_at_exit)
         except RuntimeError:  # the interpreter is already shutting down
             pass
         else:
             return
     import atexit
 
-    atexit.register(close_all)
+    atexit.register(_at_exit)
 
 
 def _after_fork() -> None:

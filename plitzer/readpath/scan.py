@@ -39,7 +39,8 @@ import enum
 import threading
 import time
 import weakref
-from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, InvalidStateError, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,9 +48,10 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from planner.catalog.rowgroups import RowGroupIndex
-from planner.errors import UsageError
+from planner.errors import StoppedError, UsageError
 from planner.order.plan import row_group_counts
 from planner.run import Run, Segment, Start, lane_base
+from planner.stores.retry import stop_on
 from plitzer.readpath import _shutdown
 from plitzer.readpath.cost import unit_estimate
 from plitzer.readpath.pack import pack_unit
@@ -62,6 +64,7 @@ __all__ = ["AHEAD", "Scanner", "Segment", "Stats", "UnitState", "lane_base"]
 I64 = NDArray[np.int64]
 
 AHEAD = 2  # units started past the furthest one in use (read ahead)
+_WAKE_S = 0.1  # a waiting consumer looks at its signals this often (Ctrl-C during an outage)
 
 
 class UnitState(enum.Enum):
@@ -177,6 +180,7 @@ class Scanner:
         self._doc_base = np.cumsum(self._rows) - self._rows
         self._dtype = np.dtype(self.index.dtype)
         self._closed = False
+        self._stop = threading.Event()  # set by close(): reads waiting for a store give up at once
         _shutdown.register(self)  # stopped and joined at interpreter exit if never closed
 
     # -- what the consumer sees --------------------------------------------------
@@ -326,7 +330,8 @@ class Scanner:
         if not u.live:
             return
         try:
-            arr = read_chunk(self.index, g)  # checked, as list<int32> or list<uint32>
+            with stop_on(self._stop):  # a request retrying a store that is away ends when we close
+                arr = read_chunk(self.index, g)  # checked, as list<int32> or list<uint32>
         except BaseException as e:
             with self._lock:
                 u.stop(e)
@@ -402,10 +407,26 @@ class Scanner:
             self._next += 1
 
     def get(self, unit: int) -> PackedUnit:
-        """The packed ``unit``, waiting for it if needed; starts later units as the budget allows."""
+        """The packed ``unit``, waiting for it if needed; starts later units as the budget allows.
+
+        A close from another thread while this waits (the store away, the reads retrying)
+        ends the wait at once with a :class:`~planner.errors.StoppedError`.
+        """
         if self._closed:
             msg = "the loader is closed; create a new Loader (and resume it) to go on"
             raise UsageError(msg)
+        try:
+            return self._get(unit)
+        except (CancelledError, StoppedError, KeyError, RuntimeError) as e:
+            if not self._closed:
+                raise
+            msg = (
+                f"the loader was closed (by close() in another thread, or as the interpreter ends) while this "
+                f"step waited for window {unit} of the run; create a new Loader (and resume it) to go on"
+            )
+            raise StoppedError(msg) from e
+
+    def _get(self, unit: int) -> PackedUnit:
         self._wanted = max(self._wanted, unit)
         while self._next <= unit:
             self._start(self._next)
@@ -416,7 +437,11 @@ class Scanner:
             return fut.result()
         t = time.perf_counter()
         try:
-            return fut.result()
+            while True:
+                # In slices: a blocking wait is woken by a signal only if the kernel hands it to
+                # this thread, and a Ctrl-C landing on a reader thread would wait for the store.
+                with contextlib.suppress(FutureTimeout):
+                    return fut.result(timeout=_WAKE_S)
         finally:
             self._wait += time.perf_counter() - t
 
@@ -434,10 +459,16 @@ class Scanner:
         self._prefetch()
 
     def close(self) -> None:
-        """Stop every unit and the reader threads (waits for the running decodes)."""
+        """Stop every unit and the reader threads (waits for the running decodes).
+
+        Reads waiting between attempts for a store that does not answer stop at once
+        (:func:`planner.stores.retry.stop_on`), so this returns in about the time of one
+        attempt, never after the storage's ``retry_deadline``.
+        """
         if self._closed:
             return
         self._closed = True
+        self._stop.set()
         with self._lock:
             for u in self._units.values():
                 self._drop(u)
