@@ -2,6 +2,11 @@
 
 Each subcommand has ``--help`` with examples. Tables print with rich on a
 terminal and as plain text otherwise (or CSV/JSON/Parquet with ``--format``).
+
+Every mistake (a bad option, bad SQL, an unreadable path or file, a plitzer error) is
+one ``plitzer: error: ...`` line on stderr and exit status 2, never a traceback;
+``--debug`` (anywhere on the line) or ``PLITZER_DEBUG=1`` prints the traceback first,
+for a bug report (docs/design.md, "One line for every mistake").
 """
 
 from __future__ import annotations
@@ -9,15 +14,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import polars as pl
 
-from planner.errors import ConfigError
+from planner.errors import ConfigError, one_line
 from planner.order.layout import Layout
 from planner.parameters import by_name
+from planner.progress import terminal_progress
 from plitzer.tools.mixfile import read_mixture
 
 __all__ = ["main"]
@@ -253,7 +260,7 @@ def _index_text(args: argparse.Namespace, source: Any) -> int:
         tokenizer=args.tokenizer,
         text_column=args.text_column,
         storage_options=_storage_options(args),
-        progress=True,
+        progress=terminal_progress(),
     )
     print(
         f"job index: {info.out} ({info.files:,} files, {info.row_groups:,} row groups, {info.bytes:,} bytes; "
@@ -279,7 +286,7 @@ def _index_mixture(args: argparse.Namespace, sources: dict[str, Any]) -> int:
                 text_column=spec.text.get("text_column", "text"),
                 storage_options=spec.storage_options,
                 out_options=_storage_options(args),
-                progress=True,
+                progress=terminal_progress(),
             )
         else:
             info = jobindex.write(
@@ -288,7 +295,7 @@ def _index_mixture(args: argparse.Namespace, sources: dict[str, Any]) -> int:
                 column=spec.column,
                 storage_options=spec.storage_options,
                 out_options=_storage_options(args),
-                progress=True,
+                progress=terminal_progress(),
             )
         print(f"job index: {out} ({info.files:,} files, {info.row_groups:,} row groups, {info.bytes:,} bytes)")
     print(f'give each source its job index: index = "{prefix}/NAME.index" in its [sources.NAME] table')
@@ -309,7 +316,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         raise ConfigError(msg)
     if args.tokenizer is not None:
         return _index_text(args, source)
-    ix = planner.index(source, column=args.column, storage_options=_storage_options(args), progress=True)
+    ix = planner.index(source, column=args.column, storage_options=_storage_options(args), progress=terminal_progress())
     if args.out is not None:
         from planner.catalog import jobindex
 
@@ -328,7 +335,7 @@ def cmd_index(args: argparse.Namespace) -> int:
                 storage_options=_storage_options(args),
                 address=args.address,
             )
-        ix = select_index(ix, args.where, length_column=args.length_column, progress=True)
+        ix = select_index(ix, args.where, length_column=args.length_column, progress=terminal_progress())
     elif args.engine == "ray" or args.length_column is not None:
         msg = "--engine ray and --length-column run the selection pass: give --where"
         raise ConfigError(msg)
@@ -364,7 +371,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     from plitzer.tools.explain import document_lengths
 
     # One pass over the token column (cached next to the index); --no-lengths skips it.
-    lengths = document_lengths(ix, progress=True)
+    lengths = document_lengths(ix, progress=terminal_progress())
     _print_frame(length_summary(lengths), args.format, None, title="document lengths (tokens)")
     _print_frame(length_histogram(lengths), args.format, None, title="document length distribution")
     return 0
@@ -437,7 +444,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         column=args.column,
         storage_options=_storage_options(args),
         weights=weights,
-        progress=True,
+        progress=terminal_progress(),
         **_selection(args),
     )
     if args.format == "table" and not args.out:
@@ -487,7 +494,7 @@ def cmd_locate(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         steps=steps,
         selection=args.selection,
-        progress=True,
+        progress=terminal_progress(),
         seed=args.seed,
         lanes=args.lanes,
         window=args.window,
@@ -511,6 +518,9 @@ def cmd_locate(args: argparse.Namespace) -> int:
 def cmd_audit(args: argparse.Namespace) -> int:
     from plitzer.audit import audit
 
+    if args.steps is not None and args.steps < 1:
+        msg = f"--steps {args.steps} must be >= 1: the run length in steps of the epoch table (leave it out for one epoch)"
+        raise ConfigError(msg)
     windows = [int(w) for w in args.windows.split(",")] if args.windows else None
     source, weights = _source_of(args)
     report = audit(
@@ -525,7 +535,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         windows=windows,
         column=args.column,
         storage_options=_storage_options(args),
-        progress=True,
+        progress=terminal_progress(),
         **_selection(args),
     )
     for name in ("summary", "length_summary", "lane_balance_summary", "lockstep_summary", "reads_per_rank"):
@@ -594,14 +604,64 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose mistakes are one ``plitzer: error:`` line (not the usage and a second line)."""
+
+    def error(self, message: str) -> NoReturn:
+        where = self.prog.removeprefix("plitzer").strip()
+        head = f"{where}: " if where else ""
+        see = f"plitzer {where} --help" if where else "plitzer --help"
+        self.exit(2, f"plitzer: error: {head}{message} (see {see})\n")
+
+
+_SQL_HINT = (
+    "the tables are index, row_groups, lanes, reads (and pieces, sources where they apply); "
+    "the window column is window_index (docs/usage.md)"
+)
+
+
+def _describe(e: BaseException) -> str:
+    """One line for an error a command met: what it is and, where we know, the fix."""
+    from planner.errors import PlitzerError
+
+    if isinstance(e, PlitzerError):
+        return one_line(e)
+    if type(e).__module__.split(".")[0] in ("duckdb", "_duckdb"):
+        # The first lines of DuckDB's message (the error and its candidates), without the caret lines.
+        lines = [x for x in str(e).splitlines() if x.strip() and not x.startswith("LINE ") and set(x.strip()) != {"^"}]
+        return f"--sql: {' '.join(' '.join(lines).split())}; {_SQL_HINT}"
+    if isinstance(e, OSError):
+        what = f"{e.filename}: " if e.filename else ""
+        return f"{what}{e.strerror or one_line(e)}"
+    if isinstance(e, (ValueError, KeyError, TypeError, LookupError)):
+        return f"{type(e).__name__}: {one_line(e)}"
+    return (
+        f"{type(e).__name__}: {one_line(e)} (unexpected: run again with --debug or PLITZER_DEBUG=1 for the "
+        "traceback, and report it)"
+    )
+
+
+def _debugging(argv: list[str]) -> bool:
+    """``--debug`` anywhere before a ``bench`` (which passes its arguments on), or PLITZER_DEBUG set; removed."""
+    end = argv.index("bench") if "bench" in argv else len(argv)
+    flag = "--debug" in argv[:end]
+    while "--debug" in argv[:end]:
+        argv.remove("--debug")
+        end -= 1
+    return flag or os.environ.get("PLITZER_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="plitzer",
         description="Deterministic, resumable loader for pre-tokenized Parquet: plans, audits, demo.",
     )
     from plitzer import __version__
 
     parser.add_argument("--version", action="version", version=f"plitzer {__version__}")
+    parser.add_argument(
+        "--debug", action="store_true", help="print the traceback of an error (also PLITZER_DEBUG=1), for bug reports"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     fmt = argparse.RawDescriptionHelpFormatter
 
@@ -795,19 +855,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from planner.errors import PlitzerError
-
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    debug = _debugging(args_list)
     parser = build_parser()
     # `bench` passes every argument through (--help included) to plitzer.bench.baseline.
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(args_list)
     if args.command == "bench":
         args.args = extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         code: int = args.func(args)
-    except PlitzerError as e:
-        print(f"plitzer: error: {e}", file=sys.stderr)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as e:
+        if debug:
+            traceback.print_exc()
+        print(f"plitzer: error: {_describe(e)}", file=sys.stderr)
         return 2
     return code
 

@@ -293,6 +293,8 @@ def run_pass(
 
     from tqdm import tqdm
 
+    from planner.progress import progress_enabled
+
     parts: dict[int, list[tuple[NDArray[np.bool_], int, int] | None]] = {}
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="plitzer-select") as pool:
         bar = tqdm(
@@ -300,7 +302,7 @@ def run_pass(
             total=len(todo),
             desc="selecting rows",
             unit="row group",
-            disable=None if progress is None else not progress,
+            disable=not progress_enabled(progress, len(todo)),
             leave=False,
         )
         for (c, _), got in zip(todo, bar, strict=True):

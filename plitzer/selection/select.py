@@ -340,8 +340,10 @@ def select_on_ray(
     ]
     from tqdm import tqdm
 
-    show = None if progress is None else not progress
-    with tqdm(total=len(refs), desc="selecting rows (ray)", unit="chunk", disable=show, leave=False) as bar:
+    from planner.progress import progress_enabled
+
+    hide = not progress_enabled(progress, len(refs))
+    with tqdm(total=len(refs), desc="selecting rows (ray)", unit="chunk", disable=hide, leave=False) as bar:
         while refs:
             ready, refs = ray.wait(refs, num_returns=1)
             first, entry = ray.get(ready[0])

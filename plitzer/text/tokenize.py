@@ -451,7 +451,9 @@ def tokenize(
 
     from tqdm import tqdm
 
-    bar = tqdm(total=len(todo), desc="tokenize", unit="file", disable=None if progress is None else not progress)
+    from planner.progress import progress_enabled
+
+    bar = tqdm(total=len(todo), desc="tokenize", unit="file", disable=not progress_enabled(progress, len(todo)))
 
     def done(r: tuple[str, int, int, int]) -> None:
         nonlocal rows, tokens, nbytes

@@ -23,6 +23,7 @@ def run(folder: Path, *, tokens: int, seq_len: int, lanes: int, window: int) -> 
     from tqdm import tqdm
 
     import plitzer
+    from planner.progress import progress_enabled
 
     if not any(folder.glob("*.parquet")):
         t0 = time.perf_counter()
@@ -39,7 +40,9 @@ def run(folder: Path, *, tokens: int, seq_len: int, lanes: int, window: int) -> 
     tail: list[str] = []
     state = b""
     t0 = time.perf_counter()
-    with tqdm(total=n * lanes * seq_len, unit="tok", unit_scale=True, desc="epoch 0") as bar:
+    with tqdm(
+        total=n * lanes * seq_len, unit="tok", unit_scale=True, desc="epoch 0", disable=not progress_enabled(None, n)
+    ) as bar:
         for batch in loader:
             if batch.step == mid:
                 state = loader.checkpoint()

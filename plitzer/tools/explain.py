@@ -129,6 +129,8 @@ def document_pass(ix: RowGroupIndex, *, progress: bool | None = None, threads: i
 def _read_documents(ix: RowGroupIndex, *, progress: bool | None, threads: int | None) -> tuple[I64, U64]:
     from tqdm import tqdm
 
+    from planner.progress import progress_enabled
+
     f = ix.frame
     where = [ix.location(fi, g) for fi, g in zip(f["file_index"].to_list(), f["row_group"].to_list(), strict=True)]
     f_tokens, f_rows, _ = stream_counts(f)  # a selected index's reads give its selected rows
@@ -154,7 +156,7 @@ def _read_documents(ix: RowGroupIndex, *, progress: bool | None, threads: int | 
                 total=f.height,
                 desc="document lengths",
                 unit="rg",
-                disable=None if progress is None else not progress,
+                disable=not progress_enabled(progress, f.height),
                 leave=False,
             )
         )

@@ -151,6 +151,9 @@ def parse_epochs(epochs: object) -> list[int] | None:
         except ValueError:
             msg = f"epochs={epochs!r} is not an epoch or a range 'a:b' of epochs (b excluded), e.g. '0:3'"
             raise ConfigError(msg) from None
+        if sep and int(b) <= int(a):
+            msg = f"epochs={epochs!r} is an empty range: 'a:b' is epochs a to b-1, so b must be above a (e.g. '0:3')"
+            raise ConfigError(msg)
     elif isinstance(epochs, Iterable):
         got = epochs
     else:

@@ -144,11 +144,12 @@ def write_text(
     row_groups_per_file: int = 8,
     threads: int | None = None,
     roots: list[Path] | None = None,
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> tuple[list[Path], int]:
     """Write at least ``tokens`` tokens of real text to ``out``; returns (files, passes over the text)."""
     from tqdm import tqdm
 
+    from planner.progress import progress_enabled
     from plitzer.text.source import encode_texts
     from plitzer.text.tokenizer import load_tokenizer
 
@@ -164,7 +165,9 @@ def write_text(
     in_group = 0
     writer: pq.ParquetWriter | None = None
     groups_in_file = 0
-    bar = tqdm(total=tokens, unit="tok", unit_scale=True, disable=not progress, desc="synth --text")
+    bar = tqdm(
+        total=tokens, unit="tok", unit_scale=True, disable=not progress_enabled(progress, tokens), desc="synth --text"
+    )
 
     def flush() -> None:
         nonlocal rows, in_group, writer, groups_in_file

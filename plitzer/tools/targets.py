@@ -80,6 +80,8 @@ def _matches(part: Index, where: str, columns: list[str], threads: int, progress
     """Per row group of ``part``: the stream ordinals of the documents ``where`` selects."""
     from tqdm import tqdm
 
+    from planner.progress import progress_enabled
+
     p = SelectionPass(ix=part, where=where, columns=columns, length_column=None)
     stored = part.frame["rows"].to_list()
 
@@ -98,7 +100,7 @@ def _matches(part: Index, where: str, columns: list[str], threads: int, progress
             total=len(stored),
             desc="finding documents",
             unit="row group",
-            disable=None if progress is None else not progress,
+            disable=not progress_enabled(progress, len(stored)),
             leave=False,
         )
         return list(bar)
