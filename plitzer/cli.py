@@ -519,7 +519,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from plitzer.audit import audit
 
     if args.steps is not None and args.steps < 1:
-        msg = f"--steps {args.steps} must be >= 1: the run length in steps of the epoch table (leave it out for one epoch)"
+        msg = f"--steps {args.steps} must be >= 1: the run length of the epoch table (leave it out for one epoch)"
         raise ConfigError(msg)
     windows = [int(w) for w in args.windows.split(",")] if args.windows else None
     source, weights = _source_of(args)
