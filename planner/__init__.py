@@ -10,13 +10,17 @@ runtime's reader, ``plitzer.readpath.read.count_chunk``, passed in as a ``ChunkC
 """
 
 from planner.api import plan
-from planner.catalog.dataset import Index, index
+from planner.catalog.dataset import Index
+from planner.catalog.dataset import index as _index
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import CheckpointError, ConfigError, DataError, PlitzerError, StorageError
 from planner.hashing import key, mix, permutation
 from planner.lanes import cut_at, lane_of
 from planner.order.plan import EpochPlan, Plan, PlanSettings, plan_epoch
+from planner.parameters import check_keywords as _check_keywords
 from planner.stores.cache import cache_dir
+
+index = _check_keywords("planner.index")(_index)  # a misspelt keyword: TypeError suggesting the name
 
 __all__ = [
     "CheckpointError",

@@ -31,7 +31,7 @@ from planner.mixing.mixture import MixtureIndex, MixturePlan, mixture_index
 from planner.mixing.sources import SourceSpec, Weights, parse_stages
 from planner.order.layout import Layout, LayoutStage
 from planner.order.plan import Plan, PlanSettings
-from planner.parameters import PLAN_PARAMETERS, document
+from planner.parameters import PLAN_PARAMETERS, check_keywords, document
 
 __all__ = [
     "PathSource",
@@ -242,6 +242,7 @@ def make_plan(
     return out
 
 
+@check_keywords("plan")
 @document(PLAN_PARAMETERS)
 def plan(
     source: Source,

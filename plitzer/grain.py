@@ -207,7 +207,13 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
             )
             raise ConfigError(msg)
         self._source = source
-        self._settings = LoaderSettings.of(rank=0 if rank is None else rank, world=1 if world is None else world, **kw)
+        self._settings = LoaderSettings.of(
+            caller="plitzer.grain.Dataset",
+            own=("num_epochs", "boundaries"),
+            rank=0 if rank is None else rank,
+            world=1 if world is None else world,
+            **kw,
+        )
         self._num_epochs = num_epochs
         self._boundaries = bool(boundaries)
         self._iterators: weakref.WeakSet[DatasetIterator] = weakref.WeakSet()

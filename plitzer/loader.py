@@ -94,7 +94,7 @@ class Loader(LiveStages):
     """
 
     def __init__(self, source: Source, *args: Any, **settings: Unpack[Keywords]) -> None:
-        cfg = LoaderSettings.of(**bind("Loader", args, settings))
+        cfg = LoaderSettings.of(caller="Loader", **bind("Loader", args, settings))
         self._build(open_plan(_shared(source, cfg, AUTO), cfg), cfg)
 
     @classmethod
@@ -109,7 +109,7 @@ class Loader(LiveStages):
         (not even over an initialised ``torch.distributed``). The other arguments are
         :class:`Loader`'s.
         """
-        cfg = LoaderSettings.of(**bind("Loader.in_group", args, settings))
+        cfg = LoaderSettings.of(caller="Loader.in_group", **bind("Loader.in_group", args, settings))
         return cls.from_plan(open_plan(_shared(source, cfg, group), cfg), cfg)
 
     @classmethod

@@ -253,7 +253,13 @@ class Dataset(IterableDataset[Batch]):
         elif group is not None:
             msg = "group= was given but torch.distributed is not initialised; call init_process_group first"
             raise ConfigError(msg)
-        cfg = LoaderSettings.of(rank=0 if rank is None else rank, world=1 if world is None else world, **kw)
+        cfg = LoaderSettings.of(
+            caller="plitzer.torch.Dataset",
+            own=("pin_memory", "group"),
+            rank=0 if rank is None else rank,
+            world=1 if world is None else world,
+            **kw,
+        )
         if _dist_ready() and dist.get_world_size(group) > 1:
             source = share_source(source, cfg, TorchGroup(group))
         self._loader = Loader.from_settings(source, cfg)

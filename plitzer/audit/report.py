@@ -279,6 +279,9 @@ def _duplicates_section(ix: RowGroupIndex, out: _Sections) -> None:
     )
 
 
+_AUDIT_OWN = ("steps", "windows", "progress")  # its own keywords, besides the run's parameters
+
+
 def audit(
     source: Source,
     *,
@@ -293,7 +296,7 @@ def audit(
     the window sizes compared for read amplification. Reads every row group's token
     column once (lengths and hashes, cached); the rest is footers and plan tables.
     """
-    cfg = LoaderSettings.of(**settings)
+    cfg = LoaderSettings.of(caller="plitzer.audit", own=_AUDIT_OWN, **settings)
     lanes, seq_len = cfg.lanes, cfg.seq_len
     ix = open_source(source, cfg)
     plan = make_plan(ix, cfg)

@@ -34,7 +34,7 @@ from planner.errors import ConfigError
 from planner.mixing.sources import SourceSpec, Weights
 from planner.order.layout import Layout
 from planner.order.plan import Plan, PlanSettings, check_int
-from planner.parameters import PARAMETERS, POSITIONAL
+from planner.parameters import PARAMETERS, POSITIONAL, unknown_keyword
 from planner.stores.hf import revisions
 
 __all__ = [
@@ -91,15 +91,16 @@ class Keywords(KeywordsLessWhere, total=False):
 _NAMES = frozenset(p.name for p in PARAMETERS)
 
 
-def keywords(given: Mapping[str, Any], caller: str) -> dict[str, Any]:
+def keywords(given: Mapping[str, Any], caller: str, own: Sequence[str] = ()) -> dict[str, Any]:
     """Every parameter of :data:`~planner.parameters.PARAMETERS`: ``given``'s value, else its default.
 
-    A name that is not a parameter is a TypeError, as Python's own for ``caller``.
+    A name that is not a parameter is a TypeError, as Python's own for ``caller``, with the
+    closest name among the parameters and ``caller``'s ``own`` keywords suggested
+    (``Loader() got an unexpected keyword argument 'seqlen'; did you mean seq_len?``).
     """
     unknown = [k for k in given if k not in _NAMES]
     if unknown:
-        msg = f"{caller}() got an unexpected keyword argument {unknown[0]!r}"
-        raise TypeError(msg)
+        raise unknown_keyword(caller, unknown[0], [*own, *(p.name for p in PARAMETERS)])
     return {p.name: given.get(p.name, p.default) for p in PARAMETERS}
 
 
@@ -167,12 +168,16 @@ class LoaderSettings:
             check_int("threads", self.threads, 1, "threads decode row groups in parallel")
 
     @classmethod
-    def of(cls, **settings: Unpack[Keywords]) -> LoaderSettings:
+    def of(
+        cls, *, caller: str = "LoaderSettings.of", own: Sequence[str] = (), **settings: Unpack[Keywords]
+    ) -> LoaderSettings:
         """The settings of these keywords, each checked (``lanes`` and ``seq_len`` may be layout stages).
 
-        Every keyword is one of :data:`planner.parameters.PARAMETERS`, with its default there.
+        Every keyword is one of :data:`planner.parameters.PARAMETERS`, with its default there;
+        another is a TypeError naming ``caller`` (the entry point: ``Loader``,
+        ``plitzer.torch.Dataset``, ...) and the closest of the parameters and its ``own`` keywords.
         """
-        kw = keywords(settings, "LoaderSettings.of")
+        kw = keywords(settings, caller, own)
         layout = Layout.of(lanes=kw["lanes"], seq_len=kw["seq_len"])
         first = layout.first
         index = kw["index"]

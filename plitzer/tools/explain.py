@@ -222,6 +222,9 @@ def document_table(
     )
 
 
+_EXPLAIN_OWN = ("step", "lane", "progress")  # its own keywords, besides the run's parameters
+
+
 @document()
 def explain(
     source: AnySource,
@@ -258,7 +261,7 @@ def explain(
     ``rank`` only choose which lanes to explain: the answer does not depend on them.
     """
     step = check_int("step", step, 0, "steps count from 0")
-    s = LoaderSettings.of(**settings)
+    s = LoaderSettings.of(caller="plitzer.explain", own=_EXPLAIN_OWN, **settings)
     only = None
     if lane is not None:
         lane = check_int("lane", lane, 0, "lanes count from 0")

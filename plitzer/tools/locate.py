@@ -229,6 +229,9 @@ def locate_in_plan(
     return _frame(plan.dataset, got, ranks)
 
 
+_LOCATE_OWN = ("where", "rows", "epochs", "steps", "selection", "progress")  # besides the run's parameters
+
+
 @document(exclude=("where",))
 def locate(
     source: AnySource,
@@ -293,7 +296,7 @@ def locate(
     rank_given = "rank" in settings
     if selection is None:
         settings.pop("length_column", None)  # for the lengths only: the loader's length_column serves a selection
-    s = LoaderSettings.of(**settings, where=selection)
+    s = LoaderSettings.of(caller="plitzer.locate", own=_LOCATE_OWN, **settings, where=selection)
     span = _steps(steps)
     eps = parse_epochs(epochs)
     plan = open_plan(source, s)
