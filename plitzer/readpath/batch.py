@@ -40,11 +40,26 @@ class Tokens(np.ndarray):
     >>> t = np.arange(6, dtype=np.int32).reshape(2, 3).view(Tokens)
     >>> np.from_dlpack(t).shape, pa.array(t).type
     ((2, 3), FixedSizeListType(fixed_size_list<item: int32>[3]))
+    >>> type(t + 0).__name__, type(t[0]).__name__, type(t[:1]).__name__, int(t.sum())
+    ('ndarray', 'ndarray', 'Tokens', 15)
     """
 
     def numpy(self) -> NDArray[Any]:
         """The same memory as a plain ``ndarray``."""
         return self.view(np.ndarray)
+
+    # What is computed from the tokens is a plain ndarray: ``t + 1``, ``t.sum(1)``, ``t[0]`` (a
+    # row) are not a batch's token array, so they do not claim to be one. Rows of it (``t[:2]``,
+    # two-dimensional) stay Tokens and still export to Arrow as a FixedSizeList.
+    def __array_wrap__(self, array: NDArray[Any], context: Any = None, return_scalar: bool = False) -> Any:
+        out = np.asarray(array).view(np.ndarray)
+        return out[()] if return_scalar else out
+
+    def __getitem__(self, key: Any) -> Any:
+        got = super().__getitem__(key)
+        if isinstance(got, Tokens) and got.ndim != 2:
+            return got.view(np.ndarray)
+        return got
 
     def __arrow_c_array__(self, requested_schema: object | None = None) -> tuple[object, object]:
         a = self.view(np.ndarray)
