@@ -77,3 +77,17 @@ def test_documented_columns_are_the_code_s(
     where: str, what: str, columns: list[str], actual: dict[str, list[str]]
 ) -> None:
     assert columns == actual[what], f"{where}: the doc shows {columns}, the code gives {actual[what]}"
+
+
+def test_sql_sums_of_integers_are_integers(synth_dataset: SynthDataset) -> None:
+    """DuckDB's sum of BIGINT is a HUGEINT (decimal(38, 0) in Polars): plan.sql gives Int64, as the docs show."""
+    import polars as pl
+
+    d = synth_dataset(tokens=20_000, seed=5, docs_per_row_group=20, row_groups_per_file=2, mean_length=100)
+    plan = planner.plan(d, seed=0, lanes=4, window=2, world=2)
+    got = plan.sql(
+        "select rank, sum(bytes) as bytes, sum(tokens) as t "
+        "from reads join row_groups using (file, row_group) group by rank"
+    )
+    assert got.schema["bytes"] == pl.Int64 and got.schema["t"] == pl.Int64, got.schema
+    assert int(got["bytes"].sum()) == int(plan.reads(0)["bytes"].sum())

@@ -11,6 +11,7 @@ same credentials.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -58,7 +59,7 @@ def run_query(
         for fs in dataset_filesystems(dataset) if external_access else ():
             con.register_filesystem(fs)
         try:
-            result: pl.DataFrame = con.sql(query).pl()
+            result: pl.DataFrame = _integers(con.sql(query).pl())
         except duckdb.PermissionException as e:
             msg = (
                 f"the query reads a file or URL ({' '.join(str(e).split())}), and plan.sql runs with "
@@ -69,6 +70,19 @@ def run_query(
         return result
     finally:
         con.close()
+
+
+def _integers(frame: pl.DataFrame) -> pl.DataFrame:
+    """DuckDB's ``sum`` of integers is a HUGEINT, which arrives as ``decimal(38, 0)``: give Int64 back.
+
+    A sum of token counts or bytes is an integer; a column that does not fit Int64 stays
+    as it came (docs/usage.md, "Plans as tables").
+    """
+    for name, dtype in frame.schema.items():
+        if isinstance(dtype, pl.Decimal) and dtype.scale == 0:
+            with contextlib.suppress(pl.exceptions.InvalidOperationError):
+                frame = frame.with_columns(pl.col(name).cast(pl.Int64, strict=True))
+    return frame
 
 
 def dataset_filesystems(idx: RowGroupIndex) -> list[Any]:
