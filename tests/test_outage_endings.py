@@ -170,7 +170,7 @@ def _env(tmp: Path) -> dict[str, str]:
 
 def _run(
     store: Store, ending: str, tmp: Path, *, signal_to: signal.Signals | None = None
-) -> tuple[float, str, str, int]:  # noqa: E501
+) -> tuple[float, str, str, int]:
     """Start the script, take the store away once it has a batch, end it; (seconds to exit, out, err, status)."""
     go = tmp / "go"
     cmd = [sys.executable, "-X", "faulthandler", "-c", _SCRIPT]
