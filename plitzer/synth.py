@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["write"]
+__all__ = ["FINEWEB_COLUMNS", "write", "write_fineweb_shaped"]
 
 _LANGUAGES = ("en", "de", "fr", "es", "zh")
 _SHARES = (0.7, 0.1, 0.08, 0.07, 0.05)
@@ -94,4 +94,78 @@ def write(
         paths.append(path)
         written += total
         doc_id += n_docs
+    return paths
+
+
+FINEWEB_COLUMNS = (
+    "text",
+    "id",
+    "dump",
+    "url",
+    "file_path",
+    "language",
+    "language_score",
+    "token_count",
+    "score",
+    "int_score",
+    "input_ids",
+)
+"""FineWeb-Edu's columns once tokenized, in its order: :func:`write_fineweb_shaped` writes them."""
+
+
+def write_fineweb_shaped(
+    out: str | os.PathLike[str],
+    files: int,
+    *,
+    row_groups_per_file: int = 400,
+    rows_per_row_group: int = 2,
+    distinct: int = 1,
+    seed: int = 0,
+) -> list[Path]:
+    """Files shaped like FineWeb-Edu's: its eleven columns, hundreds of row groups a file.
+
+    The rows are tiny (``rows_per_row_group`` documents of 1-40 tokens a row group), the
+    footers of real size (about 1.4 KB a row group: statistics of every column of every
+    row group), which is what indexing and a rank's memory cost. ``distinct`` files are
+    written and copied until there are ``files`` (a footer's cost does not depend on its
+    values), under ``CC-MAIN-2024-10/`` as ``000_00000.parquet``, ....
+
+    >>> import tempfile, pyarrow.parquet as pq
+    >>> paths = write_fineweb_shaped(tempfile.mkdtemp(), 2, row_groups_per_file=3)
+    >>> md = pq.read_metadata(paths[1])
+    >>> md.num_columns, md.num_row_groups
+    (11, 3)
+    """
+    import shutil
+
+    folder = Path(out) / "CC-MAIN-2024-10"
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / f"{i // 1000:03d}_{i:05d}.parquet" for i in range(files)]
+    n = row_groups_per_file * rows_per_row_group
+    for k in range(min(distinct, files)):
+        rng = np.random.default_rng([seed, k])
+        lengths = rng.integers(1, 40, n)
+        ids = rng.integers(0, 32000, int(lengths.sum())).astype(np.int32)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        docs = range(k * n, (k + 1) * n)
+        table = pa.table(
+            {
+                "text": pa.array([f"document {d} of a crawl, " * 3 for d in docs]),
+                "id": pa.array([f"<urn:uuid:{seed:08x}-{d:012x}>" for d in docs]),
+                "dump": pa.array(["CC-MAIN-2024-10"] * n),
+                "url": pa.array([f"https://example{d % 97}.org/page/{d}" for d in docs]),
+                "file_path": pa.array(
+                    [f"s3://commoncrawl/crawl-data/CC-MAIN-2024-10/segments/{d}.warc.gz" for d in docs]
+                ),
+                "language": pa.array(["en"] * n),
+                "language_score": pa.array(rng.random(n)),
+                "token_count": pa.array(lengths.astype(np.int64)),
+                "score": pa.array(np.round(rng.random(n) * 5, 3)),
+                "int_score": pa.array(rng.integers(0, 6, n)),
+                "input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids)),
+            }
+        )
+        pq.write_table(table, paths[k], row_group_size=rows_per_row_group, compression="zstd")
+    for i in range(distinct, files):
+        shutil.copyfile(paths[i % distinct], paths[i])
     return paths

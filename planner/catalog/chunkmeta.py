@@ -151,8 +151,9 @@ def template_of(raw: bytes, md: pq.FileMetaData, column: str, where: str) -> Tem
         msg = f"{where}: cannot read the schema of column {column!r} ({e}); the footer is damaged"
         raise DataError(msg) from e
     try:
-        leaves = [k for k in range(md.num_columns) if md.schema.column(k).path.split(".")[0] == column]
-        leaf = md.schema.column(leaves[0])
+        schema = pq.ParquetSchema(md)  # not md.schema: planner.catalog.footer.schema_of says why
+        leaves = [k for k in range(md.num_columns) if schema.column(k).path.split(".")[0] == column]
+        leaf = schema.column(leaves[0])
         physical, path, created_by = _PHYSICAL[leaf.physical_type], tuple(leaf.path.split(".")), md.created_by
     except (ValueError, KeyError, IndexError, pa.ArrowException) as e:  # UnicodeDecodeError is a ValueError
         msg = f"{where}: unreadable schema or writer name ({type(e).__name__}); the footer is damaged"

@@ -30,6 +30,7 @@ and reads no footer.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import threading
 from collections import OrderedDict
@@ -263,7 +264,7 @@ class Counted:
     the file, for messages.
     """
 
-    rows: list[footer.Row]
+    rows: list[footer.Row] | NDArray[np.int64]
     column: str
     dtype: TokenDtype
     stored: str
@@ -402,10 +403,9 @@ def _to_cache(
     path: Path, frame: pl.DataFrame, column: str, dtype: TokenDtype, fingerprint: str, entries: Sequence[FileEntry]
 ) -> None:
     meta = {"column": column, "dtype": dtype, "fingerprint": fingerprint}
-    table = frame.to_arrow().replace_schema_metadata(meta | chunkmeta.pack_templates([e.template for e in entries]))
-    buf = pa.BufferOutputStream()
-    pq.write_table(table, buf)
-    write_entry(path, buf.getvalue().to_pybytes())  # a folder that cannot be written costs speed, not rows
+    buf = io.BytesIO()  # Polars writes the frame's own buffers: no Arrow copy of a large index
+    frame.write_parquet(buf, metadata=meta | chunkmeta.pack_templates([e.template for e in entries]))
+    write_entry(path, buf.getvalue())  # a folder that cannot be written costs speed, not rows
 
 
 def scan_footers(
@@ -420,20 +420,30 @@ def scan_footers(
     """
     own_check = counting.checks_histograms()
 
+    # Fetches run on every thread (an object store's latency); parsing and counting on as
+    # many as there are cores, so the parsed footers held at once (several MB each on
+    # files of many columns) are bounded by the cores, not by the threads.
+    parsing = threading.BoundedSemaphore(os.cpu_count() or 2)
+
     def load(entry: FileEntry) -> Counted | None:
         raw = entry.raw if entry.raw is not None else footer.fetch(entry.storage, entry.stat)
-        md = footer.parse(raw, entry.stat.location, check=not own_check)
-        entry.metadata, entry.raw = md, raw
-        result = counting.scan(entry)
-        if result is not None:
-            entry.template = chunkmeta.template_of(raw, md, result.column, entry.stat.location)
-            entry.metadata = entry.raw = None
+        with parsing:
+            md = footer.parse(raw, entry.stat.location, check=not own_check)
+            entry.metadata, entry.raw = md, raw
+            result = counting.scan(entry)
+            if result is not None:
+                entry.template = chunkmeta.template_of(raw, md, result.column, entry.stat.location)
+                entry.metadata = entry.raw = None
+            del md
         return result
 
     show = progress if progress is not None else (len(entries) >= 64 and None)
     from tqdm import tqdm
 
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(entries)))) as pool:
+    # No more fetches at once than the stores serve well (local disk: its cores), so that
+    # the footers fetched and waiting for a core stay few.
+    workers = min(threads, len(entries), max(e.storage.concurrency for e in entries))
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         return list(
             tqdm(
                 pool.map(load, entries),
@@ -461,7 +471,7 @@ def _frame(entries: list[FileEntry], counted: list[Counted]) -> pl.DataFrame:
                 "or pass column="
             )
             raise DataError(msg)
-        if c.rows:
+        if len(c.rows):
             parts.append(np.asarray(c.rows, dtype=np.int64).reshape(-1, len(_ROW_FIELDS)))
         names.append(entry.stat.name)
         sizes.append(entry.stat.size)

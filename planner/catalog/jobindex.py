@@ -262,8 +262,10 @@ def read_parts(
             raise ValueError(msg)
         cols = {c: table.column(c).to_pylist() for c in ("name", "size", "version")}
         templates = chunkmeta.unpack_templates(meta, len(cols["name"]))
-        lists = pl.from_arrow(table.select(list(_LISTS)))
-        assert isinstance(lists, pl.DataFrame)
+        missing = [c for c in _LISTS if c not in table.column_names]
+        if missing:
+            msg = f"no column {missing[0]!r}"
+            raise ValueError(msg)
         lacking = [k for k in ("column", "dtype", "fingerprint") if k not in meta]
         if lacking:
             msg = f"no {lacking[0]!r} in its metadata"
@@ -279,17 +281,20 @@ def read_parts(
         raise DataError(msg)
     for entry, template in zip(entries, templates, strict=True):
         entry.template = template
-    frame = (
-        lists.with_columns(
-            pl.Series("file", cols["name"], pl.String),
-            pl.Series("file_size", cols["size"], pl.Int64),
-            pl.int_range(pl.len(), dtype=pl.Int64).alias("file_index"),
-        )
-        .explode(list(_LISTS))
-        .drop_nulls("row_group")
-        .select(list(INDEX_SCHEMA))
-        .cast(INDEX_SCHEMA)  # type: ignore[arg-type]
-    )
+    # The lists' values as they are (one buffer a column, no explode), each file's name
+    # and size repeated by its row-group count: the frame is built with one copy.
+    # (Polars, not Array.to_numpy, which imports pandas: a second on a fresh process.)
+    per = pl.Series(table.column("row_group").combine_chunks().value_lengths()).fill_null(0).to_numpy().astype(np.int64)
+    file_index = np.repeat(np.arange(len(per), dtype=np.int64), per)
+    columns: dict[str, Any] = {
+        "file": pl.Series(cols["name"], dtype=pl.String).gather(file_index),
+        "file_index": file_index,
+        "file_size": np.repeat(np.asarray(cols["size"], np.int64), per),
+    }
+    for c in _LISTS:
+        columns[c] = pl.Series(table.column(c).combine_chunks().flatten())
+    frame = pl.DataFrame(columns).select(pl.col(k).cast(v) for k, v in INDEX_SCHEMA.items())
+    del table
     return JobIndexParts(entries=entries, source=src, frame=frame, meta=meta)
 
 
@@ -403,8 +408,7 @@ def take_counted(entries: list[FileEntry], src: str, column: str | None, parts: 
     counted: list[Counted | None] = [None] * len(entries)
     for part in parts:
         for k, i in enumerate(part.files):
-            rows = [tuple(int(v) for v in r) for r in part.rows[k]]
-            counted[i] = Counted(rows, part.columns[k], part.dtypes[k], part.stored[k])  # type: ignore[arg-type]
+            counted[i] = Counted(part.rows[k], part.columns[k], part.dtypes[k], part.stored[k])  # type: ignore[arg-type]
             entries[i].template = chunkmeta.Template.from_key(part.templates[k]) if part.templates[k] else None
     missing = [e.stat.location for e, c in zip(entries, counted, strict=True) if c is None]
     if missing:

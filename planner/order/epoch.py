@@ -297,8 +297,10 @@ def row_group_counts(idx: RowGroupIndex) -> tuple[I64, I64, I64]:
     (:func:`planner.catalog.dataset.stream_counts`).
     """
     tokens, rows, empty = stream_counts(idx.frame)
+    # Views of the frame's own buffers (int64, no nulls), not copies: each caller (the plan,
+    # the scanner) held three arrays of 8 bytes a row group of its own.
     return (
-        tokens.to_numpy().astype(np.int64),
-        rows.to_numpy().astype(np.int64),
-        empty.to_numpy().astype(np.int64),
+        tokens.to_numpy().astype(np.int64, copy=False),
+        rows.to_numpy().astype(np.int64, copy=False),
+        empty.to_numpy().astype(np.int64, copy=False),
     )

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+import polars as pl
 from numpy.typing import NDArray
 
 from planner.catalog.rowgroups import RowGroupIndex
@@ -94,24 +95,27 @@ class Locator:
     batch keeps alive only what its views need.
     """
 
-    __slots__ = ("_doc_base", "_files", "_row_groups", "_sources", "index")
+    __slots__ = ("_doc_base", "index")
 
     def __init__(self, index: RowGroupIndex) -> None:
-        _, rows, _ = row_group_counts(index)  # the selected ones where selected
-        frame = index.frame
         self.index = index
-        self._doc_base = np.cumsum(rows) - rows
-        self._files = frame["file"].to_numpy()
-        self._row_groups = frame["row_group"].to_numpy()
-        self._sources = frame["source"].to_numpy() if isinstance(index, MixtureIndex) else None
+        self._doc_base: I64 | None = None  # made on the first call: most runs never ask
 
     def __call__(self, doc_ids: I64) -> Located:
-        rg = np.searchsorted(self._doc_base, doc_ids, side="right") - 1
+        if self._doc_base is None:
+            _, rows, _ = row_group_counts(self.index)  # the selected ones where selected
+            self._doc_base = np.cumsum(rows) - rows
+        base = self._doc_base
+        rg = np.searchsorted(base, doc_ids, side="right") - 1
+        frame = self.index.frame
+        # Gathered from the frame for the rows asked: no per-row-group copy of the file
+        # names (an object array is some 60 bytes a row group) is kept.
+        at = pl.Series(rg, dtype=pl.Int64)
         return (
-            self._files[rg].tolist(),
-            self._row_groups[rg].astype(np.int64),
-            source_rows(self.index, rg, (doc_ids - self._doc_base[rg]).astype(np.int64)),
-            None if self._sources is None else self._sources[rg].tolist(),
+            frame["file"].gather(at).to_list(),
+            frame["row_group"].gather(at).to_numpy().astype(np.int64),
+            source_rows(self.index, rg, (doc_ids - base[rg]).astype(np.int64)),
+            frame["source"].gather(at).to_list() if isinstance(self.index, MixtureIndex) else None,
         )
 
 
