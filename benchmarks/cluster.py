@@ -120,6 +120,8 @@ def synthetic_index(row_groups: int, files: int, seed: int = 0, name: str = "") 
             "byte_length": length,
             "file_size": size,
             "needs_check": np.zeros(n, bool),
+            "codec": np.full(n, 6, np.uint8),  # ZSTD
+            "chunk_values": tokens,
         },
         schema=INDEX_SCHEMA,
     )

@@ -69,6 +69,8 @@ def synthetic_index(name: str, row_groups: int, seed: int) -> Index:
             "byte_length": tokens,
             "file_size": tokens * 16,
             "needs_check": np.zeros(row_groups, bool),
+            "codec": np.full(row_groups, 6, np.uint8),  # ZSTD
+            "chunk_values": tokens,
         },
         schema=INDEX_SCHEMA,
     )

@@ -51,6 +51,7 @@ from planner.catalog.chunkmeta import Template
 from planner.catalog.column import TokenDtype, delivered_dtype
 from planner.catalog.rowgroups import stream_counts
 from planner.errors import ConfigError, DataError
+from planner.progress import progress_enabled
 from planner.stores.backends import open_storages
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
 from planner.stores.storage import FileStat, Storage
@@ -437,7 +438,6 @@ def scan_footers(
             del md
         return result
 
-    show = progress if progress is not None else (len(entries) >= 64 and None)
     from tqdm import tqdm
 
     # No more fetches at once than the stores serve well (local disk: its cores), so that
@@ -450,7 +450,7 @@ def scan_footers(
                 total=len(entries),
                 desc="footers",
                 unit="file",
-                disable=None if show is None else not show,
+                disable=not progress_enabled(progress, len(entries), 64),
                 leave=False,
             )
         )

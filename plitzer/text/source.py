@@ -58,6 +58,7 @@ from planner.catalog.column import TokenDtype, token_range
 from planner.catalog.dataset import Counted, FileEntry, Index, index
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError, DamagedChunkError, DataError, TokenizerChangedError, TokenRangeError, one_line
+from planner.progress import progress_enabled
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
 from planner.stores.storage import FileStat
 from plitzer.readpath.read import read_chunk, read_column, read_decoded
@@ -416,7 +417,7 @@ class TextCounting:
                 total=len(todo),
                 desc="counting tokens",
                 unit="row group",
-                disable=None if progress is None else not progress,
+                disable=not progress_enabled(progress, len(todo)),
                 leave=False,
             )
             return list(bar)

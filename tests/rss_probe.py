@@ -1,0 +1,57 @@
+"""A fresh process's peak RSS to its first batch, as JSON on stdout.
+
+    python tests/rss_probe.py DATA [--index JOB] [--rank R --world N --port P]
+
+The peak resident set (``ru_maxrss``) of a process that imports plitzer, opens a Loader
+over DATA (``index=JOB`` where given) and takes one batch; compared with the same
+process on a one-file dataset, it is what a rank pays for the dataset's index
+(tests/test_real_shapes.py, benchmarks/cluster.py). With ``--world``, the process is
+rank R of a gloo group on 127.0.0.1:P, and the Loader shares the index's work with the
+other ranks (each rank reads 1/N of the footers). CPU seconds are the process's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import time
+
+import numpy as np
+
+import plitzer
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("data")
+    ap.add_argument("--index", default=None)
+    ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--world", type=int, default=1)
+    ap.add_argument("--port", type=int, default=0)
+    a = ap.parse_args()
+    if a.world > 1:
+        import torch.distributed as dist
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.port))
+        dist.init_process_group("gloo", rank=a.rank, world_size=a.world)
+    t0, c0 = time.perf_counter(), time.process_time()
+    lanes = 4 * a.world
+    with plitzer.Loader(
+        a.data, index=a.index, lanes=lanes, seq_len=64, window=4, budget=1 << 24, rank=a.rank, world=a.world
+    ) as ld:
+        batch = next(iter(ld))
+        first, cpu = time.perf_counter() - t0, time.process_time() - c0
+        rows = ld.index.row_groups
+        assert np.asarray(batch.tokens).shape == (4, 64)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"peak_bytes": peak, "row_groups": rows, "first_batch_s": first, "cpu_s": cpu}))
+    if a.world > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
