@@ -20,6 +20,13 @@ included) during the step (``tracemalloc``). ``--small`` runs a tenth of the siz
     python benchmarks/cluster.py            # 10^6 row groups, 10^5 files, 1,024 ranks
     python benchmarks/cluster.py --small
 
+Real shapes (``--shapes``): files shaped like FineWeb-Edu's (eleven columns, 400 row
+groups a file, footers of real size) at 120,000 and 10^6 row groups: pyarrow's parse of
+the footers against ``plitzer index``, the job index's size, a rank's peak RSS and first
+batch (cold, warm, ``index=``), and an 8-rank gloo job on 2,000 such files (benchmarks/_shapes.py):
+
+    python benchmarks/cluster.py --shapes
+
 Real run (``--real``): ``--ranks`` gloo processes (torch.distributed on CPU, real
 processes on this machine, each its own cache folder as on separate machines) open
 ``plitzer.torch.Dataset`` over ``--files`` files (one row group of 20 documents each:
@@ -173,6 +180,10 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=None, help="row groups a window: default 64; 8 with --real")
     ap.add_argument("--sample", type=int, default=3, help="ranks timed (first, middle, last, ...)")
     ap.add_argument("--small", action="store_true", help="a tenth of the row groups and files, 256 ranks")
+    shapes = ap.add_argument_group("real shapes (--shapes: benchmarks/_shapes.py)")
+    shapes.add_argument("--shapes", action="store_true", help="FineWeb-Edu-shaped files: index, job index, a rank")
+    shapes.add_argument("--shapes-row-groups", default="120000,1000000", help="sizes, comma-separated")
+    shapes.add_argument("--rank-files", type=int, default=2000, help="files of the gloo job (--ranks processes)")
     real = ap.add_argument_group("real run (--real)")
     real.add_argument("--real", action="store_true", help="gloo ranks against moto's S3 server behind a latency proxy")
     real.add_argument("--ranks", type=int, default=8, help="gloo processes")
@@ -191,6 +202,12 @@ def main() -> None:
         return
     if a.real:
         real_main(a)
+        return
+    if a.shapes:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import _shapes
+
+        _shapes.main([int(x) for x in a.shapes_row_groups.split(",")], a.ranks, a.rank_files)
         return
     a.files = a.files or 100_000
     a.window = a.window or 64
