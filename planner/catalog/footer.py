@@ -35,7 +35,7 @@ from numpy.typing import NDArray
 
 from planner.catalog.chunkmeta import codec_of
 from planner.catalog.column import TokenDtype, delivered_dtype, narrows, token_column_of, token_range
-from planner.catalog.thrift import Reader, ThriftError, list_header, skip_value, varint
+from planner.catalog.thrift import Reader, ThriftError, list_header, skip_value, uvarint, varint
 from planner.errors import DataError, one_line
 from planner.stores.cache import cache_dir, digest, read_entry, write_entry
 from planner.stores.storage import FileStat, Storage
@@ -446,15 +446,11 @@ def check_column_histograms(raw: bytes, md: pq.FileMetaData, j: int, where: str)
         ]
         check_level_histograms(body, levels, where)
         return
-    r = Reader(body)
     try:
         for g, at in enumerate(starts):
             pos, last = at + len(pattern), 3  # the path was field 3 of ColumnMetaData
             got: tuple[int | None, int | None] = (None, None)
             while True:
-                if pos >= len(body):
-                    msg = "the footer ends inside a field"
-                    raise ThriftError(msg)
                 b = body[pos]
                 pos += 1
                 if b == 0:
@@ -463,20 +459,44 @@ def check_column_histograms(raw: bytes, md: pq.FileMetaData, j: int, where: str)
                 if delta:
                     last += delta
                 else:
-                    r.pos = pos
-                    z = r.varint()
-                    pos, last = r.pos, (z >> 1) ^ -(z & 1)
+                    z, pos = uvarint(body, pos)
+                    last = (z >> 1) ^ -(z & 1)
                 if last == 16 and typ == 12:  # ColumnMetaData.size_statistics
-                    r.pos = pos
-                    got = _histograms(r)
-                    pos = r.pos
+                    got, pos = _size_statistics(body, pos)
                 else:
                     pos = skip_value(body, pos, typ, 2)
             if got[0] not in (None, 0, want[0]) or got[1] not in (None, 0, want[1]):
                 raise _histogram_error(where, g, j, got, want)
+    except IndexError as e:
+        msg = f"{where}: the Parquet footer is damaged (the footer ends inside a field); restore or rewrite the file"
+        raise DataError(msg) from e
     except ThriftError as e:
         msg = f"{where}: the Parquet footer is damaged ({e}); restore or rewrite the file"
         raise DataError(msg) from e
+
+
+def _size_statistics(data: bytes, pos: int) -> tuple[tuple[int | None, int | None], int]:
+    """SizeStatistics at ``pos``: the lengths of its repetition (2) and definition (3) level histograms."""
+    got: list[int | None] = [None, None]
+    last = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        if b == 0:
+            return (got[0], got[1]), pos
+        typ = b & 0x0F
+        if b >> 4:
+            last += b >> 4
+        else:
+            z, pos = uvarint(data, pos)
+            last = (z >> 1) ^ -(z & 1)
+        if last in (2, 3) and typ == 9:
+            h = data[pos]
+            size = h >> 4
+            if size == 15:
+                size, _ = uvarint(data, pos + 1)
+            got[last - 2] = size
+        pos = skip_value(data, pos, typ, 3)
 
 
 def _find_all(data: bytes, pattern: bytes) -> list[int]:

@@ -189,7 +189,8 @@ class Struct:
         return bytes(self.out) + b"\x00"
 
 
-def _uvarint(data: bytes, pos: int) -> tuple[int, int]:
+def uvarint(data: bytes, pos: int) -> tuple[int, int]:
+    """The unsigned varint at ``pos`` and the position after it."""
     shift = result = 0
     while True:
         b = data[pos]
@@ -214,7 +215,6 @@ def skip_value(data: bytes, pos: int, typ: int, depth: int = 0) -> int:  # noqa:
     if depth > MAX_DEPTH:
         msg = "nesting too deep"
         raise ThriftError(msg)
-    n = len(data)
     try:
         if typ in (1, 2):
             return pos
@@ -227,8 +227,8 @@ def skip_value(data: bytes, pos: int, typ: int, depth: int = 0) -> int:  # noqa:
         if typ == 7:
             return pos + 8
         if typ == 8:
-            size, pos = _uvarint(data, pos)
-            if pos + size > n:
+            size, pos = uvarint(data, pos)
+            if pos + size > len(data):
                 msg = "a length runs past the footer"
                 raise ThriftError(msg)
             return pos + size
@@ -237,8 +237,8 @@ def skip_value(data: bytes, pos: int, typ: int, depth: int = 0) -> int:  # noqa:
             pos += 1
             size, et = b >> 4, b & 0x0F
             if size == 15:
-                size, pos = _uvarint(data, pos)
-            if size > n - pos:  # every element takes at least one byte
+                size, pos = uvarint(data, pos)
+            if size > len(data) - pos:  # every element takes at least one byte
                 msg = "a list longer than the footer"
                 raise ThriftError(msg)
             if et in (1, 2, 3):
@@ -247,7 +247,7 @@ def skip_value(data: bytes, pos: int, typ: int, depth: int = 0) -> int:  # noqa:
                 pos = skip_value(data, pos, et, depth + 1)
             return pos
         if typ == 11:
-            size, pos = _uvarint(data, pos)
+            size, pos = uvarint(data, pos)
             if size:
                 kv = data[pos]
                 pos += 1
@@ -262,7 +262,7 @@ def skip_value(data: bytes, pos: int, typ: int, depth: int = 0) -> int:  # noqa:
                 if b == 0:
                     return pos
                 if not b >> 4:  # a long field header: the id follows
-                    _, pos = _uvarint(data, pos)
+                    _, pos = uvarint(data, pos)
                 pos = skip_value(data, pos, b & 0x0F, depth + 1)
     except IndexError as e:
         msg = "the footer ends inside a field"
