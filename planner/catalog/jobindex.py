@@ -145,22 +145,18 @@ def encode(ix: Index, meta: Mapping[str, str] | None = None) -> bytes:
     """
     entries = ix._files
     frame = ix.frame
-    lists = frame.group_by("file_index", maintain_order=True).agg(*(pl.col(c) for c in _LISTS)).sort("file_index")
-    if lists.height != len(entries):  # a file without row groups has no index rows
-        lists = (
-            pl.DataFrame({"file_index": range(len(entries))}, schema={"file_index": pl.Int64})
-            .join(lists, on="file_index", how="left")
-            .with_columns(
-                *(pl.col(c).fill_null(pl.lit([], dtype=pl.List(INDEX_SCHEMA[c]))) for c in _LISTS),
-            )
-        )
+    # Each file's rows as one list, over the frame's own columns (offsets from the file
+    # index: a file without row groups has an empty list), not a group-by's copy.
+    per = np.bincount(frame["file_index"].to_numpy(), minlength=len(entries))
+    offsets = pa.array(np.concatenate([[0], np.cumsum(per)]).astype(np.int32))
+    lists = {c: pa.ListArray.from_arrays(offsets, frame[c].to_arrow()) for c in _LISTS}
     table = pa.table(
         {
             "name": pa.array([e.stat.name for e in entries], pa.string()),
             "location": pa.array([e.stat.location for e in entries], pa.string()),
             "size": pa.array([e.stat.size for e in entries], pa.int64()),
             "version": pa.array([e.stat.version for e in entries], pa.string()),
-            **{c: lists[c].to_arrow() for c in _LISTS},
+            **lists,
         }
     ).replace_schema_metadata(
         {
