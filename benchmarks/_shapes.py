@@ -37,7 +37,6 @@ import plitzer
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = ROOT / "tests" / "rss_probe.py"
-PER_FILE = 400
 _PYARROW = """
 import os, sys, time
 from concurrent.futures import ThreadPoolExecutor
@@ -110,24 +109,24 @@ def _mib(b: float) -> str:
     return f"{b / 2**20:,.0f} MiB"
 
 
-def main(sizes: list[int], ranks: int, rank_files: int) -> None:
+def main(sizes: list[int], ranks: int, rank_files: int, per_file: int = 400) -> None:
     work = Path(tempfile.mkdtemp(prefix="plitzer-shapes-"))
     try:
-        one = plitzer.synth.write_fineweb_shaped(work / "one", 1, row_groups_per_file=PER_FILE)[0]
+        one = plitzer.synth.write_fineweb_shaped(work / "one", 1, row_groups_per_file=per_file)[0]
         distinct = work / "distinct"
-        plitzer.synth.write_fineweb_shaped(distinct, 8, row_groups_per_file=PER_FILE, distinct=8)
+        plitzer.synth.write_fineweb_shaped(distinct, 8, row_groups_per_file=per_file, distinct=8)
         py = sys.executable
         base = {k: _run([py, str(PROBE), str(work / "one"), *a], work / f"c-one{k}") for k, a in (("", []),)}[""]
-        print(f"footer: {one.stat().st_size:,} B file, {_footer_bytes(one) / PER_FILE:,.0f} B a row group")
+        print(f"footer: {one.stat().st_size:,} B file, {_footer_bytes(one) / per_file:,.0f} B a row group")
         info = plitzer_index(distinct, work / "distinct.index", work / "c-distinct")
-        print(f"job index on 8 distinct files: {info['bytes'] / (8 * PER_FILE):.1f} B a row group")
+        print(f"job index on 8 distinct files: {info['bytes'] / (8 * per_file):.1f} B a row group")
         raw1 = _run([py, "-c", _PYARROW, str(work / "one")], work / "c-raw1")
         ix1 = plitzer_index(work / "one", work / "one.index", work / "c-ix1")
         for n in sizes:
-            files = max(1, n // PER_FILE)
-            rgs = files * PER_FILE
+            files = max(1, n // per_file)
+            rgs = files * per_file
             data = _dataset(work, one, files)
-            print(f"\n== {rgs:,} row groups ({files:,} files of {PER_FILE})")
+            print(f"\n== {rgs:,} row groups ({files:,} files of {per_file})")
             raw = _run([py, "-c", _PYARROW, str(data)], work / "c-raw")
             cache = work / f"c-index{n}"
             job = work / f"job{n}.index"
@@ -156,7 +155,7 @@ def main(sizes: list[int], ranks: int, rank_files: int) -> None:
                 ("index=", ["--index", str(job)], work / f"c-job{n}"),
             ):
                 r = _run([py, str(PROBE), str(data), *args], c)
-                grow = (r["peak_bytes"] - base["peak_bytes"]) / (rgs - PER_FILE)
+                grow = (r["peak_bytes"] - base["peak_bytes"]) / (rgs - per_file)
                 print(
                     f"a rank, {name}: first batch {r['out']['first_batch_s']:.2f} s, {r['cpu_s']:.1f} CPU s, "
                     f"peak {_mib(r['peak_bytes'])}, {grow:,.0f} B a row group over a one-file dataset"
@@ -164,7 +163,7 @@ def main(sizes: list[int], ranks: int, rank_files: int) -> None:
             shutil.rmtree(data)
         if ranks > 1:
             data = _dataset(work, one, rank_files)
-            rgs = rank_files * PER_FILE
+            rgs = rank_files * per_file
             small = _ranks(work / "one", ranks, work / "r-small", None)
             job = work / "ranks.index"
             plitzer_index(data, job, work / "c-ranks")
@@ -172,7 +171,7 @@ def main(sizes: list[int], ranks: int, rank_files: int) -> None:
             for name, index in (("cold", None), ("index=", job)):
                 got = _ranks(data, ranks, work / f"r-{name}", index)
                 grow = max(
-                    (g["process_peak_bytes"] - s["process_peak_bytes"]) / (rgs - PER_FILE)
+                    (g["process_peak_bytes"] - s["process_peak_bytes"]) / (rgs - per_file)
                     for g, s in zip(got, small, strict=True)
                 )
                 print(
@@ -184,7 +183,7 @@ def main(sizes: list[int], ranks: int, rank_files: int) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _footer_bytes(path: Path) -> int:
+def _footer_bytes(path: Path) -> int:  # the file's footer, serialized
     import pyarrow.parquet as pq
 
     return int(pq.read_metadata(path).serialized_size)

@@ -184,6 +184,7 @@ def main() -> None:
     shapes.add_argument("--shapes", action="store_true", help="FineWeb-Edu-shaped files: index, job index, a rank")
     shapes.add_argument("--shapes-row-groups", default="120000,1000000", help="sizes, comma-separated")
     shapes.add_argument("--rank-files", type=int, default=2000, help="files of the gloo job (--ranks processes)")
+    shapes.add_argument("--per-file", type=int, default=400, help="row groups a file")
     real = ap.add_argument_group("real run (--real)")
     real.add_argument("--real", action="store_true", help="gloo ranks against moto's S3 server behind a latency proxy")
     real.add_argument("--ranks", type=int, default=8, help="gloo processes")
@@ -207,7 +208,7 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import _shapes
 
-        _shapes.main([int(x) for x in a.shapes_row_groups.split(",")], a.ranks, a.rank_files)
+        _shapes.main([int(x) for x in a.shapes_row_groups.split(",")], a.ranks, a.rank_files, a.per_file)
         return
     a.files = a.files or 100_000
     a.window = a.window or 64

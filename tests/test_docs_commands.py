@@ -103,7 +103,8 @@ RULES: dict[str, Rule] = {
     "ruff format --check .": CI,
     "python -m pytest -n auto": CI,
     "python -m pytest tests/test_damaged.py tests/test_reliability.py tests/test_extremes.py tests/test_index.py "
-    "tests/test_s3.py tests/test_shutdown.py tests/test_soak.py": CI,
+    "tests/test_s3.py tests/test_shutdown.py tests/test_outage_endings.py tests/test_cli_errors.py "
+    "tests/test_soak.py": CI,
     # the CLI, in the order the docs use it: the commands that write data first
     "plitzer demo": R,
     "plitzer synth data/sample --tokens 300000": R,
@@ -142,6 +143,9 @@ RULES: dict[str, Rule] = {
     "plitzer explain DATA --step K [--lane J] ...": synopsis("plitzer explain"),
     "plitzer index": synopsis("plitzer index"),
     "plitzer index DATA [--no-lengths]": scaled("plitzer index data/sample --no-lengths"),
+    "plitzer index DATA --no-lengths --out JOB": scaled(
+        "plitzer index data/sample --no-lengths --out {scratch}/job-index.parquet"
+    ),
     'plitzer index DATA --where "..."': scaled("plitzer index data/sample --where 'int_score >= 3' --no-lengths"),
     "plitzer index DATA --where ... --engine ray": synopsis("plitzer index"),
     "plitzer plan": synopsis("plitzer plan"),
@@ -207,6 +211,9 @@ RULES: dict[str, Rule] = {
     ),
     "python benchmarks/mixture.py --tokens 20000000 --row-groups 30000 --epochs 100": scaled(
         "python benchmarks/mixture.py --tokens 1000000 --row-groups 300 --epochs 3 --repeat 1 --data {scratch}/mix",
+    ),
+    "python benchmarks/cluster.py --shapes": scaled(
+        "python benchmarks/cluster.py --shapes --shapes-row-groups 200 --per-file 10 --ranks 2 --rank-files 20"
     ),
     "python benchmarks/plan_scale.py": scaled("python benchmarks/plan_scale.py --row-groups 2000 --files 10"),
     "python benchmarks/seek_far.py": R,
