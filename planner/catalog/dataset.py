@@ -174,8 +174,13 @@ class Index:
         if md is None:
             raw = e.raw if e.raw is not None else footer.cached(e.stat)
             if raw is None:
-                raw = footer.fetch(e.storage, e.stat)
-                footer.remember(e.stat, raw)
+                # Ranks (threads or processes) sharing the cache, each running its share
+                # of a selection pass, fetch a file's footer once: the first under the lock.
+                with footer.fetch_lock(e.stat):
+                    raw = footer.cached(e.stat)
+                    if raw is None:
+                        raw = footer.fetch(e.storage, e.stat)
+                        footer.remember(e.stat, raw)
             md = footer.parse(raw, e.stat.location)
         with self._lock:
             self._footers[file_index] = md
