@@ -21,10 +21,11 @@ How a row group's tokens are counted is a :class:`Counting` step; this module ow
 everything else (listing, footers, the frame, the fingerprint, the cache), so the
 text index (``plitzer.text.source.TextCounting``, a tokenizer pass) shares it.
 
-Footers and the finished index are cached under ``PLITZER_CACHE`` (default
-``~/.cache/plitzer``), keyed by each file's location, size and mtime (ETag on S3),
-never inside the dataset. A second call on an unchanged dataset lists the files
-and reads no footer.
+Footers are streamed: parsed, counted and dropped; what is kept of each is its rows and a
+template (:mod:`planner.catalog.chunkmeta`), bytes a row group. The finished index is
+cached under ``PLITZER_CACHE`` (default ``~/.cache/plitzer``), keyed by each file's
+location, size and mtime (ETag on S3), never inside the dataset. A second call on an
+unchanged dataset lists the files and reads no footer.
 """
 
 from __future__ import annotations

@@ -1,16 +1,15 @@
-"""A job index: a dataset's index and its files' footers in one object, for every rank of a job.
+"""A job index: a dataset's index in one object, for every rank of a job: bytes a row group, no footer.
 
-``write(source, out)`` indexes ``source`` (the cache's footers, else storage's) and writes
-one Parquet object: a row per file with its identity (``name``, ``size``, ``version``: what
-the listing gives), its footer bytes (``footer``, the Thrift metadata and its 8-byte tail,
-what :func:`planner.catalog.footer.fetch` returns) and its index rows as lists (``row_group``,
-``rows``, ``tokens``, ``empty_docs``, ``byte_offset``, ``byte_length``, ``needs_check``);
-the schema's metadata holds the token column, the batch dtype, the fingerprint and the
-format. ``load(url, source)`` lists ``source`` once, refuses the job index if a file was
-added, removed or changed since (:class:`planner.errors.StaleIndexError`, naming it), and
-gives the :class:`planner.catalog.dataset.Index` with every footer in memory: a rank reads this one
-object and then only the token column chunks, no footer (decoding a chunk needs the
-file's parsed footer, so the job index carries the bytes, not just the byte ranges).
+``write(source, out)`` indexes ``source`` and writes one Parquet object (format 2): a row
+per file with its identity (``name``, ``size``, ``version``: what the listing gives) and its
+index rows as lists (``row_group``, ``rows``, ``tokens``, ``empty_docs``, ``byte_offset``,
+``byte_length``, ``needs_check``, ``codec``, ``chunk_values``); the schema's metadata holds
+the token column, the batch dtype, the fingerprint, the format and the files' templates
+(:mod:`planner.catalog.chunkmeta`: what decoding the token column needs of a footer, each
+distinct one once). ``load(url, source)`` lists ``source`` once, refuses the job index if a
+file was added, removed or changed since (:class:`planner.errors.StaleIndexError`, naming
+it), and gives the :class:`planner.catalog.dataset.Index`: a rank reads this one object and
+then only the token column chunks, decoded against minimal footers made from the rows.
 
 A file changed in place after the listing (same size, so the listing cannot see it on
 local disk within the mtime's resolution) is refused on its first read, as without a job
@@ -20,9 +19,10 @@ the store's own client and ``storage_options``.
 
 The ranks of a process group build the same index without a job index file:
 :func:`listing` on one rank, :func:`entries_of` on every rank from that listing,
-:func:`footer_share` (each rank's share of the footers), :func:`take_footers` (everyone's
-shares) and :func:`job_index`; ``plitzer.state.share`` runs the collectives between them.
-docs/design.md, "One index per job".
+:func:`count_share` (each rank indexes its share of the files) and :func:`take_counted`
+(everyone's rows); a text source's pass exchanges footers (:func:`footer_share`,
+:func:`take_footers`); ``plitzer.state.share`` runs the collectives between them.
+docs/design.md, "One index per job" and "Bytes a row group".
 """
 
 from __future__ import annotations
