@@ -62,6 +62,7 @@ __all__ = [
     "Counted",
     "Counting",
     "FileEntry",
+    "ROW_FIELDS",
     "FooterCounting",
     "Index",
     "build_index",
@@ -482,7 +483,7 @@ def _frame(entries: list[FileEntry], counted: list[Counted]) -> pl.DataFrame:
         counts.append(len(c.rows))
     per = np.asarray(counts, np.int64)
     file_index = np.repeat(np.arange(len(entries), dtype=np.int64), per)
-    arrays = [np.asarray(c.rows, dtype=np.int64).reshape(-1, len(_ROW_FIELDS)) for c in counted]
+    arrays = [np.asarray(c.rows, dtype=np.int64).reshape(-1, len(ROW_FIELDS)) for c in counted]
 
     def column(k: int) -> NDArray[np.int64]:  # one field of every file's rows: 8 bytes a row group, once
         return np.concatenate([a[:, k] for a in arrays]) if arrays else np.zeros(0, np.int64)
@@ -490,8 +491,8 @@ def _frame(entries: list[FileEntry], counted: list[Counted]) -> pl.DataFrame:
     cols: dict[str, Any] = {
         "file": pl.Series(names, dtype=pl.String).gather(file_index) if len(file_index) else [],
         "file_index": file_index,
-        **{name: column(k) for k, name in enumerate(_ROW_FIELDS) if name != "needs_check"},
-        "needs_check": column(_ROW_FIELDS.index("needs_check")).astype(bool),
+        **{name: column(k) for k, name in enumerate(ROW_FIELDS) if name != "needs_check"},
+        "needs_check": column(ROW_FIELDS.index("needs_check")).astype(bool),
         "file_size": np.repeat(np.asarray(sizes, np.int64), per),
     }
     return pl.DataFrame(cols).select(
@@ -499,7 +500,7 @@ def _frame(entries: list[FileEntry], counted: list[Counted]) -> pl.DataFrame:
     )
 
 
-_ROW_FIELDS = (
+ROW_FIELDS = (
     "row_group",
     "rows",
     "tokens",

@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 from planner.catalog import chunkmeta, footer
 from planner.catalog.dataset import (
     INDEX_SCHEMA,
+    ROW_FIELDS,
     Counted,
     FileEntry,
     FooterCounting,
@@ -80,17 +81,7 @@ __all__ = [
 ]
 
 FORMAT = "plitzer-job-index/2"  # 2: no footers; templates, codec and chunk_values (planner.catalog.chunkmeta)
-_LISTS = (
-    "row_group",
-    "rows",
-    "tokens",
-    "empty_docs",
-    "byte_offset",
-    "byte_length",
-    "needs_check",
-    "codec",
-    "chunk_values",
-)
+_LISTS = ROW_FIELDS  # the index rows, one list a file
 
 
 @dataclass(frozen=True, slots=True)
