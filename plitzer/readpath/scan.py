@@ -51,7 +51,7 @@ from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import StoppedError, UsageError
 from planner.order.plan import row_group_counts
 from planner.run import Run, Segment, Start, lane_base
-from planner.stores.retry import stop_on
+from planner.stores.retry import stop, stop_on
 from plitzer.readpath import _shutdown
 from plitzer.readpath.cost import unit_estimate
 from plitzer.readpath.pack import pack_unit
@@ -462,13 +462,14 @@ class Scanner:
         """Stop every unit and the reader threads (waits for the running decodes).
 
         Reads waiting between attempts for a store that does not answer stop at once
-        (:func:`planner.stores.retry.stop_on`), so this returns in about the time of one
-        attempt, never after the storage's ``retry_deadline``.
+        (:func:`planner.stores.retry.stop_on`), and so do attempts in flight
+        (:func:`planner.stores.retry.stop`), so this returns at once, never after an
+        attempt's read timeout or the storage's ``retry_deadline``.
         """
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
+        stop(self._stop)  # its pauses end, and its reads in flight (a store that never answers too)
         with self._lock:
             for u in self._units.values():
                 self._drop(u)
