@@ -74,6 +74,11 @@ _EXAMPLES = {
         "  plitzer audit data/sample --lanes 64 --window 8 --world 4 --out audit.html\n"
         "  plitzer audit data/sample --lanes 512 --window 64 --world 8 --steps 100000 --out audit/"
     ),
+    "checkpoint": (
+        "examples:\n"
+        "  plitzer checkpoint run/step-1000.ckpt\n"
+        "  plitzer checkpoint run/rank-*.ckpt --out run/step-1000.ckpt   # every rank's part, merged"
+    ),
     "tokenize": (
         "examples:\n"
         "  plitzer tokenize data/raw data/tokens --tokenizer tokenizer.model\n"
@@ -550,6 +555,17 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    from plitzer.tools.checkpoints import describe
+
+    summary, config = describe(args.files, out=args.out)
+    _print_frame(summary, args.format, None, title="checkpoint")
+    _print_frame(config, args.format, None, title="configuration")
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import importlib.util
     import subprocess
@@ -831,6 +847,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tokenize)
 
     p = sub.add_parser(
+        "checkpoint",
+        help="what checkpoint files hold; every rank's part merged into one",
+        description=(
+            "Reads and checks each file (a truncated, foreign or hostile file is refused, naming it), merges "
+            "several into one global checkpoint (the parts of one run's ranks), and prints its step, lanes "
+            "and configuration; --out writes the merged checkpoint."
+        ),
+        epilog=_EXAMPLES["checkpoint"],
+        formatter_class=fmt,
+    )
+    p.add_argument("files", nargs="+", metavar="FILE", help="checkpoint files (save_checkpoint's), one per rank or one")
+    p.add_argument("--out", default=None, help="write the merged checkpoint to this file")
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.set_defaults(func=cmd_checkpoint)
+
+    p = sub.add_parser(
         "bench",
         help="run the baseline benchmark (python -m plitzer.bench.baseline)",
         epilog=_EXAMPLES["bench"],
@@ -866,8 +898,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         code: int = args.func(args)
+        sys.stdout.flush()
     except (KeyboardInterrupt, SystemExit):
         raise
+    except BrokenPipeError:
+        # The reader went away (`plitzer plan ... | head`): nothing to report, and nothing more to
+        # write; stdout goes to devnull so that the interpreter's last flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as e:
         if debug:
             traceback.print_exc()

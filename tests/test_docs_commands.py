@@ -155,6 +155,7 @@ RULES: dict[str, Rule] = {
     "plitzer synth": synopsis("plitzer synth"),
     "plitzer synth --text": synopsis("plitzer synth"),
     "plitzer synth DIR --tokens N": scaled("plitzer synth data/n --tokens 1000"),
+    "plitzer checkpoint FILE... [--out F]": synopsis("plitzer checkpoint --help"),
     "plitzer tokenize": synopsis("plitzer tokenize"),
     "plitzer tokenize SRC DST": synopsis("plitzer tokenize"),
     "plitzer tokenize --engine ray": synopsis("plitzer tokenize"),
