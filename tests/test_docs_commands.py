@@ -27,7 +27,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tomllib
@@ -35,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ("python ", "plitzer ", "torchrun ", "pip ", ".venv/bin/python ", "ruff ", "mypy ")
@@ -304,12 +305,6 @@ def test_installs_name_real_extras_and_ci_runs_the_rest() -> None:
             assert command.removeprefix("pip install ").split(" tests/")[0] in ci, command
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _user_folder(d: Path) -> Path:
     """A new user's folder: the checkout's docs/, benchmarks/ and tests/ beside their data."""
     d.mkdir(parents=True, exist_ok=True)
@@ -358,7 +353,7 @@ def _run(argv: str, scratch: Path, timeout: float = 300) -> subprocess.Completed
         "PLITZER_BENCH_DATA": str(scratch / "bench-data"),
         "PLITZER_CACHE": str(scratch / "cache"),
         "MPLBACKEND": "Agg",
-        "PET_MASTER_PORT": str(_free_port()),  # torchrun's --master-port, the command unchanged
+        "PET_MASTER_PORT": str(free_port()),  # torchrun's --master-port, the command unchanged
     }
     args = shlex.split(argv)
     if args[0] == "python":
