@@ -541,6 +541,10 @@ class Retrying:
         "retry_deadline",
     )
 
+    def checkpoint_revision(self) -> tuple[str, str] | None:
+        """None: an object store's URL names no revision (the Hub's storage overrides it)."""
+        return None
+
     def take_tuning(self, opts: dict[str, Any], *, attempts: int | None = None, backoff: float = 0.1) -> None:
         """Pop plitzer's tuning keys from ``opts`` into attributes, each checked.
 

@@ -88,7 +88,7 @@ CONFIG_FIELDS: tuple[str, ...] = (
 # Mixtures (planner.mixing.mixture) add their sources ([name, fingerprint] each) and stages
 # ([start step, {source: weight}] each) the same way. Sources on the Hugging Face Hub
 # add their revisions ([source without revision, commit, files digest] each,
-# planner.stores.hf.revisions): not part of the dataset's identity (a checkpoint carries to
+# planner.stores.storage.revisions): not part of the dataset's identity (a checkpoint carries to
 # a copy on disk), so they are compared by diff_revisions, not diff_config.
 # Layout stages (planner.order.layout) add ``layout`` ([start step, lanes, seq_len] each, from
 # step 0; ``lanes`` and ``seq_len`` are then the first stage's), written only when there

@@ -35,7 +35,7 @@ from planner.mixing.sources import SourceSpec, Weights
 from planner.order.layout import Layout
 from planner.order.plan import Plan, PlanSettings, check_int
 from planner.parameters import PARAMETERS, POSITIONAL, unknown_keyword
-from planner.stores.hf import revisions
+from planner.stores.storage import revisions
 
 __all__ = [
     "Keywords",
