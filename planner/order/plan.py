@@ -122,6 +122,11 @@ class Plan:
         return int(self._tokens.sum())
 
     @property
+    def counts(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        """Each row group's tokens, rows and empty documents, in index order (those a ``where=`` selects)."""
+        return self._tokens, self._rows, self._empty
+
+    @property
     def epoch_tokens(self) -> int:
         """Tokens of an epoch, ``T``: :attr:`tokens`, except for a mixture whose first stage
         weighs some sources 0, where it counts the sources that stage weighs (a source that
