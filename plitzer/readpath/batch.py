@@ -85,6 +85,9 @@ class Batch:
         Epoch label: ``floor(step * lanes * seq_len / dataset_tokens)``.
     lanes : range
         The global lane of each row.
+    columns : dict of str to array
+        The aligned columns named by ``columns=`` (SPEC section 13), each shaped and cut like
+        ``tokens``, of the column's own dtype (bool stays bool); empty when none are named.
     """
 
     tokens: Tokens
@@ -94,12 +97,15 @@ class Batch:
     _segments: Segments | Callable[[], Segments] = field(repr=False)
     _locate: Locate = field(repr=False)
     _after: Callable[[], bytes] = field(repr=False)
+    columns: dict[str, Tokens] = field(default_factory=dict)
+    """Aligned columns (SPEC section 13): name -> ``(rows, seq_len)`` array of the column's dtype, cut as the tokens."""
 
     def __repr__(self) -> str:
         rows, width = self.tokens.shape
+        cols = "".join(f", {n}={c.dtype}" for n, c in self.columns.items())
         return (
             f"Batch(step={self.step}, epoch={self.epoch}, lanes={self.lanes.start}..{self.lanes.stop - 1}, "
-            f"tokens={rows}x{width} {self.tokens.dtype})"
+            f"tokens={rows}x{width} {self.tokens.dtype}{cols})"
         )
 
     @property
