@@ -60,8 +60,7 @@ def write_aligned(
         if with_columns:
             cols["weight"] = pa.array(weights, pa.list_(pa.float64()))
             cols["loss_mask"] = pa.array(masks, pa.list_(pa.bool_()))
-        for k, v in (extra or {}).items():
-            cols[k] = v
+        cols.update(extra or {})
         g += len(docs)
         pq.write_table(pa.table(cols), root / name, row_group_size=row_group_size)
     return ids
@@ -354,7 +353,7 @@ def test_text_sources_take_fills_only(mix: dict[str, Path]) -> None:
 
     tok = load_tokenizer(chars, name="chars-v1", eos_id=997, vocab_size=998)
     sources = {"chat": str(mix["chat"]), "prose": {"path": str(mix["prose"]), "tokenizer": tok}}
-    with pytest.raises(plitzer.ConfigError, match="source 'prose'.* is text.*take fills only"):
+    with pytest.raises(plitzer.ConfigError, match=r"source 'prose'.* is text.*take fills only"):
         plitzer.Loader(sources, lanes=2, window=2, seq_len=8, columns=["loss_mask"])
     with plitzer.Loader(sources, lanes=2, window=2, seq_len=8, columns={"loss_mask": False}) as ld:
         for b in ld:
