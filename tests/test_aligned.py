@@ -392,3 +392,40 @@ def test_selected_rows_take_their_own_column_values(sft: tuple[Path, Any, Any]) 
     ) as ld:
         for b in ld:
             check_batch(b, ids, docs)
+
+
+def test_torch_carries_the_columns_as_tensors(sft: tuple[Path, Any, Any]) -> None:
+    torch = pytest.importorskip("torch")
+    import plitzer.torch
+
+    path, _, _ = sft
+    with plitzer.torch.Dataset(path, lanes=4, window=2, seq_len=16, columns=["loss_mask", "weight"]) as ds:
+        for b in ds:
+            m, w = b.columns["loss_mask"], b.columns["weight"]
+            assert m.dtype == torch.bool and w.dtype == torch.float64
+            assert m.shape == b.tokens.shape == w.shape
+            assert torch.equal(m, torch.from_numpy(np.asarray(b.source.columns["loss_mask"])))
+            moved = b.to("cpu")
+            assert set(moved.columns) == {"loss_mask", "weight"}
+            assert torch.equal(moved.columns["weight"], w)
+        state = ds.state_dict()
+    with plitzer.torch.Dataset(path, lanes=4, window=2, seq_len=16, world=2, rank=1, columns=["loss_mask"]) as other:
+        with pytest.raises(plitzer.CheckpointError, match="columns: checkpoint"):
+            other.load_state_dict(state)
+
+
+def test_grain_carries_the_columns_as_element_keys(sft: tuple[Path, Any, Any]) -> None:
+    pytest.importorskip("grain")
+    import plitzer.grain
+
+    path, _, _ = sft
+    ds = plitzer.grain.Dataset(path, lanes=4, window=2, seq_len=16, columns={"loss_mask": 0, "weight": 0.0})
+    it = iter(ds)
+    with plitzer.Loader(path, lanes=4, window=2, seq_len=16, columns=["loss_mask", "weight"]) as ld:
+        for _ in range(5):
+            e = next(it)
+            b = ld.next_batch()
+            assert e["loss_mask"].dtype == np.bool_ and e["weight"].dtype == np.float64
+            assert np.array_equal(e["tokens"], np.asarray(b.tokens))
+            assert np.array_equal(e["loss_mask"], np.asarray(b.columns["loss_mask"]))
+            assert np.array_equal(e["weight"], np.asarray(b.columns["weight"]))
