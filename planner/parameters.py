@@ -256,6 +256,7 @@ PLAN_PARAMETERS: tuple[str, ...] = (
     "seq_len",
     "where",
     "length_column",
+    "columns",
 )
 """The settings :func:`planner.plan` takes: those that decide the plan tables."""
 

@@ -174,6 +174,29 @@ def _add_source(p: argparse.ArgumentParser) -> None:
     p.add_argument("--region", default=None, help="S3 region")
     _add_setting(p, "where")
     _add_setting(p, "length_column")
+    _add_setting(p, "columns", type=_columns_arg)
+
+
+def _columns_arg(text: str) -> list[str] | dict[str, Any]:
+    """``--columns loss_mask,weight`` (names), or ``loss_mask=0,weight=0.5`` (name -> fill value)."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not any("=" in p for p in parts):
+        return parts
+    out: dict[str, Any] = {}
+    for part in parts:
+        name, eq, value = part.partition("=")
+        if not eq:
+            out[name] = None
+            continue
+        v = value.strip().lower()
+        try:
+            out[name.strip()] = (
+                v == "true" if v in ("true", "false") else int(v) if v.lstrip("-").isdigit() else float(v)
+            )
+        except ValueError:
+            msg = f"--columns {text!r}: the fill of {name!r} is {value!r}, not a bool, int or float (e.g. loss_mask=0)"
+            raise argparse.ArgumentTypeError(msg) from None
+    return out
 
 
 def _selection(args: argparse.Namespace) -> dict[str, Any]:
@@ -391,6 +414,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         storage_options=_storage_options(args),
         weights=weights,
         seq_len=getattr(args, "seq_len", None),
+        columns=args.columns,
         **_selection(args),
     )
     if args.sql:
@@ -445,6 +469,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         storage_options=_storage_options(args),
         weights=weights,
         progress=terminal_progress(),
+        columns=args.columns,
         **_selection(args),
     )
     if args.format == "table" and not args.out:
@@ -503,6 +528,7 @@ def cmd_locate(args: argparse.Namespace) -> int:
         column=args.column,
         storage_options=_storage_options(args),
         weights=weights,
+        columns=args.columns,
         **extra,
     )
     if args.format == "table" and not args.out:
@@ -536,6 +562,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         column=args.column,
         storage_options=_storage_options(args),
         progress=terminal_progress(),
+        columns=args.columns,
         **_selection(args),
     )
     for name in ("summary", "length_summary", "lane_balance_summary", "lockstep_summary", "reads_per_rank"):
@@ -777,6 +804,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", default=None, help="only these steps: N (the first N) or 'a:b'")
     p.add_argument("--selection", default=None, help="the run's own where= (rows it trains on)")
     _add_setting(p, "length_column", help="an integer column of each row's token count")
+    _add_setting(p, "columns", type=_columns_arg)
     _add_settings(p, seq_len=True)
     _add_setting(p, "rank", default=None)
     p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")

@@ -179,7 +179,9 @@ class Batch:
         Columns: batch_row, lane, start (in the row), length, source (a mixture's
         source name; only for mixtures), file, row_group,
         row (in the row group), token_offset (in the document), epoch, window_index
-        (the window of the piece's epoch; not ``window``, a keyword in DuckDB).
+        (the window of the piece's epoch; not ``window``, a keyword in DuckDB); and for each
+        aligned column (``columns=``), ``NAME_sum``: the sum of its values over the piece
+        (a loss mask's count of the tokens trained on).
 
         Examples
         --------
@@ -213,4 +215,11 @@ class Batch:
                 "window_index": window,
             }
         )
+        # Aligned columns: each piece's sum of the column (a mask's count of tokens trained on).
+        ends = np.cumsum(length)
+        for name, values in self.columns.items():
+            flat = np.asarray(values).reshape(-1)
+            acc = np.float64 if flat.dtype.kind == "f" else np.int64
+            cs = np.concatenate([[0], np.cumsum(flat, dtype=acc)])
+            columns[f"{name}_sum"] = cs[ends] - cs[ends - length]
         return pl.DataFrame(columns)

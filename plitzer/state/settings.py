@@ -352,9 +352,9 @@ def _text_source(spec: SourceSpec) -> Index:
 
 def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:
     """The plan the loader runs from (and that ``plan.sql`` shows) for these settings."""
-    return api.make_plan(
-        index, settings.plan, weights=settings.weights, seq_len=settings.seq_len, layout=settings.stages
-    )
+    p = api.make_plan(index, settings.plan, weights=settings.weights, seq_len=settings.seq_len, layout=settings.stages)
+    p.columns = api.columns_of(settings.columns)
+    return p
 
 
 def checkpoint_config(plan: Plan, settings: LoaderSettings) -> dict[str, Any]:
