@@ -151,6 +151,21 @@ def _source_of(args: argparse.Namespace) -> tuple[Any, Any]:
     return _source(args.data), None
 
 
+def _columns_of(args: argparse.Namespace) -> Any:
+    """The aligned columns: ``--columns``, else the mixture file's; both, differing, is refused."""
+    flag = getattr(args, "columns", None)
+    mixture = getattr(args, "mixture", None)
+    if not mixture:
+        return flag
+    from plitzer.tools.mixfile import mixture_columns
+
+    inner = mixture_columns(mixture)
+    if flag is not None and inner is not None and flag != inner:
+        msg = f"--columns {flag!r} and the mixture file's columns {inner!r} differ; give one of them"
+        raise ConfigError(msg)
+    return flag if flag is not None else inner
+
+
 def _storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
     opts = {k: getattr(args, k) for k in ("endpoint", "region") if getattr(args, k, None)}
     return opts or None
@@ -414,7 +429,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         storage_options=_storage_options(args),
         weights=weights,
         seq_len=getattr(args, "seq_len", None),
-        columns=args.columns,
+        columns=_columns_of(args),
         **_selection(args),
     )
     if args.sql:
@@ -469,7 +484,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         storage_options=_storage_options(args),
         weights=weights,
         progress=terminal_progress(),
-        columns=args.columns,
+        columns=_columns_of(args),
         **_selection(args),
     )
     if args.format == "table" and not args.out:
@@ -528,7 +543,7 @@ def cmd_locate(args: argparse.Namespace) -> int:
         column=args.column,
         storage_options=_storage_options(args),
         weights=weights,
-        columns=args.columns,
+        columns=_columns_of(args),
         **extra,
     )
     if args.format == "table" and not args.out:
@@ -562,7 +577,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         column=args.column,
         storage_options=_storage_options(args),
         progress=terminal_progress(),
-        columns=args.columns,
+        columns=_columns_of(args),
         **_selection(args),
     )
     for name in ("summary", "length_summary", "lane_balance_summary", "lockstep_summary", "reads_per_rank"):

@@ -429,3 +429,40 @@ def test_grain_carries_the_columns_as_element_keys(sft: tuple[Path, Any, Any]) -
             assert np.array_equal(e["tokens"], np.asarray(b.tokens))
             assert np.array_equal(e["loss_mask"], np.asarray(b.columns["loss_mask"]))
             assert np.array_equal(e["weight"], np.asarray(b.columns["weight"]))
+
+
+def test_the_cli_takes_columns_and_shows_them(
+    mix: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from plitzer.cli import main
+
+    chat = str(mix["chat"])
+    assert main(["plan", chat, "--lanes", "4", "--window", "2", "--columns", "loss_mask,weight"]) == 0
+    assert "columns=loss_mask,weight" in capsys.readouterr().out
+    args = ["explain", chat, "--lanes", "4", "--window", "2", "--seq-len", "16", "--step", "1"]
+    assert main([*args, "--columns", "loss_mask,weight", "--format", "csv"]) == 0
+    out = capsys.readouterr().out
+    assert "loss_mask_sum" in out and "weight_sum" in out
+    # A mixture file's columns: a table of fills, so the web source (no columns) takes them.
+    toml = tmp_path / "mix.toml"
+    toml.write_text(
+        f'[sources.chat]\npath = "{chat}"\n[sources.web]\npath = "{mix["web"]}"\n[columns]\nloss_mask = 0\n'
+    )
+    assert main(["plan", "--mixture", str(toml), "--lanes", "4", "--window", "2"]) == 0
+    assert "columns=loss_mask(fill 0)" in capsys.readouterr().out
+    toml.write_text(f'[sources.chat]\npath = "{chat}"\n[sources.web]\npath = "{mix["web"]}"\ncolumns = ["loss_mask"]\n')
+    assert (
+        main(["explain", "--mixture", str(toml), "--lanes", "4", "--window", "2", "--seq-len", "16", "--step", "0"])
+        != 0
+    )
+    assert "source 'web'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*args, "--columns", "loss_mask=yes"])
+    assert "not a bool, int or float" in capsys.readouterr().err
+
+
+def test_plan_records_the_columns(mix: dict[str, Path]) -> None:
+    p = plitzer.plan(str(mix["chat"]), lanes=4, window=2, columns={"weight": 0.0, "loss_mask": False})
+    assert p.columns == [["loss_mask", False], ["weight", 0.0]]
+    assert "columns=loss_mask(fill False),weight(fill 0.0)" in repr(p)
+    assert plitzer.plan(str(mix["chat"]), lanes=4, window=2).columns == []
