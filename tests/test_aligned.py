@@ -450,12 +450,13 @@ def test_the_cli_takes_columns_and_shows_them(
     )
     assert main(["plan", "--mixture", str(toml), "--lanes", "4", "--window", "2"]) == 0
     assert "columns=loss_mask(fill 0)" in capsys.readouterr().out
-    toml.write_text(f'[sources.chat]\npath = "{chat}"\n[sources.web]\npath = "{mix["web"]}"\ncolumns = ["loss_mask"]\n')
+    toml.write_text(f'columns = ["loss_mask"]\n[sources.chat]\npath = "{chat}"\n[sources.web]\npath = "{mix["web"]}"\n')
     assert (
         main(["explain", "--mixture", str(toml), "--lanes", "4", "--window", "2", "--seq-len", "16", "--step", "0"])
         != 0
     )
-    assert "source 'web'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "source 'web'" in err and "has no column 'loss_mask'" in err
     with pytest.raises(SystemExit):
         main([*args, "--columns", "loss_mask=yes"])
     assert "not a bool, int or float" in capsys.readouterr().err
