@@ -252,7 +252,8 @@ RULES: dict[str, Rule] = {
     "python benchmarks/throughput.py --tokens 30000000 --threads 2": scaled(
         "python benchmarks/throughput.py --tokens 1000000 --threads 2 --lanes 16 --epochs 1"
     ),
-    "python benchmarks/throughput.py --columns --tokens 8000000 --threads 2": scaled(
+    "python benchmarks/throughput.py --columns --tokens 4000000 --docs-per-row-group 200 --threads 2 --lanes 16 "
+    "--window 4 --epochs 2 --repeat 3": scaled(
         "python benchmarks/throughput.py --columns --tokens 1000000 --threads 2 --lanes 16 --repeat 1 --epochs 1"
     ),
     "python benchmarks/throughput.py --tokens 38000000 --threads 2": scaled(
