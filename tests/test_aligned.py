@@ -467,3 +467,56 @@ def test_plan_records_the_columns(mix: dict[str, Path]) -> None:
     assert p.columns == [["loss_mask", False], ["weight", 0.0]]
     assert "columns=loss_mask(fill False),weight(fill 0.0)" in repr(p)
     assert plitzer.plan(str(mix["chat"]), lanes=4, window=2).columns == []
+
+
+def test_a_live_layout_change_keeps_the_columns_aligned(sft: tuple[Path, Any, Any]) -> None:
+    path, ids, docs = sft
+    with plitzer.Loader(path, lanes=4, window=2, seq_len=16, columns=["loss_mask", "weight"]) as ld:
+        for _ in range(3):
+            check_batch(ld.next_batch(), ids, docs)
+        ld.set_layout(lanes=2, seq_len=40)
+        for _ in range(len(ld)):
+            b = ld.next_batch()
+            assert b.columns["weight"].shape == b.tokens.shape
+            check_batch(b, ids, docs)
+
+
+def test_dtypes_of_sources_are_promoted_and_half_floats_kept(tmp_path: Path) -> None:
+    for name, typ in (("a", pa.int8()), ("b", pa.int32())):
+        d = tmp_path / name
+        d.mkdir()
+        docs = [[1, 2, 3], [4, 5], [6, 7, 8, 9]] * 4
+        pq.write_table(
+            pa.table(
+                {
+                    "input_ids": pa.array(docs, pa.list_(pa.int32())),
+                    "labels": pa.array([[-t for t in x] for x in docs], pa.list_(typ)),
+                    "half": pa.array([[t / 2 for t in x] for x in docs], pa.list_(pa.float16())),
+                }
+            ),
+            d / "p.parquet",
+            row_group_size=3,
+        )
+    sources = {"a": str(tmp_path / "a"), "b": str(tmp_path / "b")}
+    with plitzer.Loader(sources, lanes=2, window=2, seq_len=5, columns=["labels", "half"]) as ld:
+        for b in ld:
+            t = np.asarray(b.tokens)
+            assert b.columns["labels"].dtype == np.int32 and b.columns["half"].dtype == np.float16
+            assert (np.asarray(b.columns["labels"]) == -t).all()
+            assert (np.asarray(b.columns["half"]) == (t / 2).astype(np.float16)).all()
+
+
+def test_pin_memory_carries_the_columns(sft: tuple[Path, Any, Any]) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("pinned memory needs an accelerator")
+    import plitzer.torch
+
+    path, _, _ = sft
+    with plitzer.torch.Dataset(path, lanes=4, window=2, seq_len=16, columns=["loss_mask"]) as ds:
+        b = next(iter(ds))
+        pinned = b.pin_memory()
+        assert pinned.columns["loss_mask"].is_pinned()
+        assert torch.equal(pinned.columns["loss_mask"], b.columns["loss_mask"])
+        on = b.to("cuda")
+        assert on.columns["loss_mask"].device.type == "cuda"
