@@ -520,3 +520,26 @@ def test_pin_memory_carries_the_columns(sft: tuple[Path, Any, Any]) -> None:
         assert torch.equal(pinned.columns["loss_mask"], b.columns["loss_mask"])
         on = b.to("cuda")
         assert on.columns["loss_mask"].device.type == "cuda"
+
+
+def test_explain_and_the_audit_show_the_columns(sft: tuple[Path, Any, Any], tmp_path: Path) -> None:
+    path, ids, docs = sft
+    kw: dict[str, Any] = {"lanes": 4, "window": 2, "seq_len": 16}
+    got = plitzer.explain(path, 2, columns=["loss_mask", "weight"], **kw)
+    with plitzer.Loader(path, columns=["loss_mask", "weight"], **kw) as ld:
+        ld.seek(2)
+        b = ld.next_batch()
+        want = b.documents()
+    assert got["loss_mask_sum"].to_list() == want["loss_mask_sum"].to_list()
+    assert got["weight_sum"].to_list() == want["weight_sum"].to_list()
+    # Each piece's sum is the sum of the known function over the piece's own positions.
+    for r in want.iter_rows(named=True):
+        g = ids[(os.path.basename(r["file"]), r["row_group"], r["row"])]
+        j = np.arange(r["token_offset"], r["token_offset"] + r["length"])
+        assert r["loss_mask_sum"] == int(mask_of(g, j).sum())
+        assert r["weight_sum"] == float(weight_of(g, j).sum())
+    from plitzer.audit import audit
+
+    report = audit(path, columns={"loss_mask": 0, "weight": None}, **kw)
+    assert report.tables["settings"]["columns"].to_list() == ["loss_mask (fill 0), weight"]
+    assert "columns" not in audit(path, **kw).tables["settings"].columns
