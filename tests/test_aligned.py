@@ -522,8 +522,8 @@ def test_pin_memory_carries_the_columns(sft: tuple[Path, Any, Any]) -> None:
         assert on.columns["loss_mask"].device.type == "cuda"
 
 
-def test_explain_and_the_audit_show_the_columns(sft: tuple[Path, Any, Any], tmp_path: Path) -> None:
-    path, ids, docs = sft
+def test_explain_and_the_audit_show_the_columns(sft: tuple[Path, Any, Any]) -> None:
+    path, ids, _ = sft
     kw: dict[str, Any] = {"lanes": 4, "window": 2, "seq_len": 16}
     got = plitzer.explain(path, 2, columns=["loss_mask", "weight"], **kw)
     with plitzer.Loader(path, columns=["loss_mask", "weight"], **kw) as ld:
