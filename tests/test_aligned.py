@@ -105,7 +105,7 @@ documents = st.lists(st.lists(st.integers(0, 999), min_size=0, max_size=30), min
     world=st.sampled_from([1, 2, 4]),
     other=st.sampled_from([1, 2, 4]),
     window=st.integers(1, 3),
-    seq_len=st.sampled_from([3, 8, 17]),
+    seq_len=st.sampled_from([3, 8, 17, 150]),
     stage=st.sampled_from([None, (3, 8, 5), (2, 4, 40)]),
     seed=st.integers(0, 3),
     steps=st.integers(2, 8),
@@ -543,3 +543,16 @@ def test_explain_and_the_audit_show_the_columns(sft: tuple[Path, Any, Any]) -> N
     report = audit(path, columns={"loss_mask": 0, "weight": None}, **kw)
     assert report.tables["settings"]["columns"].to_list() == ["loss_mask (fill 0), weight"]
     assert "columns" not in audit(path, **kw).tables["settings"].columns
+
+
+def test_long_documents_take_the_direct_gather(tmp_path: Path) -> None:
+    """Sub-pieces of 128 tokens and more are gathered step-major directly (not the short-row transpose)."""
+    rng = np.random.default_rng(9)
+    files = [[rng.integers(0, 1000, int(rng.integers(150, 700))).tolist() for _ in range(12)] for _ in range(2)]
+    ids = write_aligned(tmp_path, files, row_group_size=4)
+    docs = dict(enumerate(d for f in files for d in f))
+    for world in (1, 2):
+        kw: dict[str, Any] = {"lanes": 4, "window": 2, "seq_len": 256, "columns": ["loss_mask", "weight"]}
+        for step in run_ranks(tmp_path, 6, world, **kw):
+            for b in step:
+                check_batch(b, ids, docs)
