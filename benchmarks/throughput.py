@@ -39,7 +39,7 @@ times; and, as the yardstick, the raw decode of the three columns against the to
 column alone (``pq.read_table``). The extra cost should follow the extra bytes (1 + 4 per
 token against the tokens' 4), not a second packing:
 
-    python benchmarks/throughput.py --columns --tokens 4000000 --docs-per-row-group 200 --threads 2 --lanes 16 --window 4
+    python benchmarks/throughput.py --columns --tokens 4000000 --docs-per-row-group 200 --lanes 16 --window 4
 """
 
 from __future__ import annotations
