@@ -257,6 +257,7 @@ def plan(
     seq_len: Any = None,
     where: str | None = None,
     length_column: str | None = None,
+    columns: Any = None,
     selector: Selector | None = None,
 ) -> Plan:
     """The plan of ``source`` (a path, URL, list, an :class:`~planner.Index`, or a dict of named sources).
@@ -307,4 +308,21 @@ def plan(
         length_column=length_column,
         select=selector,
     )
-    return make_plan(ix, settings, weights=weights, seq_len=seq_len, layout=layout)
+    p = make_plan(ix, settings, weights=weights, seq_len=seq_len, layout=layout)
+    p.columns = columns_of(columns)
+    return p
+
+
+def columns_of(columns: Any) -> list[list[Any]]:
+    """``columns=`` (names, or name -> fill) as a plan shows it: ``[[name, fill or None], ...]`` by name.
+
+    The plan records the aligned columns a run carries (SPEC section 13); the runtime reads
+    and checks them (``plitzer.readpath.aligned``), planner reads no data.
+    """
+    if not columns:
+        return []
+    if isinstance(columns, str):
+        columns = [c.strip() for c in columns.split(",") if c.strip()]
+    if isinstance(columns, Mapping):
+        return [[str(n), columns[n]] for n in sorted(columns)]
+    return [[str(n), None] for n in sorted(columns)]

@@ -156,6 +156,21 @@ def _source_of(args: argparse.Namespace) -> tuple[Any, Any]:
     return _source(args.data), None
 
 
+def _columns_of(args: argparse.Namespace) -> Any:
+    """The aligned columns: ``--columns``, else the mixture file's; both, differing, is refused."""
+    flag = getattr(args, "columns", None)
+    mixture = getattr(args, "mixture", None)
+    if not mixture:
+        return flag
+    from plitzer.tools.mixfile import mixture_columns
+
+    inner = mixture_columns(mixture)
+    if flag is not None and inner is not None and flag != inner:
+        msg = f"--columns {flag!r} and the mixture file's columns {inner!r} differ; give one of them"
+        raise ConfigError(msg)
+    return flag if flag is not None else inner
+
+
 def _storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
     opts = {k: getattr(args, k) for k in ("endpoint", "region") if getattr(args, k, None)}
     return opts or None
@@ -179,6 +194,29 @@ def _add_source(p: argparse.ArgumentParser) -> None:
     p.add_argument("--region", default=None, help="S3 region")
     _add_setting(p, "where")
     _add_setting(p, "length_column")
+    _add_setting(p, "columns", type=_columns_arg)
+
+
+def _columns_arg(text: str) -> list[str] | dict[str, Any]:
+    """``--columns loss_mask,weight`` (names), or ``loss_mask=0,weight=0.5`` (name -> fill value)."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not any("=" in p for p in parts):
+        return parts
+    out: dict[str, Any] = {}
+    for part in parts:
+        name, eq, value = part.partition("=")
+        if not eq:
+            out[name] = None
+            continue
+        v = value.strip().lower()
+        try:
+            out[name.strip()] = (
+                v == "true" if v in ("true", "false") else int(v) if v.lstrip("-").isdigit() else float(v)
+            )
+        except ValueError:
+            msg = f"--columns {text!r}: the fill of {name!r} is {value!r}, not a bool, int or float (e.g. loss_mask=0)"
+            raise argparse.ArgumentTypeError(msg) from None
+    return out
 
 
 def _selection(args: argparse.Namespace) -> dict[str, Any]:
@@ -396,6 +434,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         storage_options=_storage_options(args),
         weights=weights,
         seq_len=getattr(args, "seq_len", None),
+        columns=_columns_of(args),
         **_selection(args),
     )
     if args.sql:
@@ -450,6 +489,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         storage_options=_storage_options(args),
         weights=weights,
         progress=terminal_progress(),
+        columns=_columns_of(args),
         **_selection(args),
     )
     if args.format == "table" and not args.out:
@@ -508,6 +548,7 @@ def cmd_locate(args: argparse.Namespace) -> int:
         column=args.column,
         storage_options=_storage_options(args),
         weights=weights,
+        columns=_columns_of(args),
         **extra,
     )
     if args.format == "table" and not args.out:
@@ -541,6 +582,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         column=args.column,
         storage_options=_storage_options(args),
         progress=terminal_progress(),
+        columns=_columns_of(args),
         **_selection(args),
     )
     for name in ("summary", "length_summary", "lane_balance_summary", "lockstep_summary", "reads_per_rank"):
@@ -793,6 +835,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", default=None, help="only these steps: N (the first N) or 'a:b'")
     p.add_argument("--selection", default=None, help="the run's own where= (rows it trains on)")
     _add_setting(p, "length_column", help="an integer column of each row's token count")
+    _add_setting(p, "columns", type=_columns_arg)
     _add_settings(p, seq_len=True)
     _add_setting(p, "rank", default=None)
     p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")

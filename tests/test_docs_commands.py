@@ -189,6 +189,7 @@ RULES: dict[str, Rule] = {
     "python docs/examples/train_tiny.py DATA_DIR": scaled("python docs/examples/train_tiny.py data/sample"),
     "torchrun --nproc-per-node 2 docs/examples/train_tiny.py": R,
     "python docs/examples/loss_mixing.py": R,
+    "python docs/examples/sft_mask.py": R,
     # benchmarks and offline checks, at small sizes
     "python tests/fuzz_parquet.py BASE WORK N SEED": scaled(
         "python tests/fuzz_parquet.py data/sample/part-00000.parquet {scratch}/fuzz 20 2"
@@ -252,6 +253,10 @@ RULES: dict[str, Rule] = {
     ),
     "python benchmarks/throughput.py --tokens 30000000 --threads 2": scaled(
         "python benchmarks/throughput.py --tokens 1000000 --threads 2 --lanes 16 --epochs 1"
+    ),
+    "python benchmarks/throughput.py --columns --tokens 4000000 --docs-per-row-group 200 --threads 2 --lanes 16 "
+    "--window 4 --epochs 2 --repeat 3": scaled(
+        "python benchmarks/throughput.py --columns --tokens 1000000 --threads 2 --lanes 16 --repeat 1 --epochs 1"
     ),
     "python benchmarks/throughput.py --tokens 38000000 --threads 2": scaled(
         "python benchmarks/throughput.py --tokens 1000000 --threads 2 --lanes 16 --repeat 1 --epochs 1"

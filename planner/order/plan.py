@@ -80,6 +80,7 @@ class Plan:
         )
         self._epochs: OrderedDict[int, EpochPlan] = OrderedDict()
         self.layout: Layout | None = None  # layout stages (planner.order.layout), where the run has them
+        self.columns: list[list[Any]] = []  # aligned columns the run carries ([name, fill]; SPEC section 13)
 
     def with_layout(self, layout: Layout | None) -> tuple[Plan, int]:
         """This plan under layout stages ``layout`` (a new value), and the first unit it changes.
@@ -97,8 +98,14 @@ class Plan:
         s = self.settings
         return (
             f"Plan({self.dataset.row_groups} row groups, {self.tokens:,} tokens, seed={s.seed}, "
-            f"lanes={s.lanes}, window={s.window}, world={s.world})"
+            f"lanes={s.lanes}, window={s.window}, world={s.world}{self._columns_shown()})"
         )
+
+    def _columns_shown(self) -> str:
+        """``, columns=loss_mask(fill 0),weight``: the aligned columns, where the run carries some."""
+        if not self.columns:
+            return ""
+        return ", columns=" + ",".join(n + ("" if f is None else f"(fill {f!r})") for n, f in self.columns)
 
     @property
     def index(self) -> pl.DataFrame:

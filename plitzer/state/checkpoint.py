@@ -80,6 +80,7 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "length_column",
     "revisions",
     "layout",
+    "columns",
 )
 # Fields of text sources (plitzer.text.source: the tokenizer's identity and the BOS/EOS
 # policy), added within format 2: written only when they differ from these values
@@ -103,7 +104,10 @@ _OPTIONAL: dict[str, Any] = {
     "length_column": "",
     "revisions": [],
     "layout": [],
+    "columns": [],
 }
+# Aligned columns (plitzer.readpath.aligned) add ``columns`` ([name, fill or null] each, sorted by
+# name), written only when a run names some: a run without them writes the bytes it wrote before.
 _INT_LIMIT = 2**63
 
 
@@ -246,6 +250,16 @@ def decode(data: bytes | bytearray | memoryview) -> State:
         if not isinstance(v, str) and not pairs:
             why = f"{k} is {v!r}, expected a string or [source, string] pairs"
             raise _fail(why)
+    cols = config["columns"]
+    if not isinstance(cols, list) or not all(
+        isinstance(x, list)
+        and len(x) == 2
+        and isinstance(x[0], str)
+        and (x[1] is None or isinstance(x[1], (bool, int, float)))
+        for x in cols
+    ):
+        why = "columns must list [name, fill or null] pairs"
+        raise _fail(why)
     revs = config["revisions"]
     if not isinstance(revs, list) or not all(
         isinstance(x, list) and len(x) == 3 and all(isinstance(v, str) for v in x) for x in revs
