@@ -39,7 +39,7 @@ from planner.catalog.dataset import Index
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError, DataError
 from planner.mixing.mixture import MixtureIndex
-from plitzer.readpath.packed import ColumnBlock, PackedUnit, _gather, _lists, arrow_ints
+from plitzer.readpath.packed import ColumnBlock, PackedUnit, arrow_ints, gather_lists, list_views
 from plitzer.readpath.read import list_lengths, numpy_view, read_decoded
 
 __all__ = [
@@ -400,8 +400,8 @@ def assemble_columns(units: list[PackedUnit], step: int, rows: int, seq_len: int
     order = np.lexsort((np.arange(len(row)), unit_of, row))
     out: dict[str, NDArray[Any]] = {}
     for n, first in units[0].columns.items():
-        lists = [_lists(u.columns[n].edges, u.start[a:b], u.start[a:b] + u.length[a:b]) for u, a, b in parts]
-        values = _gather(lists, order)
+        lists = [list_views(u.columns[n].edges, u.start[a:b], u.start[a:b] + u.length[a:b]) for u, a, b in parts]
+        values = gather_lists(lists, order)
         sd = storage_dtype(first.dtype)
         buf = np.empty((rows, seq_len), sd)
         buf.reshape(-1)[:] = numpy_view(values).view(sd)

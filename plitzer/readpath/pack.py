@@ -58,14 +58,30 @@ from plitzer.readpath.packed import (
     Slices,
     StepRange,
     UnitReads,
-    _gather,
-    _lists,
     arrow_ints,
     assemble,
+    gather_lists,
+    list_views,
 )
 from plitzer.readpath.read import list_lengths, numpy_view
 
-__all__ = ["Memory", "PackedUnit", "Segments", "Slices", "StepRange", "UnitReads", "assemble", "pack_unit"]
+__all__ = [
+    "ColumnChunks",
+    "Memory",
+    "PackedUnit",
+    "Pieces",
+    "Segments",
+    "Slices",
+    "StepRange",
+    "UnitReads",
+    "assemble",
+    "cut_pieces",
+    "documents_of",
+    "finish_unit",
+    "pack_unit",
+    "shuffle_pieces",
+    "slice_keys",
+]
 
 I64 = NDArray[np.int64]
 ColumnChunks = dict[str, tuple[list[NDArray[Any]], np.dtype[Any]]]
@@ -79,7 +95,7 @@ def slice_keys(seed: int, epoch: int, window: int, lanes: range) -> NDArray[np.u
     return mix_array(h ^ np.uint64(2))
 
 
-def _documents(arr: pa.Array) -> tuple[pa.Array, I64, I64]:
+def documents_of(arr: pa.Array) -> tuple[pa.Array, I64, I64]:
     """A list chunk, its documents' lengths and the value index of each document's start.
 
     A null list is an empty document. Arrow lets a null slot span values; the
@@ -97,8 +113,8 @@ def _documents(arr: pa.Array) -> tuple[pa.Array, I64, I64]:
 
 
 @dataclass(frozen=True, slots=True)
-class _Pieces:
-    """A window's pieces for the rank's lanes, in stream order (see :func:`_pieces`)."""
+class Pieces:
+    """A window's pieces for the rank's lanes, in stream order (see :func:`cut_pieces`)."""
 
     start: I64  # window stream position
     end: I64
@@ -109,13 +125,13 @@ class _Pieces:
     value: I64  # index of its first token in that row group's values
 
 
-def _pieces(
+def cut_pieces(
     arrays: list[pa.Array], chunk_token_start: list[int], chunk_doc_base: list[int], cuts: I64, *, at_end: bool
-) -> _Pieces:
+) -> Pieces:
     """Every document of the read row groups that gives the rank a piece, split at the rank's cuts."""
     starts_p, lens_p, vbase_p, ids_p, chunk_p = [], [], [], [], []
     for c, (arr, start, base) in enumerate(zip(arrays, chunk_token_start, chunk_doc_base, strict=True)):
-        _, lens, vstart = _documents(arr)
+        _, lens, vstart = documents_of(arr)
         ds = start + np.cumsum(lens) - lens
         starts_p.append(ds)
         lens_p.append(lens)
@@ -153,7 +169,7 @@ def _pieces(
     p_end = np.maximum(p_end, p_start)  # empty documents: length 0
     nl = len(cuts) - 1
     local = np.minimum(np.searchsorted(cuts, p_start, side="right") - 1, nl - 1)
-    return _Pieces(
+    return Pieces(
         start=p_start,
         end=p_end,
         local=local,
@@ -211,7 +227,7 @@ class _Subs:
     layout: I64  # stream-order sub-piece ids in (step, lane, position) order, from from_step on
 
 
-def _shuffle(pc_: _Pieces, keep: NDArray[np.bool_] | None, nl: int, keys: NDArray[np.uint64]) -> tuple[I64, I64]:
+def shuffle_pieces(pc_: Pieces, keep: NDArray[np.bool_] | None, nl: int, keys: NDArray[np.uint64]) -> tuple[I64, I64]:
     """Packed order (stream-order piece ids, lane by lane, each slice shuffled; docs/glossary.md, "Piece").
 
     The ordinal of each piece in its lane's slice in stream order, then one lexsort by
@@ -225,7 +241,7 @@ def _shuffle(pc_: _Pieces, keep: NDArray[np.bool_] | None, nl: int, keys: NDArra
     return kept[np.lexsort((ordinal, h, lane))], bounds
 
 
-def _row_cuts(pc_: _Pieces, order: I64, lane_pos: I64, seq_len: int, from_step: int, nl: int) -> _Subs:
+def _row_cuts(pc_: Pieces, order: I64, lane_pos: I64, seq_len: int, from_step: int, nl: int) -> _Subs:
     """Every kept, non-empty piece cut where its lane's rows end: steps floor(s/L)..floor((e-1)/L)."""
     length = pc_.end - pc_.start
     live = np.zeros(len(length), bool)
@@ -257,7 +273,7 @@ def _chunk_lists(arrays: list[pa.Array], chunk: I64, value: I64, length: I64) ->
     for c, arr in enumerate(arrays):
         i0, i1 = int(cb[c]), int(cb[c + 1])
         if i0 < i1:
-            lists.append(_lists(arr.values, value[i0:i1], value[i0:i1] + length[i0:i1]))
+            lists.append(list_views(arr.values, value[i0:i1], value[i0:i1] + length[i0:i1]))
     return lists
 
 
@@ -286,11 +302,11 @@ def _direct(
     first, stop, n, rows, seq_len = block_at
     rot = np.concatenate([np.arange(first, stop), np.arange(first), np.arange(stop, len(lay))]).astype(np.int64)
     if len(lay) and tiled:
-        values = _gather(_chunk_lists(arrays, subs.chunk, subs.value, subs.end - subs.start), lay[rot])
+        values = gather_lists(_chunk_lists(arrays, subs.chunk, subs.value, subs.end - subs.start), lay[rot])
         assert values.type == pa.from_numpy_dtype(dtype), (values.type, dtype)
     elif len(lay):
         lists, ids = _scattered(arrays, subs.chunk, subs.value, subs.end - subs.start)
-        values = _gather(lists, ids[lay[rot]])
+        values = gather_lists(lists, ids[lay[rot]])
         assert values.type == pa.from_numpy_dtype(dtype), (values.type, dtype)
     else:
         values = arrow_ints(np.zeros(0, dtype), pa.from_numpy_dtype(dtype))
@@ -304,7 +320,7 @@ def _direct(
 
 def _transposed(
     arrays: list[pa.Array],
-    pc_: _Pieces,
+    pc_: Pieces,
     order: I64,
     lane_piece: I64,
     lane_base: I64,
@@ -333,14 +349,14 @@ def _transposed(
     lists = _chunk_lists(arrays, pc_.chunk, pc_.value, length)
     pad_ids = sum(len(x) for x in lists)  # lists of 0, 1 and 2 filler tokens follow the pieces
     lists.append(
-        _lists(arrow_ints(np.zeros(3, dtype), pa.from_numpy_dtype(dtype)), np.array([0, 0, 1]), np.array([0, 1, 3]))
+        list_views(arrow_ints(np.zeros(3, dtype), pa.from_numpy_dtype(dtype)), np.array([0, 0, 1]), np.array([0, 1, 3]))
     )
     lane_of = np.repeat(np.arange(nl, dtype=np.int64), np.diff(lane_piece))
     seq = np.empty(len(order) + 2 * nl, np.int64)
     seq[lane_piece[:-1] + 2 * np.arange(nl)] = pad_ids + front
     seq[np.arange(len(order)) + 2 * lane_of + 1] = order
     seq[lane_piece[1:] + 2 * np.arange(nl) + 1] = pad_ids + back
-    lanes2d = numpy_view(_gather(lists, seq)).view(dtype).reshape(nl, width)
+    lanes2d = numpy_view(gather_lists(lists, seq)).view(dtype).reshape(nl, width)
     n = t1 - t0
     buf = pa.allocate_buffer(n * nl * seq_len * dtype.itemsize)  # Arrow's pool: recycled pages
     memory = Memory(buf, dtype)
@@ -380,11 +396,11 @@ def pack_unit(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | 
     q, r = divmod(p.window_tokens, p.lanes)
     # The rank's cuts c_{k0} .. c_{k1}: its lanes' token ranges, end to end.
     cuts = cut_at(np.arange(rank_lanes.start, rank_lanes.stop + 1), q, r, p.window_z, p.lanes)
-    arrays = [_documents(c)[0] for c in chunks]
+    arrays = [documents_of(c)[0] for c in chunks]
     starts, bases = p.token_start.tolist(), reads.doc_base.tolist()
-    pc_ = _pieces(arrays, starts, bases, cuts, at_end=rank_lanes.stop == p.lanes)
-    order, lane_piece = _shuffle(pc_, p.keep, nl, slice_keys(p.seed, p.epoch, p.window, rank_lanes))
-    return _finish(arrays, pc_, order, lane_piece, reads, tiled=True, columns=columns)
+    pc_ = cut_pieces(arrays, starts, bases, cuts, at_end=rank_lanes.stop == p.lanes)
+    order, lane_piece = shuffle_pieces(pc_, p.keep, nl, slice_keys(p.seed, p.epoch, p.window, rank_lanes))
+    return finish_unit(arrays, pc_, order, lane_piece, reads, tiled=True, columns=columns)
 
 
 def _whole_steps(
@@ -399,9 +415,9 @@ def _whole_steps(
     return t0, max(t1, t0)
 
 
-def _finish(
+def finish_unit(
     arrays: list[pa.Array],
-    pc_: _Pieces,
+    pc_: Pieces,
     order: I64,
     lane_piece: I64,
     reads: UnitReads,
@@ -479,7 +495,7 @@ def _scattered(arrays: list[pa.Array], chunk: I64, value: I64, length: I64) -> t
 
     Items (``chunk``, first ``value``, ``length``) do not overlap; sorted by place and
     with a filler list over each gap, they tile each row group's values from the first
-    item to the last, as :func:`_lists` needs. Returns the lists and the index of each
+    item to the last, as :func:`list_views` needs. Returns the lists and the index of each
     item's list among them (end to end).
     """
     n = len(chunk)

@@ -33,6 +33,8 @@ __all__ = [
     "UnitReads",
     "arrow_ints",
     "assemble",
+    "gather_lists",
+    "list_views",
 ]
 
 I64 = NDArray[np.int64]
@@ -249,7 +251,7 @@ def arrow_ints(a: NDArray[Any], typ: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(typ, len(data), [None, pa.py_buffer(data)])
 
 
-def _lists(values: pa.Array, starts: I64, ends: I64) -> pa.Array:
+def list_views(values: pa.Array, starts: I64, ends: I64) -> pa.Array:
     """A large-list array over ``values``: list ``i`` is ``values[starts[i]:ends[i]]``.
 
     Consecutive lists must tile a stretch of ``values`` (``ends[i] == starts[i+1]``).
@@ -265,7 +267,7 @@ def _lists(values: pa.Array, starts: I64, ends: I64) -> pa.Array:
     return pa.LargeListArray.from_arrays(arrow_ints(offsets, pa.int64()), values.slice(lo, hi - lo))
 
 
-def _gather(lists: list[pa.Array], order: I64) -> pa.Array:
+def gather_lists(lists: list[pa.Array], order: I64) -> pa.Array:
     """The values of lists ``order`` (indexes over all the lists, end to end), concatenated.
 
     Polars' list gather copies each list's values with one memcpy, in Rust, without
@@ -291,7 +293,7 @@ def assemble(units: list[PackedUnit], step: int, rows: int, seq_len: int) -> tup
         a, b = u.steps.of(step)
         if a == b:
             continue
-        lists.append(_lists(u.edges, u.start[a:b], u.start[a:b] + u.length[a:b]))
+        lists.append(list_views(u.edges, u.start[a:b], u.start[a:b] + u.length[a:b]))
         row_p.append(u.row[a:b])
         unit_p.append(np.full(b - a, u_i, np.int64))
         parts.append((u, a, b))
@@ -299,7 +301,7 @@ def assemble(units: list[PackedUnit], step: int, rows: int, seq_len: int) -> tup
     unit_of = np.concatenate(unit_p)
     order = np.lexsort((np.arange(len(row)), unit_of, row))
     dtype = units[0].block.dtype
-    values = _gather(lists, order)
+    values = gather_lists(lists, order)
     # A copy into memory the step owns: the gather's Arrow buffer is read-only, and a
     # read-only step breaks JAX's DLPack import and torch.from_numpy (docs/design.md,
     # "Every step writable"). Straddling steps are a few per window, so the copy is a

@@ -14,7 +14,15 @@ from numpy.typing import NDArray
 from planner.lanes import cut_at, split_at_cuts
 from planner.order.layout import stage_tokens
 from planner.run import Recut
-from plitzer.readpath.pack import ColumnChunks, _documents, _finish, _Pieces, _pieces, _shuffle, slice_keys
+from plitzer.readpath.pack import (
+    ColumnChunks,
+    Pieces,
+    cut_pieces,
+    documents_of,
+    finish_unit,
+    shuffle_pieces,
+    slice_keys,
+)
 from plitzer.readpath.packed import PackedUnit, UnitReads
 
 __all__ = ["pack_rest"]
@@ -69,9 +77,9 @@ def pack_rest(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | 
     rank_lanes, keep = p.rank_lanes, p.keep
     q, r = divmod(p.window_tokens, b0)
     cuts = cut_at(np.arange(b0 + 1), q, r, window_start % b0, b0)
-    arrays = [_documents(c)[0] for c in chunks]
-    pc_ = _pieces(arrays, p.token_start.tolist(), reads.doc_base.tolist(), cuts, at_end=True)
-    order, _ = _shuffle(pc_, None, b0, slice_keys(p.seed, p.epoch, p.window, range(b0)))
+    arrays = [documents_of(c)[0] for c in chunks]
+    pc_ = cut_pieces(arrays, p.token_start.tolist(), reads.doc_base.tolist(), cuts, at_end=True)
+    order, _ = shuffle_pieces(pc_, None, b0, slice_keys(p.seed, p.epoch, p.window, range(b0)))
     # The current slicing, in packed order: stream piece, token range [a, e) inside it, lane.
     length = pc_.end - pc_.start
     src, a, e, lane = order, np.zeros(len(order), np.int64), length[order], pc_.local[order]
@@ -87,7 +95,7 @@ def pack_rest(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | 
     src, a, e, local = src[mine], a[mine], e[mine], local[mine]
     ln = e - a
     end = np.cumsum(ln)
-    rest = _Pieces(
+    rest = Pieces(
         start=end - ln,
         end=end,
         local=local,
@@ -98,4 +106,4 @@ def pack_rest(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | 
     )
     bounds = np.searchsorted(local, np.arange(len(rank_lanes) + 1), side="left").astype(np.int64)
     ident = np.arange(len(src), dtype=np.int64)
-    return _finish(arrays, rest, ident, bounds, reads, tiled=False, columns=columns)
+    return finish_unit(arrays, rest, ident, bounds, reads, tiled=False, columns=columns)
