@@ -174,10 +174,16 @@ def _add_source(p: argparse.ArgumentParser) -> None:
     p.add_argument("--region", default=None, help="S3 region")
     _add_setting(p, "where")
     _add_setting(p, "length_column")
+    _add_setting(p, "dedupe")
+    _add_setting(p, "exclude")
 
 
 def _selection(args: argparse.Namespace) -> dict[str, Any]:
-    return {"where": getattr(args, "where", None), "length_column": getattr(args, "length_column", None)}
+    out = {"where": getattr(args, "where", None), "length_column": getattr(args, "length_column", None)}
+    for k in ("dedupe", "exclude"):  # given only when set: planner.plan (metadata only) has neither
+        if getattr(args, k, None) is not None:
+            out[k] = getattr(args, k)
+    return out
 
 
 def _stages_arg(text: str) -> int | list[tuple[int, int]]:
@@ -377,11 +383,24 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
+def _deduped_plan(source: Any, *, seq_len: Any = None, **kw: Any) -> Any:
+    """``planner.plan`` with ``dedupe=`` or ``exclude=``: the runtime's pass (it reads data), then the plan."""
+    from plitzer.state.settings import LoaderSettings, make_plan, open_source
+
+    if seq_len is None:
+        seq_len = 2048
+    cfg = LoaderSettings.of(caller="plitzer plan", seq_len=seq_len, **kw)
+    return make_plan(open_source(source, cfg), cfg)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     import planner
 
     source, weights = _source_of(args)
-    p = planner.plan(
+    plan_of: Callable[..., Any] = planner.plan
+    if getattr(args, "dedupe", None) is not None or getattr(args, "exclude", None) is not None:
+        plan_of = _deduped_plan
+    p = plan_of(
         source,
         seed=args.seed,
         lanes=args.lanes,

@@ -123,6 +123,9 @@ class MixtureIndex:
             out["where"] = where
         if lengths:
             out["length_column"] = lengths
+        for k in ("dedupe", "exclude"):  # the whole mixture's (plitzer.selection.dedupe)
+            if each and each[0][1].get(k):
+                out[k] = each[0][1][k]
         return out
 
     def source_of(self, row_group: int) -> str:
