@@ -342,9 +342,28 @@ def cmd_index(args: argparse.Namespace) -> int:
                 address=args.address,
             )
         ix = select_index(ix, args.where, length_column=args.length_column, progress=terminal_progress())
-    elif args.engine == "ray" or args.length_column is not None:
-        msg = "--engine ray and --length-column run the selection pass: give --where"
+    elif (args.engine == "ray" and args.dedupe is None and args.exclude is None) or args.length_column is not None:
+        msg = "--engine ray and --length-column run the selection pass: give --where (or --dedupe, --exclude)"
         raise ConfigError(msg)
+    if args.dedupe is not None or args.exclude is not None:
+        from plitzer.selection.dedupe import dedupe_index, dedupe_on_ray
+
+        if args.engine == "ray" and args.where is None:
+            dedupe_on_ray(
+                ix,
+                dedupe=args.dedupe,
+                exclude=args.exclude,
+                source=source,
+                storage_options=_storage_options(args),
+                address=args.address,
+            )
+        ix = dedupe_index(
+            ix,
+            dedupe=args.dedupe,
+            exclude=args.exclude,
+            storage_options=_storage_options(args),
+            progress=terminal_progress(),
+        )
     f = ix.frame
     columns: dict[str, list[Any]] = {
         "files": [len(ix.files)],
@@ -357,6 +376,9 @@ def cmd_index(args: argparse.Namespace) -> int:
         columns["documents_selected"] = [int(f["rows_selected"].sum())]
         columns["tokens_selected"] = [int(f["tokens_selected"].sum())]
         columns["row_groups_emptied"] = [int((f["rows_selected"] == 0).sum())]
+    if "rows_duplicate" in f.columns:
+        columns["documents_duplicate"] = [int(f["rows_duplicate"].sum())]
+        columns["documents_excluded"] = [int(f["rows_excluded"].sum())]
     columns.update({"column": [ix.column], "dtype": [ix.dtype], "fingerprint": [ix.fingerprint[:16]]})
     _print_frame(pl.DataFrame(columns), args.format, None, title="index")
     from planner.stores.hf import HFStorage
@@ -716,7 +738,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine",
         choices=["local", "ray"],
         default="local",
-        help="with --where: run the selection pass on this machine's cores, or as Ray tasks",
+        help="with --where, --dedupe or --exclude: run the pass on this machine's cores, or as Ray tasks",
     )
     p.add_argument("--address", default=None, help="with --engine ray: the cluster (default: start a local one)")
     p.add_argument(

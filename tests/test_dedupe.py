@@ -447,3 +447,38 @@ def test_cli_takes_dedupe_and_exclude(data: Path, tmp_path: Path, capsys: pytest
     with plitzer.Loader(data, dedupe="tokens", exclude=path, **CFG) as a:
         assert d == int(a.plan.index["rows_duplicate"].sum()) > 0
         assert x == int(a.plan.index["rows_excluded"].sum()) > 0
+
+
+def test_cli_index_reports_the_pass(data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from plitzer.cli import main
+
+    assert main(["index", str(data), "--dedupe", "url", "--no-lengths", "--format", "csv"]) == 0
+    out = capsys.readouterr().out
+    assert "documents_duplicate" in out
+    assert main(["index", str(data), "--engine", "ray"]) != 0
+    assert "--dedupe" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_pass_runs_on_ray_ahead_of_the_job(data: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'plitzer[ray]')")
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PLITZER_CACHE": str(tmp_path / "workers")}},
+    )
+    try:
+        ix = plitzer.index(data)
+        assert dd.dedupe_on_ray(ix, dedupe="tokens", source=str(data)) == len(dd._chunks([ix]))
+    finally:
+        ray.shutdown()
+    calls: list[int] = []
+    monkeypatch.setattr(dd._Pass, "hash_rg", lambda self, p, rg: calls.append(rg))
+    got = dd.dedupe_index(ix, dedupe="tokens")
+    assert calls == []  # the Ray tasks' keys are in this cache folder
+    monkeypatch.undo()
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "fresh"))
+    assert dd.dedupe_index(plitzer.index(data), dedupe="tokens").frame.equals(got.frame)
