@@ -180,6 +180,12 @@ def _add_source(p: argparse.ArgumentParser) -> None:
 
 def _selection(args: argparse.Namespace) -> dict[str, Any]:
     out = {"where": getattr(args, "where", None), "length_column": getattr(args, "length_column", None)}
+    if getattr(args, "mixture", None):  # the mixture file's own (the command line's win)
+        from plitzer.tools.mixfile import mixture_settings
+
+        for k, v in mixture_settings(args.mixture).items():
+            if getattr(args, k, None) is None:
+                setattr(args, k, v)
     for k in ("dedupe", "exclude"):  # given only when set: planner.plan (metadata only) has neither
         if getattr(args, k, None) is not None:
             out[k] = getattr(args, k)
@@ -419,8 +425,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     import planner
 
     source, weights = _source_of(args)
+    selection = _selection(args)
     plan_of: Callable[..., Any] = planner.plan
-    if getattr(args, "dedupe", None) is not None or getattr(args, "exclude", None) is not None:
+    if "dedupe" in selection or "exclude" in selection:
         plan_of = _deduped_plan
     p = plan_of(
         source,
@@ -432,7 +439,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         storage_options=_storage_options(args),
         weights=weights,
         seq_len=getattr(args, "seq_len", None),
-        **_selection(args),
+        **selection,
     )
     if args.sql:
         _print_frame(p.sql(args.sql, epochs=[args.epoch], external_access=args.external_access), args.format, args.out)
@@ -528,6 +535,7 @@ def cmd_locate(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {"rank": args.rank} if args.rank is not None else {}
     if args.length_column:
         extra["length_column"] = args.length_column
+    extra.update({k: v for k, v in _selection(args).items() if k in ("dedupe", "exclude")})
     docs = locate(
         source,
         args.where,
@@ -546,6 +554,19 @@ def cmd_locate(args: argparse.Namespace) -> int:
         weights=weights,
         **extra,
     )
+    if args.format == "table" and not args.out and "dropped" in docs.columns:
+        gone = docs.filter(pl.col("dropped").is_not_null())
+        docs = docs.filter(pl.col("dropped").is_null()).drop(
+            [c for c in docs.columns if c == "dropped" or c.startswith("kept_")]
+        )
+        for r in gone.iter_rows(named=True):  # under --dedupe or --exclude: no piece, and why
+            src = f"{r['source']}: " if r.get("source") else ""
+            why = "dropped as excluded (--exclude)"
+            if r["dropped"] == "duplicate":
+                ksrc = f"{r['kept_source']}: " if r.get("kept_source") else ""
+                kept = f"{ksrc}{r['kept_file']} row group {r['kept_row_group']} row {r['kept_row']}"
+                why = f"dropped as a duplicate (--dedupe) of {kept}, which was kept"
+            print(f"{src}{r['file']} row group {r['row_group']} row {r['row']}: {why}")
     if args.format == "table" and not args.out:
         keys = [c for c in ("source", "file", "row_group", "row") if c in docs.columns]
         n = docs.select(keys).n_unique() if docs.height else 0
@@ -817,6 +838,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", default=None, help="epochs to search, 'a:b' (b excluded) or one (default: 0)")
     p.add_argument("--steps", default=None, help="only these steps: N (the first N) or 'a:b'")
     p.add_argument("--selection", default=None, help="the run's own where= (rows it trains on)")
+    _add_setting(p, "dedupe")
+    _add_setting(p, "exclude")
     _add_setting(p, "length_column", help="an integer column of each row's token count")
     _add_settings(p, seq_len=True)
     _add_setting(p, "rank", default=None)

@@ -163,7 +163,7 @@ def test_planted_duplicates_within_and_across_row_groups_and_files(tmp_path: Pat
     assert ix.frame["tokens_selected"].to_list() == [5, 1, 2]
     by_url = dd.dedupe_index(plitzer.index(tmp_path / "d"), dedupe="url")
     assert by_url.frame["rows_duplicate"].to_list() == [0, 1, 1]  # u9 is new
-    assert dd.dropped_of(ix, 2, 0) == ("duplicate", (0, 0, 1))  # b.parquet row 0 is a.parquet's row 1
+    assert dd.dropped_of(ix, 2, 0) == ("duplicate", ("", 0, 1))  # b.parquet row 0 is a.parquet's row 1
     assert dd.dropped_of(ix, 0, 0) is None
 
 
@@ -482,3 +482,37 @@ def test_the_pass_runs_on_ray_ahead_of_the_job(data: Path, monkeypatch: pytest.M
     monkeypatch.undo()
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "fresh"))
     assert dd.dedupe_index(plitzer.index(data), dedupe="tokens").frame.equals(got.frame)
+
+
+def test_locate_says_a_dropped_document_was_dropped_and_which_was_kept(tmp_path: Path) -> None:
+    x, y = [1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15]
+    docs = [(x, "u1"), (y, "u2"), ([20 + i for i in range(9)], "u3"), (x, "u4"), ([30] * 12, "u5"), (y, "u6")]
+    write_rows(tmp_path / "d/a.parquet", docs, [0, 1, 2, 3, 4, 5], [3, 3])
+    pq.write_table(pa.table({"url": ["u5"]}), tmp_path / "x.parquet")
+    kw = {"seed": 0, "lanes": 2, "window": 2, "seq_len": 8, "dedupe": "tokens", "exclude": tmp_path / "x.parquet"}
+    got = plitzer.locate(tmp_path / "d", "id >= 2", **kw)  # type: ignore[arg-type]
+    gone = got.filter(got["dropped"].is_not_null()).sort("row_group", "row")
+    assert gone.select("row_group", "row", "dropped").rows() == [(1, 0, "duplicate"), (1, 1, "excluded"),
+                                                                 (1, 2, "duplicate")]  # fmt: skip
+    assert gone.select("kept_file", "kept_row_group", "kept_row").rows()[0] == ("a.parquet", 0, 0)
+    assert gone.select("kept_row_group", "kept_row").rows()[2] == (0, 1)
+    assert gone["step"].is_null().all()
+    seen = got.filter(got["dropped"].is_null())
+    assert set(seen.select("row_group", "row").unique().rows()) == {(0, 2)}  # id 2, kept
+    # batch.documents() names the rows of the original files
+    with plitzer.Loader(tmp_path / "d", **kw) as a:  # type: ignore[arg-type]
+        rows = set()
+        for _ in range(len(a)):
+            rows |= set(a.next_batch().documents().select("row_group", "row").unique().rows())
+    assert rows == {(0, 0), (0, 1), (0, 2)}
+
+
+def test_cli_locate_says_dropped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from plitzer.cli import main
+
+    x = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    write_rows(tmp_path / "d/a.parquet", [(x, "u1"), ([5] * 12, "u2"), (x, "u3")], [0, 1, 2], [3])
+    args = ["locate", str(tmp_path / "d"), "--where", "id = 2", "--dedupe", "tokens", "--lanes", "2"]
+    assert main([*args, "--window", "2", "--seq-len", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "a.parquet row group 0 row 2: dropped as a duplicate (--dedupe) of a.parquet row group 0 row 0" in out

@@ -59,9 +59,11 @@ __all__ = [
     "DedupedIndex",
     "Exchange",
     "Hashed",
+    "base_of",
     "dedupe_index",
     "dedupe_on_ray",
     "dropped_of",
+    "split_targets",
 ]
 
 I64 = NDArray[np.int64]
@@ -101,6 +103,8 @@ class DedupedIndex(Index):
     exclude_path: str = ""
     bits: list[U8] = field(default_factory=list, repr=False)
     duplicates: I64 = field(default_factory=lambda: np.zeros((0, 5), np.int64), repr=False)
+    order: list[str] = field(default_factory=list)
+    """The sources' names in source order (a mixture's; ``[""]`` for one dataset): ``duplicates``' kept part."""
 
     def config_fields(self) -> dict[str, Any]:
         assert self.base is not None
@@ -499,7 +503,7 @@ def dedupe_index(
         del done
         cached = _counts(parts, res, workers)
         _save(result, cached)
-    out = [_build(part, cached, p, key, table) for p, part in enumerate(parts)]
+    out = [_build(part, cached, p, key, table, names) for p, part in enumerate(parts)]
     if not isinstance(ix, MixtureIndex):
         return _nonempty(out[0], key, exclude, "")
     by_pos = dict(zip(at, out, strict=True))
@@ -557,7 +561,9 @@ def _counts(parts: Sequence[Index], res: _Resolved, threads: int) -> dict[str, n
     return out
 
 
-def _build(base: Index, cached: Mapping[str, np.ndarray], p: int, key: str, table: Exclusion | None) -> DedupedIndex:
+def _build(
+    base: Index, cached: Mapping[str, np.ndarray], p: int, key: str, table: Exclusion | None, names: list[str]
+) -> DedupedIndex:
     f = with_selected(base.frame)
     nd, nx = cached[f"rg_dup{p}"], cached[f"rg_excl{p}"]
     dups, excls = cached[f"pos_dup{p}"], cached[f"pos_excl{p}"]
@@ -602,12 +608,19 @@ def _build(base: Index, cached: Mapping[str, np.ndarray], p: int, key: str, tabl
         exclude_path="" if table is None else table.path,
         bits=bits,
         duplicates=np.asarray(cached[f"dups{p}"], np.int64).reshape(-1, 5),
+        order=list(names),
     )
 
 
-def dropped_of(ix: DedupedIndex, rg: int, row: int) -> tuple[str, tuple[int, int, int] | None] | None:
-    """Why stored row ``row`` of row group ``rg`` was dropped: ``("duplicate", (part, rg, row) kept)``,
-    ``("excluded", None)``, or None where it is kept (or ``where=`` left it out)."""
+def _stored(ix: Index, rg: int, pos: int) -> int:
+    stream = ix.selected_rows(rg)
+    return pos if stream is None else int(stream[pos])
+
+
+def dropped_of(ix: DedupedIndex, rg: int, row: int) -> tuple[str, tuple[str, int, int] | None] | None:
+    """Why stored row ``row`` of row group ``rg`` was dropped: ``("duplicate", (source, row group, row))``
+    naming the document kept (its source's name, ``""`` for one dataset; its row group and row there),
+    ``("excluded", None)``, or None where it is kept or ``where=`` left it out."""
     assert ix.base is not None
     stream = ix.base.selected_rows(rg)
     if stream is None:
@@ -617,14 +630,81 @@ def dropped_of(ix: DedupedIndex, rg: int, row: int) -> tuple[str, tuple[int, int
         if i >= len(stream) or int(stream[i]) != row:
             return None
         pos = i
-    if row in set(ix.selected_rows(rg).tolist()):
+    kept = ix.selected_rows(rg)
+    j = int(np.searchsorted(kept, row))
+    if j < len(kept) and int(kept[j]) == row:
         return None
     d = ix.duplicates
     hit = d[(d[:, 0] == rg) & (d[:, 1] == pos)]
     if len(hit):
         kp, krg, kpos = (int(x) for x in hit[0, 2:])
-        return "duplicate", (kp, krg, kpos)
+        return "duplicate", (ix.order[kp] if ix.order else "", krg, kpos)
     return "excluded", None
+
+
+def base_of(ix: RowGroupIndex) -> RowGroupIndex:
+    """The index a deduplication was made over (itself where none was)."""
+    if isinstance(ix, DedupedIndex) and ix.base is not None:
+        return ix.base
+    if isinstance(ix, MixtureIndex) and any(isinstance(p, DedupedIndex) for p in ix.parts):
+        return MixtureIndex(ix.specs, [p.base if isinstance(p, DedupedIndex) and p.base is not None else p
+                                       for p in ix.parts])  # fmt: skip
+    return ix
+
+
+def split_targets(ix: RowGroupIndex, rgs: I64, ordinals: I64) -> tuple[I64, I64, pl.DataFrame]:
+    """Documents given over :func:`base_of`'s stream: those kept (their ordinals in ``ix``'s stream),
+    and a frame of those dropped: source, file, row_group, row, dropped (``duplicate`` or ``excluded``)
+    and the kept document's kept_source, kept_file, kept_row_group, kept_row."""
+    parts = list(ix.parts) if isinstance(ix, MixtureIndex) else [ix]
+    names = list(ix.names) if isinstance(ix, MixtureIndex) else [""]
+    starts = np.concatenate([[0], np.cumsum([p.row_groups for p in parts])]).astype(np.int64)
+    keep_rg: list[int] = []
+    keep_doc: list[int] = []
+    rows: list[dict[str, Any]] = []
+    for g, o in zip(np.asarray(rgs).tolist(), np.asarray(ordinals).tolist(), strict=True):
+        i = int(np.searchsorted(starts, g, side="right")) - 1
+        part, local = parts[i], g - int(starts[i])
+        if not isinstance(part, DedupedIndex) or part.base is None:
+            keep_rg.append(g)
+            keep_doc.append(o)
+            continue
+        pos = part.stream_positions(local)
+        j = int(np.searchsorted(pos, o))
+        if j < len(pos) and int(pos[j]) == o:
+            keep_rg.append(g)
+            keep_doc.append(j)
+            continue
+        row = _stored(part.base, local, o)
+        why = dropped_of(part, local, row)
+        assert why is not None
+        entry: dict[str, Any] = {
+            "source": names[i] or None,
+            "file": part.frame["file"][local],
+            "row_group": int(part.frame["row_group"][local]),
+            "row": row,
+            "dropped": why[0],
+            "kept_source": None,
+            "kept_file": None,
+            "kept_row_group": None,
+            "kept_row": None,
+        }
+        if why[1] is not None:
+            kname, krg, kpos = why[1]
+            kpart = parts[names.index(kname)] if kname else part
+            kbase = kpart.base if isinstance(kpart, DedupedIndex) and kpart.base is not None else kpart
+            entry.update(
+                kept_source=kname or None,
+                kept_file=kpart.frame["file"][krg],
+                kept_row_group=int(kpart.frame["row_group"][krg]),
+                kept_row=_stored(kbase, krg, kpos),
+            )
+        rows.append(entry)
+    schema = {
+        "source": pl.String, "file": pl.String, "row_group": pl.Int64, "row": pl.Int64, "dropped": pl.String,
+        "kept_source": pl.String, "kept_file": pl.String, "kept_row_group": pl.Int64, "kept_row": pl.Int64,
+    }  # fmt: skip
+    return np.array(keep_rg, np.int64), np.array(keep_doc, np.int64), pl.DataFrame(rows, schema=schema)
 
 
 # -- Ray --------------------------------------------------------------------------------
