@@ -363,7 +363,7 @@ def cmd_index(args: argparse.Namespace) -> int:
                 storage_options=_storage_options(args),
                 address=args.address,
             )
-        ix = dedupe_index(
+        ix = dedupe_index(  # type: ignore[assignment]  # a DedupedIndex: an Index
             ix,
             dedupe=args.dedupe,
             exclude=args.exclude,

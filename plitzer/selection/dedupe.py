@@ -612,7 +612,7 @@ def _build(
     )
 
 
-def _stored(ix: Index, rg: int, pos: int) -> int:
+def _stored(ix: RowGroupIndex, rg: int, pos: int) -> int:
     stream = ix.selected_rows(rg)
     return pos if stream is None else int(stream[pos])
 
