@@ -516,3 +516,23 @@ def test_cli_locate_says_dropped(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main([*args, "--window", "2", "--seq-len", "8"]) == 0
     out = capsys.readouterr().out
     assert "a.parquet row group 0 row 2: dropped as a duplicate (--dedupe) of a.parquet row group 0 row 0" in out
+
+
+def test_audit_says_what_dedupe_would_drop_and_what_it_dropped(data: Path) -> None:
+    kw = {**CFG, "lanes": 4}
+    from plitzer.audit import audit
+
+    plain = audit(data, **kw)  # type: ignore[arg-type]
+    note = plain.notes["Duplicate documents"]
+    dup = plain.tables["duplicates"]
+    would = dup.height - dup["group"].n_unique()
+    assert f"dedupe='tokens' would drop those {would:,} later copies" in note
+    run = audit(data, dedupe="tokens", **kw)  # type: ignore[arg-type]
+    table = run.tables["deduplication"]
+    with plitzer.Loader(data, dedupe="tokens", **CFG) as a:
+        dropped = int(a.plan.index["rows_duplicate"].sum())
+    assert int(table["rows_duplicate"].sum()) == dropped
+    assert f"dropped {dropped:,} duplicates" in run.notes["Duplicate documents"]
+    # the empty documents aside, what the run dropped is what the audit said it would drop
+    empties = sum(1 for _, gs in rows_of(data) for rows in gs for t, _, _ in rows if not t)
+    assert would <= dropped <= would + empties

@@ -61,6 +61,7 @@ __all__ = [
     "Hashed",
     "base_of",
     "dedupe_index",
+    "dedupe_table",
     "dedupe_on_ray",
     "dropped_of",
     "split_targets",
@@ -650,6 +651,26 @@ def base_of(ix: RowGroupIndex) -> RowGroupIndex:
         return MixtureIndex(ix.specs, [p.base if isinstance(p, DedupedIndex) and p.base is not None else p
                                        for p in ix.parts])  # fmt: skip
     return ix
+
+
+def dedupe_table(ix: RowGroupIndex) -> pl.DataFrame:
+    """Per source (one row for one dataset): rows, rows_kept, rows_duplicate, rows_excluded, tokens, tokens_kept."""
+    f = ix.frame
+    base = base_of(ix).frame
+    src = f["source"] if "source" in f.columns else pl.Series("source", [""] * f.height)
+    before = with_selected(base)["tokens_selected"]
+    g = pl.DataFrame(
+        {
+            "source": src,
+            "rows": f["rows"],
+            "rows_kept": f["rows_kept"] if "rows_kept" in f.columns else f["rows"],
+            "rows_duplicate": f["rows_duplicate"] if "rows_duplicate" in f.columns else pl.zeros(f.height, pl.Int64),
+            "rows_excluded": f["rows_excluded"] if "rows_excluded" in f.columns else pl.zeros(f.height, pl.Int64),
+            "tokens": before,
+            "tokens_kept": f["tokens_selected"],
+        }
+    )
+    return g.group_by("source", maintain_order=True).sum()
 
 
 def split_targets(ix: RowGroupIndex, rgs: I64, ordinals: I64) -> tuple[I64, I64, pl.DataFrame]:
