@@ -294,7 +294,7 @@ def _duplicates_section(ix: RowGroupIndex, out: _Sections) -> None:
         note += (
             f"Under {how} the run dropped {int(table['rows_duplicate'].sum()):,} duplicates and "
             f"{int(table['rows_excluded'].sum()):,} excluded documents "
-            f"({int(table["tokens"].sum()) - int(table["tokens_kept"].sum()):,} tokens): table deduplication."
+            f"({int(table['tokens'].sum()) - int(table['tokens_kept'].sum()):,} tokens): table deduplication."
         )
     notes["Duplicate documents"] = note
 
