@@ -536,3 +536,36 @@ def test_audit_says_what_dedupe_would_drop_and_what_it_dropped(data: Path) -> No
     # the empty documents aside, what the run dropped is what the audit said it would drop
     empties = sum(1 for _, gs in rows_of(data) for rows in gs for t, _, _ in rows if not t)
     assert would <= dropped <= would + empties
+
+
+def test_a_job_keys_each_chunk_once_with_one_exchange(
+    data: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from tests.share_fixtures import ThreadGroup, run_ranks
+
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "job"))
+    world = 2
+    group = ThreadGroup(world)
+    keyed: list[int] = []
+    real = dd._Pass.hash_chunk
+
+    def spy(self: Any, p: int, a: int, b: int) -> Any:
+        keyed.append(a)
+        return real(self, p, a, b)
+
+    monkeypatch.setattr(dd._Pass, "hash_chunk", spy)
+    kw = {**CFG, "lanes": 8, "dedupe": "url"}
+    members = [group.member(r) for r in range(world)]
+    loaders = run_ranks(world, lambda r: plitzer.Loader.in_group(members[r], data, rank=r, world=world, **kw))
+    try:
+        assert sorted(keyed) == sorted(c[1] for c in dd._chunks([plitzer.index(data)]))  # each chunk once
+        monkeypatch.undo()
+        monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "alone"))
+        with plitzer.Loader(data, **kw) as whole:
+            for t in range(6):
+                want = tokens_of(whole.next_batch())
+                got = np.concatenate([tokens_of(x.next_batch()) for x in loaders])
+                assert got.tobytes() == want.tobytes(), f"step {t}"
+    finally:
+        for x in loaders:
+            x.close()
