@@ -569,3 +569,31 @@ def test_a_job_keys_each_chunk_once_with_one_exchange(
     finally:
         for x in loaders:
             x.close()
+
+
+@pytest.mark.parametrize("bucket_rows", [1 << 22, 7, 1])
+def test_first_occurrences_bucket_by_bucket(bucket_rows: int) -> None:
+    rng = np.random.default_rng(0)
+    keys = rng.integers(0, 40, (500, 2)).astype(np.uint64)  # many repeats
+    drop, kept = dd.first_occurrences(keys, bucket_rows)
+    first: dict[tuple[int, int], int] = {}
+    want_drop, want_kept = [], []
+    for i, (a, b) in enumerate(keys.tolist()):
+        if (a, b) in first:
+            want_drop.append(i)
+            want_kept.append(first[(a, b)])
+        else:
+            first[(a, b)] = i
+    assert drop.tolist() == want_drop and kept.tolist() == want_kept
+
+
+def test_keys_tell_lists_apart_by_order_length_and_value() -> None:
+    from plitzer.selection.keys import hash_array
+
+    arr = pa.array([[1, 2], [2, 1], [1, 2, 0], [1, 2], [], [0], [], None], pa.list_(pa.int32()))
+    k = hash_array(arr)
+    rows = [tuple(r) for r in k.tolist()]
+    assert rows[0] == rows[3] and rows[4] == rows[6]
+    assert len({rows[i] for i in (0, 1, 2, 4, 5)}) == 5
+    s = hash_array(pa.array(["ab", "ba", "ab", "", "a"]))
+    assert tuple(s[0]) == tuple(s[2]) and len({tuple(r) for r in s.tolist()}) == 4

@@ -62,6 +62,7 @@ __all__ = [
     "base_of",
     "dedupe_index",
     "dedupe_table",
+    "first_occurrences",
     "dedupe_on_ray",
     "dropped_of",
     "split_targets",
@@ -219,7 +220,7 @@ def _pack(got: Sequence[tuple[int, I64, Keys, I64]]) -> Hashed:
         "n": np.array([g[0] for g in got], np.int64),
         "m": np.array([len(g[1]) for g in got], np.int64),
         "x": np.array([len(g[3]) for g in got], np.int64),
-        "pos": np.concatenate([g[1] for g in got]).astype(np.int64) if got else np.zeros(0, np.int64),
+        "pos": np.concatenate([g[1] for g in got]).astype(np.int32) if got else np.zeros(0, np.int32),
         "keys": np.concatenate([g[2] for g in got]).astype(np.uint64) if got else np.zeros((0, 2), np.uint64),
         "excl": np.concatenate([g[3] for g in got]).astype(np.int64) if got else np.zeros(0, np.int64),
     }
@@ -338,12 +339,50 @@ class _Resolved:
     duplicates: list[I64]  # per part: (rg, stream position, kept part, kept rg, kept stream position)
 
 
+BUCKET_ROWS = 1 << 22
+"""Keys resolved at a time: a key's bucket (its hash modulo the buckets) holds every copy of it."""
+
+
+def first_occurrences(keys: Keys, bucket_rows: int = BUCKET_ROWS) -> tuple[I64, I64]:
+    """Rows (indices into ``keys``, in source order) whose key an earlier row has, and that first row.
+
+    Bucket by bucket (equal keys share a bucket): a stable sort of the bucket's keys puts
+    each key's copies together in source order, the first of each run is kept. Memory
+    beyond ``keys``: a bucket's (about 40 bytes a row of it) and 2 bytes a row.
+    """
+    n = len(keys)
+    buckets = max(1, -(-n // max(1, bucket_rows)))
+    of = (keys[:, 0] % np.uint64(buckets)).astype(np.uint16 if buckets < 1 << 16 else np.uint32)
+    drops, kepts = [], []
+    for b in range(buckets):
+        idx = np.arange(n, dtype=np.int64) if buckets == 1 else np.flatnonzero(of == b).astype(np.int64)
+        if len(idx) < 2:
+            continue
+        k = keys[idx]
+        order = np.lexsort((k[:, 1], k[:, 0]))  # stable: copies stay in source order
+        sk = k[order]
+        del k
+        new = np.ones(len(idx), bool)
+        new[1:] = (sk[1:, 0] != sk[:-1, 0]) | (sk[1:, 1] != sk[:-1, 1])
+        del sk
+        if new.all():
+            continue
+        start = np.maximum.accumulate(np.where(new, np.arange(len(idx), dtype=np.int64), 0))
+        gone = np.flatnonzero(~new)
+        drops.append(idx[order[gone]])
+        kepts.append(idx[order[start[gone]]])
+    if not drops:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    d, k2 = np.concatenate(drops), np.concatenate(kepts)
+    at = np.argsort(d, kind="stable")
+    return d[at], k2[at]
+
+
 def _resolve(parts: Sequence[Index], chunks: list[tuple[int, int, int]], done: Mapping[int, Hashed]) -> _Resolved:
     dup: list[list[I64]] = [[np.zeros(0, np.int64)] * ix.row_groups for ix in parts]
     excl: list[list[I64]] = [[np.zeros(0, np.int64)] * ix.row_groups for ix in parts]
-    # Where each keyed row is: part, row group, stream position (source order: chunks are in it).
-    keys_all, where_p, where_rg, where_pos = [], [], [], []
-    for c, (p, a, _b) in enumerate(chunks):
+    keys_all, pos_all, rg_part, rg_local, rg_m = [], [], [], [], []
+    for c, (p, a, _b) in enumerate(chunks):  # chunks are in source order
         h = done[c]
         m, x = h["m"], h["x"]
         xo = np.concatenate([[0], np.cumsum(x)])
@@ -351,34 +390,36 @@ def _resolve(parts: Sequence[Index], chunks: list[tuple[int, int, int]], done: M
             if x[i]:
                 excl[p][a + i] = h["excl"][xo[i] : xo[i + 1]]
         keys_all.append(h["keys"].reshape(-1, 2))
-        where_p.append(np.full(int(m.sum()), p, np.int64))
-        where_rg.append(np.repeat(np.arange(a, a + len(m), dtype=np.int64), m))
-        where_pos.append(h["pos"])
+        pos_all.append(np.asarray(h["pos"], np.int64))
+        rg_part.extend([p] * len(m))
+        rg_local.extend(range(a, a + len(m)))
+        rg_m.extend(m.tolist())
     duplicates: list[I64] = [np.zeros((0, 5), np.int64) for _ in parts]
-    if not keys_all:
-        return _Resolved(dup, excl, duplicates)
-    keys = np.ascontiguousarray(np.concatenate(keys_all).astype(np.uint64))
-    if len(keys) == 0:
-        return _Resolved(dup, excl, duplicates)
-    wp, wr, wpos = np.concatenate(where_p), np.concatenate(where_rg), np.concatenate(where_pos)
-    del keys_all, where_p, where_rg, where_pos
-    v = keys.view(np.dtype((np.void, 16))).reshape(-1)
-    _, first, inverse = np.unique(v, return_index=True, return_inverse=True)
-    del v
-    kept_at = first[inverse.reshape(-1)]
-    drop = np.flatnonzero(kept_at != np.arange(len(keys)))
+    keys = np.ascontiguousarray(np.concatenate(keys_all).astype(np.uint64)) if keys_all else np.zeros((0, 2), np.uint64)
+    del keys_all
+    drop, kept = first_occurrences(keys)
+    del keys
     if len(drop) == 0:
         return _Resolved(dup, excl, duplicates)
-    k = kept_at[drop]
-    table = np.stack([wp[drop], wr[drop], wpos[drop], wp[k], wr[k], wpos[k]], axis=1)
+    pos = np.concatenate(pos_all)
+    starts = np.concatenate([[0], np.cumsum(np.array(rg_m, np.int64))])
+    part_of, local_of = np.array(rg_part, np.int64), np.array(rg_local, np.int64)
+
+    def where(i: I64) -> tuple[I64, I64, I64]:
+        g = np.searchsorted(starts, i, side="right") - 1
+        return part_of[g], local_of[g], pos[i]
+
+    dp, dr, dpos = where(drop)
+    kp, kr, kpos = where(kept)
+    table = np.stack([dp, dr, dpos, kp, kr, kpos], axis=1)
     for p in range(len(parts)):
         mine = table[table[:, 0] == p]
         duplicates[p] = mine[:, 1:]
         if len(mine):
-            rgs, starts = np.unique(mine[:, 1], return_index=True)
-            ends = np.append(starts[1:], len(mine))
-            for g, s, e in zip(rgs.tolist(), starts.tolist(), ends.tolist(), strict=True):
-                dup[p][g] = np.sort(mine[s:e, 2])
+            rgs, first = np.unique(mine[:, 1], return_index=True)
+            ends = np.append(first[1:], len(mine))
+            for g, s0, e in zip(rgs.tolist(), first.tolist(), ends.tolist(), strict=True):
+                dup[p][g] = np.sort(mine[s0:e, 2])
     return _Resolved(dup, excl, duplicates)
 
 
