@@ -381,7 +381,11 @@ def first_occurrences(keys: Keys, bucket_rows: int = BUCKET_ROWS) -> tuple[I64, 
 def _resolve(parts: Sequence[Index], chunks: list[tuple[int, int, int]], done: Mapping[int, Hashed]) -> _Resolved:
     dup: list[list[I64]] = [[np.zeros(0, np.int64)] * ix.row_groups for ix in parts]
     excl: list[list[I64]] = [[np.zeros(0, np.int64)] * ix.row_groups for ix in parts]
-    keys_all, pos_all, rg_part, rg_local, rg_m = [], [], [], [], []
+    keys_all: list[Keys] = []
+    pos_all: list[I64] = []
+    rg_part: list[int] = []
+    rg_local: list[int] = []
+    rg_m: list[int] = []
     for c, (p, a, _b) in enumerate(chunks):  # chunks are in source order
         h = done[c]
         m, x = h["m"], h["x"]
