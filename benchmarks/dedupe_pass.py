@@ -75,7 +75,8 @@ def measure(data: str, key: str, cache: str) -> dict[str, float]:
 
     tiny = Path(cache) / "warmup"
     tiny.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"tokens": pa.array([[1], [1]], pa.list_(pa.int32())), "url": ["a", "a"]}), tiny / "w.parquet")
+    two = pa.table({"tokens": pa.array([[1], [1]], pa.list_(pa.int32())), "url": ["a", "a"]})
+    pq.write_table(two, tiny / "w.parquet")
     dedupe_index(plitzer.index(tiny), dedupe=key, progress=False)
     ix = plitzer.index(data)  # footers (not the pass)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -148,7 +149,8 @@ def main() -> None:
               f"{tok['peak_rss_mib']:.0f} MiB (+{tok['rss_growth_mib']:.0f}), {tok['seconds'] / rg * 1e3:.1f} ms "
               f"a row group of {args.rows:,}, {tok['dropped']:,.0f} dropped")  # fmt: skip
         print(f"dedupe='url'    cold: {url['seconds']:.2f} s ({docs / url['seconds']:,.0f} docs/s), peak RSS "
-              f"{url['peak_rss_mib']:.0f} MiB (+{url['rss_growth_mib']:.0f}), {url['dropped']:,.0f} dropped")  # fmt: skip
+              f"{url['peak_rss_mib']:.0f} MiB (+{url['rss_growth_mib']:.0f}), "
+              f"{url['dropped']:,.0f} dropped")  # fmt: skip
         print(f"dedupe='tokens' warm: {warm['seconds']:.3f} s (cached), peak RSS {warm['peak_rss_mib']:.0f} MiB")
         print(f"resolution of {args.sim:,} keys: {sim['seconds']:.2f} s, allocations peak {sim['alloc_peak_mib']:.0f} "
               f"MiB beside {sim['keys_mib']:.0f} MiB of keys")  # fmt: skip
