@@ -46,19 +46,18 @@ def write(out: Path, docs: int, mean: int, dup: float, rows: int, seed: int = 0)
         if np.array_equal(nxt, src):
             break
         src = nxt
+    base_values = rng.integers(0, 50_000, int(lengths.sum()), dtype=np.int32)  # each original's tokens
+    base_off = np.concatenate([[0], np.cumsum(lengths)])
     lengths = lengths[src]
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     out.mkdir(parents=True, exist_ok=True)
     per_file = rows * 20
     for f, a in enumerate(range(0, docs, per_file)):
         b = min(docs, a + per_file)
-        vals = []
-        for i in range(a, b):
-            r = np.random.default_rng(int(src[i]))
-            vals.append(r.integers(0, 50_000, int(lengths[i]), dtype=np.int32))
-        v = np.concatenate(vals)
+        n = int(offsets[b] - offsets[a])
+        gather = np.repeat(base_off[src[a:b]] - (offsets[a:b] - offsets[a]), lengths[a:b]) + np.arange(n)
         off = (offsets[a : b + 1] - offsets[a]).astype(np.int32)
-        tokens = pa.ListArray.from_arrays(pa.array(off), pa.array(v))
+        tokens = pa.ListArray.from_arrays(pa.array(off), pa.array(base_values[gather]))
         urls = pa.array([f"https://site.example/{int(s)}" for s in src[a:b]])
         pq.write_table(pa.table({"tokens": tokens, "url": urls}), out / f"part-{f:04d}.parquet", row_group_size=rows)
     return docs, int(lengths.sum())

@@ -597,3 +597,9 @@ def test_keys_tell_lists_apart_by_order_length_and_value() -> None:
     assert len({rows[i] for i in (0, 1, 2, 4, 5)}) == 5
     s = hash_array(pa.array(["ab", "ba", "ab", "", "a"]))
     assert tuple(s[0]) == tuple(s[2]) and len({tuple(r) for r in s.tolist()}) == 4
+
+
+def test_first_occurrences_with_equal_first_lanes() -> None:
+    keys = np.array([[5, 1], [5, 2], [5, 1], [7, 0], [5, 2], [5, 3]], np.uint64)
+    drop, kept = dd.first_occurrences(keys)
+    assert drop.tolist() == [2, 4] and kept.tolist() == [0, 1]

@@ -346,9 +346,9 @@ BUCKET_ROWS = 1 << 22
 def first_occurrences(keys: Keys, bucket_rows: int = BUCKET_ROWS) -> tuple[I64, I64]:
     """Rows (indices into ``keys``, in source order) whose key an earlier row has, and that first row.
 
-    Bucket by bucket (equal keys share a bucket): a stable sort of the bucket's keys puts
-    each key's copies together in source order, the first of each run is kept. Memory
-    beyond ``keys``: a bucket's (about 40 bytes a row of it) and 2 bytes a row.
+    Bucket by bucket (equal keys share a bucket): a sort of the bucket's keys puts each
+    key's copies together, and the smallest index of each run (the first in source order)
+    is kept. Memory beyond ``keys``: a bucket's (about 40 bytes a row of it) and 2 bytes a row.
     """
     n = len(keys)
     buckets = max(1, -(-n // max(1, bucket_rows)))
@@ -358,19 +358,27 @@ def first_occurrences(keys: Keys, bucket_rows: int = BUCKET_ROWS) -> tuple[I64, 
         idx = np.arange(n, dtype=np.int64) if buckets == 1 else np.flatnonzero(of == b).astype(np.int64)
         if len(idx) < 2:
             continue
-        k = keys[idx]
-        order = np.lexsort((k[:, 1], k[:, 0]))  # stable: copies stay in source order
-        sk = k[order]
-        del k
+        k0, k1 = keys[idx, 0], keys[idx, 1]
+        order = np.argsort(k0)  # by the first lane (fast); ties in any order
+        s0, s1 = k0[order], k1[order]
+        same0 = s0[1:] == s0[:-1]
+        if (same0 & (s1[1:] != s1[:-1])).any():  # equal first lanes, other second ones (about 2**-64 a pair)
+            order = np.lexsort((k1, k0))
+            s0, s1 = k0[order], k1[order]
+            same0 = s0[1:] == s0[:-1]
+        del k0, k1
         new = np.ones(len(idx), bool)
-        new[1:] = (sk[1:, 0] != sk[:-1, 0]) | (sk[1:, 1] != sk[:-1, 1])
-        del sk
+        new[1:] = ~(same0 & (s1[1:] == s1[:-1]))
+        del s0, s1, same0
         if new.all():
             continue
-        start = np.maximum.accumulate(np.where(new, np.arange(len(idx), dtype=np.int64), 0))
-        gone = np.flatnonzero(~new)
+        starts = np.flatnonzero(new)
+        first = np.minimum.reduceat(order, starts)  # each key's first row (source order)
+        group = np.cumsum(new) - 1
+        keep = first[group]
+        gone = np.flatnonzero(order != keep)
         drops.append(idx[order[gone]])
-        kepts.append(idx[order[start[gone]]])
+        kepts.append(idx[keep[gone]])
     if not drops:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     d, k2 = np.concatenate(drops), np.concatenate(kepts)
