@@ -148,6 +148,7 @@ RULES: dict[str, Rule] = {
     ),
     'plitzer index DATA --where "..."': scaled("plitzer index data/sample --where 'int_score >= 3' --no-lengths"),
     "plitzer index DATA --where ... --engine ray": synopsis("plitzer index"),
+    "plitzer index DATA --dedupe tokens": scaled("plitzer index data/sample --dedupe tokens --no-lengths"),
     "plitzer plan": synopsis("plitzer plan"),
     "plitzer plan DATA --lanes --window --world [--epoch] [--table] [--sql] [--format] [--out]": synopsis(
         "plitzer plan"
