@@ -19,6 +19,7 @@ then measures, each in a fresh process (its peak RSS is its own):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -76,10 +77,8 @@ def _status(field: str) -> float:
 
 def _reset_peak() -> None:
     """Start VmHWM again from the current RSS (Linux 4.0+; elsewhere the peak is the process's)."""
-    try:
+    with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
 
 
 def measure(data: str, key: str, cache: str) -> dict[str, float]:
