@@ -70,7 +70,7 @@ __all__ = [
 
 I64 = NDArray[np.int64]
 U8 = NDArray[np.uint8]
-_FORMAT = "1"
+_FORMAT = "2"  # 2: phase 1 keeps the token lengths of "tokens" keys
 TOKENS = "tokens"
 
 DEDUPE_DEFAULTS: dict[str, Any] = {"dedupe": "", "exclude": ""}
@@ -178,8 +178,9 @@ class _Pass:
     key: str  # "" (none), "tokens", or a column
     exclusions: list[Exclusion | None]  # each part's, cast to its types
 
-    def hash_rg(self, p: int, rg: int) -> tuple[int, I64, Keys, I64]:
-        """Row group ``rg`` of part ``p``: its stream rows, the keyed rows' positions and keys, the excluded rows."""
+    def hash_rg(self, p: int, rg: int) -> tuple[int, I64, Keys, I64, NDArray[np.int32]]:
+        """Row group ``rg`` of part ``p``: its stream rows, the keyed rows' positions and keys, the excluded rows,
+        and (for ``"tokens"``, which decodes them anyway) every stream row's token count."""
         ix = self.parts[p]
         rows = int(ix.frame["rows"][rg])
         stream = ix.selected_rows(rg)
@@ -192,8 +193,9 @@ class _Pass:
                 arr = read_column(ix, rg, c)
                 cols[c] = arr if stream is None else arr.take(pa.array(stream, pa.int64()))
             excl = ex.match(cols)
+        none = np.zeros(0, np.int32)
         if not self.key or n == 0:
-            return n, np.zeros(0, np.int64), np.zeros((0, 2), np.uint64), np.flatnonzero(excl).astype(np.int64)
+            return n, np.zeros(0, np.int64), np.zeros((0, 2), np.uint64), np.flatnonzero(excl).astype(np.int64), none
         if self.key == TOKENS:
             arr = read_chunk(ix, rg)  # the stream rows' tokens (a text source tokenizes here)
             ok = np.ones(n, bool)
@@ -208,14 +210,15 @@ class _Pass:
             raise DataError(msg)
         keys = hash_array(arr, f"dedupe={self.key!r}")
         take = np.flatnonzero(ok & ~excl).astype(np.int64)
-        return n, take, keys[take], np.flatnonzero(excl).astype(np.int64)
+        lengths = list_lengths(arr).astype(np.int32) if self.key == TOKENS else none
+        return n, take, keys[take], np.flatnonzero(excl).astype(np.int64), lengths
 
     def hash_chunk(self, p: int, first: int, end: int) -> Hashed:
         got = [self.hash_rg(p, rg) for rg in range(first, end)]
         return _pack(got)
 
 
-def _pack(got: Sequence[tuple[int, I64, Keys, I64]]) -> Hashed:
+def _pack(got: Sequence[tuple[int, I64, Keys, I64, NDArray[np.int32]]]) -> Hashed:
     return {
         "n": np.array([g[0] for g in got], np.int64),
         "m": np.array([len(g[1]) for g in got], np.int64),
@@ -223,6 +226,7 @@ def _pack(got: Sequence[tuple[int, I64, Keys, I64]]) -> Hashed:
         "pos": np.concatenate([g[1] for g in got]).astype(np.int32) if got else np.zeros(0, np.int32),
         "keys": np.concatenate([g[2] for g in got]).astype(np.uint64) if got else np.zeros((0, 2), np.uint64),
         "excl": np.concatenate([g[3] for g in got]).astype(np.int64) if got else np.zeros(0, np.int64),
+        "len": np.concatenate([g[4] for g in got]).astype(np.int32) if got else np.zeros(0, np.int32),
     }
 
 
@@ -272,7 +276,7 @@ def _load(path: Any, names: Sequence[str]) -> dict[str, np.ndarray] | None:
         return None
 
 
-_HASHED = ("n", "m", "x", "pos", "keys", "excl")
+_HASHED = ("n", "m", "x", "pos", "keys", "excl", "len")
 
 
 def _run_chunks(
@@ -554,8 +558,10 @@ def dedupe_index(
             seq = [(start + i) % n for i in range(n)]
             done = _run_chunks(ps, chunks, seq, paths, shared=world > 1, threads=workers, progress=progress)
         res = _resolve(parts, chunks, done)
+        known = _kept_lengths(chunks, done)
         del done
-        cached = _counts(parts, res, workers)
+        cached = _counts(parts, res, workers, known)
+        del known
         _save(result, cached)
     out = [_build(part, cached, p, key, table, names) for p, part in enumerate(parts)]
     if not isinstance(ix, MixtureIndex):
@@ -585,8 +591,30 @@ def _nonempty(ix: DedupedIndex, key: str, exclude: Any, name: str) -> DedupedInd
     return ix
 
 
-def _counts(parts: Sequence[Index], res: _Resolved, threads: int) -> dict[str, np.ndarray]:
-    """The cached result: per part, the dropped rows by row group and the tokens they held."""
+def _kept_lengths(
+    chunks: list[tuple[int, int, int]], done: Mapping[int, Hashed]
+) -> dict[tuple[int, int], NDArray[np.int32]]:
+    """(part, row group) -> its stream rows' token counts, where phase 1 kept them (``"tokens"``)."""
+    out: dict[tuple[int, int], NDArray[np.int32]] = {}
+    for c, (p, a, _b) in enumerate(chunks):
+        h = done[c]
+        lens = h["len"]
+        if len(lens) != int(h["n"].sum()):
+            continue
+        offs = np.concatenate([[0], np.cumsum(h["n"])])
+        for i in range(len(h["n"])):
+            out[(p, a + i)] = lens[offs[i] : offs[i + 1]]
+    return out
+
+
+def _counts(
+    parts: Sequence[Index], res: _Resolved, threads: int, known: Mapping[tuple[int, int], NDArray[np.int32]]
+) -> dict[str, np.ndarray]:
+    """The cached result: per part, the dropped rows by row group and the tokens they held.
+
+    A row group with a dropped row needs its rows' token counts: phase 1's where it kept
+    them (``"tokens"``), else its token chunk is read once more (a column key never decoded it).
+    """
     out: dict[str, np.ndarray] = {}
     from concurrent.futures import ThreadPoolExecutor
 
@@ -594,8 +622,11 @@ def _counts(parts: Sequence[Index], res: _Resolved, threads: int) -> dict[str, n
         dup, excl = res.dup[p], res.excl[p]
         todo = [rg for rg in range(ix.row_groups) if len(dup[rg]) or len(excl[rg])]
 
-        def dropped(rg: int, ix: Index = ix, dup: list[I64] = dup, excl: list[I64] = excl) -> tuple[int, int]:
-            lengths = list_lengths(read_chunk(ix, rg))  # the base's stream rows
+        def dropped(
+            rg: int, ix: Index = ix, dup: list[I64] = dup, excl: list[I64] = excl, p: int = p
+        ) -> tuple[int, int]:
+            have = known.get((p, rg))
+            lengths = have.astype(np.int64) if have is not None else list_lengths(read_chunk(ix, rg))
             gone = np.union1d(dup[rg], excl[rg]).astype(np.int64)
             return int(lengths[gone].sum()), int((lengths[gone] == 0).sum())
 

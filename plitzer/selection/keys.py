@@ -35,14 +35,38 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 
-def _mix(x: U64) -> U64:
-    """SplitMix64's finalizer, element-wise (wrapping arithmetic)."""
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_BLOCK = 1 << 16
+"""Values a block: the mixing runs on blocks that stay in the CPU's cache."""
+
+
+def _mix(x: U64, tmp: U64 | None = None) -> U64:
+    """SplitMix64's finalizer, element-wise (wrapping arithmetic), in place on a fresh ``x``."""
+    t = np.empty_like(x) if tmp is None else tmp[: len(x)]
     with np.errstate(over="ignore"):
-        x = x ^ (x >> np.uint64(30))
-        x = x * _M1
-        x = x ^ (x >> np.uint64(27))
-        x = x * _M2
-        return x ^ (x >> np.uint64(31))
+        np.right_shift(x, _S30, out=t)
+        x ^= t
+        x *= _M1
+        np.right_shift(x, _S27, out=t)
+        x ^= t
+        x *= _M2
+        np.right_shift(x, _S31, out=t)
+        x ^= t
+        return x
+
+
+_POS: dict[int, U64] = {}
+
+
+def _positions(lane: int, n: int) -> U64:
+    """``mix(j + seed)`` for j < n (grown as needed, shared by every call)."""
+    have = _POS.get(lane)
+    if have is None or len(have) < n:
+        size = max(n, 1 << 16, 2 * (0 if have is None else len(have)))
+        with np.errstate(over="ignore"):
+            have = _mix(np.arange(size, dtype=np.uint64) + _SEEDS[lane])
+        _POS[lane] = have
+    return have
 
 
 def hash_lists(offsets: NDArray[np.int64], values: U64) -> Keys:
@@ -55,15 +79,31 @@ def hash_lists(offsets: NDArray[np.int64], values: U64) -> Keys:
     lo, hi = int(offsets[0]), int(offsets[-1])
     vals = np.asarray(values[lo:hi], np.uint64)
     lengths = np.diff(offsets)
-    starts = np.repeat(offsets[:-1] - lo, lengths)
-    pos = (np.arange(hi - lo, dtype=np.int64) - starts).astype(np.uint64)
+    pos = np.arange(hi - lo, dtype=np.int64)
+    pos -= np.repeat(offsets[:-1] - lo, lengths)
+    longest = int(lengths.max()) if n else 0
     rel = offsets - lo
+    total = hi - lo
+    tmp = np.empty(min(total, _BLOCK), np.uint64)
+    term = np.empty(min(total, _BLOCK), np.uint64)
     with np.errstate(over="ignore"):
         for lane, seed in enumerate(_SEEDS):
-            terms = _mix(vals ^ _mix(pos + seed))
-            cs = np.concatenate([np.zeros(1, np.uint64), np.cumsum(terms, dtype=np.uint64)])
+            table = _positions(lane, longest + 1)
+            cs = np.empty(total + 1, np.uint64)
+            cs[0] = 0
+            carry = np.uint64(0)
+            for a in range(0, total, _BLOCK):  # one block at a time: the mixing's passes stay in cache
+                b = min(total, a + _BLOCK)
+                t = term[: b - a]
+                np.take(table, pos[a:b], out=t)
+                t ^= vals[a:b]
+                _mix(t, tmp)
+                np.cumsum(t, dtype=np.uint64, out=cs[a + 1 : b + 1])
+                cs[a + 1 : b + 1] += carry
+                carry = cs[b]
             sums = cs[rel[1:]] - cs[rel[:-1]]
-            out[:, lane] = _mix(sums + _mix(lengths.astype(np.uint64) + seed))
+            sums += _mix(lengths.astype(np.uint64) + seed)
+            out[:, lane] = _mix(sums)
     return out
 
 
@@ -90,6 +130,8 @@ def _scalars(arr: pa.Array, what: str) -> U64:
         if pa.types.is_decimal(t):
             arr = arr.cast(pa.string())
             return hash_array(arr, what)[:, 0]
+        if pa.types.is_integer(t) and arr.null_count == 0:  # the common case (token ids): no Arrow cast
+            return np.asarray(arr.to_numpy(zero_copy_only=True)).astype(np.int64).view(np.uint64)
         try:
             ints = arr.cast(pa.int64()) if not pa.types.is_unsigned_integer(t) else arr.cast(pa.uint64())
         except (pa.ArrowException, ValueError):
