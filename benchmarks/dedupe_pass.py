@@ -10,7 +10,7 @@ then measures, each in a fresh process (its peak RSS is its own):
 4. the first-occurrence resolution alone on ``--sim`` random keys (10**7 by default), its
    time and the memory it allocates (tracemalloc), from which 10**8 documents are
    estimated: phase 1 is per row group (so linear), the resolution runs bucket by bucket
-   of 2**22 keys (so linear too), and the keys held are 20 bytes a document.
+   of 2**22 keys (so linear too), and phase 1's state is 24 bytes a document (20 for a column key).
 
     python benchmarks/dedupe_pass.py                  # 10**6 documents, about a minute
     python benchmarks/dedupe_pass.py --docs 100000 --sim 1000000
@@ -177,7 +177,8 @@ def main() -> None:
         res = sim["seconds"] * 1e8 / args.sim
         print(f"10**8 documents (estimated from the above, one machine of these cores): phase 1 about "
               f"{p1 / 60:.0f} min (split between a job's ranks), resolution about {res:.0f} s, keys held "
-              f"{20e8 / 2**30:.1f} GiB (20 bytes a document) plus a bucket's state "
+              f"{24e8 / 2**30:.1f} GiB (24 bytes a document: key, position, length; 20 for a column key) "
+              "plus a bucket's state "
               f"({sim['alloc_peak_mib'] * 1e8 / args.sim / max(1.0, 1e8 / 2**22):.0f} MiB)")  # fmt: skip
 
 

@@ -603,3 +603,35 @@ def test_first_occurrences_with_equal_first_lanes() -> None:
     keys = np.array([[5, 1], [5, 2], [5, 1], [7, 0], [5, 2], [5, 3]], np.uint64)
     drop, kept = dd.first_occurrences(keys)
     assert drop.tolist() == [2, 4] and kept.tolist() == [0, 1]
+
+
+def test_mixture_file_takes_dedupe_and_exclude(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from plitzer.cli import main
+    from plitzer.tools.mixfile import mixture_settings, read_mixture
+
+    a = make_source(tmp_path / "a", seed=4, files=1)
+    b = make_source(tmp_path / "b", seed=4, files=1, base=1000)  # the same documents: all dropped from b
+    c = make_source(tmp_path / "c", seed=5, files=1, base=2000)
+    toml = tmp_path / "mix.toml"
+    toml.write_text(
+        f'dedupe = "tokens"\n[sources.c]\npath = "{c}"\n[sources.a]\npath = "{a}"\n[sources.b]\npath = "{b}"\n'
+    )
+    sources, _ = read_mixture(str(toml))
+    assert list(sources) == ["c", "a", "b"] and mixture_settings(str(toml)) == {"dedupe": "tokens"}
+    with pytest.raises(ConfigError, match="source 'b' keeps no token"):
+        plitzer.Loader(sources, **mixture_settings(str(toml)), **CFG)
+    toml.write_text(f'dedupe = "tokens"\n[sources.c]\npath = "{c}"\n[sources.a]\npath = "{a}"\n')
+    sql = "select source, sum(rows_duplicate) as d from index group by source order by source"
+    assert main(["plan", "--mixture", str(toml), "--lanes", "4", "--window", "3", "--sql", sql, "--format", "csv"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    with plitzer.Loader({"c": c, "a": a}, dedupe="tokens", **CFG) as loader:
+        idx = loader.plan.index
+        want = [f"{s},{int(idx.filter(idx['source'] == s)['rows_duplicate'].sum())}" for s in ("a", "c")]
+        state = loader.checkpoint()
+    assert out[1:] == want
+    with plitzer.Loader({"c": c, "a": a}, **CFG) as plain, pytest.raises(CheckpointError, match="dedupe"):
+        plain.resume(state)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'dedupe = 3\n[sources.c]\npath = "{c}"\n')
+    with pytest.raises(ConfigError, match="must be a string"):
+        mixture_settings(str(bad))
