@@ -193,6 +193,9 @@ RULES: dict[str, Rule] = {
         "python tests/fuzz_parquet.py data/sample/part-00000.parquet {scratch}/fuzz 20 2"
     ),
     "python benchmarks/selection.py --tokens 60000000": scaled("python benchmarks/selection.py --tokens 300000"),
+    "python benchmarks/dedupe_pass.py": scaled(
+        "python benchmarks/dedupe_pass.py --docs 20000 --sim 100000 --rows 1000"
+    ),
     "python benchmarks/drift.py": scaled("python benchmarks/drift.py --max-windows 200 --new-rule-windows 200"),
     "python benchmarks/memory.py": scaled(
         f"python benchmarks/memory.py --tokens 2000000 --limit 0.5 --budgets floor,512 --lanes 8 --window 4 "
