@@ -635,3 +635,32 @@ def test_mixture_file_takes_dedupe_and_exclude(tmp_path: Path, capsys: pytest.Ca
     bad.write_text(f'dedupe = 3\n[sources.c]\npath = "{c}"\n')
     with pytest.raises(ConfigError, match="must be a string"):
         mixture_settings(str(bad))
+
+
+def test_a_job_over_a_mixture_keeps_the_order_given(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tests.share_fixtures import ThreadGroup, run_ranks
+
+    web = make_source(tmp_path / "web", seed=6, files=1)
+    rows = [r for rows in rows_of(web)[0][1] for r in rows]
+    curated = tmp_path / "curated"
+    write_rows(curated / "c.parquet", [(t, u) for t, u, _ in rows] + _docs(9, 12, 12),
+               [5000 + i for i in range(len(rows) + 12)], [DOCS] * (len(rows) // DOCS) + [12])  # fmt: skip
+    sources = {"web": web, "curated": curated}  # web first: curated's copies are dropped
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "job"))
+    group = ThreadGroup(2)
+    members = [group.member(r) for r in range(2)]
+    kw = {**CFG, "lanes": 8, "dedupe": "tokens"}
+    loaders = run_ranks(2, lambda r: plitzer.Loader.in_group(members[r], sources, rank=r, world=2, **kw))
+    try:
+        idx = loaders[0].plan.index
+        assert int(idx.filter(idx["source"] == "web")["rows_duplicate"].sum()) < len(rows)
+        assert int(idx.filter(idx["source"] == "curated")["rows_duplicate"].sum()) >= len(rows)
+        monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "alone"))
+        with plitzer.Loader(sources, **kw) as whole:
+            for t in range(5):
+                want = tokens_of(whole.next_batch())
+                got = np.concatenate([tokens_of(x.next_batch()) for x in loaders])
+                assert got.tobytes() == want.tobytes(), f"step {t}"
+    finally:
+        for x in loaders:
+            x.close()

@@ -446,7 +446,7 @@ def _parts_of(ix: RowGroupIndex, order: Sequence[str] | None) -> tuple[list[Inde
     """The sources' indexes in source order, and each one's position in ``ix``'s own (name) order."""
     if isinstance(ix, MixtureIndex):
         names = list(ix.names)
-        given = [n for n in (order or []) if n in names]
+        given = [n for n in (order or ix.given) if n in names]
         given += [n for n in names if n not in given]
         at = [names.index(n) for n in given]
         return [ix.parts[i] for i in at], at
@@ -568,7 +568,7 @@ def dedupe_index(
         return _nonempty(out[0], key, exclude, "")
     by_pos = dict(zip(at, out, strict=True))
     new_parts = [_nonempty(by_pos[i], key, exclude, ix.names[i]) for i in range(len(ix.parts))]
-    return MixtureIndex(ix.specs, new_parts)
+    return MixtureIndex(ix.specs, new_parts, given=ix.given)
 
 
 def _token_column(ix: Index) -> str:
@@ -733,7 +733,7 @@ def base_of(ix: RowGroupIndex) -> RowGroupIndex:
         return ix.base
     if isinstance(ix, MixtureIndex) and any(isinstance(p, DedupedIndex) for p in ix.parts):
         return MixtureIndex(ix.specs, [p.base if isinstance(p, DedupedIndex) and p.base is not None else p
-                                       for p in ix.parts])  # fmt: skip
+                                       for p in ix.parts], given=ix.given)  # fmt: skip
     return ix
 
 

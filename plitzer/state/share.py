@@ -266,9 +266,12 @@ def share_index(source: Source, cfg: LoaderSettings, group: Collective) -> Sourc
             ix = opened[spec.name] = share_one(spec.path, spec.column, spec.storage_options, threads, group)
             if spec.where is not None:
                 _select(ix, spec.where, spec.length_column, cfg.threads, group)
+        from dataclasses import replace
+
         from plitzer.state.settings import open_source
 
-        return open_source(source, cfg, opened)
+        # Deduplication is shared next (share_dedupe), over one exchange: not here.
+        return open_source(source, replace(cfg, dedupe=None, exclude=None), opened)
     if not isinstance(source, (str, os.PathLike, list, tuple)):
         return source
     if cfg.tokenizer is not None:
