@@ -436,6 +436,32 @@ def test_s3_source_and_exclusion_table(s3: S3Data, tmp_path: Path) -> None:
             assert tokens_of(disk.next_batch()).tobytes() == tokens_of(remote.next_batch()).tobytes(), f"step {t}"
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_an_exclusion_table_on_s3(s3: S3Data, tmp_path: Path, fmt: str) -> None:
+    import io
+
+    local = Path(s3.local["synth"])
+    ids = list(range(0, 400, 7))
+    table = pa.table({"id": pa.array(ids, pa.int64())})
+    buf = io.BytesIO()
+    if fmt == "csv":
+        pacsv.write_csv(table, buf)
+    else:
+        pq.write_table(table, buf)
+    s3.client().put_object(Bucket=s3.bucket, Key=f"lists/decontam.{fmt}", Body=buf.getvalue())
+    (tmp_path / f"decontam.{fmt}").write_bytes(buf.getvalue())
+    cfg = {"seed": 7, "lanes": 8, "window": 3, "seq_len": 96}
+    url = f"s3://{s3.bucket}/lists/decontam.{fmt}"
+    with (
+        plitzer.Loader(local, exclude=tmp_path / f"decontam.{fmt}", **cfg) as disk,  # type: ignore[arg-type]
+        plitzer.Loader(local, exclude=url, storage_options=s3.options(), **cfg) as remote,  # type: ignore[arg-type]
+    ):
+        assert int(disk.plan.index["rows_excluded"].sum()) == len(ids)
+        assert remote.config["exclude"] == disk.config["exclude"]
+        for t in range(min(len(disk), 10)):
+            assert tokens_of(disk.next_batch()).tobytes() == tokens_of(remote.next_batch()).tobytes(), f"step {t}"
+
+
 def test_cli_takes_dedupe_and_exclude(data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from plitzer.cli import main
 
