@@ -390,11 +390,14 @@ def first_occurrences(keys: Keys, bucket_rows: int = BUCKET_ROWS) -> tuple[I64, 
     return d[at], k2[at]
 
 
-def _resolve(parts: Sequence[Index], chunks: list[tuple[int, int, int]], done: Mapping[int, Hashed]) -> _Resolved:
+def _resolve(parts: Sequence[Index], chunks: list[tuple[int, int, int]], done: dict[int, Hashed]) -> _Resolved:
+    """The dropped rows of every row group; each chunk's keys are moved out of ``done`` (one copy at a time)."""
     dup: list[list[I64]] = [[np.zeros(0, np.int64)] * ix.row_groups for ix in parts]
     excl: list[list[I64]] = [[np.zeros(0, np.int64)] * ix.row_groups for ix in parts]
-    keys_all: list[Keys] = []
-    pos_all: list[I64] = []
+    total = sum(int(done[c]["m"].sum()) for c in range(len(chunks)))
+    keys = np.empty((total, 2), np.uint64)
+    at = 0
+    pos_all: list[NDArray[np.int32]] = []
     rg_part: list[int] = []
     rg_local: list[int] = []
     rg_m: list[int] = []
@@ -405,25 +408,27 @@ def _resolve(parts: Sequence[Index], chunks: list[tuple[int, int, int]], done: M
         for i in range(len(x)):
             if x[i]:
                 excl[p][a + i] = h["excl"][xo[i] : xo[i + 1]]
-        keys_all.append(h["keys"].reshape(-1, 2))
-        pos_all.append(np.asarray(h["pos"], np.int64))
+        done[c] = {n: v for n, v in h.items() if n != "keys"}  # never mutated: another rank's may be this one
+        k = h["keys"].reshape(-1, 2)  # the chunk's keys: copied in, then dropped from ``done``
+        keys[at : at + len(k)] = k
+        at += len(k)
+        pos_all.append(np.asarray(h["pos"], np.int32))
+        del k, h
         rg_part.extend([p] * len(m))
         rg_local.extend(range(a, a + len(m)))
         rg_m.extend(m.tolist())
     duplicates: list[I64] = [np.zeros((0, 5), np.int64) for _ in parts]
-    keys = np.ascontiguousarray(np.concatenate(keys_all).astype(np.uint64)) if keys_all else np.zeros((0, 2), np.uint64)
-    del keys_all
     drop, kept = first_occurrences(keys)
     del keys
     if len(drop) == 0:
         return _Resolved(dup, excl, duplicates)
-    pos = np.concatenate(pos_all)
+    pos = np.concatenate(pos_all) if pos_all else np.zeros(0, np.int32)
     starts = np.concatenate([[0], np.cumsum(np.array(rg_m, np.int64))])
     part_of, local_of = np.array(rg_part, np.int64), np.array(rg_local, np.int64)
 
     def where(i: I64) -> tuple[I64, I64, I64]:
         g = np.searchsorted(starts, i, side="right") - 1
-        return part_of[g], local_of[g], pos[i]
+        return part_of[g], local_of[g], pos[i].astype(np.int64)
 
     dp, dr, dpos = where(drop)
     kp, kr, kpos = where(kept)
@@ -553,6 +558,7 @@ def dedupe_index(
             done: dict[int, Hashed] = {}
             for got in exchange(_run_chunks(ps, chunks, mine, paths, shared=False, threads=workers, progress=progress)):
                 done.update(got)
+            got = {}  # the last part: its keys are dropped from ``done`` as they are resolved
         else:
             start = rank * n // world if world > 1 else 0
             seq = [(start + i) % n for i in range(n)]
