@@ -855,6 +855,12 @@ def dedupe_on_ray(
     process, which writes them into its cache; a :func:`dedupe_index` that follows (or a
     job whose ranks share this cache folder) then resolves the first occurrences from it.
     """
+    if type(ix) is not Index:
+        msg = (
+            f"the Ray engine keys a dataset of token columns, not a {type(ix).__name__}: run the pass on this "
+            "machine (--engine local), or tokenize first"
+        )
+        raise ConfigError(msg)
     import ray
 
     key = dedupe or ""
