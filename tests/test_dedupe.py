@@ -690,3 +690,18 @@ def test_a_job_over_a_mixture_keeps_the_order_given(monkeypatch: pytest.MonkeyPa
     finally:
         for x in loaders:
             x.close()
+
+
+def test_more_refusals(data: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'nope' is not a column of source 'a'"):
+        plitzer.Loader({"a": data, "b": data}, dedupe="nope", **CFG)
+    pq.write_table(pa.table({"tokens": [1]}), tmp_path / "tok.parquet")
+    with pytest.raises(ConfigError, match="'tokens' is not a column"):  # the token column is not a listed column
+        plitzer.Loader(data, exclude=tmp_path / "tok.parquet", **CFG)
+    t = pa.table({"tokens": pa.array([[1], [2]], pa.list_(pa.int32())), "s": [{"a": 1}, {"a": 1}]})
+    pq.write_table(t, tmp_path / "struct.parquet")
+    with pytest.raises(ConfigError, match="compare strings, binary, numbers"):
+        plitzer.Loader(tmp_path / "struct.parquet", dedupe="s", **CFG)
+    (tmp_path / "bad.csv").write_text("url,id\na,1,extra\n")
+    with pytest.raises(plitzer.errors.DataError, match="not a readable Parquet or CSV"):
+        plitzer.Loader(data, exclude=tmp_path / "bad.csv", **CFG)
