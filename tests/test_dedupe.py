@@ -705,3 +705,35 @@ def test_more_refusals(data: Path, tmp_path: Path) -> None:
     (tmp_path / "bad.csv").write_text("url,id\na,1,extra\n")
     with pytest.raises(plitzer.errors.DataError, match="not a readable Parquet or CSV"):
         plitzer.Loader(data, exclude=tmp_path / "bad.csv", **CFG)
+
+
+@pytest.mark.parametrize("how", ["url+where", "exclude", "mixture"])
+def test_resume_at_another_world_under_each_kind(data: Path, tmp_path: Path, how: str) -> None:
+    path, _ = _exclusion(tmp_path, data, "csv")
+    source: Any = data
+    kw: dict[str, Any] = {**CFG, "lanes": 8}
+    if how == "url+where":
+        kw.update(dedupe="url", where="id % 4 != 1")
+    elif how == "exclude":
+        kw.update(exclude=path, dedupe="tokens")
+    else:
+        other = make_source(tmp_path / "other", seed=3, files=1)  # its empty documents are in data too
+        source = {"z": data, "a": other}
+        kw.update(dedupe="tokens")
+    step = 4
+    with plitzer.Loader(source, **kw) as whole:
+        whole.seek(step)
+        want = [tokens_of(whole.next_batch()).copy() for _ in range(2)]
+    parts = []
+    for r in range(2):
+        with plitzer.Loader(source, world=2, rank=r, **kw) as x:
+            x.seek(step)
+            parts.append(x.checkpoint())
+    state = plitzer.merge(parts)
+    got: list[list[np.ndarray]] = []
+    for r in range(4):
+        with plitzer.Loader(source, world=4, rank=r, **kw) as y:
+            y.resume(state)
+            got.append([tokens_of(y.next_batch()).copy() for _ in range(2)])
+    for i in range(2):
+        assert np.concatenate([g[i] for g in got]).tobytes() == want[i].tobytes()
