@@ -737,3 +737,55 @@ def test_resume_at_another_world_under_each_kind(data: Path, tmp_path: Path, how
             got.append([tokens_of(y.next_batch()).copy() for _ in range(2)])
     for i in range(2):
         assert np.concatenate([g[i] for g in got]).tobytes() == want[i].tobytes()
+
+
+_DIST_WORKER = """
+import json, sys
+import torch.distributed as dist
+import plitzer.selection.dedupe as dd
+import plitzer.torch
+
+rank, world, port, data, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+keyed = []
+real = dd._Pass.hash_chunk
+dd._Pass.hash_chunk = lambda self, p, a, b: (keyed.append(a), real(self, p, a, b))[1]
+ds = plitzer.torch.Dataset(data, dedupe="tokens", seed=3, lanes=4, window=3, seq_len=16, threads=1)
+batch = next(iter(ds))
+json.dump({"keyed": keyed, "tokens": batch.tokens.numpy().tolist()}, open(out, "w"))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(180)
+def test_torch_distributed_ranks_each_key_their_share(data: Path, tmp_path: Path) -> None:
+    """Each rank (its own cache folder) keys its 1/world of the row groups; all_gather_object shares the keys."""
+    pytest.importorskip("torch")
+    import json
+    import os
+    import sys
+
+    from tests import prefork
+    from tests.s3_fixtures import free_port
+
+    script = tmp_path / "worker.py"
+    script.write_text(_DIST_WORKER)
+    port = str(free_port())
+    procs = []
+    for r in range(2):
+        env = {
+            **os.environ,
+            "PLITZER_CACHE": str(tmp_path / f"cache-{r}"),
+            "PYTHONPATH": str(Path(__file__).parents[1]),
+        }
+        args = [sys.executable, str(script), str(r), "2", port, str(data), str(tmp_path / f"out-{r}.json")]
+        procs.append(prefork.Popen(args, env=env))  # tests/prefork.py
+    for p in procs:
+        assert p.wait(timeout=150) == 0
+    got = [json.loads((tmp_path / f"out-{r}.json").read_text()) for r in range(2)]
+    chunks = dd._chunks([plitzer.index(data)])
+    for r in range(2):
+        assert sorted(got[r]["keyed"]) == sorted(a for c, (_, a, _) in enumerate(chunks) if c * 2 // len(chunks) == r)
+    with plitzer.Loader(data, dedupe="tokens", **CFG) as ref:
+        want = tokens_of(ref.next_batch())
+    assert np.concatenate([np.array(g["tokens"]) for g in got]).tolist() == want.tolist()
