@@ -266,6 +266,8 @@ PLAN_PARAMETERS: tuple[str, ...] = (
     "seq_len",
     "where",
     "length_column",
+    "dedupe",
+    "exclude",
 )
 """The settings :func:`planner.plan` takes: those that decide the plan tables."""
 

@@ -411,25 +411,12 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
-def _deduped_plan(source: Any, *, seq_len: Any = None, **kw: Any) -> Any:
-    """``planner.plan`` with ``dedupe=`` or ``exclude=``: the runtime's pass (it reads data), then the plan."""
-    from plitzer.state.settings import LoaderSettings, make_plan, open_source
-
-    if seq_len is None:
-        seq_len = 2048
-    cfg = LoaderSettings.of(caller="plitzer plan", seq_len=seq_len, **kw)
-    return make_plan(open_source(source, cfg), cfg)
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
     import planner
 
     source, weights = _source_of(args)
     selection = _selection(args)
-    plan_of: Callable[..., Any] = planner.plan
-    if "dedupe" in selection or "exclude" in selection:
-        plan_of = _deduped_plan
-    p = plan_of(
+    p = planner.plan(
         source,
         seed=args.seed,
         lanes=args.lanes,

@@ -789,3 +789,13 @@ def test_torch_distributed_ranks_each_key_their_share(data: Path, tmp_path: Path
     with plitzer.Loader(data, dedupe="tokens", **CFG) as ref:
         want = tokens_of(ref.next_batch())
     assert np.concatenate([np.array(g["tokens"]) for g in got]).tolist() == want.tolist()
+
+
+def test_plitzer_plan_takes_dedupe_and_exclude(data: Path, tmp_path: Path) -> None:
+    path, _ = _exclusion(tmp_path, data, "parquet")
+    p = plitzer.plan(data, dedupe="tokens", exclude=path, lanes=4, window=3)
+    with plitzer.Loader(data, dedupe="tokens", exclude=path, **CFG) as a:
+        assert p.index["rows_kept"].to_list() == a.plan.index["rows_kept"].to_list()
+        assert p.tokens == a.tokens
+    sql = p.sql("select sum(rows_duplicate) as d, sum(rows_excluded) as x from index")
+    assert sql["d"][0] > 0 and sql["x"][0] > 0

@@ -36,6 +36,7 @@ from planner.order.layout import Layout
 from planner.order.plan import Plan, PlanSettings, check_int
 from planner.parameters import PARAMETERS, POSITIONAL, unknown_keyword
 from planner.stores.hf import revisions
+from plitzer.selection.dedupe import dedupe_index  # loaded with plitzer: planner.plan(dedupe=...) finds it
 
 __all__ = [
     "Keywords",
@@ -275,8 +276,6 @@ def open_source(source: Source, settings: LoaderSettings, opened: Mapping[str, I
     )
     if s.dedupe is None and s.exclude is None:
         return ix
-    from plitzer.selection.dedupe import dedupe_index
-
     return dedupe_index(
         ix,
         dedupe=s.dedupe,
