@@ -3,7 +3,7 @@
 python .ci/checks.py wheel DIST/plitzer-X-py3-none-any.whl
     The wheel holds the packages planner and plitzer (with their py.typed markers),
     the licences and its metadata, nothing else; prints its size and file list.
-python .ci/checks.py junit REPORT.xml [--same-as OTHER.xml] [--tests N]
+python .ci/checks.py junit REPORT.xml [--same-as OTHER.xml] [--tests N] [--slowest N]
     A pytest run really ran tests: some passed, none failed or errored; with
     --same-as, it ran exactly as many tests as the other run (nothing went missing).
 """
@@ -57,6 +57,16 @@ def _counts(path: Path) -> dict[str, int]:
     return {k: sum(int(s.get(k, 0)) for s in suites) for k in keys}
 
 
+def slowest(path: Path, n: int) -> None:
+    """Print the ``n`` longest tests of the report (where CI's minutes go), with their share of the run."""
+    root = ET.parse(path).getroot()  # noqa: S314 (our own pytest's report)
+    cases = [(float(c.get("time", 0)), f"{c.get('classname', '')}::{c.get('name', '')}") for c in root.iter("testcase")]
+    total = sum(t for t, _ in cases) or 1.0
+    print(f"{path.name}: {total:.0f} s of tests in all; the {n} longest:")
+    for t, name in sorted(cases, reverse=True)[:n]:
+        print(f"  {t:7.1f} s  {100 * t / total:4.1f} %  {name}")
+
+
 def check_junit(path: Path, same_as: Path | None, tests: int | None = None) -> list[str]:
     c = _counts(path)
     passed = c["tests"] - c["failures"] - c["errors"] - c["skipped"]
@@ -87,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     j.add_argument("report", type=Path)
     j.add_argument("--same-as", type=Path, default=None)
     j.add_argument("--tests", type=int, default=None, help="the number of tests the run must have run")
+    j.add_argument("--slowest", type=int, default=0, help="print this many of the longest tests")
     args = p.parse_args(argv)
+    if args.what == "junit" and args.slowest:
+        slowest(args.report, args.slowest)
     bad = check_wheel(args.wheel) if args.what == "wheel" else check_junit(args.report, args.same_as, args.tests)
     for b in bad:
         print(f"FAIL {b}", file=sys.stderr)

@@ -31,6 +31,15 @@ ranged read, decode, checks, conversion to int32) on one thread, in ns/token and
 against the same tokens as list<int32>:
 
     python benchmarks/throughput.py --widths --tokens 20000000
+
+``--columns`` measures what aligned columns cost (SPEC section 13): the same files with a
+bool ``loss_mask`` and a float32 ``weight`` beside the tokens, the loader's steady state
+with ``columns=["loss_mask", "weight"]`` against tokens alone, alternated ``--repeat``
+times; and, as the yardstick, the raw decode of the three columns against the token
+column alone (``pq.read_table``). The extra cost should follow the extra bytes (1 + 4 per
+token against the tokens' 4), not a second packing:
+
+    python benchmarks/throughput.py --columns --tokens 4000000 --docs-per-row-group 200 --lanes 16 --window 4
 """
 
 from __future__ import annotations
@@ -120,9 +129,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--lanes-sweep", default="", help="comma-separated lane counts for the per-step sweep")
     ap.add_argument("--widths", action="store_true", help="measure widening and narrowing against int32")
+    ap.add_argument("--columns", action="store_true", help="measure a bool and a float32 aligned column")
     args = ap.parse_args()
     if args.widths:
         widths(args.tokens)
+        return
+    if args.columns:
+        columns_cost(args)
         return
     d = Path(args.data) if args.data else fineweb_shaped(args.tokens, docs=args.docs_per_row_group)
     warm_page_cache(d)
@@ -282,6 +295,100 @@ def widths(tokens: int, repeats: int = 5) -> None:
         base = results["int32"]
         for name, ns in results.items():
             print(f"{name:<44} {ns / base:5.2f}x int32, {ns - base:+.2f} ns/token")
+
+
+def with_columns(src: Path) -> Path:
+    """``src``'s files with ``loss_mask`` (bool: the id is even) and ``weight`` (float32) beside the tokens; kept."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    d = src.parent / (src.name + "-columns")
+    if (d / ".done").exists():
+        return d
+    d.mkdir(parents=True, exist_ok=True)
+    for f in sorted(src.glob("*.parquet")):
+        pf = pq.ParquetFile(f)
+        writer = None
+        for g in range(pf.num_row_groups):
+            t = pf.read_row_group(g)
+            ids = t.column("tokens").combine_chunks()
+            flat = pc.list_flatten(ids)
+            v = flat.to_numpy()
+            mask = pa.ListArray.from_arrays(ids.offsets, pa.array(v % 2 == 0))
+            weight = pa.ListArray.from_arrays(ids.offsets, pa.array((v % 7).astype(np.float32) / 7))
+            t = t.append_column("loss_mask", mask).append_column("weight", weight)
+            if writer is None:
+                writer = pq.ParquetWriter(d / f.name, t.schema, compression="zstd")
+            writer.write_table(t, row_group_size=len(t))
+        assert writer is not None
+        writer.close()
+    (d / ".done").write_text("ok")
+    return d
+
+
+def columns_cost(args: argparse.Namespace) -> None:
+    """Steady-state throughput with a bool and a float32 aligned column against tokens alone."""
+    import plitzer
+
+    d = with_columns(fineweb_shaped(args.tokens, docs=args.docs_per_row_group))
+    warm_page_cache(d)
+    pa.set_cpu_count(args.threads)
+    pa.set_io_thread_count(args.threads)
+    ix = plitzer.index(d, column="tokens")
+    tokens = ix.tokens
+    files = sorted(d.glob("*.parquet"))
+    settings = {
+        "seed": 0,
+        "lanes": args.lanes,
+        "window": args.window,
+        "seq_len": args.seq_len,
+        "budget": args.budget,
+        "threads": args.threads,
+    }
+
+    def decode(cols: list[str]) -> Timing:
+        with timed() as t:
+            for f in files:
+                pq.read_table(f, columns=cols, use_threads=True)
+        return t
+
+    def steady(cols: list[str] | None) -> tuple[Timing, int]:
+        with plitzer.Loader(ix, columns=cols, **settings) as loader:  # type: ignore[arg-type]
+            for _ in loader:  # epoch 0 fills the pipeline
+                pass
+            with timed() as t:
+                n = 0
+                for _ in range(args.epochs):
+                    n += sum(1 for _ in loader)
+        return t, n * args.lanes * args.seq_len
+
+    runs: dict[str, list[tuple[Timing, int]]] = {"tokens": [], "columns": []}
+    dec: dict[str, list[Timing]] = {"tokens": [], "columns": []}
+    for _ in range(args.repeat):
+        dec["tokens"].append(decode(["tokens"]))
+        dec["columns"].append(decode(["tokens", "loss_mask", "weight"]))
+        runs["tokens"].append(steady(None))
+        runs["columns"].append(steady(["loss_mask", "weight"]))
+    print(f"{tokens:,} tokens in {len(files)} files, {ix.row_groups} row groups; {args.threads} threads")
+    print(f"settings: {settings}; steady state epochs 1..{args.epochs}; medians of {args.repeat} alternated runs")
+    print(f"{'run':<52} {'Mtok/s':>8} {'cores':>6} {'CPU ns/tok':>11}")
+    med = {}
+    for k, label in (("tokens", "decode: tokens alone"), ("columns", "decode: tokens + loss_mask + weight")):
+        t = median_timing(dec[k])
+        med["dec_" + k] = t.ns_per_token(tokens)
+        print(f"{label:<52} {t.rate(tokens):8.1f} {t.cores():6.2f} {t.ns_per_token(tokens):11.1f}")
+    for k, label in (("tokens", "plitzer: tokens alone"), ("columns", "plitzer: columns=['loss_mask', 'weight']")):
+        t = median_timing([x for x, _ in runs[k]])
+        n = runs[k][0][1]
+        med["run_" + k] = t.ns_per_token(n)
+        med["wall_" + k] = t.wall / n * 1e9
+        print(f"{label:<52} {t.rate(n):8.1f} {t.cores():6.2f} {t.ns_per_token(n):11.1f}")
+    print(
+        f"bytes per token: tokens 4, with the columns 4 + 1 + 4 = 9 (x2.25). Extra CPU per token: loader "
+        f"+{med['run_columns'] - med['run_tokens']:.1f} ns (x{med['run_columns'] / med['run_tokens']:.2f}), "
+        f"decode +{med['dec_columns'] - med['dec_tokens']:.1f} ns (x{med['dec_columns'] / med['dec_tokens']:.2f}); "
+        f"wall per token x{med['wall_columns'] / med['wall_tokens']:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -275,6 +275,7 @@ def plan(
     length_column: str | None = None,
     dedupe: str | None = None,
     exclude: str | os.PathLike[str] | None = None,
+    columns: Any = None,
     selector: Selector | None = None,
 ) -> Plan:
     """The plan of ``source`` (a path, URL, list, an :class:`~planner.Index`, or a dict of named sources).
@@ -329,4 +330,21 @@ def plan(
     if dedupe is not None or exclude is not None:  # SPEC section 14: the runtime's pass, as where='s
         order = [str(n) for n in source] if isinstance(source, Mapping) else None
         ix = _runtime_deduper()(ix, dedupe=dedupe, exclude=exclude, storage_options=storage_options, order=order)
-    return make_plan(ix, settings, weights=weights, seq_len=seq_len, layout=layout)
+    p = make_plan(ix, settings, weights=weights, seq_len=seq_len, layout=layout)
+    p.columns = columns_of(columns)
+    return p
+
+
+def columns_of(columns: Any) -> list[list[Any]]:
+    """``columns=`` (names, or name -> fill) as a plan shows it: ``[[name, fill or None], ...]`` by name.
+
+    The plan records the aligned columns a run carries (SPEC section 13); the runtime reads
+    and checks them (``plitzer.readpath.aligned``), planner reads no data.
+    """
+    if not columns:
+        return []
+    if isinstance(columns, str):
+        columns = [c.strip() for c in columns.split(",") if c.strip()]
+    if isinstance(columns, Mapping):
+        return [[str(n), columns[n]] for n in sorted(columns)]
+    return [[str(n), None] for n in sorted(columns)]

@@ -239,6 +239,16 @@ PARAMETERS: tuple[Parameter, ...] = (
         "footer. The source is still listed once; a file added, removed or changed since the job index "
         'was written is a ``StaleIndexError`` naming it (docs/design.md, "One index per job").',
     ),
+    Parameter(
+        "columns",
+        None,
+        "list or dict, optional",
+        "Aligned columns (SPEC section 13): list columns of one value per token (a loss mask, weights, "
+        "labels), packed with exactly the tokens' cuts into ``batch.columns[name]``. A list of names "
+        "(every source must have each), or a dict name -> fill value for the sources (and text sources) "
+        'that lack it, e.g. ``{"loss_mask": 0}``. Part of the checkpoint\'s configuration.',
+        "aligned per-token columns packed with the tokens, NAME,NAME or NAME=FILL,... (e.g. loss_mask=0)",
+    ),
 )
 """Every setting of a run, in the order of ``plitzer.Loader``'s signature."""
 
@@ -268,6 +278,7 @@ PLAN_PARAMETERS: tuple[str, ...] = (
     "length_column",
     "dedupe",
     "exclude",
+    "columns",
 )
 """The settings :func:`planner.plan` takes: those that decide the plan tables."""
 

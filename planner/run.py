@@ -430,7 +430,7 @@ class Run:
         epoch, window = plan.unit_epoch_window(unit)
         ep = plan.epoch(epoch)
         rgs = ep.order[positions]
-        tokens, _, empty = plan._tokens, plan._rows, plan._empty
+        tokens, _, empty = plan.counts
         lo, hi = piece_range(ep.token_start[positions], tokens[rgs], empty[rgs])
         first = self.rank_lanes(g.lanes).start
         a = np.clip(ep.lane_of(window, lo, g.lanes) - first, 0, len(needed) - 1)

@@ -74,6 +74,11 @@ _EXAMPLES = {
         "  plitzer audit data/sample --lanes 64 --window 8 --world 4 --out audit.html\n"
         "  plitzer audit data/sample --lanes 512 --window 64 --world 8 --steps 100000 --out audit/"
     ),
+    "checkpoint": (
+        "examples:\n"
+        "  plitzer checkpoint run/step-1000.ckpt\n"
+        "  plitzer checkpoint run/rank-*.ckpt --out run/step-1000.ckpt   # every rank's part, merged"
+    ),
     "tokenize": (
         "examples:\n"
         "  plitzer tokenize data/raw data/tokens --tokenizer tokenizer.model\n"
@@ -151,6 +156,21 @@ def _source_of(args: argparse.Namespace) -> tuple[Any, Any]:
     return _source(args.data), None
 
 
+def _columns_of(args: argparse.Namespace) -> Any:
+    """The aligned columns: ``--columns``, else the mixture file's; both, differing, is refused."""
+    flag = getattr(args, "columns", None)
+    mixture = getattr(args, "mixture", None)
+    if not mixture:
+        return flag
+    from plitzer.tools.mixfile import mixture_columns
+
+    inner = mixture_columns(mixture)
+    if flag is not None and inner is not None and flag != inner:
+        msg = f"--columns {flag!r} and the mixture file's columns {inner!r} differ; give one of them"
+        raise ConfigError(msg)
+    return flag if flag is not None else inner
+
+
 def _storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
     opts = {k: getattr(args, k) for k in ("endpoint", "region") if getattr(args, k, None)}
     return opts or None
@@ -174,8 +194,31 @@ def _add_source(p: argparse.ArgumentParser) -> None:
     p.add_argument("--region", default=None, help="S3 region")
     _add_setting(p, "where")
     _add_setting(p, "length_column")
+    _add_setting(p, "columns", type=_columns_arg)
     _add_setting(p, "dedupe")
     _add_setting(p, "exclude")
+
+
+def _columns_arg(text: str) -> list[str] | dict[str, Any]:
+    """``--columns loss_mask,weight`` (names), or ``loss_mask=0,weight=0.5`` (name -> fill value)."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not any("=" in p for p in parts):
+        return parts
+    out: dict[str, Any] = {}
+    for part in parts:
+        name, eq, value = part.partition("=")
+        if not eq:
+            out[name] = None
+            continue
+        v = value.strip().lower()
+        try:
+            out[name.strip()] = (
+                v == "true" if v in ("true", "false") else int(v) if v.lstrip("-").isdigit() else float(v)
+            )
+        except ValueError:
+            msg = f"--columns {text!r}: the fill of {name!r} is {value!r}, not a bool, int or float (e.g. loss_mask=0)"
+            raise argparse.ArgumentTypeError(msg) from None
+    return out
 
 
 def _selection(args: argparse.Namespace) -> dict[str, Any]:
@@ -426,6 +469,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         storage_options=_storage_options(args),
         weights=weights,
         seq_len=getattr(args, "seq_len", None),
+        columns=_columns_of(args),
         **selection,
     )
     if args.sql:
@@ -480,6 +524,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         storage_options=_storage_options(args),
         weights=weights,
         progress=terminal_progress(),
+        columns=_columns_of(args),
         **_selection(args),
     )
     if args.format == "table" and not args.out:
@@ -539,6 +584,7 @@ def cmd_locate(args: argparse.Namespace) -> int:
         column=args.column,
         storage_options=_storage_options(args),
         weights=weights,
+        columns=_columns_of(args),
         **extra,
     )
     if args.format == "table" and not args.out and "dropped" in docs.columns:
@@ -585,6 +631,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         column=args.column,
         storage_options=_storage_options(args),
         progress=terminal_progress(),
+        columns=_columns_of(args),
         **_selection(args),
     )
     for name in ("summary", "length_summary", "lane_balance_summary", "lockstep_summary", "reads_per_rank"):
@@ -596,6 +643,17 @@ def cmd_audit(args: argparse.Namespace) -> int:
     print(f"duplicates: {dup.height} documents in {groups} groups of identical documents")
     page = report.write(args.out)
     print(f"wrote {page}")
+    return 0
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    from plitzer.tools.checkpoints import describe
+
+    summary, config = describe(args.files, out=args.out)
+    _print_frame(summary, args.format, None, title="checkpoint")
+    _print_frame(config, args.format, None, title="configuration")
+    if args.out:
+        print(f"wrote {args.out}")
     return 0
 
 
@@ -828,6 +886,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_setting(p, "dedupe")
     _add_setting(p, "exclude")
     _add_setting(p, "length_column", help="an integer column of each row's token count")
+    _add_setting(p, "columns", type=_columns_arg)
     _add_settings(p, seq_len=True)
     _add_setting(p, "rank", default=None)
     p.add_argument("--format", choices=["table", "csv", "json", "parquet"], default="table")
@@ -882,6 +941,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_tokenize)
 
     p = sub.add_parser(
+        "checkpoint",
+        help="what checkpoint files hold; every rank's part merged into one",
+        description=(
+            "Reads and checks each file (a truncated, foreign or hostile file is refused, naming it), merges "
+            "several into one global checkpoint (the parts of one run's ranks), and prints its step, lanes "
+            "and configuration; --out writes the merged checkpoint."
+        ),
+        epilog=_EXAMPLES["checkpoint"],
+        formatter_class=fmt,
+    )
+    p.add_argument("files", nargs="+", metavar="FILE", help="checkpoint files (save_checkpoint's), one per rank or one")
+    p.add_argument("--out", default=None, help="write the merged checkpoint to this file")
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.set_defaults(func=cmd_checkpoint)
+
+    p = sub.add_parser(
         "bench",
         help="run the baseline benchmark (python -m plitzer.bench.baseline)",
         epilog=_EXAMPLES["bench"],
@@ -917,8 +992,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         code: int = args.func(args)
+        sys.stdout.flush()
     except (KeyboardInterrupt, SystemExit):
         raise
+    except BrokenPipeError:
+        # The reader went away (`plitzer plan ... | head`): nothing to report, and nothing more to
+        # write; stdout goes to devnull so that the interpreter's last flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as e:
         if debug:
             traceback.print_exc()

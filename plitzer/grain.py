@@ -21,6 +21,9 @@ element is one step of this process's lanes, a dict of NumPy arrays that JAX
     (flash-attn varlen, as ``plitzer.Batch.cu_seqlens``; its length varies by step).
 ``step``, ``epoch``
     int64 scalars: the global step of the element and its epoch label.
+each aligned column (``columns=``, SPEC section 13)
+    ``(lanes // world, seq_len)`` of the column's dtype, under its own name (``loss_mask``):
+    the loader's array, cut as ``tokens``.
 
 An element is already a batch: do not add ``.batch()`` (it would stack steps,
 with a copy). ``iter(dataset)`` starts at step 0 and gives the rest of the
@@ -136,12 +139,13 @@ def element_of(batch: Batch, *, boundaries: bool = True) -> Element:
     and ``cu_seqlens`` (they cost about 20 ns per token here: docs/grain.md).
     """
     if not boundaries:
-        return {"tokens": batch.tokens.numpy(), "step": np.int64(batch.step), "epoch": np.int64(batch.epoch)}
+        out = {"tokens": batch.tokens.numpy(), "step": np.int64(batch.step), "epoch": np.int64(batch.epoch)}
+        return _with_columns(out, batch)
     positions = batch.position_ids
     # A piece starts where its position is 0 (empty documents take no position), so the
     # running count of starts along a row numbers the pieces from 1.
     segments = np.cumsum(positions == 0, axis=1, dtype=np.int32)
-    return {
+    out = {
         "tokens": batch.tokens.numpy(),
         "segment_ids": segments,
         "position_ids": positions,
@@ -149,6 +153,20 @@ def element_of(batch: Batch, *, boundaries: bool = True) -> Element:
         "step": np.int64(batch.step),
         "epoch": np.int64(batch.epoch),
     }
+    return _with_columns(out, batch)
+
+
+def _with_columns(element: Element, batch: Batch) -> Element:
+    """The aligned columns as element keys of their own names (the batch's memory, not a copy)."""
+    for n, c in batch.columns.items():
+        if n in element:
+            msg = (
+                f"columns=: the aligned column {n!r} has the name of an element key of plitzer.grain "
+                f"({', '.join(sorted(element))}); rename the column in the data"
+            )
+            raise ConfigError(msg)
+        element[n] = c.numpy()
+    return element
 
 
 @document(exclude=("rank", "world"))

@@ -39,6 +39,7 @@ from planner.order.layout import Layout
 from planner.order.plan import Plan, check_int
 from planner.parameters import document
 from planner.run import Run
+from plitzer.readpath.aligned import assemble_columns, unit_columns
 from plitzer.readpath.batch import Batch, Tokens
 from plitzer.readpath.cost import budget_floor
 from plitzer.readpath.packed import PackedUnit, Segments, assemble
@@ -345,17 +346,23 @@ class Loader(LiveStages):
         cur = self._cur
         if cur is not None and cur.t0 <= t < cur.t1:  # the common case: a view of the block
             assert self._cur_block is not None
-            return self._deliver(t, self._cur_block[t - cur.t0], functools.partial(cur.segments, t), [cur])
+            return self._deliver(
+                t, self._cur_block[t - cur.t0], functools.partial(cur.segments, t), [cur], unit_columns(cur, t)
+            )
         first, last = self._run.units_of_step(t)
         if first == last:
             u = self._get(first)
             if u.t0 <= t < u.t1:
                 self._cur, self._cur_block = u, u.block
-                return self._deliver(t, self._cur_block[t - u.t0], functools.partial(u.segments, t), [u])
+                return self._deliver(
+                    t, self._cur_block[t - u.t0], functools.partial(u.segments, t), [u], unit_columns(u, t)
+                )
         units = [self._get(x) for x in range(first, last + 1)]
-        tokens, segments = assemble(units, t, len(self._scanner.rank_lanes), self._scanner.seq_len)
+        rows, seq_len = len(self._scanner.rank_lanes), self._scanner.seq_len
+        tokens, segments = assemble(units, t, rows, seq_len)
+        columns = assemble_columns(units, t, rows, seq_len)
         self._cur, self._cur_block = None, None
-        return self._deliver(t, tokens, segments, units)
+        return self._deliver(t, tokens, segments, units, columns)
 
     def _deliver(
         self,
@@ -363,6 +370,7 @@ class Loader(LiveStages):
         tokens: NDArray[Any],
         segments: Segments | Callable[[], Segments],
         units: list[PackedUnit],
+        columns: dict[str, NDArray[Any]] | None = None,
     ) -> Batch:
         """Advance past step ``t`` (which took tokens from ``units``); release what no lane needs."""
         after = resume.state_after(self._now, t, {u.unit: u.slices for u in units})
@@ -382,6 +390,7 @@ class Loader(LiveStages):
             _segments=segments,
             _locate=self._locate,
             _after=after,
+            columns={n: c.view(Tokens) for n, c in (columns or {}).items()},
         )
 
     # -- lifecycle ---------------------------------------------------------------

@@ -34,7 +34,7 @@ import os
 import sys
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Unpack
 
 import numpy as np
@@ -95,6 +95,9 @@ class Batch:
         it from every rank.
     source : plitzer.Batch
         The loader's batch (NumPy and Arrow views, ``documents()``).
+    columns : dict of str to torch.Tensor
+        The aligned columns (``columns=``, SPEC section 13): each shaped like ``tokens``, of
+        the column's dtype (``torch.bool`` for a bool mask), shared through DLPack.
     """
 
     tokens: torch.Tensor
@@ -107,6 +110,7 @@ class Batch:
     epoch: int
     lanes: range
     source: PlitzerBatch
+    columns: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def doc_lengths(self) -> tuple[torch.Tensor, ...]:
@@ -130,6 +134,7 @@ class Batch:
             epoch=batch.epoch,
             lanes=batch.lanes,
             source=batch,
+            columns={n: from_dlpack(c) for n, c in batch.columns.items()},
         )
 
     def documents(self) -> pl.DataFrame:
@@ -145,6 +150,7 @@ class Batch:
             cu_seqlens=self.cu_seqlens.to(device, non_blocking=non_blocking),
             piece_lengths=self.piece_lengths.to(device, non_blocking=non_blocking),
             pieces_per_row=self.pieces_per_row.to(device, non_blocking=non_blocking),
+            columns={n: c.to(device, non_blocking=non_blocking) for n, c in self.columns.items()},
         )
 
     def pin_memory(self) -> Batch:
@@ -160,6 +166,7 @@ class Batch:
             cu_seqlens=self.cu_seqlens.pin_memory(),
             piece_lengths=self.piece_lengths.pin_memory(),
             pieces_per_row=self.pieces_per_row.pin_memory(),
+            columns={n: c.pin_memory() for n, c in self.columns.items()},
         )
 
     def __repr__(self) -> str:

@@ -46,16 +46,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import SynthDataset
+from tests.net import free_port
 
 HOST = "127.0.0.1"
 KEY, SECRET, REGION = "plitzer-test", "plitzer-test-secret", "us-east-1"
 FAULTS = ("503", "429", "500", "reset", "truncate", "short", "stall", "stall_body")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 class MotoServer:

@@ -76,6 +76,11 @@ def run_ranks(world: int, fn: Callable[[int], Any]) -> list[Any]:
     return out
 
 
+def utf8_bytes(texts: list[str]) -> list[list[int]]:
+    """A tokenizer of UTF-8 bytes (ids 0..255; module level, so other processes can run it)."""
+    return [list(t.encode()) for t in texts]
+
+
 class CharTokenizer:
     """A callable tokenizer (one id per character, 1..255; EOS 0) that counts the texts it tokenized."""
 

@@ -33,6 +33,7 @@ import plitzer
 from plitzer.errors import CacheWarning, DataError
 from plitzer.text.source import load_tokenizer
 from tests.conftest import SynthDataset, tokens_of
+from tests.share_fixtures import utf8_bytes
 
 CFG = {"seed": 3, "lanes": 4, "window": 3, "seq_len": 32}
 WHERE = "int_score >= 2"
@@ -40,11 +41,7 @@ STEPS = 4
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _bytes_tokenizer(texts: list[str]) -> list[list[int]]:
-    return [list(t.encode()) for t in texts]
-
-
-TOKENIZER = load_tokenizer(_bytes_tokenizer, name="bytes-v1", eos_id=256, vocab_size=257)
+TOKENIZER = load_tokenizer(utf8_bytes, name="bytes-v1", eos_id=256, vocab_size=257)
 
 
 @pytest.fixture(scope="module")

@@ -52,7 +52,39 @@ def bad(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
     (d / "empty.toml").write_text("")
     (d / "binary.toml").write_bytes(bytes(range(256)))
     (d / "a_file").write_text("x")
+    _hostile_checkpoints(d)
     return {p.name: p for p in d.iterdir()}
+
+
+def _signed(doc: object, *, raw: bytes | None = None) -> bytes:
+    """Checkpoint bytes with a valid header and digest around ``doc`` (JSON) or ``raw``: only the content is bad."""
+    import hashlib
+    import json
+
+    from plitzer.state import checkpoint as ckpt
+
+    payload = raw if raw is not None else json.dumps(doc).encode()
+    head = ckpt._HEADER.pack(ckpt.MAGIC, ckpt.FORMAT_VERSION, len(payload)) + payload
+    return head + hashlib.sha256(head).digest()
+
+
+def _hostile_checkpoints(d: Path) -> None:
+    import pickle
+
+    from plitzer.state import checkpoint as ckpt
+
+    good = _signed({"config": {}, "step": 0, "lanes": []})
+    (d / "truncated.ckpt").write_bytes(good[:-40])
+    (d / "pickle.ckpt").write_bytes(pickle.dumps({"step": 1}))
+    (d / "garbage.ckpt").write_bytes(bytes(range(256)) * 4)
+    (d / "edited.ckpt").write_bytes(good[:-33] + bytes([good[-33] ^ 1]) + good[-32:])  # the digest no longer matches
+    (d / "newer.ckpt").write_bytes(ckpt._HEADER.pack(ckpt.MAGIC, ckpt.FORMAT_VERSION + 1, 2) + b"{}" + bytes(32))
+    (d / "not_json.ckpt").write_bytes(_signed(None, raw=b"\xff\xfe not json"))
+    (d / "deep.ckpt").write_bytes(_signed(None, raw=b"[" * 200_000 + b"]" * 200_000))  # RecursionError bait
+    (d / "wrong_doc.ckpt").write_bytes(_signed({"config": "x", "step": -1, "lanes": "all"}))
+    (d / "huge_numbers.ckpt").write_bytes(_signed({"config": {}, "step": 10**400, "lanes": [[0, 0, 0, 0, 0]]}))
+    with (d / "oversized.ckpt").open("wb") as f:  # sparse: its size alone is refused, nothing is read
+        f.truncate(ckpt.MAX_BYTES + 1)
 
 
 def _one_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -118,6 +150,12 @@ def _cases(data: Path, bad: dict[str, Path]) -> list[list[str | Path]]:
         ["plan", data, *FLAGS, "--table", "index", "--out", bad["a_file"] / "x.csv"],
         ["synth", bad["a_file"] / "sub", "--tokens", "1000"],
         ["synth", data.parent / "synth-neg", "--tokens", "-1"],
+        # bad and hostile checkpoint files (each refused naming the file), parts that are not one run's
+        *(["checkpoint", bad[name]] for name in sorted(bad) if name.endswith(".ckpt")),
+        ["checkpoint", bad["a_file"]],
+        ["checkpoint", data],  # a folder
+        ["checkpoint", nowhere / "x.ckpt"],
+        ["checkpoint"],
         # no command, an unknown one
         [],
         ["nosuch"],
@@ -170,18 +208,69 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, "PYTHONPATH": os.pathsep.join(p for p in (env.get("PYTHONPATH"), root) if p), **extra}
 
 
-@pytest.mark.parametrize("how", ["flag", "env"])
-def test_debug_shows_the_traceback(how: str, data: Path) -> None:
-    argv = [sys.executable, "-m", "plitzer", "plan", str(data), *FLAGS, "--sql", "selec 1"]
+def test_debug_shows_the_traceback() -> None:
+    """Without: one line. With --debug, or PLITZER_DEBUG=1: the traceback, then the same line."""
+    argv = [sys.executable, "-m", "plitzer", "plan", "--lanes", "4", "nosuch-folder", "--sql", "selec 1"]
     plain = subprocess.run(argv, check=False, capture_output=True, text=True, env=_env(), timeout=120)
     assert plain.returncode == 2 and "Traceback" not in plain.stderr, plain.stderr
-    if how == "flag":
-        argv.insert(3, "--debug")
-        got = subprocess.run(argv, check=False, capture_output=True, text=True, env=_env(), timeout=120)
-    else:
+    assert plain.stderr.strip().splitlines() == [plain.stderr.strip()], plain.stderr
+    flag = [*argv[:3], "--debug", *argv[3:]]
+    for how, env in (("flag", _env()), ("env", _env(PLITZER_DEBUG="1"))):
         got = subprocess.run(
-            argv, check=False, capture_output=True, text=True, env=_env(PLITZER_DEBUG="1"), timeout=120
+            flag if how == "flag" else argv, check=False, capture_output=True, text=True, env=env, timeout=120
         )
-    assert got.returncode == 2, got.stderr
-    assert "Traceback (most recent call last)" in got.stderr and "ParserException" in got.stderr, got.stderr
-    assert got.stderr.strip().splitlines()[-1].startswith("plitzer: error: --sql: Parser Error"), got.stderr
+        assert got.returncode == 2, (how, got.stderr)
+        assert "Traceback (most recent call last)" in got.stderr, (how, got.stderr)
+        assert got.stderr.strip().splitlines()[-1] == plain.stderr.strip(), (how, got.stderr)
+
+
+def test_checkpoint_describes_a_file_and_merges_every_rank_s_part(
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import plitzer
+    from plitzer.state.checkpoint import decode
+
+    parts = []
+    for rank in (0, 1):
+        with plitzer.Loader(data, lanes=4, window=2, seq_len=64, rank=rank, world=2) as ld:
+            ld.next_batch()
+            ld.next_batch()
+            path = tmp_path / f"rank-{rank}.ckpt"
+            plitzer.save_checkpoint(path, ld.checkpoint())
+            parts.append(path)
+    assert main(["checkpoint", str(parts[0]), "--format", "csv"]) == 0
+    out = capsys.readouterr().out
+    assert "step,lanes,lanes_of_the_step,whole,parts" in out and "\n2,2,4,false,1," in out, out
+    merged = tmp_path / "merged.ckpt"
+    assert main(["checkpoint", *map(str, parts), "--out", str(merged), "--format", "csv"]) == 0
+    out = capsys.readouterr().out
+    assert "\n2,4,4,true,2," in out and f"wrote {merged}" in out, out
+    assert "seq_len,64" in out and "lanes,4" in out, out
+    assert decode(merged.read_bytes()).step == 2
+    assert merged.read_bytes() == plitzer.merge([p.read_bytes() for p in parts])
+    # the same part twice is not two ranks' parts: one line, naming the overlap
+    line = _one_line(capsys, ["checkpoint", parts[0], parts[0]])
+    assert "overlap" in line, line
+    line = _one_line(capsys, ["checkpoint", tmp_path / "nosuch.ckpt"])
+    assert "nosuch.ckpt" in line, line
+
+
+def test_every_bad_checkpoint_file_is_refused_naming_it_and_what_is_wrong(
+    bad: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    why = {
+        "truncated.ckpt": "truncated",
+        "pickle.ckpt": "never unpickles",
+        "garbage.ckpt": "magic",
+        "edited.ckpt": "checksum mismatch",
+        "newer.ckpt": "upgrade plitzer",
+        "not_json.ckpt": "unreadable document",
+        "deep.ckpt": "unreadable document",
+        "wrong_doc.ckpt": "config must have exactly",
+        "huge_numbers.ckpt": "config must have exactly",
+        "oversized.ckpt": "byte cap",
+    }
+    assert sorted(why) == sorted(n for n in bad if n.endswith(".ckpt"))
+    for name, reason in why.items():
+        line = _one_line(capsys, ["checkpoint", bad[name]])
+        assert name in line and reason in line, (name, line)

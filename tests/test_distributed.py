@@ -14,7 +14,6 @@ import contextlib
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ import plitzer.state.checkpoint
 from tests import prefork
 from tests.conftest import SynthDataset
 from tests.dist_worker import SETTINGS, ZERO, fold, row_digests
+from tests.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "dist_worker.py"
@@ -69,18 +69,12 @@ def _seed() -> int:
     return int(os.environ.get("PLITZER_TEST_SEED", random.randrange(1 << 30)))
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Job:
     """``world`` worker processes in one new process group."""
 
     def __init__(self, world: int, data: Path, out: Path, run: str, *args: str) -> None:
         self.out, self.run = out, run
-        port = _free_port()
+        port = free_port()
         env = {
             **os.environ,
             "WORLD_SIZE": str(world),

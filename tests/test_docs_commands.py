@@ -27,7 +27,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tomllib
@@ -35,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = ("python ", "plitzer ", "torchrun ", "pip ", ".venv/bin/python ", "ruff ", "mypy ")
@@ -156,6 +157,7 @@ RULES: dict[str, Rule] = {
     "plitzer synth": synopsis("plitzer synth"),
     "plitzer synth --text": synopsis("plitzer synth"),
     "plitzer synth DIR --tokens N": scaled("plitzer synth data/n --tokens 1000"),
+    "plitzer checkpoint FILE... [--out F]": synopsis("plitzer checkpoint --help"),
     "plitzer tokenize": synopsis("plitzer tokenize"),
     "plitzer tokenize SRC DST": synopsis("plitzer tokenize"),
     "plitzer tokenize --engine ray": synopsis("plitzer tokenize"),
@@ -188,6 +190,7 @@ RULES: dict[str, Rule] = {
     "python docs/examples/train_tiny.py DATA_DIR": scaled("python docs/examples/train_tiny.py data/sample"),
     "torchrun --nproc-per-node 2 docs/examples/train_tiny.py": R,
     "python docs/examples/loss_mixing.py": R,
+    "python docs/examples/sft_mask.py": R,
     # benchmarks and offline checks, at small sizes
     "python tests/fuzz_parquet.py BASE WORK N SEED": scaled(
         "python tests/fuzz_parquet.py data/sample/part-00000.parquet {scratch}/fuzz 20 2"
@@ -255,6 +258,10 @@ RULES: dict[str, Rule] = {
     "python benchmarks/throughput.py --tokens 30000000 --threads 2": scaled(
         "python benchmarks/throughput.py --tokens 1000000 --threads 2 --lanes 16 --epochs 1"
     ),
+    "python benchmarks/throughput.py --columns --tokens 4000000 --docs-per-row-group 200 --threads 2 --lanes 16 "
+    "--window 4 --epochs 2 --repeat 3": scaled(
+        "python benchmarks/throughput.py --columns --tokens 1000000 --threads 2 --lanes 16 --repeat 1 --epochs 1"
+    ),
     "python benchmarks/throughput.py --tokens 38000000 --threads 2": scaled(
         "python benchmarks/throughput.py --tokens 1000000 --threads 2 --lanes 16 --repeat 1 --epochs 1"
     ),
@@ -307,12 +314,6 @@ def test_installs_name_real_extras_and_ci_runs_the_rest() -> None:
             assert command.removeprefix("pip install ").split(" tests/")[0] in ci, command
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _user_folder(d: Path) -> Path:
     """A new user's folder: the checkout's docs/, benchmarks/ and tests/ beside their data."""
     d.mkdir(parents=True, exist_ok=True)
@@ -361,7 +362,7 @@ def _run(argv: str, scratch: Path, timeout: float = 300) -> subprocess.Completed
         "PLITZER_BENCH_DATA": str(scratch / "bench-data"),
         "PLITZER_CACHE": str(scratch / "cache"),
         "MPLBACKEND": "Agg",
-        "PET_MASTER_PORT": str(_free_port()),  # torchrun's --master-port, the command unchanged
+        "PET_MASTER_PORT": str(free_port()),  # torchrun's --master-port, the command unchanged
     }
     args = shlex.split(argv)
     if args[0] == "python":

@@ -15,6 +15,7 @@ import plitzer
 from plitzer.errors import DamagedChunkError, DataError, TokenizerChangedError, TokenRangeError
 from plitzer.readpath.read import check_decoded, read_chunk
 from plitzer.text.source import load_tokenizer, text_index
+from tests.share_fixtures import utf8_bytes
 
 
 def test_a_token_out_of_range_is_a_token_range_error_with_file_row_group_and_row(tmp_path: Path) -> None:
@@ -55,13 +56,9 @@ def test_a_flipped_byte_is_a_damaged_chunk_error(tmp_path: Path) -> None:
     assert (Path(e.value.file or "").name, e.value.row_group) == ("x.parquet", 2)
 
 
-def _bytes(texts: list[str]) -> list[list[int]]:
-    return [list(t.encode()) for t in texts]
-
-
 def test_a_tokenizer_that_changed_is_a_tokenizer_changed_error(tmp_path: Path) -> None:
     pq.write_table(pa.table({"text": ["abc", "de", "f"] * 4}), tmp_path / "t.parquet", row_group_size=4)
-    ix = text_index(tmp_path, tokenizer=load_tokenizer(_bytes, name="bytes-v1", eos_id=256, vocab_size=257))
+    ix = text_index(tmp_path, tokenizer=load_tokenizer(utf8_bytes, name="bytes-v1", eos_id=256, vocab_size=257))
     # what a changed tokenizer looks like: the counting pass's counts no longer match
     ix.frame = ix.frame.with_columns(
         tokens=np.where(np.arange(ix.frame.height) == 1, ix.frame["tokens"] + 1, ix.frame["tokens"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ if sys.platform == "win32":  # pragma: no cover
 import plitzer
 from tests import prefork
 from tests.conftest import SynthDataset, tokens_of
+from tests.net import free_port
 from tests.s3_fixtures import FaultProxy, S3Data, options, proxy, s3, upload
 from tests.share_worker import SETTINGS
 
@@ -37,14 +37,8 @@ STEPS = 3
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _run_job(source: str, opts: dict[str, str] | None, out: Path, mode: str = "dataset") -> None:
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "WORLD_SIZE": str(WORLD),

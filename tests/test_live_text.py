@@ -15,6 +15,7 @@ import plitzer
 from plitzer.text.source import TextIndex, load_tokenizer
 from plitzer.text.tokenize import tokenize
 from tests.conftest import tokens_of
+from tests.share_fixtures import utf8_bytes
 
 CFG = {"seed": 9, "lanes": 4, "window": 2, "seq_len": 24}
 
@@ -22,10 +23,6 @@ CFG = {"seed": 9, "lanes": 4, "window": 2, "seq_len": 24}
 def chars(texts: list[str]) -> list[list[int]]:
     """A tokenizer of characters (module level: ``plitzer tokenize`` may run it in other processes)."""
     return [[ord(c) % 997 for c in t] for t in texts]
-
-
-def bytes_(texts: list[str]) -> list[list[int]]:
-    return [list(t.encode()) for t in texts]
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +82,7 @@ def test_text_source_equals_the_tokenized_one(data: dict[str, Path]) -> None:
         for t in range(20):
             np.testing.assert_array_equal(live[t], tokens_of(d.next_batch()))
     # Another tokenizer is another source: its checkpoint is refused, naming the sources.
-    other = load_tokenizer(bytes_, name="bytes-v1", eos_id=997, vocab_size=998)
+    other = load_tokenizer(utf8_bytes, name="bytes-v1", eos_id=997, vocab_size=998)
     with plitzer.Loader(_text_mix(data, other), weights=weights, **CFG) as e:
         with pytest.raises(plitzer.CheckpointError, match="sources: checkpoint"):
             e.resume(state)

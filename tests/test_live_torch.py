@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ import plitzer.torch
 from tests import prefork
 from tests.conftest import tokens_of
 from tests.live_worker import SETTINGS, W0
+from tests.net import free_port
 from tests.test_live import two
 
 __all__ = ["two"]  # the fixture, imported for pytest
@@ -36,12 +36,6 @@ def test_dataset_set_weights_equals_the_loader(two: dict[str, str]) -> None:
         assert plitzer.state.checkpoint.decode(ds.state_dict()["checkpoint"]).config["stages"] == ld.config["stages"]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _job(two: dict[str, str], mode: str, out: Path) -> list[dict]:
     env = {
         **os.environ,
@@ -52,7 +46,7 @@ def _job(two: dict[str, str], mode: str, out: Path) -> list[dict]:
     }
     if sys.platform.startswith("linux"):
         env["GLOO_SOCKET_IFNAME"] = "lo"
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(2):
         cmd = [sys.executable, str(ROOT / "tests" / "live_worker.py"), "--sources", json.dumps(two)]

@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ import pytest
 
 from tests import exit_stress
 from tests.hub_server import StaticServer, WebData, web
-from tests.s3_fixtures import FaultProxy, S3Data, options, s3
+from tests.s3_fixtures import FaultProxy, S3Data, always, options, s3
 
 __all__ = ["s3", "web"]  # the fixtures, imported for pytest
 
@@ -40,7 +41,17 @@ import json, os, signal, sys, threading, time
 import plitzer
 
 src, opts, ending, go = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
+hang = os.environ.get("OUTAGE_HANG") == "1"  # the store accepts and never answers: no retries, reads in flight
 cfg = dict(seed=1, lanes=8, window=1, seq_len=64, threads=2, storage_options=opts)
+
+
+def reads_wait(loaders):
+    if hang:
+        time.sleep(1.5)  # every read ahead is in flight, its answer never coming (read timeout 30 s)
+        return
+    while not all(ld.stats.retries > 0 for ld in loaders):
+        time.sleep(0.02)
+    time.sleep(0.3)  # inside the pause between attempts
 
 
 def wait_for_go():
@@ -51,9 +62,7 @@ def wait_for_go():
 def watch(loaders):
     # Says "waiting" once every loader's reads retry against the store that is away.
     def run():
-        while not all(ld.stats.retries > 0 for ld in loaders):
-            time.sleep(0.02)
-        time.sleep(0.3)  # inside the pause between attempts
+        reads_wait(loaders)
         print("waiting", flush=True)
     threading.Thread(target=run, daemon=True).start()
 
@@ -99,9 +108,7 @@ else:
     threads = [threading.Thread(target=train, args=(ld,), name=f"train-{i}") for i, ld in enumerate(loaders)]
     for t in threads:
         t.start()
-    while not all(ld.stats.retries > 0 for ld in loaders):
-        time.sleep(0.02)
-    time.sleep(0.3)  # inside the pause between attempts
+    reads_wait(loaders)
     print("waiting", flush=True)
     if ending == "close":
         t0 = time.monotonic()
@@ -124,6 +131,16 @@ class _StoppableServer(StaticServer):
         with self.lock:
             self.open.append(request)
         super().process_request(request, client_address)
+
+    def hang(self) -> None:
+        """From now, every request (on a new connection or a kept one) is read and never answered."""
+        self.release = threading.Event()
+        release = self.release
+
+        def held(req: Any, attempt: int) -> None:
+            release.wait()  # the handler is held until the test ends; then no fault, an answer
+
+        self.schedule = held
 
     def down(self) -> None:
         self.stop()  # nothing listens on the port any more
@@ -162,6 +179,27 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
             proxy.stop()
 
 
+@pytest.fixture(params=["http", "s3"])
+def hanging_store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    """A store that, once down, accepts every request and never answers it (no error, so no retry)."""
+    if request.param == "http":
+        w: WebData = request.getfixturevalue("web")
+        server = _StoppableServer(w.root)
+        try:
+            yield Store("http", f"{server.endpoint}/synth/manifest.txt", None, server.hang)
+        finally:
+            if hasattr(server, "release"):
+                server.release.set()
+            server.stop()
+    else:
+        s: S3Data = request.getfixturevalue("s3")
+        proxy = FaultProxy(s.server.port, stall_s=600)
+        try:
+            yield Store("s3", s.url["synth"], options(proxy.endpoint), lambda: proxy.reset(always("stall")))
+        finally:
+            proxy.stop()
+
+
 def _env(tmp: Path) -> dict[str, str]:
     root = str(Path(__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), root) if p)
@@ -169,7 +207,7 @@ def _env(tmp: Path) -> dict[str, str]:
 
 
 def _run(
-    store: Store, ending: str, tmp: Path, *, signal_to: signal.Signals | None = None
+    store: Store, ending: str, tmp: Path, *, signal_to: signal.Signals | None = None, hang: bool = False
 ) -> tuple[float, str, str, int]:
     """Start the script, take the store away once it has a batch, end it; (seconds to exit, out, err, status)."""
     go = tmp / "go"
@@ -181,26 +219,38 @@ def _run(
         assert torchrun is not None
         cmd = [torchrun, "--nproc-per-node", "1", "--master-port", "0", str(script)]
     opts = json.dumps(store.options or {})
-    with subprocess.Popen(
-        [*cmd, store.url, opts, ending, str(go)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=_env(tmp),
-        start_new_session=True,
-    ) as p:
+    # stderr to a file and stdout read through one buffered reader to the end: communicate() would
+    # read the pipe past what readline() had already buffered (a line the child printed just after
+    # "waiting" was lost that way, under load).
+    with (
+        (tmp / "stderr.txt").open("w+") as errf,
+        subprocess.Popen(
+            [*cmd, store.url, opts, ending, str(go)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=errf,
+            text=True,
+            env={**_env(tmp), "OUTAGE_HANG": "1" if hang else "0"},
+            start_new_session=True,
+        ) as p,
+    ):
+
+        def err() -> str:
+            errf.seek(0)
+            return errf.read()
+
         try:
-            assert p.stdout is not None and p.stderr is not None
-            assert p.stdout.readline().strip() == "ready", p.stderr.read()
+            assert p.stdout is not None
+            assert p.stdout.readline().strip() == "ready", err()
             store.down()
             go.touch()
-            assert p.stdout.readline().strip() == "waiting", p.stderr.read()
+            assert p.stdout.readline().strip() == "waiting", err()
             t0 = time.monotonic()
             if signal_to is not None:
                 p.send_signal(signal_to)
-            out, err = p.communicate(timeout=60)
-            return time.monotonic() - t0, out, err, p.returncode
+            p.wait(timeout=60)
+            took = time.monotonic() - t0
+            return took, p.stdout.read(), err(), p.returncode
         finally:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
@@ -218,7 +268,8 @@ def test_close_from_another_thread_returns_at_once_and_stops_the_blocked_step(st
     assert code == 0, err
     closed = float(out.split("closed in ")[1].split()[0])
     assert closed < 2.0, out  # 0.4: not returned after 60 s (the deadline is 600 s)
-    assert "stopped: StoppedError: the loader was closed" in out, out  # the thread blocked in next() got a StoppedError
+    # the thread blocked in next() got a StoppedError
+    assert "stopped: StoppedError: the loader was closed" in out, (out, err)
     assert "thread alive False" in out, out
     assert took < 10, (took, out)  # the other thread ended, then the script
     assert "Traceback" not in err, err
@@ -263,4 +314,32 @@ def test_sigterm_under_torchrun_during_an_outage_ends_at_once(store: Store, tmp_
     took, _, err, code = _run(store, "torchrun", tmp_path, signal_to=signal.SIGTERM)
     assert took < 10, (took, err)  # torchrun passes SIGTERM to its worker and waits for it
     assert code != 0, err
+    _clean(err)
+
+
+@pytest.mark.timeout(120)
+def test_close_returns_at_once_while_reads_hang_on_a_store_that_never_answers(
+    hanging_store: Store, tmp_path: Path
+) -> None:
+    """Reads in flight, not between attempts: 0.5's first cut waited out each attempt's read timeout (30 s)."""
+    took, out, err, code = _run(hanging_store, "close", tmp_path, hang=True)
+    assert code == 0, err
+    closed = float(out.split("closed in ")[1].split()[0])
+    assert closed < 2.0, out
+    assert "stopped: StoppedError: the loader was closed" in out, (out, err)
+    assert "thread alive False" in out, out
+    assert took < 10, (took, out)
+    assert "Traceback" not in err, err
+    _clean(err)
+
+
+@pytest.mark.timeout(120)
+def test_a_script_ends_at_once_while_reads_hang_on_a_store_that_never_answers(
+    hanging_store: Store, tmp_path: Path
+) -> None:
+    took, out, err, code = _run(hanging_store, "end", tmp_path, hang=True)
+    assert code == 0, err
+    assert took < 5, (took, out, err)
+    assert out.count("stopped: StoppedError: ") == 2, (out, err)
+    assert "Traceback" not in err, err
     _clean(err)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +31,7 @@ from planner.catalog import footer, jobindex
 from planner.catalog.dataset import index
 from planner.stores.storage import FileStat, LocalStorage
 from plitzer.readpath.read import read_chunk
+from tests.net import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = ROOT / "tests" / "rss_probe.py"
@@ -138,16 +138,9 @@ def test_a_ranks_memory_is_bytes_a_row_group(shaped: tuple[Path, Path], tmp_path
     assert indexed <= RSS_PER_ROW_GROUP, indexed
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _ranks(data: Path, cache: Path) -> list[dict[str, float]]:
     """Two gloo ranks on this machine, each its own cache folder (separate machines), to the first batch."""
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for r in range(2):
         env = {**os.environ, "PLITZER_CACHE": str(cache / f"rank{r}"), "PYTHONPATH": str(ROOT)}

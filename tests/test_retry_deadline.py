@@ -283,3 +283,93 @@ def test_every_object_store_takes_the_deadline_from_storage_options(url: str) ->
     got = [(s._retrier.deadline, s._retrier.attempts) for s in (default, short, zero)]  # type: ignore[attr-defined]
     assert got == [(DEFAULT_DEADLINE, None), (30.0, None), (0.0, 5)]
     assert default.waited == 0.0  # type: ignore[attr-defined]
+
+
+def _patient() -> Retrier:
+    return Retrier(
+        attempts=None, backoff=0.01, concurrency=4, transient=lambda e: True, throttled=lambda e: False, hint=""
+    )
+
+
+def test_a_stop_ends_a_blocking_socket_read_in_flight_not_at_its_timeout() -> None:
+    """``stop(event)`` shuts down the socket a stopped thread reads (``interruptible``): a StoppedError at once."""
+    import socket
+    import threading
+
+    from planner.errors import StoppedError
+    from planner.stores.retry import interruptible, stop, stop_on
+
+    ours, theirs = socket.socketpair()  # `theirs` never answers
+    ours.settimeout(30.0)
+    ev = threading.Event()
+    got: list[BaseException] = []
+
+    def attempt() -> bytes:
+        with interruptible(ours):
+            data = ours.recv(1)
+        if not data:
+            raise ConnectionResetError("closed")
+        return data
+
+    def read() -> None:
+        with stop_on(ev):
+            try:
+                _patient().run("reading x", attempt)
+            except BaseException as e:
+                got.append(e)
+
+    t = threading.Thread(target=read)
+    t.start()
+    time.sleep(0.2)  # inside recv
+    t0 = time.monotonic()
+    stop(ev)
+    t.join(5)
+    assert not t.is_alive() and time.monotonic() - t0 < 1.0
+    assert len(got) == 1 and isinstance(got[0], StoppedError), got
+    assert "reading x: stopped during a request" in str(got[0])
+    ours.close()
+    theirs.close()
+
+
+def test_a_stop_cancels_an_attempt_on_the_event_loop() -> None:
+    """``on_loop`` (S3, GCS, Azure) waits in slices: a stop cancels the task and raises StoppedError."""
+    import asyncio
+    import threading
+
+    from planner.errors import StoppedError
+    from planner.stores.retry import on_loop, stop, stop_on
+
+    loop = asyncio.new_event_loop()
+    lt = threading.Thread(target=loop.run_forever, daemon=True)
+    lt.start()
+    cancelled = threading.Event()
+
+    async def never() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    ev = threading.Event()
+    got: list[BaseException] = []
+
+    def read() -> None:
+        with stop_on(ev):
+            try:
+                _patient().run("reading y", lambda: on_loop(loop, never))
+            except BaseException as e:
+                got.append(e)
+
+    assert on_loop(loop, asyncio.sleep, 0, "answer") == "answer"  # a result comes back as is
+    t = threading.Thread(target=read)
+    t.start()
+    time.sleep(0.3)
+    stop(ev)
+    t.join(5)
+    assert not t.is_alive()
+    assert len(got) == 1 and isinstance(got[0], StoppedError), got
+    assert cancelled.wait(2)  # the task was cancelled on its loop, not left to run
+    loop.call_soon_threadsafe(loop.stop)
+    lt.join(5)
+    loop.close()

@@ -212,19 +212,23 @@ def test_registry_does_not_keep_loaders_alive(tiny: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_exit_stress_bounded(tmp_path: Path) -> None:
-    """Fresh processes ending every way, a fifth on S3: none ends abnormally.
+    """Fresh processes ending every way, on local disk, on S3, and on S3 that goes down: none ends abnormally.
 
-    200 processes at full size (CI's own step, ``PLITZER_STRESS=full``), 36 in the suite's
-    default run: still every ending, data size and cache state on local disk, and every
-    ending on S3 (29 local cases cover the 28 combinations).
+    200 processes at full size (CI's own step, ``PLITZER_STRESS=full``: 153 local, 40 on S3,
+    7 on S3 going down), 43 in the suite's default run (29, 7 and 7): still every ending,
+    data size and cache state on local disk (29 local cases cover the 28 combinations),
+    every ending on S3, and every ending while the store is down, each gone within
+    ``exit_stress.OUTAGE_LIMIT_S`` of its ending.
     """
     if os.environ.get("PLITZER_STRESS") == "separate":
         pytest.skip("CI runs it at full size in a step of its own (PLITZER_STRESS=full)")
-    n = 200 if os.environ.get("PLITZER_STRESS") == "full" else 36
-    results = exit_stress.stress(n, jobs=2, s3=0.2, seed=1, work=tmp_path)
+    full = os.environ.get("PLITZER_STRESS") == "full"
+    n, s3, down = (200, 0.2, 0.035) if full else (43, 7 / 43, 7 / 43)
+    results = exit_stress.stress(n, jobs=2, s3=s3, down=down, seed=1, work=tmp_path)
     assert len(results) == n
     assert {r.case.ending for r in results} == set(exit_stress.ENDINGS)
-    assert {r.case.storage for r in results} == {"local", "s3"}
+    assert {r.case.storage for r in results} == {"local", "s3", "s3-down"}
+    assert {r.case.ending for r in results if r.case.storage == "s3-down"} == set(exit_stress.ENDINGS)
     bad = [r for r in results if r.problem]
     assert not bad, exit_stress.report(results)
 

@@ -29,6 +29,7 @@ from plitzer.errors import CheckpointError, ConfigError
 from plitzer.text.source import load_tokenizer, text_index
 from plitzer.text.tokenize import tokenize
 from tests.conftest import tokens_of
+from tests.share_fixtures import utf8_bytes
 
 tokenizers = pytest.importorskip("tokenizers")
 spm = pytest.importorskip("sentencepiece")
@@ -100,17 +101,13 @@ def bpe() -> Any:
     return tok
 
 
-def _byte_tokenizer(texts: list[str]) -> list[list[int]]:
-    return [list(t.encode()) for t in texts]
-
-
 def _kinds(bpe: Any, tmp: Path) -> dict[str, Any]:
     path = tmp / "bpe.json"
     bpe.save(str(path))
     kinds: dict[str, Any] = {
         "tokenizers-json": str(path),
         "tokenizers-object": bpe,
-        "callable": load_tokenizer(_byte_tokenizer, name="bytes-v1", eos_id=256, bos_id=257, vocab_size=258),
+        "callable": load_tokenizer(utf8_bytes, name="bytes-v1", eos_id=256, bos_id=257, vocab_size=258),
     }
     model = _spm_model()
     if model is not None:
@@ -227,7 +224,7 @@ def test_checkpoint_of_another_tokenizer_or_policy_is_refused(bpe: Any, text_dir
 
 
 def test_empty_null_long_and_invalid_utf8(tmp_path: Path) -> None:
-    tok = load_tokenizer(_byte_tokenizer, name="bytes-v1", eos_id=256, bos_id=257, vocab_size=258)
+    tok = load_tokenizer(utf8_bytes, name="bytes-v1", eos_id=256, bos_id=257, vocab_size=258)
     long_doc = "long " * 400  # 2000 tokens: more than a whole window of this dataset
     raw = [b"ok", b"\xed\xa0\x80 lone surrogate", None, b"", b"\xff\xfe bad", long_doc.encode(), b"caf\xc3\xa9"]
     d = tmp_path / "text"
@@ -277,12 +274,12 @@ def test_uint32_vocabulary(tmp_path: Path) -> None:
 
 def test_tokenizer_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="callable"):
-        load_tokenizer(_byte_tokenizer)
+        load_tokenizer(utf8_bytes)
     bad = tmp_path / "bad.json"
     bad.write_text('{"hello": 1}')
     with pytest.raises(ConfigError, match="not a Hugging Face tokenizers JSON"):
         load_tokenizer(str(bad))
-    nothing = load_tokenizer(_byte_tokenizer, name="bytes-v1")
+    nothing = load_tokenizer(utf8_bytes, name="bytes-v1")
     d = tmp_path / "t"
     d.mkdir()
     pq.write_table(pa.table({"body": ["x"]}), d / "a.parquet")

@@ -95,7 +95,8 @@ class MixturePlan(Plan):
         s = self.settings
         return (
             f"MixturePlan({len(self.names)} sources, {self.dataset.row_groups} row groups, {self.tokens:,} tokens, "
-            f"seed={s.seed}, lanes={s.lanes}, window={s.window}, world={s.world}, stages={len(self.stages)})"
+            f"seed={s.seed}, lanes={s.lanes}, window={s.window}, world={s.world}, stages={len(self.stages)}"
+            f"{self._columns_shown()})"
         )
 
     # -- stage changes: a new value, this one unchanged ----------------------------------------

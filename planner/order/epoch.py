@@ -44,18 +44,12 @@ __all__ = [
     "PlanSettings",
     "check_int",
     "cut_epoch",
-    "epoch_of_step",
     "layout_epoch",
     "plan_epoch",
     "row_group_counts",
 ]
 
 I64 = NDArray[np.int64]
-
-
-def epoch_of_step(step: int, *, lanes: int, seq_len: int, tokens: int) -> int:
-    """Epoch label of global step ``step``: ``floor(step * lanes * seq_len / tokens)`` (docs/glossary.md, "Step")."""
-    return step * lanes * seq_len // tokens
 
 
 def check_int(name: str, value: object, low: int, fix: str) -> int:

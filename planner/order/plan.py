@@ -38,7 +38,6 @@ from planner.order.epoch import (
     PlanSettings,
     check_int,
     cut_epoch,
-    epoch_of_step,
     layout_epoch,
     plan_epoch,
     row_group_counts,
@@ -57,7 +56,6 @@ __all__ = [
     "PlanSettings",
     "check_int",
     "cut_epoch",
-    "epoch_of_step",
     "layout_epoch",
     "plan_epoch",
     "row_group_counts",
@@ -82,6 +80,7 @@ class Plan:
         )
         self._epochs: OrderedDict[int, EpochPlan] = OrderedDict()
         self.layout: Layout | None = None  # layout stages (planner.order.layout), where the run has them
+        self.columns: list[list[Any]] = []  # aligned columns the run carries ([name, fill]; SPEC section 13)
 
     def with_layout(self, layout: Layout | None) -> tuple[Plan, int]:
         """This plan under layout stages ``layout`` (a new value), and the first unit it changes.
@@ -99,8 +98,14 @@ class Plan:
         s = self.settings
         return (
             f"Plan({self.dataset.row_groups} row groups, {self.tokens:,} tokens, seed={s.seed}, "
-            f"lanes={s.lanes}, window={s.window}, world={s.world})"
+            f"lanes={s.lanes}, window={s.window}, world={s.world}{self._columns_shown()})"
         )
+
+    def _columns_shown(self) -> str:
+        """``, columns=loss_mask(fill 0),weight``: the aligned columns, where the run carries some."""
+        if not self.columns:
+            return ""
+        return ", columns=" + ",".join(n + ("" if f is None else f"(fill {f!r})") for n, f in self.columns)
 
     @property
     def index(self) -> pl.DataFrame:
@@ -122,6 +127,11 @@ class Plan:
     def tokens(self) -> int:
         """The stream's tokens: every row group's (those a ``where=`` selects)."""
         return int(self._tokens.sum())
+
+    @property
+    def counts(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        """Each row group's tokens, rows and empty documents, in index order (those a ``where=`` selects)."""
+        return self._tokens, self._rows, self._empty
 
     @property
     def epoch_tokens(self) -> int:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from planner.errors import ConfigError
-from planner.stores.retry import Changed, Fatal, Retrying, Throttled, Transient, check_body, with_deadline
+from planner.stores.retry import Changed, Fatal, Retrying, Throttled, Transient, check_body, on_loop, with_deadline
 from planner.stores.storage import FileStat, check_range, list_prefix, select_parquet
 
 __all__ = ["AzureStorage"]
@@ -85,8 +85,6 @@ class AzureStorage(Retrying):
         return f"AzureStorage({self.url!r}, account={self.fs.account_name!r})"
 
     def _run(self, what: str, make: Any, deadline: float, location: str | None = None) -> Any:
-        from fsspec.asyn import sync
-
         async def once() -> Any:
             try:
                 return await make()
@@ -94,7 +92,7 @@ class AzureStorage(Retrying):
                 _raise_classified(e)
                 raise
 
-        return self._retrier.run(what, lambda: sync(self.fs.loop, with_deadline, once, deadline), location=location)
+        return self._retrier.run(what, lambda: on_loop(self.fs.loop, with_deadline, once, deadline), location=location)
 
     # -- listing ---------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import quote
 
 from planner.errors import ConfigError
-from planner.stores.retry import Changed, Fatal, Retrying, Throttled, Transient, check_body, with_deadline
+from planner.stores.retry import Changed, Fatal, Retrying, Throttled, Transient, check_body, on_loop, with_deadline
 from planner.stores.storage import FileStat, check_range, list_prefix, select_parquet
 
 __all__ = ["GCSStorage", "import_gcsfs"]
@@ -112,7 +112,6 @@ class GCSStorage(Retrying):
         answer worth another attempt, Fatal for one that is not.
         """
         import aiohttp
-        from fsspec.asyn import sync
 
         timeout = aiohttp.ClientTimeout(sock_connect=self.connect_timeout, sock_read=self.read_timeout)
 
@@ -125,7 +124,7 @@ class GCSStorage(Retrying):
                 return r.headers, body
 
         def attempt() -> tuple[Any, bytes]:
-            out: tuple[Any, bytes] = sync(self.fs.loop, with_deadline, once, deadline)
+            out: tuple[Any, bytes] = on_loop(self.fs.loop, with_deadline, once, deadline)
             if check is not None:
                 check(*out)
             return out

@@ -21,28 +21,28 @@ retries are uncounted and know no pinned file):
 
 A file's ``version`` is its content hash (the LFS sha256, else the git blob id) and
 its ``location`` the resolve URL at the commit, so the footer and index caches key
-on the commit and the content. :func:`revisions` gives what a checkpoint records of
-each Hub source (its commit and a digest of its files' hashes).
+on the commit and the content. :meth:`HFStorage.checkpoint_revision` gives what a checkpoint
+records of each Hub source (:func:`planner.stores.storage.revisions`: its commit and a
+digest of its files' hashes).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
 from planner.errors import ConfigError, StorageError
 from planner.stores import ranged
 from planner.stores.retry import Changed, Fatal, Retrying, Transient, check_body
-from planner.stores.storage import FileStat, Storage, check_range, select_parquet
+from planner.stores.storage import FileStat, check_range, select_parquet
 
-__all__ = ["HFStorage", "revisions"]
+__all__ = ["HFStorage"]
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _PREFIX = {"dataset": "datasets/", "space": "spaces/", "model": ""}
@@ -129,6 +129,9 @@ class HFStorage(Retrying):
     def revision_key(self) -> str:
         """The source without its revision: what a checkpoint's revisions are matched by."""
         return self.repo_url + (f"/{self.path}" if self.path else "")
+
+    def checkpoint_revision(self) -> tuple[str, str] | None:
+        return self.revision_key, self.commit
 
     # -- requests --------------------------------------------------------------------
 
@@ -339,18 +342,3 @@ def _next_link(header: str) -> str | None:
         if re.search(r'rel="?next"?', params):
             return target.strip().strip("<>")
     return None
-
-
-def revisions(files: Iterable[tuple[Storage, FileStat]]) -> list[list[str]]:
-    """What a checkpoint records of each Hub source: ``[source without revision, commit, files digest]``.
-
-    The digest is sha256 over the (name, content hash) of the source's files, in
-    index order: two commits with the same digest hold the same bytes for this run.
-    Sources on other stores give nothing (their fingerprint is all a resume checks).
-    """
-    found: dict[int, tuple[HFStorage, hashlib._Hash]] = {}
-    for st, f in files:
-        if isinstance(st, HFStorage):
-            _, h = found.setdefault(id(st), (st, hashlib.sha256()))
-            h.update(f"{f.name}\0{f.version}\0".encode())
-    return [[st.revision_key, st.commit, h.hexdigest()] for st, h in found.values()]

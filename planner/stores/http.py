@@ -52,7 +52,7 @@ class HTTPStorage(Retrying):
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         try:
-            import httpx2
+            import httpx2  # noqa: F401  (the client is built by ranged.client)
         except ImportError as e:
             msg = f"source {url!r}: reading over HTTP needs httpx2; install it with: pip install 'plitzer[http]'"
             raise ConfigError(msg) from e
@@ -75,10 +75,7 @@ class HTTPStorage(Retrying):
         self._headers: dict[str, str] = {str(k): v for k, v in headers.items()}
         self.take_tuning(own)
         slots = max(64, 2 * self.concurrency)
-        self._client = httpx2.Client(
-            follow_redirects=True,
-            limits=httpx2.Limits(max_connections=slots, max_keepalive_connections=slots),
-        )
+        self._client = ranged.client(slots)
         # Its pooled connections close with the storage (an index holds it as long as it is used).
         weakref.finalize(self, self._client.close)
         self._retrier = self.make_retrier(

@@ -18,6 +18,10 @@ here and retried by :mod:`planner.stores.retry`:
 
 The file's identity headers (ETag, Last-Modified, the Hub's commit) are checked by
 the caller's ``check`` (each backend knows which it pinned).
+
+The ``https://`` source's own client (:func:`client`) reads its sockets inside
+:func:`planner.stores.retry.interruptible`, so closing a loader ends a read from a
+server that accepted and never answers at once, not at its read timeout.
 """
 
 from __future__ import annotations
@@ -25,17 +29,78 @@ from __future__ import annotations
 import email.utils
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
-from planner.stores.retry import Changed, Fatal, Throttled, Transient
+from planner.stores.retry import Changed, Fatal, Throttled, Transient, interruptible
 from planner.stores.storage import FileStat
 
-__all__ = ["RETRY_AFTER_CAP", "Answer", "Refused", "check_status", "get", "retry_after", "transient"]
+__all__ = ["RETRY_AFTER_CAP", "Answer", "Refused", "check_status", "client", "get", "retry_after", "transient"]
 
 RETRY_AFTER_CAP = 60.0
 """The most seconds a ``Retry-After`` is waited before the next attempt."""
 
 _CHUNK = 1 << 20
+
+
+def client(connections: int) -> Any:
+    """An httpx2 client of ``connections`` pooled connections whose blocking reads a stop interrupts.
+
+    httpx2's transport takes no network backend, so its pool is built here as httpx2 builds it,
+    with httpcore2's own backend wrapped (:class:`_Interruptible`): each read and write of a
+    socket runs inside :func:`~planner.stores.retry.interruptible`.
+    """
+    import httpcore2
+    import httpx2
+
+    limits = httpx2.Limits(max_connections=connections, max_keepalive_connections=connections)
+    transport = httpx2.HTTPTransport(limits=limits)
+    pool = getattr(transport, "_pool", None)
+    backend = getattr(pool, "_network_backend", None)
+    if isinstance(pool, httpcore2.ConnectionPool) and backend is not None:
+        pool._network_backend = cast("Any", _Interruptible(backend))
+    # else: another httpx2 than the tested one; reads still end at their read timeout.
+    return httpx2.Client(follow_redirects=True, transport=transport)
+
+
+class _Stream:
+    """httpcore2's network stream, its reads and writes stoppable (:func:`~planner.stores.retry.interruptible`)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        with interruptible(self._inner.get_extra_info("socket")):
+            data: bytes = self._inner.read(max_bytes, timeout)
+            return data
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        with interruptible(self._inner.get_extra_info("socket")):
+            self._inner.write(buffer, timeout)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None) -> Any:
+        return _Stream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _Interruptible:
+    """httpcore2's network backend, its streams wrapped in :class:`_Stream`."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def connect_tcp(self, *args: Any, **kwargs: Any) -> _Stream:
+        return _Stream(self._inner.connect_tcp(*args, **kwargs))
+
+    def connect_unix_socket(self, *args: Any, **kwargs: Any) -> _Stream:
+        return _Stream(self._inner.connect_unix_socket(*args, **kwargs))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
 
 
 class Answer:

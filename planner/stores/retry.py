@@ -20,8 +20,11 @@ outage"): the pause between attempts is a wait on an event, not a sleep. A threa
 reads for a scanner runs its requests inside :func:`stop_on` (the scanner's event, set by
 ``close()``), and :func:`stop_every_request` (run as the interpreter ends) sets every
 such event and a global one; a request whose event is set makes no further attempt and
-raises :class:`~planner.errors.StoppedError` at once. The deadline of a run that goes on
-is untouched.
+raises :class:`~planner.errors.StoppedError` at once. An attempt in flight stops too,
+whatever the store does (a store that accepts and never answers included): an attempt
+on an event loop (S3, GCS, Azure) runs through :func:`on_loop`, which cancels its task,
+and a blocking socket read (HTTP) runs inside :func:`interruptible`, whose socket
+:func:`stop` shuts down. The deadline of a run that goes on is untouched.
 
 The throttle is AIMD, as TCP's congestion window: requests in flight are capped
 by a limit that starts at the storage's concurrency; a throttling answer (S3's 503
@@ -35,9 +38,11 @@ gets fewer requests at once instead of the same number retried.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import math
 import random
+import socket
 import threading
 import time
 import warnings
@@ -55,6 +60,9 @@ __all__ = [
     "Throttled",
     "Transient",
     "check_body",
+    "interruptible",
+    "on_loop",
+    "stop",
     "stop_every_request",
     "stop_on",
     "with_deadline",
@@ -80,6 +88,7 @@ class _Stops:
         self.active: set[threading.Event] = set()
         self.everything = threading.Event()  # set as the interpreter ends
         self.local = threading.local()
+        self.sockets: dict[socket.socket, threading.Event] = {}  # in a blocking read: its thread's event
 
 
 _STOPS = _Stops()
@@ -115,13 +124,77 @@ def stop_on(event: threading.Event) -> Iterator[None]:
             s.active.discard(event)
 
 
+def stop(event: threading.Event) -> None:
+    """Set ``event``: the requests of the threads inside ``stop_on(event)`` stop, in flight too.
+
+    Their pauses end, and the sockets they block on (:func:`interruptible`) are shut down,
+    so a read from a store that never answers ends now rather than at its read timeout.
+    """
+    s = _STOPS
+    with s.lock:
+        event.set()
+        socks = [k for k, ev in s.sockets.items() if ev is event]
+    for sock in socks:
+        _shut(sock)
+
+
 def stop_every_request() -> None:
-    """End every wait between attempts, now and from now on: the interpreter is ending."""
+    """End every wait between attempts and every blocking read, now and from now on: the interpreter is ending."""
     s = _STOPS
     with s.lock:
         s.everything.set()
         for ev in s.active:
             ev.set()
+        socks = list(s.sockets)
+    for sock in socks:
+        _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    # shutdown, not close: it wakes a recv (or poll) blocked in another thread, which close does not on Linux.
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+@contextlib.contextmanager
+def interruptible(sock: socket.socket | None) -> Iterator[None]:
+    """Inside the block, stopping this thread's requests shuts ``sock`` down (its blocking read fails at once)."""
+    if sock is None:
+        yield
+        return
+    s = _STOPS
+    ev = _stop_event()
+    with s.lock:
+        s.sockets[sock] = ev
+        stopped = ev.is_set()
+    if stopped:
+        _shut(sock)
+    try:
+        yield
+    finally:
+        with s.lock:
+            s.sockets.pop(sock, None)
+
+
+def on_loop(loop: asyncio.AbstractEventLoop, make: Callable[..., Any], *args: Any) -> Any:
+    """``await make(*args)`` on ``loop`` (another thread's), from this thread; stoppable in flight.
+
+    fsspec's ``sync`` waits for the coroutine whatever happens; this waits in slices of
+    0.1 s, and once this thread's requests are stopped it cancels the task (aiohttp then
+    closes its connection) and raises :class:`~planner.errors.StoppedError`.
+    """
+    fut = asyncio.run_coroutine_threadsafe(make(*args), loop)
+    stop_ev = _stop_event()
+    try:
+        while True:
+            try:
+                return fut.result(timeout=0.1)
+            except concurrent.futures.TimeoutError:
+                if stop_ev.is_set():
+                    msg = f"stopped during a request to the store: {_STOPPED}"
+                    raise StoppedError(msg) from None
+    finally:
+        fut.cancel()  # a no-op once done; else (stopped, Ctrl-C) the task ends on the loop
 
 
 def _stop_event() -> threading.Event:
@@ -381,6 +454,9 @@ class Retrier:
                         raise
                 self.throttle.grow()
                 return out
+            except StoppedError as e:
+                msg = f"{what}: {e}"
+                raise StoppedError(msg) from None
             except Changed as e:
                 msg = f"{what}: {e}"
                 raise FileChangedError(msg, file=e.location or location) from e.__cause__
@@ -388,6 +464,9 @@ class Retrier:
                 msg = f"{what}: {e}"
                 raise StorageError(msg) from e.__cause__
             except Exception as e:
+                if stop.is_set():  # the attempt failed because it was stopped (its socket shut down)
+                    msg = f"{what}: stopped during a request to the store ({_cause(e)}): {_STOPPED}"
+                    raise StoppedError(msg) from None
                 if not self._transient(e):
                     msg = f"{what}: {type(e).__name__}: {e}; {self._hint}"
                     raise StorageError(msg) from e
@@ -461,6 +540,10 @@ class Retrying:
         "connect_timeout",
         "retry_deadline",
     )
+
+    def checkpoint_revision(self) -> tuple[str, str] | None:
+        """None: an object store's URL names no revision (the Hub's storage overrides it)."""
+        return None
 
     def take_tuning(self, opts: dict[str, Any], *, attempts: int | None = None, backoff: float = 0.1) -> None:
         """Pop plitzer's tuning keys from ``opts`` into attributes, each checked.

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from planner.errors import ConfigError
-from planner.stores.retry import Changed, Retrying
+from planner.stores.retry import Changed, Retrying, on_loop
 from planner.stores.retry import Fatal as _Fatal
 from planner.stores.retry import Transient as _Retry
 from planner.stores.retry import with_deadline as _with_deadline
@@ -163,9 +163,7 @@ class S3Storage(Retrying):
         botocore's own retries see neither a body cut short nor a deadline, so they
         are off (``__init__``).
         """
-        from fsspec.asyn import sync
-
-        return self._retrier.run(what, lambda: sync(self.fs.loop, _with_deadline, make, deadline))
+        return self._retrier.run(what, lambda: on_loop(self.fs.loop, _with_deadline, make, deadline))
 
     # -- listing ---------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ detect a file that changed after it was indexed.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -86,6 +87,31 @@ class Storage(Protocol):
     def duckdb_filesystem(self) -> Any:
         """The fsspec filesystem a DuckDB connection needs to read these files, or None."""
         ...
+
+    def checkpoint_revision(self) -> tuple[str, str] | None:
+        """(the source without its revision, the commit read) where the source names a revision that can
+        move (the Hub's ``@main``), else None: what a checkpoint records, and a resume compares."""
+        ...
+
+
+def revisions(files: Iterable[tuple[Storage, FileStat]]) -> list[list[str]]:
+    """What a checkpoint records of each source read at a revision: ``[source without revision, commit, files digest]``.
+
+    Asked of each storage (:meth:`Storage.checkpoint_revision`), once per storage object. The digest
+    is sha256 over the (name, content hash) of the source's files, in index order: two
+    commits with the same digest hold the same bytes for this run. Sources that name no
+    revision give nothing (their fingerprint is all a resume checks).
+    """
+    found: dict[int, tuple[tuple[str, str], Any]] = {}
+    for st, f in files:
+        key = id(st)
+        if key not in found:
+            rev = st.checkpoint_revision()
+            if rev is None:
+                continue
+            found[key] = (rev, hashlib.sha256())
+        found[key][1].update(f"{f.name}\0{f.version}\0".encode())
+    return [[source, commit, h.hexdigest()] for (source, commit), h in found.values()]
 
 
 class ReadsInto(Protocol):
@@ -221,6 +247,9 @@ class LocalStorage:
 
     def duckdb_filesystem(self) -> Any:
         return None  # DuckDB reads local paths itself
+
+    def checkpoint_revision(self) -> tuple[str, str] | None:
+        return None  # a folder has no revisions
 
 
 def duckdb_filesystems(storages: Sequence[Storage]) -> list[Any]:

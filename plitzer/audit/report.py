@@ -151,6 +151,10 @@ def _html_table(df: pl.DataFrame, caption: str, limit: int = 50) -> str:
     return f"<table><caption>{html.escape(caption)}</caption><tr>{head}</tr>{body}</table>{more}"
 
 
+def _columns_shown(plan: Plan) -> str:
+    return ", ".join(n + ("" if f is None else f" (fill {f!r})") for n, f in plan.columns)
+
+
 def _dataset_section(ix: RowGroupIndex, plan: Plan, cfg: LoaderSettings, lengths: I64, out: _Sections) -> None:
     """Summary, settings, document lengths and tokens per file and row group."""
     tables, figures, _ = out
@@ -177,6 +181,8 @@ def _dataset_section(ix: RowGroupIndex, plan: Plan, cfg: LoaderSettings, lengths
             "seq_len": [cfg.seq_len],
             "windows_per_epoch": [plan.windows],
             "steps_per_epoch": [per_epoch],
+            # The aligned columns the run carries (SPEC section 13), where it names some.
+            **({"columns": [_columns_shown(plan)]} if plan.columns else {}),
         }
     )
     tables["length_summary"] = length_summary(lengths)

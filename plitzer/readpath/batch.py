@@ -85,6 +85,9 @@ class Batch:
         Epoch label: ``floor(step * lanes * seq_len / dataset_tokens)``.
     lanes : range
         The global lane of each row.
+    columns : dict of str to array
+        The aligned columns named by ``columns=`` (SPEC section 13), each shaped and cut like
+        ``tokens``, of the column's own dtype (bool stays bool); empty when none are named.
     """
 
     tokens: Tokens
@@ -94,12 +97,15 @@ class Batch:
     _segments: Segments | Callable[[], Segments] = field(repr=False)
     _locate: Locate = field(repr=False)
     _after: Callable[[], bytes] = field(repr=False)
+    columns: dict[str, Tokens] = field(default_factory=dict)
+    """Aligned columns (SPEC section 13): name -> ``(rows, seq_len)`` array of the column's dtype, cut as the tokens."""
 
     def __repr__(self) -> str:
         rows, width = self.tokens.shape
+        cols = "".join(f", {n}={c.dtype}" for n, c in self.columns.items())
         return (
             f"Batch(step={self.step}, epoch={self.epoch}, lanes={self.lanes.start}..{self.lanes.stop - 1}, "
-            f"tokens={rows}x{width} {self.tokens.dtype})"
+            f"tokens={rows}x{width} {self.tokens.dtype}{cols})"
         )
 
     @property
@@ -173,7 +179,9 @@ class Batch:
         Columns: batch_row, lane, start (in the row), length, source (a mixture's
         source name; only for mixtures), file, row_group,
         row (in the row group), token_offset (in the document), epoch, window_index
-        (the window of the piece's epoch; not ``window``, a keyword in DuckDB).
+        (the window of the piece's epoch; not ``window``, a keyword in DuckDB); and for each
+        aligned column (``columns=``), ``NAME_sum``: the sum of its values over the piece
+        (a loss mask's count of the tokens trained on).
 
         Examples
         --------
@@ -207,4 +215,11 @@ class Batch:
                 "window_index": window,
             }
         )
+        # Aligned columns: each piece's sum of the column (a mask's count of tokens trained on).
+        ends = np.cumsum(length)
+        for name, values in self.columns.items():
+            flat = np.asarray(values).reshape(-1)
+            acc = np.float64 if flat.dtype.kind == "f" else np.int64
+            cs = np.concatenate([[0], np.cumsum(flat, dtype=acc)])
+            columns[f"{name}_sum"] = cs[ends] - cs[ends - length]
         return pl.DataFrame(columns)

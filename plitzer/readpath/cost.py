@@ -48,13 +48,24 @@ def packed_bytes(tokens: Any, rows: Any, *, lanes: int, seq_len: int) -> Any:
     return 4 * tokens + PIECE_BYTES * max_pieces(tokens, rows, lanes, seq_len) + LANE_BYTES * (lanes + 1)
 
 
-def unit_estimate(tokens: Any, rows: Any, *, lanes: int, seq_len: int) -> Any:
-    """Bytes charged while a unit is read and packed: decoded and packed at once (the gather's peak)."""
-    return decoded_bytes(tokens, rows) + packed_bytes(tokens, rows, lanes=lanes, seq_len=seq_len)
+def unit_estimate(tokens: Any, rows: Any, *, lanes: int, seq_len: int, column_bytes: int = 0) -> Any:
+    """Bytes charged while a unit is read and packed: decoded and packed at once (the gather's peak).
+
+    ``column_bytes``: the aligned columns' bytes per token (plitzer.readpath.aligned), decoded and packed too.
+    """
+    extra = 2 * column_bytes * tokens
+    return decoded_bytes(tokens, rows) + packed_bytes(tokens, rows, lanes=lanes, seq_len=seq_len) + extra
 
 
 def budget_floor(
-    tokens: NDArray[Any], rows: NDArray[Any], *, lanes: int, window: int, seq_len: int, ahead: int = 0
+    tokens: NDArray[Any],
+    rows: NDArray[Any],
+    *,
+    lanes: int,
+    window: int,
+    seq_len: int,
+    ahead: int = 0,
+    column_bytes: int = 0,
 ) -> tuple[int, int]:
     """Bytes the units of one step can hold at most, and how many units that is.
 
@@ -69,11 +80,13 @@ def budget_floor(
     together, so the bound takes the largest row groups for each unit, each charged
     :func:`unit_estimate` (all lanes of the dataset: a bound for every rank). Checked
     once at construction, it means no step ever starts a read past the budget.
+    ``column_bytes``: the aligned columns' bytes per token, decoded and packed (0 without).
     """
     tok = np.asarray(tokens, dtype=np.int64)
     n = np.asarray(rows, dtype=np.int64)
     # Per row group: decoded and packed at once; the per-unit terms are added below.
-    est = np.sort(decoded_bytes(tok, n) + 4 * tok + PIECE_BYTES * (n + tok // max(seq_len, 1)))[::-1]
+    est = decoded_bytes(tok, n) + 4 * tok + PIECE_BYTES * (n + tok // max(seq_len, 1)) + 2 * column_bytes * tok
+    est = np.sort(est)[::-1]
     g, total = len(tok), int(tok.sum())
     if g == 0:
         return 0, 0

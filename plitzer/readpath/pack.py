@@ -49,7 +49,9 @@ from numpy.typing import NDArray
 
 from planner.hashing import key, mix_array
 from planner.lanes import cut_at
+from plitzer.readpath.aligned import aligned_chunks, storage_dtype
 from plitzer.readpath.packed import (
+    ColumnBlock,
     Memory,
     PackedUnit,
     Segments,
@@ -66,6 +68,8 @@ from plitzer.readpath.read import list_lengths, numpy_view
 __all__ = ["Memory", "PackedUnit", "Segments", "Slices", "StepRange", "UnitReads", "assemble", "pack_unit"]
 
 I64 = NDArray[np.int64]
+ColumnChunks = dict[str, tuple[list[NDArray[Any]], np.dtype[Any]]]
+"""Aligned columns of a unit's chunks: name -> (each chunk's values end to end, the column's dtype)."""
 
 
 def slice_keys(seed: int, epoch: int, window: int, lanes: range) -> NDArray[np.uint64]:
@@ -357,7 +361,7 @@ def _transposed(
     return memory, block, edges, start
 
 
-def pack_unit(chunks: list[pa.Array], reads: UnitReads) -> PackedUnit:
+def pack_unit(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | None = None) -> PackedUnit:
     """Pack the decoded row groups a rank read in one window into step-major blocks.
 
     ``chunks`` are the token columns of the rank's row groups in stream order (the
@@ -367,7 +371,8 @@ def pack_unit(chunks: list[pa.Array], reads: UnitReads) -> PackedUnit:
     is lane stream positions ``[lane_base[i], lane_base[i] + n_i)``, and step ``t`` is
     ``[t * seq_len, (t + 1) * seq_len)`` of every lane). ``keep`` (one flag per rank
     lane) leaves out lanes that will never read this window, and ``from_step`` the
-    steps before it (after a resume).
+    steps before it (after a resume). ``columns``: each aligned column's values of every
+    chunk and its dtype (:func:`plitzer.readpath.aligned.read_columns`), packed alike.
     """
     p = reads.place
     rank_lanes = p.rank_lanes
@@ -379,7 +384,7 @@ def pack_unit(chunks: list[pa.Array], reads: UnitReads) -> PackedUnit:
     starts, bases = p.token_start.tolist(), reads.doc_base.tolist()
     pc_ = _pieces(arrays, starts, bases, cuts, at_end=rank_lanes.stop == p.lanes)
     order, lane_piece = _shuffle(pc_, p.keep, nl, slice_keys(p.seed, p.epoch, p.window, rank_lanes))
-    return _finish(arrays, pc_, order, lane_piece, reads, tiled=True)
+    return _finish(arrays, pc_, order, lane_piece, reads, tiled=True, columns=columns)
 
 
 def _whole_steps(
@@ -395,7 +400,14 @@ def _whole_steps(
 
 
 def _finish(
-    arrays: list[pa.Array], pc_: _Pieces, order: I64, lane_piece: I64, reads: UnitReads, *, tiled: bool
+    arrays: list[pa.Array],
+    pc_: _Pieces,
+    order: I64,
+    lane_piece: I64,
+    reads: UnitReads,
+    *,
+    tiled: bool,
+    columns: ColumnChunks | None = None,
 ) -> PackedUnit:
     """The rank's pieces in packed order (slices ``lane_piece``) laid out step-major: the packed unit.
 
@@ -426,12 +438,20 @@ def _finish(
     first = int(step_bounds[t0 - s_first]) if t1 > t0 else 0
     stop = int(step_bounds[t1 - s_first]) if t1 > t0 else 0
     short = len(lay) > 0 and int((subs.end - subs.start).sum()) < SHORT_ROWS * len(lay)
-    if tiled and short and t1 > t0:
-        memory, block, edges, start = _transposed(
-            arrays, pc_, order, lane_piece, lane_base, n_lane, subs, dtype, t0, t1, seq_len
-        )
-    else:
-        memory, block, edges, start = _direct(arrays, subs, dtype, (first, stop, t1 - t0, nl, seq_len), tiled=tiled)
+
+    def gather(arrs: list[pa.Array], dt: np.dtype[Any]) -> tuple[Memory | None, NDArray[Any], pa.Array, I64]:
+        if tiled and short and t1 > t0:
+            return _transposed(arrs, pc_, order, lane_piece, lane_base, n_lane, subs, dt, t0, t1, seq_len)
+        return _direct(arrs, subs, dt, (first, stop, t1 - t0, nl, seq_len), tiled=tiled)
+
+    memory, block, edges, start = gather(arrays, dtype)
+    # Aligned columns: the same pieces, row cuts and layout, one more gather each (plitzer.readpath.aligned).
+    packed_columns = {}
+    for name, (values, cdt) in (columns or {}).items():
+        c_mem, c_block, c_edges, _ = gather(aligned_chunks(arrays, values, cdt), storage_dtype(cdt))
+        if c_mem is not None:
+            c_mem._keep = memory
+        packed_columns[name] = ColumnBlock(c_mem, c_block, c_edges, cdt)
     return PackedUnit(
         unit=p.unit,
         epoch=p.epoch,
@@ -450,6 +470,7 @@ def _finish(
         offset=(pc_.offset[subs.piece] + (subs.start - lane_pos[subs.piece]))[lay],
         start=start,
         slices=Slices(lane_start.astype(np.int64, copy=False), lane_piece, piece_end),
+        columns=packed_columns,
     )
 
 

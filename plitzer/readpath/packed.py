@@ -11,7 +11,7 @@ step that straddles windows from their ends, with one Polars gather.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,7 +23,17 @@ from planner.run import UnitPlace
 from plitzer.readpath.cost import LANE_BYTES, PIECE_BYTES
 from plitzer.readpath.read import numpy_view
 
-__all__ = ["Memory", "PackedUnit", "Segments", "Slices", "StepRange", "UnitReads", "arrow_ints", "assemble"]
+__all__ = [
+    "ColumnBlock",
+    "Memory",
+    "PackedUnit",
+    "Segments",
+    "Slices",
+    "StepRange",
+    "UnitReads",
+    "arrow_ints",
+    "assemble",
+]
 
 I64 = NDArray[np.int64]
 
@@ -53,7 +63,7 @@ class Memory:
     budget (the allocator then reuses the memory for a later window).
     """
 
-    __slots__ = ("__array_interface__", "__weakref__", "_dtype", "_owner", "_size")
+    __slots__ = ("__array_interface__", "__weakref__", "_dtype", "_keep", "_owner", "_size")
 
     def __init__(self, owner: pa.Array | pa.Buffer, dtype: np.dtype[Any]) -> None:
         if isinstance(owner, pa.Buffer):
@@ -64,6 +74,7 @@ class Memory:
             n = len(owner)
             address = 0 if buf is None or n == 0 else buf.address + owner.offset * dtype.itemsize
         self._owner = owner  # holds the memory
+        self._keep: object = None  # an aligned column's memory keeps the tokens' (and so the unit's charge)
         self._dtype = dtype
         self._size = n
         self.__array_interface__ = {"data": (address, False), "shape": (n,), "typestr": dtype.str, "version": 3}
@@ -154,6 +165,25 @@ class Slices:
         return out
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class ColumnBlock:
+    """One aligned column of a packed unit (plitzer.readpath.aligned): laid out as the tokens are.
+
+    ``block`` and ``edges`` hold the column's values as an unsigned integer of its width
+    (``storage_dtype``); ``dtype`` is the column's own, what batches view them as.
+    """
+
+    memory: Memory | None
+    block: NDArray[Any]
+    edges: pa.Array
+    dtype: np.dtype[Any]
+
+    @property
+    def nbytes(self) -> int:
+        shared = self.memory is not None and self.memory._owner is self.edges
+        return int(self.edges.nbytes if shared else self.block.nbytes + self.edges.nbytes)
+
+
 @dataclass(slots=True, eq=False)
 class PackedUnit:
     """The rank's lanes of one window, packed step-major.
@@ -184,6 +214,7 @@ class PackedUnit:
     offset: I64
     start: I64
     slices: Slices
+    columns: dict[str, ColumnBlock] = field(default_factory=dict)  # aligned columns, packed with the tokens
 
     def segments(self, step: int) -> Segments:
         """The sub-pieces of ``step`` in this unit (views of the tables)."""
@@ -203,7 +234,8 @@ class PackedUnit:
         """Bytes held: the packed tokens and the tables (the cost model's ``packed_bytes``)."""
         shared = self.memory is not None and self.memory._owner is self.edges
         tokens = self.edges.nbytes if shared else self.block.nbytes + self.edges.nbytes
-        return int(tokens + PIECE_BYTES * len(self.row) + LANE_BYTES * len(self.slices.lane_start))
+        columns = sum(c.nbytes for c in self.columns.values())
+        return int(tokens + columns + PIECE_BYTES * len(self.row) + LANE_BYTES * len(self.slices.lane_start))
 
 
 def arrow_ints(a: NDArray[Any], typ: pa.DataType) -> pa.Array:

@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 from planner.lanes import cut_at, split_at_cuts
 from planner.order.layout import stage_tokens
 from planner.run import Recut
-from plitzer.readpath.pack import _documents, _finish, _Pieces, _pieces, _shuffle, slice_keys
+from plitzer.readpath.pack import ColumnChunks, _documents, _finish, _Pieces, _pieces, _shuffle, slice_keys
 from plitzer.readpath.packed import PackedUnit, UnitReads
 
 __all__ = ["pack_rest"]
@@ -50,7 +50,7 @@ def _recut(
     return src, a, a + (pe - ps), lane
 
 
-def pack_rest(chunks: list[pa.Array], reads: UnitReads) -> PackedUnit:
+def pack_rest(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | None = None) -> PackedUnit:
     """Pack a window cut again by layout changes inside it (docs/design.md, "Layout stages").
 
     ``chunks`` are every row group of the window (stream order). The window is first
@@ -98,4 +98,4 @@ def pack_rest(chunks: list[pa.Array], reads: UnitReads) -> PackedUnit:
     )
     bounds = np.searchsorted(local, np.arange(len(rank_lanes) + 1), side="left").astype(np.int64)
     ident = np.arange(len(src), dtype=np.int64)
-    return _finish(arrays, rest, ident, bounds, reads, tiled=False)
+    return _finish(arrays, rest, ident, bounds, reads, tiled=False, columns=columns)

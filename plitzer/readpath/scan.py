@@ -42,6 +42,7 @@ import weakref
 from concurrent.futures import CancelledError, Future, InvalidStateError, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -51,8 +52,9 @@ from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import StoppedError, UsageError
 from planner.order.plan import row_group_counts
 from planner.run import Run, Segment, Start, lane_base
-from planner.stores.retry import stop_on
+from planner.stores.retry import stop, stop_on
 from plitzer.readpath import _shutdown
+from plitzer.readpath.aligned import Columns, read_columns
 from plitzer.readpath.cost import unit_estimate
 from plitzer.readpath.pack import pack_unit
 from plitzer.readpath.packed import PackedUnit, UnitReads
@@ -126,6 +128,7 @@ class _Unit:
     future: Future[PackedUnit] = field(default_factory=Future)
     state: UnitState = UnitState.READING
     chunks: list[pa.Array | None] = field(default_factory=list)
+    columns: list[dict[str, NDArray[Any]] | None] = field(default_factory=list)  # aligned columns, per chunk
     left: int = 0  # row groups not decoded yet
 
     @property
@@ -138,6 +141,7 @@ class _Unit:
             return
         self.state = UnitState.CANCELLED if error is None else UnitState.FAILED
         self.chunks = []
+        self.columns = []
         with contextlib.suppress(InvalidStateError):  # finished meanwhile in another thread
             if error is None:
                 self.future.cancel()
@@ -148,8 +152,11 @@ class _Unit:
 class Scanner:
     """Reads and packs units for one rank, in order, within a byte budget."""
 
-    def __init__(self, run: Run, *, budget: int, threads: int, ahead: int = AHEAD) -> None:
+    def __init__(
+        self, run: Run, *, budget: int, threads: int, ahead: int = AHEAD, columns: Columns | None = None
+    ) -> None:
         self.index: RowGroupIndex = run.plan.dataset
+        self.columns = columns  # aligned columns read and packed with the tokens (plitzer.readpath.aligned)
         self.rank = run.rank
         self.run = run
         self._stage(0)
@@ -290,7 +297,11 @@ class Scanner:
         place = self.run.place(unit, self.stage, self._at)
         rgs = place.row_groups
         est = unit_estimate(
-            int(self._tokens[rgs].sum()), int(self._rows[rgs].sum()), lanes=len(self.rank_lanes), seq_len=self.seq_len
+            int(self._tokens[rgs].sum()),
+            int(self._rows[rgs].sum()),
+            lanes=len(self.rank_lanes),
+            seq_len=self.seq_len,
+            column_bytes=self.columns.itemsize if self.columns is not None else 0,
         )
         got = UnitReads(place, self._doc_base[rgs], int(est), self._dtype)
         self._reads[unit] = got
@@ -306,6 +317,7 @@ class Scanner:
         u = _Unit(unit=unit, reads=reads, charge=_Charge(reads.estimate))
         n = len(reads.place.row_groups)
         u.chunks = [None] * n
+        u.columns = [None] * n
         u.left = n
         est = reads.estimate
         with self._lock:
@@ -332,6 +344,7 @@ class Scanner:
         try:
             with stop_on(self._stop):  # a request retrying a store that is away ends when we close
                 arr = read_chunk(self.index, g)  # checked, as list<int32> or list<uint32>
+                cols = read_columns(self.columns, self.index, g, arr) if self.columns is not None else None
         except BaseException as e:
             with self._lock:
                 u.stop(e)
@@ -342,6 +355,7 @@ class Scanner:
             if not u.live:
                 return
             u.chunks[i] = arr
+            u.columns[i] = cols
             u.left -= 1
             last = u.left == 0
             if last:
@@ -355,7 +369,14 @@ class Scanner:
             chunks = list(u.chunks)
             assert all(c is not None for c in chunks)
             pack = pack_unit if u.reads.place.rest is None else pack_rest
-            packed = pack(chunks, u.reads)
+            columns = None
+            if self.columns is not None:
+                per = u.columns
+                assert all(c is not None for c in per)
+                columns = {
+                    n: ([c[n] for c in per if c is not None], self.columns.dtypes[n]) for n in self.columns.names
+                }
+            packed = pack(chunks, u.reads, columns)
         except BaseException as e:
             with self._lock:
                 u.stop(e)
@@ -364,6 +385,7 @@ class Scanner:
             if not u.live:
                 return  # cancelled meanwhile: its charge is gone already
             u.chunks = []  # the decoded row groups: packed, freed
+            u.columns = []
             u.state = UnitState.READY
             c = u.charge
             self._held += packed.nbytes - c.nbytes
@@ -462,13 +484,14 @@ class Scanner:
         """Stop every unit and the reader threads (waits for the running decodes).
 
         Reads waiting between attempts for a store that does not answer stop at once
-        (:func:`planner.stores.retry.stop_on`), so this returns in about the time of one
-        attempt, never after the storage's ``retry_deadline``.
+        (:func:`planner.stores.retry.stop_on`), and so do attempts in flight
+        (:func:`planner.stores.retry.stop`), so this returns at once, never after an
+        attempt's read timeout or the storage's ``retry_deadline``.
         """
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
+        stop(self._stop)  # its pauses end, and its reads in flight (a store that never answers too)
         with self._lock:
             for u in self._units.values():
                 self._drop(u)

@@ -24,6 +24,7 @@ from planner.mixing.mixture import MixtureIndex
 from planner.order.layout import Layout, LayoutStage
 from planner.order.plan import Plan, row_group_counts
 from planner.run import Run
+from plitzer.readpath.aligned import resolve
 from plitzer.readpath.batch import Located
 from plitzer.readpath.cost import budget_floor
 from plitzer.readpath.scan import Scanner
@@ -47,6 +48,7 @@ def check_layout(
     new: Sequence[LayoutStage],
     tok: I64 | None = None,
     rows: I64 | None = None,
+    column_bytes: int | None = None,
 ) -> int:
     """Refuse stages ``new`` of ``layout`` that the data or the budget cannot hold.
 
@@ -58,6 +60,10 @@ def check_layout(
     s = settings
     if tok is None or rows is None:
         tok, rows, _ = row_group_counts(plan.dataset)
+    if column_bytes is None:
+        cols = resolve(plan.dataset, s.columns) if s.columns is not None else None
+        column_bytes = cols.itemsize if cols is not None else 0
+    cb = column_bytes
     big = max(new, key=lambda st: st.lanes)
     if plan.tokens < big.lanes:
         msg = (
@@ -65,7 +71,10 @@ def check_layout(
             "receive a document. Lower lanes (or use more data)"
         )
         raise ConfigError(msg)
-    floors = [(budget_floor(tok, rows, lanes=st.lanes, window=s.window, seq_len=st.seq_len), st) for st in new]
+    floors = [
+        (budget_floor(tok, rows, lanes=st.lanes, window=s.window, seq_len=st.seq_len, column_bytes=cb), st)
+        for st in new
+    ]
     (need, units), worst = max(floors, key=lambda f: f[0][0])
     if s.budget < need:
         stage = (
@@ -79,7 +88,9 @@ def check_layout(
             f"next, and any window shorter than a step). Raise budget to at least {need:,}, or lower window"
         )
         raise ConfigError(msg)
-    inflight, _ = budget_floor(tok, rows, lanes=worst.lanes, window=s.window, seq_len=worst.seq_len, ahead=1)
+    inflight, _ = budget_floor(
+        tok, rows, lanes=worst.lanes, window=s.window, seq_len=worst.seq_len, ahead=1, column_bytes=cb
+    )
     return int(inflight)
 
 
@@ -136,7 +147,8 @@ def parts(plan: Plan, settings: LoaderSettings) -> Parts:
         raise DataError(msg)
     layout = s.stages
     tok, rows, _ = row_group_counts(plan.dataset)  # the selected ones where selected
-    inflight = check_layout(plan, s, layout, layout.stages, tok, rows)
+    columns = resolve(plan.dataset, s.columns)  # aligned columns, checked against every source
+    inflight = check_layout(plan, s, layout, layout.stages, tok, rows, columns.itemsize if columns else 0)
     if s.budget < inflight:
         # Works, but the next window is read only once the current one is released:
         # decoding and training take turns instead of overlapping.
@@ -149,5 +161,5 @@ def parts(plan: Plan, settings: LoaderSettings) -> Parts:
         )
     run = Run(plan, layout, s.world, s.rank)
     threads = s.threads or default_threads(plan.dataset)
-    scanner = Scanner(run, budget=s.budget, threads=threads)
+    scanner = Scanner(run, budget=s.budget, threads=threads, columns=columns)
     return Parts(run, scanner, Locator(plan.dataset))

@@ -82,6 +82,7 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "layout",
     "dedupe",
     "exclude",
+    "columns",
 )
 # Fields of text sources (plitzer.text.source: the tokenizer's identity and the BOS/EOS
 # policy), added within format 2: written only when they differ from these values
@@ -90,7 +91,7 @@ CONFIG_FIELDS: tuple[str, ...] = (
 # Mixtures (planner.mixing.mixture) add their sources ([name, fingerprint] each) and stages
 # ([start step, {source: weight}] each) the same way. Sources on the Hugging Face Hub
 # add their revisions ([source without revision, commit, files digest] each,
-# planner.stores.hf.revisions): not part of the dataset's identity (a checkpoint carries to
+# planner.stores.storage.revisions): not part of the dataset's identity (a checkpoint carries to
 # a copy on disk), so they are compared by diff_revisions, not diff_config.
 # Layout stages (planner.order.layout) add ``layout`` ([start step, lanes, seq_len] each, from
 # step 0; ``lanes`` and ``seq_len`` are then the first stage's), written only when there
@@ -107,7 +108,10 @@ _OPTIONAL: dict[str, Any] = {
     "layout": [],
     "dedupe": "",
     "exclude": "",
+    "columns": [],
 }
+# Aligned columns (plitzer.readpath.aligned) add ``columns`` ([name, fill or null] each, sorted by
+# name), written only when a run names some: a run without them writes the bytes it wrote before.
 _INT_LIMIT = 2**63
 
 
@@ -254,6 +258,16 @@ def decode(data: bytes | bytearray | memoryview) -> State:
         if not isinstance(v, str) and not pairs:
             why = f"{k} is {v!r}, expected a string or [source, string] pairs"
             raise _fail(why)
+    cols = config["columns"]
+    if not isinstance(cols, list) or not all(
+        isinstance(x, list)
+        and len(x) == 2
+        and isinstance(x[0], str)
+        and (x[1] is None or isinstance(x[1], (bool, int, float)))
+        for x in cols
+    ):
+        why = "columns must list [name, fill or null] pairs"
+        raise _fail(why)
     revs = config["revisions"]
     if not isinstance(revs, list) or not all(
         isinstance(x, list) and len(x) == 3 and all(isinstance(v, str) for v in x) for x in revs

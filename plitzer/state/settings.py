@@ -35,7 +35,7 @@ from planner.mixing.sources import SourceSpec, Weights
 from planner.order.layout import Layout
 from planner.order.plan import Plan, PlanSettings, check_int
 from planner.parameters import PARAMETERS, POSITIONAL, unknown_keyword
-from planner.stores.hf import revisions
+from planner.stores.storage import revisions
 from plitzer.selection.dedupe import dedupe_index  # loaded with plitzer: planner.plan(dedupe=...) finds it
 
 __all__ = [
@@ -79,6 +79,7 @@ class KeywordsLessWhere(TypedDict, total=False):
     dedupe: str | None
     exclude: str | os.PathLike[str] | None
     index: str | None
+    columns: Sequence[str] | Mapping[str, Any] | None
 
 
 class Keywords(KeywordsLessWhere, total=False):
@@ -157,6 +158,8 @@ class LoaderSettings:
     layout: Layout | None = None  # layout stages (planner.order.layout); None: one stage of plan.lanes and seq_len
     index: str | None = None
     """A job index (``plitzer index DATA --out PATH``) to read instead of the footers."""
+    columns: Sequence[str] | Mapping[str, Any] | None = None
+    """Aligned columns (``plitzer.readpath.aligned``): names, or name -> fill value."""
 
     def __post_init__(self) -> None:
         check_int("seq_len", self.seq_len, 1, "seq_len is the tokens per sequence, e.g. 2048")
@@ -171,6 +174,10 @@ class LoaderSettings:
             raise ConfigError(msg)
         if self.threads is not None:
             check_int("threads", self.threads, 1, "threads decode row groups in parallel")
+        if self.columns is not None:
+            from plitzer.readpath.aligned import parse_columns
+
+            parse_columns(self.columns)  # checked here: names and fills
 
     @classmethod
     def of(
@@ -205,6 +212,7 @@ class LoaderSettings:
             exclude=None if kw["exclude"] is None else os.fspath(kw["exclude"]),
             layout=layout,
             index=None if index is None else os.fspath(index),
+            columns=_columns(kw["columns"]),
         )
 
     @property
@@ -363,9 +371,9 @@ def _text_source(spec: SourceSpec) -> Index:
 
 def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:
     """The plan the loader runs from (and that ``plan.sql`` shows) for these settings."""
-    return api.make_plan(
-        index, settings.plan, weights=settings.weights, seq_len=settings.seq_len, layout=settings.stages
-    )
+    p = api.make_plan(index, settings.plan, weights=settings.weights, seq_len=settings.seq_len, layout=settings.stages)
+    p.columns = api.columns_of(settings.columns)
+    return p
 
 
 def checkpoint_config(plan: Plan, settings: LoaderSettings) -> dict[str, Any]:
@@ -395,7 +403,27 @@ def checkpoint_config(plan: Plan, settings: LoaderSettings) -> dict[str, Any]:
         **ix.config_fields(),
         **plan.stage_config(),
         "revisions": revisions((ix.storage(f), ix.file(f)) for f in range(len(ix.files))),
+        **({"columns": _columns_config(s.columns)} if s.columns else {}),
     }
+
+
+def _columns(value: Any) -> Any:
+    """``columns=`` kept as given (a tuple for a list: settings are frozen); None for none."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return dict(value) or None
+    if isinstance(value, str):
+        return value or None
+    if isinstance(value, Sequence):
+        return tuple(value) or None
+    return value  # refused by LoaderSettings' check, naming it
+
+
+def _columns_config(value: Any) -> list[list[Any]]:
+    from plitzer.readpath.aligned import columns_config
+
+    return columns_config(value)
 
 
 def default_threads(index: RowGroupIndex) -> int:

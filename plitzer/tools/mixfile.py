@@ -73,7 +73,7 @@ def read_mixture(path: str) -> tuple[dict[str, Any], Any]:
         weight = 1
     """
     doc = _load(path)
-    unknown = set(doc) - {"sources", "stages", *MIXTURE_SETTINGS}
+    unknown = set(doc) - {"sources", "stages", "columns", *MIXTURE_SETTINGS}
     sources = doc.get("sources")
     if unknown or not isinstance(sources, dict) or not sources:
         msg = f"mixture file {path}: needs [sources.NAME] tables (and optionally [[stages]]), found {sorted(doc)}"
@@ -105,3 +105,36 @@ def read_mixture(path: str) -> tuple[dict[str, Any], Any]:
         )
         raise ConfigError(msg)
     return out, (weights or None)
+
+
+def mixture_columns(path: str) -> Any:
+    """The aligned columns of a mixture file (SPEC section 13), None where it names none.
+
+    ``columns = ["loss_mask", "weight"]`` (every source has them), or a table of fill values
+    for the sources that lack them::
+
+        [columns]
+        loss_mask = 0
+        weight = 0.0
+    """
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        msg = f"mixture file {path}: {e}; see `plitzer plan --help` for its format"
+        raise ConfigError(" ".join(msg.split())) from e
+    got = doc.get("columns")
+    if got is None:
+        return None
+    ok = (isinstance(got, list) and all(isinstance(n, str) for n in got)) or (
+        isinstance(got, dict) and all(isinstance(v, (bool, int, float)) for v in got.values())
+    )
+    if not ok:
+        msg = (
+            f'mixture file {path}: columns must be a list of names (columns = ["loss_mask"]) or a table of '
+            f"fill values ([columns] loss_mask = 0), not {got!r}"
+        )
+        raise ConfigError(msg)
+    return got

@@ -1,0 +1,412 @@
+"""Aligned columns: per-token values (loss masks, weights, labels) packed with the tokens (SPEC section 13).
+
+``columns=["loss_mask", "weight"]`` (or ``{"loss_mask": 0, "weight": 0.0}``: a fill value for
+the sources that lack a column) names list columns that hold one value per token. Each is:
+
+* resolved once at construction (:func:`resolve`): every source's schema is looked at (its
+  first file's footer); a column that is not a list of bool, integer or float is a
+  :class:`ConfigError` listing the candidates, a source without it a ConfigError naming the
+  source unless a fill is given; a text source takes fills only. The batch's dtype of a
+  column is its sources' (promoted where they differ), else the fill's;
+* read with one ranged read per planned row group and column (:func:`read_columns`, beside
+  the token column's read in the scanner's reader threads), the rows a selection keeps
+  taken, and checked: a row whose length differs from its token list is a
+  :class:`DataError` naming file, row group, row and both lengths;
+* packed with exactly the tokens' cuts and pieces: the packer computes the pieces, row cuts
+  and layout once, and gathers each column through the same lists as the tokens
+  (:func:`aligned_chunks`, :func:`plitzer.readpath.pack._finish`), in an unsigned integer of
+  the column's width (bool as uint8), viewed as the column's dtype when delivered;
+* delivered as ``batch.columns[name]``, shaped like ``batch.tokens``: a view of the unit's
+  block, or owned writable memory for a step that straddles windows
+  (:func:`assemble_columns`).
+
+docs/design.md, "Aligned columns".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from numpy.typing import NDArray
+
+from planner.catalog.dataset import Index
+from planner.catalog.rowgroups import RowGroupIndex
+from planner.errors import ConfigError, DataError
+from planner.mixing.mixture import MixtureIndex
+from plitzer.readpath.packed import ColumnBlock, PackedUnit, _gather, _lists, arrow_ints
+from plitzer.readpath.read import list_lengths, numpy_view, read_decoded
+
+__all__ = [
+    "Columns",
+    "assemble_columns",
+    "columns_config",
+    "parse_columns",
+    "read_columns",
+    "resolve",
+    "storage_dtype",
+]
+
+I64 = NDArray[np.int64]
+Fill = bool | int | float
+_READ = object()  # a source that holds the column: read it
+
+
+def parse_columns(value: Any) -> tuple[tuple[str, ...], dict[str, Fill | None]] | None:
+    """``columns=`` as (names in the order given, name -> fill or None); None: no aligned columns.
+
+    A list (or tuple) of names, a mapping name -> fill value (None: no fill), or a string
+    of comma-separated names (the command line's). Names must be distinct, non-empty strings;
+    fills bool, int or float.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, Mapping):
+        names = list(value)
+        fills: dict[str, Fill | None] = {}
+        for k, v in value.items():
+            if v is not None and (not isinstance(v, (bool, int, float, np.bool_, np.integer, np.floating))):
+                msg = (
+                    f"columns={{{k!r}: {v!r}}}: a fill value is a bool, int or float (the value of the column "
+                    "for sources that lack it), e.g. columns={'loss_mask': 0}"
+                )
+                raise ConfigError(msg)
+            fills[str(k)] = None if v is None else v.item() if isinstance(v, np.generic) else v
+    elif isinstance(value, Sequence):
+        names = list(value)
+        fills = {str(n): None for n in names}
+    else:
+        msg = (
+            f"columns={value!r} must be a list of column names or a mapping name -> fill value, "
+            "e.g. columns=['loss_mask'] or columns={'loss_mask': 0}"
+        )
+        raise ConfigError(msg)
+    for n in names:
+        if not isinstance(n, str) or not n:
+            msg = f"columns={value!r}: every name must be a non-empty string, not {n!r}"
+            raise ConfigError(msg)
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        msg = f"columns={value!r} names {dup!r} twice; name each column once"
+        raise ConfigError(msg)
+    if not names:
+        return None
+    return tuple(names), fills
+
+
+def columns_config(value: Any) -> list[list[Any]]:
+    """The checkpoint's ``columns`` field: ``[[name, fill or None], ...]`` sorted by name ([] for none)."""
+    got = parse_columns(value)
+    if got is None:
+        return []
+    names, fills = got
+    return [[n, fills[n]] for n in sorted(names)]
+
+
+def storage_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """The unsigned integer of ``dtype``'s width: what the packer gathers (bool as uint8, float16 as uint16)."""
+    return np.dtype(f"u{dtype.itemsize}")
+
+
+def _aligned_type(t: pa.DataType) -> bool:
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        return False
+    v = t.value_type
+    return bool(pa.types.is_boolean(v) or pa.types.is_integer(v) or pa.types.is_floating(v))
+
+
+def _value_dtype(t: pa.DataType) -> np.dtype[Any]:
+    v = t.value_type
+    return np.dtype(np.bool_) if pa.types.is_boolean(v) else np.dtype(v.to_pandas_dtype())
+
+
+@dataclass(frozen=True, eq=False)
+class Columns:
+    """The aligned columns of a run, resolved against its sources.
+
+    ``names`` in the order given; ``fills`` name -> fill (None: none given); ``dtypes`` the
+    batch's dtype of each; ``plans`` for each source index (by ``id``): name -> the fill to
+    use, or ``_READ``. ``indexes`` keeps the source indexes alive (their ids are the keys).
+    """
+
+    names: tuple[str, ...]
+    fills: dict[str, Fill | None]
+    dtypes: dict[str, np.dtype[Any]]
+    plans: dict[int, dict[str, Any]]
+    indexes: list[RowGroupIndex] = field(repr=False)
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per token of all the columns together (what the budget adds per token)."""
+        return sum(d.itemsize for d in self.dtypes.values())
+
+    def config(self) -> list[list[Any]]:
+        """The checkpoint's ``columns`` field (:func:`columns_config`)."""
+        return [[n, self.fills[n]] for n in sorted(self.names)]
+
+    def describe(self) -> str:
+        """``loss_mask (bool, fill 0), weight (float32)``: what explain and the CLI show."""
+        parts = []
+        for n in self.names:
+            fill = self.fills[n]
+            parts.append(f"{n} ({self.dtypes[n]}" + ("" if fill is None else f", fill {fill!r}") + ")")
+        return ", ".join(parts)
+
+
+def _sources(index: RowGroupIndex) -> list[tuple[str | None, RowGroupIndex]]:
+    if isinstance(index, MixtureIndex):
+        return list(zip(index.names, index.parts, strict=True))
+    return [(None, index)]
+
+
+def _is_text(ix: RowGroupIndex) -> bool:
+    return "tokenizer" in ix.config_fields()
+
+
+def _schema(ix: RowGroupIndex) -> pa.Schema:
+    assert isinstance(ix, Index)
+    md: pq.FileMetaData = ix.metadata(0)
+    return md.schema.to_arrow_schema()
+
+
+def _candidates(schema: pa.Schema, token_column: str) -> list[str]:
+    return [f.name for f in schema if f.name != token_column and _aligned_type(f.type)]
+
+
+def _named(src: str | None, ix: RowGroupIndex) -> str:
+    return f"source {src!r} ({ix.source})" if src is not None else f"{ix.source}"
+
+
+def resolve(index: RowGroupIndex, value: Any) -> Columns | None:
+    """The run's aligned columns (``columns=``) checked against every source of ``index``; None for none."""
+    got = parse_columns(value)
+    if got is None:
+        return None
+    names, fills = got
+    plans: dict[int, dict[str, Any]] = {}
+    found: dict[str, list[np.dtype[Any]]] = {n: [] for n in names}
+    srcs = _sources(index)
+    for src, ix in srcs:
+        plan: dict[str, Any] = {}
+        if _is_text(ix):
+            for n in names:
+                if fills[n] is None:
+                    msg = (
+                        f"{_named(src, ix)} is text, tokenized as it is read: it has no aligned column {n!r}, and "
+                        f"text sources take fills only: give one, e.g. columns={{{n!r}: 0}}"
+                    )
+                    raise ConfigError(msg)
+                plan[n] = fills[n]
+            plans[id(ix)] = plan
+            continue
+        schema = _schema(ix)
+        token_column = getattr(ix, "column", "")
+        cands = _candidates(schema, token_column)
+        for n in names:
+            if n == token_column:
+                msg = f"columns=: {n!r} is the token column; name the per-token columns beside it ({cands or 'none'})"
+                raise ConfigError(msg)
+            if schema.get_field_index(n) < 0:
+                if fills[n] is None:
+                    what = "a mixture" if src is not None else "the dataset"
+                    msg = (
+                        f"{_named(src, ix)} has no column {n!r} (its aligned candidates: {cands or 'none'}); "
+                        f"columns= as a list needs every source of {what} to have every column: give a fill "
+                        f"for the sources that lack it, e.g. columns={{{n!r}: 0}}"
+                    )
+                    raise ConfigError(msg)
+                plan[n] = fills[n]
+                continue
+            t = schema.field(n).type
+            if not _aligned_type(t):
+                msg = (
+                    f"{_named(src, ix)}: column {n!r} is {t}, not a list of bool, integer or float; "
+                    f"aligned columns are list columns of one value per token: candidates {cands or 'none'}"
+                )
+                raise ConfigError(msg)
+            found[n].append(_value_dtype(t))
+            plan[n] = _READ
+        plans[id(ix)] = plan
+    dtypes: dict[str, np.dtype[Any]] = {}
+    for n in names:
+        fill = fills[n]
+        if found[n]:
+            dt = np.result_type(*found[n]) if len(found[n]) > 1 else found[n][0]
+        else:
+            assert fill is not None
+            dt = np.asarray(fill).dtype
+        dtypes[n] = np.dtype(dt)
+        if fill is not None:
+            cast = np.asarray(fill).astype(dt)
+            if cast.item() != fill:
+                msg = f"columns={{{n!r}: {fill!r}}}: the fill does not fit the column's dtype {dt}; use a value of it"
+                raise ConfigError(msg)
+    return Columns(names, dict(fills), dtypes, plans, [ix for _, ix in srcs])
+
+
+def _leaf_range(md: pq.FileMetaData, g: int, column: str, size: int, where: str) -> tuple[int, int]:
+    """The byte range of every leaf column chunk of top-level ``column`` in row group ``g``."""
+    lo, hi = None, None
+    rgm = md.row_group(g)
+    for j in range(md.num_columns):
+        path = md.schema.column(j).path
+        if path != column and not path.startswith(column + "."):
+            continue
+        cc = rgm.column(j)
+        start = cc.data_page_offset
+        if cc.has_dictionary_page and cc.dictionary_page_offset is not None and cc.dictionary_page_offset > 0:
+            start = min(start, cc.dictionary_page_offset)
+        end = start + cc.total_compressed_size
+        lo = start if lo is None else min(lo, start)
+        hi = end if hi is None else max(hi, end)
+    if lo is None or hi is None:
+        schema = md.schema.to_arrow_schema()
+        msg = (
+            f"{where}: no column {column!r} (aligned candidates: {_candidates(schema, '') or 'none'}); every file "
+            f"of a source must have the aligned columns it is read for, or give a fill: columns={{{column!r}: 0}}"
+        )
+        raise ConfigError(msg)
+    if rgm.num_rows > 0 and (lo < 4 or hi > size):
+        msg = f"{where}: the column chunk of {column!r} [{lo}, {hi}) lies outside the file; the footer is damaged"
+        raise DataError(msg)
+    return lo, hi - lo
+
+
+def _read_one(ix: Index, rg: int, name: str, dtype: np.dtype[Any], lens: I64) -> NDArray[Any]:
+    """Row group ``rg``'s ``name`` (one ranged read), its selected rows, checked against the token lengths."""
+    row = ix.frame.row(rg, named=True)
+    fi, g = int(row["file_index"]), int(row["row_group"])
+    st = ix.file(fi)
+    md = ix.metadata(fi)
+    where = ix.location(fi, g)
+    offset, length = _leaf_range(md, g, name, st.size, where)
+    arr = read_decoded(
+        ix.storage(fi), st, md, row_group=g, column=name, offset=offset, length=length, where=where, what=repr(name)
+    )
+    if not _aligned_type(arr.type):
+        msg = f"{where}: column {name!r} is {arr.type}, not a list of bool, integer or float; it cannot be aligned"
+        raise ConfigError(msg)
+    kept = ix.selected_rows(rg)
+    rows: I64 = np.arange(len(arr), dtype=np.int64)
+    if kept is not None and len(kept) != len(arr):
+        arr = arr.take(pa.array(kept, pa.int64()))
+        rows = kept
+    clens = list_lengths(arr)
+    nulls = arr.is_null().to_numpy(zero_copy_only=False) if arr.null_count else np.zeros(len(arr), bool)
+    if len(clens) != len(lens):
+        msg = f"{where}: column {name!r} decoded {len(clens)} rows, the token column {len(lens)}; the file is damaged"
+        raise DataError(msg, file=st.location, row_group=g)
+    bad = np.flatnonzero((clens != lens) | (nulls & (lens > 0)))
+    if len(bad):
+        i = int(bad[0])
+        got = "null" if nulls[i] else f"{int(clens[i])} values"
+        msg = (
+            f"{where}, row {int(rows[i])}: column {name!r} holds {got} but the token list {int(lens[i])} tokens; "
+            "an aligned column must hold exactly one value per token (a null row only where the tokens are null): "
+            "fix the row or drop it"
+        )
+        raise DataError(msg, file=st.location, row_group=g, row=int(rows[i]))
+    values = pc.list_flatten(arr)
+    if values.null_count:
+        flat = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
+        at = int(rows[int(np.searchsorted(np.cumsum(clens), flat, side="right"))])
+        msg = f"{where}, row {at}: a null value inside column {name!r}; aligned values must be non-null"
+        raise DataError(msg, file=st.location, row_group=g, row=at)
+    boolean = pa.types.is_boolean(values.type)
+    out = numpy_view(values.cast(pa.uint8())).view(np.bool_) if boolean else numpy_view(values)
+    return out if out.dtype == dtype else out.astype(dtype)
+
+
+def read_columns(cols: Columns, index: RowGroupIndex, rg: int, tokens: pa.Array) -> dict[str, NDArray[Any]]:
+    """Each aligned column of row group ``rg``, as the values of its documents end to end (token order).
+
+    ``tokens`` is the row group's token chunk as read (its documents are the rows the stream
+    takes); a source that lacks a column gives its fill. In the batch's dtype of each column.
+    """
+    sub, local = index.part(rg) if isinstance(index, MixtureIndex) else (index, rg)
+    plan = cols.plans[id(sub)]
+    lens = list_lengths(tokens)
+    total = int(lens.sum())
+    out: dict[str, NDArray[Any]] = {}
+    for n in cols.names:
+        how, dt = plan[n], cols.dtypes[n]
+        if how is _READ:
+            assert isinstance(sub, Index)
+            out[n] = _read_one(sub, local, n, dt, lens)
+        else:
+            out[n] = np.full(total, how, dt)
+    return out
+
+
+def aligned_chunks(arrays: list[pa.Array], values: list[NDArray[Any]], dtype: np.dtype[Any]) -> list[pa.Array]:
+    """The column's values as list arrays over the same value indexes as the token chunks ``arrays``.
+
+    ``arrays`` are the packer's token chunks (whose documents' values are contiguous from
+    ``offsets[0]``); ``values`` each chunk's column values end to end. The packer only reads
+    ``.values`` at the tokens' indexes, so the lists share the tokens' offsets.
+    """
+    sd = storage_dtype(dtype)
+    typ = pa.from_numpy_dtype(sd)
+    out = []
+    for arr, v in zip(arrays, values, strict=True):
+        n = len(arr.values)
+        if len(arr):
+            off = numpy_view(arr.offsets)
+            lo, hi = int(off[0]), int(off[-1])
+        else:
+            lo = hi = 0
+        raw = v.view(sd) if v.dtype.itemsize == sd.itemsize else v.astype(dtype).view(sd)
+        if lo == 0 and hi == n and len(raw) == n:
+            full = raw
+        else:
+            full = np.zeros(n, sd)
+            full[lo:hi] = raw
+        out.append(
+            pa.LargeListArray.from_arrays(arrow_ints(np.array([0, n], np.int64), pa.int64()), arrow_ints(full, typ))
+        )
+    return out
+
+
+def unit_columns(u: PackedUnit, t: int) -> dict[str, NDArray[Any]]:
+    """Step ``t``'s columns as views of the unit's blocks (``u.t0 <= t < u.t1``), in their dtypes."""
+    return {n: c.block[t - u.t0].view(c.dtype) for n, c in u.columns.items()}
+
+
+def assemble_columns(units: list[PackedUnit], step: int, rows: int, seq_len: int) -> dict[str, NDArray[Any]]:
+    """Step ``step``'s columns from the windows it straddles: the tokens' gather (:func:`packed.assemble`) again.
+
+    The same sub-pieces in the same order, over each unit's column edges; copied into memory
+    the step owns, as the tokens are.
+    """
+    if not units or not units[0].columns:
+        return {}
+    parts, row_p, unit_p = [], [], []
+    for u_i, u in enumerate(units):
+        a, b = u.steps.of(step)
+        if a == b:
+            continue
+        parts.append((u, a, b))
+        row_p.append(u.row[a:b])
+        unit_p.append(np.full(b - a, u_i, np.int64))
+    row = np.concatenate(row_p)
+    unit_of = np.concatenate(unit_p)
+    order = np.lexsort((np.arange(len(row)), unit_of, row))
+    out: dict[str, NDArray[Any]] = {}
+    for n, first in units[0].columns.items():
+        lists = [_lists(u.columns[n].edges, u.start[a:b], u.start[a:b] + u.length[a:b]) for u, a, b in parts]
+        values = _gather(lists, order)
+        sd = storage_dtype(first.dtype)
+        buf = np.empty((rows, seq_len), sd)
+        buf.reshape(-1)[:] = numpy_view(values).view(sd)
+        out[n] = buf.view(first.dtype)
+    return out
+
+
+__all__ += ["ColumnBlock", "aligned_chunks", "unit_columns"]
