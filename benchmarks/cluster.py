@@ -101,6 +101,9 @@ class NoStorage:
     def duckdb_filesystem(self) -> Any:
         return None
 
+    def checkpoint_revision(self) -> tuple[str, str] | None:
+        return None  # a synthetic index has no revisions (planner.stores.storage.revisions asks every storage)
+
 
 def synthetic_index(row_groups: int, files: int, seed: int = 0, name: str = "") -> Index:
     """An index of ``row_groups`` row groups (about 10^6 tokens, 1,000 documents each) in ``files`` files."""

@@ -91,6 +91,22 @@ def _selector(given: Selector | None) -> Selector:
     return refuse
 
 
+NO_DEDUPER = (
+    "dedupe= and exclude= need the deduplication pass, which reads data (planner reads metadata only): "
+    "import plitzer first (plitzer.plan is this function, with plitzer's pass found), or use plitzer.Loader"
+)
+
+
+def _runtime_deduper() -> Callable[..., RowGroupIndex]:
+    """The runtime's deduplication pass (``plitzer.selection.dedupe.dedupe_index``) where plitzer is loaded."""
+    runtime = sys.modules.get("plitzer.selection.dedupe")
+    found = getattr(runtime, "dedupe_index", None)
+    if not callable(found):
+        raise ConfigError(NO_DEDUPER)
+    out: Callable[..., RowGroupIndex] = found
+    return out
+
+
 SourceKind = Literal["dict", "mixture index", "index", "paths"]
 """What a source is: a dict of named sources, a mixture's index, another index, or a path source."""
 
@@ -257,6 +273,8 @@ def plan(
     seq_len: Any = None,
     where: str | None = None,
     length_column: str | None = None,
+    dedupe: str | None = None,
+    exclude: str | os.PathLike[str] | None = None,
     columns: Any = None,
     selector: Selector | None = None,
 ) -> Plan:
@@ -269,7 +287,8 @@ def plan(
     ``where`` (a DuckDB predicate over the dataset's columns, SPEC section 10) plans
     the rows it keeps; the selection pass that counts them reads data, so it is the
     runtime's: pass ``selector=plitzer.selector``; in a process that has imported plitzer
-    (``plitzer.plan`` is this function) its pass is found without.
+    (``plitzer.plan`` is this function) its pass is found without. ``dedupe`` and
+    ``exclude`` (SPEC section 14) are the runtime's pass too, found where plitzer is imported.
 
     Parameters
     ----------
@@ -308,6 +327,9 @@ def plan(
         length_column=length_column,
         select=selector,
     )
+    if dedupe is not None or exclude is not None:  # SPEC section 14: the runtime's pass, as where='s
+        order = [str(n) for n in source] if isinstance(source, Mapping) else None
+        ix = _runtime_deduper()(ix, dedupe=dedupe, exclude=exclude, storage_options=storage_options, order=order)
     p = make_plan(ix, settings, weights=weights, seq_len=seq_len, layout=layout)
     p.columns = columns_of(columns)
     return p

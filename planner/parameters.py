@@ -212,6 +212,26 @@ PARAMETERS: tuple[Parameter, ...] = (
         "does not decode the tokens)",
     ),
     Parameter(
+        "dedupe",
+        None,
+        "str, optional",
+        'Deduplication (docs/usage.md, "Deduplication and exclusion"): ``"tokens"`` keeps a document '
+        "only if no earlier one (in source order: a mixture's sources as given, files, row groups, "
+        "rows) has the same token list; a column name, the same non-null value. A selection: every "
+        "row group keeps its place (SPEC section 14).",
+        "keep each document only if no earlier one has the same key: 'tokens' (equal token lists) "
+        "or a column, e.g. url",
+    ),
+    Parameter(
+        "exclude",
+        None,
+        "str or PathLike, optional",
+        "An exclusion table (Parquet or CSV, local or on any store) whose columns are dataset columns: "
+        "a row whose values equal some row of it is dropped (a decontamination list of urls or ids; "
+        "SPEC section 14).",
+        "drop the rows this Parquet or CSV table lists (its columns are dataset columns, e.g. url)",
+    ),
+    Parameter(
         "index",
         None,
         "str or PathLike, optional",
@@ -256,6 +276,8 @@ PLAN_PARAMETERS: tuple[str, ...] = (
     "seq_len",
     "where",
     "length_column",
+    "dedupe",
+    "exclude",
     "columns",
 )
 """The settings :func:`planner.plan` takes: those that decide the plan tables."""

@@ -195,6 +195,8 @@ def _add_source(p: argparse.ArgumentParser) -> None:
     _add_setting(p, "where")
     _add_setting(p, "length_column")
     _add_setting(p, "columns", type=_columns_arg)
+    _add_setting(p, "dedupe")
+    _add_setting(p, "exclude")
 
 
 def _columns_arg(text: str) -> list[str] | dict[str, Any]:
@@ -220,7 +222,17 @@ def _columns_arg(text: str) -> list[str] | dict[str, Any]:
 
 
 def _selection(args: argparse.Namespace) -> dict[str, Any]:
-    return {"where": getattr(args, "where", None), "length_column": getattr(args, "length_column", None)}
+    out = {"where": getattr(args, "where", None), "length_column": getattr(args, "length_column", None)}
+    if getattr(args, "mixture", None):  # the mixture file's own (the command line's win)
+        from plitzer.tools.mixfile import mixture_settings
+
+        for k, v in mixture_settings(args.mixture).items():
+            if getattr(args, k, None) is None:
+                setattr(args, k, v)
+    for k in ("dedupe", "exclude"):  # given only when set: planner.plan (metadata only) has neither
+        if getattr(args, k, None) is not None:
+            out[k] = getattr(args, k)
+    return out
 
 
 def _stages_arg(text: str) -> int | list[tuple[int, int]]:
@@ -379,9 +391,28 @@ def cmd_index(args: argparse.Namespace) -> int:
                 address=args.address,
             )
         ix = select_index(ix, args.where, length_column=args.length_column, progress=terminal_progress())
-    elif args.engine == "ray" or args.length_column is not None:
-        msg = "--engine ray and --length-column run the selection pass: give --where"
+    elif (args.engine == "ray" and args.dedupe is None and args.exclude is None) or args.length_column is not None:
+        msg = "--engine ray and --length-column run the selection pass: give --where (or --dedupe, --exclude)"
         raise ConfigError(msg)
+    if args.dedupe is not None or args.exclude is not None:
+        from plitzer.selection.dedupe import dedupe_index, dedupe_on_ray
+
+        if args.engine == "ray" and args.where is None:
+            dedupe_on_ray(
+                ix,
+                dedupe=args.dedupe,
+                exclude=args.exclude,
+                source=source,
+                storage_options=_storage_options(args),
+                address=args.address,
+            )
+        ix = dedupe_index(  # type: ignore[assignment]  # a DedupedIndex: an Index
+            ix,
+            dedupe=args.dedupe,
+            exclude=args.exclude,
+            storage_options=_storage_options(args),
+            progress=terminal_progress(),
+        )
     f = ix.frame
     columns: dict[str, list[Any]] = {
         "files": [len(ix.files)],
@@ -394,6 +425,9 @@ def cmd_index(args: argparse.Namespace) -> int:
         columns["documents_selected"] = [int(f["rows_selected"].sum())]
         columns["tokens_selected"] = [int(f["tokens_selected"].sum())]
         columns["row_groups_emptied"] = [int((f["rows_selected"] == 0).sum())]
+    if "rows_duplicate" in f.columns:
+        columns["documents_duplicate"] = [int(f["rows_duplicate"].sum())]
+        columns["documents_excluded"] = [int(f["rows_excluded"].sum())]
     columns.update({"column": [ix.column], "dtype": [ix.dtype], "fingerprint": [ix.fingerprint[:16]]})
     _print_frame(pl.DataFrame(columns), args.format, None, title="index")
     from planner.stores.hf import HFStorage
@@ -424,6 +458,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     import planner
 
     source, weights = _source_of(args)
+    selection = _selection(args)
     p = planner.plan(
         source,
         seed=args.seed,
@@ -435,7 +470,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         weights=weights,
         seq_len=getattr(args, "seq_len", None),
         columns=_columns_of(args),
-        **_selection(args),
+        **selection,
     )
     if args.sql:
         _print_frame(p.sql(args.sql, epochs=[args.epoch], external_access=args.external_access), args.format, args.out)
@@ -532,6 +567,7 @@ def cmd_locate(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {"rank": args.rank} if args.rank is not None else {}
     if args.length_column:
         extra["length_column"] = args.length_column
+    extra.update({k: v for k, v in _selection(args).items() if k in ("dedupe", "exclude")})
     docs = locate(
         source,
         args.where,
@@ -551,6 +587,19 @@ def cmd_locate(args: argparse.Namespace) -> int:
         columns=_columns_of(args),
         **extra,
     )
+    if args.format == "table" and not args.out and "dropped" in docs.columns:
+        gone = docs.filter(pl.col("dropped").is_not_null())
+        docs = docs.filter(pl.col("dropped").is_null()).drop(
+            [c for c in docs.columns if c == "dropped" or c.startswith("kept_")]
+        )
+        for r in gone.iter_rows(named=True):  # under --dedupe or --exclude: no piece, and why
+            src = f"{r['source']}: " if r.get("source") else ""
+            why = "dropped as excluded (--exclude)"
+            if r["dropped"] == "duplicate":
+                ksrc = f"{r['kept_source']}: " if r.get("kept_source") else ""
+                kept = f"{ksrc}{r['kept_file']} row group {r['kept_row_group']} row {r['kept_row']}"
+                why = f"dropped as a duplicate (--dedupe) of {kept}, which was kept"
+            print(f"{src}{r['file']} row group {r['row_group']} row {r['row']}: {why}")
     if args.format == "table" and not args.out:
         keys = [c for c in ("source", "file", "row_group", "row") if c in docs.columns]
         n = docs.select(keys).n_unique() if docs.height else 0
@@ -755,7 +804,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine",
         choices=["local", "ray"],
         default="local",
-        help="with --where: run the selection pass on this machine's cores, or as Ray tasks",
+        help="with --where, --dedupe or --exclude: run the pass on this machine's cores, or as Ray tasks",
     )
     p.add_argument("--address", default=None, help="with --engine ray: the cluster (default: start a local one)")
     p.add_argument(
@@ -834,6 +883,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", default=None, help="epochs to search, 'a:b' (b excluded) or one (default: 0)")
     p.add_argument("--steps", default=None, help="only these steps: N (the first N) or 'a:b'")
     p.add_argument("--selection", default=None, help="the run's own where= (rows it trains on)")
+    _add_setting(p, "dedupe")
+    _add_setting(p, "exclude")
     _add_setting(p, "length_column", help="an integer column of each row's token count")
     _add_setting(p, "columns", type=_columns_arg)
     _add_settings(p, seq_len=True)

@@ -149,6 +149,7 @@ RULES: dict[str, Rule] = {
     ),
     'plitzer index DATA --where "..."': scaled("plitzer index data/sample --where 'int_score >= 3' --no-lengths"),
     "plitzer index DATA --where ... --engine ray": synopsis("plitzer index"),
+    "plitzer index DATA --dedupe tokens": scaled("plitzer index data/sample --dedupe tokens --no-lengths"),
     "plitzer plan": synopsis("plitzer plan"),
     "plitzer plan DATA --lanes --window --world [--epoch] [--table] [--sql] [--format] [--out]": synopsis(
         "plitzer plan"
@@ -195,6 +196,9 @@ RULES: dict[str, Rule] = {
         "python tests/fuzz_parquet.py data/sample/part-00000.parquet {scratch}/fuzz 20 2"
     ),
     "python benchmarks/selection.py --tokens 60000000": scaled("python benchmarks/selection.py --tokens 300000"),
+    "python benchmarks/dedupe_pass.py": scaled(
+        "python benchmarks/dedupe_pass.py --docs 20000 --sim 100000 --rows 1000"
+    ),
     "python benchmarks/drift.py": scaled("python benchmarks/drift.py --max-windows 200 --new-rule-windows 200"),
     "python benchmarks/memory.py": scaled(
         f"python benchmarks/memory.py --tokens 2000000 --limit 0.5 --budgets floor,512 --lanes 8 --window 4 "

@@ -44,10 +44,12 @@ class MixtureIndex:
     global row group to its source's index and row.
     """
 
-    def __init__(self, specs: Sequence[SourceSpec], parts: Sequence[Index]) -> None:
+    def __init__(self, specs: Sequence[SourceSpec], parts: Sequence[Index], given: Sequence[str] | None = None) -> None:
         self.specs = list(specs)
         self.parts = list(parts)
         self.names = [s.name for s in specs]
+        self.given = [n for n in (given or ()) if n in self.names] or list(self.names)
+        """The sources in the order the user gave them (the dict's): deduplication's source order."""
         dtypes = {ix.dtype for ix in parts}
         if len(dtypes) > 1:
             each = ", ".join(f"{n}: {ix.dtype}" for n, ix in zip(self.names, parts, strict=True))
@@ -123,6 +125,9 @@ class MixtureIndex:
             out["where"] = where
         if lengths:
             out["length_column"] = lengths
+        for k in ("dedupe", "exclude"):  # the whole mixture's (plitzer.selection.dedupe)
+            if each and each[0][1].get(k):
+                out[k] = each[0][1][k]
         return out
 
     def source_of(self, row_group: int) -> str:
@@ -214,4 +219,4 @@ def mixture_index(
                 raise ConfigError(msg)
             ix = select(ix, s)
         parts.append(ix)
-    return MixtureIndex(specs, parts)
+    return MixtureIndex(specs, parts, given=[str(n) for n in sources])

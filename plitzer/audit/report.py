@@ -119,7 +119,7 @@ _SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "Lane balance and lockstep": (("lane_balance_summary", "lockstep_summary"), ("lane_balance", "lockstep")),
     "Reads": (("reads_per_rank", "read_amplification"), ("reads_per_rank", "read_amplification")),
     "Selection": (("selection", "selection_per_source"), ()),
-    "Duplicate documents": (("duplicates",), ()),
+    "Duplicate documents": (("duplicates", "deduplication"), ()),
     "Epochs": (("epochs_covered", "epoch_starts"), ()),
     "Layout stages": (("layout",), ("layout",)),
 }
@@ -274,15 +274,35 @@ def _selection_section(ix: RowGroupIndex, out: _Sections) -> None:
 
 
 def _duplicates_section(ix: RowGroupIndex, out: _Sections) -> None:
+    from plitzer.selection.dedupe import base_of, dedupe_table
+
     tables, _, notes = out
-    dup = duplicates(ix)
+    base = base_of(ix)  # under dedupe=/exclude=: the documents before it, so the note says what it dropped
+    dup = duplicates(base)
     tables["duplicates"] = dup
     groups = int(dup["group"].n_unique()) if dup.height else 0
     kept = int(dup.group_by("group").agg(pl.col("length").first())["length"].sum()) if dup.height else 0
-    notes["Duplicate documents"] = (
+    extra = int(dup["length"].sum()) - kept
+    note = (
         f"{dup.height:,} documents in {groups:,} groups of identical documents: "
-        f"{dup.height - groups:,} redundant copies, {int(dup['length'].sum()) - kept:,} redundant tokens."
+        f"{dup.height - groups:,} redundant copies, {extra:,} redundant tokens. "
     )
+    if base is ix:
+        note += (
+            f"dedupe='tokens' would drop those {dup.height - groups:,} later copies ({extra:,} tokens), each "
+            "group keeping its first document in source order."
+        )
+    else:
+        table = dedupe_table(ix)
+        tables["deduplication"] = table
+        cfg = ix.config_fields()
+        how = ", ".join(f"{k}={cfg[k]!r}" for k in ("dedupe", "exclude") if cfg.get(k))
+        note += (
+            f"Under {how} the run dropped {int(table['rows_duplicate'].sum()):,} duplicates and "
+            f"{int(table['rows_excluded'].sum()):,} excluded documents "
+            f"({int(table['tokens'].sum()) - int(table['tokens_kept'].sum()):,} tokens): table deduplication."
+        )
+    notes["Duplicate documents"] = note
 
 
 _AUDIT_OWN = ("steps", "windows", "progress")  # its own keywords, besides the run's parameters

@@ -80,6 +80,8 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "length_column",
     "revisions",
     "layout",
+    "dedupe",
+    "exclude",
     "columns",
 )
 # Fields of text sources (plitzer.text.source: the tokenizer's identity and the BOS/EOS
@@ -104,6 +106,8 @@ _OPTIONAL: dict[str, Any] = {
     "length_column": "",
     "revisions": [],
     "layout": [],
+    "dedupe": "",
+    "exclude": "",
     "columns": [],
 }
 # Aligned columns (plitzer.readpath.aligned) add ``columns`` ([name, fill or null] each, sorted by
@@ -242,6 +246,10 @@ def decode(data: bytes | bytearray | memoryview) -> State:
             raise _fail(why)
     _check_mixture(config)
     _check_layout(config)
+    for k in ("dedupe", "exclude"):
+        if not isinstance(config[k], str):
+            why = f"{k} is {config[k]!r}, expected a string"
+            raise _fail(why)
     for k in ("where", "length_column"):
         v = config[k]
         pairs = isinstance(v, list) and all(

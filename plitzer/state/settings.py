@@ -36,6 +36,7 @@ from planner.order.layout import Layout
 from planner.order.plan import Plan, PlanSettings, check_int
 from planner.parameters import PARAMETERS, POSITIONAL, unknown_keyword
 from planner.stores.storage import revisions
+from plitzer.selection.dedupe import dedupe_index  # loaded with plitzer: planner.plan(dedupe=...) finds it
 
 __all__ = [
     "Keywords",
@@ -75,6 +76,8 @@ class KeywordsLessWhere(TypedDict, total=False):
     add_eos: bool
     add_bos: bool
     length_column: str | None
+    dedupe: str | None
+    exclude: str | os.PathLike[str] | None
     index: str | None
     columns: Sequence[str] | Mapping[str, Any] | None
 
@@ -150,6 +153,8 @@ class LoaderSettings:
     add_bos: bool = False
     where: str | None = None
     length_column: str | None = None
+    dedupe: str | None = None
+    exclude: str | None = None
     layout: Layout | None = None  # layout stages (planner.order.layout); None: one stage of plan.lanes and seq_len
     index: str | None = None
     """A job index (``plitzer index DATA --out PATH``) to read instead of the footers."""
@@ -203,6 +208,8 @@ class LoaderSettings:
             add_bos=kw["add_bos"],
             where=kw["where"],
             length_column=kw["length_column"],
+            dedupe=kw["dedupe"],
+            exclude=None if kw["exclude"] is None else os.fspath(kw["exclude"]),
             layout=layout,
             index=None if index is None else os.fspath(index),
             columns=_columns(kw["columns"]),
@@ -263,7 +270,7 @@ def open_source(source: Source, settings: LoaderSettings, opened: Mapping[str, I
             ix, spec.where, length_column=spec.length_column, rank=s.rank, world=s.world, threads=s.threads
         )
 
-    return open_index(
+    ix = open_index(
         source,
         column=s.column,
         storage_options=s.storage_options,
@@ -274,6 +281,18 @@ def open_source(source: Source, settings: LoaderSettings, opened: Mapping[str, I
         select=select,
         text_source=_text_source,
         opened=opened,
+    )
+    if s.dedupe is None and s.exclude is None:
+        return ix
+    return dedupe_index(
+        ix,
+        dedupe=s.dedupe,
+        exclude=s.exclude,
+        storage_options=s.storage_options,
+        order=list(source) if isinstance(source, Mapping) else None,
+        rank=s.rank,
+        world=s.world,
+        threads=s.threads,
     )
 
 

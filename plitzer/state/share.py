@@ -43,6 +43,7 @@ __all__ = [
     "attempt",
     "job_group",
     "join_parts",
+    "share_dedupe",
     "share_index",
     "share_one",
     "share_selection",
@@ -265,9 +266,12 @@ def share_index(source: Source, cfg: LoaderSettings, group: Collective) -> Sourc
             ix = opened[spec.name] = share_one(spec.path, spec.column, spec.storage_options, threads, group)
             if spec.where is not None:
                 _select(ix, spec.where, spec.length_column, cfg.threads, group)
+        from dataclasses import replace
+
         from plitzer.state.settings import open_source
 
-        return open_source(source, cfg, opened)
+        # Deduplication is shared next (share_dedupe), over one exchange: not here.
+        return open_source(source, replace(cfg, dedupe=None, exclude=None), opened)
     if not isinstance(source, (str, os.PathLike, list, tuple)):
         return source
     if cfg.tokenizer is not None:
@@ -313,7 +317,40 @@ def share_source(source: Source, cfg: LoaderSettings, group: Collective) -> Sour
     """What a loader in ``group`` opens: :func:`share_index`, then :func:`share_selection` (both collective)."""
     out = share_index(source, cfg, group)
     share_selection(out, cfg, group)
+    share_dedupe(out, cfg, group)
     return out
+
+
+def share_dedupe(source: Source, cfg: LoaderSettings, group: Collective) -> None:
+    """Run this rank's share of the deduplication pass and gather the others' keys (SPEC section 14).
+
+    Collective, as :func:`share_selection`: each rank keys ``1/world`` of the row groups,
+    one all-gather shares the keys, and every rank resolves the first occurrences (the
+    same on each) into its cache, where the loader built next finds the whole pass.
+    """
+    from dataclasses import replace
+
+    if cfg.dedupe is None and cfg.exclude is None:
+        return
+    from plitzer.selection.dedupe import Hashed, dedupe_index
+    from plitzer.state.settings import open_source
+
+    base = open_source(source, replace(cfg, dedupe=None, exclude=None))
+
+    def exchange(part: dict[int, Hashed]) -> list[dict[int, Hashed]]:
+        return [p for p in all_or_raise(part, group) if p is not None]
+
+    dedupe_index(
+        base,
+        dedupe=cfg.dedupe,
+        exclude=cfg.exclude,
+        storage_options=cfg.storage_options,
+        order=list(source) if isinstance(source, Mapping) else None,
+        rank=group.rank,
+        world=group.world,
+        threads=cfg.threads,
+        exchange=exchange,
+    )
 
 
 def join_parts(info: list[tuple[int, ...]], datas: list[bytes], world: int, processes: int) -> bytes:

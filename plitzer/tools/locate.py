@@ -53,6 +53,7 @@ from planner.order.plan import Permutation, Plan, check_int, row_group_counts
 from planner.parameters import document
 from plitzer.loader import open_plan
 from plitzer.readpath.read import list_lengths, read_chunk
+from plitzer.selection.dedupe import base_of, split_targets
 from plitzer.selection.evaluate import SelectionPass
 from plitzer.selection.select import source_rows
 from plitzer.state.settings import KeywordsLessWhere, LoaderSettings
@@ -278,7 +279,11 @@ def locate(
         sequence), length, source (mixtures only), file, row_group, row (in the row
         group), token_offset (in the document), epoch, window_index: the rows
         ``batch.documents()`` of those steps give for those documents (with ``step`` and
-        ``rank``; ``batch_row`` is ``lane`` less the rank's first lane).
+        ``rank``; ``batch_row`` is ``lane`` less the rank's first lane). Under ``dedupe=`` or
+        ``exclude=`` (SPEC section 14) a document they dropped has one row with no piece
+        (``step`` null) whose ``dropped`` is ``"duplicate"`` or ``"excluded"``, and for a
+        duplicate the document kept in its place (``kept_source``, ``kept_file``,
+        ``kept_row_group``, ``kept_row``); ``dropped`` is null on the pieces.
 
     Nothing is replayed and no token value is read: footers, the predicate's columns,
     and the token lengths of the row groups that share a lane with the documents.
@@ -300,10 +305,20 @@ def locate(
     span = _steps(steps)
     eps = parse_epochs(epochs)
     plan = open_plan(source, s)
-    rgs, docs = target_documents(plan.dataset, where, rows, threads=s.threads, progress=progress)
+    base = base_of(plan.dataset)  # under dedupe= or exclude=: the documents as they were before it
+    rgs, docs = target_documents(base, where, rows, threads=s.threads, progress=progress)
+    dropped = None
+    if base is not plan.dataset:
+        rgs, docs, dropped = split_targets(plan.dataset, rgs, docs)
     lengths = RowLengths(plan.dataset, length_column=length_column, threads=s.threads)
     rank = s.rank if rank_given else None
-    return locate_in_plan(plan, rgs, docs, lengths, s.seq_len, epochs=eps, steps=span, rank=rank, layout=s.stages)
+    out = locate_in_plan(plan, rgs, docs, lengths, s.seq_len, epochs=eps, steps=span, rank=rank, layout=s.stages)
+    if dropped is None:
+        return out
+    # A document dedupe= or exclude= dropped has no piece: one row says so (and which document was kept).
+    if "source" not in out.columns:
+        dropped = dropped.drop("source", "kept_source")
+    return pl.concat([out, dropped], how="diagonal_relaxed")
 
 
 def _plan_lengths(ix: RowGroupIndex) -> Lengths:

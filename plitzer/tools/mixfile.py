@@ -13,6 +13,10 @@ One ``[sources.NAME]`` table per source, with ``path`` and optionally ``column``
     column = "input_ids"
     weight = 1
 
+Top-level ``dedupe = "tokens"`` (or a column) and ``exclude = "decontam.parquet"`` apply to
+the whole mixture (SPEC section 14: a document also in an earlier source, in the file's
+order of sources, is dropped from the later one); :func:`mixture_settings` reads them.
+
 :func:`read_mixture` returns what ``plitzer.Loader(sources, weights=...)`` takes.
 """
 
@@ -22,7 +26,34 @@ from typing import Any
 
 from planner.errors import ConfigError
 
-__all__ = ["read_mixture"]
+__all__ = ["MIXTURE_SETTINGS", "mixture_settings", "read_mixture"]
+
+MIXTURE_SETTINGS = ("dedupe", "exclude")
+"""Top-level keys of a mixture file that are settings of the whole mixture."""
+
+
+def _load(path: str) -> dict[str, Any]:
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        msg = f"mixture file {path}: {e}; see `plitzer plan --help` for its format"
+        raise ConfigError(" ".join(msg.split())) from e
+
+
+def mixture_settings(path: str) -> dict[str, Any]:
+    """The whole mixture's settings a mixture file gives (``dedupe``, ``exclude``): strings, checked."""
+    doc = _load(path)
+    out = {}
+    for k in MIXTURE_SETTINGS:
+        if k in doc:
+            if not isinstance(doc[k], str) or not doc[k]:
+                msg = f"mixture file {path}: {k} = {doc[k]!r} must be a string (dedupe: 'tokens' or a column)"
+                raise ConfigError(msg)
+            out[k] = doc[k]
+    return out
 
 
 def read_mixture(path: str) -> tuple[dict[str, Any], Any]:
@@ -41,15 +72,8 @@ def read_mixture(path: str) -> tuple[dict[str, Any], Any]:
         column = "input_ids"
         weight = 1
     """
-    import tomllib
-
-    try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        msg = f"mixture file {path}: {e}; see `plitzer plan --help` for its format"
-        raise ConfigError(" ".join(msg.split())) from e
-    unknown = set(doc) - {"sources", "stages", "columns"}
+    doc = _load(path)
+    unknown = set(doc) - {"sources", "stages", "columns", *MIXTURE_SETTINGS}
     sources = doc.get("sources")
     if unknown or not isinstance(sources, dict) or not sources:
         msg = f"mixture file {path}: needs [sources.NAME] tables (and optionally [[stages]]), found {sorted(doc)}"
