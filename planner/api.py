@@ -20,7 +20,6 @@ of them imports it.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, cast
 
@@ -35,6 +34,7 @@ from planner.parameters import PLAN_PARAMETERS, check_keywords, document
 
 __all__ = [
     "PathSource",
+    "Deduper",
     "Selector",
     "Source",
     "check_layout",
@@ -60,28 +60,14 @@ and the caller passes it (``selector=``): planner itself reads metadata only.
 
 NO_SELECTOR = (
     "where= needs a selection pass, which reads data (planner reads metadata only): pass "
-    "selector=plitzer.selector, or call plitzer.plan (this function, where importing plitzer "
-    "gives it plitzer's pass)"
+    "selector=plitzer.selector, or call plitzer.plan (this function, with plitzer's passes)"
 )
 
 
-def _runtime_selector() -> Selector | None:
-    """The runtime's selection pass where it is loaded already (code written for planner 0.3), else None.
-
-    Nothing registers it and nothing is imported: ``planner.plan(where=...)`` in a process
-    that has imported plitzer finds ``plitzer.selection.select.select_spec``; in one that has not it is
-    a ConfigError that says what to pass (:data:`NO_SELECTOR`).
-    """
-    runtime = sys.modules.get("plitzer.selection.select")
-    found = getattr(runtime, "select_spec", None)
-    return found if callable(found) else None
-
-
 def _selector(given: Selector | None) -> Selector:
-    """``given``, else the loaded runtime's pass, else one that refuses with :data:`NO_SELECTOR`."""
-    found = given or _runtime_selector()
-    if found is not None:
-        return found
+    """``given``, else one that refuses with :data:`NO_SELECTOR`: nothing is looked up or registered."""
+    if given is not None:
+        return given
 
     def refuse(ix: Index, spec: SourceSpec) -> Index:
         name = f"source {spec.name!r}: " if spec.name else ""
@@ -91,20 +77,15 @@ def _selector(given: Selector | None) -> Selector:
     return refuse
 
 
+Deduper = Callable[..., RowGroupIndex]
+"""The deduplication and exclusion pass (``dedupe=``, ``exclude=``; SPEC section 14): an index in, the index of
+the rows it keeps out (``plitzer.deduper``, :func:`plitzer.selection.dedupe.dedupe_index`). It reads data, so
+it is the runtime's, and the caller passes it (``deduper=``)."""
+
 NO_DEDUPER = (
     "dedupe= and exclude= need the deduplication pass, which reads data (planner reads metadata only): "
-    "import plitzer first (plitzer.plan is this function, with plitzer's pass found), or use plitzer.Loader"
+    "pass deduper=plitzer.deduper, or call plitzer.plan (this function, with plitzer's passes), or use plitzer.Loader"
 )
-
-
-def _runtime_deduper() -> Callable[..., RowGroupIndex]:
-    """The runtime's deduplication pass (``plitzer.selection.dedupe.dedupe_index``) where plitzer is loaded."""
-    runtime = sys.modules.get("plitzer.selection.dedupe")
-    found = getattr(runtime, "dedupe_index", None)
-    if not callable(found):
-        raise ConfigError(NO_DEDUPER)
-    out: Callable[..., RowGroupIndex] = found
-    return out
 
 
 SourceKind = Literal["dict", "mixture index", "index", "paths"]
@@ -277,6 +258,7 @@ def plan(
     exclude: str | os.PathLike[str] | None = None,
     columns: Any = None,
     selector: Selector | None = None,
+    deduper: Deduper | None = None,
 ) -> Plan:
     """The plan of ``source`` (a path, URL, list, an :class:`~planner.Index`, or a dict of named sources).
 
@@ -286,9 +268,9 @@ def plan(
 
     ``where`` (a DuckDB predicate over the dataset's columns, SPEC section 10) plans
     the rows it keeps; the selection pass that counts them reads data, so it is the
-    runtime's: pass ``selector=plitzer.selector``; in a process that has imported plitzer
-    (``plitzer.plan`` is this function) its pass is found without. ``dedupe`` and
-    ``exclude`` (SPEC section 14) are the runtime's pass too, found where plitzer is imported.
+    runtime's: pass ``selector=plitzer.selector``. ``dedupe`` and ``exclude`` (SPEC
+    section 14) are the runtime's pass too: ``deduper=plitzer.deduper``. ``plitzer.plan``
+    is this function with both passed.
 
     Parameters
     ----------
@@ -298,6 +280,9 @@ def plan(
     selector : callable, optional
         The selection pass for ``where`` (``plitzer.selector``): an index and a
         :class:`~planner.mixing.sources.SourceSpec` in, the selected index out.
+    deduper : callable, optional
+        The pass for ``dedupe`` and ``exclude`` (``plitzer.deduper``): an index in, the
+        index of the rows kept out.
 
     Examples
     --------
@@ -328,8 +313,10 @@ def plan(
         select=selector,
     )
     if dedupe is not None or exclude is not None:  # SPEC section 14: the runtime's pass, as where='s
+        if deduper is None:
+            raise ConfigError(NO_DEDUPER)
         order = [str(n) for n in source] if isinstance(source, Mapping) else None
-        ix = _runtime_deduper()(ix, dedupe=dedupe, exclude=exclude, storage_options=storage_options, order=order)
+        ix = deduper(ix, dedupe=dedupe, exclude=exclude, storage_options=storage_options, order=order)
     p = make_plan(ix, settings, weights=weights, seq_len=seq_len, layout=layout)
     p.columns = columns_of(columns)
     return p

@@ -229,7 +229,7 @@ def _selection(args: argparse.Namespace) -> dict[str, Any]:
         for k, v in mixture_settings(args.mixture).items():
             if getattr(args, k, None) is None:
                 setattr(args, k, v)
-    for k in ("dedupe", "exclude"):  # given only when set: planner.plan (metadata only) has neither
+    for k in ("dedupe", "exclude"):  # given only when set
         if getattr(args, k, None) is not None:
             out[k] = getattr(args, k)
     return out
@@ -455,11 +455,11 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    import planner
+    from plitzer.tools.planning import plan
 
     source, weights = _source_of(args)
     selection = _selection(args)
-    p = planner.plan(
+    p = plan(
         source,
         seed=args.seed,
         lanes=args.lanes,

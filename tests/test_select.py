@@ -277,7 +277,7 @@ def test_bad_length_columns_are_config_errors(data: Path) -> None:
 
 def test_tables_carry_the_selected_counts(data: Path) -> None:
     where = f"(id // {DOCS}) % 3 != 0 and int_score >= 2"
-    p = planner.plan(data, where=where, seed=3, lanes=4, window=3, world=2)
+    p = plitzer.plan(data, where=where, seed=3, lanes=4, window=3, world=2)
     ix = p.index
     assert {"rows_selected", "tokens_selected"} <= set(ix.columns)
     assert p.tokens == int(ix["tokens_selected"].sum()) < int(ix["tokens"].sum())
@@ -328,7 +328,7 @@ def test_explain_and_audit_take_where(data: Path) -> None:
     r = audit(data, where=where, steps=20, **CFG)  # type: ignore[arg-type]
     per_file = r.tables["selection"]
     assert {"file", "tokens", "tokens_selected", "kept_share"} <= set(per_file.columns)
-    assert int(per_file["tokens_selected"].sum()) == planner.plan(data, where=where).tokens
+    assert int(per_file["tokens_selected"].sum()) == plitzer.plan(data, where=where).tokens
     assert "Selection" in r.notes
 
 
@@ -370,7 +370,7 @@ def test_cli_index_and_plan_take_where(data: Path, capsys: pytest.CaptureFixture
         == 0
     )
     kept = int(capsys.readouterr().out.splitlines()[1])
-    assert kept == planner.plan(data, where=where, lanes=4, window=3).tokens
+    assert kept == plitzer.plan(data, where=where, lanes=4, window=3).tokens
 
 
 @pytest.mark.slow
@@ -400,7 +400,7 @@ def test_the_pass_runs_on_ray_ahead_of_the_job(data: Path, monkeypatch: pytest.M
 
 def test_scan_yields_the_selected_rows_a_rank_reads(data: Path) -> None:
     where = "language = 'en' and int_score >= 2"
-    p = planner.plan(data, where=where, seed=3, lanes=4, window=3, world=2)
+    p = plitzer.plan(data, where=where, seed=3, lanes=4, window=3, world=2)
     for rank in range(2):
         df = p.scan(0, rank=rank).collect()
         reads = p.reads(0).filter(pl.col("rank") == rank).join(p.index, on=["file", "row_group"])

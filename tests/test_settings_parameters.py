@@ -236,6 +236,18 @@ def test_planner_plan_takes_the_selector_explicitly(data: str) -> None:
     assert calls == ["score >= 3"]
 
 
+def test_nothing_is_looked_up_planner_plan_refuses_even_with_plitzer_loaded(data: str) -> None:
+    """No registry and no ``sys.modules`` look-up: planner.plan uses the passes it is given, or refuses."""
+    assert "plitzer.selection.select" in sys.modules and "plitzer.selection.dedupe" in sys.modules
+    with pytest.raises(ConfigError) as e:
+        planner.plan(data, where="score >= 3", lanes=4, window=2)
+    assert str(e.value) == NO_SELECTOR
+    with pytest.raises(ConfigError, match=r"deduper=plitzer\.deduper"):
+        planner.plan(data, dedupe="tokens", lanes=4, window=2)
+    assert plitzer.plan(data, dedupe="tokens", lanes=4, window=2).tokens > 0
+    assert plitzer.deduper is plitzer.selection.dedupe.dedupe_index
+
+
 # -- checks in one place a layer -------------------------------------------------------
 
 

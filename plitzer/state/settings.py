@@ -36,7 +36,7 @@ from planner.order.layout import Layout
 from planner.order.plan import Plan, PlanSettings, check_int
 from planner.parameters import PARAMETERS, POSITIONAL, unknown_keyword
 from planner.stores.storage import revisions
-from plitzer.selection.dedupe import dedupe_index  # loaded with plitzer: planner.plan(dedupe=...) finds it
+from plitzer.selection.dedupe import dedupe_index
 
 __all__ = [
     "Keywords",

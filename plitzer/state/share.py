@@ -300,6 +300,7 @@ def share_selection(source: Source, cfg: LoaderSettings, group: Collective) -> N
     selections are shared by :func:`share_index`.
     """
     from planner.api import open_index
+    from plitzer.selection.select import select_spec
 
     if cfg.where is None or isinstance(source, Mapping) or cfg.tokenizer is not None:
         return
@@ -308,7 +309,7 @@ def share_selection(source: Source, cfg: LoaderSettings, group: Collective) -> N
 
         ix: Any = load(cfg.index, source, column=cfg.column, storage_options=cfg.storage_options)
     else:
-        ix = open_index(source, column=cfg.column, storage_options=cfg.storage_options)
+        ix = open_index(source, column=cfg.column, storage_options=cfg.storage_options, select=select_spec)
     if isinstance(ix, Index) and type(ix) is Index:
         _select(ix, cfg.where, cfg.length_column, cfg.threads, group)
 
