@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, cast
 
 from planner.catalog.dataset import Index, ensure_index
+from planner.catalog.footer import ChunkCounter
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError
 from planner.mixing.mixture import MixtureIndex, MixturePlan, mixture_index
@@ -31,6 +32,7 @@ from planner.mixing.sources import SourceSpec, Weights, parse_stages
 from planner.order.layout import Layout, LayoutStage
 from planner.order.plan import Plan, PlanSettings
 from planner.parameters import PLAN_PARAMETERS, check_keywords, document
+from planner.runtime import COUNT, DEDUPE, SELECT, runtime_pass
 
 __all__ = [
     "PathSource",
@@ -60,12 +62,13 @@ and the caller passes it (``selector=``): planner itself reads metadata only.
 
 NO_SELECTOR = (
     "where= needs a selection pass, which reads data (planner reads metadata only): pass "
-    "selector=plitzer.selector, or call plitzer.plan (this function, with plitzer's passes)"
+    "selector=plitzer.selector, or call plitzer.plan (this function, where importing plitzer "
+    "gives it plitzer's pass)"
 )
 
 
 def _selector(given: Selector | None) -> Selector:
-    """``given``, else one that refuses with :data:`NO_SELECTOR`: nothing is looked up or registered."""
+    """``given``, else one that refuses with :data:`NO_SELECTOR` (nothing is looked up here)."""
     if given is not None:
         return given
 
@@ -84,7 +87,7 @@ it is the runtime's, and the caller passes it (``deduper=``)."""
 
 NO_DEDUPER = (
     "dedupe= and exclude= need the deduplication pass, which reads data (planner reads metadata only): "
-    "pass deduper=plitzer.deduper, or call plitzer.plan (this function, with plitzer's passes), or use plitzer.Loader"
+    "pass deduper=plitzer.deduper, or import plitzer first (plitzer.plan is this function), or use plitzer.Loader"
 )
 
 
@@ -177,6 +180,7 @@ def open_index(
     select: Selector | None = None,
     text_source: Callable[[SourceSpec], Index] | None = None,
     opened: Mapping[str, Index] | None = None,
+    count: ChunkCounter | None = None,
 ) -> RowGroupIndex:
     """The index of ``source``: a mixture's for a dict, the given one for an index, else a dataset's.
 
@@ -187,7 +191,8 @@ def open_index(
     :data:`NO_SELECTOR`); a mixture's sources may each have their own, and ``where``
     here is the default of those without. ``text_source`` indexes a mixture's text
     source (one whose dict has a ``tokenizer``). ``opened``: a mixture's sources opened
-    already, by name (:func:`planner.mixing.mixindex.mixture_index`).
+    already, by name (:func:`planner.mixing.mixindex.mixture_index`). ``count``: what counts
+    a row group whose footer has no statistics (the runtime's, :func:`planner.index`).
     """
     kind = source_kind(source)
     check_source(kind, weights=weights, text=text is not None, where=where, length_column=length_column)
@@ -201,6 +206,7 @@ def open_index(
             select=_selector(select),
             text=text_source,
             opened=opened,
+            count=count,
         )
     if kind == "index":
         ix = ensure_index(cast("Index", source), column=column)  # what source_kind found
@@ -208,7 +214,7 @@ def open_index(
         paths = _paths(source)
         if text is not None:  # text in (plitzer.text.source): tokenized as read, counted once
             return text(paths)
-        ix = ensure_index(paths, column=column, storage_options=storage_options)
+        ix = ensure_index(paths, column=column, storage_options=storage_options, count=count)
     if where is None:
         return ix
     spec = SourceSpec(name="", path=ix.source, column=ix.column, where=where, length_column=length_column)
@@ -259,6 +265,7 @@ def plan(
     columns: Any = None,
     selector: Selector | None = None,
     deduper: Deduper | None = None,
+    count: ChunkCounter | None = None,
 ) -> Plan:
     """The plan of ``source`` (a path, URL, list, an :class:`~planner.Index`, or a dict of named sources).
 
@@ -269,8 +276,9 @@ def plan(
     ``where`` (a DuckDB predicate over the dataset's columns, SPEC section 10) plans
     the rows it keeps; the selection pass that counts them reads data, so it is the
     runtime's: pass ``selector=plitzer.selector``. ``dedupe`` and ``exclude`` (SPEC
-    section 14) are the runtime's pass too: ``deduper=plitzer.deduper``. ``plitzer.plan``
-    is this function with both passed.
+    section 14) are the runtime's pass too: ``deduper=plitzer.deduper``; ``count`` counts a
+    footer without statistics. ``plitzer.plan`` is this function (SPEC section 6): in a
+    process that has imported plitzer, each one not given is plitzer's.
 
     Parameters
     ----------
@@ -283,6 +291,9 @@ def plan(
     deduper : callable, optional
         The pass for ``dedupe`` and ``exclude`` (``plitzer.deduper``): an index in, the
         index of the rows kept out.
+    count : callable, optional
+        Counts a row group whose footer has no statistics (``plitzer.readpath.read.count_chunk``;
+        :func:`planner.index`).
 
     Examples
     --------
@@ -303,6 +314,9 @@ def plan(
         lanes, seq_len = layout.first.lanes, layout.first.seq_len
         check_layout(layout.stages[1:], world)  # the first stage's lanes: PlanSettings checks them
     settings = PlanSettings(seed=seed, lanes=lanes, window=window, world=world)
+    selector = runtime_pass(selector, SELECT)  # plitzer.plan is this function (SPEC section 6)
+    deduper = runtime_pass(deduper, DEDUPE)
+    count = runtime_pass(count, COUNT)
     ix = open_index(
         source,
         column=column,
@@ -311,6 +325,7 @@ def plan(
         where=where,
         length_column=length_column,
         select=selector,
+        count=count,
     )
     if dedupe is not None or exclude is not None:  # SPEC section 14: the runtime's pass, as where='s
         if deduper is None:

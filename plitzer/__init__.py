@@ -8,7 +8,6 @@
 # First: allocator defaults that must be in place before Polars and pyarrow load.
 from plitzer.readpath import _allocators  # noqa: F401, I001
 
-from planner import index
 from plitzer import synth
 from plitzer.readpath.batch import Batch, Tokens
 from plitzer.errors import (
@@ -29,7 +28,7 @@ from plitzer.loader import Loader, LoaderSettings
 from plitzer.tools.locate import locate
 from plitzer.selection.select import select_spec as selector
 from plitzer.selection.dedupe import dedupe_index as deduper
-from plitzer.tools.planning import plan
+from planner import index, plan
 from plitzer.state.checkpoint import load_checkpoint, merge, save_checkpoint
 
 __version__ = "0.3.0"  # the one source of the version: pyproject.toml reads it from here

@@ -328,6 +328,7 @@ def _index_mixture(args: argparse.Namespace, sources: dict[str, Any]) -> int:
     """``plitzer index --mixture FILE --out PREFIX``: each source's job index, ``PREFIX/NAME.index``."""
     from planner.catalog import jobindex
     from planner.mixing.sources import source_specs
+    from plitzer.readpath.read import count_chunk
     from plitzer.text.job import write_text_index
 
     prefix = str(args.out).rstrip("/")
@@ -347,6 +348,7 @@ def _index_mixture(args: argparse.Namespace, sources: dict[str, Any]) -> int:
             info = jobindex.write(
                 spec.path,
                 out,
+                count=count_chunk,
                 column=spec.column,
                 storage_options=spec.storage_options,
                 out_options=_storage_options(args),
@@ -358,7 +360,6 @@ def _index_mixture(args: argparse.Namespace, sources: dict[str, Any]) -> int:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    import planner
 
     source, _ = _source_of(args)
     if isinstance(source, dict):
@@ -371,7 +372,9 @@ def cmd_index(args: argparse.Namespace) -> int:
         raise ConfigError(msg)
     if args.tokenizer is not None:
         return _index_text(args, source)
-    ix = planner.index(source, column=args.column, storage_options=_storage_options(args), progress=terminal_progress())
+    from planner import index
+
+    ix = index(source, column=args.column, storage_options=_storage_options(args), progress=terminal_progress())
     if args.out is not None:
         from planner.catalog import jobindex
 
@@ -455,7 +458,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from plitzer.tools.planning import plan
+    from planner import plan
 
     source, weights = _source_of(args)
     selection = _selection(args)

@@ -11,6 +11,7 @@ import pytest
 
 import planner
 import planner.catalog.footer
+import plitzer
 from tests.conftest import write_dataset
 
 DOCS = [[[1, 2, 3], [], [4, 5]], [[6] * 7], []]  # row groups: 3 docs, 1 doc, 0 docs
@@ -61,6 +62,24 @@ def test_planner_alone_reads_metadata_only(tmp_path: Path) -> None:
     assert out.strip().endswith("[]")
 
 
+def test_the_counter_is_passed_not_registered(tmp_path: Path) -> None:
+    """Inside planner a footer without statistics is counted by the counter passed down, or refused; only the
+    public planner.index (SPEC section 2) defaults to plitzer's where plitzer is loaded (planner.runtime)."""
+    import sys
+
+    from planner.catalog.dataset import FooterCounting, index_entries, list_files
+    from plitzer.readpath.read import count_chunk
+
+    assert "plitzer.readpath.read" in sys.modules
+    write_dataset(tmp_path / "b", [DOCS], statistics=False)
+    entries, src = list_files(tmp_path / "b", None)
+    with pytest.raises(planner.DataError, match="pass count=plitzer"):
+        index_entries(entries, src, FooterCounting(None))  # what the job index and a rank's share get without it
+    tokens = sum(len(doc) for rg in DOCS for doc in rg)
+    assert index_entries(entries, src, FooterCounting(None, count_chunk)).tokens == tokens
+    assert planner.index(tmp_path / "b").tokens == tokens
+
+
 def test_null_documents_count_as_empty(tmp_path: Path) -> None:
     write_dataset(tmp_path, [[[[1, 2], None, [3]]]])
     f = planner.index(tmp_path).frame
@@ -98,7 +117,7 @@ def test_needs_check_where_statistics_do_not_prove_the_values_fit(tmp_path: Path
         w.write_table(pa.table({"tokens": pa.array([[], None], typ)}))
     assert planner.index(tmp_path).frame["needs_check"].to_list() == [False, True, False, False]
     write_dataset(tmp_path / "nostats", [DOCS], dtype="uint64", statistics=False)
-    assert planner.index(tmp_path / "nostats").frame["needs_check"].to_list() == [True, True, False]
+    assert plitzer.index(tmp_path / "nostats").frame["needs_check"].to_list() == [True, True, False]
 
 
 def test_file_without_row_groups_and_foreign_files(tmp_path: Path) -> None:

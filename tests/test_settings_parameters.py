@@ -236,15 +236,18 @@ def test_planner_plan_takes_the_selector_explicitly(data: str) -> None:
     assert calls == ["score >= 3"]
 
 
-def test_nothing_is_looked_up_planner_plan_refuses_even_with_plitzer_loaded(data: str) -> None:
-    """No registry and no ``sys.modules`` look-up: planner.plan uses the passes it is given, or refuses."""
-    assert "plitzer.selection.select" in sys.modules and "plitzer.selection.dedupe" in sys.modules
+def test_only_planner_plan_finds_the_runtime_passes_everything_else_is_given_them(data: str) -> None:
+    """plitzer.plan is planner.plan (SPEC section 6), so its defaults are plitzer's passes where it is loaded
+    (planner.runtime); open_index, which plitzer's entry points call, uses what it is given, or refuses."""
+    from planner.api import open_index
+
+    assert plitzer.plan is planner.plan
+    assert "plitzer.selection.select" in sys.modules
     with pytest.raises(ConfigError) as e:
-        planner.plan(data, where="score >= 3", lanes=4, window=2)
+        open_index(data, where="score >= 3")
     assert str(e.value) == NO_SELECTOR
-    with pytest.raises(ConfigError, match=r"deduper=plitzer\.deduper"):
-        planner.plan(data, dedupe="tokens", lanes=4, window=2)
-    assert plitzer.plan(data, dedupe="tokens", lanes=4, window=2).tokens > 0
+    assert planner.plan(data, where="score >= 3", lanes=4, window=2).tokens > 0
+    assert planner.plan(data, dedupe="tokens", lanes=4, window=2).tokens > 0
     assert plitzer.deduper is plitzer.selection.dedupe.dedupe_index
 
 

@@ -53,6 +53,7 @@ from planner.catalog.column import TokenDtype, delivered_dtype
 from planner.catalog.rowgroups import stream_counts
 from planner.errors import ConfigError, DataError
 from planner.progress import progress_enabled
+from planner.runtime import COUNT, runtime_pass
 from planner.stores.backends import open_storages
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
 from planner.stores.storage import FileStat, Storage
@@ -543,8 +544,10 @@ def index(
         files and stderr is a terminal).
     count : callable, optional
         Counts a row group whose footer lacks statistics by reading its token
-        column once (:class:`planner.catalog.footer.ChunkCounter`); by default the runtime's, set when
-        plitzer is imported. planner itself reads metadata only.
+        column once (:class:`planner.catalog.footer.ChunkCounter`): by default the
+        runtime's, ``plitzer.readpath.read.count_chunk``, where plitzer is loaded
+        (:mod:`planner.runtime`). planner itself reads metadata only: without plitzer such
+        a footer is a DataError saying what to pass.
     counting : Counting, optional
         How to count a row group's tokens; by default ``FooterCounting(column, count)``
         (footer statistics). ``plitzer.text.source`` passes a tokenizer pass.
@@ -564,8 +567,8 @@ def index(
     >>> ix.frame.columns[:5]
     ['file', 'file_index', 'row_group', 'rows', 'tokens']
     """
-    if counting is None:
-        counting = FooterCounting(column, count)
+    if counting is None:  # plitzer's counter where plitzer is loaded (planner.runtime), unless given
+        counting = FooterCounting(column, runtime_pass(count, COUNT))
     entries, src = list_files(source, storage_options)
     return index_entries(entries, src, counting, progress=progress, threads=threads)
 
@@ -623,11 +626,13 @@ def ensure_index(
     source: Index | str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     column: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    *,
+    count: footer.ChunkCounter | None = None,
 ) -> Index:
-    """``source`` if it is an :class:`Index` (of the same ``column``), else its index."""
+    """``source`` if it is an :class:`Index` (of the same ``column``), else its index (``count``: as :func:`index`)."""
     if isinstance(source, Index):
         if column is not None and column != source.column:
             msg = f"column={column!r} differs from the index's token column {source.column!r}; pass the same column"
             raise ConfigError(msg)
         return source
-    return index(source, column=column, storage_options=storage_options)
+    return index(source, column=column, storage_options=storage_options, count=count)

@@ -55,7 +55,6 @@ __all__ = [
     "remember",
     "row_groups",
     "schema_of",
-    "set_chunk_counter",
 ]
 
 _TAIL = 64 << 10
@@ -67,8 +66,8 @@ class ChunkCounter(Protocol):
     """Counts (tokens, empty documents) of one row group by reading its token column.
 
     planner reads metadata only; a footer without statistics needs the column read
-    once to count, which the runtime does (``plitzer.readpath.read.count_chunk``, set as the
-    default by ``set_chunk_counter`` when plitzer is imported).
+    once to count, which the runtime does (``plitzer.readpath.read.count_chunk``, which
+    plitzer's entry points pass as ``count=``; nothing is registered).
     """
 
     def __call__(
@@ -83,16 +82,6 @@ class ChunkCounter(Protocol):
         length: int,
         where: str,
     ) -> tuple[int, int]: ...
-
-
-_counters: dict[str, ChunkCounter] = {}
-
-
-def set_chunk_counter(counter: ChunkCounter | None) -> None:
-    """Set the default counter for row groups whose footer lacks statistics."""
-    _counters.pop("default", None)
-    if counter is not None:
-        _counters["default"] = counter
 
 
 def read_table_bytes(data: bytes) -> pa.Table:
@@ -334,13 +323,13 @@ def _chunk_range(cc: Any, num_rows: int, physical: str, size: int, where: str) -
 
 
 def _counter(count: ChunkCounter | None, where: str) -> ChunkCounter:
-    """What counts a chunk whose footer has no statistics: ``count``, else the registered default."""
-    counter = count if count is not None else _counters.get("default")
+    """What counts a chunk whose footer has no statistics: ``count``, as passed (nothing is registered)."""
+    counter = count
     if counter is None:
         msg = (
             f"{where}: the footer has no statistics for the token column, so its tokens must be counted "
-            "by reading it once, and planner reads metadata only: import plitzer (or pass count=) "
-            "to index this dataset"
+            "by reading it once, and planner reads metadata only: import plitzer and index it with plitzer "
+            "(plitzer.index, plitzer.plan, plitzer.Loader), or pass count=plitzer.readpath.read.count_chunk"
         )
         raise DataError(msg)
     return counter

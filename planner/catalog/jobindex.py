@@ -174,12 +174,14 @@ def write(
     storage_options: Mapping[str, Any] | None = None,
     out_options: Mapping[str, Any] | None = None,
     progress: bool | None = None,
+    count: footer.ChunkCounter | None = None,
 ) -> JobIndexInfo:
     """Index ``source`` and write its job index to ``out`` (a local path or a store URL).
 
-    ``out_options`` are the ``storage_options`` of ``out`` (default: ``storage_options``).
+    ``out_options`` are the ``storage_options`` of ``out`` (default: ``storage_options``);
+    ``count`` counts a row group whose footer has no statistics (:func:`planner.index`).
     """
-    ix = index(source, column=column, storage_options=storage_options, progress=progress)
+    ix = index(source, column=column, storage_options=storage_options, progress=progress, count=count)
     data = encode(ix)
     write_object(out, data, storage_options if out_options is None else out_options)
     return JobIndexInfo(os.fspath(out), len(ix.files), ix.row_groups, len(data), ix.fingerprint)
@@ -374,11 +376,16 @@ class CountedShare:
 
 
 def count_share(
-    entries: Sequence[FileEntry], column: str | None, rank: int, world: int, threads: int = 32
+    entries: Sequence[FileEntry],
+    column: str | None,
+    rank: int,
+    world: int,
+    threads: int = 32,
+    count: footer.ChunkCounter | None = None,
 ) -> CountedShare:
     """Index files ``rank, rank + world, ...`` from their footers (one read each), for :func:`take_counted`."""
     mine = [entries[i] for i in range(rank, len(entries), world)]
-    counting = FooterCounting(column)
+    counting = FooterCounting(column, count)
     counted = scan_footers(mine, counting, None, threads) if mine else []
     return CountedShare(
         files=tuple(range(rank, len(entries), world)),
@@ -443,6 +450,12 @@ def take_footers(entries: Sequence[FileEntry], parts: Sequence[Mapping[int, byte
         raise ConfigError(msg)
 
 
-def job_index(entries: list[FileEntry], src: str, column: str | None, threads: int = 32) -> Index:
+def job_index(
+    entries: list[FileEntry],
+    src: str,
+    column: str | None,
+    threads: int = 32,
+    count: footer.ChunkCounter | None = None,
+) -> Index:
     """The index of files already listed: this machine's cached index, else their footers read here."""
-    return index_entries(entries, src, FooterCounting(column), threads=threads)
+    return index_entries(entries, src, FooterCounting(column, count), threads=threads)

@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 from planner.catalog import jobindex
 from planner.catalog.column import TokenDtype
 from planner.catalog.dataset import Index, ensure_index
+from planner.catalog.footer import ChunkCounter
 from planner.catalog.rowgroups import stream_counts, with_selected
 from planner.errors import ConfigError
 from planner.mixing.sources import SourceSpec, source_specs
@@ -177,6 +178,7 @@ def mixture_index(
     select: Callable[[Index, SourceSpec], Index] | None = None,
     text: Callable[[SourceSpec], Index] | None = None,
     opened: Mapping[str, Index] | None = None,
+    count: ChunkCounter | None = None,
 ) -> MixtureIndex:
     """Index every source of a dict of named sources (footers only, cached).
 
@@ -212,7 +214,7 @@ def mixture_index(
         if s.index is not None:  # its job index: one listing, one object, no footer
             ix = jobindex.load(s.index, s.path, column=s.column, storage_options=s.storage_options)
         else:
-            ix = ensure_index(s.path, column=s.column, storage_options=s.storage_options)
+            ix = ensure_index(s.path, column=s.column, storage_options=s.storage_options, count=count)
         if s.where is not None:
             if select is None:
                 msg = f"source {s.name!r}: where= needs the runtime's selection pass; import plitzer first"

@@ -39,7 +39,6 @@ from numpy.typing import NDArray
 
 from planner.catalog.column import TokenDtype, token_range
 from planner.catalog.dataset import Index
-from planner.catalog.footer import set_chunk_counter
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import DamagedChunkError, DataError, TokenRangeError, one_line
 from planner.mixing.mixture import MixtureIndex
@@ -371,6 +370,3 @@ def count_chunk(
         )
         raise DamagedChunkError(msg, file=file.location, row_group=row_group)
     return int(lengths.sum()), int((lengths == 0).sum())
-
-
-set_chunk_counter(count_chunk)

@@ -36,6 +36,7 @@ from planner.order.layout import Layout
 from planner.order.plan import Plan, PlanSettings, check_int
 from planner.parameters import PARAMETERS, POSITIONAL, unknown_keyword
 from planner.stores.storage import revisions
+from plitzer.readpath.read import count_chunk
 from plitzer.selection.dedupe import dedupe_index
 
 __all__ = [
@@ -281,6 +282,7 @@ def open_source(source: Source, settings: LoaderSettings, opened: Mapping[str, I
         select=select,
         text_source=_text_source,
         opened=opened,
+        count=count_chunk,
     )
     if s.dedupe is None and s.exclude is None:
         return ix

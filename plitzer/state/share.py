@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from planner.catalog.dataset import Index
 from planner.errors import ConfigError
+from plitzer.readpath.read import count_chunk
 from plitzer.state.settings import LoaderSettings, Source
 
 __all__ = [
@@ -182,9 +183,10 @@ def share_one(
         raise listed
     entries, src = jobindex.entries_of(path, options, listed)
     if all(all_or_raise(attempt(jobindex.has_cached_index, entries, column), group)):
-        return jobindex.job_index(entries, src, column, threads=threads)  # a restart: no footer, no exchange
+        # a restart: no footer, no exchange
+        return jobindex.job_index(entries, src, column, threads=threads, count=count_chunk)
     # Each rank reads 1/world of the footers; the ranks exchange the rows (bytes a row group).
-    parts = all_or_raise(attempt(jobindex.count_share, entries, column, me, n, threads), group)
+    parts = all_or_raise(attempt(jobindex.count_share, entries, column, me, n, threads, count_chunk), group)
     return jobindex.take_counted(entries, src, column, parts)
 
 
@@ -309,7 +311,9 @@ def share_selection(source: Source, cfg: LoaderSettings, group: Collective) -> N
 
         ix: Any = load(cfg.index, source, column=cfg.column, storage_options=cfg.storage_options)
     else:
-        ix = open_index(source, column=cfg.column, storage_options=cfg.storage_options, select=select_spec)
+        ix = open_index(
+            source, column=cfg.column, storage_options=cfg.storage_options, select=select_spec, count=count_chunk
+        )
     if isinstance(ix, Index) and type(ix) is Index:
         _select(ix, cfg.where, cfg.length_column, cfg.threads, group)
 
