@@ -373,6 +373,7 @@ def test_cli_index_and_plan_take_where(data: Path, capsys: pytest.CaptureFixture
     assert kept == plitzer.plan(data, where=where, lanes=4, window=3).tokens
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_pass_runs_on_ray_ahead_of_the_job(data: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

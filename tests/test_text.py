@@ -350,6 +350,7 @@ def local_ray() -> Iterator[Any]:
         ray.shutdown()
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_tokenize_on_ray(local_ray: Any, bpe: Any, tmp_path: Path) -> None:
     src = tmp_path / "src"

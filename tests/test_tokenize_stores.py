@@ -246,6 +246,7 @@ def local_ray() -> Iterator[Any]:
         ray.shutdown()
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_tokenize_on_ray_between_stores(

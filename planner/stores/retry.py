@@ -102,12 +102,12 @@ def stop_on(event: threading.Event) -> Iterator[None]:
     >>> r = Retrier(attempts=None, backoff=10.0, concurrency=1, transient=lambda e: True,
     ...             throttled=lambda e: False, hint="", patience=60.0)
     >>> def away():
-    ...     ev.set()  # closed while the store is away: the 5-15 s pause ends at once
+    ...     ev.set()  # closed while the attempt is in flight: no pause, no further attempt
     ...     raise Transient("connection refused")
     >>> with stop_on(ev):  # doctest: +ELLIPSIS
     ...     r.run("reading x", away)
     Traceback (most recent call last):
-    planner.errors.StoppedError: reading x: stopped while waiting for the store (connection refused): its loader ...
+    planner.errors.StoppedError: reading x: stopped during a request to the store (connection refused): its loader ...
     """
     s = _STOPS
     outer = getattr(s.local, "event", None)
