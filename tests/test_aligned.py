@@ -99,7 +99,6 @@ def run_ranks(
 documents = st.lists(st.lists(st.integers(0, 999), min_size=0, max_size=30), min_size=4, max_size=40)
 
 
-@pytest.mark.slow  # 13-47 s: first, so that no core waits for it at the end
 @settings(max_examples=12, deadline=None)
 @given(
     files=st.lists(documents, min_size=1, max_size=3),

@@ -72,7 +72,6 @@ def _run_job(source: str, opts: dict[str, str] | None, out: Path, mode: str = "d
         pytest.fail(f"a rank failed: {codes}\n{logs}")
 
 
-@pytest.mark.slow  # 13-47 s: first, so that no core waits for it at the end
 @pytest.mark.timeout(420)
 def test_four_ranks_list_once_and_read_each_footer_once(
     s3: S3Data, proxy: FaultProxy, synth_dataset: SynthDataset, tmp_path: Path
@@ -156,7 +155,6 @@ def test_a_text_source_splits_its_counting_pass_across_the_ranks(tmp_path: Path)
         assert len(list((out / f"cache{r}" / "footers").glob("*.footer"))) == 8
 
 
-@pytest.mark.slow  # 13-47 s: first, so that no core waits for it at the end
 @pytest.mark.timeout(300)
 def test_a_mixture_reads_each_footer_once_too(
     s3: S3Data, proxy: FaultProxy, synth_dataset: SynthDataset, tmp_path: Path

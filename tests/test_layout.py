@@ -141,7 +141,6 @@ def test_worked_example_matches_the_reference(data: tuple[Path, list[list[list[i
     assert {len(r) for b in got[5:] for r in b} == {32}
 
 
-@pytest.mark.slow  # 13-47 s: first, so that no core waits for it at the end
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 5),

@@ -176,7 +176,6 @@ def test_columns_are_those_of_documents(synth_dataset: Any) -> None:
 # -- mixtures: stages, live stages, a source's own selection -----------------------------------
 
 
-@pytest.mark.slow  # 13-47 s: first, so that no core waits for it at the end
 @given(
     sizes=st.tuples(st.integers(3, 12), st.integers(3, 12)),
     lens=st.tuples(st.integers(1, 25), st.integers(1, 25)),

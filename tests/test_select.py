@@ -105,7 +105,6 @@ def _ids(path: Path) -> dict[tuple[str, int], np.ndarray]:
     return out
 
 
-@pytest.mark.slow  # 13-47 s: first, so that no core waits for it at the end
 @EXAMPLES
 @given(where=predicates)
 def test_batches_equal_those_of_the_filtered_copy(
