@@ -302,6 +302,14 @@ def _serve(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
         pid = os.fork()
         if pid == 0:
             return request, fds
+        group = request["process_group"]
+        if group is not None:
+            # The parent sets the child's group too (the child does in _become): whichever runs first,
+            # the group exists when this answers, so the next rank can join it. Without it, a rank
+            # forked right after rank 0 could ask to join rank 0's group before rank 0 had made it
+            # (setpgid: EPERM, seen once in CI).
+            with contextlib.suppress(OSError):
+                os.setpgid(pid, pid if group == 0 else group)
         for fd in fds:
             os.close(fd)
         send({"spawned": request["id"], "pid": pid})
