@@ -31,7 +31,7 @@ from plitzer.selection.dedupe import dedupe_index as deduper
 from planner import index, plan
 from plitzer.state.checkpoint import load_checkpoint, merge, save_checkpoint
 
-__version__ = "0.3.0"  # the one source of the version: pyproject.toml reads it from here
+__version__ = "0.5.0.dev0"  # the one source of the version: pyproject.toml reads it from here
 
 __all__ = [
     "Batch",

@@ -3,21 +3,36 @@
 :class:`ThreadGroup` is a :class:`plitzer.state.share.Collective` whose ranks are threads
 of this process (a barrier and a list): the sharing logic runs in one process, fast,
 without torch. :class:`CharTokenizer` tokenizes characters and counts the texts it was
-given (per thread group rank where the caller says which).
+given (per thread group rank where the caller says which). :func:`gloo_ranks` runs a worker
+script as real ``torch.distributed`` ranks, each with its own cache folder.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["CharTokenizer", "ThreadGroup", "nonempty_texts", "run_ranks", "write_text"]
+__all__ = [
+    "CharTokenizer",
+    "ThreadGroup",
+    "assert_ranks_make_the_whole",
+    "gloo_ranks",
+    "ray_with_caches",
+    "nonempty_texts",
+    "run_ranks",
+    "write_text",
+]
 
 
 class ThreadGroup:
@@ -74,6 +89,58 @@ def run_ranks(world: int, fn: Callable[[int], Any]) -> list[Any]:
     if errors:
         raise errors[0]
     return out
+
+
+def gloo_ranks(script: str, data: Path, tmp_path: Path, *, world: int = 2, timeout: float = 150) -> list[Any]:
+    """Run ``script`` (Python source) as ``world`` gloo ranks, each with its own cache folder; what each wrote.
+
+    The script's arguments are ``rank world port data out``: it joins the group at
+    ``tcp://127.0.0.1:port`` and writes a JSON value to ``out``. The processes start from
+    tests/prefork.py's zygote; each must end with status 0 within ``timeout`` seconds.
+    """
+    from tests import prefork
+    from tests.net import free_port
+
+    path = tmp_path / "worker.py"
+    path.write_text(script)
+    port, root = str(free_port()), Path(__file__).parents[1]
+    procs = []
+    for r in range(world):
+        env = {**os.environ, "PLITZER_CACHE": str(tmp_path / f"cache-{r}"), "PYTHONPATH": str(root)}
+        args = [sys.executable, str(path), str(r), str(world), port, str(data), str(tmp_path / f"out-{r}.json")]
+        procs.append(prefork.Popen(args, env=env))
+    for p in procs:
+        assert p.wait(timeout=timeout) == 0
+    return [json.loads((tmp_path / f"out-{r}.json").read_text()) for r in range(world)]
+
+
+def assert_ranks_make_the_whole(ranks: Sequence[Any], whole: Any, steps: int) -> None:
+    """Each of ``steps`` steps: the ranks' batches, concatenated in rank order, are the one-process run's batch."""
+    from tests.conftest import tokens_of
+
+    for t in range(steps):
+        want = tokens_of(whole.next_batch())
+        got = np.concatenate([tokens_of(x.next_batch()) for x in ranks])
+        assert got.tobytes() == want.tobytes(), f"step {t}"
+
+
+@contextmanager
+def ray_with_caches(tmp_path: Path, monkeypatch: Any) -> Iterator[Any]:
+    """A local Ray runtime (2 CPUs) whose workers share a cache folder apart from this process's; skips without Ray."""
+    import pytest
+
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'plitzer[ray]')")
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PLITZER_CACHE": str(tmp_path / "workers")}},
+    )
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
 
 
 def utf8_bytes(texts: list[str]) -> list[list[int]]:

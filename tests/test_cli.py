@@ -235,3 +235,18 @@ def test_explain_and_index_on_s3(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     out = _cli(capsys, "index", url, "--endpoint", s3.server.endpoint, "--region", REGION, "--format", "json")
     assert _json_frames(out)[2]["documents"][0] == len(_lengths(local))
+
+
+def test_the_version_is_the_changelogs_newest(capsys: pytest.CaptureFixture[str]) -> None:
+    """``plitzer --version`` names the release the changelog's newest section describes."""
+    import re
+
+    newest = re.search(r"^## (\d+\.\d+\.\d+)", (Path(__file__).parents[1] / "CHANGELOG.md").read_text(), re.M)
+    assert newest is not None
+    with pytest.raises(SystemExit) as ended:
+        main(["--version"])
+    assert ended.value.code == 0
+    printed = capsys.readouterr().out.split()
+    assert printed[0] == "plitzer"
+    assert printed[1] == plitzer.__version__
+    assert plitzer.__version__.split(".dev")[0] == newest.group(1)

@@ -489,19 +489,11 @@ def test_cli_index_reports_the_pass(data: Path, capsys: pytest.CaptureFixture[st
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_pass_runs_on_ray_ahead_of_the_job(data: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'plitzer[ray]')")
-    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PLITZER_CACHE": str(tmp_path / "workers")}},
-    )
-    try:
+    from tests.share_fixtures import ray_with_caches
+
+    with ray_with_caches(tmp_path, monkeypatch):
         ix = plitzer.index(data)
         assert dd.dedupe_on_ray(ix, dedupe="tokens", source=str(data)) == len(dd._chunks([ix]))
-    finally:
-        ray.shutdown()
     calls: list[int] = []
     monkeypatch.setattr(dd._Pass, "hash_rg", lambda self, p, rg: calls.append(rg))
     got = dd.dedupe_index(ix, dedupe="tokens")
@@ -568,7 +560,7 @@ def test_audit_says_what_dedupe_would_drop_and_what_it_dropped(data: Path) -> No
 def test_a_job_keys_each_chunk_once_with_one_exchange(
     data: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from tests.share_fixtures import ThreadGroup, run_ranks
+    from tests.share_fixtures import ThreadGroup, assert_ranks_make_the_whole, run_ranks
 
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "job"))
     world = 2
@@ -589,10 +581,7 @@ def test_a_job_keys_each_chunk_once_with_one_exchange(
         monkeypatch.undo()
         monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "alone"))
         with plitzer.Loader(data, **kw) as whole:
-            for t in range(6):
-                want = tokens_of(whole.next_batch())
-                got = np.concatenate([tokens_of(x.next_batch()) for x in loaders])
-                assert got.tobytes() == want.tobytes(), f"step {t}"
+            assert_ranks_make_the_whole(loaders, whole, 6)
     finally:
         for x in loaders:
             x.close()
@@ -665,7 +654,7 @@ def test_mixture_file_takes_dedupe_and_exclude(tmp_path: Path, capsys: pytest.Ca
 
 
 def test_a_job_over_a_mixture_keeps_the_order_given(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from tests.share_fixtures import ThreadGroup, run_ranks
+    from tests.share_fixtures import ThreadGroup, assert_ranks_make_the_whole, run_ranks
 
     web = make_source(tmp_path / "web", seed=6, files=1)
     rows = [r for rows in rows_of(web)[0][1] for r in rows]
@@ -684,10 +673,7 @@ def test_a_job_over_a_mixture_keeps_the_order_given(monkeypatch: pytest.MonkeyPa
         assert int(idx.filter(idx["source"] == "curated")["rows_duplicate"].sum()) >= len(rows)
         monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "alone"))
         with plitzer.Loader(sources, **kw) as whole:
-            for t in range(5):
-                want = tokens_of(whole.next_batch())
-                got = np.concatenate([tokens_of(x.next_batch()) for x in loaders])
-                assert got.tobytes() == want.tobytes(), f"step {t}"
+            assert_ranks_make_the_whole(loaders, whole, 5)
     finally:
         for x in loaders:
             x.close()
@@ -762,28 +748,9 @@ dist.destroy_process_group()
 def test_torch_distributed_ranks_each_key_their_share(data: Path, tmp_path: Path) -> None:
     """Each rank (its own cache folder) keys its 1/world of the row groups; all_gather_object shares the keys."""
     pytest.importorskip("torch")
-    import json
-    import os
-    import sys
+    from tests.share_fixtures import gloo_ranks
 
-    from tests import prefork
-    from tests.s3_fixtures import free_port
-
-    script = tmp_path / "worker.py"
-    script.write_text(_DIST_WORKER)
-    port = str(free_port())
-    procs = []
-    for r in range(2):
-        env = {
-            **os.environ,
-            "PLITZER_CACHE": str(tmp_path / f"cache-{r}"),
-            "PYTHONPATH": str(Path(__file__).parents[1]),
-        }
-        args = [sys.executable, str(script), str(r), "2", port, str(data), str(tmp_path / f"out-{r}.json")]
-        procs.append(prefork.Popen(args, env=env))  # tests/prefork.py
-    for p in procs:
-        assert p.wait(timeout=150) == 0
-    got = [json.loads((tmp_path / f"out-{r}.json").read_text()) for r in range(2)]
+    got = gloo_ranks(_DIST_WORKER, data, tmp_path)
     chunks = dd._chunks([plitzer.index(data)])
     for r in range(2):
         assert sorted(got[r]["keyed"]) == sorted(a for c, (_, a, _) in enumerate(chunks) if c * 2 // len(chunks) == r)

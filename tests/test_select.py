@@ -11,7 +11,6 @@ selected counts, and S3 sources give the same batches.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -377,19 +376,11 @@ def test_cli_index_and_plan_take_where(data: Path, capsys: pytest.CaptureFixture
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_pass_runs_on_ray_ahead_of_the_job(data: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'plitzer[ray]')")
-    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PLITZER_CACHE": str(tmp_path / "workers")}},
-    )
-    try:
+    from tests.share_fixtures import ray_with_caches
+
+    with ray_with_caches(tmp_path, monkeypatch):
         ix = plitzer.index(data)
         assert sel.select_on_ray(ix, "language = 'de'", source=str(data)) == len(sel.chunks_of(ix))
-    finally:
-        ray.shutdown()
     calls: list[int] = []
     monkeypatch.setattr(sel.SelectionPass, "evaluate", lambda self, rg: calls.append(rg))
     got = sel.select_index(ix, "language = 'de'")
@@ -453,27 +444,9 @@ dist.destroy_process_group()
 def test_torch_distributed_ranks_each_run_their_share_of_the_pass(data: Path, tmp_path: Path) -> None:
     """Each rank (its own cache folder) evaluates its 1/world of the pass; all_gather_object shares the rest."""
     pytest.importorskip("torch")
-    import json
-    import sys
+    from tests.share_fixtures import gloo_ranks
 
-    from tests import prefork
-    from tests.s3_fixtures import free_port
-
-    script = tmp_path / "worker.py"
-    script.write_text(_DIST_WORKER)
-    port = str(free_port())
-    procs = []
-    for r in range(2):
-        env = {
-            **os.environ,
-            "PLITZER_CACHE": str(tmp_path / f"cache-{r}"),
-            "PYTHONPATH": str(Path(__file__).parents[1]),
-        }
-        args = [sys.executable, str(script), str(r), "2", port, str(data), str(tmp_path / f"out-{r}.json")]
-        procs.append(prefork.Popen(args, env=env))  # tests/prefork.py
-    for p in procs:
-        assert p.wait(timeout=150) == 0
-    got = [json.loads((tmp_path / f"out-{r}.json").read_text()) for r in range(2)]
+    got = gloo_ranks(_DIST_WORKER, data, tmp_path)
     ix = plitzer.index(data)
     chunks = sel.chunks_of(ix)
     for r in range(2):

@@ -14,11 +14,13 @@ from collections.abc import Sequence
 from typing import Literal
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from planner.errors import ConfigError
+from planner.errors import ConfigError, DataError
 
 __all__ = [
     "TOKEN_NAMES",
+    "chunks_range",
     "TokenDtype",
     "delivered_dtype",
     "is_token_type",
@@ -99,3 +101,31 @@ def token_column_of(schema: pa.Schema, column: str | None, where: str) -> tuple[
         "pass column= with one of them"
     )
     raise ConfigError(msg)
+
+
+def chunks_range(md: pq.FileMetaData, g: int, column: str, size: int, where: str) -> tuple[int, int] | None:
+    """``(offset, length)`` spanning every leaf chunk of top-level ``column`` in row group ``g``; None: no such column.
+
+    One ranged read of that span reads the column (a predicate's, a key's, an aligned
+    column's). A span outside the file's ``size`` bytes is a DataError naming ``where``.
+    """
+    lo, hi = None, None
+    rgm = md.row_group(g)
+    schema = pq.ParquetSchema(md)  # not md.schema: that one makes a reference cycle (footer.schema_of)
+    for j in range(md.num_columns):
+        path = schema.column(j).path
+        if path != column and not path.startswith(column + "."):
+            continue
+        cc = rgm.column(j)
+        start = cc.data_page_offset
+        if cc.has_dictionary_page and cc.dictionary_page_offset is not None and cc.dictionary_page_offset > 0:
+            start = min(start, cc.dictionary_page_offset)
+        end = start + cc.total_compressed_size
+        lo = start if lo is None else min(lo, start)
+        hi = end if hi is None else max(hi, end)
+    if lo is None or hi is None:
+        return None
+    if rgm.num_rows > 0 and (lo < 4 or hi > size):
+        msg = f"{where}: the column chunk of {column!r} [{lo}, {hi}) lies outside the file; the footer is damaged"
+        raise DataError(msg)
+    return lo, hi - lo

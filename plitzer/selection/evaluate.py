@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
+from planner.catalog.column import chunks_range
 from planner.catalog.dataset import Index
 from planner.errors import DataError, SelectionError, one_line
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
@@ -65,26 +66,11 @@ Exchange = Callable[[Part], list[Part]]
 
 def leaf_range(md: pq.FileMetaData, g: int, column: str, size: int, where: str) -> tuple[int, int]:
     """The byte range of every leaf column chunk of top-level ``column`` in row group ``g``."""
-    lo, hi = None, None
-    rgm = md.row_group(g)
-    for j in range(md.num_columns):
-        path = md.schema.column(j).path
-        if path != column and not path.startswith(column + "."):
-            continue
-        cc = rgm.column(j)
-        start = cc.data_page_offset
-        if cc.has_dictionary_page and cc.dictionary_page_offset is not None and cc.dictionary_page_offset > 0:
-            start = min(start, cc.dictionary_page_offset)
-        end = start + cc.total_compressed_size
-        lo = start if lo is None else min(lo, start)
-        hi = end if hi is None else max(hi, end)
-    if lo is None or hi is None:
+    span = chunks_range(md, g, column, size, where)
+    if span is None:
         msg = f"{where}: no column {column!r}; every file must have the columns where= names"
         raise SelectionError(msg, predicate="", column=column)
-    if rgm.num_rows > 0 and (lo < 4 or hi > size):
-        msg = f"{where}: the column chunk of {column!r} [{lo}, {hi}) lies outside the file; the footer is damaged"
-        raise DataError(msg)
-    return lo, hi - lo
+    return span
 
 
 @dataclass(frozen=True)
