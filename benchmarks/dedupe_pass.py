@@ -10,9 +10,13 @@ then measures, each in a fresh process (its peak RSS is its own):
 4. the first-occurrence resolution alone on ``--sim`` random keys (10**7 by default), its
    time and the memory it allocates (tracemalloc), from which 10**8 documents are
    estimated: phase 1 is per row group (so linear), the resolution runs bucket by bucket
-   of 2**22 keys (so linear too), and phase 1's state is 24 bytes a document (20 for a column key).
+   of 2**22 keys (so linear too), and phase 1's state is 24 bytes a document (20 for a column key);
+5. with ``--ranks N`` (default 4; 0 skips it), ``dedupe="tokens"`` cold as a job of N gloo
+   processes (``torch.distributed``, each its own cache folder): each rank's time and peak
+   RSS growth, beside one process's (1.): each rank keys 1/N of the row groups and
+   resolves only the keys it owns.
 
-    python benchmarks/dedupe_pass.py                  # 10**6 documents, about a minute
+    python benchmarks/dedupe_pass.py                  # 10**6 documents, about two minutes
     python benchmarks/dedupe_pass.py --docs 100000 --sim 1000000
 """
 
@@ -111,6 +115,50 @@ def measure(data: str, key: str, cache: str) -> dict[str, float]:
     }
 
 
+def rank_measure(data: str, cache: str, rank: int, world: int, port: int) -> dict[str, float]:
+    """One rank of a gloo job: ``dedupe="tokens"`` with the ranks' exchange (all_gather_object)."""
+    os.environ["PLITZER_CACHE"] = cache
+    import torch.distributed as dist
+
+    import plitzer
+    from plitzer.selection.dedupe import dedupe_index
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+    def exchange(value: object) -> list[object]:
+        out: list[object] = [None] * world
+        dist.all_gather_object(out, value)
+        return out
+
+    ix = plitzer.index(data)
+    dist.barrier()
+    before = _status("VmRSS")
+    _reset_peak()
+    t = time.perf_counter()
+    dd = dedupe_index(ix, dedupe="tokens", rank=rank, world=world, exchange=exchange, progress=False)
+    wall = time.perf_counter() - t
+    peak = _status("VmHWM")
+    dist.destroy_process_group()
+    return {
+        "seconds": wall,
+        "rss_growth_mib": (peak - before) / 1024,
+        "dropped": float(dd.frame["rows_duplicate"].sum()),
+    }
+
+
+def ranks(data: Path, tmp: Path, world: int) -> list[dict[str, float]]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [sys.executable, __file__, "--rank-of", str(data), str(tmp), str(world), str(port)]
+    procs = [subprocess.Popen([*args, str(r)], stdout=subprocess.PIPE, text=True) for r in range(world)]
+    outs = [p.communicate()[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "a rank failed"
+    return [json.loads(o.strip().splitlines()[-1]) for o in outs]
+
+
 def simulate(n: int, dup: float) -> dict[str, float]:
     import tracemalloc
 
@@ -144,8 +192,14 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=10_000, help="documents a row group")
     ap.add_argument("--sim", type=int, default=10_000_000, help="keys of the simulated resolution")
     ap.add_argument("--measure", nargs=3, metavar=("DATA", "KEY", "CACHE"), help=argparse.SUPPRESS)
+    ap.add_argument("--ranks", type=int, default=4, help="gloo processes of the job run (0: none)")
     ap.add_argument("--simulate", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--rank-of", nargs=5, metavar=("DATA", "TMP", "WORLD", "PORT", "RANK"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.rank_of:
+        d, tmp, world, port, rank = args.rank_of
+        print(json.dumps(rank_measure(d, f"{tmp}/rank{rank}", int(rank), int(world), int(port))))
+        return
     if args.measure:
         print(json.dumps(measure(*args.measure)))
         return
@@ -172,6 +226,14 @@ def main() -> None:
         print(f"dedupe='tokens' warm: {warm['seconds']:.3f} s (cached), peak RSS {warm['peak_rss_mib']:.0f} MiB")
         print(f"resolution of {args.sim:,} keys: {sim['seconds']:.2f} s, allocations peak {sim['alloc_peak_mib']:.0f} "
               f"MiB beside {sim['keys_mib']:.0f} MiB of keys")  # fmt: skip
+        if args.ranks > 1:
+            got = ranks(data, Path(tmp), args.ranks)
+            assert all(g["dropped"] == tok["dropped"] for g in got), "the ranks' pass differs from one process's"
+            secs = [g["seconds"] for g in got]
+            grow = [g["rss_growth_mib"] for g in got]
+            print(f"dedupe='tokens' cold, {args.ranks} gloo ranks: {min(secs):.2f}-{max(secs):.2f} s a rank, peak RSS "
+                  f"growth {min(grow):.0f}-{max(grow):.0f} MiB a rank (one process: +{tok['rss_growth_mib']:.0f} "
+                  "MiB); each rank keys 1/N of the row groups and resolves the keys it owns")  # fmt: skip
         scale = 1e8 / docs
         p1 = (tok["seconds"] - sim["seconds"] * docs / args.sim) * scale
         res = sim["seconds"] * 1e8 / args.sim

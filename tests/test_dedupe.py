@@ -21,6 +21,7 @@ import pytest
 import plitzer
 import plitzer.selection.dedupe as dd
 from planner.errors import CheckpointError, ConfigError
+from plitzer.readpath.read import read_chunk
 from tests.conftest import tokens_of
 from tests.s3_fixtures import S3Data, s3
 
@@ -343,36 +344,78 @@ def test_the_pass_is_cached_and_reads_only_the_key(data: Path, monkeypatch: pyte
     assert again.frame.equals(first.frame)
 
 
-def test_ranks_split_phase_one_with_one_exchange(data: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_split_phase_one_and_each_resolves_only_the_keys_it_owns(
+    data: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, world: int
+) -> None:
+    """Each rank keys its 1/world of the chunks, and resolves about 1/world of the keys: no rank holds them all."""
+    from tests.share_fixtures import ThreadGroup, run_ranks
+
     ix = plitzer.index(data)
-    world = 2
-    n = len(dd._chunks([ix]))
-    parts: dict[int, dict[int, dd.Hashed]] = {}
-    for r in range(world):  # each rank keys its share in its own cache folder
-        monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / f"rank{r}"))
-        keyed: list[int] = []
-        real = dd._Pass.hash_chunk
+    chunks = dd._chunks([ix])
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "ranks"))
+    keyed: list[int] = []
+    resolved: list[int] = []
+    real_hash, real_first = dd._Pass.hash_chunk, dd.first_occurrences
 
-        def spy(self: Any, p: int, a: int, b: int, keyed: list[int] = keyed, real: Any = real) -> Any:
-            keyed.append(a)
-            return real(self, p, a, b)
+    def spy_hash(self: Any, p: int, a: int, b: int) -> Any:
+        keyed.append(a)
+        return real_hash(self, p, a, b)
 
-        monkeypatch.setattr(dd._Pass, "hash_chunk", spy)
+    def spy_first(keys: Any, *args: Any) -> Any:
+        resolved.append(len(keys))
+        return real_first(keys, *args)
 
-        def exchange(part: dict[int, dd.Hashed], r: int = r) -> list[dict[int, dd.Hashed]]:
-            parts[r] = part
-            return [parts[q] for q in sorted(parts)] if len(parts) == world else [part]
-
-        if r < world - 1:
-            with pytest.raises(KeyError):  # the others' parts are not there yet: this exchange is one-sided
-                dd.dedupe_index(ix, dedupe="tokens", rank=r, world=world, exchange=exchange)
-        else:
-            got = dd.dedupe_index(ix, dedupe="tokens", rank=r, world=world, exchange=exchange)
-        chunks = dd._chunks([ix])
-        assert sorted(keyed) == sorted(chunks[c][1] for c in range(n) if c * world // n == r)
-        monkeypatch.undo()
+    monkeypatch.setattr(dd._Pass, "hash_chunk", spy_hash)
+    monkeypatch.setattr(dd, "first_occurrences", spy_first)
+    group = ThreadGroup(world)
+    members = [group.member(r) for r in range(world)]
+    got = run_ranks(
+        world,
+        lambda r: dd.dedupe_index(ix, dedupe="tokens", rank=r, world=world, exchange=members[r].all_gather),
+    )
+    assert sorted(keyed) == sorted(a for _, a, _ in chunks)  # every chunk keyed once, by one rank
+    assert all(m.calls == world + 3 for m in members)
+    keys = np.concatenate([dd.hash_array(read_chunk(ix, rg), "t") for rg in range(ix.row_groups)])
+    owned = np.bincount(dd._owner(keys, world), minlength=world)
+    assert sorted(resolved) == sorted(owned.tolist())  # each rank resolves exactly the keys it owns
+    assert max(resolved) < len(keys)
+    monkeypatch.undo()
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "whole"))
-    assert got.frame.equals(dd.dedupe_index(plitzer.index(data), dedupe="tokens").frame)
+    whole = dd.dedupe_index(plitzer.index(data), dedupe="tokens")
+    for g in got:
+        assert g.frame.equals(whole.frame)
+        assert np.array_equal(g.duplicates, whole.duplicates)
+        assert all(np.array_equal(a, b) for a, b in zip(g.bits, whole.bits, strict=True))
+
+
+def test_a_ranks_error_in_phase_one_is_raised_on_every_rank(
+    data: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No rank waits in an exchange that the failed one never joins: each raises the failed rank's error."""
+    from planner.errors import DataError
+    from tests.share_fixtures import ThreadGroup, run_ranks
+
+    ix = plitzer.index(data)
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "c"))
+    real = dd._Pass.hash_chunk
+
+    def fail_first(self: Any, p: int, a: int, b: int) -> Any:
+        if a == 0:  # rank 0's first chunk
+            raise DataError("chunk 0: damaged (planted)")
+        return real(self, p, a, b)
+
+    monkeypatch.setattr(dd._Pass, "hash_chunk", fail_first)
+    group = ThreadGroup(2)
+
+    def one(r: int) -> Any:
+        try:
+            return dd.dedupe_index(ix, dedupe="tokens", rank=r, world=2, exchange=group.member(r).all_gather)
+        except DataError as e:
+            return e
+
+    got = run_ranks(2, one)
+    assert all(isinstance(g, DataError) and "planted" in str(g) for g in got)
 
 
 def test_in_process_ranks_share_the_cache(data: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

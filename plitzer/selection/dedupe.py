@@ -20,10 +20,11 @@ The pass. Phase 1 (per row group, split between ranks, cached per chunk of
 only (the token column for ``"tokens"``; the table's columns for an exclusion), key each
 row with 128 bits (:mod:`plitzer.selection.keys`) and match the exclusion table. Its
 state is bytes a row group: the keys (16 bytes a row), the positions of the rows keyed,
-the excluded rows' bitmap. Phase 2 (one exchange: every rank gathers every chunk's
-keys): the first occurrence of each key in source order (one stable sort of the keys,
-``np.unique``), the same on every rank; then each row group with a dropped row is read
-once more for its token lengths (its kept tokens). The result is cached whole, keyed
+the excluded rows' bitmap. Phase 2: the first occurrence of each key in source order,
+bucket by bucket (:func:`first_occurrences`); in a job, each rank resolves only the keys
+it owns and the ranks exchange the duplicates (:func:`_resolve_shared`), so no rank holds
+every key. Then each row group with a dropped row is read once more for its token
+lengths (its kept tokens), where phase 1 did not keep them. The result is cached whole, keyed
 by every file's identity, the sources' selections and the key (and table digest), so
 a second run reads no data.
 """
@@ -81,8 +82,12 @@ Hashed = dict[str, np.ndarray]
 ``pos`` (the keyed rows' stream positions), ``keys`` (``(sum m, 2)`` uint64), ``excl`` (stream
 positions of the excluded rows), concatenated over the chunk's row groups."""
 
-Exchange = Callable[[dict[int, Hashed]], list[dict[int, Hashed]]]
-"""Share this rank's chunks of phase 1, get every rank's."""
+Exchange = Callable[[Any], list[Any]]
+"""All-gather: share this rank's value (chunk number -> arrays, or the error its phase 1 raised),
+get every rank's, in rank order.
+
+Collective: every rank calls it the same number of times, in the same order (the pass
+calls it ``world + 3`` times: :func:`_resolve_shared`)."""
 
 
 # -- the index of the rows kept ----------------------------------------------------
@@ -432,8 +437,112 @@ def _resolve(parts: Sequence[Index], chunks: list[tuple[int, int, int]], done: d
 
     dp, dr, dpos = where(drop)
     kp, kr, kpos = where(kept)
-    table = np.stack([dp, dr, dpos, kp, kr, kpos], axis=1)
-    for p in range(len(parts)):
+    _spread(np.stack([dp, dr, dpos, kp, kr, kpos], axis=1), dup, duplicates)
+    return _Resolved(dup, excl, duplicates)
+
+
+META = ("n", "m", "x", "excl")
+"""What every rank gets of every chunk's phase 1: its counts a row group and its excluded rows."""
+
+
+def _owner(keys: Keys, world: int) -> I64:
+    """The rank that resolves each key: its second 64-bit lane modulo the ranks (equal keys, one owner).
+
+    The second lane, because :func:`first_occurrences` buckets by the first: an owner's
+    keys still spread over its buckets.
+    """
+    return (keys[:, 1] % np.uint64(world)).astype(np.int64)
+
+
+def _gathered(got: Sequence[Mapping[int, Hashed]]) -> list[tuple[int, Hashed]]:
+    """Every rank's values of one exchange, by chunk number (source order)."""
+    return sorted((c, h) for part in got for c, h in part.items())
+
+
+def _resolve_shared(
+    parts: Sequence[Index],
+    chunks: list[tuple[int, int, int]],
+    local: dict[int, Hashed] | Exception,
+    exchange: Exchange,
+    rank: int,
+    world: int,
+) -> _Resolved:
+    """:func:`_resolve` over ranks that each keyed ``local`` (their chunks), no rank holding every key.
+
+    Each key has an owner rank (:func:`_owner`), and every copy of a key goes to it, so
+    an owner finds first occurrences over its keys alone. The exchanges, all collective:
+
+    1. every chunk's counts a row group and excluded rows (bytes a row group);
+    2. one round an owner: each rank sends the keys of its chunks that the owner resolves,
+       with their global numbers (source order) and stream positions; the owner keeps
+       them, the others drop them at once (each holds about 1/world of the keys);
+    3. each owner's duplicates, as rows (dropped and kept: part, row group, position),
+       which every rank puts in source order.
+
+    The result is :func:`_resolve`'s, on every rank; a rank's keys are dropped from
+    ``local`` as they are sent. Where ``local`` is the error this rank's phase 1 raised,
+    the first exchange sends it instead, and every rank raises the first rank's error.
+    """
+    sent = local if isinstance(local, Exception) else {c: {k: h[k] for k in META} for c, h in local.items()}
+    got = exchange(sent)
+    for g in got:
+        if isinstance(g, BaseException):
+            raise g
+    assert not isinstance(local, Exception)
+    meta = dict(_gathered(got))
+    dup: list[list[I64]] = [[np.zeros(0, np.int64)] * ix.row_groups for ix in parts]
+    excl: list[list[I64]] = [[np.zeros(0, np.int64)] * ix.row_groups for ix in parts]
+    rg_m, rg_part, rg_local = [], [], []
+    for c, (p, a, _b) in enumerate(chunks):
+        m, x = meta[c]["m"], meta[c]["x"]
+        xo = np.concatenate([[0], np.cumsum(x)])
+        for i in range(len(x)):
+            if x[i]:
+                excl[p][a + i] = meta[c]["excl"][xo[i] : xo[i + 1]]
+        rg_m.append(m)
+        rg_part.append(np.full(len(m), p, np.int64))
+        rg_local.append(np.arange(a, a + len(m), dtype=np.int64))
+    m_all = np.concatenate([np.zeros(0, np.int64), *rg_m]).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(m_all)])  # each row group's first key, globally
+    part_of = np.concatenate([np.zeros(0, np.int64), *rg_part])
+    local_of = np.concatenate([np.zeros(0, np.int64), *rg_local])
+    first_rg = np.concatenate([[0], np.cumsum([len(m) for m in rg_m])]).astype(np.int64)
+    base = starts[first_rg[:-1]]  # each chunk's first key, globally
+    owners = {c: _owner(h["keys"].reshape(-1, 2), world) for c, h in local.items()}
+    g_own, k_own, pos_own = np.zeros(0, np.int64), np.zeros((0, 2), np.uint64), np.zeros(0, np.int64)
+    for d in range(world):
+        send: dict[int, Hashed] = {}
+        for c, h in local.items():
+            at = np.flatnonzero(owners[c] == d)
+            send[c] = {"g": base[c] + at, "keys": h["keys"].reshape(-1, 2)[at], "pos": h["pos"][at]}
+        got = exchange(send)
+        del send
+        if d == rank:
+            pieces = [h for _, h in _gathered(got)]  # chunk order: the keys' global order
+            g_own = np.concatenate([g_own, *(h["g"] for h in pieces)]).astype(np.int64)
+            k_own = np.concatenate([k_own, *(h["keys"] for h in pieces)]).astype(np.uint64)
+            pos_own = np.concatenate([pos_own, *(h["pos"] for h in pieces)]).astype(np.int64)
+            del pieces
+        del got
+    for c, h in list(local.items()):
+        local[c] = {n: v for n, v in h.items() if n != "keys"}  # never mutated in place: see _resolve
+    drop, kept = first_occurrences(k_own)
+    del k_own
+    gd, gk = g_own[drop], g_own[kept]
+    rd = np.searchsorted(starts, gd, side="right") - 1
+    rk = np.searchsorted(starts, gk, side="right") - 1
+    rows = np.stack([gd, part_of[rd], local_of[rd], pos_own[drop], part_of[rk], local_of[rk], pos_own[kept]], axis=1)
+    del g_own, pos_own
+    table = np.concatenate([np.zeros((0, 7), np.int64), *(h["t"] for _, h in _gathered(exchange({rank: {"t": rows}})))])
+    table = table[np.argsort(table[:, 0], kind="stable")][:, 1:]  # source order of the dropped rows
+    duplicates: list[I64] = [np.zeros((0, 5), np.int64) for _ in parts]
+    _spread(table, dup, duplicates)
+    return _Resolved(dup, excl, duplicates)
+
+
+def _spread(table: I64, dup: list[list[I64]], duplicates: list[I64]) -> None:
+    """Rows (dropped part, rg, position, kept part, rg, position), in source order, into each part's lists."""
+    for p in range(len(duplicates)):
         mine = table[table[:, 0] == p]
         duplicates[p] = mine[:, 1:]
         if len(mine):
@@ -441,7 +550,6 @@ def _resolve(parts: Sequence[Index], chunks: list[tuple[int, int, int]], done: d
             ends = np.append(first[1:], len(mine))
             for g, s0, e in zip(rgs.tolist(), first.tolist(), ends.tolist(), strict=True):
                 dup[p][g] = np.sort(mine[s0:e, 2])
-    return _Resolved(dup, excl, duplicates)
 
 
 # -- the whole pass ------------------------------------------------------------------
@@ -555,19 +663,28 @@ def dedupe_index(
         workers = threads or os.cpu_count() or 2
         if exchange is not None and world > 1:
             mine = [c for c in range(n) if c * world // n == rank]
-            done: dict[int, Hashed] = {}
-            for got in exchange(_run_chunks(ps, chunks, mine, paths, shared=False, threads=workers, progress=progress)):
-                done.update(got)
-            got = {}  # the last part: its keys are dropped from ``done`` as they are resolved
+            try:
+                done = _run_chunks(ps, chunks, mine, paths, shared=False, threads=workers, progress=progress)
+            except Exception as e:  # sent to every rank, raised there: no rank waits in the next exchange
+                _resolve_shared(parts, chunks, e, exchange, rank, world)
+                raise
+            res = _resolve_shared(parts, chunks, done, exchange, rank, world)
+            # Each rank counts the dropped tokens of its own chunks' row groups; one more exchange shares them.
+            rgs = {(p, rg) for c in mine for p, a, b in [chunks[c]] for rg in range(a, b)}
+            counted = _dropped_tokens(parts, res, workers, _kept_lengths(chunks, done), rgs)
+            del done
+            shared = exchange({rank: {"t": np.array([(*k, *v) for k, v in counted.items()], np.int64).reshape(-1, 4)}})
+            counted = {
+                (int(r[0]), int(r[1])): (int(r[2]), int(r[3])) for part in shared for h in part.values() for r in h["t"]
+            }
         else:
             start = rank * n // world if world > 1 else 0
             seq = [(start + i) % n for i in range(n)]
             done = _run_chunks(ps, chunks, seq, paths, shared=world > 1, threads=workers, progress=progress)
-        res = _resolve(parts, chunks, done)
-        known = _kept_lengths(chunks, done)
-        del done
-        cached = _counts(parts, res, workers, known)
-        del known
+            res = _resolve(parts, chunks, done)
+            counted = _dropped_tokens(parts, res, workers, _kept_lengths(chunks, done), None)
+            del done
+        cached = _counts(parts, res, counted)
         _save(result, cached)
     out = [_build(part, cached, p, key, table, names) for p, part in enumerate(parts)]
     if not isinstance(ix, MixtureIndex):
@@ -602,8 +719,8 @@ def _kept_lengths(
 ) -> dict[tuple[int, int], NDArray[np.int32]]:
     """(part, row group) -> its stream rows' token counts, where phase 1 kept them (``"tokens"``)."""
     out: dict[tuple[int, int], NDArray[np.int32]] = {}
-    for c, (p, a, _b) in enumerate(chunks):
-        h = done[c]
+    for c, h in done.items():  # every chunk, or a rank's own
+        p, a, _b = chunks[c]
         lens = h["len"]
         if len(lens) != int(h["n"].sum()):
             continue
@@ -613,35 +730,50 @@ def _kept_lengths(
     return out
 
 
-def _counts(
-    parts: Sequence[Index], res: _Resolved, threads: int, known: Mapping[tuple[int, int], NDArray[np.int32]]
-) -> dict[str, np.ndarray]:
-    """The cached result: per part, the dropped rows by row group and the tokens they held.
+def _dropped_tokens(
+    parts: Sequence[Index],
+    res: _Resolved,
+    threads: int,
+    known: Mapping[tuple[int, int], NDArray[np.int32]],
+    only: set[tuple[int, int]] | None,
+) -> dict[tuple[int, int], tuple[int, int]]:
+    """(part, row group) -> (tokens, empty documents) of its dropped rows, for each row group with one (in ``only``).
 
     A row group with a dropped row needs its rows' token counts: phase 1's where it kept
     them (``"tokens"``), else its token chunk is read once more (a column key never decoded it).
     """
-    out: dict[str, np.ndarray] = {}
     from concurrent.futures import ThreadPoolExecutor
 
+    todo = [
+        (p, rg)
+        for p, ix in enumerate(parts)
+        for rg in range(ix.row_groups)
+        if (len(res.dup[p][rg]) or len(res.excl[p][rg])) and (only is None or (p, rg) in only)
+    ]
+
+    def dropped(at: tuple[int, int]) -> tuple[int, int]:
+        p, rg = at
+        have = known.get(at)
+        lengths = have.astype(np.int64) if have is not None else list_lengths(read_chunk(parts[p], rg))
+        gone = np.union1d(res.dup[p][rg], res.excl[p][rg]).astype(np.int64)
+        return int(lengths[gone].sum()), int((lengths[gone] == 0).sum())
+
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="plitzer-dedupe") as pool:
+        return dict(zip(todo, pool.map(dropped, todo), strict=True))
+
+
+def _counts(
+    parts: Sequence[Index], res: _Resolved, counted: Mapping[tuple[int, int], tuple[int, int]]
+) -> dict[str, np.ndarray]:
+    """The cached result: per part, the dropped rows by row group and the tokens they held (``counted``)."""
+    out: dict[str, np.ndarray] = {}
     for p, ix in enumerate(parts):
         dup, excl = res.dup[p], res.excl[p]
-        todo = [rg for rg in range(ix.row_groups) if len(dup[rg]) or len(excl[rg])]
-
-        def dropped(
-            rg: int, ix: Index = ix, dup: list[I64] = dup, excl: list[I64] = excl, p: int = p
-        ) -> tuple[int, int]:
-            have = known.get((p, rg))
-            lengths = have.astype(np.int64) if have is not None else list_lengths(read_chunk(ix, rg))
-            gone = np.union1d(dup[rg], excl[rg]).astype(np.int64)
-            return int(lengths[gone].sum()), int((lengths[gone] == 0).sum())
-
-        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="plitzer-dedupe") as pool:
-            got = list(pool.map(dropped, todo))
         tok = np.zeros(ix.row_groups, np.int64)
         empty = np.zeros(ix.row_groups, np.int64)
-        for rg, (t, e) in zip(todo, got, strict=True):
-            tok[rg], empty[rg] = t, e
+        for (q, rg), (t, e) in counted.items():
+            if q == p:
+                tok[rg], empty[rg] = t, e
         out[f"rg_dup{p}"] = np.array([len(d) for d in dup], np.int64)
         out[f"rg_excl{p}"] = np.array([len(x) for x in excl], np.int64)
         out[f"pos_dup{p}"] = np.concatenate([np.zeros(0, np.int64), *dup]).astype(np.int64)

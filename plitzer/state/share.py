@@ -329,9 +329,11 @@ def share_source(source: Source, cfg: LoaderSettings, group: Collective) -> Sour
 def share_dedupe(source: Source, cfg: LoaderSettings, group: Collective) -> None:
     """Run this rank's share of the deduplication pass and gather the others' keys (SPEC section 14).
 
-    Collective, as :func:`share_selection`: each rank keys ``1/world`` of the row groups,
-    one all-gather shares the keys, and every rank resolves the first occurrences (the
-    same on each) into its cache, where the loader built next finds the whole pass.
+    Collective, as :func:`share_selection`: each rank keys ``1/world`` of the row groups
+    and resolves the first occurrences of the keys it owns; all-gathers share the counts,
+    route the keys to their owners and share the duplicates, so every rank writes the
+    same whole pass into its cache, where the loader built next finds it, and none held
+    every key (``plitzer.selection.dedupe._resolve_shared``).
     """
     from dataclasses import replace
 
