@@ -62,8 +62,8 @@ and the caller passes it (``selector=``): planner itself reads metadata only.
 
 NO_SELECTOR = (
     "where= needs a selection pass, which reads data (planner reads metadata only): pass "
-    "selector=plitzer.selector, or call plitzer.plan (this function, where importing plitzer "
-    "gives it plitzer's pass)"
+    "selector=plitzer.selector, or call plitzer.plan (this function: it defaults to the installed "
+    "pass, plitzer's)"
 )
 
 

@@ -1,29 +1,44 @@
-"""The runtime's passes, where plitzer is loaded: the defaults of planner's two public entry points.
+"""The runtime's passes: the defaults of planner's public entry points, as installed.
 
 planner reads metadata only; what reads data (the ``where=`` selection, ``dedupe=``, the
-count of a row group whose footer has no statistics) is plitzer's, and everything inside
-planner takes it as an argument, which plitzer's entry points pass. ``planner.plan`` and
-``planner.index`` are public functions that SPEC sections 2 and 6 make work as plitzer's
-(``plitzer.plan`` is ``planner.plan``), so where a caller gives no pass, their default is
-plitzer's, found in ``sys.modules`` where plitzer is loaded already: nothing imported,
-nothing registered, and a process without plitzer gets the error that says what to pass.
+count of a row group whose footer has no statistics, the document lengths of
+``plan.pieces``) is plitzer's, and everything inside planner takes it as an argument,
+which plitzer's entry points pass. ``planner.plan`` and ``planner.index`` are public
+functions that SPEC sections 2 and 6 make work as plitzer's (``plitzer.plan`` is
+``planner.plan``), so where a caller gives no pass, their default is the one installed
+under the entry-point group ``planner.passes`` (pyproject.toml: plitzer's). What a call
+does depends on what is installed, never on what this process happened to import: no
+registry, no module look-up; a pass that is not installed gets the error that says what
+to pass.
 """
 
 from __future__ import annotations
 
-import sys
+from functools import cache
 from typing import Any
 
-__all__ = ["runtime_pass"]
+__all__ = ["COUNT", "DEDUPE", "GROUP", "LENGTHS", "SELECT", "runtime_pass"]
 
-COUNT = ("plitzer.readpath.read", "count_chunk")
-SELECT = ("plitzer.selection.select", "select_spec")
-DEDUPE = ("plitzer.selection.dedupe", "dedupe_index")
+GROUP = "planner.passes"
+COUNT = "count"
+SELECT = "select"
+DEDUPE = "dedupe"
+LENGTHS = "lengths"
 
 
-def runtime_pass(given: Any, where: tuple[str, str]) -> Any:
-    """``given``, else plitzer's pass ``where`` (module, name) where plitzer is loaded, else None."""
+def runtime_pass(given: Any, name: str) -> Any:
+    """``given``, else the pass installed as ``name`` in :data:`GROUP` (loaded once), else None."""
     if given is not None:
         return given
-    found = getattr(sys.modules.get(where[0]), where[1], None)
-    return found if callable(found) else None
+    return _installed(name)
+
+
+@cache
+def _installed(name: str) -> Any:
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=GROUP, name=name):
+        found = ep.load()
+        if callable(found):
+            return found
+    return None

@@ -189,27 +189,25 @@ def _fresh(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_planner_plan_with_where_without_plitzer_says_what_to_pass(data: str) -> None:
+def test_planner_alone_plans_with_the_installed_passes_whatever_was_imported(data: str) -> None:
+    """A process that imports planner and never plitzer plans where= selections (one source and a mixture's)
+    and pieces with lengths: the passes are the installed ones (pyproject.toml's ``planner.passes``,
+    planner.runtime), so what a call does never depends on what was imported before it."""
     got = _fresh(
         f"""
         import sys
         import planner
-        from planner.errors import ConfigError
         assert "plitzer" not in sys.modules
         for source in ({data!r}, {{"a": {{"path": {data!r}, "where": "score >= 3"}}}}):
-            try:
-                planner.plan(source, where="score >= 3" if isinstance(source, str) else None, lanes=4, window=2)
-            except ConfigError as e:
-                print("REFUSED", e)
-        print("plitzer" in sys.modules)
+            where = "score >= 3" if isinstance(source, str) else None
+            p = planner.plan(source, where=where, lanes=4, window=2, seq_len=16)
+            print(p.tokens)
+        print(p.pieces(0).head(3).collect().height)
         """
     )
     assert got.returncode == 0, got.stderr
-    lines = got.stdout.splitlines()
-    assert lines[0] == f"REFUSED {NO_SELECTOR}"
-    assert lines[1] == f"REFUSED source 'a': {NO_SELECTOR}"
-    assert "selector=plitzer.selector" in lines[0] and "plitzer.plan" in lines[0]
-    assert lines[2] == "False"
+    want = plitzer.plan(data, where="score >= 3", lanes=4, window=2, seq_len=16).tokens
+    assert got.stdout.split() == [str(want), str(want), "3"]
 
 
 def test_planner_plan_takes_the_selector_explicitly(data: str) -> None:
@@ -237,12 +235,17 @@ def test_planner_plan_takes_the_selector_explicitly(data: str) -> None:
 
 
 def test_only_planner_plan_finds_the_runtime_passes_everything_else_is_given_them(data: str) -> None:
-    """plitzer.plan is planner.plan (SPEC section 6), so its defaults are plitzer's passes where it is loaded
+    """plitzer.plan is planner.plan (SPEC section 6), so its defaults are plitzer's passes as installed
     (planner.runtime); open_index, which plitzer's entry points call, uses what it is given, or refuses."""
     from planner.api import open_index
+    from planner.runtime import COUNT, DEDUPE, LENGTHS, SELECT, runtime_pass
 
     assert plitzer.plan is planner.plan
-    assert "plitzer.selection.select" in sys.modules
+    assert runtime_pass(None, SELECT) is plitzer.selection.select.select_spec
+    assert runtime_pass(None, DEDUPE) is plitzer.selection.dedupe.dedupe_index
+    assert runtime_pass(None, COUNT) is plitzer.readpath.read.count_chunk
+    assert runtime_pass(None, LENGTHS) is plitzer.tools.locate.plan_lengths
+    assert runtime_pass(None, "nosuch") is None
     with pytest.raises(ConfigError) as e:
         open_index(data, where="score >= 3")
     assert str(e.value) == NO_SELECTOR

@@ -545,8 +545,8 @@ def index(
     count : callable, optional
         Counts a row group whose footer lacks statistics by reading its token
         column once (:class:`planner.catalog.footer.ChunkCounter`): by default the
-        runtime's, ``plitzer.readpath.read.count_chunk``, where plitzer is loaded
-        (:mod:`planner.runtime`). planner itself reads metadata only: without plitzer such
+        runtime's, ``plitzer.readpath.read.count_chunk``, as installed
+        (:mod:`planner.runtime`). planner itself reads metadata only: without that pass such
         a footer is a DataError saying what to pass.
     counting : Counting, optional
         How to count a row group's tokens; by default ``FooterCounting(column, count)``
@@ -567,7 +567,7 @@ def index(
     >>> ix.frame.columns[:5]
     ['file', 'file_index', 'row_group', 'rows', 'tokens']
     """
-    if counting is None:  # plitzer's counter where plitzer is loaded (planner.runtime), unless given
+    if counting is None:  # plitzer's counter as installed (planner.runtime), unless given
         counting = FooterCounting(column, runtime_pass(count, COUNT))
     entries, src = list_files(source, storage_options)
     return index_entries(entries, src, counting, progress=progress, threads=threads)

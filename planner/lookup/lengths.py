@@ -4,7 +4,7 @@ Where a piece lands depends on the token lengths of the documents that share its
 (the shuffle places a piece after those it draws ahead of it). planner reads no data,
 so lengths come in as :data:`Lengths`, a function of row groups: from an array of
 every document's length (:func:`lengths_from_array`), any callable, or the runtime's
-reader, which plitzer registers (:func:`set_length_reader`: its cached document pass).
+reader as installed (:mod:`planner.runtime`: plitzer's cached document pass).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from numpy.typing import NDArray
 
 from planner.catalog.rowgroups import RowGroupIndex, stream_counts
 from planner.errors import ConfigError
+from planner.runtime import LENGTHS, runtime_pass
 
-__all__ = ["LengthReader", "Lengths", "as_lengths", "default_lengths", "lengths_from_array", "set_length_reader"]
+__all__ = ["LengthReader", "Lengths", "as_lengths", "default_lengths", "lengths_from_array"]
 
 I64 = NDArray[np.int64]
 
@@ -28,26 +29,19 @@ Lengths = Callable[[I64], Sequence[I64]]
 A selected row group (``where=``) gives its selected documents only."""
 
 LengthReader = Callable[[RowGroupIndex], Lengths]
-"""What makes :data:`Lengths` for an index that reads data: the runtime's (plitzer sets it)."""
-
-_reader: LengthReader | None = None
-
-
-def set_length_reader(reader: LengthReader) -> None:
-    """Make ``reader`` where :meth:`planner.order.plan.Plan.pieces` gets document lengths (plitzer calls this)."""
-    global _reader  # noqa: PLW0603  # one process-wide default, as planner.api's selector
-    _reader = reader
+"""What makes :data:`Lengths` for an index that reads data: the runtime's (``plitzer.tools.locate.plan_lengths``)."""
 
 
 def default_lengths(index: RowGroupIndex) -> Lengths:
-    """The runtime's :data:`Lengths` of ``index`` (a ConfigError saying what to do where none is set)."""
-    if _reader is None:
+    """The runtime's :data:`Lengths` of ``index`` (a ConfigError saying what to do where none is installed)."""
+    reader: LengthReader | None = runtime_pass(None, LENGTHS)
+    if reader is None:
         msg = (
             "plan.pieces needs each document's token length, which is data: import plitzer first (its "
             "cached document pass reads them), or pass lengths= (every document's length, in index order)"
         )
         raise ConfigError(msg)
-    return _reader(index)
+    return reader(index)
 
 
 def lengths_from_array(lengths: I64, rows: I64) -> Lengths:

@@ -53,7 +53,7 @@ from planner.errors import ConfigError
 from planner.hashing import key, permutation
 from planner.lanes import lane_of
 from planner.lookup.cut import Pieces, PlanView, concat_ranges, window_pieces
-from planner.lookup.lengths import Lengths, as_lengths, lengths_from_array, set_length_reader
+from planner.lookup.lengths import Lengths, as_lengths, lengths_from_array
 
 __all__ = [
     "Lengths",
@@ -67,7 +67,6 @@ __all__ = [
     "lengths_from_array",
     "locate_pieces",
     "positions",
-    "set_length_reader",
     "window_pieces",
     "windows_of_steps",
 ]

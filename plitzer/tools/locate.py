@@ -44,7 +44,6 @@ from planner.lookup.pieces import (
     epochs_of_steps,
     lengths_from_array,
     locate_pieces,
-    set_length_reader,
 )
 from planner.lookup.staged import epochs_of_steps as staged_epochs
 from planner.lookup.staged import lanes_of_steps, spans, staged_pieces
@@ -60,7 +59,7 @@ from plitzer.state.settings import KeywordsLessWhere, LoaderSettings
 from plitzer.state.settings import Source as AnySource
 from plitzer.tools.targets import Rows, part_of, target_documents
 
-__all__ = ["Keywords", "RowLengths", "locate", "locate_in_plan", "parse_epochs", "target_documents"]
+__all__ = ["Keywords", "RowLengths", "locate", "locate_in_plan", "parse_epochs", "plan_lengths", "target_documents"]
 
 I64 = NDArray[np.int64]
 
@@ -321,12 +320,12 @@ def locate(
     return pl.concat([out, dropped], how="diagonal_relaxed")
 
 
-def _plan_lengths(ix: RowGroupIndex) -> Lengths:
-    """:meth:`planner.order.plan.Plan.pieces`'s lengths: the cached document pass over the whole dataset."""
+def plan_lengths(ix: RowGroupIndex) -> Lengths:
+    """:meth:`planner.order.plan.Plan.pieces`'s lengths: the cached document pass over the whole dataset.
+
+    Installed as the ``lengths`` pass of ``planner.passes`` (pyproject.toml, :mod:`planner.runtime`).
+    """
     from plitzer.tools.explain import document_pass
 
     rows = stream_counts(ix.frame)[1].to_numpy().astype(np.int64)
     return lengths_from_array(document_pass(ix)[0], rows)
-
-
-set_length_reader(_plan_lengths)
