@@ -11,7 +11,9 @@ then measures, each in a fresh process (its peak RSS is its own):
    time and the memory it allocates (tracemalloc), from which 10**8 documents are
    estimated: phase 1 is per row group (so linear), the resolution runs bucket by bucket
    of 2**22 keys (so linear too), and phase 1's state is 24 bytes a document (20 for a column key);
-5. with ``--ranks N`` (default 4; 0 skips it), ``dedupe="tokens"`` cold as a job of N gloo
+5. with ``--spill-keys K``, ``dedupe="tokens"`` cold with the keys spilled into bucket files past
+   K keys (one process past ``SPILL_KEYS``, 2**24, does so): its time and peak RSS beside 1.;
+6. with ``--ranks N`` (default 4; 0 skips it), ``dedupe="tokens"`` cold as a job of N gloo
    processes (``torch.distributed``, each its own cache folder): each rank's time and peak
    RSS growth, beside one process's (1.): each rank keys 1/N of the row groups and
    resolves only the keys it owns.
@@ -85,8 +87,12 @@ def _reset_peak() -> None:
         Path("/proc/self/clear_refs").write_text("5")
 
 
-def measure(data: str, key: str, cache: str) -> dict[str, float]:
+def measure(data: str, key: str, cache: str, spill_keys: int = 0) -> dict[str, float]:
     os.environ["PLITZER_CACHE"] = cache
+    if spill_keys:
+        import plitzer.selection.dedupe
+
+        plitzer.selection.dedupe.SPILL_KEYS = spill_keys
     # One-time costs of a fresh process (imports, thread pools) are not the pass's: one tiny pass first.
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -191,7 +197,8 @@ def main() -> None:
     ap.add_argument("--dup", type=float, default=0.05)
     ap.add_argument("--rows", type=int, default=10_000, help="documents a row group")
     ap.add_argument("--sim", type=int, default=10_000_000, help="keys of the simulated resolution")
-    ap.add_argument("--measure", nargs=3, metavar=("DATA", "KEY", "CACHE"), help=argparse.SUPPRESS)
+    ap.add_argument("--spill-keys", type=int, default=0, help="also a cold tokens pass spilling past this many keys")
+    ap.add_argument("--measure", nargs=4, metavar=("DATA", "KEY", "CACHE", "SPILL"), help=argparse.SUPPRESS)
     ap.add_argument("--ranks", type=int, default=4, help="gloo processes of the job run (0: none)")
     ap.add_argument("--simulate", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--rank-of", nargs=5, metavar=("DATA", "TMP", "WORLD", "PORT", "RANK"), help=argparse.SUPPRESS)
@@ -201,7 +208,8 @@ def main() -> None:
         print(json.dumps(rank_measure(d, f"{tmp}/rank{rank}", int(rank), int(world), int(port))))
         return
     if args.measure:
-        print(json.dumps(measure(*args.measure)))
+        d, k, c, spill = args.measure
+        print(json.dumps(measure(d, k, c, int(spill))))
         return
     if args.simulate is not None:
         print(json.dumps(simulate(args.simulate, args.dup)))
@@ -212,9 +220,9 @@ def main() -> None:
         docs, tokens = write(data, args.docs, args.mean_length, args.dup, args.rows)
         size = sum(p.stat().st_size for p in data.glob("*.parquet"))
         print(f"data: {docs:,} documents, {tokens:,} tokens, {size / 2**20:.0f} MiB ({time.perf_counter() - t:.1f} s)")
-        tok = _child("--measure", str(data), "tokens", str(Path(tmp) / "c1"))
-        url = _child("--measure", str(data), "url", str(Path(tmp) / "c2"))
-        warm = _child("--measure", str(data), "tokens", str(Path(tmp) / "c1"))
+        tok = _child("--measure", str(data), "tokens", str(Path(tmp) / "c1"), "0")
+        url = _child("--measure", str(data), "url", str(Path(tmp) / "c2"), "0")
+        warm = _child("--measure", str(data), "tokens", str(Path(tmp) / "c1"), "0")
         sim = _child("--simulate", str(args.sim), "--dup", str(args.dup))
         rg = tok["row_groups"]
         print(f"dedupe='tokens' cold: {tok['seconds']:.2f} s ({docs / tok['seconds']:,.0f} docs/s), peak RSS "
@@ -224,6 +232,12 @@ def main() -> None:
               f"{url['peak_rss_mib']:.0f} MiB (+{url['rss_growth_mib']:.0f}), "
               f"{url['dropped']:,.0f} dropped")  # fmt: skip
         print(f"dedupe='tokens' warm: {warm['seconds']:.3f} s (cached), peak RSS {warm['peak_rss_mib']:.0f} MiB")
+        if args.spill_keys:
+            sp = _child("--measure", str(data), "tokens", str(Path(tmp) / "c3"), str(args.spill_keys))
+            assert sp["dropped"] == tok["dropped"], "the spilled pass differs from the in-memory one"
+            print(f"dedupe='tokens' cold, keys spilled by bucket past {args.spill_keys:,}: {sp['seconds']:.2f} s, "
+                  f"peak RSS {sp['peak_rss_mib']:.0f} MiB (+{sp['rss_growth_mib']:.0f}; in memory: "
+                  f"+{tok['rss_growth_mib']:.0f})")  # fmt: skip
         print(f"resolution of {args.sim:,} keys: {sim['seconds']:.2f} s, allocations peak {sim['alloc_peak_mib']:.0f} "
               f"MiB beside {sim['keys_mib']:.0f} MiB of keys")  # fmt: skip
         if args.ranks > 1:

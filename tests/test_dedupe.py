@@ -21,6 +21,7 @@ import pytest
 import plitzer
 import plitzer.selection.dedupe as dd
 from planner.errors import CheckpointError, ConfigError
+from planner.mixing.mixindex import MixtureIndex
 from plitzer.readpath.read import read_chunk
 from tests.conftest import tokens_of
 from tests.s3_fixtures import S3Data, s3
@@ -224,6 +225,43 @@ def test_exclude_matches_all_columns_of_a_row(tmp_path: Path) -> None:
     ix = dd.dedupe_index(plitzer.index(tmp_path / "d.parquet"), exclude=tmp_path / "x.parquet")
     assert ix.selected_rows(0).tolist() == [0, 1]  # only (a, 3) is listed
     assert dd.dropped_of(ix, 0, 2) == ("excluded", None)
+
+
+@pytest.mark.parametrize("key", ["tokens", "url"])
+def test_a_pass_beyond_memory_spills_its_keys_by_bucket_and_gives_the_same_result(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str
+) -> None:
+    """Past SPILL_KEYS, one process spills phase 1's keys into bucket files and resolves one at a time:
+    the result (counts, bitmaps, each duplicate's kept document) is the in-memory pass's, exclusions too."""
+    path, _ = _exclusion(tmp_path, data, "parquet")
+    web = make_source(tmp_path / "web", seed=2)
+    for n, source in enumerate([data, {"web": web, "data": data}]):
+        monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / f"memory-{n}"))
+        if isinstance(source, Path):
+            ix = plitzer.index(source)
+        else:
+            with plitzer.Loader(source, **CFG) as ld:
+                ix = ld.index
+        want = dd.dedupe_index(ix, dedupe=key, exclude=path)
+        assert int(want.frame["rows_duplicate"].sum()) > 0 and int(want.frame["rows_excluded"].sum()) > 0
+        monkeypatch.setattr(dd, "SPILL_KEYS", 7)  # a handful of keys a bucket: many buckets
+        buckets: list[int] = []
+
+        def spy(*a: Any, buckets: list[int] = buckets, real: Any = dd._resolve_spilled) -> Any:
+            buckets.append(a[3].buckets)
+            return real(*a)
+
+        monkeypatch.setattr(dd, "_resolve_spilled", spy)
+        monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / f"spilled-{n}"))
+        got = dd.dedupe_index(ix, dedupe=key, exclude=path)
+        assert buckets and buckets[0] > 8
+        wants = want.parts if isinstance(want, MixtureIndex) else [want]
+        gots = got.parts if isinstance(got, MixtureIndex) else [got]
+        for w, g in zip(wants, gots, strict=True):
+            assert g.frame.equals(w.frame)
+            assert np.array_equal(g.duplicates, w.duplicates)
+            assert all(np.array_equal(a, b) for a, b in zip(g.bits, w.bits, strict=True))
+        monkeypatch.undo()
 
 
 def test_mixture_drops_from_a_later_source_what_an_earlier_one_has(tmp_path: Path) -> None:

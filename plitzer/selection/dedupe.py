@@ -35,10 +35,13 @@ import hashlib
 import io
 import json
 import os
+import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import polars as pl
@@ -46,7 +49,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from planner.catalog.dataset import Index
-from planner.catalog.rowgroups import RowGroupIndex, with_selected
+from planner.catalog.rowgroups import RowGroupIndex, stream_counts, with_selected
 from planner.errors import ConfigError, DataError
 from planner.mixing.mixindex import MixtureIndex
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
@@ -293,13 +296,17 @@ def _run_chunks(
     shared: bool,
     threads: int,
     progress: bool | None,
+    keep: Callable[[int, Hashed], Hashed] | None = None,
 ) -> dict[int, Hashed]:
-    """Phase 1 of ``chunks[order]``: from the cache, else keyed (and written there)."""
+    """Phase 1 of ``chunks[order]``: from the cache, else keyed (and written there).
+
+    ``keep(c, h)``: what of chunk ``c``'s phase 1 stays in memory (:meth:`_Spill.keep`), as each comes.
+    """
     done: dict[int, Hashed] = {}
     for c in order:
         got = _load(paths[c], _HASHED)
         if got is not None and len(got["n"]) == chunks[c][2] - chunks[c][1]:
-            done[c] = got
+            done[c] = got if keep is None else keep(c, got)
     todo = [c for c in order if c not in done]
     if not todo:
         return done
@@ -331,8 +338,9 @@ def _run_chunks(
             leave=False,
         )
         for c, h in bar:
+            kept = h if keep is None else keep(c, h)
             with lock:
-                done[c] = h
+                done[c] = kept
     return done
 
 
@@ -490,31 +498,14 @@ def _resolve_shared(
             raise g
     assert not isinstance(local, Exception)
     meta = dict(_gathered(got))
-    dup: list[list[I64]] = [[np.zeros(0, np.int64)] * ix.row_groups for ix in parts]
-    excl: list[list[I64]] = [[np.zeros(0, np.int64)] * ix.row_groups for ix in parts]
-    rg_m, rg_part, rg_local = [], [], []
-    for c, (p, a, _b) in enumerate(chunks):
-        m, x = meta[c]["m"], meta[c]["x"]
-        xo = np.concatenate([[0], np.cumsum(x)])
-        for i in range(len(x)):
-            if x[i]:
-                excl[p][a + i] = meta[c]["excl"][xo[i] : xo[i + 1]]
-        rg_m.append(m)
-        rg_part.append(np.full(len(m), p, np.int64))
-        rg_local.append(np.arange(a, a + len(m), dtype=np.int64))
-    m_all = np.concatenate([np.zeros(0, np.int64), *rg_m]).astype(np.int64)
-    starts = np.concatenate([[0], np.cumsum(m_all)])  # each row group's first key, globally
-    part_of = np.concatenate([np.zeros(0, np.int64), *rg_part])
-    local_of = np.concatenate([np.zeros(0, np.int64), *rg_local])
-    first_rg = np.concatenate([[0], np.cumsum([len(m) for m in rg_m])]).astype(np.int64)
-    base = starts[first_rg[:-1]]  # each chunk's first key, globally
+    lay = _Layout.of(parts, chunks, meta)
     owners = {c: _owner(h["keys"].reshape(-1, 2), world) for c, h in local.items()}
     g_own, k_own, pos_own = np.zeros(0, np.int64), np.zeros((0, 2), np.uint64), np.zeros(0, np.int64)
     for d in range(world):
         send: dict[int, Hashed] = {}
         for c, h in local.items():
             at = np.flatnonzero(owners[c] == d)
-            send[c] = {"g": base[c] + at, "keys": h["keys"].reshape(-1, 2)[at], "pos": h["pos"][at]}
+            send[c] = {"g": lay.base[c] + at, "keys": h["keys"].reshape(-1, 2)[at], "pos": h["pos"][at]}
         got = exchange(send)
         del send
         if d == rank:
@@ -526,18 +517,166 @@ def _resolve_shared(
         del got
     for c, h in list(local.items()):
         local[c] = {n: v for n, v in h.items() if n != "keys"}  # never mutated in place: see _resolve
-    drop, kept = first_occurrences(k_own)
-    del k_own
-    gd, gk = g_own[drop], g_own[kept]
-    rd = np.searchsorted(starts, gd, side="right") - 1
-    rk = np.searchsorted(starts, gk, side="right") - 1
-    rows = np.stack([gd, part_of[rd], local_of[rd], pos_own[drop], part_of[rk], local_of[rk], pos_own[kept]], axis=1)
-    del g_own, pos_own
-    table = np.concatenate([np.zeros((0, 7), np.int64), *(h["t"] for _, h in _gathered(exchange({rank: {"t": rows}})))])
-    table = table[np.argsort(table[:, 0], kind="stable")][:, 1:]  # source order of the dropped rows
-    duplicates: list[I64] = [np.zeros((0, 5), np.int64) for _ in parts]
-    _spread(table, dup, duplicates)
-    return _Resolved(dup, excl, duplicates)
+    rows = lay.duplicates_of(g_own, k_own, pos_own)
+    del g_own, k_own, pos_own
+    return lay.resolved([h["t"] for _, h in _gathered(exchange({rank: {"t": rows}}))])
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each key of phase 1 sits, from every chunk's counts (bytes a row group): the resolvers' common ground.
+
+    Keys are numbered globally in source order (chunks in order, their keyed rows in
+    order); ``starts`` is each row group's first key, ``part_of``/``local_of`` each row
+    group's part and row group there, ``base`` each chunk's first key.
+    """
+
+    n_parts: int
+    dup: list[list[I64]]
+    excl: list[list[I64]]
+    starts: I64
+    part_of: I64
+    local_of: I64
+    base: I64
+
+    @classmethod
+    def of(cls, parts: Sequence[Index], chunks: list[tuple[int, int, int]], meta: Mapping[int, Hashed]) -> _Layout:
+        dup: list[list[I64]] = [[np.zeros(0, np.int64)] * ix.row_groups for ix in parts]
+        excl: list[list[I64]] = [[np.zeros(0, np.int64)] * ix.row_groups for ix in parts]
+        rg_m, rg_part, rg_local = [], [], []
+        for c, (p, a, _b) in enumerate(chunks):
+            m, x = meta[c]["m"], meta[c]["x"]
+            xo = np.concatenate([[0], np.cumsum(x)])
+            for i in range(len(x)):
+                if x[i]:
+                    excl[p][a + i] = meta[c]["excl"][xo[i] : xo[i + 1]]
+            rg_m.append(m)
+            rg_part.append(np.full(len(m), p, np.int64))
+            rg_local.append(np.arange(a, a + len(m), dtype=np.int64))
+        m_all = np.concatenate([np.zeros(0, np.int64), *rg_m]).astype(np.int64)
+        starts = np.concatenate([[0], np.cumsum(m_all)]).astype(np.int64)
+        first_rg = np.concatenate([[0], np.cumsum([len(m) for m in rg_m])]).astype(np.int64)
+        return cls(
+            n_parts=len(parts),
+            dup=dup,
+            excl=excl,
+            starts=starts,
+            part_of=np.concatenate([np.zeros(0, np.int64), *rg_part]),
+            local_of=np.concatenate([np.zeros(0, np.int64), *rg_local]),
+            base=starts[first_rg[:-1]],
+        )
+
+    def duplicates_of(self, g: I64, keys: Keys, pos: I64) -> I64:
+        """Rows (global number dropped, part, rg, position, kept part, rg, position) of the keys given in
+        source order (``g`` ascending): every copy of each of their keys must be among them."""
+        drop, kept = first_occurrences(keys)
+        gd, gk = g[drop], g[kept]
+        rd = np.searchsorted(self.starts, gd, side="right") - 1
+        rk = np.searchsorted(self.starts, gk, side="right") - 1
+        cols = [gd, self.part_of[rd], self.local_of[rd], pos[drop], self.part_of[rk], self.local_of[rk], pos[kept]]
+        return np.stack([np.asarray(c, np.int64) for c in cols], axis=1)
+
+    def resolved(self, tables: Sequence[I64]) -> _Resolved:
+        """The :class:`_Resolved` of every group of keys' :meth:`duplicates_of` rows, in any order."""
+        table = np.concatenate([np.zeros((0, 7), np.int64), *tables])
+        table = table[np.argsort(table[:, 0], kind="stable")][:, 1:]  # source order of the dropped rows
+        duplicates: list[I64] = [np.zeros((0, 5), np.int64) for _ in range(self.n_parts)]
+        _spread(table, self.dup, duplicates)
+        return _Resolved(self.dup, self.excl, duplicates)
+
+
+SPILL_KEYS = 1 << 24
+"""Keys one process resolves in memory (400 MB of phase 1's state); beyond, they are spilled by bucket."""
+
+_SPILLED = np.dtype([("k0", "<u8"), ("k1", "<u8"), ("c", "<i8"), ("pos", "<i4")])
+
+
+class _Spill:
+    """Phase 1's keys out of memory: each chunk's keys, as it comes, appended to one of ``buckets`` files.
+
+    A key's bucket is its second lane modulo the buckets (as :func:`_owner`), so every copy of
+    a key lands in one file, and one file at a time is resolved: what one process holds is a
+    bucket's keys, not the corpus's (:func:`_resolve_spilled`). A record is 28 bytes: the
+    key, the chunk and row within it, the stream position.
+    """
+
+    def __init__(self, folder: Path, buckets: int) -> None:
+        self.folder, self.buckets = folder, buckets
+        self._lock = threading.Lock()
+
+    def path(self, b: int) -> Path:
+        return self.folder / f"bucket-{b:05d}.bin"
+
+    def keep(self, c: int, h: Hashed) -> Hashed:
+        """Spill chunk ``c``'s keys; what stays in memory (its counts and excluded rows)."""
+        keys = h["keys"].reshape(-1, 2)
+        rec = np.empty(len(keys), _SPILLED)
+        rec["k0"], rec["k1"], rec["pos"] = keys[:, 0], keys[:, 1], h["pos"]
+        rec["c"] = (np.int64(c) << np.int64(32)) | np.arange(len(keys), dtype=np.int64)
+        of = _owner(keys, self.buckets)
+        order = np.argsort(of, kind="stable")
+        cuts = np.searchsorted(of[order], np.arange(self.buckets + 1))
+        with self._lock:
+            for b in range(self.buckets):
+                if cuts[b + 1] > cuts[b]:
+                    with self.path(b).open("ab") as f:
+                        rec[order[cuts[b] : cuts[b + 1]]].tofile(f)
+        return {k: h[k] for k in META}
+
+    def bucket(self, b: int, base: I64) -> tuple[I64, Keys, I64]:
+        """Bucket ``b``'s keys in source order: global numbers, keys, stream positions."""
+        path = self.path(b)
+        rec = np.fromfile(path, _SPILLED) if path.exists() else np.empty(0, _SPILLED)
+        g = base[rec["c"] >> np.int64(32)] + (rec["c"] & np.int64(0xFFFFFFFF))
+        order = np.argsort(g, kind="stable")
+        keys = np.stack([rec["k0"][order], rec["k1"][order]], axis=1)
+        return g[order], keys, rec["pos"][order].astype(np.int64)
+
+
+def _resolve_spilled(
+    parts: Sequence[Index], chunks: list[tuple[int, int, int]], meta: Mapping[int, Hashed], spill: _Spill
+) -> _Resolved:
+    """:func:`_resolve` from spilled keys, one bucket in memory at a time."""
+    lay = _Layout.of(parts, chunks, meta)
+    tables = []
+    for b in range(spill.buckets):
+        g, keys, pos = spill.bucket(b, lay.base)
+        tables.append(lay.duplicates_of(g, keys, pos))
+        spill.path(b).unlink(missing_ok=True)
+        del g, keys, pos
+    return lay.resolved(tables)
+
+
+class _KnownLengths(Protocol):
+    """Phase 1's token counts of a row group's stream rows, where it kept them (``"tokens"``)."""
+
+    def get(self, at: tuple[int, int], /) -> NDArray[np.int32] | None: ...
+
+
+class _CachedLengths:
+    """``(part, row group) -> stream rows' token counts`` read back from phase 1's cached chunks (``"tokens"``).
+
+    What :func:`_kept_lengths` gives from memory, for a pass whose chunks were spilled: a
+    row group with a dropped row loads its chunk's entry again (the last few kept), else
+    (an entry not cached) the caller reads the token chunk.
+    """
+
+    def __init__(self, chunks: list[tuple[int, int, int]], paths: list[Any]) -> None:
+        self._of = {(p, rg): c for c, (p, a, b) in enumerate(chunks) for rg in range(a, b)}
+        self._chunks, self._paths = chunks, paths
+        self._load = lru_cache(maxsize=8)(self._chunk)
+
+    def _chunk(self, c: int) -> dict[int, NDArray[np.int32]]:
+        got = _load(self._paths[c], ("n", "len"))
+        if got is None or len(got["len"]) != int(got["n"].sum()):
+            return {}
+        offs = np.concatenate([[0], np.cumsum(got["n"])])
+        a = self._chunks[c][1]
+        return {a + i: got["len"][offs[i] : offs[i + 1]] for i in range(len(got["n"]))}
+
+    def get(self, at: tuple[int, int]) -> NDArray[np.int32] | None:
+        c = self._of.get(at)
+        return None if c is None else self._load(c).get(at[1])
 
 
 def _spread(table: I64, dup: list[list[I64]], duplicates: list[I64]) -> None:
@@ -680,10 +819,20 @@ def dedupe_index(
         else:
             start = rank * n // world if world > 1 else 0
             seq = [(start + i) % n for i in range(n)]
-            done = _run_chunks(ps, chunks, seq, paths, shared=world > 1, threads=workers, progress=progress)
-            res = _resolve(parts, chunks, done)
-            counted = _dropped_tokens(parts, res, workers, _kept_lengths(chunks, done), None)
-            del done
+            rows = sum(int(stream_counts(ix.frame)[1].sum()) for ix in parts)
+            if rows <= SPILL_KEYS:
+                done = _run_chunks(ps, chunks, seq, paths, shared=world > 1, threads=workers, progress=progress)
+                res = _resolve(parts, chunks, done)
+                counted = _dropped_tokens(parts, res, workers, _kept_lengths(chunks, done), None)
+                del done
+            else:  # more keys than memory should hold: spilled by bucket, resolved one bucket at a time
+                with tempfile.TemporaryDirectory(prefix="plitzer-dedupe-") as tmp:
+                    spill = _Spill(Path(tmp), -(-rows // SPILL_KEYS) * 4)
+                    meta = _run_chunks(
+                        ps, chunks, seq, paths, shared=world > 1, threads=workers, progress=progress, keep=spill.keep
+                    )
+                    res = _resolve_spilled(parts, chunks, meta, spill)
+                counted = _dropped_tokens(parts, res, workers, _CachedLengths(chunks, paths), None)
         cached = _counts(parts, res, counted)
         _save(result, cached)
     out = [_build(part, cached, p, key, table, names) for p, part in enumerate(parts)]
@@ -734,7 +883,7 @@ def _dropped_tokens(
     parts: Sequence[Index],
     res: _Resolved,
     threads: int,
-    known: Mapping[tuple[int, int], NDArray[np.int32]],
+    known: _KnownLengths,
     only: set[tuple[int, int]] | None,
 ) -> dict[tuple[int, int], tuple[int, int]]:
     """(part, row group) -> (tokens, empty documents) of its dropped rows, for each row group with one (in ``only``).
