@@ -13,7 +13,9 @@ then measures, each in a fresh process (its peak RSS is its own):
    of 2**22 keys (so linear too), and phase 1's state is 24 bytes a document (20 for a column key);
 5. with ``--spill-keys K``, ``dedupe="tokens"`` cold with the keys spilled into bucket files past
    K keys (one process past ``SPILL_KEYS``, 2**24, does so): its time and peak RSS beside 1.;
-6. with ``--ranks N`` (default 4; 0 skips it), ``dedupe="tokens"`` cold as a job of N gloo
+6. with ``--spilled K`` (e.g. 10**8), phase 2 of one process over K simulated keys through the
+   pass's own spill and bucket-by-bucket resolution: times, disk, peak RSS growth;
+7. with ``--ranks N`` (default 4; 0 skips it), ``dedupe="tokens"`` cold as a job of N gloo
    processes (``torch.distributed``, each its own cache folder): each rank's time and peak
    RSS growth, beside one process's (1.): each rank keys 1/N of the row groups and
    resolves only the keys it owns.
@@ -34,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -90,9 +93,9 @@ def _reset_peak() -> None:
 def measure(data: str, key: str, cache: str, spill_keys: int = 0) -> dict[str, float]:
     os.environ["PLITZER_CACHE"] = cache
     if spill_keys:
-        import plitzer.selection.dedupe
+        import plitzer.selection.firsts
 
-        plitzer.selection.dedupe.SPILL_KEYS = spill_keys
+        plitzer.selection.firsts.SPILL_KEYS = spill_keys
     # One-time costs of a fresh process (imports, thread pools) are not the pass's: one tiny pass first.
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -168,7 +171,7 @@ def ranks(data: Path, tmp: Path, world: int) -> list[dict[str, float]]:
 def simulate(n: int, dup: float) -> dict[str, float]:
     import tracemalloc
 
-    from plitzer.selection.dedupe import first_occurrences
+    from plitzer.selection.firsts import first_occurrences
 
     rng = np.random.default_rng(1)
     keys = rng.integers(0, 2**63, (n, 2), dtype=np.int64).astype(np.uint64)
@@ -182,6 +185,54 @@ def simulate(n: int, dup: float) -> dict[str, float]:
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return {"seconds": wall, "alloc_peak_mib": peak / 2**20, "keys_mib": keys.nbytes / 2**20, "dropped": len(drop)}
+
+
+def simulate_spilled(n: int, dup: float, block: int = 1_000_000) -> dict[str, float]:
+    """Phase 2 of one process over ``n`` keys past ``SPILL_KEYS``: spilled by bucket, resolved one at a time.
+
+    The keys (blocks of ``block`` rows, ``dup`` of each block copies of earlier rows of it) go
+    through the pass's own spill (``Spill.keep``, as phase 1's chunks would) into bucket files in
+    a temporary folder, then ``resolve_spilled``: its time and this process's peak RSS.
+    """
+    from types import SimpleNamespace
+
+    from plitzer.selection import firsts as dd
+
+    rng = np.random.default_rng(1)
+    blocks = -(-n // block)
+    parts: list[Any] = [SimpleNamespace(row_groups=blocks)]  # one row group a block
+    chunks = [(0, i, i + 1) for i in range(blocks)]
+    before = _status("VmRSS")
+    _reset_peak()
+    dropped = 0
+    with tempfile.TemporaryDirectory(prefix="plitzer-spill-bench-") as tmp:
+        spill = dd.Spill(Path(tmp), -(-n // dd.SPILL_KEYS) * 4)
+        meta = {}
+        t = time.perf_counter()
+        for i in range(blocks):
+            m = min(block, n - i * block)
+            keys = rng.integers(0, 2**63, (m, 2), dtype=np.int64).astype(np.uint64)
+            copies = np.flatnonzero(rng.random(m) < dup)
+            copies = copies[copies > 0]
+            keys[copies] = keys[(rng.random(len(copies)) * copies).astype(np.int64)]
+            one = np.array([m], np.int64)
+            h = {"n": one, "m": one, "x": np.zeros(1, np.int64), "excl": np.zeros(0, np.int64)}
+            meta[i] = spill.keep(i, {**h, "pos": np.arange(m, dtype=np.int32), "keys": keys})
+        spilled = time.perf_counter() - t
+        disk = sum(p.stat().st_size for p in Path(tmp).iterdir())
+        t = time.perf_counter()
+        res = dd.resolve_spilled(parts, chunks, meta, spill)
+        wall = time.perf_counter() - t
+        dropped = sum(len(d) for d in res.dup[0])
+    peak = _status("VmHWM")
+    return {
+        "spill_s": spilled,
+        "seconds": wall,
+        "buckets": float(spill.buckets),
+        "disk_mib": disk / 2**20,
+        "rss_growth_mib": (peak - before) / 1024,
+        "dropped": float(dropped),
+    }
 
 
 def _child(*args: str) -> dict[str, float]:
@@ -201,6 +252,8 @@ def main() -> None:
     ap.add_argument("--measure", nargs=4, metavar=("DATA", "KEY", "CACHE", "SPILL"), help=argparse.SUPPRESS)
     ap.add_argument("--ranks", type=int, default=4, help="gloo processes of the job run (0: none)")
     ap.add_argument("--simulate", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--spilled", type=int, default=0, help="also phase 2 of one process over this many keys, spilled")
+    ap.add_argument("--simulate-spilled", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--rank-of", nargs=5, metavar=("DATA", "TMP", "WORLD", "PORT", "RANK"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rank_of:
@@ -213,6 +266,9 @@ def main() -> None:
         return
     if args.simulate is not None:
         print(json.dumps(simulate(args.simulate, args.dup)))
+        return
+    if args.simulate_spilled is not None:
+        print(json.dumps(simulate_spilled(args.simulate_spilled, args.dup)))
         return
     with tempfile.TemporaryDirectory(prefix="plitzer-dedupe-bench-") as tmp:
         data = Path(tmp) / "data"
@@ -248,6 +304,12 @@ def main() -> None:
             print(f"dedupe='tokens' cold, {args.ranks} gloo ranks: {min(secs):.2f}-{max(secs):.2f} s a rank, peak RSS "
                   f"growth {min(grow):.0f}-{max(grow):.0f} MiB a rank (one process: +{tok['rss_growth_mib']:.0f} "
                   "MiB); each rank keys 1/N of the row groups and resolves the keys it owns")  # fmt: skip
+        if args.spilled:
+            sp = _child("--simulate-spilled", str(args.spilled), "--dup", str(args.dup))
+            print(f"phase 2 of one process over {args.spilled:,} keys, spilled: {sp['spill_s']:.1f} s to spill "
+                  f"{sp['disk_mib']:,.0f} MiB into {sp['buckets']:.0f} buckets, {sp['seconds']:.1f} s to resolve "
+                  f"them one at a time, peak RSS growth +{sp['rss_growth_mib']:.0f} MiB, "
+                  f"{sp['dropped']:,.0f} dropped")  # fmt: skip
         scale = 1e8 / docs
         p1 = (tok["seconds"] - sim["seconds"] * docs / args.sim) * scale
         res = sim["seconds"] * 1e8 / args.sim

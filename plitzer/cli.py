@@ -398,7 +398,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         msg = "--engine ray and --length-column run the selection pass: give --where (or --dedupe, --exclude)"
         raise ConfigError(msg)
     if args.dedupe is not None or args.exclude is not None:
-        from plitzer.selection.dedupe import dedupe_index, dedupe_on_ray
+        from plitzer.selection.dedupe import dedupe_index
+        from plitzer.selection.keying import dedupe_on_ray
 
         if args.engine == "ray" and args.where is None:
             dedupe_on_ray(

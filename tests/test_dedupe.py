@@ -20,9 +20,13 @@ import pytest
 
 import plitzer
 import plitzer.selection.dedupe as dd
+import plitzer.selection.dropped as dropped
+import plitzer.selection.firsts as firsts
+import plitzer.selection.keying as keying
 from planner.errors import CheckpointError, ConfigError
 from planner.mixing.mixindex import MixtureIndex
 from plitzer.readpath.read import read_chunk
+from plitzer.selection.keys import hash_array
 from tests.conftest import tokens_of
 from tests.s3_fixtures import S3Data, s3
 
@@ -165,8 +169,8 @@ def test_planted_duplicates_within_and_across_row_groups_and_files(tmp_path: Pat
     assert ix.frame["tokens_selected"].to_list() == [5, 1, 2]
     by_url = dd.dedupe_index(plitzer.index(tmp_path / "d"), dedupe="url")
     assert by_url.frame["rows_duplicate"].to_list() == [0, 1, 1]  # u9 is new
-    assert dd.dropped_of(ix, 2, 0) == ("duplicate", ("", 0, 1))  # b.parquet row 0 is a.parquet's row 1
-    assert dd.dropped_of(ix, 0, 0) is None
+    assert dropped.dropped_of(ix, 2, 0) == ("duplicate", ("", 0, 1))  # b.parquet row 0 is a.parquet's row 1
+    assert dropped.dropped_of(ix, 0, 0) is None
 
 
 def test_null_keys_are_never_duplicates(tmp_path: Path) -> None:
@@ -224,7 +228,7 @@ def test_exclude_matches_all_columns_of_a_row(tmp_path: Path) -> None:
     pq.write_table(pa.table({"url": ["a", "b"], "id": [3, 1]}), tmp_path / "x.parquet")
     ix = dd.dedupe_index(plitzer.index(tmp_path / "d.parquet"), exclude=tmp_path / "x.parquet")
     assert ix.selected_rows(0).tolist() == [0, 1]  # only (a, 3) is listed
-    assert dd.dropped_of(ix, 0, 2) == ("excluded", None)
+    assert dropped.dropped_of(ix, 0, 2) == ("excluded", None)
 
 
 @pytest.mark.parametrize("key", ["tokens", "url"])
@@ -244,14 +248,14 @@ def test_a_pass_beyond_memory_spills_its_keys_by_bucket_and_gives_the_same_resul
                 ix = ld.index
         want = dd.dedupe_index(ix, dedupe=key, exclude=path)
         assert int(want.frame["rows_duplicate"].sum()) > 0 and int(want.frame["rows_excluded"].sum()) > 0
-        monkeypatch.setattr(dd, "SPILL_KEYS", 7)  # a handful of keys a bucket: many buckets
+        monkeypatch.setattr(firsts, "SPILL_KEYS", 7)  # a handful of keys a bucket: many buckets
         buckets: list[int] = []
 
-        def spy(*a: Any, buckets: list[int] = buckets, real: Any = dd._resolve_spilled) -> Any:
+        def spy(*a: Any, buckets: list[int] = buckets, real: Any = dd.resolve_spilled) -> Any:
             buckets.append(a[3].buckets)
             return real(*a)
 
-        monkeypatch.setattr(dd, "_resolve_spilled", spy)
+        monkeypatch.setattr(dd, "resolve_spilled", spy)
         monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / f"spilled-{n}"))
         got = dd.dedupe_index(ix, dedupe=key, exclude=path)
         assert buckets and buckets[0] > 8
@@ -365,18 +369,18 @@ def test_refusals(data: Path, tmp_path: Path) -> None:
 def test_the_pass_is_cached_and_reads_only_the_key(data: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
     read: list[str] = []
-    real = dd.read_column
+    real = keying.read_column
 
     def spy(ix: Any, rg: int, column: str) -> Any:
         read.append(column)
         return real(ix, rg, column)
 
-    monkeypatch.setattr(dd, "read_column", spy)
+    monkeypatch.setattr(keying, "read_column", spy)
     first = dd.dedupe_index(plitzer.index(data), dedupe="url")
     assert set(read) == {"url"}
     read.clear()
     calls: list[int] = []
-    monkeypatch.setattr(dd._Pass, "hash_rg", lambda self, p, rg: calls.append(rg))
+    monkeypatch.setattr(keying.KeyPass, "hash_rg", lambda self, p, rg: calls.append(rg))
     again = dd.dedupe_index(plitzer.index(data), dedupe="url")
     assert calls == [] and read == []
     assert again.frame.equals(first.frame)
@@ -390,11 +394,11 @@ def test_ranks_split_phase_one_and_each_resolves_only_the_keys_it_owns(
     from tests.share_fixtures import ThreadGroup, run_ranks
 
     ix = plitzer.index(data)
-    chunks = dd._chunks([ix])
+    chunks = keying.key_chunks([ix])
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "ranks"))
     keyed: list[int] = []
     resolved: list[int] = []
-    real_hash, real_first = dd._Pass.hash_chunk, dd.first_occurrences
+    real_hash, real_first = keying.KeyPass.hash_chunk, firsts.first_occurrences
 
     def spy_hash(self: Any, p: int, a: int, b: int) -> Any:
         keyed.append(a)
@@ -404,8 +408,8 @@ def test_ranks_split_phase_one_and_each_resolves_only_the_keys_it_owns(
         resolved.append(len(keys))
         return real_first(keys, *args)
 
-    monkeypatch.setattr(dd._Pass, "hash_chunk", spy_hash)
-    monkeypatch.setattr(dd, "first_occurrences", spy_first)
+    monkeypatch.setattr(keying.KeyPass, "hash_chunk", spy_hash)
+    monkeypatch.setattr(firsts, "first_occurrences", spy_first)
     group = ThreadGroup(world)
     members = [group.member(r) for r in range(world)]
     got = run_ranks(
@@ -414,8 +418,8 @@ def test_ranks_split_phase_one_and_each_resolves_only_the_keys_it_owns(
     )
     assert sorted(keyed) == sorted(a for _, a, _ in chunks)  # every chunk keyed once, by one rank
     assert all(m.calls == world + 3 for m in members)
-    keys = np.concatenate([dd.hash_array(read_chunk(ix, rg), "t") for rg in range(ix.row_groups)])
-    owned = np.bincount(dd._owner(keys, world), minlength=world)
+    keys = np.concatenate([hash_array(read_chunk(ix, rg), "t") for rg in range(ix.row_groups)])
+    owned = np.bincount(firsts.owner(keys, world), minlength=world)
     assert sorted(resolved) == sorted(owned.tolist())  # each rank resolves exactly the keys it owns
     assert max(resolved) < len(keys)
     monkeypatch.undo()
@@ -436,14 +440,14 @@ def test_a_ranks_error_in_phase_one_is_raised_on_every_rank(
 
     ix = plitzer.index(data)
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "c"))
-    real = dd._Pass.hash_chunk
+    real = keying.KeyPass.hash_chunk
 
     def fail_first(self: Any, p: int, a: int, b: int) -> Any:
         if a == 0:  # rank 0's first chunk
             raise DataError("chunk 0: damaged (planted)")
         return real(self, p, a, b)
 
-    monkeypatch.setattr(dd._Pass, "hash_chunk", fail_first)
+    monkeypatch.setattr(keying.KeyPass, "hash_chunk", fail_first)
     group = ThreadGroup(2)
 
     def one(r: int) -> Any:
@@ -574,9 +578,9 @@ def test_the_pass_runs_on_ray_ahead_of_the_job(data: Path, monkeypatch: pytest.M
 
     with ray_with_caches(tmp_path, monkeypatch):
         ix = plitzer.index(data)
-        assert dd.dedupe_on_ray(ix, dedupe="tokens", source=str(data)) == len(dd._chunks([ix]))
+        assert keying.dedupe_on_ray(ix, dedupe="tokens", source=str(data)) == len(keying.key_chunks([ix]))
     calls: list[int] = []
-    monkeypatch.setattr(dd._Pass, "hash_rg", lambda self, p, rg: calls.append(rg))
+    monkeypatch.setattr(keying.KeyPass, "hash_rg", lambda self, p, rg: calls.append(rg))
     got = dd.dedupe_index(ix, dedupe="tokens")
     assert calls == []  # the Ray tasks' keys are in this cache folder
     monkeypatch.undo()
@@ -647,18 +651,18 @@ def test_a_job_keys_each_chunk_once_with_one_exchange(
     world = 2
     group = ThreadGroup(world)
     keyed: list[int] = []
-    real = dd._Pass.hash_chunk
+    real = keying.KeyPass.hash_chunk
 
     def spy(self: Any, p: int, a: int, b: int) -> Any:
         keyed.append(a)
         return real(self, p, a, b)
 
-    monkeypatch.setattr(dd._Pass, "hash_chunk", spy)
+    monkeypatch.setattr(keying.KeyPass, "hash_chunk", spy)
     kw = {**CFG, "lanes": 8, "dedupe": "url"}
     members = [group.member(r) for r in range(world)]
     loaders = run_ranks(world, lambda r: plitzer.Loader.in_group(members[r], data, rank=r, world=world, **kw))
     try:
-        assert sorted(keyed) == sorted(c[1] for c in dd._chunks([plitzer.index(data)]))  # each chunk once
+        assert sorted(keyed) == sorted(c[1] for c in keying.key_chunks([plitzer.index(data)]))  # each chunk once
         monkeypatch.undo()
         monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "alone"))
         with plitzer.Loader(data, **kw) as whole:
@@ -672,7 +676,7 @@ def test_a_job_keys_each_chunk_once_with_one_exchange(
 def test_first_occurrences_bucket_by_bucket(bucket_rows: int) -> None:
     rng = np.random.default_rng(0)
     keys = rng.integers(0, 40, (500, 2)).astype(np.uint64)  # many repeats
-    drop, kept = dd.first_occurrences(keys, bucket_rows)
+    drop, kept = firsts.first_occurrences(keys, bucket_rows)
     first: dict[tuple[int, int], int] = {}
     want_drop, want_kept = [], []
     for i, (a, b) in enumerate(keys.tolist()):
@@ -698,7 +702,7 @@ def test_keys_tell_lists_apart_by_order_length_and_value() -> None:
 
 def test_first_occurrences_with_equal_first_lanes() -> None:
     keys = np.array([[5, 1], [5, 2], [5, 1], [7, 0], [5, 2], [5, 3]], np.uint64)
-    drop, kept = dd.first_occurrences(keys)
+    drop, kept = firsts.first_occurrences(keys)
     assert drop.tolist() == [2, 4] and kept.tolist() == [0, 1]
 
 
@@ -810,14 +814,14 @@ def test_resume_at_another_world_under_each_kind(data: Path, tmp_path: Path, how
 _DIST_WORKER = """
 import json, sys
 import torch.distributed as dist
-import plitzer.selection.dedupe as dd
+import plitzer.selection.keying as keying
 import plitzer.torch
 
 rank, world, port, data, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
 keyed = []
-real = dd._Pass.hash_chunk
-dd._Pass.hash_chunk = lambda self, p, a, b: (keyed.append(a), real(self, p, a, b))[1]
+real = keying.KeyPass.hash_chunk
+keying.KeyPass.hash_chunk = lambda self, p, a, b: (keyed.append(a), real(self, p, a, b))[1]
 ds = plitzer.torch.Dataset(data, dedupe="tokens", seed=3, lanes=4, window=3, seq_len=16, threads=1)
 batch = next(iter(ds))
 json.dump({"keyed": keyed, "tokens": batch.tokens.numpy().tolist()}, open(out, "w"))
@@ -832,7 +836,7 @@ def test_torch_distributed_ranks_each_key_their_share(data: Path, tmp_path: Path
     from tests.share_fixtures import gloo_ranks
 
     got = gloo_ranks(_DIST_WORKER, data, tmp_path)
-    chunks = dd._chunks([plitzer.index(data)])
+    chunks = keying.key_chunks([plitzer.index(data)])
     for r in range(2):
         assert sorted(got[r]["keyed"]) == sorted(a for c, (_, a, _) in enumerate(chunks) if c * 2 // len(chunks) == r)
     with plitzer.Loader(data, dedupe="tokens", **CFG) as ref:

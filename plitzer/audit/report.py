@@ -274,7 +274,7 @@ def _selection_section(ix: RowGroupIndex, out: _Sections) -> None:
 
 
 def _duplicates_section(ix: RowGroupIndex, out: _Sections) -> None:
-    from plitzer.selection.dedupe import base_of, dedupe_table
+    from plitzer.selection.dropped import base_of, dedupe_table
 
     tables, _, notes = out
     base = base_of(ix)  # under dedupe=/exclude=: the documents before it, so the note says what it dropped

@@ -333,13 +333,14 @@ def share_dedupe(source: Source, cfg: LoaderSettings, group: Collective) -> None
     and resolves the first occurrences of the keys it owns; all-gathers share the counts,
     route the keys to their owners and share the duplicates, so every rank writes the
     same whole pass into its cache, where the loader built next finds it, and none held
-    every key (``plitzer.selection.dedupe._resolve_shared``).
+    every key (``plitzer.selection.firsts.resolve_shared``).
     """
     from dataclasses import replace
 
     if cfg.dedupe is None and cfg.exclude is None:
         return
-    from plitzer.selection.dedupe import Hashed, dedupe_index
+    from plitzer.selection.dedupe import dedupe_index
+    from plitzer.selection.keying import Hashed
     from plitzer.state.settings import open_source
 
     base = open_source(source, replace(cfg, dedupe=None, exclude=None))

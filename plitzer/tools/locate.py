@@ -52,7 +52,7 @@ from planner.order.plan import Permutation, Plan, check_int, row_group_counts
 from planner.parameters import document
 from plitzer.loader import open_plan
 from plitzer.readpath.read import list_lengths, read_chunk
-from plitzer.selection.dedupe import base_of, split_targets
+from plitzer.selection.dropped import base_of, split_targets
 from plitzer.selection.evaluate import SelectionPass
 from plitzer.selection.select import source_rows
 from plitzer.state.settings import KeywordsLessWhere, LoaderSettings

@@ -1,0 +1,335 @@
+"""Phase 1 of the deduplication pass (``dedupe=``, ``exclude=``, SPEC section 14): key every row group.
+
+Per chunk of :data:`~plitzer.selection.evaluate.CHUNK` row groups of a file, split between
+ranks: read the key's column only (the token column for ``"tokens"``; the table's columns
+for an exclusion), key each row with 128 bits (:mod:`plitzer.selection.keys`) and match the
+exclusion table. A chunk's state (:data:`Hashed`) is bytes a row group plus 24 bytes a keyed
+row, cached per chunk (:func:`chunk_path`), keyed by the file's identity, the source's, the
+key and the table's digest; :func:`run_chunks` runs a list of chunks from the cache or on a
+thread pool, :func:`dedupe_on_ray` as Ray tasks. Phase 2 is :mod:`plitzer.selection.firsts`,
+the whole pass :mod:`plitzer.selection.dedupe`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from numpy.typing import NDArray
+
+from planner.catalog.dataset import Index
+from planner.errors import ConfigError, DataError
+from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
+from plitzer.readpath.read import list_lengths, read_chunk, read_decoded
+from plitzer.selection.evaluate import CHUNK, leaf_range
+from plitzer.selection.exclude import Exclusion, load_exclusion
+from plitzer.selection.keys import Keys, hash_array, valid_rows
+
+__all__ = [
+    "HASHED",
+    "TOKENS",
+    "Hashed",
+    "KeyPass",
+    "arrow_schema",
+    "check_key",
+    "chunk_path",
+    "dedupe_on_ray",
+    "key_chunks",
+    "load_arrays",
+    "read_column",
+    "run_chunks",
+    "save_arrays",
+    "source_identity",
+]
+
+I64 = NDArray[np.int64]
+U8 = NDArray[np.uint8]
+_FORMAT = "2"  # 2: phase 1 keeps the token lengths of "tokens" keys
+TOKENS = "tokens"
+
+Hashed = dict[str, np.ndarray]
+"""One chunk's phase 1: ``n`` stream rows, ``m`` rows keyed and ``x`` rows excluded a row group;
+``pos`` (the keyed rows' stream positions), ``keys`` (``(sum m, 2)`` uint64), ``excl`` (stream
+positions of the excluded rows), concatenated over the chunk's row groups."""
+
+
+# -- phase 1: keys a row group -------------------------------------------------------
+
+
+def read_column(ix: Index, rg: int, column: str) -> pa.Array:
+    """Row group ``rg``'s ``column`` (every stored row): one ranged read of its chunk."""
+    row = ix.frame.row(rg, named=True)
+    fi, g = row["file_index"], row["row_group"]
+    st = ix.file(fi)
+    md = ix.metadata(fi)
+    where = ix.location(fi, g)
+    start, length = leaf_range(md, g, column, st.size, where)
+    return read_decoded(
+        ix.storage(fi), st, md, row_group=g, column=column, offset=start, length=length, where=where, what=repr(column)
+    )
+
+
+@dataclass(frozen=True)
+class KeyPass:
+    parts: list[Index]  # in source order
+    key: str  # "" (none), "tokens", or a column
+    exclusions: list[Exclusion | None]  # each part's, cast to its types
+
+    def hash_rg(self, p: int, rg: int) -> tuple[int, I64, Keys, I64, NDArray[np.int32]]:
+        """Row group ``rg`` of part ``p``: its stream rows, the keyed rows' positions and keys, the excluded rows,
+        and (for ``"tokens"``, which decodes them anyway) every stream row's token count."""
+        ix = self.parts[p]
+        rows = int(ix.frame["rows"][rg])
+        stream = ix.selected_rows(rg)
+        n = rows if stream is None else len(stream)
+        excl = np.zeros(n, bool)
+        ex = self.exclusions[p]
+        if ex is not None and n:
+            cols = {}
+            for c in ex.columns:
+                arr = read_column(ix, rg, c)
+                cols[c] = arr if stream is None else arr.take(pa.array(stream, pa.int64()))
+            excl = ex.match(cols)
+        none = np.zeros(0, np.int32)
+        if not self.key or n == 0:
+            return n, np.zeros(0, np.int64), np.zeros((0, 2), np.uint64), np.flatnonzero(excl).astype(np.int64), none
+        if self.key == TOKENS:
+            arr = read_chunk(ix, rg)  # the stream rows' tokens (a text source tokenizes here)
+            ok = np.ones(n, bool)
+        else:
+            arr = read_column(ix, rg, self.key)
+            if stream is not None:
+                arr = arr.take(pa.array(stream, pa.int64()))
+            ok = valid_rows(arr)
+        if len(arr) != n:
+            where = ix.location(int(ix.frame["file_index"][rg]), int(ix.frame["row_group"][rg]))
+            msg = f"{where}: decoded {len(arr)} rows of the key, expected {n}; the file is damaged"
+            raise DataError(msg)
+        keys = hash_array(arr, f"dedupe={self.key!r}")
+        take = np.flatnonzero(ok & ~excl).astype(np.int64)
+        lengths = list_lengths(arr).astype(np.int32) if self.key == TOKENS else none
+        return n, take, keys[take], np.flatnonzero(excl).astype(np.int64), lengths
+
+    def hash_chunk(self, p: int, first: int, end: int) -> Hashed:
+        got = [self.hash_rg(p, rg) for rg in range(first, end)]
+        return _pack(got)
+
+
+def _pack(got: Sequence[tuple[int, I64, Keys, I64, NDArray[np.int32]]]) -> Hashed:
+    return {
+        "n": np.array([g[0] for g in got], np.int64),
+        "m": np.array([len(g[1]) for g in got], np.int64),
+        "x": np.array([len(g[3]) for g in got], np.int64),
+        "pos": np.concatenate([g[1] for g in got]).astype(np.int32) if got else np.zeros(0, np.int32),
+        "keys": np.concatenate([g[2] for g in got]).astype(np.uint64) if got else np.zeros((0, 2), np.uint64),
+        "excl": np.concatenate([g[3] for g in got]).astype(np.int64) if got else np.zeros(0, np.int64),
+        "len": np.concatenate([g[4] for g in got]).astype(np.int32) if got else np.zeros(0, np.int32),
+    }
+
+
+def key_chunks(parts: Sequence[Index]) -> list[tuple[int, int, int]]:
+    """(part, first row group, end) of every chunk: runs of CHUNK row groups of one file, in source order."""
+    out = []
+    for p, ix in enumerate(parts):
+        fi = ix.frame["file_index"].to_list()
+        start = 0
+        for i in range(1, len(fi) + 1):
+            if i == len(fi) or fi[i] != fi[start] or i - start == CHUNK:
+                out.append((p, start, i))
+                start = i
+    return out
+
+
+def source_identity(ix: Index) -> str:
+    """What decides a part's stream rows and keys: its files, its kind's fields, its fingerprint."""
+    cfg = json.dumps(ix.config_fields(), sort_keys=True, default=str)
+    return f"{ix.fingerprint}\t{ix.column}\t{cfg}"
+
+
+def chunk_path(ix: Index, chunk: tuple[int, int, int], key: str, excl: str, cols: str) -> Any:
+    _, a, b = chunk
+    fi = int(ix.frame["file_index"][a])
+    st = ix.file(fi)
+    g0, g1 = int(ix.frame["row_group"][a]), int(ix.frame["row_group"][b - 1])
+    k = digest(_FORMAT, st.location, st.size, st.version, source_identity(ix), key, excl, cols, g0, g1)
+    return cache_dir() / "dedupe" / "keys" / f"{k}.npz"
+
+
+def save_arrays(path: Any, arrays: Mapping[str, np.ndarray]) -> None:
+    buf = io.BytesIO()
+    np.savez(buf, **dict(arrays))  # type: ignore[arg-type]
+    write_entry(path, buf.getvalue())
+
+
+def load_arrays(path: Any, names: Sequence[str]) -> dict[str, np.ndarray] | None:
+    raw = read_entry(path)
+    if raw is None:
+        return None
+    try:
+        with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+            return {k: np.asarray(z[k]) for k in names}
+    except (OSError, ValueError, KeyError) as e:
+        discard(path, f"unreadable: {type(e).__name__}")
+        return None
+
+
+HASHED = ("n", "m", "x", "pos", "keys", "excl", "len")
+
+
+def run_chunks(
+    ps: KeyPass,
+    chunks: list[tuple[int, int, int]],
+    order: list[int],
+    paths: list[Any],
+    *,
+    shared: bool,
+    threads: int,
+    progress: bool | None,
+    keep: Callable[[int, Hashed], Hashed] | None = None,
+) -> dict[int, Hashed]:
+    """Phase 1 of ``chunks[order]``: from the cache, else keyed (and written there).
+
+    ``keep(c, h)``: what of chunk ``c``'s phase 1 stays in memory (:meth:`Spill.keep`), as each comes.
+    """
+    done: dict[int, Hashed] = {}
+    for c in order:
+        got = load_arrays(paths[c], HASHED)
+        if got is not None and len(got["n"]) == chunks[c][2] - chunks[c][1]:
+            done[c] = got if keep is None else keep(c, got)
+    todo = [c for c in order if c not in done]
+    if not todo:
+        return done
+    lock = threading.Lock()
+
+    def work(c: int) -> tuple[int, Hashed]:
+        if shared:
+            got = load_arrays(paths[c], HASHED)
+            if got is not None:
+                return c, got
+        p, a, b = chunks[c]
+        h = ps.hash_chunk(p, a, b)
+        save_arrays(paths[c], h)
+        return c, h
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm import tqdm
+
+    from planner.progress import progress_enabled
+
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="plitzer-dedupe") as pool:
+        bar = tqdm(
+            pool.map(work, todo),
+            total=len(todo),
+            desc="keying rows",
+            unit="chunk",
+            disable=not progress_enabled(progress, len(todo)),
+            leave=False,
+        )
+        for c, h in bar:
+            kept = h if keep is None else keep(c, h)
+            with lock:
+                done[c] = kept
+    return done
+
+
+def arrow_schema(ix: Index) -> pa.Schema:
+    return ix.metadata(0).schema.to_arrow_schema()
+
+
+def check_key(ix: Index, key: str, name: str) -> None:
+    if key == TOKENS:
+        return
+    schema = arrow_schema(ix)
+    text = ix.config_fields().get("tokenizer")  # a text source: its text column may be the key
+    allowed = [n for n in schema.names if text or n != ix.column]
+    if key not in allowed:
+        where = f"source {name!r} ({ix.source!r})" if name else repr(ix.source)
+        msg = (
+            f"dedupe={key!r} is not a column of {where}; give 'tokens' (equal token lists) or one of its "
+            f"columns: {', '.join(allowed)}"
+        )
+        raise ConfigError(msg)
+
+
+# -- Ray --------------------------------------------------------------------------------
+
+
+def _ray_chunk(
+    source: Any,
+    column: str,
+    storage_options: Mapping[str, Any] | None,
+    key: str,
+    exclude: Any,
+    first: int,
+    end: int,
+) -> tuple[int, Hashed]:
+    """A Ray task: phase 1 of one chunk, on whichever machine runs it."""
+    from planner.catalog.dataset import index
+
+    ix = index(source, column=column, storage_options=storage_options)
+    table = load_exclusion(exclude, storage_options) if exclude is not None else None
+    ex = None if table is None else table.check(arrow_schema(ix), ix.source, ix.column)
+    return first, KeyPass(parts=[ix], key=key, exclusions=[ex]).hash_chunk(0, first, end)
+
+
+def dedupe_on_ray(
+    ix: Index,
+    *,
+    dedupe: str | None = None,
+    exclude: Any = None,
+    source: Any,
+    storage_options: Mapping[str, Any] | None = None,
+    address: str | None = None,
+    progress: bool | None = True,
+) -> int:
+    """Phase 1 of ``ix``'s pass as Ray tasks (one per chunk not cached); returns the chunks run.
+
+    ``plitzer index DATA --dedupe tokens --engine ray``: the keys come back to this
+    process, which writes them into its cache; a :func:`dedupe_index` that follows (or a
+    job whose ranks share this cache folder) then resolves the first occurrences from it.
+    """
+    if type(ix) is not Index:
+        msg = (
+            f"the Ray engine keys a dataset of token columns, not a {type(ix).__name__}: run the pass on this "
+            "machine (--engine local), or tokenize first"
+        )
+        raise ConfigError(msg)
+    import ray
+
+    key = dedupe or ""
+    if key:
+        check_key(ix, key, "")
+    table = load_exclusion(exclude, storage_options) if exclude is not None else None
+    excl = table.digest if table is not None else ""
+    cols = ",".join(table.columns) if table is not None else ""
+    if table is not None:
+        table.check(arrow_schema(ix), ix.source, ix.column)
+    chunks = key_chunks([ix])
+    paths = [chunk_path(ix, c, key, excl, cols) for c in chunks]
+    todo = [i for i, c in enumerate(chunks) if load_arrays(paths[i], HASHED) is None]
+    if not todo:
+        return 0
+    if not ray.is_initialized():
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    task = ray.remote(_ray_chunk)
+    by_first = {chunks[i][1]: i for i in todo}
+    refs = [task.remote(source, ix.column, storage_options, key, exclude, chunks[i][1], chunks[i][2]) for i in todo]
+    from tqdm import tqdm
+
+    from planner.progress import progress_enabled
+
+    hide = not progress_enabled(progress, len(refs))
+    with tqdm(total=len(refs), desc="keying rows (ray)", unit="chunk", disable=hide, leave=False) as bar:
+        while refs:
+            ready, refs = ray.wait(refs, num_returns=1)
+            first, h = ray.get(ready[0])
+            save_arrays(paths[by_first[first]], h)
+            bar.update(1)
+    return len(todo)
