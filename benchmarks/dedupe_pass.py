@@ -15,7 +15,7 @@ then measures, each in a fresh process (its peak RSS is its own):
    K keys (one process past ``SPILL_KEYS``, 2**24, does so): its time and peak RSS beside 1.;
 6. with ``--spilled K`` (e.g. 10**8), phase 2 of one process over K simulated keys through the
    pass's own spill and bucket-by-bucket resolution: times, disk, peak RSS growth;
-7. with ``--ranks N`` (default 4; 0 skips it), ``dedupe="tokens"`` cold as a job of N gloo
+7. with ``--ranks N``, ``dedupe="tokens"`` cold as a job of N gloo
    processes (``torch.distributed``, each its own cache folder): each rank's time and peak
    RSS growth, beside one process's (1.): each rank keys 1/N of the row groups and
    resolves only the keys it owns.
@@ -250,7 +250,7 @@ def main() -> None:
     ap.add_argument("--sim", type=int, default=10_000_000, help="keys of the simulated resolution")
     ap.add_argument("--spill-keys", type=int, default=0, help="also a cold tokens pass spilling past this many keys")
     ap.add_argument("--measure", nargs=4, metavar=("DATA", "KEY", "CACHE", "SPILL"), help=argparse.SUPPRESS)
-    ap.add_argument("--ranks", type=int, default=4, help="gloo processes of the job run (0: none)")
+    ap.add_argument("--ranks", type=int, default=0, help="gloo processes of a job run (0: none)")
     ap.add_argument("--simulate", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--spilled", type=int, default=0, help="also phase 2 of one process over this many keys, spilled")
     ap.add_argument("--simulate-spilled", type=int, default=None, help=argparse.SUPPRESS)

@@ -199,6 +199,14 @@ RULES: dict[str, Rule] = {
     "python benchmarks/dedupe_pass.py": scaled(
         "python benchmarks/dedupe_pass.py --docs 20000 --sim 100000 --rows 1000"
     ),
+    "python benchmarks/dedupe_pass.py --docs 5000000 --mean-length 4 --rows 50000 --sim 1000000 --ranks 4": scaled(
+        "python benchmarks/dedupe_pass.py --docs 20000 --mean-length 4 --rows 1000 --sim 100000 --ranks 2"
+    ),
+    "python benchmarks/dedupe_pass.py --docs 5000000 --mean-length 4 --rows 50000 --sim 1000000 --ranks 0 "
+    "--spill-keys 1000000": scaled(
+        "python benchmarks/dedupe_pass.py --docs 20000 --mean-length 4 --rows 1000 --sim 100000 --spill-keys 5000 "
+        "--spilled 100000"
+    ),
     "python benchmarks/drift.py": scaled("python benchmarks/drift.py --max-windows 200 --new-rule-windows 200"),
     "python benchmarks/memory.py": scaled(
         f"python benchmarks/memory.py --tokens 2000000 --limit 0.5 --budgets floor,512 --lanes 8 --window 4 "

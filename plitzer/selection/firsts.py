@@ -288,10 +288,16 @@ class _Layout:
         cols = [gd, self.part_of[rd], self.local_of[rd], pos[drop], self.part_of[rk], self.local_of[rk], pos[kept]]
         return np.stack([np.asarray(c, np.int64) for c in cols], axis=1)
 
-    def resolved(self, tables: Sequence[I64]) -> Resolved:
-        """The :class:`Resolved` of every group of keys' :meth:`duplicates_of` rows, in any order."""
-        table = np.concatenate([np.zeros((0, 7), np.int64), *tables])
-        table = table[np.argsort(table[:, 0], kind="stable")][:, 1:]  # source order of the dropped rows
+    def resolved(self, tables: list[I64]) -> Resolved:
+        """The :class:`Resolved` of every group of keys' :meth:`duplicates_of` rows, in any order.
+
+        ``tables`` is emptied as they are merged: at most two copies of the rows are held at once.
+        """
+        order = np.argsort(np.concatenate([np.zeros(0, np.int64), *(t[:, 0] for t in tables)]), kind="stable")
+        rows = np.concatenate([np.zeros((0, 6), np.int64), *(t[:, 1:] for t in tables)])
+        tables.clear()
+        table = np.take(rows, order, axis=0)  # source order of the dropped rows
+        del rows, order
         duplicates: list[I64] = [np.zeros((0, 5), np.int64) for _ in range(self.n_parts)]
         _spread(table, self.dup, duplicates)
         return Resolved(self.dup, self.excl, duplicates)
@@ -350,7 +356,7 @@ def resolve_spilled(
 ) -> Resolved:
     """:func:`resolve` from spilled keys, one bucket in memory at a time."""
     lay = _Layout.of(parts, chunks, meta)
-    tables = []
+    tables: list[I64] = []
     for b in range(spill.buckets):
         g, keys, pos = spill.bucket(b, lay.base)
         tables.append(lay.duplicates_of(g, keys, pos))
@@ -394,7 +400,7 @@ class CachedLengths:
 def _spread(table: I64, dup: list[list[I64]], duplicates: list[I64]) -> None:
     """Rows (dropped part, rg, position, kept part, rg, position), in source order, into each part's lists."""
     for p in range(len(duplicates)):
-        mine = table[table[:, 0] == p]
+        mine = table if len(duplicates) == 1 else table[table[:, 0] == p]  # one part: no copy
         duplicates[p] = mine[:, 1:]
         if len(mine):
             rgs, first = np.unique(mine[:, 1], return_index=True)
