@@ -9,7 +9,7 @@ on whole arrays (no loop over documents, pieces or lanes), each used by both sid
 2. :func:`slice_keys` and :func:`packed_order`: each lane's slice of pieces shuffled by
    ``permutation(n, key(seed, epoch, window, lane, 2))``; :func:`slice_offsets` is each
    piece's first token in its shuffled slice.
-3. :func:`cut_again`: at a layout change inside a window, what the old lanes have not
+3. :func:`cut_again_at`: at a layout change inside a window, what the old lanes have not
    consumed, laid end to end lane after lane, cut into the new lanes (no second shuffle).
 4. :func:`row_cuts`: each piece cut where its lane's rows end (step ``t`` is the lane's
    tokens ``[t * L, (t + 1) * L)``).
@@ -45,7 +45,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from planner.hashing import key, mix_array
-from planner.lanes import split_at_cuts
+from planner.lanes import cut_at, split_at_cuts
 
 __all__ = [
     "Items",
@@ -53,6 +53,7 @@ __all__ = [
     "RowCuts",
     "concat_ranges",
     "cut_again",
+    "cut_again_at",
     "cut_documents",
     "packed_order",
     "row_cuts",
@@ -220,6 +221,26 @@ def cut_again(items: Items, used: I64, cuts: I64) -> Items:
     start = slice_starts(ln)
     rep, ps, pe, lane = split_at_cuts(start, start + ln, cuts)
     return Items(src[rep], a[rep] + (ps - start[rep]), pe - ps, lane, ps - cuts[lane])
+
+
+def cut_again_at(items: Items, lanes: int, begun: int, end_run: int, changes: list[tuple[int, int]]) -> Items:
+    """``items`` of ``lanes`` lanes, their cards begun at run token ``begun``, cut at every change in turn.
+
+    ``changes``: ``(new lanes, run token it begins at)``, in run order, all inside the
+    window that ends at run token ``end_run``. At a change to ``B'`` lanes at ``X``, lane
+    ``k`` has consumed ``ceil((X - k) / B) - ceil((begun - k) / B)`` tokens of its slice;
+    the rest is cut into ``B'`` lanes by section 3 rule 4 with ``z = X mod B'``
+    (:func:`cut_again`).
+    """
+    for new_lanes, begin in changes:
+        k = np.arange(lanes, dtype=np.int64)
+        used = -((k - begin) // lanes) + (k - begun) // lanes
+        q, r = divmod(end_run - begin, new_lanes)
+        items = cut_again(
+            items, used, cut_at(np.arange(new_lanes + 1, dtype=np.int64), q, r, begin % new_lanes, new_lanes)
+        )
+        lanes, begun = new_lanes, begin
+    return items
 
 
 @dataclass(frozen=True, slots=True)

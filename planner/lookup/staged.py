@@ -40,11 +40,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from planner.lanes import cut_at
 from planner.lookup.cut import Cut, Pieces, PlanView, rows_of, window_pieces, window_slices
 from planner.lookup.lengths import Lengths
 from planner.lookup.pieces import PlanBacked, Positions, locate_pieces
-from planner.packing import Items, cut_again
+from planner.packing import Items, cut_again_at
 
 __all__ = [
     "NEVER",
@@ -168,16 +167,8 @@ def rest_pieces(plan: PlanView, stages: list[Span], i: int, epoch: int, window: 
     live = np.flatnonzero(cut.end > cut.start)
     live = live[np.lexsort((offset[live], cut.lane[live]))]  # lane after lane, each in packed order
     items = Items(live, np.zeros(len(live), np.int64), (cut.end - cut.start)[live], cut.lane[live], offset[live])
-    lanes, begun = stages[j].lanes, start
-    for m in range(j + 1, i + 1):
-        new_lanes, begin = stages[m].lanes, stages[m].begin_run
-        k = np.arange(lanes, dtype=np.int64)
-        used = -((k - begin) // lanes) + (k - begun) // lanes  # ceil((begin - k) / B) - ceil((begun - k) / B)
-        q, r = divmod(end - begin, new_lanes)
-        items = cut_again(
-            items, used, cut_at(np.arange(new_lanes + 1, dtype=np.int64), q, r, begin % new_lanes, new_lanes)
-        )
-        lanes, begun = new_lanes, begin
+    changes = [(stages[m].lanes, stages[m].begin_run) for m in range(j + 1, i + 1)]
+    items = cut_again_at(items, stages[j].lanes, start, end, changes)
     first = cut.start[items.src] + items.a
     moved = Cut(
         start=first, end=first + items.length, lane=items.lane, doc=cut.doc[items.src], window=cut.window[items.src]

@@ -30,7 +30,9 @@ in lockstep (docs/design.md, "The order").
 
 All of it is whole-array work: the pieces of every document (cuts inside it, by
 ``searchsorted``), their lanes, the per-slice shuffles (one ``lexsort`` over
-hashes), the row cuts (one ``repeat``), and the layout: one Polars list ``gather``
+hashes), the row cuts (one ``repeat``) are the packing rule of :mod:`planner.packing`,
+which ``locate`` runs on lengths; this module adds where each piece's tokens are in
+the decoded row groups, and the layout: one Polars list ``gather``
 over list arrays whose offsets are the sub-pieces' boundaries in the decoded columns
 (zero-copy views) writes each token once, in Rust, without the GIL, into memory
 its allocator recycles (docs/design.md, "The hot path"). No Python loop over

@@ -2,7 +2,7 @@
 
 A layout stage that begins strictly inside a window changes the lanes there: what
 the old lanes have not consumed of the window is cut again into the new lanes
-(:func:`pack_rest`, by :func:`planner.packing.cut_again`), and then packed like any window
+(:func:`pack_rest`, by :func:`planner.packing.cut_again_at`), and then packed like any window
 (:func:`plitzer.readpath.pack.finish_unit`).
 """
 
@@ -13,8 +13,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from planner.lanes import cut_at
-from planner.order.layout import stage_tokens
-from planner.packing import Items, cut_again, slice_keys, slice_offsets
+from planner.packing import Items, cut_again_at, slice_keys, slice_offsets
 from plitzer.readpath.pack import ColumnChunks, Pieces, cut_pieces, documents_of, finish_unit, shuffle_pieces
 from plitzer.readpath.packed import PackedUnit, UnitReads
 
@@ -49,12 +48,8 @@ def pack_rest(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | 
     length = pc_.end - pc_.start
     zero = np.zeros(len(order), np.int64)
     items = Items(order, zero, length[order], pc_.local[order], slice_offsets(order, length, pc_.local)[order])
-    lanes, begun, end_run = b0, window_start, window_start + p.window_tokens
-    for rc in recuts:
-        used = stage_tokens(rc.begin, np.arange(lanes), lanes, begun)
-        q, r = divmod(end_run - rc.begin, rc.lanes)
-        items = cut_again(items, used, cut_at(np.arange(rc.lanes + 1), q, r, rc.begin % rc.lanes, rc.lanes))
-        lanes, begun = rc.lanes, rc.begin
+    changes = [(rc.lanes, rc.begin) for rc in recuts]
+    items = cut_again_at(items, b0, window_start, window_start + p.window_tokens, changes)
     src, a, e, lane = items.src, items.a, items.a + items.length, items.lane
     # The rank's lanes of the last cut.
     mine = (lane >= rank_lanes.start) & (lane < rank_lanes.stop)
