@@ -100,49 +100,52 @@ def cut_documents(
     where a lane inside it is empty).
     """
     table = np.atleast_2d(np.asarray(cuts, np.int64))
-    width = table.shape[1]  # n + 1
+    rows, width = table.shape
     n = width - 1
-    rows = table.shape[0]
-    if row is None:
-        row = np.zeros(len(start), np.int64)
     if not len(start) or n <= 0:
         z = np.zeros(0, np.int64)
         return Parts(z, z, z, z)
-    # One axis for every row: row * span + position, with a gap between rows, so that
-    # one sorted array holds every row's cuts and one binary search finds a lane.
-    span = int(max(int(table.max()), int((start + length).max()))) + 1
-    base = row * span
-    flat = ((np.arange(rows, dtype=np.int64) * span)[:, None] + table).reshape(-1)
-    first_cut = row * width
-    full = length > 0
-    ds = base + start
+    first: Any  # each document's first cut on the axis (0 for one row)
+    if rows == 1:  # the loader's call: one window (fewer whole-array calls; a window is packed in ~1 ms)
+        flat, first, ds = table[0], 0, start
+    else:
+        # One axis for every row: row * span + position, with a gap between rows, so that
+        # one sorted array holds every row's cuts and one binary search finds a lane.
+        assert row is not None
+        span = max(int(table.max()), int((start + length).max())) + 1
+        flat = ((np.arange(rows, dtype=np.int64) * span)[:, None] + table).reshape(-1)
+        first, ds = row * width, row * span + start
     de = ds + length
-
-    def lane_at(x: I64) -> I64:  # max{k : c_k <= x} in the document's row (-1 below c_0, n at or past c_n)
-        out: I64 = np.searchsorted(flat, x, side="right") - 1 - first_cut
-        return np.clip(out, -1, n)
-
-    k_s = lane_at(ds)
-    k_e = np.where(full, lane_at(np.maximum(de - 1, ds)), k_s)
+    full = length > 0
+    k_s = np.searchsorted(flat, ds, side="right") - 1 - first  # max{k : c_k <= s}: < 0 below c_0
     # An empty document: in the lanes' range, or at the window's end for the last rank.
-    empty_in = (k_s >= 0) & ((k_s < n) | (at_end & (ds == flat[first_cut + n])))
-    g_s = np.clip(k_s, 0, n - 1) // per
-    g_e = np.clip(k_e, 0, n - 1) // per
-    count = np.where(full, g_e - g_s + 1, empty_in.astype(np.int64))
-    g, d = concat_ranges(g_s, count)
-    lo_cut = flat[first_cut[d] + g * per]
-    hi_cut = flat[first_cut[d] + (g + 1) * per]
-    f = full[d]
-    s_clip = np.where(f, np.maximum(ds[d], lo_cut), ds[d])
-    e_clip = np.where(f, np.minimum(de[d], hi_cut), ds[d])
-    keep = ~f | (e_clip > s_clip)
-    if not keep.all():
-        g, d, s_clip, e_clip = g[keep], d[keep], s_clip[keep], e_clip[keep]
+    empty_in = (k_s >= 0) & ((k_s < n) | (at_end & (ds == flat[first + n])))
+    if per == n:  # one rank: the documents that meet its range, clipped to it
+        mine = np.where(full, np.minimum(de, flat[first + n]) > np.maximum(ds, flat[first]), empty_in)
+        d = np.flatnonzero(mine)
+        fd = first if rows == 1 else first[d]
+        s_clip, e_clip = np.maximum(ds[d], flat[fd]), np.minimum(de[d], flat[fd + n])
+    else:  # every rank it meets, each clipped to its range (an empty document's range holds it)
+        k_e = np.where(full, np.searchsorted(flat, np.maximum(de - 1, ds), side="right") - 1 - first, k_s)
+        g_s = np.clip(k_s, 0, n - 1) // per
+        count = np.where(full, np.clip(k_e, 0, n - 1) // per - g_s + 1, empty_in)
+        g, d = concat_ranges(g_s, count)
+        fd = first if rows == 1 else first[d]
+        s_clip = np.maximum(ds[d], flat[fd + g * per])
+        e_clip = np.minimum(de[d], flat[fd + (g + 1) * per])
+        keep = (e_clip > s_clip) | ~full[d]
+        if not keep.all():
+            g, d, s_clip, e_clip = g[keep], d[keep], s_clip[keep], e_clip[keep]
     rep, p_start, p_end, at = split_at_cuts(s_clip, e_clip, flat)
     p_end = np.maximum(p_end, p_start)  # empty documents: length 0
     doc = d[rep]
-    lane = np.minimum(at - first_cut[doc], (g[rep] + 1) * per - 1)
-    return Parts(doc=doc, start=p_start - base[doc], end=p_end - base[doc], lane=lane)
+    if rows == 1:
+        lane = np.minimum(at, n - 1) if per == n else np.minimum(at, (g[rep] + 1) * per - 1)
+        return Parts(doc=doc, start=p_start, end=p_end, lane=lane)
+    cap = n - 1 if per == n else (g[rep] + 1) * per - 1
+    lane = np.minimum(at - first[doc], cap)
+    at0 = ds[doc] - start[doc]  # the row's place on the axis
+    return Parts(doc=doc, start=p_start - at0, end=p_end - at0, lane=lane)
 
 
 def slice_keys(seed: int, epoch: int, window: Any, lane: Any) -> U64:
@@ -172,7 +175,8 @@ def packed_order(slice_: I64, keys: U64) -> I64:
     """
     ordinal = _ordinals(slice_)
     h = mix_array(keys ^ ordinal.astype(np.uint64))
-    out: I64 = np.lexsort((ordinal, h, slice_))
+    # lexsort is stable and each slice comes in ordinal order, so ties of h keep it.
+    out: I64 = np.lexsort((h, slice_))
     return out
 
 
