@@ -205,7 +205,8 @@ def shuffle_pieces(pc_: Pieces, keep: NDArray[np.bool_] | None, nl: int, keys: N
     """Packed order (:func:`planner.packing.packed_order`) of the kept lanes' pieces, and each lane's first.
 
     Returns stream-order piece ids lane by lane, each slice shuffled (``keys``: each rank
-    lane's slice key, :func:`planner.packing.slice_keys`), and where each lane's begin.
+    lane's slice key, :func:`planner.packing.slice_keys`), and the index in them where each
+    lane's pieces begin (one more at the end).
     """
     kept = np.flatnonzero(keep[pc_.local]) if keep is not None else np.arange(len(pc_.local), dtype=np.int64)
     lane = pc_.local[kept]
