@@ -106,7 +106,7 @@ def cut_documents(
         z = np.zeros(0, np.int64)
         return Parts(z, z, z, z)
     first: Any  # each document's first cut on the axis (0 for one row)
-    if rows == 1:  # the loader's call: one window (fewer whole-array calls; a window is packed in ~1 ms)
+    if rows == 1:  # the loader's call, one window: no axis to build
         flat, first, ds = table[0], 0, start
     else:
         # One axis for every row: row * span + position, with a gap between rows, so that
@@ -139,13 +139,11 @@ def cut_documents(
     rep, p_start, p_end, at = split_at_cuts(s_clip, e_clip, flat)
     p_end = np.maximum(p_end, p_start)  # empty documents: length 0
     doc = d[rep]
+    cap = n - 1 if per == n else (g[rep] + 1) * per - 1  # the last lane of the piece's rank
     if rows == 1:
-        lane = np.minimum(at, n - 1) if per == n else np.minimum(at, (g[rep] + 1) * per - 1)
-        return Parts(doc=doc, start=p_start, end=p_end, lane=lane)
-    cap = n - 1 if per == n else (g[rep] + 1) * per - 1
-    lane = np.minimum(at - first[doc], cap)
+        return Parts(doc=doc, start=p_start, end=p_end, lane=np.minimum(at, cap))
     at0 = ds[doc] - start[doc]  # the row's place on the axis
-    return Parts(doc=doc, start=p_start - at0, end=p_end - at0, lane=lane)
+    return Parts(doc=doc, start=p_start - at0, end=p_end - at0, lane=np.minimum(at - first[doc], cap))
 
 
 def slice_keys(seed: int, epoch: int, window: Any, lane: Any) -> U64:
