@@ -95,9 +95,9 @@ def piece_range(token_start: I64, tokens: I64, empty_docs: I64) -> tuple[I64, I6
 def split_at_cuts(start: I64, end: I64, cuts: I64) -> tuple[I64, I64, I64, I64]:
     """Intervals ``[start, end)`` (increasing, tiling their range) split at ``cuts`` inside them.
 
-    Returns each part's interval index, start, end and lane (``max{k : cuts[k] <= start}``):
-    the loader's cut of a window again at a layout change (``plitzer.readpath.recut``) and
-    locate's arithmetic of the same cut (``planner.lookup.staged``).
+    Returns each part's interval index, start, end and lane (``max{k : cuts[k] <= start}``,
+    at most ``len(cuts) - 2``): the step of :mod:`planner.packing` that splits documents at
+    a window's cuts, and its cut again at a layout change.
     """
     lo = np.searchsorted(cuts, start, side="right")
     hi = np.searchsorted(cuts, end, side="left")

@@ -1,17 +1,20 @@
 """Every piece of some windows, exactly as the loader packs them: the arithmetic of :mod:`planner.lookup.pieces`.
 
 :func:`window_pieces` takes the windows of one epoch in four passes, each on whole
-arrays (no loop over documents, pieces or lanes):
+arrays (no loop over documents, pieces or lanes). Steps 2 to 4 are the packing rule
+itself, the loader's own functions (:mod:`planner.packing`) run on lengths:
 
 1. the positions of the windows (those meeting the lanes asked about) and their
    documents in stream order, from the row groups' document lengths;
 2. each document split per rank at the rank's range, then at the cuts inside it
-   (:mod:`planner.lanes`): the pieces, each in one lane;
-3. each lane's slice of pieces shuffled by ``permutation(n, key(seed, e, w, k, 2))``:
-   a piece's offset in its slice is the length of the pieces drawn ahead of it;
+   (:func:`planner.packing.cut_documents`, one row of cuts a window): the pieces, each
+   in one lane;
+3. each lane's slice of pieces shuffled by ``permutation(n, key(seed, e, w, k, 2))``
+   (:func:`planner.packing.packed_order`): a piece's offset in its slice is the length
+   of the pieces drawn ahead of it;
 4. the lane has received ``ceil((R - k) / B)`` tokens before the window (``R`` the
    run's tokens before it), and step ``t`` is tokens ``[t*L, (t+1)*L)`` of every lane:
-   each piece cut where rows end.
+   each piece cut where rows end (:func:`planner.packing.row_cuts`).
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from planner.hashing import key, mix_array
 from planner.lanes import cut_at, lane_of
 from planner.lookup.lengths import Lengths
+from planner.packing import concat_ranges, cut_documents, packed_order, row_cuts, slice_keys, slice_offsets
 
-__all__ = ["Cut", "Docs", "Pieces", "PlanView", "concat_ranges", "rows_of", "window_pieces", "window_slices"]
+__all__ = ["Cut", "Docs", "Pieces", "PlanView", "rows_of", "window_pieces", "window_slices"]
 
 I64 = NDArray[np.int64]
 
@@ -89,13 +92,6 @@ class Pieces:
     def sorted(self) -> Pieces:
         """In the order batches list them: step, then lane, then start in the row."""
         return self.take(np.lexsort((self.start, self.lane, self.step)))
-
-
-def concat_ranges(starts: I64, counts: I64) -> tuple[I64, I64]:
-    """``concat(arange(s, s + c))`` and the index of the range each element comes from."""
-    rep = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-    j = np.arange(len(rep), dtype=np.int64) - (np.cumsum(counts) - counts)[rep]
-    return starts[rep] + j, rep
 
 
 def _position_tokens(ep: Any) -> I64:
@@ -196,7 +192,7 @@ def window_slices(
         cut = Cut(*(getattr(cut, f.name)[mine] for f in fields(Cut)))
     if not len(cut.lane):
         return None
-    return docs, cut, _slice_offsets(cut, key(s.seed, epoch), b)
+    return docs, cut, _slice_offsets(cut, int(s.seed), epoch, b)
 
 
 def _window_positions(ep: Any, windows: I64, size: int, b: int, lanes: I64 | None) -> tuple[I64, I64, I64, I64]:
@@ -274,86 +270,35 @@ def _near_lanes(
 
 
 def _split(ep: Any, docs: Docs, b: int, per: int) -> Cut:
-    """Each document split per rank (clipped to the rank's range), then at the cuts inside it.
+    """Each document split per rank, then at the cuts inside it (:func:`planner.packing.cut_documents`).
 
-    An empty document is one piece of length 0, in the lane ``max{k < B : c_k <= s}``.
+    One row of cuts for every window the documents are in (``B + 1`` cuts each).
     """
-    ds, length, dw = docs.start, docs.length, docs.window
-    de = ds + length
-    t_d = ep.window_tokens[dw]
-    qd, rd, zd = t_d // b, t_d % b, ep.window_z[dw]
-    full = length > 0
-    r_s = np.where(full, lane_of(ds, qd, rd, zd, b) // per, 0)
-    r_e = np.where(full, lane_of(np.maximum(de - 1, 0), qd, rd, zd, b) // per, 0)
-    rk, ri = concat_ranges(r_s, r_e - r_s + 1)
-    cq, cr, cz = qd[ri], rd[ri], zd[ri]
-    c_lo = cut_at(rk * per, cq, cr, cz, b)
-    c_hi = cut_at((rk + 1) * per, cq, cr, cz, b)
-    s_clip = np.where(full[ri], np.maximum(ds[ri], c_lo), ds[ri])
-    e_clip = np.where(full[ri], np.minimum(de[ri], c_hi), ds[ri])
-    keep = ~full[ri] | (e_clip > s_clip)
-    rk, ri, s_clip, e_clip, cq, cr, cz = (a[keep] for a in (rk, ri, s_clip, e_clip, cq, cr, cz))
-    f = full[ri]
-    k_lo = np.where(f, lane_of(s_clip, cq, cr, cz, b) + 1, 0)
-    k_hi = np.where(f, lane_of(np.maximum(e_clip - 1, 0), cq, cr, cz, b) + 1, 0)
-    n_p = 1 + np.maximum(k_hi - k_lo, 0)
-    j, xi = concat_ranges(np.zeros(len(n_p), np.int64), n_p)
-    x_q, x_r, x_z = cq[xi], cr[xi], cz[xi]
-    p_start = np.where(j == 0, s_clip[xi], cut_at(k_lo[xi] + j - 1, x_q, x_r, x_z, b))
-    p_end = np.where(j == n_p[xi] - 1, e_clip[xi], cut_at(k_lo[xi] + j, x_q, x_r, x_z, b))
-    p_end = np.maximum(p_end, p_start)
-    lane = np.minimum(lane_of(p_start, x_q, x_r, x_z, b), np.where(f[xi], (rk[xi] + 1) * per - 1, b - 1))
-    doc_of = ri[xi]  # the stream-order document of each piece
-    return Cut(start=p_start, end=p_end, lane=lane, doc=doc_of, window=dw[doc_of])
+    wins, row = np.unique(docs.window, return_inverse=True)
+    t_w = ep.window_tokens[wins][:, None]
+    cuts = cut_at(np.arange(b + 1, dtype=np.int64)[None, :], t_w // b, t_w % b, ep.window_z[wins][:, None], b)
+    parts = cut_documents(docs.start, docs.length, cuts, per=per, row=row.astype(np.int64, copy=False))
+    return Cut(start=parts.start, end=parts.end, lane=parts.lane, doc=parts.doc, window=docs.window[parts.doc])
 
 
-def _slice_offsets(cut: Cut, epoch_key: int, b: int) -> I64:
-    """Each piece's offset in its lane's slice after the shuffle.
-
-    A slice's ordinals in stream order are sorted by (mix(key ^ ordinal), ordinal),
-    the slice's key being ``key(seed, e, w, k, 2)``.
-    """
+def _slice_offsets(cut: Cut, seed: int, epoch: int, b: int) -> I64:
+    """Each piece's offset in its lane's slice after the shuffle (:func:`planner.packing.packed_order`)."""
     group = cut.window * b + cut.lane
-    idx = np.arange(len(group), dtype=np.int64)
-    by_group = np.lexsort((idx, group))
-    g_sorted = group[by_group]
-    new = np.ones(len(g_sorted), bool)
-    new[1:] = g_sorted[1:] != g_sorted[:-1]
-    g_first = np.maximum.accumulate(np.where(new, np.arange(len(g_sorted)), 0))
-    ordinal_in_slice = np.empty(len(group), np.int64)
-    ordinal_in_slice[by_group] = np.arange(len(g_sorted)) - g_first
-    slice_key = mix_array(
-        mix_array(mix_array(np.uint64(epoch_key) ^ cut.window.astype(np.uint64)) ^ cut.lane.astype(np.uint64))
-        ^ np.uint64(2)
-    )
-    h = mix_array(slice_key ^ ordinal_in_slice.astype(np.uint64))
-    packed = np.lexsort((ordinal_in_slice, h, group))
-    plen = (cut.end - cut.start)[packed]
-    gp = group[packed]
-    newp = np.ones(len(gp), bool)
-    newp[1:] = gp[1:] != gp[:-1]
-    cum = np.cumsum(plen) - plen
-    offset_in_slice = np.empty(len(group), np.int64)
-    offset_in_slice[packed] = cum - np.maximum.accumulate(np.where(newp, cum, 0))
-    return offset_in_slice
+    order = packed_order(group, slice_keys(seed, epoch, cut.window, cut.lane))
+    return slice_offsets(order, cut.end - cut.start, group)
 
 
 def rows_of(epoch: int, docs: Docs, cut: Cut, lane_pos: I64, seq_len: int) -> Pieces:
     """The pieces cut where rows end (``lane_pos``: each one's first token in its lane); those of length 0 dropped."""
-    n_tok = cut.end - cut.start
-    live = n_tok > 0
-    first_step = lane_pos // seq_len
-    n_sub = np.where(live, (lane_pos + n_tok - 1) // seq_len - first_step + 1, 0)
-    step, si = concat_ranges(first_step, n_sub)
-    sub_start = np.maximum(lane_pos[si], step * seq_len)
-    sub_end = np.minimum(lane_pos[si] + n_tok[si], (step + 1) * seq_len)
+    rc = row_cuts(lane_pos, cut.end - cut.start, seq_len)
+    step, si = rc.step, rc.piece
     d = cut.doc[si]
-    token_offset = np.asarray((cut.start[si] - docs.start[d]) + (sub_start - lane_pos[si]), np.int64)
+    token_offset = np.asarray((cut.start[si] - docs.start[d]) + (rc.start - lane_pos[si]), np.int64)
     return Pieces(
         step=step,
         lane=cut.lane[si],
-        start=sub_start - step * seq_len,
-        length=sub_end - sub_start,
+        start=rc.start - step * seq_len,
+        length=rc.end - rc.start,
         position=docs.position[d],
         row_group=docs.row_group[d],
         doc=docs.ordinal[d],

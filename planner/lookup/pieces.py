@@ -52,8 +52,9 @@ from numpy.typing import NDArray
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
 from planner.lanes import lane_of
-from planner.lookup.cut import Pieces, PlanView, concat_ranges, window_pieces
+from planner.lookup.cut import Pieces, PlanView, window_pieces
 from planner.lookup.lengths import Lengths, as_lengths, lengths_from_array
+from planner.packing import concat_ranges
 
 __all__ = [
     "Lengths",

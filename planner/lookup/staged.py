@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from planner.lanes import cut_at, split_at_cuts
 from planner.lookup.cut import Cut, Pieces, PlanView, rows_of, window_pieces, window_slices
 from planner.lookup.lengths import Lengths
 from planner.lookup.pieces import PlanBacked, Positions, locate_pieces
+from planner.packing import Items, cut_again_at
 
 __all__ = [
     "NEVER",
@@ -149,42 +149,6 @@ def _rest_window(plan: PlanView, epoch: int, x: int) -> int | None:
     return w if run0 + int(ends[w] - ep.window_tokens[w]) < x else None
 
 
-@dataclass(frozen=True, slots=True)
-class _Items:
-    """Token ranges of a window's pieces as lanes hold them: piece ``src``'s tokens ``[a, a + length)``."""
-
-    src: I64
-    a: I64
-    length: I64
-    lane: I64
-    pos: I64  # the range's first token in its lane's slice of the window
-
-    def take(self, idx: Any) -> _Items:
-        return _Items(self.src[idx], self.a[idx], self.length[idx], self.lane[idx], self.pos[idx])
-
-
-def _recut(items: _Items, lanes: int, begun: int, end_run: int, new_lanes: int, begin: int) -> _Items:
-    """``items`` of ``lanes`` lanes (their cards begun at run token ``begun``) cut again at run token ``begin``.
-
-    Lane ``k`` has consumed ``ceil((begin - k) / B) - ceil((begun - k) / B)`` tokens of
-    its slice; the rest, lane after lane, is cut into ``new_lanes`` by section 3 rule 4
-    with ``z = begin mod new_lanes``.
-    """
-    used = -((items.lane - begin) // lanes) + (items.lane - begun) // lanes
-    cut_in = np.clip(used - items.pos, 0, items.length)
-    live = np.flatnonzero(items.length - cut_in > 0)
-    cut_in = cut_in[live]
-    it = items.take(live)
-    it = _Items(it.src, it.a + cut_in, it.length - cut_in, it.lane, it.pos + cut_in)
-    it = it.take(np.lexsort((it.pos, it.lane)))
-    end = np.cumsum(it.length)
-    start = end - it.length
-    q, r = divmod(end_run - begin, new_lanes)
-    cuts = cut_at(np.arange(new_lanes + 1, dtype=np.int64), q, r, begin % new_lanes, new_lanes)
-    rep, ps, pe, lane = split_at_cuts(start, end, cuts)
-    return _Items(it.src[rep], it.a[rep] + (ps - start[rep]), pe - ps, lane, ps - cuts[lane])
-
-
 def rest_pieces(plan: PlanView, stages: list[Span], i: int, epoch: int, window: int, lengths: Lengths) -> Pieces:
     """The pieces stage ``i`` delivers of ``window``, the window it cuts again (begun before ``X_i``).
 
@@ -201,11 +165,10 @@ def rest_pieces(plan: PlanView, stages: list[Span], i: int, epoch: int, window: 
         return Pieces.empty()
     docs, cut, offset = got
     live = np.flatnonzero(cut.end > cut.start)
-    items = _Items(live, np.zeros(len(live), np.int64), (cut.end - cut.start)[live], cut.lane[live], offset[live])
-    lanes, begun = stages[j].lanes, start
-    for m in range(j + 1, i + 1):
-        items = _recut(items, lanes, begun, end, stages[m].lanes, stages[m].begin_run)
-        lanes, begun = stages[m].lanes, stages[m].begin_run
+    live = live[np.lexsort((offset[live], cut.lane[live]))]  # lane after lane, each in packed order
+    items = Items(live, np.zeros(len(live), np.int64), (cut.end - cut.start)[live], cut.lane[live], offset[live])
+    changes = [(stages[m].lanes, stages[m].begin_run) for m in range(j + 1, i + 1)]
+    items = cut_again_at(items, stages[j].lanes, start, end, changes)
     first = cut.start[items.src] + items.a
     moved = Cut(
         start=first, end=first + items.length, lane=items.lane, doc=cut.doc[items.src], window=cut.window[items.src]

@@ -13,8 +13,8 @@ the sources that lack a column) names list columns that hold one value per token
   taken, and checked: a row whose length differs from its token list is a
   :class:`DataError` naming file, row group, row and both lengths;
 * packed with exactly the tokens' cuts and pieces: the packer computes the pieces, row cuts
-  and layout once, and gathers each column through the same lists as the tokens
-  (:func:`aligned_chunks`, :func:`plitzer.readpath.pack._finish`), in an unsigned integer of
+  and layout once (:mod:`planner.packing`), and gathers each column through the same lists as
+  the tokens (:func:`aligned_chunks`, :func:`plitzer.readpath.pack.finish_unit`), in an unsigned integer of
   the column's width (bool as uint8), viewed as the column's dtype when delivered;
 * delivered as ``batch.columns[name]``, shaped like ``batch.tokens``: a view of the unit's
   block, or owned writable memory for a step that straddles windows

@@ -30,7 +30,9 @@ in lockstep (docs/design.md, "The order").
 
 All of it is whole-array work: the pieces of every document (cuts inside it, by
 ``searchsorted``), their lanes, the per-slice shuffles (one ``lexsort`` over
-hashes), the row cuts (one ``repeat``), and the layout: one Polars list ``gather``
+hashes), the row cuts (one ``repeat``) are the packing rule of :mod:`planner.packing`,
+which ``locate`` runs on lengths; this module adds where each piece's tokens are in
+the decoded row groups, and the layout: one Polars list ``gather``
 over list arrays whose offsets are the sub-pieces' boundaries in the decoded columns
 (zero-copy views) writes each token once, in Rust, without the GIL, into memory
 its allocator recycles (docs/design.md, "The hot path"). No Python loop over
@@ -47,8 +49,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from planner.hashing import key, mix_array
 from planner.lanes import cut_at
+from planner.packing import cut_documents, packed_order, row_cuts, slice_keys, slice_offsets
 from plitzer.readpath.aligned import aligned_chunks, storage_dtype
 from plitzer.readpath.packed import (
     ColumnBlock,
@@ -80,19 +82,11 @@ __all__ = [
     "finish_unit",
     "pack_unit",
     "shuffle_pieces",
-    "slice_keys",
 ]
 
 I64 = NDArray[np.int64]
 ColumnChunks = dict[str, tuple[list[NDArray[Any]], np.dtype[Any]]]
 """Aligned columns of a unit's chunks: name -> (each chunk's values end to end, the column's dtype)."""
-
-
-def slice_keys(seed: int, epoch: int, window: int, lanes: range) -> NDArray[np.uint64]:
-    """``key(seed, epoch, window, k, 2)`` for every lane ``k`` (a few hundred at most)."""
-    prefix = np.uint64(key(seed, epoch, window))
-    h = mix_array(prefix ^ np.arange(lanes.start, lanes.stop, dtype=np.uint64))
-    return mix_array(h ^ np.uint64(2))
 
 
 def documents_of(arr: pa.Array) -> tuple[pa.Array, I64, I64]:
@@ -128,7 +122,11 @@ class Pieces:
 def cut_pieces(
     arrays: list[pa.Array], chunk_token_start: list[int], chunk_doc_base: list[int], cuts: I64, *, at_end: bool
 ) -> Pieces:
-    """Every document of the read row groups that gives the rank a piece, split at the rank's cuts."""
+    """Every document of the read row groups that gives the rank a piece, split at the rank's cuts.
+
+    The rule is :func:`planner.packing.cut_documents` (the rank's lanes, one rank);
+    here each piece also gets where its tokens are in the decoded row groups.
+    """
     starts_p, lens_p, vbase_p, ids_p, chunk_p = [], [], [], [], []
     for c, (arr, start, base) in enumerate(zip(arrays, chunk_token_start, chunk_doc_base, strict=True)):
         _, lens, vstart = documents_of(arr)
@@ -143,40 +141,16 @@ def cut_pieces(
         vbase, ids, chunk = np.concatenate(vbase_p), np.concatenate(ids_p), np.concatenate(chunk_p)
     else:
         ds = lens = vbase = ids = chunk = np.zeros(0, np.int64)
-    de = ds + lens
-    c0, c1 = int(cuts[0]), int(cuts[-1])
-    # Only the documents that give this rank a piece: tokens in [c0, c1), or an empty
-    # document at a position in [c0, c1) (or at T_w, for the rank of lane B-1). In
-    # stream order these are one contiguous run of documents.
-    mine = np.where(
-        lens > 0,
-        (np.minimum(de, c1) > np.maximum(ds, c0)),
-        ((ds >= c0) & (ds < c1)) | (at_end & (ds == c1)),
-    )
-    sel = np.flatnonzero(mine)
-    ds, de, vbase, ids, chunk = ds[sel], de[sel], vbase[sel], ids[sel], chunk[sel]
-    # Each document split at the rank's cuts strictly inside it, clipped to [c0, c1).
-    # Cuts inside document d are cuts[lo[d]:hi[d]].
-    s_clip, e_clip = np.maximum(ds, c0), np.minimum(de, c1)
-    lo = np.searchsorted(cuts, s_clip, side="right")
-    hi = np.searchsorted(cuts, e_clip, side="left")
-    npieces = 1 + np.maximum(hi - lo, 0)
-    rep = np.repeat(np.arange(len(ds), dtype=np.int64), npieces)
-    j = np.arange(len(rep), dtype=np.int64) - (np.cumsum(npieces) - npieces)[rep]
-    last_cut = len(cuts) - 1
-    p_start = np.where(j == 0, s_clip[rep], cuts[np.minimum(lo[rep] + j - 1, last_cut)])
-    p_end = np.where(j == npieces[rep] - 1, e_clip[rep], cuts[np.minimum(lo[rep] + j, last_cut)])
-    p_end = np.maximum(p_end, p_start)  # empty documents: length 0
-    nl = len(cuts) - 1
-    local = np.minimum(np.searchsorted(cuts, p_start, side="right") - 1, nl - 1)
+    parts = cut_documents(ds, lens, cuts, per=len(cuts) - 1, at_end=at_end)
+    d = parts.doc
     return Pieces(
-        start=p_start,
-        end=p_end,
-        local=local,
-        doc=ids[rep],
-        offset=p_start - ds[rep],
-        chunk=chunk[rep],
-        value=p_start + vbase[rep],
+        start=parts.start,
+        end=parts.end,
+        local=parts.lane,
+        doc=ids[d],
+        offset=parts.start - ds[d],
+        chunk=chunk[d],
+        value=parts.start + vbase[d],
     )
 
 
@@ -228,41 +202,34 @@ class _Subs:
 
 
 def shuffle_pieces(pc_: Pieces, keep: NDArray[np.bool_] | None, nl: int, keys: NDArray[np.uint64]) -> tuple[I64, I64]:
-    """Packed order (stream-order piece ids, lane by lane, each slice shuffled; docs/glossary.md, "Piece").
+    """Packed order (:func:`planner.packing.packed_order`) of the kept lanes' pieces, and each lane's first.
 
-    The ordinal of each piece in its lane's slice in stream order, then one lexsort by
-    (lane, mix(key_lane ^ ordinal), ordinal): ``permutation(n, key(seed, e, w, k, 2))``.
+    Returns stream-order piece ids lane by lane, each slice shuffled (``keys``: each rank
+    lane's slice key, :func:`planner.packing.slice_keys`), and the index in them where each
+    lane's pieces begin (one more at the end).
     """
     kept = np.flatnonzero(keep[pc_.local]) if keep is not None else np.arange(len(pc_.local), dtype=np.int64)
     lane = pc_.local[kept]
     bounds = np.searchsorted(lane, np.arange(nl + 1), side="left").astype(np.int64)
-    ordinal = np.arange(len(lane), dtype=np.int64) - bounds[lane]
-    h = mix_array(keys[lane] ^ ordinal.astype(np.uint64))
-    return kept[np.lexsort((ordinal, h, lane))], bounds
+    return kept[packed_order(lane, keys[lane])], bounds
 
 
-def _row_cuts(pc_: Pieces, order: I64, lane_pos: I64, seq_len: int, from_step: int, nl: int) -> _Subs:
-    """Every kept, non-empty piece cut where its lane's rows end: steps floor(s/L)..floor((e-1)/L)."""
+def _sub_pieces(pc_: Pieces, order: I64, lane_pos: I64, seq_len: int, from_step: int, nl: int) -> _Subs:
+    """Every kept, non-empty piece cut where its lane's rows end (:func:`planner.packing.row_cuts`)."""
     length = pc_.end - pc_.start
     live = np.zeros(len(length), bool)
     live[order] = True
-    live &= length > 0
-    s_lane, e_lane = lane_pos, lane_pos + length
-    first_step = s_lane // seq_len
-    nsub = np.where(live, (e_lane - 1) // seq_len - first_step + 1, 0)
-    rep = np.repeat(np.arange(len(length), dtype=np.int64), nsub)
-    k = np.arange(len(rep), dtype=np.int64) - (np.cumsum(nsub) - nsub)[rep]
-    step = first_step[rep] + k
-    start = np.maximum(s_lane[rep], step * seq_len)
+    rc = row_cuts(lane_pos, length, seq_len, live)
+    rep = rc.piece
     return _Subs(
-        step=step,
+        step=rc.step,
         lane=pc_.local[rep],
-        start=start,
-        end=np.minimum(e_lane[rep], (step + 1) * seq_len),
-        value=pc_.value[rep] + (start - s_lane[rep]),
+        start=rc.start,
+        end=rc.end,
+        value=pc_.value[rep] + (rc.start - lane_pos[rep]),
         chunk=pc_.chunk[rep],
         piece=rep,
-        layout=_layout(order, nsub, first_step, pc_.local, from_step, nl),
+        layout=_layout(order, rc.count, rc.first, pc_.local, from_step, nl),
     )
 
 
@@ -399,7 +366,9 @@ def pack_unit(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | 
     arrays = [documents_of(c)[0] for c in chunks]
     starts, bases = p.token_start.tolist(), reads.doc_base.tolist()
     pc_ = cut_pieces(arrays, starts, bases, cuts, at_end=rank_lanes.stop == p.lanes)
-    order, lane_piece = shuffle_pieces(pc_, p.keep, nl, slice_keys(p.seed, p.epoch, p.window, rank_lanes))
+    order, lane_piece = shuffle_pieces(
+        pc_, p.keep, nl, slice_keys(p.seed, p.epoch, p.window, np.arange(rank_lanes.start, rank_lanes.stop))
+    )
     return finish_unit(arrays, pc_, order, lane_piece, reads, tiled=True, columns=columns)
 
 
@@ -440,10 +409,8 @@ def finish_unit(
     lane_start = np.concatenate([[0], piece_end])[lane_piece]
     # Each piece's place in its lane's stream, in stream order (where pieces tile the
     # decoded values, as the list arrays need).
-    lane_pos = np.zeros(len(length), np.int64)
-    loc = pc_.local[order]
-    lane_pos[order] = lane_base[loc] + (piece_end - packed_len) - lane_start[loc]
-    subs = _row_cuts(pc_, order, lane_pos, seq_len, p.from_step, nl)
+    lane_pos = lane_base[pc_.local] + slice_offsets(order, length, pc_.local)
+    subs = _sub_pieces(pc_, order, lane_pos, seq_len, p.from_step, nl)
     n_lane = np.diff(lane_start)
     t0, t1 = _whole_steps(lane_base, n_lane, seq_len, p.from_step, p.keep)
     lay = subs.layout
@@ -466,7 +433,7 @@ def finish_unit(
     for name, (values, cdt) in (columns or {}).items():
         c_mem, c_block, c_edges, _ = gather(aligned_chunks(arrays, values, cdt), storage_dtype(cdt))
         if c_mem is not None:
-            c_mem._keep = memory
+            c_mem.keep_alive(memory)
         packed_columns[name] = ColumnBlock(c_mem, c_block, c_edges, cdt)
     return PackedUnit(
         unit=p.unit,

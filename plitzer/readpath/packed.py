@@ -81,6 +81,10 @@ class Memory:
         self._size = n
         self.__array_interface__ = {"data": (address, False), "shape": (n,), "typestr": dtype.str, "version": 3}
 
+    def keep_alive(self, other: object) -> None:
+        """Hold ``other`` as long as this memory lives (an aligned column's memory, the tokens')."""
+        self._keep = other
+
     def array(self) -> NDArray[Any]:
         """The tokens as a NumPy array whose base is this object."""
         if self._size == 0:

@@ -2,7 +2,8 @@
 
 A layout stage that begins strictly inside a window changes the lanes there: what
 the old lanes have not consumed of the window is cut again into the new lanes
-(:func:`pack_rest`), and then packed like any window (:func:`plitzer.readpath.pack._finish`).
+(:func:`pack_rest`, by :func:`planner.packing.cut_again_at`), and then packed like any window
+(:func:`plitzer.readpath.pack.finish_unit`).
 """
 
 from __future__ import annotations
@@ -11,51 +12,14 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from planner.lanes import cut_at, split_at_cuts
-from planner.order.layout import stage_tokens
-from planner.run import Recut
-from plitzer.readpath.pack import (
-    ColumnChunks,
-    Pieces,
-    cut_pieces,
-    documents_of,
-    finish_unit,
-    shuffle_pieces,
-    slice_keys,
-)
+from planner.lanes import cut_at
+from planner.packing import Items, cut_again_at, slice_keys, slice_offsets
+from plitzer.readpath.pack import ColumnChunks, Pieces, cut_pieces, documents_of, finish_unit, shuffle_pieces
 from plitzer.readpath.packed import PackedUnit, UnitReads
 
 __all__ = ["pack_rest"]
 
 I64 = NDArray[np.int64]
-
-
-def _recut(
-    src: I64, a: I64, e: I64, lane: I64, lanes: int, begun: int, end_run: int, rc: Recut
-) -> tuple[I64, I64, I64, I64]:
-    """The slicing ``(src, a, e, lane)`` of ``lanes`` lanes begun at run token ``begun``, cut again at ``rc``.
-
-    Items are stream piece ``src``'s tokens ``[a, e)``, lane after lane, each in packed
-    order. What each lane consumed by ``rc.begin`` is dropped; the rest, laid end to
-    end, is cut into ``rc.lanes`` lanes by section 3.4 with ``z = begin mod lanes``.
-    """
-    ln = e - a
-    cum = np.cumsum(ln)
-    lane_first = np.searchsorted(lane, np.arange(lanes + 1), side="left")
-    slice_start = np.concatenate([[0], cum])[lane_first]
-    pos = cum - ln - slice_start[lane]  # each item's start in its lane's slice
-    used = stage_tokens(rc.begin, np.arange(lanes), lanes, begun)[lane]
-    cut_in = np.clip(used - pos, 0, ln)
-    live = ln - cut_in > 0
-    src, a, e = src[live], (a + cut_in)[live], e[live]
-    ln = e - a
-    rest_end = np.cumsum(ln)
-    rest_start = rest_end - ln
-    q, r = divmod(end_run - rc.begin, rc.lanes)
-    new_cuts = cut_at(np.arange(rc.lanes + 1), q, r, rc.begin % rc.lanes, rc.lanes)
-    rep, ps, pe, lane = split_at_cuts(rest_start, rest_end, new_cuts)
-    src, a = src[rep], a[rep] + (ps - rest_start[rep])
-    return src, a, a + (pe - ps), lane
 
 
 def pack_rest(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | None = None) -> PackedUnit:
@@ -79,14 +43,14 @@ def pack_rest(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | 
     cuts = cut_at(np.arange(b0 + 1), q, r, window_start % b0, b0)
     arrays = [documents_of(c)[0] for c in chunks]
     pc_ = cut_pieces(arrays, p.token_start.tolist(), reads.doc_base.tolist(), cuts, at_end=True)
-    order, _ = shuffle_pieces(pc_, None, b0, slice_keys(p.seed, p.epoch, p.window, range(b0)))
-    # The current slicing, in packed order: stream piece, token range [a, e) inside it, lane.
+    order, _ = shuffle_pieces(pc_, None, b0, slice_keys(p.seed, p.epoch, p.window, np.arange(b0)))
+    # The current slicing, in packed order: piece, its tokens [a, a + length), lane, place in the lane's slice.
     length = pc_.end - pc_.start
-    src, a, e, lane = order, np.zeros(len(order), np.int64), length[order], pc_.local[order]
-    lanes, begun = b0, window_start
-    for rc in recuts:
-        src, a, e, lane = _recut(src, a, e, lane, lanes, begun, window_start + p.window_tokens, rc)
-        lanes, begun = rc.lanes, rc.begin
+    zero = np.zeros(len(order), np.int64)
+    items = Items(order, zero, length[order], pc_.local[order], slice_offsets(order, length, pc_.local)[order])
+    changes = [(rc.lanes, rc.begin) for rc in recuts]
+    items = cut_again_at(items, b0, window_start, window_start + p.window_tokens, changes)
+    src, a, e, lane = items.src, items.a, items.a + items.length, items.lane
     # The rank's lanes of the last cut.
     mine = (lane >= rank_lanes.start) & (lane < rank_lanes.stop)
     local = lane - rank_lanes.start
