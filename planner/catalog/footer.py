@@ -273,18 +273,21 @@ def row_groups(
         # One pass over the footer's bytes in C (planner.catalog.layout), checked against
         # this function's own rows for the first and last row groups; None where the
         # layout is not certain, and then every row group below.
-        fast = layout.rows(
-            raw,
-            md,
-            j,
-            col.path,
-            physical,
-            delivered,
-            narrowing,
-            '"isSigned":false' in col.logical_type.to_json(),
-            st.size,
-            (col.max_repetition_level, col.max_definition_level),
-        )
+        try:
+            fast = layout.rows(
+                raw,
+                md,
+                j,
+                col.path,
+                physical,
+                delivered,
+                narrowing,
+                '"isSigned":false' in col.logical_type.to_json(),
+                st.size,
+                (col.max_repetition_level, col.max_definition_level),
+            )
+        except (ValueError, pa.ArrowException):  # a damaged footer: the per-row-group path's error
+            fast = None
         if fast is not None and _agrees(fast, storage, st, md, j, name, physical, delivered, narrowing):
             return fast, name, dtype
     if not checked:

@@ -321,7 +321,11 @@ def rows(  # noqa: PLR0911 (each return None is a layout the per-row-group path 
     """
     n = md.num_row_groups
     phys = _PHYSICAL.get(physical)
-    if n == 0 or phys is None or not _trusted_writer(md.created_by):
+    try:
+        created_by = md.created_by
+    except ValueError:  # not UTF-8: the per-row-group path says what is damaged
+        return None
+    if n == 0 or phys is None or not _trusted_writer(created_by):
         return None
     body = raw[:-8]
     parts = [p.encode() for p in path.split(".")]
