@@ -21,6 +21,7 @@ import pytest
 import plitzer
 from planner.catalog import footer, layout
 from planner.catalog.dataset import list_files
+from planner.stores.storage import FileStat
 from plitzer.readpath.read import count_chunk
 from tests.handmade_parquet import write_two_level
 from tests.test_inputs import PYARROW_CASES, make_docs
@@ -198,3 +199,33 @@ def test_a_writer_whose_statistics_pyarrow_doubts_falls_back(tmp_path: Path, mon
     assert pq.read_metadata(path).created_by == other.decode()
     rows, fast = rows_both(path, monkeypatch=monkeypatch)
     assert not fast and len(rows) == 4
+
+
+def test_fuzzed_footers_give_the_same_rows_or_the_same_error(tmp_path: Path, monkeypatch: Any) -> None:
+    """Bytes flipped in a FineWeb-shaped footer: both paths give the same rows, or the same DataError."""
+    (path,) = plitzer.synth.write_fineweb_shaped(tmp_path / "d", 1, row_groups_per_file=6)
+    good = path.read_bytes()
+    start = len(good) - 8 - int.from_bytes(good[-8:-4], "little")
+    st = FileStat(path.name, str(path), len(good), "v")
+    real = layout.rows
+    rng = np.random.default_rng(5)
+    outcomes = {"rows": 0, "error": 0}
+
+    def outcome(raw: bytes, one_pass: bool) -> tuple[Any, ...]:
+        monkeypatch.setattr(layout, "rows", real if one_pass else lambda *a, **k: None)
+        try:
+            md = footer.parse(raw, "x.parquet", check=False)
+            rows, name, dtype = footer.row_groups(None, st, md, None, None, raw=raw, checked=False)  # type: ignore[arg-type]
+        except plitzer.DataError as e:
+            return ("error", str(e))
+        return ("rows", rows.tolist(), name, str(dtype))
+
+    for _ in range(600):
+        data = bytearray(good)
+        for _ in range(int(rng.integers(1, 4))):
+            data[int(rng.integers(start, len(good) - 8))] ^= int(rng.integers(1, 256))
+        raw = bytes(data[start:])
+        got = outcome(raw, True)
+        assert got == outcome(raw, False)
+        outcomes[got[0]] += 1
+    assert min(outcomes.values()) > 20  # both kinds of footer were tried
