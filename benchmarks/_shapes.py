@@ -58,7 +58,8 @@ def _run(cmd: list[str], cache: Path, root: Path = ROOT) -> dict[str, Any]:
     """One fresh process: its wall, CPU and peak RSS (``wait4``), and its last stdout line as JSON if any."""
     env = {**os.environ, "PLITZER_CACHE": str(cache), "PYTHONPATH": str(root)}
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    # In the checkout: `python -m` puts the working folder ahead of PYTHONPATH.
+    p = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert p.stdout is not None
     out = p.stdout.read()
     _, status, ru = os.wait4(p.pid, 0)
