@@ -4,7 +4,8 @@
 footer fits in 64 KiB, else a second one), :func:`parse` checks it and parses it,
 :func:`row_groups` gives the file's index rows: per row group its rows, exact
 token count (the leaf statistics' non-null value count), empty documents and the
-token column chunk's byte range. :func:`cached` and :func:`remember` keep the
+token column chunk's byte range (from one pass over the footer's bytes where the
+layout is certain: :mod:`planner.catalog.onepass`). :func:`cached` and :func:`remember` keep the
 footer bytes in the local cache, keyed by the file's location, size and version.
 
 pyarrow (26) aborts the whole process, an uncaught C++ exception, when Python
@@ -33,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from planner.catalog import layout
+from planner.catalog import onepass
 from planner.catalog.chunkmeta import codec_of
 from planner.catalog.column import TokenDtype, delivered_dtype, narrows, token_column_of, token_range
 from planner.catalog.thrift import Reader, ThriftError, list_header, skip_value, uvarint, varint
@@ -270,11 +271,11 @@ def row_groups(
     col = pschema.column(j)
     physical = col.physical_type
     if raw is not None:
-        # One pass over the footer's bytes in C (planner.catalog.layout), checked against
+        # One pass over the footer's bytes in C (planner.catalog.onepass), checked against
         # this function's own rows for the first and last row groups; None where the
         # layout is not certain, and then every row group below.
         try:
-            fast = layout.rows(
+            fast = onepass.rows(
                 raw,
                 md,
                 j,

@@ -1,4 +1,4 @@
-"""The one-pass rows (``planner.catalog.layout``) against the per-row-group path.
+"""The one-pass rows (``planner.catalog.onepass``) against the per-row-group path.
 
 ``footer.row_groups`` with the footer's bytes takes one regex pass over them where the
 token column's layout is one it knows, and the per-row-group path (pyarrow's accessors)
@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import plitzer
-from planner.catalog import footer, layout
+from planner.catalog import footer, onepass
 from planner.catalog.dataset import list_files
 from planner.stores.storage import FileStat
 from plitzer.readpath.read import count_chunk
@@ -32,7 +32,7 @@ def rows_both(path: Path, column: str | None = None, monkeypatch: Any = None) ->
     (entry,), _ = list_files(path, None)
     raw = footer.fetch(entry.storage, entry.stat)
     taken: list[bool] = []
-    real = layout.rows
+    real = onepass.rows
 
     def spy(*a: Any, **k: Any) -> Any:
         got = real(*a, **k)
@@ -40,11 +40,11 @@ def rows_both(path: Path, column: str | None = None, monkeypatch: Any = None) ->
         return got
 
     assert monkeypatch is not None
-    monkeypatch.setattr(layout, "rows", spy)
+    monkeypatch.setattr(onepass, "rows", spy)
     md = footer.parse(raw, entry.stat.location, check=False)
     fast, name, dtype = footer.row_groups(entry.storage, entry.stat, md, column, count_chunk, raw=raw, checked=False)
     assert taken, "the one pass was not tried"
-    monkeypatch.setattr(layout, "rows", real)
+    monkeypatch.setattr(onepass, "rows", real)
     slow, name2, dtype2 = footer.row_groups(
         entry.storage, entry.stat, footer.parse(raw, entry.stat.location), column, count_chunk
     )
@@ -207,12 +207,12 @@ def test_fuzzed_footers_give_the_same_rows_or_the_same_error(tmp_path: Path, mon
     good = path.read_bytes()
     start = len(good) - 8 - int.from_bytes(good[-8:-4], "little")
     st = FileStat(path.name, str(path), len(good), "v")
-    real = layout.rows
+    real = onepass.rows
     rng = np.random.default_rng(5)
     outcomes = {"rows": 0, "error": 0}
 
     def outcome(raw: bytes, one_pass: bool) -> tuple[Any, ...]:
-        monkeypatch.setattr(layout, "rows", real if one_pass else lambda *a, **k: None)
+        monkeypatch.setattr(onepass, "rows", real if one_pass else lambda *a, **k: None)
         try:
             md = footer.parse(raw, "x.parquet", check=False)
             rows, name, dtype = footer.row_groups(None, st, md, None, None, raw=raw, checked=False)  # type: ignore[arg-type]

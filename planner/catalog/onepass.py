@@ -12,10 +12,11 @@ rows without either:
    it), and its fields after the path are walked once, in Python: their field headers,
    and per field what its value looks like (a varint, a binary of a fixed length, the
    statistics struct, the size statistics with their histograms' lengths, ...).
-2. **One regular expression for every row group.** The layout becomes a ``re`` pattern:
-   field headers literal, varints as ``[\\x80-\\xff]{0,9}[\\x00-\\x7f]``, the statistics'
-   binaries by their literal length, the histograms' list headers literal, the fields the
-   rows need captured. ``findall`` runs it over the whole footer in C.
+2. **One regular expression for every row group.** The layout becomes a ``re`` pattern,
+   from ``ColumnChunk.meta_data``'s header, the type and the encodings on: field headers
+   literal, varints as ``[\\x80-\\xff]{0,9}[\\x00-\\x7f]``, the statistics' binaries by
+   their literal length, the histograms' list headers literal, the fields the rows need
+   captured. ``findall`` runs it over the whole footer in C.
 3. **Certain, or nothing.** It must match exactly once a row group, at the places where
    the path is found, and the path must be found exactly once a row group (then every
    occurrence of the path anchors one match, and nothing else does: see :func:`rows`).
