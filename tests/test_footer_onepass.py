@@ -181,6 +181,41 @@ def _insert_index_page_offset(body: bytes, g: int) -> bytes:
     return body[:pos] + b"\x16\x00\x16" + body[pos + 1 :]
 
 
+def _retype_dictionary_offset(body: bytes) -> bytes:
+    """Every token chunk's ``dictionary_page_offset`` header says i32, not i64: a field pyarrow skips."""
+    md_path = b"\x19\x38\x06tokens\x04list\x07element"
+    out, at = bytearray(body), body.find(md_path)
+    while at >= 0:
+        pos, last = at + len(md_path), 3
+        while last != 9:
+            last += out[pos] >> 4
+            pos += 1
+            while out[pos] & 0x80:
+                pos += 1
+            pos += 1
+        assert out[pos] == 0x26
+        out[pos] = 0x25
+        at = body.find(md_path, at + 1)
+    return bytes(out)
+
+
+def test_a_field_of_another_type_falls_back(tmp_path: Path, monkeypatch: Any) -> None:
+    """pyarrow skips a field of another type (unset): the one pass must not read it either."""
+    path = _write(tmp_path / "d" / "x.parquet", _tokens(make_docs(), pa.list_(pa.int32())), row_group_size=25)
+    _rewrite_footer(path, _retype_dictionary_offset)
+    assert not pq.read_metadata(path).row_group(1).column(0).has_dictionary_page
+    (entry,), _ = list_files(path, None)
+    raw = footer.fetch(entry.storage, entry.stat)
+    md = footer.parse(raw, entry.stat.location, check=False)
+    real = onepass.rows
+    got: list[Any] = []
+    monkeypatch.setattr(onepass, "rows", lambda *a, **k: got.append(real(*a, **k)) or got[-1])
+    # Without the dictionary page the chunk's range runs past the file: the per-row-group error.
+    with pytest.raises(plitzer.DataError, match=r"row group \d: the token column chunk .* lies outside the file"):
+        footer.row_groups(entry.storage, entry.stat, md, None, count_chunk, raw=raw, checked=False)
+    assert got == [None]
+
+
 def test_a_row_group_of_another_layout_falls_back(tmp_path: Path, monkeypatch: Any) -> None:
     path = _write(tmp_path / "d" / "x.parquet", _tokens(make_docs(), pa.list_(pa.int32())), row_group_size=25)
     _rewrite_footer(path, lambda body: _insert_index_page_offset(body, 2))

@@ -83,7 +83,6 @@ class _Layout:
     def __init__(self) -> None:
         self.parts: list[bytes] = []
         self.groups: list[str] = []  # the captured fields, in pattern order
-        self.stats_fields: set[int] = set()
         self.histograms: tuple[int | None, int | None] = (None, None)
         self.has_stats = False
 
@@ -118,17 +117,6 @@ def _uvarint_end(body: bytes, pos: int) -> int:
     raise _Unknown
 
 
-def _uvarint(body: bytes, pos: int) -> int:
-    shift = result = 0
-    while True:
-        b = body[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result
-        shift += 7
-
-
 def _statistics(body: bytes, pos: int, out: _Layout) -> int:
     """``Statistics``: min/max binaries of their literal length, counts as varints, the exact flags."""
     last = 0
@@ -146,7 +134,7 @@ def _statistics(body: bytes, pos: int, out: _Layout) -> int:
             out.literal(bytes([b, size]))
             out.value(names[fid], b".{%d}" % size)
             pos += 1 + size
-        elif fid in (3, 4) and typ == 6:
+        elif fid in (3, 4) and typ == 6:  # null_count, distinct_count: i64
             out.literal(bytes([b]))
             out.value("null_count" if fid == 3 else None)
             pos = _uvarint_end(body, pos)
@@ -154,7 +142,6 @@ def _statistics(body: bytes, pos: int, out: _Layout) -> int:
             out.parts.append(b"[" + re.escape(bytes([(b & 0xF0) | 1, (b & 0xF0) | 2])) + b"]")
         else:
             raise _Unknown
-        out.stats_fields.add(fid)
 
 
 def _size_statistics(body: bytes, pos: int, out: _Layout) -> int:
@@ -172,7 +159,7 @@ def _size_statistics(body: bytes, pos: int, out: _Layout) -> int:
             out.literal(bytes([b]))
             out.value(None)
             pos = _uvarint_end(body, pos)
-        elif fid in (2, 3) and typ == 9:
+        elif fid in (2, 3) and typ == 9:  # repetition, definition level histograms: list<i64>
             h = body[pos]
             size = h >> 4
             if size == 15 or h & 0x0F != 6:
@@ -187,7 +174,20 @@ def _size_statistics(body: bytes, pos: int, out: _Layout) -> int:
             raise _Unknown
 
 
-_META_FIELDS = {4: "codec", 5: "num_values", 6: None, 7: "length", 9: "data_page", 10: None, 11: "dictionary"}
+# ColumnMetaData's integer fields after the path: (name captured or None, Thrift type). A
+# field of another type is one pyarrow's parser skips (as unset): not this layout.
+_META_FIELDS: dict[int, tuple[str | None, int]] = {
+    4: ("codec", 5),
+    5: ("num_values", 6),
+    6: (None, 6),  # total_uncompressed_size
+    7: ("length", 6),  # total_compressed_size
+    9: ("data_page", 6),
+    10: (None, 6),  # index_page_offset
+    11: ("dictionary", 6),
+    14: (None, 6),  # bloom_filter_offset
+    15: (None, 5),  # bloom_filter_length
+}
+_CHUNK_FIELDS = {4: 6, 5: 5, 6: 6, 7: 5}  # ColumnChunk's page index offsets (i64) and lengths (i32)
 
 
 def _learn(body: bytes, pos: int, last_column: bool) -> _Layout:
@@ -200,9 +200,9 @@ def _learn(body: bytes, pos: int, last_column: bool) -> _Layout:
             out.literal(b"\x00")
             break
         last = fid
-        if fid in _META_FIELDS and typ in (5, 6):
+        if fid in _META_FIELDS and typ == _META_FIELDS[fid][1]:
             out.literal(bytes([b]))
-            out.value(_META_FIELDS[fid])
+            out.value(_META_FIELDS[fid][0])
             pos = _uvarint_end(body, pos)
         elif fid == 12 and typ == 12:
             out.literal(bytes([b]))
@@ -223,10 +223,6 @@ def _learn(body: bytes, pos: int, last_column: bool) -> _Layout:
                 if body[pos] != 0:
                     raise _Unknown
                 pos += 1
-        elif fid in (14, 15) and typ in (5, 6):  # bloom filter offset, length
-            out.literal(bytes([b]))
-            out.value(None)
-            pos = _uvarint_end(body, pos)
         elif fid == 16 and typ == 12:
             out.literal(bytes([b]))
             pos = _size_statistics(body, pos, out)
@@ -239,7 +235,7 @@ def _learn(body: bytes, pos: int, last_column: bool) -> _Layout:
             out.literal(b"\x00")
             break
         last = fid
-        if fid in (4, 5, 6, 7) and typ in (5, 6):
+        if _CHUNK_FIELDS.get(fid) == typ:
             out.literal(bytes([b]))
             out.value(None)
             pos = _uvarint_end(body, pos)
