@@ -16,8 +16,14 @@ hard links of one written file, so that 10^6 row groups cost no disk. For each s
 * ``--ranks`` gloo processes (each its own cache folder, as on separate machines) on
   ``--rank-files`` files, cold and with ``index=``: a rank's peak RSS, CPU and first batch.
 
+* ``--index-only``: just pyarrow's read+parse against ``plitzer index``, ``--rounds``
+  times each, alternating (and against another checkout's ``plitzer index`` with
+  ``--index-against PATH``, e.g. the previous release's), each a fresh process on an
+  empty cache: what indexing costs against what the footers cost.
+
     python benchmarks/cluster.py --shapes
     python benchmarks/cluster.py --shapes --shapes-row-groups 120000 --rank-files 300
+    python benchmarks/cluster.py --shapes --index-only --shapes-row-groups 120000 --rounds 3
 """
 
 from __future__ import annotations
@@ -48,11 +54,12 @@ with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
 """
 
 
-def _run(cmd: list[str], cache: Path) -> dict[str, Any]:
+def _run(cmd: list[str], cache: Path, root: Path = ROOT) -> dict[str, Any]:
     """One fresh process: its wall, CPU and peak RSS (``wait4``), and its last stdout line as JSON if any."""
-    env = {**os.environ, "PLITZER_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PLITZER_CACHE": str(cache), "PYTHONPATH": str(root)}
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    # In the checkout: `python -m` puts the working folder ahead of PYTHONPATH.
+    p = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert p.stdout is not None
     out = p.stdout.read()
     _, status, ru = os.wait4(p.pid, 0)
@@ -179,6 +186,53 @@ def main(sizes: list[int], ranks: int, rank_files: int, per_file: int = 400) -> 
                     f"CPU a rank {max(g['cpu_s'] for g in got):.1f} s, peak a rank "
                     f"{_mib(max(g['process_peak_bytes'] for g in got))}, {grow:,.0f} B a row group over one file"
                 )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def index_only(sizes: list[int], per_file: int, rounds: int, against: Path | None) -> None:
+    """pyarrow's read+parse against ``plitzer index`` (and ``against``'s), alternating, ``rounds`` times."""
+    work = Path(tempfile.mkdtemp(prefix="plitzer-shapes-"))
+    try:
+        one = plitzer.synth.write_fineweb_shaped(work / "one", 1, row_groups_per_file=per_file)[0]
+        py = sys.executable
+        roots = {"plitzer index": ROOT} | ({f"plitzer index ({against})": against} if against else {})
+        # Each process's start (imports, the CLI): the same commands on the one file, best of 2.
+        start = {
+            "pyarrow read+parse": min(_run([py, "-c", _PYARROW, str(one)], work / f"c-s{r}")["cpu_s"] for r in range(2))
+        }
+        for k, (name, root) in enumerate(roots.items()):
+            cmd = [py, "-m", "plitzer", "index", str(one), "--no-lengths", "--out", str(work / "s.index")]
+            start[name] = min(_run(cmd, work / f"c-s{k}-{r}", root)["cpu_s"] for r in range(2))
+        for n in sizes:
+            files = max(1, n // per_file)
+            data = _dataset(work, one, files)
+            print(f"== {files * per_file:,} row groups ({files:,} files of {per_file}), {os.cpu_count()} threads")
+            got: dict[str, list[dict[str, Any]]] = {"pyarrow read+parse": []} | {k: [] for k in roots}
+            for r in range(rounds):
+                got["pyarrow read+parse"].append(_run([py, "-c", _PYARROW, str(data)], work / f"c-raw{r}"))
+                for k, (name, root) in enumerate(roots.items()):
+                    job = work / "job.index"
+                    cmd = [py, "-m", "plitzer", "index", str(data), "--no-lengths", "--out", str(job)]
+                    got[name].append(_run(cmd, work / f"c-ix{k}-{r}-{n}", root))
+                    job.unlink()
+                print(
+                    f"  round {r + 1}: "
+                    + "; ".join(f"{k} {v[-1]['wall_s']:.2f} s, {v[-1]['cpu_s']:.2f} CPU s" for k, v in got.items())
+                )
+            base = got["pyarrow read+parse"]
+            wall0 = min(x["wall_s"] for x in base)
+            cpu0 = min(x["cpu_s"] for x in base)
+            for name, runs in got.items():
+                wall, cpu = min(x["wall_s"] for x in runs), min(x["cpu_s"] for x in runs)
+                d0 = cpu0 - start["pyarrow read+parse"]
+                beyond = f"{(cpu - start[name]) / d0:.2f}x" if d0 > 0.1 else "too small to say"
+                print(
+                    f"  {name} (best of {rounds}): {wall:.2f} s ({wall / wall0:.2f}x), {cpu:.2f} CPU s "
+                    f"({cpu / cpu0:.2f}x; beyond a one-file run's {start[name]:.2f} CPU s: {beyond}), "
+                    f"peak {_mib(max(x['peak_bytes'] for x in runs))}"
+                )
+            shutil.rmtree(data)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

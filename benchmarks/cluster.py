@@ -188,6 +188,9 @@ def main() -> None:
     shapes.add_argument("--shapes-row-groups", default="120000,1000000", help="sizes, comma-separated")
     shapes.add_argument("--rank-files", type=int, default=2000, help="files of the gloo job (--ranks processes)")
     shapes.add_argument("--per-file", type=int, default=400, help="row groups a file")
+    shapes.add_argument("--index-only", action="store_true", help="only plitzer index against pyarrow's parse")
+    shapes.add_argument("--rounds", type=int, default=3, help="--index-only: runs of each, alternating")
+    shapes.add_argument("--index-against", type=Path, default=None, help="--index-only: another checkout too")
     real = ap.add_argument_group("real run (--real)")
     real.add_argument("--real", action="store_true", help="gloo ranks against moto's S3 server behind a latency proxy")
     real.add_argument("--ranks", type=int, default=8, help="gloo processes")
@@ -211,6 +214,10 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import _shapes
 
+        if a.index_only:
+            sizes = [int(x) for x in a.shapes_row_groups.split(",")]
+            _shapes.index_only(sizes, a.per_file, a.rounds, a.index_against)
+            return
         _shapes.main([int(x) for x in a.shapes_row_groups.split(",")], a.ranks, a.rank_files, a.per_file)
         return
     a.files = a.files or 100_000

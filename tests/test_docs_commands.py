@@ -230,6 +230,9 @@ RULES: dict[str, Rule] = {
     "python benchmarks/cluster.py --shapes": scaled(
         "python benchmarks/cluster.py --shapes --shapes-row-groups 200 --per-file 10 --ranks 2 --rank-files 20"
     ),
+    "python benchmarks/cluster.py --shapes --index-only --rounds 3": scaled(
+        "python benchmarks/cluster.py --shapes --index-only --shapes-row-groups 200 --per-file 10 --rounds 1"
+    ),
     "python benchmarks/plan_scale.py": scaled("python benchmarks/plan_scale.py --row-groups 2000 --files 10"),
     "python benchmarks/seek_far.py": R,
     "python benchmarks/cluster.py": scaled(

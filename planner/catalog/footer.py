@@ -4,7 +4,8 @@
 footer fits in 64 KiB, else a second one), :func:`parse` checks it and parses it,
 :func:`row_groups` gives the file's index rows: per row group its rows, exact
 token count (the leaf statistics' non-null value count), empty documents and the
-token column chunk's byte range. :func:`cached` and :func:`remember` keep the
+token column chunk's byte range (from one pass over the footer's bytes where the
+layout is certain: :mod:`planner.catalog.onepass`). :func:`cached` and :func:`remember` keep the
 footer bytes in the local cache, keyed by the file's location, size and version.
 
 pyarrow (26) aborts the whole process, an uncaught C++ exception, when Python
@@ -33,6 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
+from planner.catalog import onepass
 from planner.catalog.chunkmeta import codec_of
 from planner.catalog.column import TokenDtype, delivered_dtype, narrows, token_column_of, token_range
 from planner.catalog.thrift import Reader, ThriftError, list_header, skip_value, uvarint, varint
@@ -266,39 +268,97 @@ def row_groups(
         msg = f"{st.location}: token column {name!r} is nested ({len(leaf)} leaves); it must be a flat list"
         raise DataError(msg)
     j = leaf[0]
+    col = pschema.column(j)
+    physical = col.physical_type
+    if raw is not None:
+        # One pass over the footer's bytes in C (planner.catalog.onepass), checked against
+        # this function's own rows for the first and last row groups; None where the
+        # layout is not certain, and then every row group below.
+        try:
+            fast = onepass.rows(
+                raw,
+                md,
+                j,
+                col.path,
+                physical,
+                delivered,
+                narrowing,
+                '"isSigned":false' in col.logical_type.to_json(),
+                st.size,
+                (col.max_repetition_level, col.max_definition_level),
+            )
+        except (ValueError, pa.ArrowException):  # a damaged footer: the per-row-group path's error
+            fast = None
+        if fast is not None and _agrees(fast, storage, st, md, j, name, physical, delivered, narrowing):
+            return fast, name, dtype
     if not checked:
         if raw is None:
             msg = "row_groups(checked=False) needs the footer's bytes (raw=)"
             raise ValueError(msg)
         check_column_histograms(raw, md, j, st.location)
-    physical = pschema.column(j).physical_type
     # One int64 row a row group, filled in place: no tuple or int object outlives the loop.
     rows = np.empty((md.num_row_groups, ROW_FIELDS), np.int64)
     for g in range(md.num_row_groups):
-        rg = md.row_group(g)
-        cc = rg.column(j)
-        where = f"{st.location}, row group {g}"
-        start, length = _chunk_range(cc, rg.num_rows, physical, st.size, where)
-        stats = cc.statistics if cc.is_stats_set else None
-        if rg.num_rows == 0:
-            tokens, empties = 0, 0
-        elif stats is not None and stats.has_null_count:
-            tokens = int(stats.num_values)
-            empties = int(cc.num_values) - tokens
-        else:
-            tokens, empties = _counter(count, where)(
-                storage, st, md, row_group=g, column=name, offset=start, length=length, where=where
-            )
-        if tokens < 0 or empties < 0 or empties > rg.num_rows:
-            msg = (
-                f"{where}: footer statistics are inconsistent (tokens {tokens}, rows {rg.num_rows}); "
-                "the footer is damaged"
-            )
-            raise DataError(msg)
-        check = narrowing and tokens > 0 and not _fits(stats, delivered)
-        codec = codec_of(cc.compression, where)
-        rows[g] = (g, rg.num_rows, tokens, empties, start, length, check, codec, cc.num_values)
+        rows[g] = _row(storage, st, md, g, j, name, physical, delivered, narrowing, count)
     return rows, name, dtype
+
+
+def _agrees(
+    fast: NDArray[np.int64],
+    storage: Storage,
+    st: FileStat,
+    md: pq.FileMetaData,
+    j: int,
+    name: str,
+    physical: str,
+    delivered: TokenDtype,
+    narrowing: bool,
+) -> bool:
+    """Whether the first and last rows of the one-pass path are the per-row-group path's (no chunk read)."""
+    try:
+        return all(
+            tuple(int(x) for x in fast[g]) == _row(storage, st, md, g, j, name, physical, delivered, narrowing, None)
+            for g in {0, md.num_row_groups - 1}
+        )
+    except DataError:
+        return False  # the per-row-group path raises its own first error
+
+
+def _row(
+    storage: Storage,
+    st: FileStat,
+    md: pq.FileMetaData,
+    g: int,
+    j: int,
+    name: str,
+    physical: str,
+    delivered: TokenDtype,
+    narrowing: bool,
+    count: ChunkCounter | None,
+) -> Row:
+    """Row group ``g``'s index row from pyarrow's accessors (its token chunk's histograms checked already)."""
+    rg = md.row_group(g)
+    cc = rg.column(j)
+    where = f"{st.location}, row group {g}"
+    start, length = _chunk_range(cc, rg.num_rows, physical, st.size, where)
+    stats = cc.statistics if cc.is_stats_set else None
+    if rg.num_rows == 0:
+        tokens, empties = 0, 0
+    elif stats is not None and stats.has_null_count:
+        tokens = int(stats.num_values)
+        empties = int(cc.num_values) - tokens
+    else:
+        tokens, empties = _counter(count, where)(
+            storage, st, md, row_group=g, column=name, offset=start, length=length, where=where
+        )
+    if tokens < 0 or empties < 0 or empties > rg.num_rows:
+        msg = (
+            f"{where}: footer statistics are inconsistent (tokens {tokens}, rows {rg.num_rows}); the footer is damaged"
+        )
+        raise DataError(msg)
+    check = narrowing and tokens > 0 and not _fits(stats, delivered)
+    codec = codec_of(cc.compression, where)
+    return (g, rg.num_rows, tokens, empties, start, length, check, codec, cc.num_values)
 
 
 def _chunk_range(cc: Any, num_rows: int, physical: str, size: int, where: str) -> tuple[int, int]:
