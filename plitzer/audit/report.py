@@ -336,7 +336,7 @@ def audit(
     out: _Sections = ({}, {}, {})
     _dataset_section(ix, plan, cfg, lengths, out)
     # Lane balance, lockstep and reads are drawn for one layout: the first stage's.
-    first = make_plan(ix, replace(cfg, layout=None)) if cfg.stages.staged else plan
+    first = make_plan(ix, replace(cfg, layout=one)) if cfg.stages.staged else plan
     _lanes_section(first, seq_len, steps, per_epoch, out)
     if isinstance(plan, MixturePlan):
         _mixture_section(plan, seq_len, max(1, min(20, one.run_at(steps) // total + 1)), out)
