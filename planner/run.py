@@ -108,11 +108,11 @@ def lane_positions(
     """Where ``rank_lanes`` are before global step ``step``, from the windows' tokens alone.
 
     Rows ``[lane, epoch, window, -1, offset in the lane's slice]``. The cuts deal the
-    run's tokens like cards, so lane ``k``'s next token is run token
-    ``step * seq_len * lanes + k``; its window is found by one ``searchsorted`` over the
-    epoch's window tokens, and lane ``k`` has received ``ceil((R - k) / B)`` tokens once
-    the run has ``R``. (The piece ordinal needs the window's documents: the loader
-    resolves it once the window is packed.)
+    run's tokens like cards, so lane ``k``'s next token is run token ``X(step) + k``
+    (:meth:`planner.order.layout.Layout.run_at`, here one stage from step 0); its window
+    is found by one ``searchsorted`` over the epoch's window tokens, and lane ``k`` has
+    received ``ceil((R - k) / B)`` tokens once the run has ``R``. (The piece ordinal
+    needs the window's documents: the loader resolves it once the window is packed.)
 
     Under a layout stage that began at step ``begin_step``, run token ``begin_run``
     (:mod:`planner.order.layout`), the cards start there: lane ``k``'s next token is the run
@@ -173,8 +173,8 @@ def earliest_stage_step(plan: MixturePlan, step: int, seq_len: int) -> int:
     A stage that starts at step ``s`` starts at the first window whose first token is at
     or after run token ``X(s)``; it is allowed only where that window is one no lane has
     begun: with ``x`` the first token of the last window begun, the earliest step is the
-    first step past ``x`` (``x // (lanes * seq_len) + 1`` in one layout), and after the
-    last stage's step (docs/design.md, "Live stages").
+    first step past the one holding ``x`` (:meth:`planner.order.layout.Layout.step_at_run`
+    of ``x + 1``), and after the last stage's step (docs/design.md, "Live stages").
     """
     order = plan.order
     if not isinstance(order, Interleave):
@@ -182,11 +182,8 @@ def earliest_stage_step(plan: MixturePlan, step: int, seq_len: int) -> int:
         raise ConfigError(msg)
     unbegun = order.first_window_at(order.run_at(step))
     last = 0 if unbegun == 0 else order.window_start(unbegun - 1)  # the last window begun
-    if order.layout_stages is not None:
-        begun = 0 if unbegun == 0 else order.layout_stages.step_at_run(last + 1)
-    else:
-        per_step = plan.settings.lanes * seq_len
-        begun = 0 if unbegun == 0 else last // per_step + 1
+    layout = order.layout_stages if order.layout_stages is not None else Layout.one(plan.settings.lanes, seq_len)
+    begun = 0 if unbegun == 0 else layout.step_at_run(last + 1)
     return max(begun, plan.stages[-1].start + 1)
 
 

@@ -11,7 +11,7 @@ by one gather (``plitzer.readpath.pack.assemble``). Units that every lane has le
 released; the scanner reads the next ones ahead, within ``budget``.
 
 The loader owns the step and delivers; every question about a step (the units it
-needs, where each lane is, the epoch label ``floor(t * lanes * seq_len / T)``, the
+needs, where each lane is, the epoch label ``floor(X(t) / T)``, the
 layout stage) is asked of the run value (:class:`planner.run.Run`), which it and its
 scanner hold and swap together (:meth:`Loader._set_run`). ``checkpoint`` derives each
 lane's position from the step when it is called, and the positions do not depend
@@ -256,9 +256,11 @@ class Loader(LiveStages):
         """Jump to global step ``step``, as if every step before it had been taken.
 
         No checkpoint is needed and nothing is replayed: lane ``k``'s next token is
-        run token ``step * seq_len * lanes + k`` (the cuts deal tokens like cards), so
-        its window and the offset in its slice follow from the windows' token counts.
-        Only the windows those positions need are read.
+        run token ``X(step) + ((k - X_i) mod B_i)``, with ``X`` the run's tokens before a
+        step and ``X_i``, ``B_i`` where the layout stage in force began and its lanes
+        (the cuts deal tokens like cards), so its window and the offset in its slice
+        follow from the windows' token counts. Only the windows those positions need
+        are read.
         """
         self._check_fork()
         step = check_int("step", step, 0, "steps count from 0")

@@ -760,3 +760,41 @@ def test_locate_places_documents_under_layout_stages(data: tuple[Path, list[list
         run = pl.concat([b.documents().with_columns(pl.lit(b.step, pl.Int64).alias("step")) for b in batches])
     got = plitzer.locate(path, "true", steps=20, **kw)
     assert got.drop("rank").equals(run.select(got.drop("rank").columns).sort("step", "lane", "start"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lanes=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 8)), min_size=1, max_size=4),
+    seq_len=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 64)), min_size=1, max_size=4),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_layout_answers_many_steps_as_it_answers_one(
+    lanes: list[tuple[int, int]], seq_len: list[tuple[int, int]], seed: int
+) -> None:
+    """``runs_at``, ``steps_at_runs``, ``steps_holding``, ``indices_at`` and the rest equal the scalar answers."""
+    from planner.order.layout import Layout
+
+    def stages(gaps: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        starts = np.cumsum([0] + [g for g, _ in gaps[1:]]).tolist()
+        return [(int(s), v) for s, (_, v) in zip(starts, gaps, strict=True)]
+
+    lay = Layout.of(lanes=stages(lanes), seq_len=stages(seq_len))
+    rng = np.random.default_rng(seed)
+    last = lay.stages[-1].start + 20
+    steps = np.concatenate([np.arange(last + 1), rng.integers(0, 10 * last + 1, 50)]).astype(np.int64)
+    assert lay.runs_at(steps).tolist() == [lay.run_at(int(t)) for t in steps]
+    assert lay.indices_at(steps).tolist() == [lay.index_at(int(t)) for t in steps]
+    assert lay.lanes_at(steps).tolist() == [lay.at(int(t)).lanes for t in steps]
+    assert lay.seq_lens_at(steps).tolist() == [lay.at(int(t)).seq_len for t in steps]
+    # X(t + 1) - X(t) is the step's tokens, from the stage in force (the rule, not the code).
+    assert np.diff(lay.runs_at(np.arange(last + 2))).tolist() == [lay.at(t).per_step for t in range(last + 1)]
+    top = lay.run_at(last)
+    runs = np.concatenate([np.arange(top + 1), rng.integers(0, 10 * top + 1, 50)]).astype(np.int64)
+    assert lay.steps_at_runs(runs).tolist() == [lay.step_at_run(int(x)) for x in runs]
+    holding = lay.steps_holding(runs)
+    assert holding.tolist() == [lay.step_at_run(int(x) + 1) - 1 for x in runs]
+    assert (lay.runs_at(holding) <= runs).all() and (runs < lay.runs_at(holding + 1)).all()
+    begins = lay.begins()
+    assert lay.stages_of_runs(runs).tolist() == [max(i for i, b in enumerate(begins) if b <= x) for x in runs]
+    assert Layout.one(3, 7) == Layout.of(lanes=3, seq_len=7) and lay.end_of(len(lay) - 1) is None
+    assert all(lay.end_of(i) == (lay.stages[i + 1].start, begins[i + 1]) for i in range(len(lay) - 1))

@@ -17,6 +17,7 @@ import plitzer
 import plitzer.synth
 from planner.mixing.mixture import Interleave, MixturePlan
 from planner.mixing.sources import Stage
+from planner.order.layout import Layout
 from planner.order.plan import PlanSettings
 from tests.conftest import tokens_of
 from tests.interleave_reference import ReplayInterleave
@@ -95,7 +96,9 @@ FAR = 10**7
 class _Replay(ReplayInterleave, Interleave):  # type: ignore[misc]
     """0.3's interleave where the loader takes an Interleave (live stages check the type)."""
 
-    layout_stages = None  # no layout stages: steps are lanes * seq_len tokens (Interleave.run_at)
+    @property
+    def layout_stages(self) -> Layout:  # one layout stage: what Interleave.run_at asks, as 0.3's steps were
+        return Layout.one(self.settings.lanes, self.seq_len)
 
     def window_start(self, unit: int) -> int:
         return int(self.window_starts(unit + 1)[-1])

@@ -23,7 +23,7 @@ from planner.catalog.rowgroups import RowGroupIndex, SelectedRows
 from planner.errors import ConfigError
 from planner.lookup.lengths import Lengths, as_lengths
 from planner.lookup.pieces import Pieces, epoch_pieces
-from planner.lookup.staged import Span, lanes_of_steps, spans, staged_pieces
+from planner.lookup.staged import staged_pieces
 
 __all__ = ["Rows", "pieces_frame", "pieces_reader", "pieces_schema", "stream_rows"]
 
@@ -92,25 +92,19 @@ def stream_rows(index: RowGroupIndex) -> Rows:
     return rows
 
 
-def _staged(plan: Any) -> list[Span] | None:
-    """The plan's layout stages as :class:`~planner.lookup.staged.Span` (None: one layout)."""
-    layout = getattr(plan, "layout", None)
-    return spans(layout) if layout is not None and layout.staged else None
-
-
 def _batches(plan: Any, epoch: int, lengths: Lengths, seq_len: int, batch: int) -> Iterator[tuple[Pieces, I64]]:
-    """Each batch of ``batch`` windows' pieces and their ranks (under layout stages, each stage's)."""
+    """Each batch of ``batch`` windows' pieces and their ranks (under layout stages, each stage's lanes)."""
     world = int(plan.settings.world)
-    stages = _staged(plan)
-    if stages is None:
+    layout = getattr(plan, "layout", None)
+    if layout is None or not layout.staged:  # one stage: the windows cut as they are, in ``seq_len`` rows
         per = int(plan.settings.lanes) // world
         for got in epoch_pieces(plan, epoch, lengths, seq_len, batch=batch):
             yield got, got.lane // per
         return
     n = plan.windows_in(epoch)
     for a in range(0, n, batch):
-        got = staged_pieces(plan, stages, epoch, lengths, windows=np.arange(a, min(n, a + batch), dtype=np.int64))
-        yield got, got.lane // (lanes_of_steps(stages, got.step) // world)
+        got = staged_pieces(plan, layout, epoch, lengths, windows=np.arange(a, min(n, a + batch), dtype=np.int64))
+        yield got, got.lane // (layout.lanes_at(got.step) // world)
 
 
 def _pieces_batches(

@@ -42,9 +42,9 @@ Everything is numpy on whole arrays per epoch: no loop over documents, pieces or
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -64,12 +64,13 @@ __all__ = [
     "Positions",
     "as_lengths",
     "epoch_pieces",
+    "LayoutView",
     "epochs_of_steps",
     "lengths_from_array",
     "locate_pieces",
     "positions",
     "window_pieces",
-    "windows_of_steps",
+    "windows_meeting",
 ]
 
 I64 = NDArray[np.int64]
@@ -147,30 +148,40 @@ class OneSource(PlanBacked):
         return got
 
 
-def windows_of_steps(plan: PlanView, epoch: int, steps: tuple[int, int], seq_len: int) -> I64:
-    """The windows of ``epoch`` that give tokens to steps ``[steps[0], steps[1])``.
+class LayoutView(Protocol):
+    """The layout stages the pieces are placed by (:class:`planner.order.layout.Layout`; one stage in one layout).
 
-    Run token ``i`` is lane ``i mod B``'s token ``i // B``, so it is in step
-    ``i // (B * L)`` whatever the shuffle: a window of run tokens ``[R, R + T_w)``
-    feeds steps ``R // (B L)`` to ``(R + T_w - 1) // (B L)``.
+    This layer sits below ``planner.order``: it asks the layout, never restates it.
     """
-    b = int(plan.settings.lanes)
+
+    @property
+    def stages(self) -> Sequence[Any]: ...  # (start, lanes, seq_len) of each stage
+
+    def begins(self) -> list[int]: ...
+
+    def run_at(self, step: int) -> int: ...
+
+    def end_of(self, i: int) -> tuple[int, int] | None: ...
+
+    def lanes_at(self, steps: Any) -> I64: ...
+
+
+def windows_meeting(plan: PlanView, epoch: int, lo: int, hi: int | None) -> I64:
+    """The windows of ``epoch`` that hold some of the run's tokens ``[lo, hi)`` (``hi`` None: to the epoch's end)."""
     ep = plan.epoch(epoch)
     ends = np.cumsum(ep.window_tokens)
     run0 = plan.run_before(epoch)
-    lo, hi = steps[0] * b * seq_len - run0, steps[1] * b * seq_len - run0
-    a = int(np.searchsorted(ends, lo, side="right"))
-    z = int(np.searchsorted(ends - ep.window_tokens, hi, side="left"))
+    a = int(np.searchsorted(ends, lo - run0, side="right"))
+    z = len(ends) if hi is None else int(np.searchsorted(ends - ep.window_tokens, hi - run0, side="left"))
     return np.arange(a, max(a, z), dtype=np.int64)
 
 
-def epochs_of_steps(plan: PlanView, steps: tuple[int, int], seq_len: int) -> range:
-    """The epochs whose windows give tokens to steps ``[steps[0], steps[1])``."""
+def epochs_of_steps(plan: PlanView, layout: LayoutView, steps: tuple[int, int]) -> range:
+    """The epochs whose windows give tokens to steps ``[steps[0], steps[1])``: those of run tokens ``[X(a), X(b))``."""
     if steps[1] <= steps[0]:
         return range(0)
-    per_step = int(plan.settings.lanes) * seq_len
-    first = plan.epoch_of_run(steps[0] * per_step)
-    last = plan.epoch_of_run(steps[1] * per_step - 1)
+    first = plan.epoch_of_run(layout.run_at(steps[0]))
+    last = plan.epoch_of_run(layout.run_at(steps[1]) - 1)
     return range(first, last + 1)
 
 
@@ -201,9 +212,6 @@ def locate_pieces(
     pos = np.flatnonzero(np.isin(ep.order, np.unique(want >> 32))).astype(np.int64)
     if windows is not None:
         pos = pos[np.isin(ep.window[pos], windows)]
-    elif steps is not None:
-        ok = windows_of_steps(plan, epoch, steps, seq_len)
-        pos = pos[np.isin(ep.window[pos], ok)]
     if not len(pos) or not len(want):
         return Pieces.empty()
     keys = _target_lanes(ep, pos, want, lengths, b)

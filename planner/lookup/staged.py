@@ -26,7 +26,7 @@ both sides.
 >>> docs = pa.array([[i] * n for i, n in enumerate(sizes)], pa.list_(pa.int32()))
 >>> pq.write_table(pa.table({"tokens": docs}), f"{d}/a.parquet", row_group_size=2)
 >>> p = planner.plan(d, lanes=[(0, 4), (1, 2)], seq_len=[(0, 8), (1, 32)], window=2)
->>> got = staged_pieces(p, spans(p.layout), 0, lengths_from_array(np.array(sizes), np.array([2, 2, 2, 2])))
+>>> got = staged_pieces(p, p.layout, 0, lengths_from_array(np.array(sizes), np.array([2, 2, 2, 2])))
 >>> step1 = got.take(np.flatnonzero(got.step == 1)).sorted()  # the rest, then window 1 (two documents a lane)
 >>> [(int(k), int(s), int(n)) for k, s, n in zip(step1.lane, step1.start, step1.length)]
 [(0, 0, 5), (0, 5, 4), (0, 9, 9), (0, 18, 14), (1, 0, 1), (1, 1, 4), (1, 5, 4), (1, 9, 12), (1, 21, 11)]
@@ -34,7 +34,7 @@ both sides.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -42,62 +42,12 @@ from numpy.typing import NDArray
 
 from planner.lookup.cut import Cut, Pieces, PlanView, rows_of, window_pieces, window_slices
 from planner.lookup.lengths import Lengths
-from planner.lookup.pieces import PlanBacked, Positions, locate_pieces
+from planner.lookup.pieces import LayoutView, PlanBacked, Positions, locate_pieces, windows_meeting
 from planner.packing import Items, cut_again_at
 
-__all__ = [
-    "NEVER",
-    "LanesView",
-    "Span",
-    "epochs_of_steps",
-    "lanes_of_steps",
-    "rest_pieces",
-    "run_at",
-    "spans",
-    "staged_pieces",
-    "windows_meeting",
-]
+__all__ = ["LanesView", "rest_pieces", "staged_pieces"]
 
 I64 = NDArray[np.int64]
-
-NEVER = 1 << 62  # the end of the last stage
-
-
-@dataclass(frozen=True, slots=True)
-class Span:
-    """One layout stage over the run: steps ``[begin_step, end_step)``, run tokens ``[begin_run, end_run)``."""
-
-    lanes: int
-    seq_len: int
-    begin_step: int
-    begin_run: int
-    end_step: int = NEVER
-    end_run: int = NEVER
-
-    def run_at(self, step: int) -> int:
-        """The run's tokens before ``step`` (a step of this stage, or its end)."""
-        if step >= self.end_step:
-            return self.end_run
-        return self.begin_run + (step - self.begin_step) * self.lanes * self.seq_len
-
-
-def spans(layout: Any) -> list[Span]:
-    """The :class:`Span` of every stage of ``layout`` (:class:`planner.order.layout.Layout`)."""
-    stages, begins = list(layout.stages), list(layout.begins())
-    out = []
-    for i, st in enumerate(stages):
-        last = i + 1 == len(stages)
-        out.append(
-            Span(
-                lanes=int(st.lanes),
-                seq_len=int(st.seq_len),
-                begin_step=int(st.start),
-                begin_run=int(begins[i]),
-                end_step=NEVER if last else int(stages[i + 1].start),
-                end_run=NEVER if last else int(begins[i + 1]),
-            )
-        )
-    return out
 
 
 class LanesView(PlanBacked):
@@ -126,16 +76,6 @@ class LanesView(PlanBacked):
         return got[1]
 
 
-def windows_meeting(plan: PlanView, epoch: int, lo: int, hi: int) -> I64:
-    """The windows of ``epoch`` that hold some of the run's tokens ``[lo, hi)``."""
-    ep = plan.epoch(epoch)
-    ends = np.cumsum(ep.window_tokens)
-    run0 = plan.run_before(epoch)
-    a = int(np.searchsorted(ends, lo - run0, side="right"))
-    z = int(np.searchsorted(ends - ep.window_tokens, hi - run0, side="left"))
-    return np.arange(a, max(a, z), dtype=np.int64)
-
-
 def _rest_window(plan: PlanView, epoch: int, x: int) -> int | None:
     """The window of ``epoch`` holding run token ``x`` strictly inside (None: none, or ``x`` at a window's edge)."""
     if x <= 0 or plan.epoch_of_run(x) != epoch:
@@ -149,8 +89,8 @@ def _rest_window(plan: PlanView, epoch: int, x: int) -> int | None:
     return w if run0 + int(ends[w] - ep.window_tokens[w]) < x else None
 
 
-def rest_pieces(plan: PlanView, stages: list[Span], i: int, epoch: int, window: int, lengths: Lengths) -> Pieces:
-    """The pieces stage ``i`` delivers of ``window``, the window it cuts again (begun before ``X_i``).
+def rest_pieces(plan: PlanView, layout: LayoutView, i: int, epoch: int, window: int, lengths: Lengths) -> Pieces:
+    """The pieces stage ``i`` of ``layout`` delivers of ``window``, the window it cuts again (begun before ``X_i``).
 
     The window is cut into the lanes of the stage in force at its start, every lane at
     once, its slices shuffled; then by every change inside it up to stage ``i``'s. Steps
@@ -159,31 +99,35 @@ def rest_pieces(plan: PlanView, stages: list[Span], i: int, epoch: int, window: 
     ep = plan.epoch(epoch)
     start = plan.run_before(epoch) + int(ep.window_tokens[:window].sum())
     end = start + int(ep.window_tokens[window])
-    j = max(m for m in range(i + 1) if stages[m].begin_run <= start)
-    got = window_slices(LanesView(plan, stages[j].lanes, world=1), epoch, np.array([window]), lengths)
+    stages, begins = layout.stages, layout.begins()
+    j = max(m for m in range(i + 1) if begins[m] <= start)
+    got = window_slices(LanesView(plan, int(stages[j].lanes), world=1), epoch, np.array([window]), lengths)
     if got is None:
         return Pieces.empty()
     docs, cut, offset = got
     live = np.flatnonzero(cut.end > cut.start)
     live = live[np.lexsort((offset[live], cut.lane[live]))]  # lane after lane, each in packed order
     items = Items(live, np.zeros(len(live), np.int64), (cut.end - cut.start)[live], cut.lane[live], offset[live])
-    changes = [(stages[m].lanes, stages[m].begin_run) for m in range(j + 1, i + 1)]
-    items = cut_again_at(items, stages[j].lanes, start, end, changes)
+    changes = [(int(stages[m].lanes), int(begins[m])) for m in range(j + 1, i + 1)]
+    items = cut_again_at(items, int(stages[j].lanes), start, end, changes)
     first = cut.start[items.src] + items.a
     moved = Cut(
         start=first, end=first + items.length, lane=items.lane, doc=cut.doc[items.src], window=cut.window[items.src]
     )
-    sp = stages[i]
-    return rows_of(epoch, docs, moved, sp.begin_step * sp.seq_len + items.pos, sp.seq_len)
+    st = stages[i]
+    return rows_of(epoch, docs, moved, int(st.start) * int(st.seq_len) + items.pos, int(st.seq_len))
 
 
-def _steps_of(p: Pieces, lo: int, hi: int) -> Pieces:
-    return p if not len(p) else p.take(np.flatnonzero((p.step >= lo) & (p.step < hi)))
+def _steps_of(p: Pieces, lo: int, hi: int | None) -> Pieces:
+    if not len(p):
+        return p
+    keep = p.step >= lo if hi is None else (p.step >= lo) & (p.step < hi)
+    return p.take(np.flatnonzero(keep))
 
 
 def staged_pieces(
     plan: PlanView,
-    stages: list[Span],
+    layout: LayoutView,
     epoch: int,
     lengths: Lengths,
     *,
@@ -191,65 +135,45 @@ def staged_pieces(
     targets: tuple[I64, I64] | None = None,
     steps: tuple[int, int] | None = None,
 ) -> Pieces:
-    """The pieces of ``epoch``'s windows under layout stages ``stages`` (:func:`spans`).
+    """The pieces of ``epoch``'s windows under the layout stages of ``layout`` (one stage: one layout).
 
     ``windows``: only these windows; ``targets``: only the documents ``(row_groups,
     ordinals)`` (reading the lengths of the row groups that share their lanes, and of a
     window cut again where it holds one of them); ``steps``: only steps ``[start, stop)``.
+    Stage ``i`` delivers the run's tokens ``[X(s_i), X(s_{i+1}))`` (``layout.run_at``).
     """
     parts: list[Pieces] = []
     target_rgs = None if targets is None else np.unique(targets[0])
     ep = plan.epoch(epoch)
-    for i, sp in enumerate(stages):
-        s_lo, s_hi = sp.begin_step, sp.end_step
+    begins = layout.begins()
+    for i, st in enumerate(layout.stages):
+        end = layout.end_of(i)
+        s_lo, s_hi = int(st.start), None if end is None else end[0]
         if steps is not None:
-            s_lo, s_hi = max(s_lo, steps[0]), min(s_hi, steps[1])
-        if s_lo >= s_hi:
+            s_lo, s_hi = max(s_lo, steps[0]), steps[1] if s_hi is None else min(s_hi, steps[1])
+        if s_hi is not None and s_lo >= s_hi:
             continue
-        wins = windows_meeting(plan, epoch, sp.run_at(s_lo), sp.run_at(s_hi))
+        wins = windows_meeting(plan, epoch, layout.run_at(s_lo), None if s_hi is None else layout.run_at(s_hi))
         if windows is not None:
             wins = wins[np.isin(wins, windows)]
         if not len(wins):
             continue
-        rest = _rest_window(plan, epoch, sp.begin_run) if i > 0 else None
+        rest = _rest_window(plan, epoch, begins[i]) if i > 0 else None
         normal = wins[wins != rest] if rest is not None else wins
-        view = LanesView(plan, sp.lanes)
-        stage = (sp.begin_step, sp.begin_run)
+        view = LanesView(plan, int(st.lanes))
+        stage = (int(st.start), int(begins[i]))
         if targets is not None:
-            got = locate_pieces(view, epoch, *targets, lengths, sp.seq_len, windows=normal, stage=stage)
+            got = locate_pieces(view, epoch, *targets, lengths, int(st.seq_len), windows=normal, stage=stage)
         else:
-            got = window_pieces(view, epoch, normal, lengths, sp.seq_len, stage=stage)
+            got = window_pieces(view, epoch, normal, lengths, int(st.seq_len), stage=stage)
         parts.append(_steps_of(got, s_lo, s_hi))
         if rest is None or rest not in wins:
             continue
         if target_rgs is not None and not np.isin(ep.order[ep.window == rest], target_rgs).any():
             continue  # none of the documents is in the window cut again
-        got = _steps_of(rest_pieces(plan, stages, i, epoch, rest, lengths), s_lo, s_hi)
+        got = _steps_of(rest_pieces(plan, layout, i, epoch, rest, lengths), s_lo, s_hi)
         if targets is not None and len(got):
             want = np.unique((np.asarray(targets[0], np.int64) << 32) | np.asarray(targets[1], np.int64))
             got = got.take(np.flatnonzero(np.isin((got.row_group << 32) | got.doc, want)))
         parts.append(got)
     return Pieces.concat(parts)
-
-
-def run_at(stages: list[Span], step: int) -> int:
-    """The run's tokens before global step ``step`` (``X(t)``, SPEC section 12)."""
-    sp = next(s for s in reversed(stages) if s.begin_step <= step)
-    return sp.run_at(step)
-
-
-def epochs_of_steps(plan: PlanView, stages: list[Span], steps: tuple[int, int]) -> range:
-    """The epochs whose windows give tokens to steps ``[steps[0], steps[1])`` under layout stages."""
-    if steps[1] <= steps[0]:
-        return range(0)
-    first = plan.epoch_of_run(run_at(stages, steps[0]))
-    last = plan.epoch_of_run(run_at(stages, steps[1]) - 1)
-    return range(first, last + 1)
-
-
-def lanes_of_steps(stages: list[Span], step: I64) -> I64:
-    """The lanes of the stage in force at each of ``step``."""
-    starts = np.array([s.begin_step for s in stages], np.int64)
-    lanes = np.array([s.lanes for s in stages], np.int64)
-    out: I64 = lanes[np.searchsorted(starts, step, side="right") - 1]
-    return out

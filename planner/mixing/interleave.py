@@ -16,8 +16,9 @@ worked example; :func:`planner.mixing.streams.interleave_demo` computes it).
 The merged stream is cut into windows of W row groups over the whole run, each
 window cut into lanes as one source's are (docs/glossary.md, "Cut"; the run's tokens so far give ``z``). A stage
 that starts at step ``t`` starts at the first window whose first token is at or after
-run token ``t * lanes * seq_len``; every source goes on from where the previous stage
-left it.
+run token ``X(t)``, the run's tokens before step ``t`` under the layout
+(:meth:`planner.order.layout.Layout.run_at`; one ``lanes`` and ``seq_len`` are a layout of
+one stage); every source goes on from where the previous stage left it.
 
 An :class:`Interleave` is a value: a change of its stages (a live stage, a resume's)
 is :meth:`Interleave.with_stages` or :meth:`Interleave.with_layout`, which give a new
@@ -93,7 +94,7 @@ class Interleave:
         self.settings = settings
         self.stages = tuple(stages)
         self.seq_len = seq_len
-        self.layout_stages = layout  # places the weight stages' steps in the run's tokens
+        self.layout_stages = self._layout(layout)  # places the weight stages' steps in the run's tokens
         sizes = idx._rg_base
         first = self.stages[0].weights
         self.total = sum(int(self._tokens[int(sizes[i]) : int(sizes[i + 1])].sum()) for i, w in enumerate(first) if w)
@@ -212,12 +213,16 @@ class Interleave:
 
     # -- the stages of the run -------------------------------------------------------------
 
+    def _layout(self, layout: Layout | None) -> Layout | None:
+        """``layout``, or one stage of the settings' lanes and ``seq_len`` (None: no ``seq_len``, no steps)."""
+        if layout is not None or self.seq_len is None:
+            return layout
+        return Layout.one(self.settings.lanes, self.seq_len)
+
     def run_at(self, step: int) -> int:
         """The run's tokens before global step ``step`` (under the layout stages, :mod:`planner.order.layout`)."""
-        if self.layout_stages is not None:
-            return self.layout_stages.run_at(step)
-        assert self.seq_len is not None
-        return step * self.settings.lanes * self.seq_len
+        assert self.layout_stages is not None  # weight stages at steps need seq_len (MixturePlan refuses them)
+        return self.layout_stages.run_at(step)
 
     def _enter(self, ent: _Entry, windows: int) -> _Entry:
         """The entry ``windows`` windows into ``ent``'s stage, as if the next stage began there."""
@@ -320,14 +325,14 @@ class Interleave:
         The layout stages place the weight stages' steps in the run's tokens; with ``k``
         the first weight stage that moves, the entries from it on are found again.
         """
-        old = self.layout_stages
+        old, layout = self.layout_stages, self._layout(layout)
         if layout == old:
             return self, UNCHANGED
         for k, st in enumerate(self.stages[1:], 1):
-            a = old.run_at(st.start) if old is not None else None
-            b = layout.run_at(st.start) if layout is not None else None
+            assert old is not None and layout is not None  # weight stages at steps: both have seq_len
+            a, b = old.run_at(st.start), layout.run_at(st.start)
             if a != b:
-                unit = self.first_window_at(min(x for x in (a, b) if x is not None))  # as in with_stages
+                unit = self.first_window_at(min(a, b))  # as in with_stages
                 return self._successor(self.stages, layout, k), unit
         return self._successor(self.stages, layout, None), UNCHANGED  # no stage moves
 
@@ -339,7 +344,7 @@ class Interleave:
         permutations) are shared; every other cache is the new value's own.
         """
         new = copy.copy(self)
-        new.stages, new.layout_stages = stages, layout
+        new.stages, new.layout_stages = stages, self._layout(layout)
         if k is None:
             new._entries = list(self._entries)
             new._states = dict(self._states)

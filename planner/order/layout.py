@@ -19,6 +19,16 @@ worked example.
 (LayoutStage(start=0, lanes=4, seq_len=8), LayoutStage(start=3, lanes=2, seq_len=32))
 >>> lay.run_at(3), lay.run_at(5), lay.step_at_run(97)
 (96, 224, 4)
+
+The same questions for many steps or tokens at once (the audit's tables, locate's
+pieces) are :meth:`Layout.runs_at`, :meth:`Layout.steps_at_runs`,
+:meth:`Layout.steps_holding` and :meth:`Layout.indices_at`:
+
+>>> lay.runs_at([0, 3, 5]).tolist(), lay.steps_holding([95, 96, 159, 160]).tolist()
+([0, 96, 224], [2, 3, 3, 4])
+
+This module is the one place that turns steps into the run's tokens and back: a run
+of one ``lanes`` and one ``seq_len`` is a layout of one stage (:meth:`Layout.one`).
 """
 
 from __future__ import annotations
@@ -117,6 +127,11 @@ class Layout:
         return cls(tuple(out))
 
     @classmethod
+    def one(cls, lanes: int, seq_len: int) -> Layout:
+        """The layout of one stage: ``lanes`` sequences of ``seq_len`` tokens every step."""
+        return cls.of(lanes=int(lanes), seq_len=int(seq_len))
+
+    @classmethod
     def from_config(cls, rows: Sequence[Sequence[int]]) -> Layout:
         return cls(tuple(LayoutStage(int(a), int(b), int(c)) for a, b, c in rows))
 
@@ -166,6 +181,63 @@ class Layout:
                 i = j
         s = self.stages[i]
         return s.start + max(0, -(-(run - begins[i]) // s.per_step))
+
+    # -- the same questions for many steps or run tokens at once -------------------------------
+
+    def _columns(self) -> tuple[I64, I64, I64, I64]:
+        """Each stage's first step, lanes, tokens per step and first run token, as arrays."""
+        starts = np.array([s.start for s in self.stages], np.int64)
+        lanes = np.array([s.lanes for s in self.stages], np.int64)
+        per_step = np.array([s.per_step for s in self.stages], np.int64)
+        return starts, lanes, per_step, np.array(self.begins(), np.int64)
+
+    def indices_at(self, steps: Any) -> I64:
+        """The stage in force at each of ``steps`` (global steps >= 0): :meth:`index_at`, vectorized."""
+        starts = self._columns()[0]
+        out: I64 = np.maximum(np.searchsorted(starts, np.asarray(steps, np.int64), side="right") - 1, 0)
+        return out
+
+    def lanes_at(self, steps: Any) -> I64:
+        """The lanes of the stage in force at each of ``steps``."""
+        out: I64 = self._columns()[1][self.indices_at(steps)]
+        return out
+
+    def seq_lens_at(self, steps: Any) -> I64:
+        """The ``seq_len`` of the stage in force at each of ``steps``."""
+        out: I64 = np.array([s.seq_len for s in self.stages], np.int64)[self.indices_at(steps)]
+        return out
+
+    def runs_at(self, steps: Any) -> I64:
+        """Run tokens consumed before each of ``steps``: :meth:`run_at` (``X(t)``), vectorized."""
+        t = np.asarray(steps, np.int64)
+        starts, _, per_step, begins = self._columns()
+        i = np.maximum(np.searchsorted(starts, t, side="right") - 1, 0)
+        out: I64 = begins[i] + (t - starts[i]) * per_step[i]
+        return out
+
+    def steps_at_runs(self, runs: Any) -> I64:
+        """The first step ``t`` with ``X(t) >= x`` for each ``x`` of ``runs``: :meth:`step_at_run`, vectorized."""
+        x = np.asarray(runs, np.int64)
+        starts, _, per_step, begins = self._columns()
+        i = np.maximum(np.searchsorted(begins, x, side="right") - 1, 0)
+        out: I64 = starts[i] + np.maximum(0, -(-(x - begins[i]) // per_step[i]))
+        return out
+
+    def steps_holding(self, runs: Any) -> I64:
+        """The step that delivers run token ``x`` (``X(t) <= x < X(t + 1)``) for each ``x >= 0`` of ``runs``."""
+        out: I64 = self.steps_at_runs(np.asarray(runs, np.int64) + 1) - 1
+        return out
+
+    def stages_of_runs(self, runs: Any) -> I64:
+        """The stage that delivers run token ``x`` (``X_i <= x < X_{i+1}``) for each ``x >= 0`` of ``runs``."""
+        out: I64 = np.maximum(np.searchsorted(self._columns()[3], np.asarray(runs, np.int64), side="right") - 1, 0)
+        return out
+
+    def end_of(self, i: int) -> tuple[int, int] | None:
+        """Where stage ``i`` ends: the next stage's first step and run token (None: the last stage never ends)."""
+        if i + 1 >= len(self.stages):
+            return None
+        return self.stages[i + 1].start, self.begins()[i + 1]
 
     def with_stage(self, stage: LayoutStage) -> Layout:
         """This layout and ``stage`` after it (a live change)."""

@@ -233,17 +233,12 @@ class Plan:
         stages"), which :meth:`layout_table` locates.
         """
         ep = self.epoch(epoch)
-        staged = self.layout is not None and self.layout.staged
-        nw = ep.windows
+        lay = self.layout if self.layout is not None and self.layout.staged else None
         starts = self.run_before(epoch) + np.cumsum(ep.window_tokens) - ep.window_tokens
-        if staged:
-            assert self.layout is not None
-            stage_of = np.searchsorted(np.array(self.layout.begins(), np.int64), starts, side="right") - 1
-        else:
-            stage_of = np.zeros(nw, np.int64)
+        stage_of = lay.stages_of_runs(starts) if lay is not None else np.zeros(ep.windows, np.int64)
         parts = []
         for i in np.unique(stage_of).tolist():
-            b = self.layout.stages[i].lanes if staged and self.layout is not None else self.settings.lanes
+            b = lay.stages[i].lanes if lay is not None else self.settings.lanes
             wins = np.flatnonzero(stage_of == i)
             window = np.repeat(wins, b)
             lane = np.tile(np.arange(b, dtype=np.int64), len(wins))
@@ -257,7 +252,7 @@ class Plan:
                 "token_start": cut_at(lane, q, r, z, b),
                 "token_end": cut_at(lane + 1, q, r, z, b),
             }
-            if staged:
+            if lay is not None:
                 frame["layout_stage"] = np.full(len(lane), i, np.int64)
             parts.append(pl.DataFrame(frame))
         return pl.concat(parts) if parts else pl.DataFrame(parts)
@@ -304,7 +299,7 @@ class Plan:
         """One row per global step labelled ``epoch``: step, epoch, layout_stage, lanes, seq_len, tokens, token_start.
 
         ``token_start`` is the run's tokens before the step (``X(t)``, SPEC 12), ``tokens``
-        the step's (``lanes * seq_len`` of the layout stage in force), so the layout over
+        the step's (``X(t + 1) - X(t)``: the layout stage in force's lanes times its seq_len), so the layout over
         a run is ``select layout_stage, min(step), sum(tokens) from steps group by 1``.
         A plan made without ``seq_len`` has no steps: refused.
 
@@ -320,20 +315,16 @@ class Plan:
             raise ConfigError(msg)
         first, stop = lay.step_at_run(self.run_before(epoch)), lay.step_at_run(self.run_before(epoch + 1))
         step = np.arange(first, stop, dtype=np.int64)
-        stage = np.searchsorted(np.array([s.start for s in lay.stages], np.int64), step, side="right") - 1
-        lanes = np.array([s.lanes for s in lay.stages], np.int64)[stage]
-        seq_len = np.array([s.seq_len for s in lay.stages], np.int64)[stage]
-        begins = np.array(lay.begins(), np.int64)[stage]
-        starts = np.array([s.start for s in lay.stages], np.int64)[stage]
+        token_start = lay.runs_at(np.arange(first, stop + 1, dtype=np.int64))
         return pl.DataFrame(
             {
                 "step": step,
                 "epoch": np.full(len(step), epoch, np.int64),
-                "layout_stage": stage.astype(np.int64),
-                "lanes": lanes,
-                "seq_len": seq_len,
-                "tokens": lanes * seq_len,
-                "token_start": begins + (step - starts) * lanes * seq_len,
+                "layout_stage": lay.indices_at(step),
+                "lanes": lay.lanes_at(step),
+                "seq_len": lay.seq_lens_at(step),
+                "tokens": np.diff(token_start),
+                "token_start": token_start[:-1],
             }
         )
 

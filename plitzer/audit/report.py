@@ -159,7 +159,7 @@ def _dataset_section(ix: RowGroupIndex, plan: Plan, cfg: LoaderSettings, lengths
     """Summary, settings, document lengths and tokens per file and row group."""
     tables, figures, _ = out
     f = ix.frame
-    per_epoch = -(-plan.epoch_tokens // (cfg.lanes * cfg.seq_len))
+    per_epoch = Layout.one(cfg.lanes, cfg.seq_len).step_at_run(plan.epoch_tokens)
     tables["summary"] = pl.DataFrame(
         {
             "files": [len(ix.files)],
@@ -328,25 +328,26 @@ def audit(
     plan = make_plan(ix, cfg)
     lengths = document_pass(ix, progress=progress)[0]
     total = plan.epoch_tokens
-    per_epoch = -(-total // (lanes * seq_len))
+    layout = cfg.stages  # the run's layout stages (one stage when lanes and seq_len are ints)
+    one = Layout.one(lanes, seq_len)  # the first stage's alone: the steps of the lanes and mixture sections
+    per_epoch = one.step_at_run(total)
     steps = per_epoch if steps is None else steps
 
     out: _Sections = ({}, {}, {})
     _dataset_section(ix, plan, cfg, lengths, out)
     # Lane balance, lockstep and reads are drawn for one layout: the first stage's.
-    first = make_plan(ix, replace(cfg, layout=None)) if cfg.stages.staged else plan
+    first = make_plan(ix, replace(cfg, layout=one)) if cfg.stages.staged else plan
     _lanes_section(first, seq_len, steps, per_epoch, out)
     if isinstance(plan, MixturePlan):
-        _mixture_section(plan, seq_len, max(1, min(20, steps * lanes * seq_len // total + 1)), out)
+        _mixture_section(plan, seq_len, max(1, min(20, one.run_at(steps) // total + 1)), out)
     _reads_section(first, cfg, windows, out)
     if "tokens_selected" in ix.frame.columns:
         _selection_section(ix, out)
     _duplicates_section(ix, out)
     tables, figures, notes = out
-    layout = cfg.stages if cfg.stages.staged else None
-    covered = (layout.run_at(steps) if layout is not None else steps * lanes * seq_len) // total + 1
+    covered = layout.run_at(steps) // total + 1
     tables["epochs_covered"] = epochs_covered(total, lanes, seq_len, steps, layout=layout)
     tables["epoch_starts"] = epoch_starts(total, lanes, seq_len, min(50, covered), layout=layout)
-    if layout is not None:
+    if layout.staged:
         _layout_section(plan, layout, steps, out)
     return Report(title=f"plitzer audit: {ix.source}", tables=tables, figures=figures, notes=notes)

@@ -149,10 +149,12 @@ def lockstep(plan: Plan, seq_len: int, steps: int | None = None) -> pl.DataFrame
     s = plan.settings
     total = plan.epoch_tokens
     b = s.lanes
-    per_step = b * seq_len
+    layout = Layout.one(b, seq_len)  # the first stage's (the audit draws lockstep for one layout)
     if steps is None:
-        steps = max(1, -(-total // per_step))
-    run_needed = steps * per_step
+        steps = max(1, int(layout.steps_at_runs(total)))
+    t = np.arange(steps, dtype=np.int64)
+    x = layout.runs_at(np.arange(steps + 1, dtype=np.int64))  # X(t): the run's tokens before each step
+    run_needed = int(x[-1])
     ends: list[I64] = []  # run tokens through each unit
     spreads: list[I64] = []
     got = np.zeros(b, np.int64)
@@ -169,14 +171,13 @@ def lockstep(plan: Plan, seq_len: int, steps: int | None = None) -> pl.DataFrame
         epoch += 1
     run_end = np.concatenate(ends)
     spread = np.concatenate(spreads)
-    t = np.arange(steps, dtype=np.int64)
-    slow = np.searchsorted(run_end, t * per_step, side="right")
-    fast = np.searchsorted(run_end, t * per_step + b - 1, side="right")
-    last = np.searchsorted(run_end, (t + 1) * per_step - 1, side="right")
+    slow = np.searchsorted(run_end, x[:-1], side="right")
+    fast = np.searchsorted(run_end, x[:-1] + b - 1, side="right")
+    last = np.searchsorted(run_end, x[1:] - 1, side="right")
     return pl.DataFrame(
         {
             "step": t,
-            "epoch": t * per_step // max(total, 1),
+            "epoch": x[:-1] // max(total, 1),
             "slowest": slow,
             "fastest": fast,
             "windows_apart": fast - slow,
@@ -246,37 +247,34 @@ def read_amplification(
 def epochs_covered(tokens: int, lanes: int, seq_len: int, steps: int, *, layout: Layout | None = None) -> pl.DataFrame:
     """What ``steps`` steps cover: tokens, epochs (fraction), and the last step's epoch label.
 
-    Under layout stages (``layout``) the run's tokens before a step are ``layout.run_at(step)``,
-    and ``steps_per_epoch`` is that of the first stage.
+    The run's tokens before a step are ``layout.run_at(step)`` (``X(t)``; by default one
+    stage of ``lanes`` and ``seq_len``), and ``steps_per_epoch`` is that of the first stage.
 
     >>> epochs_covered(tokens=1000, lanes=2, seq_len=100, steps=12)["epochs"][0]
     2.4
     """
-    per_step = lanes * seq_len
-
-    def run(t: int) -> int:
-        return layout.run_at(t) if layout is not None else t * per_step
-
+    layout = layout if layout is not None else Layout.one(lanes, seq_len)
+    run, last = (int(x) for x in layout.runs_at([steps, max(0, steps - 1)]))
     return pl.DataFrame(
         {
             "steps": [steps],
-            "tokens": [run(steps)],
-            "epochs": [run(steps) / tokens],
-            "complete_epochs": [run(steps) // tokens],
-            "last_step_epoch": [run(max(0, steps - 1)) // tokens],
-            "steps_per_epoch": [tokens / per_step],
+            "tokens": [run],
+            "epochs": [run / tokens],
+            "complete_epochs": [run // tokens],
+            "last_step_epoch": [last // tokens],
+            "steps_per_epoch": [tokens / layout.first.per_step],
         }
     )
 
 
 def epoch_starts(tokens: int, lanes: int, seq_len: int, epochs: int, *, layout: Layout | None = None) -> pl.DataFrame:
-    """epoch, first_step, steps: the steps labelled with each epoch (docs/glossary.md, "Step")."""
-    per_step = lanes * seq_len
+    """epoch, first_step, steps: the steps labelled with each epoch (docs/glossary.md, "Step").
+
+    ``layout``: the run's layout stages (by default one stage of ``lanes`` and ``seq_len``).
+    """
+    layout = layout if layout is not None else Layout.one(lanes, seq_len)
     e = np.arange(epochs + 1, dtype=np.int64)
-    if layout is not None:
-        first = np.array([layout.step_at_run(int(x) * tokens) for x in e], np.int64)
-    else:
-        first = -(-e * tokens // per_step)
+    first = layout.steps_at_runs(e * tokens)
     return pl.DataFrame({"epoch": e[:-1], "first_step": first[:-1], "steps": np.diff(first)})
 
 
@@ -292,10 +290,9 @@ def mixture_shares(plan: MixturePlan, seq_len: int, epochs: int = 1) -> pl.DataF
     w = plan.settings.window
     n_win = rg.height // w
     starts = plan.window_starts(n_win)
-    per_step = plan.settings.lanes * seq_len
-    lay = plan.layout if plan.layout is not None and plan.layout.staged else None
+    lay = plan.layout if plan.layout is not None and plan.layout.staged else Layout.one(plan.settings.lanes, seq_len)
     # A stage's first run token: X(step), the run's tokens before its step (layout stages: planner.order.layout).
-    bounds = np.array([lay.run_at(st.start) if lay else st.start * per_step for st in plan.stages], dtype=np.int64)
+    bounds = lay.runs_at([st.start for st in plan.stages])
     stage = np.searchsorted(bounds, starts, side="right") - 1
     names = plan.names
     src = np.searchsorted(np.array(names), rg["source"].to_numpy())[: n_win * w]
@@ -313,11 +310,7 @@ def mixture_shares(plan: MixturePlan, seq_len: int, epochs: int = 1) -> pl.DataF
                 pl.DataFrame(
                     {
                         "window": sel.astype(np.int64),
-                        "step": (
-                            np.array([lay.step_at_run(int(x) + 1) - 1 for x in starts[sel]], np.int64)
-                            if lay
-                            else starts[sel] // per_step
-                        ),
+                        "step": lay.steps_holding(starts[sel]),
                         "stage": np.full(len(sel), s, np.int64),
                         "source": [name] * len(sel),
                         "target_share": np.full(len(sel), weights[j] / weights.sum()),

@@ -204,15 +204,16 @@ def run_window(args: argparse.Namespace, out: dict[str, Any]) -> None:
     import pyarrow.parquet as pq
 
     import planner
+    from planner.order.layout import Layout
 
     plan = planner.plan(args.data, seed=args.seed, lanes=args.lanes, window=args.window, world=args.world)
     ix = plan.dataset
     files, groups = ix.frame["file"].to_list(), ix.frame["row_group"].to_list()
     ep = plan.epoch(0)
-    per_step = args.lanes * args.seq_len
-    stop = max(1, -(-ix.tokens // per_step) // 2)  # the step run_save stops at
+    layout = Layout.one(args.lanes, args.seq_len)
+    stop = max(1, layout.step_at_run(ix.tokens) // 2)  # the step run_save stops at
     starts = np.cumsum(ep.window_tokens) - ep.window_tokens
-    mid = int(np.searchsorted(starts, stop * per_step, side="right")) - 1
+    mid = int(np.searchsorted(starts, layout.run_at(stop), side="right")) - 1
     root = Path(args.data)
     for name, window in (("window", 0), ("resume_window", mid)):
         rgs = ep.order[ep.reads_of(window, 0)].tolist()

@@ -82,7 +82,7 @@ class Batch:
     step : int
         Global step (counted from 0 over the whole run).
     epoch : int
-        Epoch label: ``floor(step * lanes * seq_len / dataset_tokens)``.
+        Epoch label: ``floor(X(step) / dataset_tokens)``, ``X(step)`` the run's tokens before the step.
     lanes : range
         The global lane of each row.
     columns : dict of str to array

@@ -3,11 +3,12 @@
 ``loader.set_weights({"web": 1, "code": 3})`` appends a stage, as if it had been in
 the list of stages from the start (SPEC section 8, docs/design.md "Live stages"). A
 stage that starts at step ``s`` starts at the first window whose first token is at
-or after run token ``s * lanes * seq_len``; the call is allowed only where that
+or after run token ``X(s)`` (the run's tokens before step ``s``,
+:meth:`planner.order.layout.Layout.run_at`); the call is allowed only where that
 window is one no lane has begun to consume. Lanes run in lockstep, so before step
-``t`` the lanes have consumed exactly the run's tokens ``[0, t * lanes * seq_len)``:
-with ``x`` the first token of the last window begun, the earliest allowed step is
-``x // (lanes * seq_len) + 1`` (and after the last stage's step). Worked example: lanes
+``t`` the lanes have consumed exactly the run's tokens ``[0, X(t))``: with ``x`` the
+first token of the last window begun, the earliest allowed step is the one after the
+step holding ``x`` (and after the last stage's step). Worked example: lanes
 4, seq_len 8 (32 tokens a step), windows starting at run tokens 0, 70, 150, ...; at
 step 3 (tokens 0..95 consumed) window 1 (70..149) is begun, so the earliest step is
 70 // 32 + 1 = 3, whose stage starts at window 2 (150 >= 96).

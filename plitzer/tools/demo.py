@@ -23,6 +23,7 @@ def run(folder: Path, *, tokens: int, seq_len: int, lanes: int, window: int) -> 
     from tqdm import tqdm
 
     import plitzer
+    from planner.order.layout import Layout
     from planner.progress import progress_enabled
 
     if not any(folder.glob("*.parquet")):
@@ -33,6 +34,7 @@ def run(folder: Path, *, tokens: int, seq_len: int, lanes: int, window: int) -> 
     loader = plitzer.Loader(folder, **settings)
     n = len(loader)
     mid = n // 2
+    layout = Layout.one(lanes, seq_len)
     print(
         f"dataset: {loader.index.row_groups} row groups, {loader.tokens:,} tokens; "
         f"{n} steps of {lanes} x {seq_len} tokens per epoch"
@@ -41,7 +43,7 @@ def run(folder: Path, *, tokens: int, seq_len: int, lanes: int, window: int) -> 
     state = b""
     t0 = time.perf_counter()
     with tqdm(
-        total=n * lanes * seq_len, unit="tok", unit_scale=True, desc="epoch 0", disable=not progress_enabled(None, n)
+        total=layout.run_at(n), unit="tok", unit_scale=True, desc="epoch 0", disable=not progress_enabled(None, n)
     ) as bar:
         for batch in loader:
             if batch.step == mid:
@@ -49,7 +51,7 @@ def run(folder: Path, *, tokens: int, seq_len: int, lanes: int, window: int) -> 
                 state = plitzer.merge([state])
             if batch.step >= mid:
                 tail.append(hashlib.sha256(np.from_dlpack(batch.tokens).tobytes()).hexdigest())
-            bar.update(lanes * seq_len)
+            bar.update(layout.first.per_step)
     elapsed = time.perf_counter() - t0
     loader.close()
     # The checkpoint was taken after batch `mid` was handed out: it resumes at mid + 1.
@@ -69,8 +71,8 @@ def run(folder: Path, *, tokens: int, seq_len: int, lanes: int, window: int) -> 
         r.close()
     ok = same == len(tail)
     print(
-        f"epoch 0: {n} steps, {n * lanes * seq_len:,} tokens in {elapsed:.1f} s "
-        f"({n * lanes * seq_len / elapsed / 1e6:.1f} M tokens/s); every sequence full, 0 padded, 0 dropped\n"
+        f"epoch 0: {n} steps, {layout.run_at(n):,} tokens in {elapsed:.1f} s "
+        f"({layout.run_at(n) / elapsed / 1e6:.1f} M tokens/s); every sequence full, 0 padded, 0 dropped\n"
         f"checkpoint at step {mid + 1}: {len(state)} bytes; resumed on 2 ranks "
         f"(first batch after {first or 0:.3f} s): {same}/{len(tail)} later batches identical -> "
         f"{'OK' if ok else 'MISMATCH'}"

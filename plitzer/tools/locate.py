@@ -37,16 +37,8 @@ from numpy.typing import NDArray
 
 from planner.catalog.rowgroups import RowGroupIndex, stream_counts
 from planner.errors import ConfigError, DataError
-from planner.lookup.pieces import (
-    Lengths,
-    OneSource,
-    Pieces,
-    epochs_of_steps,
-    lengths_from_array,
-    locate_pieces,
-)
-from planner.lookup.staged import epochs_of_steps as staged_epochs
-from planner.lookup.staged import lanes_of_steps, spans, staged_pieces
+from planner.lookup.pieces import Lengths, OneSource, Pieces, epochs_of_steps, lengths_from_array
+from planner.lookup.staged import staged_pieces
 from planner.order.layout import Layout
 from planner.order.plan import Permutation, Plan, check_int, row_group_counts
 from planner.parameters import document
@@ -203,26 +195,18 @@ def locate_in_plan(
 ) -> pl.DataFrame:
     """The pieces of the given documents in ``plan``'s run, as :func:`locate` returns them.
 
-    ``layout``: the run's layout stages (more than one: each stage's lanes and rows,
-    the window cut again at a change; ``seq_len`` is then the first stage's);
-    ``rank``: only that rank's lanes.
+    ``layout``: the run's layout stages (each stage's lanes and rows, the window cut
+    again at a change; ``seq_len`` is then the first stage's); by default one stage of
+    the plan's lanes and ``seq_len``. ``rank``: only that rank's lanes.
     """
+    layout = layout if layout is not None else Layout.one(plan.settings.lanes, seq_len)
     # One source: its epochs are permutations of the index, laid out without the reads.
     view: Any = OneSource(plan, row_group_counts(plan.dataset)[0]) if isinstance(plan.order, Permutation) else plan
-    world = plan.settings.world
-    if layout is not None and layout.staged:
-        stages = spans(layout)
-        if epochs is None:
-            epochs = list(staged_epochs(view, stages, steps)) if steps is not None else [0]
-        parts = [staged_pieces(view, stages, e, lengths, targets=(row_groups, docs), steps=steps) for e in epochs]
-        got = Pieces.concat(parts).sorted()
-        ranks = got.lane // (lanes_of_steps(stages, got.step) // world)
-    else:
-        if epochs is None:
-            epochs = list(epochs_of_steps(plan, steps, seq_len)) if steps is not None else [0]
-        got = Pieces.concat(locate_pieces(view, e, row_groups, docs, lengths, seq_len, steps=steps) for e in epochs)
-        got = got.sorted()
-        ranks = got.lane // (plan.settings.lanes // world)
+    if epochs is None:
+        epochs = list(epochs_of_steps(view, layout, steps)) if steps is not None else [0]
+    parts = [staged_pieces(view, layout, e, lengths, targets=(row_groups, docs), steps=steps) for e in epochs]
+    got = Pieces.concat(parts).sorted()
+    ranks = got.lane // (layout.lanes_at(got.step) // plan.settings.world)
     if rank is not None:
         mine = np.flatnonzero(ranks == rank)
         got, ranks = got.take(mine), ranks[mine]
