@@ -273,6 +273,10 @@ RULES: dict[str, Rule] = {
     "--window 4 --epochs 2 --repeat 3": scaled(
         "python benchmarks/throughput.py --columns --tokens 1000000 --threads 2 --lanes 16 --repeat 1 --epochs 1"
     ),
+    "python benchmarks/throughput.py --tokens 34560000 --docs-per-row-group 200 --threads 2 --lanes 64 --seq-len 2048 "
+    "--window 8 --epochs 2 --repeat 3": scaled(
+        "python benchmarks/throughput.py --tokens 1000000 --threads 2 --lanes 16 --repeat 1 --epochs 1"
+    ),
     "python benchmarks/throughput.py --tokens 38000000 --threads 2": scaled(
         "python benchmarks/throughput.py --tokens 1000000 --threads 2 --lanes 16 --repeat 1 --epochs 1"
     ),
