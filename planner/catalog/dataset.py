@@ -386,10 +386,10 @@ def _from_cache(path: Path, counting: Counting, src: str, entries: list[FileEntr
     if raw is None:
         return None
     try:
-        table = footer.read_table_bytes(raw)
-        meta = table.schema.metadata or {}
-        frame = pl.from_arrow(table)
-        assert isinstance(frame, pl.DataFrame)
+        table = footer.ParquetBytes(raw)  # a column at a time: the peak is the frame (footer.ParquetBytes)
+        meta = {k.encode(): v.encode() for k, v in table.metadata.items()}
+        frame = pl.DataFrame([pl.Series(c, table.column(c)) for c in table.names])
+        del table
         templates = chunkmeta.unpack_templates({k.decode(): v.decode() for k, v in meta.items()}, len(entries))
         for e, t in zip(entries, templates, strict=True):
             e.template = t

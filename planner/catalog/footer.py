@@ -44,6 +44,7 @@ from planner.stores.storage import FileStat, Storage
 
 __all__ = [
     "ROW_FIELDS",
+    "ParquetBytes",
     "ChunkCounter",
     "Row",
     "cached",
@@ -101,6 +102,34 @@ def read_table_bytes(data: bytes) -> pa.Table:
     # ParquetFile.read, not read_table: read_table imports pyarrow.dataset and pandas on
     # first use, a fifth of a second on every fresh process's start.
     return pq.ParquetFile(pa.BufferReader(owned)).read()
+
+
+class ParquetBytes:
+    """A Parquet payload (a cache entry, a job index) read a column at a time, on this thread.
+
+    :func:`read_table_bytes` decodes every column at once on Arrow's threads: the decode's
+    transient buffers, spread over the threads' heaps, stay in the process after it (a job
+    index of 120,000 row groups: 227 B a row group of RSS for 59 B of columns). One column
+    at a time on one thread, with Arrow's pool asked to return what it no longer uses after
+    each (:meth:`column`), the peak is one column's decode and nothing is left behind
+    (115 B and 57 B). Decoded from an Arrow-owned copy, as :func:`read_table_bytes` says why.
+    """
+
+    def __init__(self, data: bytes) -> None:
+        owned = pa.allocate_buffer(len(data))
+        memoryview(owned).cast("B")[:] = data
+        self._file = pq.ParquetFile(pa.BufferReader(owned))
+        self.schema = self._file.schema_arrow
+        self.names: list[str] = list(self.schema.names)
+        # What read() puts in the table's schema: the file's key-value metadata and the schema's own.
+        kv = {**(self._file.metadata.metadata or {}), **(self.schema.metadata or {})}
+        self.metadata = {k.decode(): v.decode() for k, v in kv.items() if k != b"ARROW:schema"}
+
+    def column(self, name: str) -> pa.ChunkedArray:
+        """Column ``name``, decoded alone; what the decode freed goes back to the system."""
+        col = self._file.read(columns=[name], use_threads=False).column(0)
+        pa.default_memory_pool().release_unused()
+        return col
 
 
 def schema_of(md: pq.FileMetaData) -> pq.ParquetSchema:

@@ -257,14 +257,14 @@ def read_parts(
     where = os.fspath(url)
     data = read_object(where, storage_options if index_options is None else index_options)
     try:
-        table = footer.read_table_bytes(data)
-        meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+        table = footer.ParquetBytes(data)
+        meta = table.metadata
         if meta.get("format") != FORMAT:
             msg = f"format {meta.get('format')!r}, not {FORMAT!r}"
             raise ValueError(msg)
         cols = {c: table.column(c).to_pylist() for c in ("name", "size", "version")}
         templates = chunkmeta.unpack_templates(meta, len(cols["name"]))
-        missing = [c for c in _LISTS if c not in table.column_names]
+        missing = [c for c in _LISTS if c not in table.names]
         if missing:
             msg = f"no column {missing[0]!r}"
             raise ValueError(msg)
@@ -284,19 +284,27 @@ def read_parts(
     for entry, template in zip(entries, templates, strict=True):
         entry.template = template
     # The lists' values as they are (one buffer a column, no explode), each file's name
-    # and size repeated by its row-group count: the frame is built with one copy.
+    # and size repeated by its row-group count, a column at a time (footer.ParquetBytes):
+    # the peak is the frame and one column's decode.
     # (Polars, not Array.to_numpy, which imports pandas: a second on a fresh process.)
-    per = pl.Series(table.column("row_group").combine_chunks().value_lengths()).fill_null(0).to_numpy().astype(np.int64)
+    lists: dict[str, pl.Series] = {}
+    per = np.zeros(len(cols["name"]), np.int64)
+    for c in _LISTS:
+        col = table.column(c).combine_chunks()
+        if c == "row_group":  # each file's row groups
+            per = pl.Series(col.value_lengths()).fill_null(0).to_numpy().astype(np.int64)
+        lists[c] = pl.Series(c, col.flatten()).cast(INDEX_SCHEMA[c])
+        del col
+    del table
     file_index = np.repeat(np.arange(len(per), dtype=np.int64), per)
     columns: dict[str, Any] = {
         "file": pl.Series(cols["name"], dtype=pl.String).gather(file_index),
         "file_index": file_index,
         "file_size": np.repeat(np.asarray(cols["size"], np.int64), per),
+        **lists,
     }
-    for c in _LISTS:
-        columns[c] = pl.Series(table.column(c).combine_chunks().flatten())
     frame = pl.DataFrame(columns).select(pl.col(k).cast(v) for k, v in INDEX_SCHEMA.items())
-    del table
+    del columns, lists
     return JobIndexParts(entries=entries, source=src, frame=frame, meta=meta)
 
 
