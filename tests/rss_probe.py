@@ -2,7 +2,7 @@
 
     python tests/rss_probe.py DATA [--index JOB] [--rank R --world N --port P]
 
-The peak resident set (``ru_maxrss``) of a process that imports plitzer, opens a Loader
+The peak resident set (``VmHWM``) of a process that imports plitzer, opens a Loader
 over DATA (``index=JOB`` where given) and takes one batch; compared with the same
 process on a one-file dataset, it is what a rank pays for the dataset's index
 (tests/test_real_shapes.py, benchmarks/cluster.py). With ``--world``, the process is
@@ -21,6 +21,24 @@ import time
 import numpy as np
 
 import plitzer
+
+
+def _own_peak() -> int:
+    """This process's own peak RSS in bytes: ``VmHWM`` (Linux), else ``ru_maxrss``.
+
+    Not ``ru_maxrss`` where ``/proc`` has it: Linux carries into ``ru_maxrss`` the high-water
+    mark of the process before ``exec``, which a child forked from a large parent (pytest, a
+    benchmark) shares, so every probe under such a parent read the parent's peak and the
+    difference between two probes was 0.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def main() -> None:
@@ -45,7 +63,7 @@ def main() -> None:
         first, cpu = time.perf_counter() - t0, time.process_time() - c0
         rows = ld.index.row_groups
         assert np.asarray(batch.tokens).shape == (4, 64)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _own_peak()
     print(json.dumps({"peak_bytes": peak, "row_groups": rows, "first_batch_s": first, "cpu_s": cpu}))
     if a.world > 1:
         import torch.distributed as dist

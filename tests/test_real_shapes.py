@@ -39,6 +39,10 @@ FILES, PER_FILE = 300, 400  # 120,000 row groups, as the issue measured
 RSS_PER_ROW_GROUP = 1024
 """Bytes of peak RSS a row group may cost a rank (0.4: 11.3-13.5 KB). The issue asks 256:
 not reached yet (docs/design.md, "Bytes a row group", says where the rest goes)."""
+LOADED_RSS_PER_ROW_GROUP = 512
+"""The same, for a rank that loads its index (a job index, or its own cache) rather than building it
+from footers: read a column at a time (planner.catalog.footer.ParquetBytes), 336-373 B measured;
+484-662 before."""
 
 
 @pytest.fixture(scope="module")
@@ -134,8 +138,10 @@ def test_a_ranks_memory_is_bytes_a_row_group(shaped: tuple[Path, Path], tmp_path
         _probe(many, tmp_path / "c3", "--index", str(tmp_path / "many.index")),
         _probe(one, tmp_path / "c4", "--index", str(tmp_path / "one.index")),
     )
+    warm = _growth(_probe(many, tmp_path / "c1"), _probe(one, tmp_path / "c2"))  # the caches the cold runs left
     assert cold <= RSS_PER_ROW_GROUP, cold
-    assert indexed <= RSS_PER_ROW_GROUP, indexed
+    assert indexed <= LOADED_RSS_PER_ROW_GROUP, indexed
+    assert warm <= LOADED_RSS_PER_ROW_GROUP, warm
 
 
 def _ranks(data: Path, cache: Path) -> list[dict[str, float]]:
