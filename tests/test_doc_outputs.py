@@ -1,9 +1,11 @@
-"""Documented outputs are what the code gives: column lists shown in README.md and docs/ are asserted.
+"""Documented outputs are what the code gives: column lists and values shown in README.md and docs/ are asserted.
 
-Two forms are checked wherever they appear in a fenced Python block:
+Three forms are checked wherever they appear in a fenced Python block:
 
 * ``print(X.columns)`` followed by a ``# [...]`` comment line: the list printed;
-* ``plan.<table>(0)  # a, b, c`` (and ``batch.documents()``): the table's columns, in order.
+* ``plan.<table>(0)  # a, b, c`` (and ``batch.documents()``): the table's columns, in order;
+* ``print(X)  # <a Python literal>...``: the block runs as pasted, in a fresh folder, and
+  ``X`` must equal the literal (``print(loader.config["columns"])  # [['prompt_mask', 0]]``).
 
 A doc line that names a column the code does not give (``window`` for ``window_index``
 in docs/usage.md, 0.4) fails here, with the file and line.
@@ -91,3 +93,71 @@ def test_sql_sums_of_integers_are_integers(synth_dataset: SynthDataset) -> None:
     )
     assert got.schema["bytes"] == pl.Int64 and got.schema["t"] == pl.Int64, got.schema
     assert int(got["bytes"].sum()) == int(plan.reads(0)["bytes"].sum())
+
+
+_VALUE = re.compile(r"^\s*print\((.+)\)\s+#\s*(.+)$")
+
+
+def _literal(comment: str) -> tuple[bool, object]:
+    """The Python literal a comment opens with (``[['a', 0]]: in every checkpoint`` gives the list), if any."""
+    for end in range(len(comment), 0, -1):
+        try:
+            return True, ast.literal_eval(comment[:end])
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            continue
+    return False, None
+
+
+def _valued_blocks() -> list[tuple[str, str, dict[int, object]]]:
+    """(where, code, {line: value}) of every Python block with a ``print(x)  # <literal>`` line."""
+    out = []
+    for path in DOCS:
+        text = path.read_text()
+        for start, block in _blocks(text):
+            if not text.splitlines()[start - 1].strip().startswith("```python"):
+                continue
+            values = {}
+            for j, line in enumerate(block):
+                m = _VALUE.match(line)
+                if m:
+                    ok, value = _literal(m.group(2).strip())
+                    if ok and m.group(2).strip()[:1] in "[({'\"0123456789-":
+                        values[j + 1] = value
+            if values:
+                out.append((f"{path.relative_to(ROOT)}:{start + 1}", "\n".join(block), values))
+    return out
+
+
+def test_the_docs_show_values_to_check() -> None:
+    assert _valued_blocks(), "no documented print(...)  # value line found"
+
+
+@pytest.mark.parametrize(("where", "code", "values"), _valued_blocks(), ids=lambda x: x if isinstance(x, str) else "")
+def test_documented_values_are_the_code_s(
+    where: str, code: str, values: dict[int, object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The block runs as a user would paste it (in a fresh folder), and each such print gives its comment's value."""
+    tree = ast.parse(code)
+    got: dict[int, object] = {}
+
+    class Check(ast.NodeTransformer):
+        def visit_Expr(self, node: ast.Expr) -> ast.AST:
+            call = node.value
+            if (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Name)
+                and call.func.id == "print"
+                and node.lineno in values
+            ):
+                record = ast.parse(f"__got[{node.lineno}] = 0").body[0]
+                assert isinstance(record, ast.Assign)
+                record.value = call.args[0]
+                return ast.copy_location(record, node)
+            return node
+
+    fixed = ast.fix_missing_locations(Check().visit(tree))
+    monkeypatch.chdir(tmp_path)
+    exec(compile(fixed, where, "exec"), {"__got": got, "__name__": "__doc__"})
+    for line, want in values.items():
+        assert line in got, f"{where}, line {line}: the print did not run"
+        assert got[line] == want, f"{where}, line {line}: the doc shows {want!r}, the code gives {got[line]!r}"
