@@ -386,11 +386,7 @@ class CachedLengths:
 
     def _chunk(self, c: int) -> dict[int, NDArray[np.int32]]:
         got = load_arrays(self._paths[c], ("n", "len"))
-        if got is None or len(got["len"]) != int(got["n"].sum()):
-            return {}
-        offs = np.concatenate([[0], np.cumsum(got["n"])])
-        a = self._chunks[c][1]
-        return {a + i: got["len"][offs[i] : offs[i + 1]] for i in range(len(got["n"]))}
+        return {} if got is None else {rg: v for (_, rg), v in kept_lengths(self._chunks, {c: got}).items()}
 
     def get(self, at: tuple[int, int]) -> NDArray[np.int32] | None:
         c = self._of.get(at)
