@@ -51,6 +51,9 @@ __all__ = [
 
 I64 = NDArray[np.int64]
 
+CUT_SLICE = 1 << 15
+"""Positions whose lane cuts :func:`cut_epoch` computes at once (bounds its temporaries)."""
+
 
 def check_int(name: str, value: object, low: int, fix: str) -> int:
     """``value`` as an int ``>= low``, or a ConfigError naming the field, the value and ``fix``."""
@@ -193,13 +196,16 @@ def layout_epoch(
     """
     s = settings
     g = len(order)
-    pos = np.arange(g, dtype=np.int64)
-    window = pos // s.window
-    tok = tokens[order]
+    window = np.arange(g, dtype=np.int64)
+    window //= s.window
     starts = np.arange(0, g, s.window, dtype=np.int64)
-    window_tokens = np.add.reduceat(tok, starts) if g else np.zeros(0, np.int64)
-    before = np.cumsum(tok) - tok
-    token_start = before - before[starts][window] if g else before
+    # token_start: each position's tokens before it in its window (the running sum less
+    # the window's first), built in place: one array of 8 bytes a row group, not four.
+    token_start = tokens[order]
+    window_tokens = np.add.reduceat(token_start, starts) if g else np.zeros(0, np.int64)
+    np.cumsum(token_start, out=token_start)
+    token_start -= tokens[order]
+    token_start -= np.repeat(np.cumsum(window_tokens) - window_tokens, np.diff(np.append(starts, g)))
     return cut_epoch(
         epoch,
         order,
@@ -234,19 +240,24 @@ def cut_epoch(
     What :func:`layout_epoch` does after placing the windows; a layout stage with
     other lanes (:mod:`planner.order.layout`) cuts the same windows again with it.
     """
-    tok = tokens[order]
-    n = rows[order]
-    emp = empty_docs[order]
     prefix = np.cumsum(window_tokens) - window_tokens
     window_z = (run_before % lanes + prefix % lanes) % lanes
-    lo, hi = piece_range(token_start, tok, emp)
-    t_w = window_tokens[window]
-    q, r, z = t_w // lanes, t_w % lanes, window_z[window]
     lanes_per_rank = lanes // world
-    first = lane_of(lo, q, r, z, lanes) // lanes_per_rank
-    last = lane_of(hi, q, r, z, lanes) // lanes_per_rank
-    first = np.where(n > 0, first, -1)
-    last = np.where(n > 0, last, -1)
+    first = np.empty(len(order), np.int64)
+    last = np.empty(len(order), np.int64)
+    # In slices of CUT_SLICE positions: the lane arithmetic makes a dozen temporaries of
+    # its arguments' size, which over a whole epoch were most of a rank's peak memory
+    # (docs/design.md, "Bytes a row group"); a slice's are a few MB at any size.
+    for a in range(0, len(order), CUT_SLICE):
+        b = min(a + CUT_SLICE, len(order))
+        at = order[a:b]
+        tok, n, emp = tokens[at], rows[at], empty_docs[at]
+        lo, hi = piece_range(token_start[a:b], tok, emp)
+        w = window[a:b]
+        t_w = window_tokens[w]
+        q, r, z = t_w // lanes, t_w % lanes, window_z[w]
+        first[a:b] = np.where(n > 0, lane_of(lo, q, r, z, lanes) // lanes_per_rank, -1)
+        last[a:b] = np.where(n > 0, lane_of(hi, q, r, z, lanes) // lanes_per_rank, -1)
 
     short, owns = _short_windows(window_tokens, window_z, lanes=lanes, world=world)
     return EpochPlan(
