@@ -23,6 +23,14 @@ reader reads the pages in order from there and knows a dictionary page by its he
 It carries no statistics, no page index and no size statistics, so nothing in it can
 make pyarrow abort (:func:`planner.catalog.footer.check_level_histograms`).
 
+A job index may carry more columns than the token column (``plitzer index DATA --out JOB
+--columns a,b``: a predicate's, a length column, aligned columns, a dedupe key): each the
+same way, a template a file (:class:`ColumnChunks`, :func:`column_chunks`) and per row
+group its chunk's byte range, codec and value count, so a selection pass decodes them
+without a footer too (:func:`planner.catalog.jobindex.column_chunks` reads them off a
+footer); and the first file's Arrow schema (:func:`pack_schema`), so the
+columns a predicate may name are known without one.
+
 Written by hand (about a hundred lines of Thrift compact protocol): pyarrow cannot
 write or prune a footer, and no installed library writes Parquet's Thrift (the
 seed's reader did the same in Rust). docs/design.md, "Bytes a row group".
@@ -30,6 +38,7 @@ seed's reader did the same in Rust). docs/design.md, "Bytes a row group".
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,7 +51,18 @@ from numpy.typing import NDArray
 from planner.catalog.thrift import Reader, Struct, ThriftError, binary, list_header, zigzag
 from planner.errors import DataError
 
-__all__ = ["CODECS", "Template", "codec_of", "footer", "pack_templates", "template_of", "unpack_templates"]
+__all__ = [
+    "CODECS",
+    "ColumnChunks",
+    "Template",
+    "codec_of",
+    "footer",
+    "pack_schema",
+    "pack_templates",
+    "template_of",
+    "unpack_schema",
+    "unpack_templates",
+]
 
 CODECS = {"UNCOMPRESSED": 0, "SNAPPY": 1, "GZIP": 2, "LZO": 3, "BROTLI": 4, "UNKNOWN": 5, "ZSTD": 6, "LZ4": 7}
 """pyarrow's codec names to Thrift's ``CompressionCodec``: pyarrow names LZ4_RAW (7) ``LZ4``
@@ -229,3 +249,32 @@ def unpack_templates(meta: Mapping[str, str], files: int) -> list[Template | Non
         msg = f"templates for {len(ids)} files, not {files}"
         raise ValueError(msg)
     return [None if i < 0 else distinct[i] for i in ids]
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnChunks:
+    """One carried column's chunks in one file: its template and, per row group, what :func:`footer` needs.
+
+    ``byte_offset[g]``, ``byte_length[g]``, ``codec[g]`` and ``chunk_values[g]`` describe the
+    column's chunk in row group ``g`` of the file (the rows are the index's).
+    """
+
+    template: Template
+    byte_offset: NDArray[np.int64]
+    byte_length: NDArray[np.int64]
+    codec: NDArray[np.uint8]
+    chunk_values: NDArray[np.int64]
+
+
+def pack_schema(schema: pa.Schema) -> str:
+    """An Arrow schema (names and types, no metadata) as text for a job index's metadata."""
+    return base64.b64encode(schema.remove_metadata().serialize().to_pybytes()).decode()
+
+
+def unpack_schema(text: str) -> pa.Schema:
+    """What :func:`pack_schema` wrote; a ValueError where it is not that."""
+    try:
+        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text.encode(), validate=True)))
+    except (pa.ArrowException, ValueError) as e:
+        msg = f"a damaged schema ({type(e).__name__})"
+        raise ValueError(msg) from e

@@ -34,12 +34,13 @@ import hashlib
 import io
 import os
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import polars as pl
@@ -48,10 +49,10 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from planner.catalog import chunkmeta, footer
-from planner.catalog.chunkmeta import Template
-from planner.catalog.column import TokenDtype, delivered_dtype
+from planner.catalog.chunkmeta import ColumnChunks, Template
+from planner.catalog.column import TokenDtype, chunks_range, delivered_dtype
 from planner.catalog.rowgroups import stream_counts
-from planner.errors import ConfigError, DataError
+from planner.errors import ConfigError, DataError, PerformanceWarning
 from planner.progress import progress_enabled
 from planner.runtime import COUNT, runtime_pass
 from planner.stores.backends import open_storages
@@ -60,6 +61,7 @@ from planner.stores.storage import FileStat, Storage
 
 __all__ = [
     "INDEX_SCHEMA",
+    "ChunkSource",
     "Counted",
     "Counting",
     "FileEntry",
@@ -99,6 +101,17 @@ FOOTERS_KEPT = 64
 _INDEX_FORMAT = "4"  # 4: codec, chunk_values and the files' templates (planner.catalog.chunkmeta)
 
 
+class ChunkSource(NamedTuple):
+    """What reading one column chunk needs (:meth:`Index.column_chunk`)."""
+
+    metadata: pq.FileMetaData
+    """A footer to decode it with: the file's, or a minimal one made from a job index."""
+    offset: int
+    length: int
+    carried: bool
+    """Whether the footer is a job index's minimal one (it holds no Arrow schema: types as Parquet's)."""
+
+
 @dataclass
 class FileEntry:
     stat: FileStat
@@ -109,6 +122,12 @@ class FileEntry:
     """The footer bytes where they came with the listing (a rank's exchange of a text source's footers)."""
     template: Template | None = None
     """What decoding the index's column needs of the footer (planner.catalog.chunkmeta): kept, the footer not."""
+    columns: dict[str, ColumnChunks] = field(default_factory=dict)
+    """The other columns a job index carries (``--columns``): the same, a column at a time."""
+    schema: pa.Schema | None = None
+    """The file's Arrow schema where a job index carries it (the first file's, with ``--columns``)."""
+    job_index: str | None = None
+    """The job index the entry was read from (for the message that it lacks a column), else None."""
 
 
 @dataclass
@@ -139,6 +158,7 @@ class Index:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _footers: OrderedDict[int, pq.FileMetaData] = field(default_factory=OrderedDict, repr=False)
     _chunks: OrderedDict[int, pq.FileMetaData] = field(default_factory=OrderedDict, repr=False)
+    _carried: OrderedDict[tuple[int, str], pq.FileMetaData] = field(default_factory=OrderedDict, repr=False)
     _starts: NDArray[np.int64] | None = field(default=None, repr=False)
 
     @property
@@ -203,10 +223,7 @@ class Index:
             if got is not None:
                 self._chunks.move_to_end(file_index)
                 return got
-            if self._starts is None:
-                fi = self.frame["file_index"].to_numpy()
-                self._starts = np.searchsorted(fi, np.arange(len(self._files) + 1)).astype(np.int64)
-            a, b = int(self._starts[file_index]), int(self._starts[file_index + 1])
+        a, b = self._file_rows(file_index)
         template = self._files[file_index].template
         if template is None:
             msg = f"{self.location(file_index)}: the index holds no template of its column; build the index again"
@@ -225,6 +242,70 @@ class Index:
             while len(self._chunks) > FOOTERS_KEPT:
                 self._chunks.popitem(last=False)
         return md
+
+    def schema(self) -> pa.Schema:
+        """The first file's Arrow schema (names and types): the job index's where it carries it, else the footer's.
+
+        What a predicate, a dedupe key or an aligned column is checked against.
+        """
+        carried = self._files[0].schema
+        if carried is not None:
+            return carried
+        try:
+            return self.metadata(0).schema.to_arrow_schema()
+        except (pa.ArrowException, ValueError) as e:
+            msg = f"{self.location(0)}: unreadable schema ({type(e).__name__}: {e}); the footer is damaged"
+            raise DataError(msg) from e
+
+    def carries(self, column: str) -> bool:
+        """Whether the index decodes ``column`` without a footer (a job index written with ``--columns``)."""
+        return bool(self._files) and all(column in e.columns for e in self._files)
+
+    def column_chunk(self, rg: int, column: str) -> ChunkSource | None:
+        """What reading ``column`` of row group ``rg`` needs: a footer, the chunk's offset and length.
+
+        From the index alone where it carries the column (a minimal footer, as
+        :meth:`chunk_metadata` for the token column), else from the file's footer
+        (:meth:`metadata`); None where the file has no such column. A job index that does not
+        carry the column says so once (a :class:`PerformanceWarning` naming the fix).
+        """
+        fi, g = int(self.frame["file_index"][rg]), int(self.frame["row_group"][rg])
+        e = self._files[fi]
+        carried = e.columns.get(column)
+        if carried is None:
+            if e.job_index is not None:
+                _lacks(e.job_index, column)
+            md = self.metadata(fi)
+            span = chunks_range(md, g, column, e.stat.size, self.location(fi, g))
+            return None if span is None else ChunkSource(md, span[0], span[1], False)
+        key = (fi, column)
+        with self._lock:
+            got = self._carried.get(key)
+            if got is not None:
+                self._carried.move_to_end(key)
+        if got is None:
+            a, b = self._file_rows(fi)
+            got = chunkmeta.footer(
+                carried.template,
+                self.frame["rows"].slice(a, b - a).to_numpy(),
+                carried.byte_offset,
+                carried.byte_length,
+                carried.codec,
+                carried.chunk_values,
+            )
+            with self._lock:
+                self._carried[key] = got
+                while len(self._carried) > FOOTERS_KEPT:
+                    self._carried.popitem(last=False)
+        return ChunkSource(got, int(carried.byte_offset[g]), int(carried.byte_length[g]), True)
+
+    def _file_rows(self, file_index: int) -> tuple[int, int]:
+        """The frame's rows of the file: ``[a, b)``."""
+        with self._lock:
+            if self._starts is None:
+                fi = self.frame["file_index"].to_numpy()
+                self._starts = np.searchsorted(fi, np.arange(len(self._files) + 1)).astype(np.int64)
+            return int(self._starts[file_index]), int(self._starts[file_index + 1])
 
     def location(self, file_index: int, row_group: int | None = None) -> str:
         where = self._files[file_index].stat.location
@@ -247,6 +328,24 @@ class Index:
     def length_source(self, given: str | None) -> str | None:
         """The column that holds each row's token count, if any: ``given`` (a selected index has its own)."""
         return given
+
+
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+
+
+def _lacks(job_index: str, column: str) -> None:
+    """Say once a process that ``job_index`` does not carry ``column``, so its footers are read for it."""
+    with _warned_lock:
+        if (job_index, column) in _warned:
+            return
+        _warned.add((job_index, column))
+    msg = (
+        f"job index {job_index} does not carry column {column!r}: the footers of the files are read for it (one "
+        f"GET a file, as without a job index). To read none, write it with the column: plitzer index DATA --out "
+        f"{job_index} --columns {column} (name every column where=, length_column=, columns= and dedupe= read)"
+    )
+    warnings.warn(msg, PerformanceWarning, stacklevel=3)
 
 
 def fingerprint_of(frame: pl.DataFrame, extra: str = "") -> str:

@@ -11,6 +11,14 @@ file was added, removed or changed since (:class:`planner.errors.StaleIndexError
 it), and gives the :class:`planner.catalog.dataset.Index`: a rank reads this one object and
 then only the token column chunks, decoded against minimal footers made from the rows.
 
+``write(..., columns=("int_score", "token_count"))`` (``plitzer index DATA --out JOB --columns
+...``) makes it carry those columns too, for the selection pass, a length column, aligned
+columns and a dedupe key: per file a template a column (``column_templates``), per row group
+``cN_byte_offset``, ``cN_byte_length``, ``cN_codec`` and ``cN_chunk_values`` for the N-th
+column of ``columns`` (metadata), and the first file's Arrow schema (``schema``). Without
+``columns`` the object is byte for byte what it was (an older reader ignores what it does
+not know; this one reads an index without them, and reads footers for what it lacks).
+
 A file changed in place after the listing (same size, so the listing cannot see it on
 local disk within the mtime's resolution) is refused on its first read, as without a job
 index (the version check of every ranged read). ``out`` and ``url`` are local paths or any
@@ -28,6 +36,7 @@ docs/design.md, "One index per job" and "Bytes a row group".
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -42,10 +51,12 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from planner.catalog import chunkmeta, footer
+from planner.catalog.chunkmeta import ColumnChunks
 from planner.catalog.dataset import (
     INDEX_SCHEMA,
     ROW_FIELDS,
     Counted,
+    Counting,
     FileEntry,
     FooterCounting,
     Index,
@@ -57,12 +68,14 @@ from planner.catalog.dataset import (
     scan_footers,
 )
 from planner.errors import ConfigError, DataError, StaleIndexError
+from planner.runtime import COUNT, runtime_pass
 from planner.stores.backends import open_storages
 from planner.stores.cache import write_atomic
 from planner.stores.storage import SCHEMES, FileStat
 
 __all__ = [
     "FORMAT",
+    "CarryingCounting",
     "JobIndexInfo",
     "JobIndexParts",
     "CountedShare",
@@ -70,6 +83,7 @@ __all__ = [
     "entries_of",
     "has_cached_index",
     "job_index",
+    "column_chunks",
     "listing",
     "load",
     "read_object",
@@ -83,6 +97,8 @@ __all__ = [
 
 FORMAT = "plitzer-job-index/2"  # 2: no footers; templates, codec and chunk_values (planner.catalog.chunkmeta)
 _LISTS = ROW_FIELDS  # the index rows, one list a file
+_CARRIED = ("byte_offset", "byte_length", "codec", "chunk_values")  # a carried column's lists: c{N}_{field}
+_CARRIED_TYPES = {"byte_offset": np.int64, "byte_length": np.int64, "codec": np.uint8, "chunk_values": np.int64}
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,10 +146,11 @@ def write_object(url: str | os.PathLike[str], data: bytes, storage_options: Mapp
         write_atomic(Path(text).expanduser(), data)
 
 
-def encode(ix: Index, meta: Mapping[str, str] | None = None) -> bytes:
+def encode(ix: Index, meta: Mapping[str, str] | None = None, columns: Sequence[str] = ()) -> bytes:
     """The job index of ``ix`` as Parquet bytes: its rows and its files' templates, no footer.
 
     ``meta``: more schema metadata (a text source's ``kind``, ``tokenizer``: ``plitzer.text.job``).
+    ``columns``: the other columns it carries, as its entries hold them (:func:`carry`).
     """
     entries = ix._files
     frame = ix.frame
@@ -142,14 +159,16 @@ def encode(ix: Index, meta: Mapping[str, str] | None = None) -> bytes:
     per = np.bincount(frame["file_index"].to_numpy(), minlength=len(entries))
     offsets = _ints(np.concatenate([[0], np.cumsum(per)]).astype(np.int32))
     lists = {c: pa.ListArray.from_arrays(offsets, frame[c].to_arrow()) for c in _LISTS}
-    columns = {
+    table_columns = {
         "name": _strings([e.stat.name for e in entries]),
         "location": _strings([e.stat.location for e in entries]),
         "size": _ints(np.asarray([e.stat.size for e in entries], np.int64)),
         "version": _strings([e.stat.version for e in entries]),
         **lists,
     }
-    table = pa.Table.from_arrays(list(columns.values()), names=list(columns)).replace_schema_metadata(
+    plain = list(table_columns)
+    carried_meta = _carried_columns(entries, columns, offsets, table_columns) if columns else {}
+    table = pa.Table.from_arrays(list(table_columns.values()), names=list(table_columns)).replace_schema_metadata(
         {
             "format": FORMAT,
             "column": ix.column,
@@ -157,13 +176,49 @@ def encode(ix: Index, meta: Mapping[str, str] | None = None) -> bytes:
             "fingerprint": ix.fingerprint,
             "source": ix.source,
             **chunkmeta.pack_templates([e.template for e in entries]),
+            **carried_meta,
             **(meta or {}),
         }
     )
     buf = pa.BufferOutputStream()
-    pq.write_table(table, buf, compression="zstd")
+    if columns:
+        # A carried column's offsets and lengths grow along a file: delta-encoded, not
+        # dictionary-encoded (the token column's lists stay as they were).
+        extra = [c for c in table_columns if c not in plain]
+        pq.write_table(
+            table,
+            buf,
+            compression="zstd",
+            use_dictionary=plain,
+            column_encoding={f"{c}.list.element": "DELTA_BINARY_PACKED" for c in extra},
+        )
+    else:
+        pq.write_table(table, buf, compression="zstd")
     data: bytes = buf.getvalue().to_pybytes()
     return data
+
+
+def _carried_columns(
+    entries: Sequence[FileEntry], columns: Sequence[str], offsets: pa.Array, out: dict[str, pa.Array]
+) -> dict[str, str]:
+    """The carried columns' lists (added to ``out``) and their metadata: names, templates, the first schema."""
+    templates: dict[str, dict[str, str]] = {}
+    for k, name in enumerate(columns):
+        lacking = [e.stat.location for e in entries if name not in e.columns]
+        if lacking:
+            msg = f"{lacking[0]}: no column {name!r} to carry ({len(lacking)} files lack it); leave it out of columns="
+            raise ConfigError(msg)
+        for f in _CARRIED:
+            values = np.concatenate([getattr(e.columns[name], f) for e in entries]).astype(_CARRIED_TYPES[f])
+            out[f"c{k}_{f}"] = pa.ListArray.from_arrays(offsets, _ints(values))
+        templates[name] = chunkmeta.pack_templates([e.columns[name].template for e in entries])
+    schema = entries[0].schema
+    assert schema is not None  # carry() sets it
+    return {
+        "columns": json.dumps(list(columns)),
+        "column_templates": json.dumps(templates),
+        "schema": chunkmeta.pack_schema(schema),
+    }
 
 
 # From buffers, not pa.array or pa.table: those import pandas where it is installed (pyarrow's
@@ -188,16 +243,170 @@ def write(
     out_options: Mapping[str, Any] | None = None,
     progress: bool | None = None,
     count: footer.ChunkCounter | None = None,
+    columns: Sequence[str] = (),
 ) -> JobIndexInfo:
     """Index ``source`` and write its job index to ``out`` (a local path or a store URL).
 
     ``out_options`` are the ``storage_options`` of ``out`` (default: ``storage_options``);
     ``count`` counts a row group whose footer has no statistics (:func:`planner.index`).
+    ``columns``: other columns the job index carries, so that a selection pass, a length
+    column, aligned columns or a dedupe key over them reads no footer either (each costs a
+    few bytes a row group); every file must have each, as a column of one leaf.
     """
-    ix = index(source, column=column, storage_options=storage_options, progress=progress, count=count)
-    data = encode(ix)
+    names = _column_names(columns)
+    if not names:
+        ix = index(source, column=column, storage_options=storage_options, progress=progress, count=count)
+        data = encode(ix)
+    else:
+        entries, src = list_files(source, storage_options)
+        ix = carry(entries, src, column, names, progress=progress, count=count)
+        data = encode(ix, columns=names)
     write_object(out, data, storage_options if out_options is None else out_options)
     return JobIndexInfo(os.fspath(out), len(ix.files), ix.row_groups, len(data), ix.fingerprint)
+
+
+def _column_names(columns: Sequence[str] | str) -> list[str]:
+    """``columns`` as a list of distinct names (a string: comma-separated, the command line's)."""
+    names = [c.strip() for c in columns.split(",")] if isinstance(columns, str) else [str(c) for c in columns]
+    names = [c for c in names if c]
+    if len(set(names)) != len(names):
+        dup = next(c for c in names if names.count(c) > 1)
+        msg = f"columns= names {dup!r} twice; name each column once"
+        raise ConfigError(msg)
+    return names
+
+
+def column_chunks(raw: bytes, md: pq.FileMetaData, column: str, size: int, where: str) -> ColumnChunks | None:
+    """What decoding ``column`` of every row group of this file needs, from its footer; None: no such column.
+
+    ``column`` must be a top-level column of one leaf (a flat column, or a list of
+    scalars): a struct or map is a DataError naming the file and the column.
+    """
+    try:
+        pschema = footer.schema_of(md)
+        leaves = [j for j in range(md.num_columns) if pschema.column(j).path.split(".")[0] == column]
+    except (ValueError, pa.ArrowException) as e:
+        msg = f"{where}: unreadable schema ({type(e).__name__}); the footer is damaged"
+        raise DataError(msg) from e
+    if not leaves:
+        return None
+    if len(leaves) != 1:
+        msg = (
+            f"{where}: column {column!r} has {len(leaves)} leaf columns (a struct or map); a job index carries "
+            f"columns of one leaf (flat, or a list of scalars): leave {column!r} out of --columns"
+        )
+        raise DataError(msg)
+    j = leaves[0]
+    footer.check_column_histograms(raw, md, j, where)  # pyarrow's accessors below must not meet damaged ones
+    physical = pschema.column(j).physical_type
+    n = md.num_row_groups
+    offsets, lengths = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    codecs, values = np.zeros(n, np.uint8), np.zeros(n, np.int64)
+    for g in range(n):
+        rg = md.row_group(g)
+        cc = rg.column(j)
+        at = f"{where}, row group {g}"
+        if cc.physical_type != physical:
+            msg = f"{at}: the footer gives column {column!r} type {cc.physical_type}, not {physical}; it is damaged"
+            raise DataError(msg)
+        start = cc.data_page_offset
+        if cc.has_dictionary_page and cc.dictionary_page_offset is not None and cc.dictionary_page_offset > 0:
+            start = min(start, cc.dictionary_page_offset)
+        length = cc.total_compressed_size
+        if rg.num_rows > 0 and (start < 4 or length < 0 or start + length > size):
+            msg = f"{at}: the chunk of {column!r} [{start}, {start + length}) lies outside the file; it is damaged"
+            raise DataError(msg)
+        offsets[g], lengths[g] = start, length
+        codecs[g], values[g] = chunkmeta.codec_of(cc.compression, at), cc.num_values
+    return ColumnChunks(chunkmeta.template_of(raw, md, column, where), offsets, lengths, codecs, values)
+
+
+@dataclass(frozen=True, slots=True)
+class CarryingCounting:
+    """:class:`FooterCounting`'s counts, and from the same footer read the carried columns' chunks (:func:`carry`)."""
+
+    inner: FooterCounting
+    columns: tuple[str, ...]
+    first: str
+    """The first file's name: its entry keeps the file's Arrow schema."""
+
+    def cache_key(self) -> tuple[object, ...]:
+        return self.inner.cache_key()  # the counts are the same: the cached index is the plain one
+
+    def scan(self, entry: FileEntry) -> Counted:
+        got = self.inner.scan(entry)
+        assert entry.metadata is not None and entry.raw is not None
+        _carry_file(entry, entry.raw, entry.metadata, self.columns, got.column, first=entry.stat.name == self.first)
+        return got
+
+    def finish(
+        self, entries: Sequence[FileEntry], scanned: list[Counted | None], progress: bool | None
+    ) -> list[Counted]:
+        return self.inner.finish(entries, scanned, progress)
+
+    def fingerprint_extra(self) -> str:
+        return self.inner.fingerprint_extra()
+
+    def checks_histograms(self) -> bool:
+        return True  # the token column's in inner.scan, each carried column's in column_chunks
+
+    def wrap(self, ix: Index) -> Index:
+        return ix
+
+
+def _carry_file(
+    entry: FileEntry, raw: bytes, md: pq.FileMetaData, columns: Sequence[str], token: str, *, first: bool
+) -> None:
+    where = entry.stat.location
+    for name in columns:
+        if name == token:
+            msg = f"columns=: {name!r} is the token column, which every job index carries; name the others"
+            raise ConfigError(msg)
+        got = column_chunks(raw, md, name, entry.stat.size, where)
+        if got is None:
+            msg = (
+                f"{where}: no column {name!r} to carry in the job index (its columns: "
+                f"{', '.join(footer.schema_of(md).names)}); leave it out of --columns"
+            )
+            raise ConfigError(msg)
+        entry.columns[name] = got
+    if first:
+        entry.schema = footer.schema_of(md).to_arrow_schema().remove_metadata()
+
+
+def carry(
+    entries: list[FileEntry],
+    src: str,
+    column: str | None,
+    columns: Sequence[str],
+    *,
+    progress: bool | None = None,
+    threads: int = 32,
+    count: footer.ChunkCounter | None = None,
+) -> Index:
+    """The index of these files, each entry holding the chunks of ``columns`` too (for :func:`encode`).
+
+    One footer read a file: while the index is built from footers, or, where it is cached
+    already, for the carried columns alone.
+    """
+    counting: Counting = CarryingCounting(
+        FooterCounting(column, runtime_pass(count, COUNT)), tuple(columns), entries[0].stat.name
+    )
+    ix = index_entries(entries, src, counting, progress=progress, threads=threads)
+    todo = [e for e in entries if any(c not in e.columns for c in columns)]
+
+    def one(e: FileEntry) -> None:
+        raw = footer.cached(e.stat)
+        if raw is None:
+            raw = footer.fetch(e.storage, e.stat)
+        md = footer.parse(raw, e.stat.location, check=False)  # each carried column's histograms: column_chunks
+        _carry_file(e, raw, md, columns, ix.column, first=e is entries[0])
+
+    if todo:
+        workers = min(threads, len(todo), max(e.storage.concurrency for e in todo))
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            list(pool.map(one, todo))
+    return ix
 
 
 def _stale(where: str, listed: list[FileEntry], kept: dict[str, tuple[int, str]]) -> None:
@@ -295,6 +504,7 @@ def read_parts(
             per = pl.Series(col.value_lengths()).fill_null(0).to_numpy().astype(np.int64)
         lists[c] = pl.Series(c, col.flatten()).cast(INDEX_SCHEMA[c])
         del col
+    carried = _read_carried(where, table, meta, entries, per)
     del table
     file_index = np.repeat(np.arange(len(per), dtype=np.int64), per)
     columns: dict[str, Any] = {
@@ -305,7 +515,44 @@ def read_parts(
     }
     frame = pl.DataFrame(columns).select(pl.col(k).cast(v) for k, v in INDEX_SCHEMA.items())
     del columns, lists
+    for entry, got in zip(entries, carried, strict=True):
+        entry.columns = got
     return JobIndexParts(entries=entries, source=src, frame=frame, meta=meta)
+
+
+def _read_carried(
+    where: str, table: footer.ParquetBytes, meta: Mapping[str, str], entries: list[FileEntry], per: NDArray[np.int64]
+) -> list[dict[str, ColumnChunks]]:
+    """Each file's carried columns (a job index written with ``columns=``), and the first file's schema."""
+    out: list[dict[str, ColumnChunks]] = [{} for _ in entries]
+    if "columns" not in meta:
+        return out
+    try:
+        names = json.loads(meta["columns"])
+        templates = json.loads(meta["column_templates"])
+        entries[0].schema = chunkmeta.unpack_schema(meta["schema"])
+        bounds = np.concatenate([[0], np.cumsum(per)]).astype(np.int64)
+        for k, name in enumerate(names):
+            per_file = chunkmeta.unpack_templates(templates[name], len(entries))
+            values = {}
+            for f in _CARRIED:
+                col = table.column(f"c{k}_{f}").combine_chunks()
+                if len(col) != len(entries) or not np.array_equal(
+                    pl.Series(col.value_lengths()).fill_null(0).to_numpy(), per
+                ):
+                    msg = f"column {name!r}: its {f} lists are not the row groups'"
+                    raise ValueError(msg)
+                values[f] = pl.Series(col.flatten()).to_numpy().astype(_CARRIED_TYPES[f])
+            for i, t in enumerate(per_file):
+                if t is None:
+                    msg = f"column {name!r}: no template for {entries[i].stat.location}"
+                    raise ValueError(msg)
+                a, b = int(bounds[i]), int(bounds[i + 1])
+                out[i][name] = ColumnChunks(t, *(values[f][a:b] for f in _CARRIED))
+    except (KeyError, ValueError, TypeError, pa.ArrowException) as e:
+        msg = f"{where}: its carried columns are damaged ({e}); write it again (plitzer index DATA --out {where})"
+        raise DataError(msg) from e
+    return out
 
 
 def load(
@@ -336,6 +583,8 @@ def load(
             f"write it again with --column {column}"
         )
         raise ConfigError(msg)
+    for e in got.entries:
+        e.job_index = where  # a column it does not carry is read through footers, said once
     return Index(
         frame=got.frame,
         column=meta["column"],

@@ -77,6 +77,26 @@ def _index_text(args: argparse.Namespace, source: Any) -> int:
     return 0
 
 
+def _carried_of(args: argparse.Namespace) -> list[str]:
+    """``plitzer index ... --out JOB --columns a,b``: the columns the job index carries besides the token column."""
+    value = getattr(args, "columns", None)
+    if not value:
+        return []
+    if isinstance(value, dict):
+        msg = (
+            f"--columns {','.join(value)}: with plitzer index it names the columns the job index carries (for "
+            "where=, length_column=, columns= and dedupe=), without fill values: give the names alone"
+        )
+        raise ConfigError(msg)
+    if args.out is None or args.tokenizer is not None:
+        msg = (
+            "--columns with plitzer index names the columns a job index carries: give --out PATH_OR_URL "
+            "(a text source's job index carries only its counts)"
+        )
+        raise ConfigError(msg)
+    return [str(c) for c in value]
+
+
 def _index_mixture(args: argparse.Namespace, sources: dict[str, Any]) -> int:
     """``plitzer index --mixture FILE --out PREFIX``: each source's job index, ``PREFIX/NAME.index``."""
     from planner.catalog import jobindex
@@ -87,6 +107,9 @@ def _index_mixture(args: argparse.Namespace, sources: dict[str, Any]) -> int:
     prefix = str(args.out).rstrip("/")
     for spec in source_specs(sources, column=args.column, storage_options=storage_options_of(args)):
         out = f"{prefix}/{spec.name}.index"
+        if spec.text is not None and _carried_of(args):
+            msg = f"--columns: source {spec.name!r} is text; its job index carries only its counts: drop --columns"
+            raise ConfigError(msg)
         if spec.text is not None:
             info = write_text_index(
                 spec.path,
@@ -106,6 +129,7 @@ def _index_mixture(args: argparse.Namespace, sources: dict[str, Any]) -> int:
                 storage_options=spec.storage_options,
                 out_options=storage_options_of(args),
                 progress=terminal_progress(),
+                columns=_carried_of(args),
             )
         print(f"job index: {out} ({info.files:,} files, {info.row_groups:,} row groups, {info.bytes:,} bytes)")
     print(f'give each source its job index: index = "{prefix}/NAME.index" in its [sources.NAME] table')
@@ -115,6 +139,7 @@ def _index_mixture(args: argparse.Namespace, sources: dict[str, Any]) -> int:
 def cmd_index(args: argparse.Namespace) -> int:
 
     source, _ = source_of(args)
+    carried = _carried_of(args)  # before any pass: a bad --columns is refused at once
     if isinstance(source, dict):
         if args.out is not None and args.tokenizer is None and args.where is None:
             return _index_mixture(args, source)
@@ -127,13 +152,24 @@ def cmd_index(args: argparse.Namespace) -> int:
         return _index_text(args, source)
     from planner import index
 
-    ix = index(source, column=args.column, storage_options=storage_options_of(args), progress=terminal_progress())
+    if carried:
+        from planner.catalog import jobindex
+        from planner.catalog.dataset import list_files
+        from plitzer.readpath.read import count_chunk
+
+        entries, src = list_files(source, storage_options_of(args))
+        ix = jobindex.carry(entries, src, args.column, carried, progress=terminal_progress(), count=count_chunk)
+    else:
+        ix = index(source, column=args.column, storage_options=storage_options_of(args), progress=terminal_progress())
     if args.out is not None:
         from planner.catalog import jobindex
 
-        data = jobindex.encode(ix)
+        data = jobindex.encode(ix, columns=carried)
         jobindex.write_object(args.out, data, storage_options_of(args))
-        print(f"job index: {args.out} ({len(ix.files):,} files, {ix.row_groups:,} row groups, {len(data):,} bytes)")
+        also = f"; carries {', '.join(carried)}" if carried else ""
+        print(
+            f"job index: {args.out} ({len(ix.files):,} files, {ix.row_groups:,} row groups, {len(data):,} bytes{also})"
+        )
     if args.where is not None:
         from plitzer.selection.select import select_index, select_on_ray
 

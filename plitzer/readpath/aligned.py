@@ -32,10 +32,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from planner.catalog.column import chunks_range
 from planner.catalog.dataset import Index
 from planner.catalog.footer import schema_of
 from planner.catalog.rowgroups import RowGroupIndex
@@ -173,9 +171,9 @@ def _is_text(ix: RowGroupIndex) -> bool:
 
 
 def _schema(ix: RowGroupIndex) -> pa.Schema:
+    """The first file's schema: the job index's where it carries it (``--columns``), else the footer's."""
     assert isinstance(ix, Index)
-    md: pq.FileMetaData = ix.metadata(0)
-    return md.schema.to_arrow_schema()
+    return ix.schema()
 
 
 def _candidates(schema: pa.Schema, token_column: str) -> list[str]:
@@ -253,17 +251,15 @@ def resolve(index: RowGroupIndex, value: Any) -> Columns | None:
     return Columns(names, dict(fills), dtypes, plans, [ix for _, ix in srcs])
 
 
-def _leaf_range(md: pq.FileMetaData, g: int, column: str, size: int, where: str) -> tuple[int, int]:
-    """The byte range of every leaf column chunk of top-level ``column`` in row group ``g``."""
-    span = chunks_range(md, g, column, size, where)
-    if span is None:
-        schema = schema_of(md).to_arrow_schema()
-        msg = (
-            f"{where}: no column {column!r} (aligned candidates: {_candidates(schema, '') or 'none'}); every file "
-            f"of a source must have the aligned columns it is read for, or give a fill: columns={{{column!r}: 0}}"
-        )
-        raise ConfigError(msg)
-    return span
+def _missing(ix: Index, rg: int, column: str) -> ConfigError:
+    """A file of the source lacks an aligned column it is read for."""
+    fi, g = int(ix.frame["file_index"][rg]), int(ix.frame["row_group"][rg])
+    schema = schema_of(ix.metadata(fi)).to_arrow_schema()
+    msg = (
+        f"{ix.location(fi, g)}: no column {column!r} (aligned candidates: {_candidates(schema, '') or 'none'}); every "
+        f"file of a source must have the aligned columns it is read for, or give a fill: columns={{{column!r}: 0}}"
+    )
+    return ConfigError(msg)
 
 
 def _read_one(ix: Index, rg: int, name: str, dtype: np.dtype[Any], lens: I64) -> NDArray[Any]:
@@ -271,11 +267,21 @@ def _read_one(ix: Index, rg: int, name: str, dtype: np.dtype[Any], lens: I64) ->
     row = ix.frame.row(rg, named=True)
     fi, g = int(row["file_index"]), int(row["row_group"])
     st = ix.file(fi)
-    md = ix.metadata(fi)
     where = ix.location(fi, g)
-    offset, length = _leaf_range(md, g, name, st.size, where)
+    # Through the job index alone where it carries the column (--columns), else the file's footer.
+    chunk = ix.column_chunk(rg, name)
+    if chunk is None:
+        raise _missing(ix, rg, name)
     arr = read_decoded(
-        ix.storage(fi), st, md, row_group=g, column=name, offset=offset, length=length, where=where, what=repr(name)
+        ix.storage(fi),
+        st,
+        chunk.metadata,
+        row_group=g,
+        column=name,
+        offset=chunk.offset,
+        length=chunk.length,
+        where=where,
+        what=repr(name),
     )
     if not _aligned_type(arr.type):
         msg = f"{where}: column {name!r} is {arr.type}, not a list of bool, integer or float; it cannot be aligned"

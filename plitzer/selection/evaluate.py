@@ -13,6 +13,7 @@ same chunks (``shared``) it looks each chunk up again just before evaluating it.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import threading
 from collections.abc import Callable, Sequence
@@ -23,10 +24,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from planner.catalog.column import chunks_range
 from planner.catalog.dataset import Index
 from planner.errors import DataError, SelectionError, one_line
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
@@ -43,6 +42,7 @@ __all__ = [
     "entry_path",
     "load_entry",
     "pack_entry",
+    "read_other",
     "run_pass",
     "save_entry",
 ]
@@ -64,13 +64,37 @@ Exchange = Callable[[Part], list[Part]]
 """Share this rank's part of the pass, get every rank's (``torch.distributed.all_gather_object``)."""
 
 
-def leaf_range(md: pq.FileMetaData, g: int, column: str, size: int, where: str) -> tuple[int, int]:
-    """The byte range of every leaf column chunk of top-level ``column`` in row group ``g``."""
-    span = chunks_range(md, g, column, size, where)
-    if span is None:
-        msg = f"{where}: no column {column!r}; every file must have the columns where= names"
-        raise SelectionError(msg, predicate="", column=column)
-    return span
+def read_other(ix: Index, rg: int, column: str) -> pa.Array | None:
+    """Row group ``rg``'s ``column`` (every stored row), one ranged read; None where its file has no such column.
+
+    Decoded through the job index alone where it carries the column (``plitzer index DATA
+    --out JOB --columns ...``), else through the file's footer (read once, kept). A minimal
+    footer holds no Arrow schema, so a type Arrow would have restored from it (a large
+    string, a time zone) is cast to the first file's, as the real footer gives it.
+    """
+    got = ix.column_chunk(rg, column)
+    if got is None:
+        return None
+    fi, g = int(ix.frame["file_index"][rg]), int(ix.frame["row_group"][rg])
+    st = ix.file(fi)
+    arr = read_decoded(
+        ix.storage(fi),
+        st,
+        got.metadata,
+        row_group=g,
+        column=column,
+        offset=got.offset,
+        length=got.length,
+        where=ix.location(fi, g),
+        what=repr(column),
+    )
+    if got.carried:
+        schema = ix.schema()
+        k = schema.get_field_index(column)
+        if k >= 0 and arr.type != schema.field(k).type:
+            with contextlib.suppress(pa.ArrowException):  # another file's own type: kept as decoded
+                arr = arr.cast(schema.field(k).type)
+    return arr
 
 
 @dataclass(frozen=True)
@@ -84,23 +108,12 @@ class SelectionPass:
     _local: threading.local = field(default_factory=threading.local, repr=False)
 
     def _column(self, rg: int, column: str) -> pa.Array:
-        row = self.ix.frame.row(rg, named=True)
-        fi, g = row["file_index"], row["row_group"]
-        st = self.ix.file(fi)
-        md = self.ix.metadata(fi)
-        where = self.ix.location(fi, g)
-        start, length = leaf_range(md, g, column, st.size, where)
-        return read_decoded(
-            self.ix.storage(fi),
-            st,
-            md,
-            row_group=g,
-            column=column,
-            offset=start,
-            length=length,
-            where=where,
-            what=f"{column!r}",
-        )
+        arr = read_other(self.ix, rg, column)
+        if arr is None:
+            where = self.ix.location(int(self.ix.frame["file_index"][rg]), int(self.ix.frame["row_group"][rg]))
+            msg = f"{where}: no column {column!r}; every file must have the columns where= names"
+            raise SelectionError(msg, predicate=self.where, column=column)
+        return arr
 
     def _lengths(self, rg: int) -> I64:
         """Each row's token count: from the length column, else the token column's list lengths."""

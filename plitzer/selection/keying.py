@@ -24,10 +24,10 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from planner.catalog.dataset import Index
-from planner.errors import ConfigError, DataError
+from planner.errors import ConfigError, DataError, SelectionError
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
-from plitzer.readpath.read import list_lengths, read_chunk, read_decoded
-from plitzer.selection.evaluate import CHUNK, leaf_range
+from plitzer.readpath.read import list_lengths, read_chunk
+from plitzer.selection.evaluate import CHUNK, read_other
 from plitzer.selection.exclude import Exclusion, load_exclusion
 from plitzer.selection.keys import Keys, hash_array, valid_rows
 
@@ -63,16 +63,17 @@ positions of the excluded rows), concatenated over the chunk's row groups."""
 
 
 def read_column(ix: Index, rg: int, column: str) -> pa.Array:
-    """Row group ``rg``'s ``column`` (every stored row): one ranged read of its chunk."""
-    row = ix.frame.row(rg, named=True)
-    fi, g = row["file_index"], row["row_group"]
-    st = ix.file(fi)
-    md = ix.metadata(fi)
-    where = ix.location(fi, g)
-    start, length = leaf_range(md, g, column, st.size, where)
-    return read_decoded(
-        ix.storage(fi), st, md, row_group=g, column=column, offset=start, length=length, where=where, what=repr(column)
-    )
+    """Row group ``rg``'s ``column`` (every stored row): one ranged read of its chunk.
+
+    Through the job index alone where it carries the column, else the file's footer
+    (:func:`plitzer.selection.evaluate.read_other`).
+    """
+    arr = read_other(ix, rg, column)
+    if arr is None:
+        where = ix.location(int(ix.frame["file_index"][rg]), int(ix.frame["row_group"][rg]))
+        msg = f"{where}: no column {column!r}; every file must have the column dedupe= or exclude= reads"
+        raise SelectionError(msg, predicate="", column=column)
+    return arr
 
 
 @dataclass(frozen=True)
@@ -240,7 +241,8 @@ def run_chunks(
 
 
 def arrow_schema(ix: Index) -> pa.Schema:
-    return ix.metadata(0).schema.to_arrow_schema()
+    """The first file's schema: the job index's where it carries it (``--columns``), else the footer's."""
+    return ix.schema()
 
 
 def check_key(ix: Index, key: str, name: str) -> None:

@@ -388,13 +388,18 @@ def missing_column(text: str) -> str | None:
     return m.group(1) if m else None
 
 
-def available_columns(ix: Index) -> list[str]:
+def _schema(ix: Index) -> pa.Schema:
+    """The first file's schema: the job index's where it carries it (``--columns``), else the footer's."""
     try:
-        schema = ix.metadata(0).schema.to_arrow_schema()
+        return ix.schema()
     except (pa.ArrowException, ValueError) as e:
         msg = f"{ix.location(0)}: unreadable schema ({one_line(e)}); the footer is damaged"
         raise DataError(msg) from e
-    return [n for n in schema.names if n != ix.column]
+
+
+def available_columns(ix: Index) -> list[str]:
+    """The columns a predicate may name: the first file's, the token column aside."""
+    return [n for n in _schema(ix).names if n != ix.column]
 
 
 def check_predicate(ix: Index, where: str, length_column: str | None) -> list[str]:
@@ -403,7 +408,7 @@ def check_predicate(ix: Index, where: str, length_column: str | None) -> list[st
 
     available = available_columns(ix)
     listed = ", ".join(available)
-    schema = ix.metadata(0).schema.to_arrow_schema()
+    schema = _schema(ix)
     if length_column is not None:
         if length_column == ix.column or length_column not in schema.names:
             msg = (
