@@ -60,7 +60,7 @@ def _bind(part: Index, where: str) -> tuple[str, list[str]]:
     # A text source: its text column may be searched too (a contamination audit's question).
     import duckdb
 
-    schema = part.metadata(0).schema.to_arrow_schema()
+    schema = part.schema()
     names = list(schema.names)
     norm = normalize(where, names)
     con = duckdb.connect()
