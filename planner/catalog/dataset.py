@@ -30,8 +30,8 @@ unchanged dataset lists the files and reads no footer.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import io
 import os
 import threading
 import warnings
@@ -48,10 +48,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from planner.catalog import chunkmeta, footer
+from planner.catalog import chunkmeta, footer, rowlists
 from planner.catalog.chunkmeta import ColumnChunks, Template
 from planner.catalog.column import TokenDtype, chunks_range, delivered_dtype
 from planner.catalog.rowgroups import stream_counts
+from planner.catalog.rowlists import INDEX_SCHEMA, ROW_FIELDS
 from planner.errors import ConfigError, DataError, PerformanceWarning
 from planner.progress import progress_enabled
 from planner.runtime import COUNT, runtime_pass
@@ -78,27 +79,9 @@ __all__ = [
     "scan_footers",
 ]
 
-INDEX_SCHEMA: dict[str, Any] = {
-    "file": pl.String,
-    "file_index": pl.Int64,
-    "row_group": pl.Int64,
-    "rows": pl.Int64,
-    "tokens": pl.Int64,
-    "empty_docs": pl.Int64,
-    "byte_offset": pl.Int64,
-    "byte_length": pl.Int64,
-    "file_size": pl.Int64,
-    # True where a token may not fit the batch dtype (int64 or uint64 data whose
-    # footer min/max are missing or out of range): decoding then checks every value.
-    "needs_check": pl.Boolean,
-    # What a minimal footer needs to decode the chunk (planner.catalog.chunkmeta): the
-    # chunk's codec (Thrift's number) and its level count (values, empty and null lists).
-    "codec": pl.UInt8,
-    "chunk_values": pl.Int64,
-}
 FOOTERS_KEPT = 64
 """Parsed footers (whole, or minimal) an index keeps: the files being read, about."""
-_INDEX_FORMAT = "4"  # 4: codec, chunk_values and the files' templates (planner.catalog.chunkmeta)
+_INDEX_FORMAT = "5"  # 5: a row a file, its rows as lists (planner.catalog.rowlists); 4: codec, chunk_values
 
 
 class ChunkSource(NamedTuple):
@@ -355,7 +338,7 @@ def fingerprint_of(frame: pl.DataFrame, extra: str = "") -> str:
     that the text held at once stays small.
     """
     h = hashlib.sha256()
-    step = 1 << 16
+    step = 1 << 12  # Polars' formatting takes about 450 B a line while it runs: 2 MB a slice
     for a in range(0, frame.height, step):
         lines = frame.slice(a, step).select(pl.format("{}\t{}\t{}\n", "file", "rows", "tokens").str.join(""))
         h.update(lines.item().encode())
@@ -485,9 +468,12 @@ def _from_cache(path: Path, counting: Counting, src: str, entries: list[FileEntr
     if raw is None:
         return None
     try:
-        table = footer.ParquetBytes(raw)  # a column at a time: the peak is the frame (footer.ParquetBytes)
+        table = footer.ParquetBytes(raw)  # a column at a time: the peak is the frame (planner.catalog.rowlists)
         meta = {k.encode(): v.encode() for k, v in table.metadata.items()}
-        frame = pl.DataFrame([pl.Series(c, table.column(c)) for c in table.names])
+        if table.column("name").to_pylist() != [e.stat.name for e in entries]:
+            msg = "the cached files are not the listing's"  # a damaged entry
+            raise ValueError(msg)
+        frame, _ = rowlists.decode(table, [e.stat.name for e in entries])
         del table
         templates = chunkmeta.unpack_templates({k.decode(): v.decode() for k, v in meta.items()}, len(entries))
         for e, t in zip(entries, templates, strict=True):
@@ -511,9 +497,13 @@ def _to_cache(
     path: Path, frame: pl.DataFrame, column: str, dtype: TokenDtype, fingerprint: str, entries: Sequence[FileEntry]
 ) -> None:
     meta = {"column": column, "dtype": dtype, "fingerprint": fingerprint}
-    buf = io.BytesIO()  # Polars writes the frame's own buffers: no Arrow copy of a large index
-    frame.write_parquet(buf, metadata=meta | chunkmeta.pack_templates([e.template for e in entries]))
-    write_entry(path, buf.getvalue())  # a folder that cannot be written costs speed, not rows
+    _, lists = rowlists.encode(frame, len(entries))
+    table = pa.Table.from_arrays(
+        [rowlists.strings([e.stat.name for e in entries]), *lists.values()], names=["name", *lists]
+    ).replace_schema_metadata(meta | chunkmeta.pack_templates([e.template for e in entries]))
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf, compression="zstd", row_group_size=rowlists.files_a_group(len(entries), frame.height))
+    write_entry(path, buf.getvalue().to_pybytes())  # a folder that cannot be written costs speed, not rows
 
 
 def scan_footers(
@@ -566,7 +556,7 @@ def scan_footers(
 def _frame(entries: list[FileEntry], counted: list[Counted]) -> pl.DataFrame:
     """The index frame of every file's rows; every file's column must give the same batches."""
     first = counted[0]
-    names, sizes, counts = [], [], []
+    names, counts = [], []
     for entry, c in zip(entries, counted, strict=True):
         # list and large_list, and integer widths, may differ between files as long
         # as the batches they give have the same dtype.
@@ -579,39 +569,33 @@ def _frame(entries: list[FileEntry], counted: list[Counted]) -> pl.DataFrame:
             )
             raise DataError(msg)
         names.append(entry.stat.name)
-        sizes.append(entry.stat.size)
         counts.append(len(c.rows))
     per = np.asarray(counts, np.int64)
     file_index = np.repeat(np.arange(len(entries), dtype=np.int64), per)
-    arrays = [np.asarray(c.rows, dtype=np.int64).reshape(-1, len(ROW_FIELDS)) for c in counted]
-
-    def column(k: int) -> NDArray[np.int64]:  # one field of every file's rows: 8 bytes a row group, once
-        return np.concatenate([a[:, k] for a in arrays]) if arrays else np.zeros(0, np.int64)
-
+    # Each field into its own column, a file at a time, each file's rows let go once
+    # copied (``counted`` keeps their columns and dtypes, not their rows): the peak is the
+    # frame and what is left of the rows, not the rows twice (docs/design.md, "Bytes a row group").
+    fields = [np.empty(len(file_index), np.int64) for _ in ROW_FIELDS]
+    at = 0
+    for i, c in enumerate(counted):
+        rows = np.asarray(c.rows, dtype=np.int64).reshape(-1, len(ROW_FIELDS))
+        for k, out in enumerate(fields):
+            out[at : at + len(rows)] = rows[:, k]
+        at += len(rows)
+        counted[i] = dataclasses.replace(c, rows=_NO_ROWS)
+        del rows
     cols: dict[str, Any] = {
         "file": pl.Series(names, dtype=pl.String).gather(file_index) if len(file_index) else [],
         "file_index": file_index,
-        **{name: column(k) for k, name in enumerate(ROW_FIELDS) if name != "needs_check"},
-        "needs_check": column(ROW_FIELDS.index("needs_check")).astype(bool),
-        "file_size": np.repeat(np.asarray(sizes, np.int64), per),
+        **{name: fields[k] for k, name in enumerate(ROW_FIELDS) if name != "needs_check"},
+        "needs_check": fields[ROW_FIELDS.index("needs_check")].astype(bool),
     }
     return pl.DataFrame(cols).select(
         pl.col(k).cast(v) if k in cols else pl.lit(None, v).alias(k) for k, v in INDEX_SCHEMA.items()
     )
 
 
-ROW_FIELDS = (
-    "row_group",
-    "rows",
-    "tokens",
-    "empty_docs",
-    "byte_offset",
-    "byte_length",
-    "needs_check",
-    "codec",
-    "chunk_values",
-)
-"""The fields of :data:`planner.catalog.footer.Row`, in order."""
+_NO_ROWS = np.zeros((0, len(ROW_FIELDS)), np.int64)
 
 
 def index(
@@ -702,6 +686,7 @@ def _index_entries(
     entries: list[FileEntry], src: str, counting: Counting, progress: bool | None, threads: int
 ) -> Index:
     counted = counting.finish(entries, scan_footers(entries, counting, progress, threads), progress)
+    footer.give_back_memory()  # the footers' threads' heaps (footer.give_back_memory)
     for e, c in zip(entries, counted, strict=True):  # what finish counted kept its footer until now
         if e.metadata is not None and e.raw is not None:
             e.template = chunkmeta.template_of(e.raw, e.metadata, c.column, e.stat.location)
@@ -717,6 +702,7 @@ def build_index(entries: list[FileEntry], src: str, counting: Counting, counted:
     cached = index_cache_path(entries, counting)
     if cached is not None:
         _to_cache(cached, frame, first.column, first.dtype, fp, entries)
+    footer.give_back_memory()
     ix = Index(frame=frame, column=first.column, dtype=first.dtype, fingerprint=fp, source=src, _files=entries)
     return counting.wrap(ix)
 

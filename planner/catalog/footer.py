@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -102,6 +103,35 @@ def read_table_bytes(data: bytes) -> pa.Table:
     # ParquetFile.read, not read_table: read_table imports pyarrow.dataset and pandas on
     # first use, a fifth of a second on every fresh process's start.
     return pq.ParquetFile(pa.BufferReader(owned)).read()
+
+
+def give_back_memory() -> None:
+    """Return the C heap's free memory to the system (glibc's ``malloc_trim``; elsewhere nothing).
+
+    Footers are parsed on many threads, and glibc gives each thread's allocations an
+    arena of its own, whose freed pages stay resident: after a cold index those were a
+    hundred bytes a row group that the next phase (the frame, the first epoch's plan) did
+    not reuse, since it allocates on another thread. Called once after each of those
+    phases; no library exposes it (Arrow's ``release_unused`` covers Arrow's pool only).
+    """
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+    pa.default_memory_pool().release_unused()
+
+
+def _libc() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:  # glibc by its soname (ctypes.util.find_library would run ldconfig at import)
+        lib = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    return lib if hasattr(lib, "malloc_trim") else None
+
+
+_LIBC = _libc()
 
 
 class ParquetBytes:

@@ -50,11 +50,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from planner.catalog import chunkmeta, footer
+from planner.catalog import chunkmeta, footer, rowlists
 from planner.catalog.chunkmeta import ColumnChunks
 from planner.catalog.dataset import (
-    INDEX_SCHEMA,
-    ROW_FIELDS,
     Counted,
     Counting,
     FileEntry,
@@ -67,6 +65,7 @@ from planner.catalog.dataset import (
     list_files,
     scan_footers,
 )
+from planner.catalog.rowlists import ROW_FIELDS, ints, strings
 from planner.errors import ConfigError, DataError, StaleIndexError
 from planner.runtime import COUNT, runtime_pass
 from planner.stores.backends import open_storages
@@ -96,7 +95,6 @@ __all__ = [
 ]
 
 FORMAT = "plitzer-job-index/2"  # 2: no footers; templates, codec and chunk_values (planner.catalog.chunkmeta)
-_LISTS = ROW_FIELDS  # the index rows, one list a file
 _CARRIED = ("byte_offset", "byte_length", "codec", "chunk_values")  # a carried column's lists: c{N}_{field}
 _CARRIED_TYPES = {"byte_offset": np.int64, "byte_length": np.int64, "codec": np.uint8, "chunk_values": np.int64}
 
@@ -153,17 +151,12 @@ def encode(ix: Index, meta: Mapping[str, str] | None = None, columns: Sequence[s
     ``columns``: the other columns it carries, as its entries hold them (:func:`carry`).
     """
     entries = ix._files
-    frame = ix.frame
-    # Each file's rows as one list, over the frame's own columns (offsets from the file
-    # index: a file without row groups has an empty list), not a group-by's copy.
-    per = np.bincount(frame["file_index"].to_numpy(), minlength=len(entries))
-    offsets = _ints(np.concatenate([[0], np.cumsum(per)]).astype(np.int32))
-    lists = {c: pa.ListArray.from_arrays(offsets, frame[c].to_arrow()) for c in _LISTS}
+    offsets, lists = rowlists.encode(ix.frame, len(entries))
     table_columns = {
-        "name": _strings([e.stat.name for e in entries]),
-        "location": _strings([e.stat.location for e in entries]),
-        "size": _ints(np.asarray([e.stat.size for e in entries], np.int64)),
-        "version": _strings([e.stat.version for e in entries]),
+        "name": strings([e.stat.name for e in entries]),
+        "location": strings([e.stat.location for e in entries]),
+        "size": ints(np.asarray([e.stat.size for e in entries], np.int64)),
+        "version": strings([e.stat.version for e in entries]),
         **lists,
     }
     plain = list(table_columns)
@@ -181,6 +174,7 @@ def encode(ix: Index, meta: Mapping[str, str] | None = None, columns: Sequence[s
         }
     )
     buf = pa.BufferOutputStream()
+    group = rowlists.files_a_group(len(entries), ix.frame.height)
     if columns:
         # A carried column's offsets and lengths grow along a file: delta-encoded, not
         # dictionary-encoded (the token column's lists stay as they were).
@@ -189,11 +183,12 @@ def encode(ix: Index, meta: Mapping[str, str] | None = None, columns: Sequence[s
             table,
             buf,
             compression="zstd",
+            row_group_size=group,
             use_dictionary=plain,
             column_encoding={f"{c}.list.element": "DELTA_BINARY_PACKED" for c in extra},
         )
     else:
-        pq.write_table(table, buf, compression="zstd")
+        pq.write_table(table, buf, compression="zstd", row_group_size=group)
     data: bytes = buf.getvalue().to_pybytes()
     return data
 
@@ -210,7 +205,7 @@ def _carried_columns(
             raise ConfigError(msg)
         for f in _CARRIED:
             values = np.concatenate([getattr(e.columns[name], f) for e in entries]).astype(_CARRIED_TYPES[f])
-            out[f"c{k}_{f}"] = pa.ListArray.from_arrays(offsets, _ints(values))
+            out[f"c{k}_{f}"] = pa.ListArray.from_arrays(offsets, ints(values))
         templates[name] = chunkmeta.pack_templates([e.columns[name].template for e in entries])
     schema = entries[0].schema
     assert schema is not None  # carry() sets it
@@ -223,17 +218,6 @@ def _carried_columns(
 
 # From buffers, not pa.array or pa.table: those import pandas where it is installed (pyarrow's
 # pandas shim), 0.6 s of every `plitzer index` process's start.
-def _ints(a: NDArray[Any]) -> pa.Array:
-    return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), len(a), [None, pa.py_buffer(np.ascontiguousarray(a))])
-
-
-def _strings(items: Sequence[str]) -> pa.Array:
-    data = [s.encode() for s in items]
-    ends = np.cumsum([len(d) for d in data], dtype=np.int64)
-    offsets = np.concatenate([[0], ends]).astype(np.int32)
-    return pa.Array.from_buffers(pa.string(), len(data), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
-
-
 def write(
     source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str],
@@ -473,7 +457,7 @@ def read_parts(
             raise ValueError(msg)
         cols = {c: table.column(c).to_pylist() for c in ("name", "size", "version")}
         templates = chunkmeta.unpack_templates(meta, len(cols["name"]))
-        missing = [c for c in _LISTS if c not in table.names]
+        missing = [c for c in ROW_FIELDS if c not in table.names]
         if missing:
             msg = f"no column {missing[0]!r}"
             raise ValueError(msg)
@@ -492,29 +476,9 @@ def read_parts(
         raise DataError(msg)
     for entry, template in zip(entries, templates, strict=True):
         entry.template = template
-    # The lists' values as they are (one buffer a column, no explode), each file's name
-    # and size repeated by its row-group count, a column at a time (footer.ParquetBytes):
-    # the peak is the frame and one column's decode.
-    # (Polars, not Array.to_numpy, which imports pandas: a second on a fresh process.)
-    lists: dict[str, pl.Series] = {}
-    per = np.zeros(len(cols["name"]), np.int64)
-    for c in _LISTS:
-        col = table.column(c).combine_chunks()
-        if c == "row_group":  # each file's row groups
-            per = pl.Series(col.value_lengths()).fill_null(0).to_numpy().astype(np.int64)
-        lists[c] = pl.Series(c, col.flatten()).cast(INDEX_SCHEMA[c])
-        del col
+    frame, per = rowlists.decode(table, cols["name"])
     carried = _read_carried(where, table, meta, entries, per)
     del table
-    file_index = np.repeat(np.arange(len(per), dtype=np.int64), per)
-    columns: dict[str, Any] = {
-        "file": pl.Series(cols["name"], dtype=pl.String).gather(file_index),
-        "file_index": file_index,
-        "file_size": np.repeat(np.asarray(cols["size"], np.int64), per),
-        **lists,
-    }
-    frame = pl.DataFrame(columns).select(pl.col(k).cast(v) for k, v in INDEX_SCHEMA.items())
-    del columns, lists
     for entry, got in zip(entries, carried, strict=True):
         entry.columns = got
     return JobIndexParts(entries=entries, source=src, frame=frame, meta=meta)
@@ -633,16 +597,28 @@ def has_cached_index(entries: Sequence[FileEntry], column: str | None) -> bool:
 class CountedShare:
     """One rank's share of a job's index: the rows and templates of files ``rank, rank + world, ...``.
 
-    What the ranks exchange (bytes a row group: the rows as one int64 array, a template a
-    file), never footers. ``errors`` is empty or the first file's DataError message.
+    What the ranks exchange (bytes a row group: the rows, a field at a time, zstd-compressed
+    in one buffer; a template a file), never footers. An object all-gather copies its
+    payload three or four times (pickle, tensor, the gathered tensors, unpickled): as
+    arrays, 72 B a row group became 330 B of a rank's peak; compressed, a few. ``counts``
+    is each counted file's row groups; ``errors`` is empty or the first file's DataError message.
     """
 
     files: tuple[int, ...]
-    rows: tuple[Any, ...]
+    rows: bytes
+    counts: tuple[int, ...]
     columns: tuple[str, ...]
     dtypes: tuple[str, ...]
     stored: tuple[str, ...]
     templates: tuple[bytes, ...]
+
+    def file_rows(self) -> list[NDArray[np.int64]]:
+        """Each counted file's rows, ``(row groups, fields)`` (views of one decompressed array)."""
+        n = sum(self.counts)
+        raw = pa.decompress(self.rows, decompressed_size=n * len(ROW_FIELDS) * 8, codec="zstd")
+        table = np.frombuffer(raw, np.int64).reshape(len(ROW_FIELDS), n).T
+        ends = np.cumsum(self.counts)
+        return [table[e - c : e] for e, c in zip(ends, self.counts, strict=True)]
 
 
 def count_share(
@@ -656,13 +632,17 @@ def count_share(
     """Index files ``rank, rank + world, ...`` from their footers (one read each), for :func:`take_counted`."""
     mine = [entries[i] for i in range(rank, len(entries), world)]
     counting = FooterCounting(column, count)
-    counted = scan_footers(mine, counting, None, threads) if mine else []
+    counted = [c for c in (scan_footers(mine, counting, None, threads) if mine else []) if c is not None]
+    rows = [np.asarray(c.rows, np.int64).reshape(-1, len(ROW_FIELDS)) for c in counted]
+    fields = np.concatenate(rows).T.copy() if rows else np.zeros((len(ROW_FIELDS), 0), np.int64)
+    footer.give_back_memory()  # the footers' threads' heaps, before the exchange
     return CountedShare(
         files=tuple(range(rank, len(entries), world)),
-        rows=tuple(np.asarray(c.rows, np.int64) for c in counted if c is not None),
-        columns=tuple(c.column for c in counted if c is not None),
-        dtypes=tuple(c.dtype for c in counted if c is not None),
-        stored=tuple(c.stored for c in counted if c is not None),
+        rows=pa.compress(fields.tobytes(), codec="zstd", asbytes=True),
+        counts=tuple(len(r) for r in rows),
+        columns=tuple(c.column for c in counted),
+        dtypes=tuple(c.dtype for c in counted),
+        stored=tuple(c.stored for c in counted),
         templates=tuple(e.template.key() if e.template else b"" for e in mine),
     )
 
@@ -671,14 +651,18 @@ def take_counted(entries: list[FileEntry], src: str, column: str | None, parts: 
     """The job's index from every rank's :func:`count_share` (no footer read), cached on this machine."""
     counted: list[Counted | None] = [None] * len(entries)
     for part in parts:
-        for k, i in enumerate(part.files):
-            counted[i] = Counted(part.rows[k], part.columns[k], part.dtypes[k], part.stored[k])  # type: ignore[arg-type]
+        for k, (i, got) in enumerate(zip(part.files, part.file_rows(), strict=False)):
+            counted[i] = Counted(got, part.columns[k], part.dtypes[k], part.stored[k])  # type: ignore[arg-type]
             entries[i].template = chunkmeta.Template.from_key(part.templates[k]) if part.templates[k] else None
+    footer.give_back_memory()  # the exchange's copies
+    del parts  # the caller's only reference (plitzer.state.share): the rows now live in ``counted`` alone
     missing = [e.stat.location for e, c in zip(entries, counted, strict=True) if c is None]
     if missing:
         msg = f"the ranks' shares lack {len(missing)} files, first {missing[0]}; every rank must share"
         raise ConfigError(msg)
-    return build_index(entries, src, FooterCounting(column), [c for c in counted if c is not None])
+    done = [c for c in counted if c is not None]
+    del counted
+    return build_index(entries, src, FooterCounting(column), done)  # which copies each file's rows and lets go
 
 
 def footer_share(entries: Sequence[FileEntry], rank: int, world: int, threads: int = 32) -> dict[int, bytes]:

@@ -186,8 +186,13 @@ def share_one(
         # a restart: no footer, no exchange
         return jobindex.job_index(entries, src, column, threads=threads, count=count_chunk)
     # Each rank reads 1/world of the footers; the ranks exchange the rows (bytes a row group).
-    parts = all_or_raise(attempt(jobindex.count_share, entries, column, me, n, threads, count_chunk), group)
-    return jobindex.take_counted(entries, src, column, parts)
+    # The shares go straight in: take_counted lets each file's rows go once copied into the frame.
+    return jobindex.take_counted(
+        entries,
+        src,
+        column,
+        all_or_raise(attempt(jobindex.count_share, entries, column, me, n, threads, count_chunk), group),
+    )
 
 
 def share_text(
