@@ -24,3 +24,10 @@ def test_no_module_reads_a_call_frame() -> None:
         if "_getframe" in line or "currentframe" in line
     ]
     assert found == []
+
+
+def test_the_command_line_has_no_module_over_500_lines() -> None:
+    # A subcommand is an entry of plitzer/cli/table.py, not a block of the parser.
+    sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "plitzer" / "cli").glob("*.py")}
+    assert "table.py" in sizes, sorted(sizes)
+    assert {n: s for n, s in sizes.items() if s > 500} == {}
