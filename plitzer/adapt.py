@@ -2,7 +2,7 @@
 
 The checks that every rank makes the same live call (``set_weights``, ``set_layout``)
 at the same step, given the adapter's all-gather of a few int64, and the refusal of
-DataLoader's automatic batching before a step is read.
+DataLoader's automatic batching (its collate of whole steps).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from plitzer.errors import ConfigError
 
-__all__ = ["BATCH_SIZE_NONE", "refuse_auto_collation", "refuse_collate", "same_layout_call", "same_weights_call"]
+__all__ = ["BATCH_SIZE_NONE", "refuse_collate", "same_layout_call", "same_weights_call"]
 
 BATCH_SIZE_NONE = (
     "plitzer.torch.Dataset yields whole steps: use DataLoader(dataset, batch_size=None, num_workers=0). "
@@ -25,22 +25,13 @@ BATCH_SIZE_NONE = (
 )
 
 
-def refuse_auto_collation(caller: Any) -> None:
-    """Refuse ``DataLoader(dataset)`` with a batch_size before the first step is taken.
-
-    A DataLoader calls ``iter(dataset)`` from its fetcher's ``__init__``, right after
-    it has stored ``auto_collation`` (True unless ``batch_size=None``), so the
-    caller's frame tells, before any step is read. This reads torch's private
-    fetcher by duck typing; where a DataLoader reaches us otherwise, the collate
-    function registered below refuses the Batch with the same message (a step
-    later: docs/torch.md).
-    """
-    fetcher = caller.f_locals.get("self") if caller is not None else None
-    if type(fetcher).__name__ == "_IterableDatasetFetcher" and getattr(fetcher, "auto_collation", False):
-        raise ConfigError(BATCH_SIZE_NONE)
-
-
 def refuse_collate(batch: Any, *, collate_fn_map: Any = None) -> Any:
+    """Refuse to collate whole steps (the ``collate_fn_map`` entry of the adapter's batch type).
+
+    Each step is already the global batch's rows of this rank: DataLoader's default
+    ``batch_size=1`` would wrap it in a batch of one, a ``batch_size`` of k would join k.
+    The adapter gives the steps in ``batch`` back to its dataset before calling this.
+    """
     raise ConfigError(BATCH_SIZE_NONE)
 
 

@@ -31,9 +31,9 @@ True
 from __future__ import annotations
 
 import os
-import sys
 import warnings
-from collections.abc import Iterator, Mapping
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Unpack
 
@@ -46,7 +46,7 @@ from torch.utils.data._utils.collate import default_collate_fn_map
 from torch.utils.dlpack import from_dlpack
 
 from planner.parameters import document
-from plitzer.adapt import refuse_auto_collation, refuse_collate, same_layout_call, same_weights_call
+from plitzer.adapt import refuse_collate, same_layout_call, same_weights_call
 from plitzer.errors import CheckpointError, ConfigError
 from plitzer.loader import Loader
 from plitzer.readpath.batch import Batch as PlitzerBatch
@@ -111,6 +111,8 @@ class Batch:
     lanes: range
     source: PlitzerBatch
     columns: dict[str, torch.Tensor] = field(default_factory=dict)
+    _owner: Callable[[], Dataset | None] | None = field(default=None, repr=False, compare=False)
+    """A weak reference to the Dataset that gave this batch (to give refused steps back)."""
 
     @property
     def doc_lengths(self) -> tuple[torch.Tensor, ...]:
@@ -121,7 +123,7 @@ class Batch:
         return self.source.state_after()
 
     @classmethod
-    def from_plitzer(cls, batch: PlitzerBatch) -> Batch:
+    def from_plitzer(cls, batch: PlitzerBatch, owner: Callable[[], Dataset | None] | None = None) -> Batch:
         """Wrap a loader batch: tokens through DLPack, boundaries from NumPy (no copy)."""
         return cls(
             tokens=from_dlpack(batch.tokens),
@@ -135,6 +137,7 @@ class Batch:
             lanes=batch.lanes,
             source=batch,
             columns={n: from_dlpack(c) for n, c in batch.columns.items()},
+            _owner=owner,
         )
 
     def documents(self) -> pl.DataFrame:
@@ -308,7 +311,6 @@ class Dataset(IterableDataset[Batch]):
 
     def __iter__(self) -> Iterator[Batch]:
         """The rest of the current epoch; the next loop gives the next epoch."""
-        refuse_auto_collation(sys._getframe(1))
         info = get_worker_info()
         if info is not None:
             msg = (
@@ -330,8 +332,18 @@ class Dataset(IterableDataset[Batch]):
     def next_batch(self) -> Batch:
         """The batch of the next step, whatever its epoch."""
         b = self._loader.next_batch()
-        out = Batch.from_plitzer(b)
+        out = Batch.from_plitzer(b, weakref.ref(self))
         return out.pin_memory() if self._pin else out
+
+    def _give_back(self, steps: Sequence[int]) -> None:
+        """Take back ``steps`` when they are the last steps this dataset gave, in order: seek to the first.
+
+        A collate refused them (``DataLoader(dataset)`` with a batch_size), so the next
+        batch, and ``state_dict()``, are those of the first refused step again.
+        """
+        first = steps[0]
+        if list(steps) == list(range(first, first + len(steps))) and self.step == first + len(steps):
+            self._loader.seek(first)
 
     # -- state -------------------------------------------------------------------
 
@@ -468,6 +480,23 @@ def _checkpoint_bytes(state: object) -> bytes:
     raise CheckpointError(msg)
 
 
+def _refuse_collate(batch: Sequence[Batch], *, collate_fn_map: Any = None) -> Any:
+    """Give the steps of ``batch`` back to the dataset that gave them, then refuse to collate them.
+
+    A DataLoader with a batch_size (its default is 1) takes that many steps from the
+    Dataset before its collate sees one, so the refusal would come a step late; giving
+    them back leaves the Dataset where it was before that DataLoader started.
+    """
+    owners: dict[int, tuple[Dataset, list[int]]] = {}
+    for b in batch:
+        ds = b._owner() if isinstance(b, Batch) and b._owner is not None else None
+        if ds is not None:
+            owners.setdefault(id(ds), (ds, []))[1].append(b.step)
+    for ds, steps in owners.values():
+        ds._give_back(steps)
+    return refuse_collate(batch, collate_fn_map=collate_fn_map)
+
+
 # torch's default_collate dispatches on the element's type: a plitzer Batch is one
-# whole step and must not be collated (see plitzer.adapt.refuse_auto_collation).
-default_collate_fn_map[Batch] = refuse_collate
+# whole step and must not be collated (docs/torch.md, "A batch size is refused too").
+default_collate_fn_map[Batch] = _refuse_collate

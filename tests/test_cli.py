@@ -250,3 +250,42 @@ def test_the_version_is_the_changelogs_newest(capsys: pytest.CaptureFixture[str]
     assert printed[0] == "plitzer"
     assert printed[1] == plitzer.__version__
     assert plitzer.__version__.split(".dev")[0] == newest.group(1)
+
+
+# -- the table of subcommands -----------------------------------------------------
+
+
+def test_every_setting_a_subcommand_takes_is_passed_on_by_its_name(tmp_path: Path) -> None:
+    from plitzer.cli import build_parser
+    from plitzer.cli.commands import run_settings
+
+    mix = tmp_path / "mix.toml"
+    mix.write_text('dedupe = "url"\n[sources.a]\npath = "a"\n[sources.b]\npath = "b"\n')
+    common = ["--seed=3", "--lanes=0:8,5:4", "--window=2", "--world=2", "--seq-len=32", "--column=ids"]
+    given = {"seed": 3, "lanes": [(0, 8), (5, 4)], "window": 2, "world": 2, "seq_len": 32, "column": "ids"}
+    s3 = ["--endpoint=http://x", "--region=r"]
+    cases = {
+        ("plan", "d", "--where=a > 1", "--length-column=n", "--columns=m=0", "--exclude=e.csv", *s3): {
+            "where": "a > 1",
+            "length_column": "n",
+            "columns": {"m": 0},
+            "exclude": "e.csv",
+            "storage_options": {"endpoint": "http://x", "region": "r"},
+        },
+        ("explain", "d", "--step=4", "--rank=1", "--budget=1000", "--dedupe=tokens"): {
+            "rank": 1,
+            "budget": 1000,
+            "dedupe": "tokens",
+        },
+        ("locate", "d", "--where=id = 3", "--selection=a > 1", "--length-column=n"): {"length_column": "n"},
+        ("locate", "d", "--rank=0"): {"rank": 0},
+        ("audit", "--mixture", str(mix), "--columns=m"): {"columns": ["m"], "dedupe": "url"},  # the file's dedupe
+    }
+    parser = build_parser()
+    for argv, want in cases.items():
+        args = parser.parse_args([argv[0], *common, *argv[1:]])
+        assert run_settings(args, "W" if args.mixture else None) == {
+            **given,
+            **want,
+            **({"weights": "W"} if args.mixture else {}),
+        }, argv

@@ -108,7 +108,7 @@ def test_a_step_the_caller_writes_into_changes_no_other_step(synth_dataset: Synt
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"batch_size": 4}, {"batch_size": 1, "shuffle": False}])
-def test_dataloader_with_a_batch_size_is_refused_before_any_step(
+def test_dataloader_with_a_batch_size_is_refused_and_no_step_is_lost(
     synth_dataset: SynthDataset, kwargs: dict[str, object]
 ) -> None:
     pytest.importorskip("torch")
@@ -119,12 +119,51 @@ def test_dataloader_with_a_batch_size_is_refused_before_any_step(
     ds = plitzer.torch.Dataset(synth_dataset(20_000), lanes=4, window=2, seq_len=64)
     with pytest.raises(ConfigError, match=r"batch_size=None"):
         next(iter(DataLoader(ds, **kwargs)))  # type: ignore[arg-type]
-    assert ds.step == 0  # nothing consumed: the refusal came before the first step
+    assert ds.step == 0  # the steps the DataLoader took were given back
     batch = next(iter(DataLoader(ds, batch_size=None)))
     assert batch.step == 0
 
 
-def test_stateful_dataloader_with_a_batch_size_is_refused_before_any_step(synth_dataset: SynthDataset) -> None:
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_a_refused_dataloader_leaves_the_checkpoint_as_it_was(synth_dataset: SynthDataset, batch_size: int) -> None:
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    import plitzer.torch
+
+    data = synth_dataset(20_000)
+    ds = plitzer.torch.Dataset(data, lanes=4, window=2, seq_len=64)
+    for _ in range(5):
+        ds.next_batch()
+    state = ds.state_dict()
+    resumed = plitzer.torch.Dataset(data, lanes=4, window=2, seq_len=64, rank=1, world=2)
+    resumed.load_state_dict(state)
+    part = resumed.loader.checkpoint()
+    for d, before in ((ds, state["checkpoint"]), (resumed, part)):
+        with pytest.raises(ConfigError, match=r"batch_size=None"):
+            next(iter(DataLoader(d, batch_size=batch_size)))
+        assert d.step == 5
+        assert d.loader.checkpoint() == before  # the same bytes: the position before the DataLoader
+    want = ds.next_batch().tokens[2:]
+    assert bool((resumed.next_batch().tokens == want).all())
+
+
+def test_a_batch_size_past_the_epoch_end_gives_back_the_steps_it_took(synth_dataset: SynthDataset) -> None:
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    import plitzer.torch
+
+    ds = plitzer.torch.Dataset(synth_dataset(20_000), lanes=4, window=2, seq_len=64)
+    left = len(ds.loader)
+    for _ in range(left - 2):
+        ds.next_batch()
+    with pytest.raises(ConfigError, match=r"batch_size=None"):
+        next(iter(DataLoader(ds, batch_size=8)))  # the fetcher stops at the epoch's end: 2 steps
+    assert (ds.step, ds.epoch) == (left - 2, 0)
+
+
+def test_stateful_dataloader_with_a_batch_size_is_refused_and_no_step_is_lost(synth_dataset: SynthDataset) -> None:
     pytest.importorskip("torch")
     sdl = pytest.importorskip("torchdata.stateful_dataloader")
     import plitzer.torch
@@ -142,9 +181,14 @@ def test_default_collate_refuses_a_plitzer_batch(synth_dataset: SynthDataset) ->
     import plitzer.torch
 
     ds = plitzer.torch.Dataset(synth_dataset(20_000), lanes=4, window=2, seq_len=64)
-    batch = next(iter(ds))
+    first, second = next(iter(ds)), ds.next_batch()
     with pytest.raises(ConfigError, match=r"batch_size=None"):
-        default_collate([batch])
+        default_collate([first])
+    assert ds.step == 2  # not the last step given: nothing is given back
+    with pytest.raises(ConfigError, match=r"batch_size=None"):
+        default_collate([second])
+    assert ds.step == 1  # the last step given: the dataset gives it again
+    assert ds.next_batch().step == 1
 
 
 def test_grain_mp_prefetch_is_refused_with_plitzers_message(synth_dataset: SynthDataset) -> None:

@@ -8,9 +8,12 @@ one ``plitzer: error: ...`` line on stderr and exit status 2, never a traceback;
 ``--debug`` (anywhere on the line) or ``PLITZER_DEBUG=1`` prints the traceback first,
 for a bug report (docs/design.md, "One line for every mistake").
 
-The package: :mod:`plitzer.cli.parser` builds the parser (a block a subcommand),
-:mod:`plitzer.cli.commands` runs the subcommands, :mod:`plitzer.cli.options` holds what
-they share; :func:`main` here turns every error into its one line.
+The package: :mod:`plitzer.cli.table` lists every subcommand's help, examples and
+options (an entry each), :mod:`plitzer.cli.parser` builds the parser from it in one loop,
+:mod:`plitzer.cli.commands` runs the subcommands (the run's settings passed on by
+``run_settings``, by their ``planner.parameters`` names), :mod:`plitzer.cli.options` holds
+what they share (the option groups, the readers, printing); :func:`main` here turns every
+error into its one line.
 """
 
 from __future__ import annotations

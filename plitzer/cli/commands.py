@@ -13,7 +13,15 @@ import polars as pl
 from planner.errors import ConfigError
 from planner.order.layout import Layout
 from planner.progress import terminal_progress
-from plitzer.cli.options import columns_of, print_frame, selection_of, source_of, sources_table, storage_options_of
+from plitzer.cli.options import (
+    columns_of,
+    mixture_defaults,
+    print_frame,
+    source_of,
+    sources_table,
+    storage_options_of,
+)
+from plitzer.cli.table import setting_names
 
 __all__ = [
     "cmd_synth",
@@ -26,7 +34,23 @@ __all__ = [
     "cmd_bench",
     "cmd_demo",
     "cmd_tokenize",
+    "run_settings",
 ]
+
+
+def run_settings(args: argparse.Namespace, weights: Any) -> dict[str, Any]:
+    """The run's settings a command was given, as keywords by their PARAMETERS name.
+
+    Every setting the command's table entry names (:func:`plitzer.cli.table.setting_names`),
+    the store's options of ``--endpoint`` and ``--region``, the ``weights`` of its source
+    and the aligned columns (``--columns`` or the mixture file's); a mixture file's
+    ``dedupe`` and ``exclude`` where the command line gives none. A setting left at None
+    is not passed (its default is the entry point's).
+    """
+    mixture_defaults(args)
+    given = {name: getattr(args, name) for name in setting_names(args.command)}
+    given.update(storage_options=storage_options_of(args), weights=weights, columns=columns_of(args))
+    return {k: v for k, v in given.items() if v is not None}
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
@@ -251,20 +275,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from planner import plan
 
     source, weights = source_of(args)
-    selection = selection_of(args)
-    p = plan(
-        source,
-        seed=args.seed,
-        lanes=args.lanes,
-        window=args.window,
-        world=args.world,
-        column=args.column,
-        storage_options=storage_options_of(args),
-        weights=weights,
-        seq_len=getattr(args, "seq_len", None),
-        columns=columns_of(args),
-        **selection,
-    )
+    p = plan(source, **run_settings(args, weights))
     if args.sql:
         print_frame(p.sql(args.sql, epochs=[args.epoch], external_access=args.external_access), args.format, args.out)
         return 0
@@ -302,24 +313,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from plitzer.tools.explain import explain
 
     source, weights = source_of(args)
-    docs = explain(
-        source,
-        args.step,
-        args.lane,
-        seed=args.seed,
-        lanes=args.lanes,
-        window=args.window,
-        seq_len=args.seq_len,
-        budget=args.budget,
-        rank=args.rank,
-        world=args.world,
-        column=args.column,
-        storage_options=storage_options_of(args),
-        weights=weights,
-        progress=terminal_progress(),
-        columns=columns_of(args),
-        **selection_of(args),
-    )
+    docs = explain(source, args.step, args.lane, progress=terminal_progress(), **run_settings(args, weights))
     if args.format == "table" and not args.out:
         rows = docs["lane"].n_unique()
         units = docs.select("epoch", "window_index").unique().sort("epoch", "window_index").rows()
@@ -357,10 +351,7 @@ def cmd_locate(args: argparse.Namespace) -> int:
         steps = (int(a), int(b)) if a.strip().isdigit() and b.strip().isdigit() else steps
     elif steps is not None and steps.strip().isdigit():
         steps = int(steps)
-    extra: dict[str, Any] = {"rank": args.rank} if args.rank is not None else {}
-    if args.length_column:
-        extra["length_column"] = args.length_column
-    extra.update({k: v for k, v in selection_of(args).items() if k in ("dedupe", "exclude")})
+    settings = run_settings(args, weights)  # --where names the documents; the run's own is --selection
     docs = locate(
         source,
         args.where,
@@ -369,16 +360,7 @@ def cmd_locate(args: argparse.Namespace) -> int:
         steps=steps,
         selection=args.selection,
         progress=terminal_progress(),
-        seed=args.seed,
-        lanes=args.lanes,
-        window=args.window,
-        seq_len=args.seq_len,
-        world=args.world,
-        column=args.column,
-        storage_options=storage_options_of(args),
-        weights=weights,
-        columns=columns_of(args),
-        **extra,
+        **settings,
     )
     if args.format == "table" and not args.out and "dropped" in docs.columns:
         gone = docs.filter(pl.col("dropped").is_not_null())
@@ -412,20 +394,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     windows = [int(w) for w in args.windows.split(",")] if args.windows else None
     source, weights = source_of(args)
     report = audit(
-        source,
-        weights=weights,
-        seed=args.seed,
-        lanes=args.lanes,
-        window=args.window,
-        world=args.world,
-        seq_len=args.seq_len,
-        steps=args.steps,
-        windows=windows,
-        column=args.column,
-        storage_options=storage_options_of(args),
-        progress=terminal_progress(),
-        columns=columns_of(args),
-        **selection_of(args),
+        source, steps=args.steps, windows=windows, progress=terminal_progress(), **run_settings(args, weights)
     )
     for name in ("summary", "length_summary", "lane_balance_summary", "lockstep_summary", "reads_per_rank"):
         print_frame(report.tables[name], args.format, None, title=name.replace("_", " "))

@@ -1,27 +1,38 @@
-"""What the ``plitzer`` subcommands share: the source and settings options, their parsers, table printing."""
+"""What the ``plitzer`` subcommands share: their options' groups (source, run settings, output), parsers, printing.
+
+An option is an :class:`Arg`, one ``add_argument`` call kept as data; :func:`setting`
+makes the option of a run setting from :data:`planner.parameters.PARAMETERS` (flag,
+default, help). :mod:`plitzer.cli.table` lists each subcommand's.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
 from planner.errors import ConfigError
-from planner.parameters import by_name
+from planner.parameters import PLAN_PARAMETERS, by_name
 from plitzer.tools.mixfile import read_mixture
 
 __all__ = [
-    "add_setting",
-    "add_settings",
-    "add_source",
+    "ADDRESS",
+    "OUT",
+    "RUN",
+    "SOURCE",
+    "Arg",
+    "arg",
     "columns_arg",
     "columns_of",
+    "formats",
+    "mixture_defaults",
     "print_frame",
-    "selection_of",
+    "setting",
     "source_arg",
     "source_of",
     "sources_table",
@@ -114,29 +125,6 @@ def storage_options_of(args: argparse.Namespace) -> dict[str, Any] | None:
     return opts or None
 
 
-def add_source(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "data",
-        nargs="*",
-        help="folder, .parquet file, s3://bucket/prefix, hf://datasets/ORG/NAME/PATH or https:// URL (several allowed)",
-    )
-    p.add_argument(
-        "--mixture",
-        default=None,
-        metavar="FILE",
-        help="a mixture file (TOML): [sources.NAME] tables with path, column, weight; or [[stages]] "
-        "tables with step and weights = {NAME = w}",
-    )
-    add_setting(p, "column")
-    p.add_argument("--endpoint", default=None, help="S3 endpoint URL (or the Hub's, for hf://; else HF_ENDPOINT)")
-    p.add_argument("--region", default=None, help="S3 region")
-    add_setting(p, "where")
-    add_setting(p, "length_column")
-    add_setting(p, "columns", type=columns_arg)
-    add_setting(p, "dedupe")
-    add_setting(p, "exclude")
-
-
 def columns_arg(text: str) -> list[str] | dict[str, Any]:
     """``--columns loss_mask,weight`` (names), or ``loss_mask=0,weight=0.5`` (name -> fill value)."""
     parts = [p.strip() for p in text.split(",") if p.strip()]
@@ -159,18 +147,14 @@ def columns_arg(text: str) -> list[str] | dict[str, Any]:
     return out
 
 
-def selection_of(args: argparse.Namespace) -> dict[str, Any]:
-    out = {"where": getattr(args, "where", None), "length_column": getattr(args, "length_column", None)}
-    if getattr(args, "mixture", None):  # the mixture file's own (the command line's win)
+def mixture_defaults(args: argparse.Namespace) -> None:
+    """Take a mixture file's own settings (``dedupe``, ``exclude``) where the command line gives none."""
+    if getattr(args, "mixture", None):
         from plitzer.tools.mixfile import mixture_settings
 
         for k, v in mixture_settings(args.mixture).items():
             if getattr(args, k, None) is None:
                 setattr(args, k, v)
-    for k in ("dedupe", "exclude"):  # given only when set
-        if getattr(args, k, None) is not None:
-            out[k] = getattr(args, k)
-    return out
 
 
 def stages_arg(text: str) -> int | list[tuple[int, int]]:
@@ -187,28 +171,80 @@ def stages_arg(text: str) -> int | list[tuple[int, int]]:
         raise argparse.ArgumentTypeError(msg) from None
 
 
-_TYPES: dict[str, Callable[[str], Any]] = {
-    "seed": int,
-    "lanes": stages_arg,
-    "window": int,
-    "seq_len": stages_arg,
-    "budget": int,
-    "rank": int,
-    "world": int,
+_READERS: dict[str, Callable[[str], Any]] = {
+    "int": int,
+    "int or layout stages": stages_arg,
+    "list or dict": columns_arg,
 }
-"""How each setting given on the command line is read (the rest are strings)."""
+"""How a setting given on the command line is read, by its parameter's ``kind`` (the rest are strings)."""
 
 
-def add_setting(p: argparse.ArgumentParser, name: str, **kw: Any) -> None:
-    """The option of setting ``name``: flag, default and help from :data:`planner.parameters.PARAMETERS`."""
+@dataclass(frozen=True, slots=True)
+class Arg:
+    """One option of a subcommand: the flags (or the positional's name) and keywords of its ``add_argument``."""
+
+    flags: tuple[str, ...]
+    kw: Mapping[str, Any]
+    setting: str | None = None
+    """The run setting (a PARAMETERS name) the option gives, passed on by ``run_settings``."""
+
+    def add_to(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument(*self.flags, **self.kw)
+
+
+def arg(*flags: str, **kw: Any) -> Arg:
+    """A subcommand's own option: ``add_argument(*flags, **kw)``."""
+    return Arg(flags, kw)
+
+
+def setting(name: str, **kw: Any) -> Arg:
+    """The option of run setting ``name``: flag, default and help from :data:`planner.parameters.PARAMETERS`.
+
+    ``kw``: what a subcommand sets otherwise (its own default or help).
+    """
     param = by_name(name)
     opts: dict[str, Any] = {"default": param.default, "help": param.help}
-    if name in _TYPES:
-        opts["type"] = _TYPES[name]
-    opts.update(kw)
-    p.add_argument(param.flag, **opts)
+    read = _READERS.get(param.kind.removesuffix(", optional"))
+    if read is not None:
+        opts["type"] = read
+    return Arg((param.flag,), {**opts, **kw}, name)
 
 
-def add_settings(p: argparse.ArgumentParser, *, seq_len: bool = False) -> None:
-    for name in ("seed", "lanes", "window", "world", *(("seq_len",) if seq_len else ())):
-        add_setting(p, name)
+def formats(*choices: str) -> Arg:
+    """``--format``, one of ``choices`` (the first, ``table``, by default)."""
+    return arg("--format", choices=list(choices), default=choices[0])
+
+
+SOURCE: tuple[Arg, ...] = (
+    arg(
+        "data",
+        nargs="*",
+        help="folder, .parquet file, s3://bucket/prefix, hf://datasets/ORG/NAME/PATH or https:// URL (several allowed)",
+    ),
+    arg(
+        "--mixture",
+        default=None,
+        metavar="FILE",
+        help="a mixture file (TOML): [sources.NAME] tables with path, column, weight; or [[stages]] "
+        "tables with step and weights = {NAME = w}",
+    ),
+    setting("column"),
+    arg("--endpoint", default=None, help="S3 endpoint URL (or the Hub's, for hf://; else HF_ENDPOINT)"),
+    arg("--region", default=None, help="S3 region"),
+    setting("where"),
+    setting("length_column"),
+    setting("columns"),
+    setting("dedupe"),
+    setting("exclude"),
+)
+"""The data (paths or ``--mixture``), its store and the selection: the source of a run."""
+
+RUN: tuple[Arg, ...] = tuple(
+    setting(n)
+    for n in PLAN_PARAMETERS
+    if n not in {o.setting for o in SOURCE} and n not in ("storage_options", "weights")  # --endpoint, --mixture
+)
+"""The rest of the settings that decide a plan (:data:`planner.parameters.PLAN_PARAMETERS`): order and layout."""
+
+OUT = arg("--out", default=None, help="write to this file instead of printing")
+ADDRESS = arg("--address", default=None, help="with --engine ray: the cluster (default: start a local one)")

@@ -214,43 +214,68 @@ def select_index(
     >>> sel.frame.columns[-3:]
     ['rows_selected', 'tokens_selected', 'empty_docs_selected']
     """
-    if isinstance(ix, Index) and type(ix) in (Index, SelectedIndex):
-        norm = normalize(where, [*available_columns(ix), ix.column])
-    else:
-        norm = normalize(where)
+    norm = _normalized(ix, where)
     if isinstance(ix, SelectedIndex):
-        if ix.where == norm and ix.length_column == length_column:
-            return ix
-        msg = (
-            f"the index is selected by where={ix.where!r} already; pass the dataset's own index (or its path) "
-            f"to select by {norm!r}"
-        )
-        raise ConfigError(msg)
+        return _selected_already(ix, norm, length_column)
     if not isinstance(ix, Index) or type(ix) is not Index:
         msg = f"where= needs a dataset of token columns, not a {type(ix).__name__}; tokenize text sources first"
         raise ConfigError(msg)
     columns = check_predicate(ix, norm, length_column)
     p = SelectionPass(ix=ix, where=norm, columns=columns, length_column=length_column)
     chunks = chunks_of(ix)
+    done = _run_shares(p, chunks, rank, world, threads or os.cpu_count() or 2, progress, exchange)
+    return _selected_index(ix, norm, length_column, [done[c] for c in range(len(chunks))])
+
+
+def _normalized(ix: object, where: str) -> str:
+    """``where`` normalized, its columns checked against the dataset's where ``ix`` is an index of token data."""
+    if isinstance(ix, Index) and type(ix) in (Index, SelectedIndex):
+        return normalize(where, [*available_columns(ix), ix.column])
+    return normalize(where)
+
+
+def _selected_already(ix: SelectedIndex, norm: str, length_column: str | None) -> SelectedIndex:
+    """``ix`` itself when it is selected by this very selection; another is refused."""
+    if ix.where == norm and ix.length_column == length_column:
+        return ix
+    msg = (
+        f"the index is selected by where={ix.where!r} already; pass the dataset's own index (or its path) "
+        f"to select by {norm!r}"
+    )
+    raise ConfigError(msg)
+
+
+def _run_shares(
+    p: SelectionPass,
+    chunks: list[tuple[int, int]],
+    rank: int,
+    world: int,
+    workers: int,
+    progress: bool | None,
+    exchange: Exchange | None,
+) -> Part:
+    """Every chunk's entry: with ``exchange``, this rank's share, then every rank's; else all, from its own first."""
     n = len(chunks)
-    workers = threads or os.cpu_count() or 2
     if exchange is not None and world > 1:
         mine = [c for c in range(n) if c * world // n == rank]
         done: Part = {}
         for part in exchange(run_pass(p, chunks, mine, shared=False, threads=workers, progress=progress)):
             done.update(part)
         for c, entry in done.items():
-            path = entry_path(ix, chunks[c], norm, length_column)
+            path = entry_path(p.ix, chunks[c], p.where, p.length_column)
             if not path.exists():
                 save_entry(path, entry)
-    else:
-        start = rank * n // world if world > 1 else 0
-        order = [(start + i) % n for i in range(n)]
-        done = run_pass(p, chunks, order, shared=world > 1, threads=workers, progress=progress)
+        return done
+    start = rank * n // world if world > 1 else 0
+    order = [(start + i) % n for i in range(n)]
+    return run_pass(p, chunks, order, shared=world > 1, threads=workers, progress=progress)
+
+
+def _selected_index(ix: Index, norm: str, length_column: str | None, entries: list[Entry]) -> SelectedIndex:
+    """The selected index of the pass's ``entries`` (one a chunk, in order); a selection of no token is refused."""
     bits: list[U8] = []
     rows_sel, tokens_sel, empty_sel = [], [], []
-    for c in range(n):
-        b, rows, counts, tokens, empty = done[c]
+    for b, rows, counts, tokens, empty in entries:
         offs = np.concatenate([[0], np.cumsum((rows + 7) // 8)])
         bits.extend(b[offs[i] : offs[i + 1]] for i in range(len(counts)))
         rows_sel.extend(counts.tolist())
