@@ -115,7 +115,6 @@ def synthetic_index(row_groups: int, files: int, seed: int = 0, name: str = "") 
     rows = rng.integers(500, 1_500, n, dtype=np.int64)
     length = (tokens * 2).reshape(files, per)  # about 2 bytes a token, compressed
     offset = (4 + np.cumsum(length, axis=1) - length).reshape(-1)
-    size = np.repeat(4 + length.sum(axis=1) + 10_000, per)  # and a footer
     length = length.reshape(-1)
     names = [f"{name}part-{f:06d}.parquet" for f in range(files)]
     frame = pl.DataFrame(
@@ -128,7 +127,6 @@ def synthetic_index(row_groups: int, files: int, seed: int = 0, name: str = "") 
             "empty_docs": np.zeros(n, np.int64),
             "byte_offset": offset,
             "byte_length": length,
-            "file_size": size,
             "needs_check": np.zeros(n, bool),
             "codec": np.full(n, 6, np.uint8),  # ZSTD
             "chunk_values": tokens,

@@ -67,7 +67,6 @@ def synthetic_index(name: str, row_groups: int, seed: int) -> Index:
             "empty_docs": np.zeros(row_groups, np.int64),
             "byte_offset": np.zeros(row_groups, np.int64),
             "byte_length": tokens,
-            "file_size": tokens * 16,
             "needs_check": np.zeros(row_groups, bool),
             "codec": np.full(row_groups, 6, np.uint8),  # ZSTD
             "chunk_values": tokens,
