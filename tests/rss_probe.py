@@ -1,13 +1,15 @@
 """A fresh process's peak RSS to its first batch, as JSON on stdout.
 
-    python tests/rss_probe.py DATA [--index JOB] [--rank R --world N --port P]
+    python tests/rss_probe.py DATA [--index JOB] [--text] [--rank R --world N --port P]
 
 The peak resident set (``VmHWM``) of a process that imports plitzer, opens a Loader
 over DATA (``index=JOB`` where given) and takes one batch; compared with the same
 process on a one-file dataset, it is what a rank pays for the dataset's index
 (tests/test_real_shapes.py, benchmarks/cluster.py). With ``--world``, the process is
 rank R of a gloo group on 127.0.0.1:P, and the Loader shares the index's work with the
-other ranks (each rank reads 1/N of the footers). CPU seconds are the process's own.
+other ranks (each rank reads 1/N of the footers). With ``--text``, DATA's ``text`` column
+is the source, tokenized by characters (its counting pass split across the ranks). CPU
+seconds are the process's own.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=0)
     ap.add_argument("--world", type=int, default=1)
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--text", action="store_true", help="read the text column, tokenized by characters")
     a = ap.parse_args()
     if a.world > 1:
         import torch.distributed as dist
@@ -56,8 +59,13 @@ def main() -> None:
         dist.init_process_group("gloo", rank=a.rank, world_size=a.world)
     t0, c0 = time.perf_counter(), time.process_time()
     lanes = 4 * a.world
+    text: dict[str, object] = {}
+    if a.text:
+        from tests.share_fixtures import CharTokenizer
+
+        text = {"tokenizer": CharTokenizer()}
     with plitzer.Loader(
-        a.data, index=a.index, lanes=lanes, seq_len=64, window=4, budget=1 << 24, rank=a.rank, world=a.world
+        a.data, index=a.index, lanes=lanes, seq_len=64, window=4, budget=1 << 24, rank=a.rank, world=a.world, **text
     ) as ld:
         batch = next(iter(ld))
         first, cpu = time.perf_counter() - t0, time.process_time() - c0

@@ -136,7 +136,8 @@ def test_a_plain_loader_in_a_process_group_shares_too(
 @pytest.mark.timeout(300)
 def test_a_text_source_splits_its_counting_pass_across_the_ranks(tmp_path: Path) -> None:
     """4 ranks, each its own cache: each tokenizes about a quarter of the row groups before its
-    first batch (0.3: each all of them), and every rank's cache then holds every file's counts."""
+    first batch (0.3: each all of them), each reads a quarter of the footers (0.4: each was sent
+    all of them), and every rank's cache then holds every file's counts."""
     from tests.share_fixtures import CharTokenizer, nonempty_texts, write_text
 
     text = write_text(tmp_path / "text", files=8, row_groups=2, docs=10)
@@ -150,9 +151,16 @@ def test_a_text_source_splits_its_counting_pass_across_the_ranks(tmp_path: Path)
     texts = [int(g["texts"]) for g in got]
     assert sum(texts) == total, texts  # each row group tokenized once for the job
     assert max(texts) < total / 2, texts  # split: no rank counted the lot
+    footers: set[str] = set()
     for r in range(WORLD):
         assert len(list((out / f"cache{r}" / "text").glob("*.npy"))) == 8  # every file's counts, on every machine
-        assert len(list((out / f"cache{r}" / "footers").glob("*.footer"))) == 8
+        mine = {p.name for p in (out / f"cache{r}" / "footers").glob("*.footer")}
+        assert len(mine) == 8 // WORLD, mine  # only the footers this rank read: no rank is sent the others'
+        footers |= mine
+    assert len(footers) == 8  # each file's footer read by one rank
+    # A restart on the same machines: nothing tokenized again, the same rows.
+    _run_job(str(text), None, out, mode="text")
+    assert [int(g["texts"]) for g in _rows_equal(out, want)] == [0] * WORLD
 
 
 @pytest.mark.timeout(300)

@@ -36,7 +36,7 @@ import os
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -507,14 +507,19 @@ def _to_cache(
 
 
 def scan_footers(
-    entries: list[FileEntry], counting: Counting, progress: bool | None, threads: int
+    entries: list[FileEntry],
+    counting: Counting,
+    progress: bool | None,
+    threads: int,
+    fetch: Callable[[FileEntry], bytes] | None = None,
 ) -> list[Counted | None]:
     """Every file's footer (read once, one ranged read) and what ``counting`` gets from it, concurrently.
 
     Streaming: a footer is parsed, counted and dropped in one task, so what is held is
     the files' rows and templates (bytes a row group), never every footer. A counting
     step that reads its footers again in :meth:`Counting.finish` (a text pass) keeps
-    them until then. Footers are not cached on disk: the finished index is.
+    them until then. Footers are not cached on disk: the finished index is (``fetch``, one
+    file's footer bytes, may read them from a cache of its own: a text source's job share).
     """
     own_check = counting.checks_histograms()
 
@@ -524,7 +529,10 @@ def scan_footers(
     parsing = threading.BoundedSemaphore(os.cpu_count() or 2)
 
     def load(entry: FileEntry) -> Counted | None:
-        raw = entry.raw if entry.raw is not None else footer.fetch(entry.storage, entry.stat)
+        if entry.raw is not None:
+            raw = entry.raw
+        else:
+            raw = footer.fetch(entry.storage, entry.stat) if fetch is None else fetch(entry)
         with parsing:
             md = footer.parse(raw, entry.stat.location, check=not own_check)
             entry.metadata, entry.raw = md, raw

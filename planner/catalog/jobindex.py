@@ -28,8 +28,8 @@ the store's own client and ``storage_options``.
 The ranks of a process group build the same index without a job index file:
 :func:`listing` on one rank, :func:`entries_of` on every rank from that listing,
 :func:`count_share` (each rank indexes its share of the files) and :func:`take_counted`
-(everyone's rows); a text source's pass exchanges footers (:func:`footer_share`,
-:func:`take_footers`); ``plitzer.state.share`` runs the collectives between them.
+(everyone's rows); a text source's share reads its footers through :func:`cached_footer`;
+``plitzer.state.share`` runs the collectives between them.
 docs/design.md, "One index per job" and "Bytes a row group".
 """
 
@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,9 +87,8 @@ __all__ = [
     "load",
     "read_object",
     "read_parts",
-    "footer_share",
+    "cached_footer",
     "take_counted",
-    "take_footers",
     "write",
     "write_object",
 ]
@@ -628,11 +627,18 @@ def count_share(
     world: int,
     threads: int = 32,
     count: footer.ChunkCounter | None = None,
+    *,
+    counting: Counting | None = None,
+    fetch: Callable[[FileEntry], bytes] | None = None,
 ) -> CountedShare:
-    """Index files ``rank, rank + world, ...`` from their footers (one read each), for :func:`take_counted`."""
+    """Index files ``rank, rank + world, ...`` from their footers (one read each), for :func:`take_counted`.
+
+    ``counting``: how a file's rows are made from its footer (default: the token column's
+    statistics); ``fetch``: how its footer bytes are read (default: one ranged read).
+    """
     mine = [entries[i] for i in range(rank, len(entries), world)]
-    counting = FooterCounting(column, count)
-    counted = [c for c in (scan_footers(mine, counting, None, threads) if mine else []) if c is not None]
+    how = FooterCounting(column, count) if counting is None else counting
+    counted = [c for c in (scan_footers(mine, how, None, threads, fetch) if mine else []) if c is not None]
     rows = [np.asarray(c.rows, np.int64).reshape(-1, len(ROW_FIELDS)) for c in counted]
     fields = np.concatenate(rows).T.copy() if rows else np.zeros((len(ROW_FIELDS), 0), np.int64)
     footer.give_back_memory()  # the footers' threads' heaps, before the exchange
@@ -647,8 +653,17 @@ def count_share(
     )
 
 
-def take_counted(entries: list[FileEntry], src: str, column: str | None, parts: Sequence[CountedShare]) -> Index:
-    """The job's index from every rank's :func:`count_share` (no footer read), cached on this machine."""
+def take_counted(
+    entries: list[FileEntry],
+    src: str,
+    column: str | None,
+    parts: Sequence[CountedShare],
+    counting: Counting | None = None,
+) -> Index:
+    """The job's index from every rank's :func:`count_share` (no footer read), cached on this machine.
+
+    ``counting``: the one the shares were made with (its fingerprint, cache and wrapping).
+    """
     counted: list[Counted | None] = [None] * len(entries)
     for part in parts:
         for k, (i, got) in enumerate(zip(part.files, part.file_rows(), strict=False)):
@@ -662,46 +677,26 @@ def take_counted(entries: list[FileEntry], src: str, column: str | None, parts: 
         raise ConfigError(msg)
     done = [c for c in counted if c is not None]
     del counted
-    return build_index(entries, src, FooterCounting(column), done)  # which copies each file's rows and lets go
+    # build_index copies each file's rows and lets go
+    return build_index(entries, src, FooterCounting(column) if counting is None else counting, done)
 
 
-def footer_share(entries: Sequence[FileEntry], rank: int, world: int, threads: int = 32) -> dict[int, bytes]:
-    """The footers of files ``rank, rank + world, ...``: a text source's counting pass reads through them."""
+def cached_footer(e: FileEntry) -> bytes:
+    """``e``'s footer bytes from this machine's footer cache, else one ranged read (then cached).
 
-    def one(i: int) -> tuple[int, bytes]:
-        e = entries[i]
-        raw = footer.cached(e.stat)
-        if raw is None:
-            with footer.fetch_lock(e.stat):
-                raw = footer.cached(e.stat)
-                if raw is None:
-                    raw = footer.fetch(e.storage, e.stat)
-                    footer.parse(raw, e.stat.location)  # damaged: refused here, naming the file, not cached
-                    with contextlib.suppress(OSError):  # a read-only cache costs speed only
-                        footer.remember(e.stat, raw)
-        return i, raw
-
-    mine = range(rank, len(entries), world)
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(mine)))) as pool:
-        return dict(pool.map(one, mine))
-
-
-def take_footers(entries: Sequence[FileEntry], parts: Sequence[Mapping[int, bytes]]) -> None:
-    """Give every entry its footer from the ranks' shares (each rank's :func:`footer_share`).
-
-    Each footer also goes into this machine's cache (where it is not yet), so a restart
-    here, or an index built again from the listing, reads none from storage.
+    A text source's job share reads footers so: a restart on the same machine reads none
+    from storage (the counts are cached apart from the index, so the index is not).
     """
-    for part in parts:
-        for i, raw in part.items():
-            entries[i].raw = raw
-            if footer.cached(entries[i].stat) is None:
+    raw = footer.cached(e.stat)
+    if raw is None:
+        with footer.fetch_lock(e.stat):
+            raw = footer.cached(e.stat)
+            if raw is None:
+                raw = footer.fetch(e.storage, e.stat)
+                footer.parse(raw, e.stat.location)  # damaged: refused here, naming the file, not cached
                 with contextlib.suppress(OSError):  # a read-only cache costs speed only
-                    footer.remember(entries[i].stat, raw)
-    missing = [e.stat.location for e in entries if e.raw is None]
-    if missing:
-        msg = f"the ranks' footer shares lack {len(missing)} files, first {missing[0]}; every rank must share"
-        raise ConfigError(msg)
+                    footer.remember(e.stat, raw)
+    return raw
 
 
 def job_index(

@@ -293,11 +293,12 @@ def run_pass(
     from tqdm import tqdm
 
     from planner.progress import progress_enabled
+    from planner.threads import map_ahead
 
     parts: dict[int, list[tuple[NDArray[np.bool_], int, int] | None]] = {}
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="plitzer-select") as pool:
         bar = tqdm(
-            pool.map(work, todo),
+            map_ahead(pool, work, todo),
             total=len(todo),
             desc="selecting rows",
             unit="row group",

@@ -23,6 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from planner.catalog.dataset import Index
+from planner.threads import map_ahead
 from plitzer.readpath.read import list_lengths, read_chunk
 from plitzer.selection.keying import Hashed, load_arrays
 from plitzer.selection.keys import Keys
@@ -453,7 +454,7 @@ def dropped_tokens(
         return int(lengths[gone].sum()), int((lengths[gone] == 0).sum())
 
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="plitzer-dedupe") as pool:
-        return dict(zip(todo, pool.map(dropped, todo), strict=True))
+        return dict(zip(todo, map_ahead(pool, dropped, todo), strict=True))
 
 
 def result_arrays(

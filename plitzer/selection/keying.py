@@ -223,10 +223,11 @@ def run_chunks(
     from tqdm import tqdm
 
     from planner.progress import progress_enabled
+    from planner.threads import map_ahead
 
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="plitzer-dedupe") as pool:
         bar = tqdm(
-            pool.map(work, todo),
+            map_ahead(pool, work, todo),
             total=len(todo),
             desc="keying rows",
             unit="chunk",

@@ -201,7 +201,8 @@ def share_text(
     """One text dataset's index for the whole group: one listing, each footer once, the counting pass split.
 
     ``text``: the source's ``tokenizer`` and optionally ``text_column``, ``add_eos``,
-    ``add_bos``. Every rank's cache gets every footer and every file's counts.
+    ``add_bos``. Every rank's cache gets every file's counts; each rank's footer cache
+    the footers it read (so a restart there reads none from storage).
     """
     from planner.catalog import jobindex
     from plitzer.text import job
@@ -218,13 +219,13 @@ def share_text(
     if isinstance(listed, BaseException):
         raise listed
     entries, src = jobindex.entries_of(path, options, listed)
-    if all(all_or_raise(attempt(job.text_ready, entries, counting), group)):
-        return job.shared_text_index(entries, src, counting, {})  # a restart: all in every rank's cache
-    parts = all_or_raise(attempt(jobindex.footer_share, entries, me, n, threads), group)
-    jobindex.take_footers(entries, parts)
-    shares = all_or_raise(attempt(job.count_share, entries, counting, me, n), group)
-    known = job.take_counts(entries, counting, shares)
-    return job.shared_text_index(entries, src, counting, known)
+    # Each rank reads 1/world of the footers into rows (bytes a row group); the ranks then
+    # tokenize 1/world each of the row groups no cache counted (plitzer.text.job: three phases).
+    layouts = all_or_raise(attempt(job.layout_share, entries, counting, me, n, threads), group)
+    layout = job.take_layout(entries, src, counting, layouts)
+    del layouts
+    shares = all_or_raise(attempt(job.count_share, layout, counting, me, n), group)
+    return job.take_counts(layout, counting, shares)
 
 
 def _text_of(cfg: LoaderSettings) -> dict[str, Any]:

@@ -4,12 +4,20 @@ The counting pass (:class:`plitzer.text.source.TextCounting`) tokenizes every ro
 once to learn its token count. Two ways to pay it once for a whole job instead of on
 every rank (docs/design.md, "One index per job"):
 
-- **The ranks of a process group split it** (:func:`count_share`, run by
-  :mod:`plitzer.state.share`): with every footer at hand, the row groups of the listing
-  (files in order, row groups in file order) are cut into ``world`` contiguous runs;
-  rank ``r`` counts run ``r`` (from its cache where it holds the file, else by
-  tokenizing), the ranks all-gather their runs, and :func:`take_counts` gives every
-  rank every file's counts, which land in its cache.
+- **The ranks of a process group split it** (run by :mod:`plitzer.state.share`), in
+  three phases, and no rank holds a footer but the few it is parsing (bytes a row group,
+  as a token source's job share; docs/design.md, "Bytes a row group"):
+
+  1. :func:`layout_share`: rank ``r`` reads the footers of files ``r, r + world, ...``
+     (or takes them from its machine's footer cache) into compact rows: the text
+     column's chunks, and the counts its cache holds (-1 where none). The ranks
+     all-gather the rows; :func:`take_layout` makes them one index, no footer in it.
+  2. :func:`count_share`: the row groups no cache counted (:func:`to_count`, in listing
+     order: files in order, row groups in file order) are cut into ``world``
+     contiguous runs; rank ``r`` tokenizes run ``r``, reading each chunk through the
+     index's minimal footers. The ranks all-gather their runs.
+  3. :func:`take_counts`: every rank fills in every row group's counts, saves each
+     file's counts in its cache, and gets the same text index one process would.
 - **A job index carries them** (:func:`write_text_index`, :func:`load_text_index`):
   ``plitzer index DATA --tokenizer T --out URL`` writes the counts (ids and documents
   without ids per row group, before BOS and EOS, so any ``add_eos``/``add_bos`` policy
@@ -24,29 +32,43 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import polars as pl
 from numpy.typing import NDArray
 
-from planner.catalog import footer, jobindex
-from planner.catalog.dataset import FileEntry, Index, fingerprint_of, index_entries
+from planner.catalog import jobindex
+from planner.catalog.dataset import Counted, FileEntry, Index, fingerprint_of
 from planner.errors import ConfigError
-from plitzer.text.source import Counts, TextCounting, TextIndex, file_key, save_counts, text_counting, text_index
+from planner.progress import progress_enabled
+from planner.threads import map_ahead
+from plitzer.readpath.read import read_column
+from plitzer.text.source import (
+    TextCounting,
+    TextIndex,
+    encode_texts,
+    load_counts,
+    save_counts,
+    text_counting,
+    text_index,
+    texts_of,
+)
 
 __all__ = [
     "Share",
     "check_text_index",
     "count_share",
     "identity",
+    "layout_share",
     "load_text_index",
-    "parse_footers",
     "runs",
-    "shared_text_index",
     "take_counts",
-    "text_ready",
+    "take_layout",
+    "text_pass",
+    "to_count",
     "write_text_index",
 ]
 
@@ -64,96 +86,159 @@ def runs(row_groups: int, world: int) -> list[range]:
     return [range(r * row_groups // world, (r + 1) * row_groups // world) for r in range(world)]
 
 
-def _ordinals(entries: Sequence[FileEntry]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for i, e in enumerate(entries):
-        md = e.metadata
-        assert md is not None  # parsed by the caller
-        out.extend((i, g) for g in range(md.num_row_groups))
-    return out
+@dataclass(frozen=True)
+class _Layout:
+    """A file's rows from its footer (the text column's chunks) and the counts this machine's cache holds.
 
+    The rows' ``tokens`` and ``empty_docs`` are the counts under no BOS/EOS (ids, documents
+    without ids), as the job index stores them; -1 where the cache holds none (to count).
+    Not cached as an index: the counts are cached per file (:class:`TextCounting`).
+    """
 
-def parse_footers(entries: Sequence[FileEntry]) -> None:
-    """Parse every entry's footer bytes (they came with the listing or the ranks' exchange)."""
-    for e in entries:
-        if e.metadata is None:
-            raw = e.raw if e.raw is not None else footer.cached(e.stat)
-            if raw is None:
-                raw = footer.fetch(e.storage, e.stat)
-            e.metadata = footer.parse(raw, e.stat.location)
+    counting: TextCounting
 
+    def cache_key(self) -> None:
+        return None
 
-def text_ready(entries: Sequence[FileEntry], counting: TextCounting) -> bool:
-    """Whether this machine's cache holds every footer and every file's counts (a restart: nothing to share)."""
-    for e in entries:
-        raw = footer.cached(e.stat)
-        if raw is None:
-            return False
-        e.metadata = footer.parse(raw, e.stat.location)
-        if counting.counts_of(e) is None:
-            return False
-    return True
-
-
-def count_share(
-    entries: Sequence[FileEntry], counting: TextCounting, rank: int, world: int, progress: bool | None = None
-) -> Share:
-    """Rank ``rank``'s run of the pass: its cache's counts where it holds the file, else tokenized."""
-    parse_footers(entries)
-    order = _ordinals(entries)
-    mine = runs(len(order), world)[rank]
-    cached: dict[int, Counts | None] = {}
-    out = np.zeros((len(mine), 2), np.int64)
-    todo: list[tuple[int, int]] = []  # (position in mine, ordinal)
-    for j, k in enumerate(mine):
-        i, g = order[k]
-        if i not in cached:
-            cached[i] = counting.counts_of(entries[i])
-        got = cached[i]
-        if got is None:
-            todo.append((j, k))
-        else:
-            out[j] = got[g]
-    counted = counting.count_many([(entries[order[k][0]], order[k][1]) for _, k in todo], progress)
-    for (j, _), c in zip(todo, counted, strict=True):
-        out[j] = c
-    return np.arange(mine.start, mine.stop, dtype=np.int64), out
-
-
-def take_counts(
-    entries: Sequence[FileEntry], counting: TextCounting, shares: Sequence[Share]
-) -> dict[tuple[str, int, str], Counts]:
-    """Every file's counts from the ranks' shares, saved in this machine's cache where it lacks them."""
-    order = _ordinals(entries)
-    every = np.full((len(order), 2), -1, np.int64)
-    for ks, values in shares:
-        every[ks] = values
-    if len(order) and int(every.min()) < 0:
-        missing = int(np.flatnonzero(every[:, 0] < 0)[0])
-        i, g = order[missing]
-        msg = f"the ranks' counting shares lack {entries[i].stat.location}, row group {g}; every rank must share"
-        raise ConfigError(msg)
-    known: dict[tuple[str, int, str], Counts] = {}
-    at = 0
-    for e in entries:
-        md = e.metadata
+    def scan(self, entry: FileEntry) -> Counted:
+        md = entry.metadata
         assert md is not None
-        n = md.num_row_groups
-        counts = every[at : at + n].copy()
+        got = self.counting.counts_of(entry)
+        counts = np.full((md.num_row_groups, 2), -1, np.int64) if got is None else got
+        return replace(self.counting, add_bos=False, add_eos=False).counted(entry, counts)
+
+    def finish(
+        self, entries: Sequence[FileEntry], scanned: list[Counted | None], progress: bool | None
+    ) -> list[Counted]:
+        return [c for c in scanned if c is not None]
+
+    def fingerprint_extra(self) -> str:
+        return ""
+
+    def checks_histograms(self) -> bool:
+        return False
+
+    def wrap(self, ix: Index) -> Index:
+        return ix
+
+
+def layout_share(
+    entries: Sequence[FileEntry],
+    counting: TextCounting,
+    rank: int,
+    world: int,
+    threads: int = 32,
+    cache_footers: bool = True,
+) -> jobindex.CountedShare:
+    """Phase 1 of a job's pass: files ``rank, rank + world, ...``, their footers read once, as compact
+    rows (bytes a row group) with the counts the cache holds.
+
+    ``cache_footers``: keep each footer read in this machine's footer cache, so that a
+    restart of the job here reads none from storage (a job's ranks; one process reads them
+    again, as the token path does).
+    """
+    fetch = jobindex.cached_footer if cache_footers else None
+    return jobindex.count_share(
+        entries, counting.text_column, rank, world, threads, counting=_Layout(counting), fetch=fetch
+    )
+
+
+def text_pass(entries: list[FileEntry], src: str, counting: TextCounting, progress: bool | None = None) -> TextIndex:
+    """One process's pass over listed files: the three phases as a group of one."""
+    layout = take_layout(entries, src, counting, [layout_share(entries, counting, 0, 1, cache_footers=False)])
+    return take_counts(layout, counting, [count_share(layout, counting, 0, 1, progress)])
+
+
+def take_layout(
+    entries: list[FileEntry], src: str, counting: TextCounting, shares: Sequence[jobindex.CountedShare]
+) -> Index:
+    """Every rank's phase-1 rows as one index of the text column (no footer held): the rows to count are -1."""
+    return jobindex.take_counted(entries, src, counting.text_column, shares, _Layout(counting))
+
+
+def to_count(layout: Index) -> NDArray[np.int64]:
+    """The row groups of ``layout`` (:func:`take_layout`) that no rank's cache counted, in listing order."""
+    return np.flatnonzero(layout.frame["tokens"].to_numpy() < 0).astype(np.int64)
+
+
+def count_share(layout: Index, counting: TextCounting, rank: int, world: int, progress: bool | None = None) -> Share:
+    """Phase 2: rank ``rank``'s contiguous run of :func:`to_count`, tokenized (one ranged read a row group)."""
+    todo = to_count(layout)
+    mine = todo[runs(len(todo), world)[rank].start : runs(len(todo), world)[rank].stop]
+    rows = layout.frame["rows"].to_numpy()
+
+    def one(rg: int) -> tuple[int, int]:
+        if rows[rg] == 0:
+            return 0, 0
+        arr, _, _ = read_column(layout, int(rg), what="text")
+        lens = np.fromiter((len(x) for x in encode_texts(counting.tokenizer, texts_of(arr))), np.int64)
+        return int(lens.sum()), int((lens == 0).sum())
+
+    out = np.zeros((len(mine), 2), np.int64)
+    if len(mine):
+        from tqdm import tqdm
+
+        workers = counting.threads or os.cpu_count() or 2
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="plitzer-count") as pool:
+            bar = tqdm(
+                map_ahead(pool, one, mine.tolist()),
+                total=len(mine),
+                desc="counting tokens",
+                unit="row group",
+                disable=not progress_enabled(progress, len(mine)),
+                leave=False,
+            )
+            for j, c in enumerate(bar):
+                out[j] = c
+    return mine, out
+
+
+def take_counts(layout: Index, counting: TextCounting, shares: Sequence[Share]) -> TextIndex:
+    """Phase 3: the job's text index from the layout and every rank's counts, saved in this machine's cache.
+
+    Equal to one process's :func:`plitzer.text.source.text_index` of the same files (its
+    frame and fingerprint), with no footer held and no row group tokenized twice.
+    """
+    frame = layout.frame
+    ids, bare = frame["tokens"].to_numpy().copy(), frame["empty_docs"].to_numpy().copy()
+    for ks, values in shares:
+        ids[ks], bare[ks] = values[:, 0], values[:, 1]
+    if len(ids) and int(ids.min()) < 0:
+        rg = int(np.flatnonzero(ids < 0)[0])
+        msg = f"the ranks' counting shares lack {layout.location(*_file_and_group(layout, rg))}; every rank must share"
+        raise ConfigError(msg)
+    per = np.bincount(frame["file_index"].to_numpy(), minlength=len(layout._files))
+    at = 0
+    for e, n in zip(layout._files, per.tolist(), strict=True):
+        path = counting.path(e.stat)
+        if n and load_counts(path, n) is None:
+            save_counts(path, np.stack([ids[at : at + n], bare[at : at + n]], axis=1))
         at += n
-        known[file_key(e.stat)] = counts
-        if counting.counts_of(e) is None:
-            save_counts(counting.path(e.stat), counts)
-    return known
+    counted = frame.with_columns(pl.Series("tokens", ids), pl.Series("empty_docs", bare))
+    return _under_policy(counted, layout.source, layout._files, counting)
 
 
-def shared_text_index(
-    entries: list[FileEntry], src: str, counting: TextCounting, known: Mapping[tuple[str, int, str], Counts]
-) -> TextIndex:
-    """The text index of files whose footers and counts are at hand (no read, no tokenizing)."""
-    ix = index_entries(entries, src, replace(counting, known=known), threads=counting.threads or 32)
-    assert isinstance(ix, TextIndex)
-    return ix
+def _file_and_group(ix: Index, rg: int) -> tuple[int, int]:
+    row = ix.frame.row(rg, named=True)
+    return int(row["file_index"]), int(row["row_group"])
+
+
+def _under_policy(frame: pl.DataFrame, source: str, files: Any, counting: TextCounting) -> TextIndex:
+    """The text index of rows counted under no BOS/EOS (a job index's, a job's pass) under ``counting``'s policy."""
+    extra = counting.extra_ids
+    frame = frame.with_columns(
+        (pl.col("tokens") + extra * pl.col("rows")).alias("tokens"),
+        pl.col("empty_docs") if extra == 0 else pl.lit(0, pl.Int64).alias("empty_docs"),
+    )
+    ix = Index(
+        frame=frame,
+        column=counting.text_column,
+        dtype=counting.tokenizer.dtype,
+        fingerprint=fingerprint_of(frame, counting.fingerprint_extra()),
+        source=source,
+        _files=files,
+    )
+    return counting.wrap(ix)
 
 
 def check_text_index(ix: TextIndex, counting: TextCounting) -> TextIndex:
@@ -241,17 +326,4 @@ def load_text_index(
         msg = f"job index {where} counted text column {meta['column']!r}, not text_column={text_column!r}; {fix}"
         raise ConfigError(msg)
     # The rows as the counting pass would give them under this BOS/EOS policy: no footer, no tokenizing.
-    extra = counting.extra_ids
-    frame = got.frame.with_columns(
-        (pl.col("tokens") + extra * pl.col("rows")).alias("tokens"),
-        pl.col("empty_docs") if extra == 0 else pl.lit(0, pl.Int64).alias("empty_docs"),
-    )
-    ix = Index(
-        frame=frame,
-        column=text_column,
-        dtype=counting.tokenizer.dtype,
-        fingerprint=fingerprint_of(frame, counting.fingerprint_extra()),
-        source=got.source,
-        _files=got.entries,
-    )
-    return counting.wrap(ix)
+    return _under_policy(got.frame, got.source, got.entries, counting)

@@ -42,8 +42,7 @@ import io
 import itertools
 import os
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +54,12 @@ from numpy.typing import NDArray
 from planner.catalog import footer
 from planner.catalog.chunkmeta import codec_of
 from planner.catalog.column import TokenDtype, token_range
-from planner.catalog.dataset import Counted, FileEntry, Index, index
+from planner.catalog.dataset import Counted, FileEntry, Index, list_files
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError, DamagedChunkError, DataError, TokenizerChangedError, TokenRangeError, one_line
-from planner.progress import progress_enabled
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
 from planner.stores.storage import FileStat
-from plitzer.readpath.read import read_chunk, read_column, read_decoded
+from plitzer.readpath.read import read_chunk, read_column
 from plitzer.text.tokenizer import TextTokenizer, load_tokenizer
 
 __all__ = [
@@ -71,9 +69,9 @@ __all__ = [
     "TextIndex",
     "TextTokenizer",
     "encode_texts",
-    "file_key",
     "is_text_type",
     "load_tokenizer",
+    "load_counts",
     "save_counts",
     "text_config",
     "text_counting",
@@ -270,7 +268,7 @@ def _counts_path(st: FileStat, column: str, tok: TextTokenizer) -> Path:
     return cache_dir() / "text" / f"{digest(_CACHE_FORMAT, st.location, st.size, st.version, column, tok.identity)}.npy"
 
 
-def _load_counts(path: Path, row_groups: int) -> Counts | None:
+def load_counts(path: Path, row_groups: int) -> Counts | None:
     raw = read_entry(path)
     if raw is None:
         return None
@@ -291,19 +289,15 @@ def save_counts(path: Path, counts: Counts) -> None:
     write_entry(path, buf.getvalue())  # a folder that cannot be written costs time, not rows
 
 
-def file_key(st: FileStat) -> tuple[str, int, str]:
-    """What names a file's counts in :attr:`TextCounting.known`: its location, size and version."""
-    return (st.location, st.size, st.version)
-
-
 @dataclass(frozen=True)
 class TextCounting:
-    """Counts by tokenizing: every row group not in the cache is read once and tokenized.
+    """How a text source is counted: its tokenizer, text column and BOS/EOS policy.
 
-    The counting step of :func:`planner.catalog.dataset.index` for text (listing, footers,
-    fingerprint and schema are the index's): per-document id counts are cached per
-    file under ``PLITZER_CACHE``, keyed by the file, the text column and the
-    tokenizer's identity, so the finished index itself is not cached.
+    Every row group not in the cache is read once and tokenized (the pass is
+    :mod:`plitzer.text.job`'s, in one process or split across a job's ranks):
+    per-document id counts are cached per file under ``PLITZER_CACHE``, keyed by the
+    file, the text column and the tokenizer's identity, so the finished index itself is
+    not cached.
     """
 
     tokenizer: TextTokenizer
@@ -311,20 +305,12 @@ class TextCounting:
     add_bos: bool = False
     add_eos: bool = True
     threads: int | None = None
-    known: Mapping[tuple[str, int, str], Counts] | None = field(default=None, compare=False)
-    """Counts already at hand (a job index's, the ranks' shares), by :func:`file_key`; else the cache's."""
 
     @property
     def extra_ids(self) -> int:
         """Ids a document gets besides its text's: a BOS, an EOS, both or none."""
         bos, eos = self.tokenizer.special(self.add_bos, self.add_eos)
         return (bos is not None) + (eos is not None)
-
-    def cache_key(self) -> None:
-        return None
-
-    def checks_histograms(self) -> bool:
-        return False
 
     def fingerprint_extra(self) -> str:
         tok = self.tokenizer
@@ -343,7 +329,8 @@ class TextCounting:
             add_eos=self.add_eos,
         )
 
-    def _counted(self, e: FileEntry, counts: Counts) -> Counted:
+    def counted(self, e: FileEntry, counts: Counts) -> Counted:
+        """File ``e``'s rows (its footer parsed) from its counts (ids, documents without ids, a row group)."""
         md = e.metadata
         assert md is not None
         leaf = _text_leaf(md, self.text_column, e.stat.location)
@@ -365,84 +352,10 @@ class TextCounting:
         return _counts_path(st, self.text_column, self.tokenizer)
 
     def counts_of(self, entry: FileEntry) -> Counts | None:
-        """The counts of ``entry`` (its footer parsed) at hand or in the cache, else None."""
+        """The counts of ``entry`` (its footer parsed) in this machine's cache, else None."""
         md = entry.metadata
         assert md is not None
-        known = None if self.known is None else self.known.get(file_key(entry.stat))
-        if known is not None and known.shape == (md.num_row_groups, 2):
-            return known
-        return _load_counts(self.path(entry.stat), md.num_row_groups)
-
-    def scan(self, entry: FileEntry) -> Counted | None:
-        md = entry.metadata
-        assert md is not None
-        _text_leaf(md, self.text_column, entry.stat.location)
-        got = self.counts_of(entry)
-        return None if got is None else self._counted(entry, got)
-
-    def count(self, e: FileEntry, g: int) -> tuple[int, int]:
-        """Row group ``g`` of ``e``: its ids and its documents without any (one ranged read, tokenized)."""
-        md = e.metadata
-        assert md is not None
-        if md.row_group(g).num_rows == 0:
-            return 0, 0
-        where = f"{e.stat.location}, row group {g}"
-        start, length = _chunk_range(md, g, _text_leaf(md, self.text_column, where), e.stat.size, where)
-        arr = read_decoded(
-            e.storage,
-            e.stat,
-            md,
-            row_group=g,
-            column=self.text_column,
-            offset=start,
-            length=length,
-            where=where,
-            what="text",
-        )
-        ids = encode_texts(self.tokenizer, texts_of(arr))
-        lens = np.fromiter((len(x) for x in ids), np.int64, len(ids))
-        return int(lens.sum()), int((lens == 0).sum())
-
-    def count_many(self, todo: Sequence[tuple[FileEntry, int]], progress: bool | None) -> list[tuple[int, int]]:
-        """:meth:`count` of every ``(entry, row group)`` of ``todo``, on every core, with progress."""
-        if not todo:
-            return []
-        from tqdm import tqdm
-
-        workers = self.threads or os.cpu_count() or 2
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="plitzer-count") as pool:
-            counts = pool.map(lambda eg: self.count(*eg), todo)
-            bar = tqdm(
-                counts,
-                total=len(todo),
-                desc="counting tokens",
-                unit="row group",
-                disable=not progress_enabled(progress, len(todo)),
-                leave=False,
-            )
-            return list(bar)
-
-    def finish(
-        self, entries: Sequence[FileEntry], scanned: list[Counted | None], progress: bool | None
-    ) -> list[Counted]:
-        todo = [
-            (e, g)
-            for e, c in zip(entries, scanned, strict=True)
-            if c is None and e.metadata is not None
-            for g in range(e.metadata.num_row_groups)
-        ]
-        parts = dict(zip([(id(e), g) for e, g in todo], self.count_many(todo, progress), strict=True))
-        out: list[Counted] = []
-        for e, c in zip(entries, scanned, strict=True):
-            if c is not None:
-                out.append(c)
-                continue
-            md = e.metadata
-            assert md is not None
-            got = np.array([parts[(id(e), g)] for g in range(md.num_row_groups)], np.int64).reshape(-1, 2)
-            save_counts(self.path(e.stat), got)
-            out.append(self._counted(e, got))
-        return out
+        return load_counts(self.path(entry.stat), md.num_row_groups)
 
 
 def text_counting(
@@ -452,7 +365,6 @@ def text_counting(
     add_eos: bool = True,
     add_bos: bool = False,
     threads: int | None = None,
-    known: Mapping[tuple[str, int, str], Counts] | None = None,
 ) -> TextCounting:
     """The counting step of a text source, its settings checked."""
     for name, v in (("add_eos", add_eos), ("add_bos", add_bos)):
@@ -468,7 +380,6 @@ def text_counting(
         add_bos=add_bos,
         add_eos=add_eos,
         threads=threads,
-        known=known,
     )
 
 
@@ -487,10 +398,11 @@ def text_index(
 
     Every row group not in the cache is read once and tokenized to count its
     tokens, on ``threads`` threads (default: every core), with a progress bar
-    (default: when stderr is a terminal). The listing, footers, schema and
-    fingerprint are :func:`planner.catalog.dataset.index`'s; :class:`TextCounting` counts.
+    (default: when stderr is a terminal). The pass is :func:`plitzer.text.job.text_pass`'s
+    (a job's, as a group of one): no footer is held but those being parsed.
     """
+    from plitzer.text import job  # which builds on this module
+
     counting = text_counting(tokenizer, text_column=text_column, add_eos=add_eos, add_bos=add_bos, threads=threads)
-    ix = index(source, storage_options=storage_options, progress=progress, counting=counting)
-    assert isinstance(ix, TextIndex)
-    return ix
+    entries, src = list_files(source, storage_options)
+    return job.text_pass(entries, src, counting, progress)

@@ -23,9 +23,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import sysconfig
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from planner.errors import ConfigError
+from planner.threads import map_ahead
 
 __all__ = ["default_tokenizer", "find_text", "write_text"]
 
@@ -98,27 +98,6 @@ def _batches(texts: Iterable[str], size: int) -> Iterator[list[str]]:
             batch = []
     if batch:
         yield batch
-
-
-def _map_ahead(
-    pool: ThreadPoolExecutor, fn: Callable[[list[str]], Any], items: Iterator[list[str]], ahead: int
-) -> Iterator[Any]:
-    """``pool.map(fn, items)`` in order, with at most ``ahead`` items in flight.
-
-    ``Executor.map`` takes the whole iterable up front, which would read every text file
-    before the first token; this reads only as far as the tokenizer threads have got.
-    """
-    pending: deque[Future[Any]] = deque()
-    try:
-        for item in items:
-            pending.append(pool.submit(fn, item))
-            if len(pending) >= ahead:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        for f in pending:
-            f.cancel()
 
 
 def default_tokenizer() -> str:
@@ -197,7 +176,7 @@ def write_text(
             else:
                 order = np.random.default_rng(passes).permutation(len(seen))  # a new order for each pass
                 texts = (seen[i].read_text(encoding="utf-8") for i in order)
-            for ids in _map_ahead(pool, lambda b: encode_texts(tok, b), _batches(texts, 64), 2 * n_threads):
+            for ids in map_ahead(pool, lambda b: encode_texts(tok, b), _batches(texts, 64), 2 * n_threads):
                 for doc in ids:
                     arr = np.asarray(doc + ([eos] if eos is not None else []), dtype=np.int64)
                     rows.append(arr)
