@@ -169,3 +169,30 @@ def test_two_gloo_ranks_share_the_index_and_each_holds_bytes_a_row_group(
     # Each rank read and parsed half of the footers: its CPU is at most 1/2 + 25 % of one process's index.
     alone = _probe(many, tmp_path / "alone")
     assert max(b["cpu_s"] for b in big) - max(s["cpu_s"] for s in small) < 0.75 * alone["cpu_s"], (big, alone)
+
+
+TEXT_FILES = (40, 120)
+"""Files of the text test's two datasets (16,000 and 48,000 row groups): its counting pass
+tokenizes every row group (0.5 ms each here), so fewer files than the token tests, and the
+growth is taken between two sizes, not against one file: a run that counts holds a fixed
+working set (the files being read, its threads' buffers: 8 MB), 170 B a row group at 48,000."""
+
+
+@pytest.mark.slow
+def test_a_text_sources_counting_pass_is_bytes_a_row_group(shaped: tuple[Path, Path], tmp_path: Path) -> None:
+    # The text column tokenized by characters: the pass reads every footer once (kept by none)
+    # and every row group's text chunk once (through the index's minimal footers).
+    _, many = shaped
+    files = sorted(many.rglob("*.parquet"))
+    got = []
+    for n in TEXT_FILES:
+        some = tmp_path / f"d{n}" / "CC-MAIN-2024-10"
+        some.mkdir(parents=True)
+        for f in files[:n]:
+            os.link(f, some / f.name)
+        got.append(_probe(some.parent, tmp_path / f"c{n}", "--text"))
+    small, big = got
+    assert (small["row_groups"], big["row_groups"]) == tuple(n * PER_FILE for n in TEXT_FILES)
+    # 226 B measured (942 B with a Python tuple a row group and md.schema's reference cycle;
+    # 11.7 KB at 0.4, every footer held): the token path's bound.
+    assert _growth(big, small) <= RSS_PER_ROW_GROUP, (big, small)

@@ -194,12 +194,13 @@ class Index:
                 self._footers.popitem(last=False)
         return md
 
-    def chunk_metadata(self, file_index: int) -> pq.FileMetaData:
+    def chunk_metadata(self, file_index: int, *, keep: bool = True) -> pq.FileMetaData:
         """A footer for decoding the file's chunks of the index's column, made from the index alone.
 
         Row group ``g`` of it is row group ``g`` of the file, holding only the index's
         column (:func:`planner.catalog.chunkmeta.footer`): no footer is read. The last
-        :data:`FOOTERS_KEPT` are kept.
+        :data:`FOOTERS_KEPT` are kept (``keep=False``: not this one, for a pass that
+        reads every file once and keeps its own few).
         """
         with self._lock:
             got = self._chunks.get(file_index)
@@ -220,6 +221,8 @@ class Index:
             part["codec"].to_numpy(),
             part["chunk_values"].to_numpy(),
         )
+        if not keep:
+            return md
         with self._lock:
             self._chunks[file_index] = md
             while len(self._chunks) > FOOTERS_KEPT:
@@ -235,7 +238,7 @@ class Index:
         if carried is not None:
             return carried
         try:
-            return self.metadata(0).schema.to_arrow_schema()
+            return footer.schema_of(self.metadata(0)).to_arrow_schema()
         except (pa.ArrowException, ValueError) as e:
             msg = f"{self.location(0)}: unreadable schema ({type(e).__name__}: {e}); the footer is damaged"
             raise DataError(msg) from e

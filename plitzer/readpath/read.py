@@ -29,6 +29,7 @@ default.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -178,9 +179,12 @@ def decode_chunk(
     return arr
 
 
-def read_column(index: Index, rg: int, *, what: str = "token") -> tuple[pa.Array, dict[str, Any], str]:
+def read_column(
+    index: Index, rg: int, *, what: str = "token", footers: Callable[[int], pq.FileMetaData] | None = None
+) -> tuple[pa.Array, dict[str, Any], str]:
     """Row group ``rg``'s column chunk (one ranged read), decoded as the file holds it.
 
+    ``footers``: a file's decoding footer by its index (default: ``index.chunk_metadata``).
     Returns the array, the row group's index row and where it is (for messages).
     """
     row = index.frame.row(rg, named=True)
@@ -190,7 +194,7 @@ def read_column(index: Index, rg: int, *, what: str = "token") -> tuple[pa.Array
     arr = read_decoded(
         index.storage(fi),
         st,
-        index.chunk_metadata(fi),
+        (index.chunk_metadata if footers is None else footers)(fi),
         row_group=g,
         column=index.column,
         offset=row["byte_offset"],
