@@ -667,7 +667,10 @@ def take_counted(
     counted: list[Counted | None] = [None] * len(entries)
     for part in parts:
         for k, (i, got) in enumerate(zip(part.files, part.file_rows(), strict=False)):
-            counted[i] = Counted(got, part.columns[k], part.dtypes[k], part.stored[k])  # type: ignore[arg-type]
+            # A copy a file: the part's rows are views of one decompressed buffer, which a
+            # view kept whole until the frame was built (72 B a row group on top of it).
+            rows = got.copy()
+            counted[i] = Counted(rows, part.columns[k], part.dtypes[k], part.stored[k])  # type: ignore[arg-type]
             entries[i].template = chunkmeta.Template.from_key(part.templates[k]) if part.templates[k] else None
     footer.give_back_memory()  # the exchange's copies
     del parts  # the caller's only reference (plitzer.state.share): the rows now live in ``counted`` alone
