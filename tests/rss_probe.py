@@ -1,6 +1,6 @@
 """A fresh process's peak RSS to its first batch, as JSON on stdout.
 
-    python tests/rss_probe.py DATA [--index JOB] [--text] [--rank R --world N --port P]
+    python tests/rss_probe.py DATA [--index JOB] [--text] [--where SQL] [--rank R --world N --port P]
 
 The peak resident set (``VmHWM``) of a process that imports plitzer, opens a Loader
 over DATA (``index=JOB`` where given) and takes one batch; compared with the same
@@ -51,6 +51,7 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=1)
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--text", action="store_true", help="read the text column, tokenized by characters")
+    ap.add_argument("--where", default=None, help="a selection (where=), its pass over the data included")
     a = ap.parse_args()
     if a.world > 1:
         import torch.distributed as dist
@@ -64,6 +65,8 @@ def main() -> None:
         from tests.share_fixtures import CharTokenizer
 
         text = {"tokenizer": CharTokenizer()}
+    if a.where is not None:
+        text["where"] = a.where
     with plitzer.Loader(
         a.data, index=a.index, lanes=lanes, seq_len=64, window=4, budget=1 << 24, rank=a.rank, world=a.world, **text
     ) as ld:

@@ -80,7 +80,13 @@ __all__ = [
 ]
 
 FOOTERS_KEPT = 64
-"""Parsed footers (whole, or minimal) an index keeps: the files being read, about."""
+"""Minimal parsed footers an index keeps (about 1 KB a row group each): the files being read, about."""
+WHOLE_FOOTERS_KEPT = 8
+"""Whole parsed footers an index keeps, for the passes that read other columns (a selection's, a
+dedupe key's): several MB each on files of many columns (3.7 MB on FineWeb-Edu's shape), so 64 of
+them were 240 MB of a pass's peak. A pass walks the files in order, chunk by chunk, so the files in
+flight are few (threads x 16 row groups a chunk / row groups a file, plus one); a footer dropped
+too early is parsed again from this machine's footer cache, never fetched again."""
 _INDEX_FORMAT = "5"  # 5: a row a file, its rows as lists (planner.catalog.rowlists); 4: codec, chunk_values
 
 
@@ -168,7 +174,7 @@ class Index:
 
         For the passes that read other columns than the index's (a selection's
         predicate, a schema's look-up); the read path needs only :meth:`chunk_metadata`.
-        The last :data:`FOOTERS_KEPT` are kept: a working set, whatever the file count.
+        The last :data:`WHOLE_FOOTERS_KEPT` are kept: a working set, whatever the file count.
         """
         with self._lock:
             got = self._footers.get(file_index)
@@ -190,7 +196,7 @@ class Index:
             md = footer.parse(raw, e.stat.location)
         with self._lock:
             self._footers[file_index] = md
-            while len(self._footers) > FOOTERS_KEPT:
+            while len(self._footers) > WHOLE_FOOTERS_KEPT:
                 self._footers.popitem(last=False)
         return md
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -270,23 +270,32 @@ def run_pass(
         got = load_entry(paths[c], chunks[c][1] - chunks[c][0])
         if got is not None:
             done[c] = got
-    todo = [(c, rg) for c in order if c not in done for rg in range(*chunks[c])]
-    if not todo:
+    # Streamed, bytes a row group (docs/design.md, "Bytes a row group"): the row groups to
+    # evaluate are generated as the pool takes them, and a chunk is packed (and its row
+    # groups' masks let go) as soon as its last row group is in, not after the whole pass:
+    # a list of every row group and every row group's result tuple were ~1 KB a row group.
+    size = {c: chunks[c][1] - chunks[c][0] for c in order if c not in done}
+    if not size:
         return done
     lock = threading.Lock()
 
-    def work(item: tuple[int, int]) -> tuple[NDArray[np.bool_], int, int] | None:
+    def todo() -> Iterator[tuple[int, int]]:
+        for c in size:
+            for rg in range(*chunks[c]):
+                yield c, rg
+
+    def work(item: tuple[int, int]) -> tuple[int, tuple[NDArray[np.bool_], int, int] | None]:
         c, rg = item
         with lock:
             if c in done:
-                return None
+                return c, None
         if shared:
-            got = load_entry(paths[c], chunks[c][1] - chunks[c][0])
+            got = load_entry(paths[c], size[c])
             if got is not None:
                 with lock:
                     done.setdefault(c, got)
-                return None
-        return p.evaluate(rg)
+                return c, None
+        return c, p.evaluate(rg)
 
     from concurrent.futures import ThreadPoolExecutor
 
@@ -295,24 +304,28 @@ def run_pass(
     from planner.progress import progress_enabled
     from planner.threads import map_ahead
 
+    total = sum(size.values())
     parts: dict[int, list[tuple[NDArray[np.bool_], int, int] | None]] = {}
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="plitzer-select") as pool:
         bar = tqdm(
-            map_ahead(pool, work, todo),
-            total=len(todo),
+            map_ahead(pool, work, todo()),
+            total=total,
             desc="selecting rows",
             unit="row group",
-            disable=not progress_enabled(progress, len(todo)),
+            disable=not progress_enabled(progress, total),
             leave=False,
         )
-        for (c, _), got in zip(todo, bar, strict=True):
-            parts.setdefault(c, []).append(got)
-    for c, results in parts.items():
-        if c in done or any(r is None for r in results):
-            continue
-        entry = pack_entry([r for r in results if r is not None])
-        save_entry(paths[c], entry)
-        done[c] = entry
+        for c, got in bar:  # in order: a chunk's row groups arrive together
+            results = parts.setdefault(c, [])
+            results.append(got)
+            if len(results) < size[c]:
+                continue
+            del parts[c]
+            if c in done or any(r is None for r in results):
+                continue
+            entry = pack_entry([r for r in results if r is not None])
+            save_entry(paths[c], entry)
+            done[c] = entry
     missing = [c for c in order if c not in done]
     if missing:  # a chunk another rank was writing while this one skipped part of it
         done.update(run_pass(p, chunks, missing, shared=False, threads=threads, progress=progress))
