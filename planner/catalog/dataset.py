@@ -64,6 +64,7 @@ __all__ = [
     "INDEX_SCHEMA",
     "ChunkSource",
     "Counted",
+    "CountsFromFooters",
     "Counting",
     "FileEntry",
     "ROW_FIELDS",
@@ -409,8 +410,29 @@ class Counting(Protocol):
         ...
 
 
+class CountsFromFooters:
+    """A counting step's defaults where :meth:`Counting.scan` counts every file from its footer alone.
+
+    Nothing left to :meth:`~Counting.finish`, nothing added to the fingerprint, the index
+    handed out as built (:class:`FooterCounting`; a text job's layout, ``plitzer.text.job``).
+    """
+
+    __slots__ = ()
+
+    def finish(
+        self, entries: Sequence[FileEntry], scanned: list[Counted | None], progress: bool | None
+    ) -> list[Counted]:
+        return [c for c in scanned if c is not None]
+
+    def fingerprint_extra(self) -> str:
+        return ""
+
+    def wrap(self, ix: Index) -> Index:
+        return ix
+
+
 @dataclass(frozen=True, slots=True)
-class FooterCounting:
+class FooterCounting(CountsFromFooters):
     """Counts from the token column's footer statistics (a row group without them is read once by ``count``)."""
 
     column: str | None = None
@@ -428,17 +450,6 @@ class FooterCounting:
 
     def checks_histograms(self) -> bool:
         return True
-
-    def finish(
-        self, entries: Sequence[FileEntry], scanned: list[Counted | None], progress: bool | None
-    ) -> list[Counted]:
-        return [c for c in scanned if c is not None]
-
-    def fingerprint_extra(self) -> str:
-        return ""
-
-    def wrap(self, ix: Index) -> Index:
-        return ix
 
 
 def list_files(

@@ -42,7 +42,7 @@ import polars as pl
 from numpy.typing import NDArray
 
 from planner.catalog import jobindex
-from planner.catalog.dataset import Counted, FileEntry, Index, fingerprint_of
+from planner.catalog.dataset import Counted, CountsFromFooters, FileEntry, Index, fingerprint_of
 from planner.errors import ConfigError
 from planner.progress import progress_enabled
 from planner.threads import map_ahead
@@ -88,7 +88,7 @@ def runs(row_groups: int, world: int) -> list[range]:
 
 
 @dataclass(frozen=True)
-class _Layout:
+class _Layout(CountsFromFooters):
     """A file's rows from its footer (the text column's chunks) and the counts this machine's cache holds.
 
     The rows' ``tokens`` and ``empty_docs`` are the counts under no BOS/EOS (ids, documents
@@ -108,19 +108,8 @@ class _Layout:
         counts = np.full((md.num_row_groups, 2), -1, np.int64) if got is None else got
         return replace(self.counting, add_bos=False, add_eos=False).counted(entry, counts)
 
-    def finish(
-        self, entries: Sequence[FileEntry], scanned: list[Counted | None], progress: bool | None
-    ) -> list[Counted]:
-        return [c for c in scanned if c is not None]
-
-    def fingerprint_extra(self) -> str:
-        return ""
-
     def checks_histograms(self) -> bool:
         return False
-
-    def wrap(self, ix: Index) -> Index:
-        return ix
 
 
 def layout_share(
@@ -165,7 +154,8 @@ def to_count(layout: Index) -> NDArray[np.int64]:
 def count_share(layout: Index, counting: TextCounting, rank: int, world: int, progress: bool | None = None) -> Share:
     """Phase 2: rank ``rank``'s contiguous run of :func:`to_count`, tokenized (one ranged read a row group)."""
     todo = to_count(layout)
-    mine = todo[runs(len(todo), world)[rank].start : runs(len(todo), world)[rank].stop]
+    run = runs(len(todo), world)[rank]
+    mine = todo[run.start : run.stop]
     rows = layout.frame["rows"].to_numpy()
     workers = counting.threads or os.cpu_count() or 2
     # The run reads its files in order, a few at once: it keeps their decoding footers

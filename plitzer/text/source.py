@@ -338,7 +338,7 @@ class TextCounting:
         extra = self.extra_ids
         # One int64 row a row group, filled in place (as the token column's rows are): a
         # tuple of Python ints a row group cost ~300 B each until the file's rows were
-        # concatenated, and left pymalloc's arenas fragmented after (~600 B a row group).
+        # concatenated.
         rows = np.empty((md.num_row_groups, footer.ROW_FIELDS), np.int64)
         for g in range(md.num_row_groups):
             rg = md.row_group(g)
