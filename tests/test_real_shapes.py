@@ -172,17 +172,14 @@ def test_two_gloo_ranks_share_the_index_and_each_holds_bytes_a_row_group(
 
 
 TEXT_FILES = (40, 120)
-"""Files of the text test's two datasets (16,000 and 48,000 row groups): its counting pass
-tokenizes every row group (0.5 ms each here), so fewer files than the token tests, and the
-growth is taken between two sizes, not against one file: a run that counts holds a fixed
-working set (the files being read, its threads' buffers: 8 MB), 170 B a row group at 48,000."""
+"""Files of the text and selection tests' two datasets (16,000 and 48,000 row groups): their passes
+read every row group (0.3-0.5 ms each here), so fewer files than the token tests, and the growth is
+taken between two sizes, not against one file: a pass holds a fixed working set (the files being
+read, its threads' buffers and DuckDB's: 8-14 MB), 170-230 B a row group at 48,000."""
 
 
-@pytest.mark.slow
-def test_a_text_sources_counting_pass_is_bytes_a_row_group(shaped: tuple[Path, Path], tmp_path: Path) -> None:
-    # The text column tokenized by characters: the pass reads every footer once (kept by none)
-    # and every row group's text chunk once (through the index's minimal footers).
-    _, many = shaped
+def _subsets(many: Path, tmp_path: Path, *args: str) -> tuple[dict[str, float], dict[str, float]]:
+    """The probe on the first 40 and the first 120 files of ``many`` (hard links), each with its own cache."""
     files = sorted(many.rglob("*.parquet"))
     got = []
     for n in TEXT_FILES:
@@ -190,9 +187,27 @@ def test_a_text_sources_counting_pass_is_bytes_a_row_group(shaped: tuple[Path, P
         some.mkdir(parents=True)
         for f in files[:n]:
             os.link(f, some / f.name)
-        got.append(_probe(some.parent, tmp_path / f"c{n}", "--text"))
+        got.append(_probe(some.parent, tmp_path / f"c{n}", *args))
     small, big = got
     assert (small["row_groups"], big["row_groups"]) == tuple(n * PER_FILE for n in TEXT_FILES)
+    return small, big
+
+
+@pytest.mark.slow
+def test_a_text_sources_counting_pass_is_bytes_a_row_group(shaped: tuple[Path, Path], tmp_path: Path) -> None:
+    # The text column tokenized by characters: the pass reads every footer once (kept by none)
+    # and every row group's text chunk once (through the index's minimal footers).
+    small, big = _subsets(shaped[1], tmp_path, "--text")
     # 226 B measured (942 B with a Python tuple a row group and md.schema's reference cycle;
     # 11.7 KB at 0.4, every footer held): the token path's bound.
     assert _growth(big, small) <= RSS_PER_ROW_GROUP, (big, small)
+
+
+@pytest.mark.slow
+def test_a_selection_pass_is_bytes_a_row_group(shaped: tuple[Path, Path], tmp_path: Path) -> None:
+    # where= reads a column the index does not hold: each footer is read once, for that column's
+    # chunks alone, and each run of 16 row groups decoded through a footer made for it.
+    small, big = _subsets(shaped[1], tmp_path, "--where", "language = 'en'")
+    # 1,016 B measured with 64 whole footers kept, 477 B with 8; then no footer kept, one
+    # bitmap array for all row groups and two arrays a chunk.
+    assert _growth(big, small) <= LOADED_RSS_PER_ROW_GROUP, (big, small)

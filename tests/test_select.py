@@ -29,6 +29,7 @@ import plitzer
 import plitzer.errors
 import plitzer.selection.select as sel
 from planner.errors import CheckpointError, ConfigError, DataError
+from plitzer.selection.evaluate import Runs
 from tests.conftest import SynthDataset, tokens_of
 from tests.s3_fixtures import S3Data, s3
 
@@ -199,16 +200,16 @@ def test_the_pass_is_cached_and_reads_only_the_named_columns(
     read: list[str] = []
     real = sel.SelectionPass._column
 
-    def column(self: sel.SelectionPass, rg: int, name: str) -> pa.Array:
+    def column(self: sel.SelectionPass, rg: int, name: str, runs: Runs | None = None) -> pa.Array:
         read.append(name)
-        return real(self, rg, name)
+        return real(self, rg, name, runs)
 
     monkeypatch.setattr(sel.SelectionPass, "_column", column)
     with plitzer.Loader(data, where="language = 'de' or int_score = 4", length_column="token_count", **CFG):  # type: ignore[arg-type]
         pass
     assert set(read) == {"language", "int_score", "token_count"}
     calls = []
-    monkeypatch.setattr(sel.SelectionPass, "evaluate", lambda self, rg: calls.append(rg))
+    monkeypatch.setattr(sel.SelectionPass, "evaluate_many", lambda self, rgs: calls.extend(rgs))
     with plitzer.Loader(data, where="language='de' OR int_score=4", length_column="token_count", **CFG) as again:  # type: ignore[arg-type]
         again.next_batch()
     assert calls == []  # no second pass: the cache holds it, keyed by the normalized predicate
@@ -219,8 +220,8 @@ def test_ranks_split_the_pass_and_never_wait(data: Path, monkeypatch: pytest.Mon
     """Rank 1 of 2 starts at the second half; alone, it goes on round the rest (no deadlock)."""
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
     order: list[int] = []
-    real = sel.SelectionPass.evaluate
-    monkeypatch.setattr(sel.SelectionPass, "evaluate", lambda self, rg: (order.append(rg), real(self, rg))[1])
+    real = sel.SelectionPass.evaluate_many
+    monkeypatch.setattr(sel.SelectionPass, "evaluate_many", lambda self, rgs: (order.extend(rgs), real(self, rgs))[1])
     ix = plitzer.index(data)
     one = sel.select_index(ix, "int_score >= 1", rank=1, world=2, threads=1)
     chunks = sel.chunks_of(ix)
@@ -382,7 +383,7 @@ def test_the_pass_runs_on_ray_ahead_of_the_job(data: Path, monkeypatch: pytest.M
         ix = plitzer.index(data)
         assert sel.select_on_ray(ix, "language = 'de'", source=str(data)) == len(sel.chunks_of(ix))
     calls: list[int] = []
-    monkeypatch.setattr(sel.SelectionPass, "evaluate", lambda self, rg: calls.append(rg))
+    monkeypatch.setattr(sel.SelectionPass, "evaluate_many", lambda self, rgs: calls.extend(rgs))
     got = sel.select_index(ix, "language = 'de'")
     assert calls == []  # the Ray tasks' parts are in this cache folder
     monkeypatch.undo()
@@ -431,8 +432,8 @@ import plitzer.torch
 rank, world, port, data, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
 done = []
-real = sel.SelectionPass.evaluate
-sel.SelectionPass.evaluate = lambda self, rg: (done.append(rg), real(self, rg))[1]
+real = sel.SelectionPass.evaluate_many
+sel.SelectionPass.evaluate_many = lambda self, rgs: (done.extend(rgs), real(self, rgs))[1]
 ds = plitzer.torch.Dataset(data, where="int_score >= 2", seed=3, lanes=4, window=3, seq_len=32, threads=1)
 batch = next(iter(ds))
 json.dump({"evaluated": done, "tokens": batch.tokens.numpy().tolist()}, open(out, "w"))

@@ -27,7 +27,7 @@ A job index may carry more columns than the token column (``plitzer index DATA -
 --columns a,b``: a predicate's, a length column, aligned columns, a dedupe key): each the
 same way, a template a file (:class:`ColumnChunks`, :func:`column_chunks`) and per row
 group its chunk's byte range, codec and value count, so a selection pass decodes them
-without a footer too (:func:`planner.catalog.jobindex.column_chunks` reads them off a
+without a footer too (:func:`planner.catalog.footer.column_chunks` reads them off a
 footer); and the first file's Arrow schema (:func:`pack_schema`), so the
 columns a predicate may name are known without one.
 

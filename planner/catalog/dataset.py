@@ -63,6 +63,7 @@ from planner.stores.storage import FileStat, Storage
 __all__ = [
     "INDEX_SCHEMA",
     "ChunkSource",
+    "SpanSource",
     "Counted",
     "CountsFromFooters",
     "Counting",
@@ -100,6 +101,19 @@ class ChunkSource(NamedTuple):
     length: int
     carried: bool
     """Whether the footer is a job index's minimal one (it holds no Arrow schema: types as Parquet's)."""
+
+
+class SpanSource(NamedTuple):
+    """What reading one column of a run of row groups of one file needs (:meth:`Index.span_source`)."""
+
+    metadata: pq.FileMetaData
+    """A footer to decode them with: made for the run alone (a few KB), or the file's whole one."""
+    groups: NDArray[np.int64]
+    """Each row group's number in ``metadata``."""
+    offsets: NDArray[np.int64]
+    lengths: NDArray[np.int64]
+    carried: bool
+    """Whether ``metadata`` is a minimal one (it holds no Arrow schema: types as Parquet's)."""
 
 
 @dataclass
@@ -149,6 +163,9 @@ class Index:
     _footers: OrderedDict[int, pq.FileMetaData] = field(default_factory=OrderedDict, repr=False)
     _chunks: OrderedDict[int, pq.FileMetaData] = field(default_factory=OrderedDict, repr=False)
     _carried: OrderedDict[tuple[int, str], pq.FileMetaData] = field(default_factory=OrderedDict, repr=False)
+    _compact: OrderedDict[tuple[int, str], ColumnChunks | bool | None] = field(default_factory=OrderedDict, repr=False)
+    _wanted: set[str] = field(default_factory=set, repr=False)
+    _fill: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _starts: NDArray[np.int64] | None = field(default=None, repr=False)
 
     @property
@@ -185,16 +202,7 @@ class Index:
         e = self._files[file_index]
         md = e.metadata
         if md is None:
-            raw = e.raw if e.raw is not None else footer.cached(e.stat)
-            if raw is None:
-                # Ranks (threads or processes) sharing the cache, each running its share
-                # of a selection pass, fetch a file's footer once: the first under the lock.
-                with footer.fetch_lock(e.stat):
-                    raw = footer.cached(e.stat)
-                    if raw is None:
-                        raw = footer.fetch(e.storage, e.stat)
-                        footer.remember(e.stat, raw)
-            md = footer.parse(raw, e.stat.location)
+            md = footer.parse(self._raw_footer(e), e.stat.location)
         with self._lock:
             self._footers[file_index] = md
             while len(self._footers) > WHOLE_FOOTERS_KEPT:
@@ -268,9 +276,15 @@ class Index:
         if carried is None:
             if e.job_index is not None:
                 _lacks(e.job_index, column)
-            md = self.metadata(fi)
-            span = chunks_range(md, g, column, e.stat.size, self.location(fi, g))
-            return None if span is None else ChunkSource(md, span[0], span[1], False)
+            got_chunks = self._compact_chunks(fi, column)
+            if got_chunks is None:
+                return None
+            if got_chunks is True:  # a column of many leaves (a struct, a map): through the whole footer
+                md = self.metadata(fi)
+                span = chunks_range(md, g, column, e.stat.size, self.location(fi, g))
+                return None if span is None else ChunkSource(md, span[0], span[1], False)
+            assert isinstance(got_chunks, ColumnChunks)
+            carried = got_chunks
         key = (fi, column)
         with self._lock:
             got = self._carried.get(key)
@@ -291,6 +305,107 @@ class Index:
                 while len(self._carried) > FOOTERS_KEPT:
                     self._carried.popitem(last=False)
         return ChunkSource(got, int(carried.byte_offset[g]), int(carried.byte_length[g]), True)
+
+    def span_source(self, first: int, end: int, column: str) -> SpanSource | None:
+        """What reading ``column`` of index rows ``[first, end)`` (row groups of one file) needs; None: no such column.
+
+        A pass that walks the dataset a run at a time (a selection's, a dedupe key's) decodes
+        each run through a footer made for those row groups alone, from the index (the token
+        column), the job index (``--columns``) or the file's footer read once
+        (:meth:`_compact_chunks`), and lets it go with the run: it keeps no file's footer. A
+        column of many leaves (a struct, a map) is read through the whole footer.
+        """
+        fi = int(self.frame["file_index"][first])
+        gs = self.frame["row_group"].slice(first, end - first).to_numpy().astype(np.int64)
+        e = self._files[fi]
+        if column == self.column:
+            part = self.frame.slice(first, end - first)
+            template = e.template
+            if template is None:
+                msg = f"{self.location(fi)}: the index holds no template of its column; build the index again"
+                raise DataError(msg)
+            offsets = part["byte_offset"].to_numpy().astype(np.int64)
+            lengths = part["byte_length"].to_numpy().astype(np.int64)
+            md = chunkmeta.footer(template, part["rows"].to_numpy(), offsets, lengths, part["codec"].to_numpy(),
+                                  part["chunk_values"].to_numpy())  # fmt: skip
+            return SpanSource(md, np.arange(len(gs), dtype=np.int64), offsets, lengths, True)
+        chunks = e.columns.get(column)
+        if chunks is None:
+            if e.job_index is not None:
+                _lacks(e.job_index, column)
+            got = self._compact_chunks(fi, column)
+            if got is None:
+                return None
+            if got is True:
+                whole = self.metadata(fi)
+                spans = [chunks_range(whole, int(g), column, e.stat.size, self.location(fi, int(g))) for g in gs]
+                if any(sp is None for sp in spans):
+                    return None
+                ranges = np.array(spans, np.int64).reshape(-1, 2)
+                return SpanSource(whole, gs, ranges[:, 0].copy(), ranges[:, 1].copy(), False)
+            assert isinstance(got, ColumnChunks)
+            chunks = got
+        rows = self.frame["rows"].slice(first, end - first).to_numpy()
+        offsets, lengths = chunks.byte_offset[gs], chunks.byte_length[gs]
+        md = chunkmeta.footer(chunks.template, rows, offsets, lengths, chunks.codec[gs], chunks.chunk_values[gs])
+        return SpanSource(md, np.arange(len(gs), dtype=np.int64), offsets, lengths, True)
+
+    def _compact_chunks(self, fi: int, column: str) -> ColumnChunks | bool | None:
+        """``column``'s chunks in file ``fi`` as a job index carries them, read off the file's footer once.
+
+        None: the file has no such column; True: it has many leaves (a struct or map), so only
+        the whole footer decodes it. The footer is parsed once for every column asked of
+        the index so far (a predicate's, a length column, an aligned column), and only those
+        columns' few numbers a row group are kept, for the last :data:`FOOTERS_KEPT` files:
+        a pass over many files holds bytes a row group, not whole footers (3.7 MB each on
+        FineWeb-Edu's shape; docs/design.md, "Bytes a row group").
+        """
+        key = (fi, column)
+        with self._lock:
+            if key in self._compact:
+                self._compact.move_to_end(key)
+                return self._compact[key]
+        with self._fill:  # one parse a file, whichever thread asks first
+            with self._lock:
+                if key in self._compact:
+                    return self._compact[key]
+                self._wanted.add(column)
+                wanted = sorted(self._wanted)
+            e = self._files[fi]
+            raw = self._raw_footer(e)
+            where = e.stat.location
+            md = footer.parse(raw, where, check=False)  # each column's histograms: footer.column_chunks
+            pschema = footer.schema_of(md)
+            got: dict[str, ColumnChunks | bool | None] = {}
+            for c in wanted:
+                leaves = footer.leaves_of(pschema, c)
+                got[c] = (
+                    None
+                    if not leaves
+                    else True
+                    if len(leaves) > 1
+                    else footer.column_chunks(raw, md, c, e.stat.size, where)
+                )
+            del md, pschema
+            with self._lock:
+                for c, v in got.items():
+                    self._compact[(fi, c)] = v
+                while len(self._compact) > FOOTERS_KEPT * max(1, len(wanted)):
+                    self._compact.popitem(last=False)
+            return got[column]
+
+    def _raw_footer(self, e: FileEntry) -> bytes:
+        """The file's footer bytes: the listing's, the cache's, else storage's (fetched once across ranks)."""
+        raw = e.raw if e.raw is not None else footer.cached(e.stat)
+        if raw is None:
+            # Ranks (threads or processes) sharing the cache, each running its share
+            # of a selection pass, fetch a file's footer once: the first under the lock.
+            with footer.fetch_lock(e.stat):
+                raw = footer.cached(e.stat)
+                if raw is None:
+                    raw = footer.fetch(e.storage, e.stat)
+                    footer.remember(e.stat, raw)
+        return raw
 
     def _file_rows(self, file_index: int) -> tuple[int, int]:
         """The frame's rows of the file: ``[a, b)``."""

@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from planner.catalog import onepass
-from planner.catalog.chunkmeta import codec_of
+from planner.catalog.chunkmeta import ColumnChunks, codec_of, template_of
 from planner.catalog.column import TokenDtype, delivered_dtype, narrows, token_column_of, token_range
 from planner.catalog.thrift import Reader, ThriftError, list_header, skip_value, uvarint, varint
 from planner.errors import DataError, one_line
@@ -44,6 +44,8 @@ from planner.stores.cache import cache_dir, digest, read_entry, write_entry
 from planner.stores.storage import FileStat, Storage
 
 __all__ = [
+    "column_chunks",
+    "leaves_of",
     "ROW_FIELDS",
     "ParquetBytes",
     "ChunkCounter",
@@ -613,3 +615,53 @@ def _find_all(data: bytes, pattern: bytes) -> list[int]:
         out.append(at)
         at = data.find(pattern, at + 1)
     return out
+
+
+def leaves_of(pschema: pq.ParquetSchema, column: str) -> list[int]:
+    """The leaf columns (numbers in the footer) of top-level column ``column``: one for a flat column or a list."""
+    return [j for j in range(len(pschema)) if pschema.column(j).path.split(".")[0] == column]
+
+
+def column_chunks(raw: bytes, md: pq.FileMetaData, column: str, size: int, where: str) -> ColumnChunks | None:
+    """What decoding ``column`` of every row group of this file needs, from its footer; None: no such column.
+
+    ``column`` must be a top-level column of one leaf (a flat column, or a list of
+    scalars): a struct or map is a DataError naming the file and the column.
+    """
+    try:
+        pschema = schema_of(md)
+        leaves = leaves_of(pschema, column)
+    except (ValueError, pa.ArrowException) as e:
+        msg = f"{where}: unreadable schema ({type(e).__name__}); the footer is damaged"
+        raise DataError(msg) from e
+    if not leaves:
+        return None
+    if len(leaves) != 1:
+        msg = (
+            f"{where}: column {column!r} has {len(leaves)} leaf columns (a struct or map); a job index carries "
+            f"columns of one leaf (flat, or a list of scalars): leave {column!r} out of --columns"
+        )
+        raise DataError(msg)
+    j = leaves[0]
+    check_column_histograms(raw, md, j, where)  # pyarrow's accessors below must not meet damaged ones
+    physical = pschema.column(j).physical_type
+    n = md.num_row_groups
+    offsets, lengths = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    codecs, values = np.zeros(n, np.uint8), np.zeros(n, np.int64)
+    for g in range(n):
+        rg = md.row_group(g)
+        cc = rg.column(j)
+        at = f"{where}, row group {g}"
+        if cc.physical_type != physical:
+            msg = f"{at}: the footer gives column {column!r} type {cc.physical_type}, not {physical}; it is damaged"
+            raise DataError(msg)
+        start = cc.data_page_offset
+        if cc.has_dictionary_page and cc.dictionary_page_offset is not None and cc.dictionary_page_offset > 0:
+            start = min(start, cc.dictionary_page_offset)
+        length = cc.total_compressed_size
+        if rg.num_rows > 0 and (start < 4 or length < 0 or start + length > size):
+            msg = f"{at}: the chunk of {column!r} [{start}, {start + length}) lies outside the file; it is damaged"
+            raise DataError(msg)
+        offsets[g], lengths[g] = start, length
+        codecs[g], values[g] = codec_of(cc.compression, at), cc.num_values
+    return ColumnChunks(template_of(raw, md, column, where), offsets, lengths, codecs, values)

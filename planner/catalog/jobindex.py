@@ -82,7 +82,6 @@ __all__ = [
     "entries_of",
     "has_cached_index",
     "job_index",
-    "column_chunks",
     "listing",
     "load",
     "read_object",
@@ -259,51 +258,6 @@ def _column_names(columns: Sequence[str] | str) -> list[str]:
     return names
 
 
-def column_chunks(raw: bytes, md: pq.FileMetaData, column: str, size: int, where: str) -> ColumnChunks | None:
-    """What decoding ``column`` of every row group of this file needs, from its footer; None: no such column.
-
-    ``column`` must be a top-level column of one leaf (a flat column, or a list of
-    scalars): a struct or map is a DataError naming the file and the column.
-    """
-    try:
-        pschema = footer.schema_of(md)
-        leaves = [j for j in range(md.num_columns) if pschema.column(j).path.split(".")[0] == column]
-    except (ValueError, pa.ArrowException) as e:
-        msg = f"{where}: unreadable schema ({type(e).__name__}); the footer is damaged"
-        raise DataError(msg) from e
-    if not leaves:
-        return None
-    if len(leaves) != 1:
-        msg = (
-            f"{where}: column {column!r} has {len(leaves)} leaf columns (a struct or map); a job index carries "
-            f"columns of one leaf (flat, or a list of scalars): leave {column!r} out of --columns"
-        )
-        raise DataError(msg)
-    j = leaves[0]
-    footer.check_column_histograms(raw, md, j, where)  # pyarrow's accessors below must not meet damaged ones
-    physical = pschema.column(j).physical_type
-    n = md.num_row_groups
-    offsets, lengths = np.zeros(n, np.int64), np.zeros(n, np.int64)
-    codecs, values = np.zeros(n, np.uint8), np.zeros(n, np.int64)
-    for g in range(n):
-        rg = md.row_group(g)
-        cc = rg.column(j)
-        at = f"{where}, row group {g}"
-        if cc.physical_type != physical:
-            msg = f"{at}: the footer gives column {column!r} type {cc.physical_type}, not {physical}; it is damaged"
-            raise DataError(msg)
-        start = cc.data_page_offset
-        if cc.has_dictionary_page and cc.dictionary_page_offset is not None and cc.dictionary_page_offset > 0:
-            start = min(start, cc.dictionary_page_offset)
-        length = cc.total_compressed_size
-        if rg.num_rows > 0 and (start < 4 or length < 0 or start + length > size):
-            msg = f"{at}: the chunk of {column!r} [{start}, {start + length}) lies outside the file; it is damaged"
-            raise DataError(msg)
-        offsets[g], lengths[g] = start, length
-        codecs[g], values[g] = chunkmeta.codec_of(cc.compression, at), cc.num_values
-    return ColumnChunks(chunkmeta.template_of(raw, md, column, where), offsets, lengths, codecs, values)
-
-
 @dataclass(frozen=True, slots=True)
 class CarryingCounting:
     """:class:`FooterCounting`'s counts, and from the same footer read the carried columns' chunks (:func:`carry`)."""
@@ -345,7 +299,7 @@ def _carry_file(
         if name == token:
             msg = f"columns=: {name!r} is the token column, which every job index carries; name the others"
             raise ConfigError(msg)
-        got = column_chunks(raw, md, name, entry.stat.size, where)
+        got = footer.column_chunks(raw, md, name, entry.stat.size, where)
         if got is None:
             msg = (
                 f"{where}: no column {name!r} to carry in the job index (its columns: "

@@ -74,6 +74,7 @@ from plitzer.selection.keying import (
     save_arrays,
     source_identity,
 )
+from plitzer.selection.rowbits import RowBits
 
 __all__ = ["DEDUPE_DEFAULTS", "DedupedIndex", "dedupe_index"]
 
@@ -103,7 +104,7 @@ class DedupedIndex(Index):
     dedupe: str = ""
     exclude: str = ""  # the table's sha256
     exclude_path: str = ""
-    bits: list[U8] = field(default_factory=list, repr=False)
+    bits: RowBits = field(default_factory=lambda: RowBits.of([]), repr=False)
     duplicates: I64 = field(default_factory=lambda: np.zeros((0, 5), np.int64), repr=False)
     order: list[str] = field(default_factory=list)
     """The sources' names in source order (a mixture's; ``[""]`` for one dataset): ``duplicates``' kept part."""
@@ -123,8 +124,7 @@ class DedupedIndex(Index):
         return fn(given) if fn is not None else given
 
     def selected_rows(self, row_group: int) -> I64:
-        rows = int(self.frame["rows"][row_group])
-        return np.flatnonzero(np.unpackbits(self.bits[row_group], count=rows)).astype(np.int64)
+        return self.bits.rows(row_group, int(self.frame["rows"][row_group]))
 
     def stream_positions(self, rg: int) -> I64:
         """The kept rows' positions among ``base``'s stream rows of ``rg``."""
@@ -354,7 +354,7 @@ def _build(
         dedupe=key,
         exclude=excl,
         exclude_path="" if table is None else table.path,
-        bits=bits,
+        bits=RowBits.of(bits),
         duplicates=np.asarray(cached[f"dups{p}"], np.int64).reshape(-1, 5),
         order=list(names),
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,14 +29,17 @@ from numpy.typing import NDArray
 from planner.catalog.dataset import Index
 from planner.errors import DataError, SelectionError, one_line
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
-from plitzer.readpath.read import list_lengths, read_column, read_decoded
+from plitzer.readpath.read import check_list_of_integers, list_lengths, read_column, read_decoded
 from plitzer.selection.predicate import connect
 
 __all__ = [
     "CHUNK",
+    "COUNTS",
+    "ColumnRun",
     "Entry",
     "Exchange",
     "Part",
+    "Result",
     "SelectionPass",
     "chunks_of",
     "entry_path",
@@ -53,12 +56,23 @@ _CACHE_FORMAT = "3"  # 3: entries with a length and checksum (planner.stores.cac
 CHUNK = 16
 """Row groups per cache entry (and per unit of work that ranks split)."""
 
-Entry = tuple[U8, I64, I64, I64, I64]
+Entry = tuple[U8, I64]
 """One chunk of the pass: (each row group's bitmap of kept rows, ``np.packbits``, concatenated;
-stored rows, selected rows, selected tokens and selected empty documents per row group)."""
+a ``(4, row groups)`` array of the stored rows, selected rows, selected tokens and selected empty
+documents of each). Two arrays, not five: a pass over 10^6 row groups keeps 62,500 of them."""
+
+COUNTS = ("rows", "counts", "tokens", "empty")
+"""The rows of an entry's counts, and their names in a cache entry."""
 
 Part = dict[int, Entry]
 """Chunk number -> its entry."""
+
+Result = tuple[NDArray[np.bool_], int, int]
+"""One row group of the pass: its mask of kept rows, their tokens, their empty documents."""
+
+BATCH_BYTES = 8 << 20
+"""The predicate's columns evaluated at once (row groups of one chunk, concatenated): a few MB, so
+the query's cost is spread over many rows and a pass over text columns holds little."""
 
 Exchange = Callable[[Part], list[Part]]
 """Share this rank's part of the pass, get every rank's (``torch.distributed.all_gather_object``)."""
@@ -68,33 +82,59 @@ def read_other(ix: Index, rg: int, column: str) -> pa.Array | None:
     """Row group ``rg``'s ``column`` (every stored row), one ranged read; None where its file has no such column.
 
     Decoded through the job index alone where it carries the column (``plitzer index DATA
-    --out JOB --columns ...``), else through the file's footer (read once, kept). A minimal
-    footer holds no Arrow schema, so a type Arrow would have restored from it (a large
-    string, a time zone) is cast to the first file's, as the real footer gives it.
+    --out JOB --columns ...``), else through the column's chunks read off the file's footer
+    once (:meth:`planner.catalog.dataset.Index.column_chunk`). A minimal footer holds no
+    Arrow schema, so a type Arrow would have restored from it (a large string, a time zone)
+    is cast to the first file's, as the real footer gives it.
     """
     got = ix.column_chunk(rg, column)
     if got is None:
         return None
     fi, g = int(ix.frame["file_index"][rg]), int(ix.frame["row_group"][rg])
-    st = ix.file(fi)
-    arr = read_decoded(
-        ix.storage(fi),
-        st,
-        got.metadata,
-        row_group=g,
-        column=column,
-        offset=got.offset,
-        length=got.length,
-        where=ix.location(fi, g),
-        what=repr(column),
-    )
-    if got.carried:
-        schema = ix.schema()
-        k = schema.get_field_index(column)
-        if k >= 0 and arr.type != schema.field(k).type:
-            with contextlib.suppress(pa.ArrowException):  # another file's own type: kept as decoded
-                arr = arr.cast(schema.field(k).type)
+    arr = read_decoded(ix.storage(fi), ix.file(fi), got.metadata, row_group=g, column=column, offset=got.offset,
+                       length=got.length, where=ix.location(fi, g), what=repr(column))  # fmt: skip
+    return _as_first_files(ix, column, arr) if got.carried else arr
+
+
+def _as_first_files(ix: Index, column: str, arr: pa.Array) -> pa.Array:
+    """``arr`` cast to the type the first file's schema gives ``column``, where it can be."""
+    schema = ix.schema()
+    k = schema.get_field_index(column)
+    if k >= 0 and arr.type != schema.field(k).type:
+        with contextlib.suppress(pa.ArrowException):  # another file's own type: kept as decoded
+            arr = arr.cast(schema.field(k).type)
     return arr
+
+
+class ColumnRun:
+    """One column of a run of row groups of one file (a chunk of the pass), read a row group at a time.
+
+    Through one footer made for the run alone (:meth:`planner.catalog.dataset.Index.span_source`),
+    dropped with the run: a pass over many files keeps no footer of any.
+    """
+
+    def __init__(self, ix: Index, first: int, end: int, column: str) -> None:
+        self.ix, self.first, self.column = ix, first, column
+        self.source = ix.span_source(first, end, column)
+
+    def read(self, rg: int) -> pa.Array | None:
+        """Row group ``rg``'s column (every stored row); None where the file has no such column."""
+        src = self.source
+        if src is None:
+            return None
+        i = rg - self.first
+        fi, g = int(self.ix.frame["file_index"][rg]), int(self.ix.frame["row_group"][rg])
+        arr = read_decoded(self.ix.storage(fi), self.ix.file(fi), src.metadata, row_group=int(src.groups[i]),
+                           column=self.column, offset=int(src.offsets[i]), length=int(src.lengths[i]),
+                           where=self.ix.location(fi, g), what=repr(self.column))  # fmt: skip
+        if self.column == self.ix.column:
+            check_list_of_integers(arr, self.ix.location(fi, g), file=self.ix.file(fi).location, row_group=g)
+            return arr
+        return _as_first_files(self.ix, self.column, arr) if src.carried else arr
+
+
+Runs = dict[str, ColumnRun]
+"""The columns of one run being read, by name (:meth:`SelectionPass.evaluate_many`)."""
 
 
 @dataclass(frozen=True)
@@ -107,21 +147,21 @@ class SelectionPass:
     length_column: str | None
     _local: threading.local = field(default_factory=threading.local, repr=False)
 
-    def _column(self, rg: int, column: str) -> pa.Array:
-        arr = read_other(self.ix, rg, column)
+    def _column(self, rg: int, column: str, runs: Runs | None = None) -> pa.Array:
+        arr = read_other(self.ix, rg, column) if runs is None else runs[column].read(rg)
         if arr is None:
             where = self.ix.location(int(self.ix.frame["file_index"][rg]), int(self.ix.frame["row_group"][rg]))
             msg = f"{where}: no column {column!r}; every file must have the columns where= names"
             raise SelectionError(msg, predicate=self.where, column=column)
         return arr
 
-    def _lengths(self, rg: int) -> I64:
+    def lengths(self, rg: int, runs: Runs | None = None) -> I64:
         """Each row's token count: from the length column, else the token column's list lengths."""
         row = self.ix.frame.row(rg, named=True)
         fi, g = row["file_index"], row["row_group"]
         where = self.ix.location(fi, g)
         if self.length_column is not None:
-            arr = self._column(rg, self.length_column)
+            arr = self._column(rg, self.length_column, runs)
             if arr.null_count:
                 bad = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
                 msg = f"{where}, row {bad}: length_column={self.length_column!r} is null; drop length_column="
@@ -135,6 +175,10 @@ class SelectionPass:
                 )
                 raise DataError(msg, file=self.ix.file(fi).location, row_group=g)
             return lengths
+        if runs is not None:
+            tokens = runs[self.ix.column].read(rg)
+            assert tokens is not None  # the index's own column
+            return list_lengths(tokens)
         arr, _, _ = read_column(self.ix, rg)
         return list_lengths(arr)
 
@@ -173,26 +217,72 @@ class SelectionPass:
         filled = pc.fill_null(col, False)
         return np.asarray(filled.to_numpy(zero_copy_only=False), dtype=bool)
 
-    def table(self, rg: int, rows: int) -> pa.Table:
-        cols = {c: self._column(rg, c) for c in self.columns}
+    def table(self, rg: int, rows: int, runs: Runs | None = None) -> pa.Table:
+        """The predicate's columns of row group ``rg`` (``runs``: read through its run's footers)."""
+        cols = {c: self._column(rg, c, runs) for c in self.columns}
         if not cols:
             cols = {"__plitzer_row": pa.nulls(rows)}
         return pa.table(cols)
 
-    def evaluate(self, rg: int) -> tuple[NDArray[np.bool_], int, int]:
+    def evaluate(self, rg: int) -> Result:
         """Row group ``rg``: which rows are selected, their tokens and their empty documents."""
-        rows = int(self.ix.frame["rows"][rg])
-        if rows == 0:
-            return np.zeros(0, bool), 0, 0
-        keep = self.mask(self.table(rg, rows))
-        if len(keep) != rows:
-            where = self.ix.location(int(self.ix.frame["file_index"][rg]), int(self.ix.frame["row_group"][rg]))
-            msg = f"{where}: the predicate gave {len(keep)} values for {rows} rows; the file is damaged"
-            raise DataError(msg)
-        if not keep.any():
-            return keep, 0, 0
-        lengths = self._lengths(rg)[keep]
-        return keep, int(lengths.sum()), int((lengths == 0).sum())
+        return self.evaluate_many(range(rg, rg + 1))[0]
+
+    def evaluate_many(self, rgs: range) -> list[Result]:
+        """:meth:`evaluate` of each of ``rgs`` (row groups of one file), the predicate run once a batch.
+
+        The row groups' columns are concatenated until they hold :data:`BATCH_BYTES`, and
+        DuckDB evaluates the predicate once over them: a query costs about a millisecond
+        whatever its rows, so one a row group was most of the pass on small row groups.
+        """
+        frame_rows = self.ix.frame["rows"].slice(rgs.start, len(rgs)).to_numpy()
+        names = [*self.columns, self.length_column or self.ix.column]
+        runs: Runs = {c: ColumnRun(self.ix, rgs.start, rgs.stop, c) for c in dict.fromkeys(names)}
+        masks: list[NDArray[np.bool_]] = [np.zeros(0, bool)] * len(rgs)
+        batch: list[tuple[int, pa.Table]] = []
+        held = 0
+
+        def flush() -> None:
+            nonlocal held
+            if not batch:
+                return
+            tables = [t for _, t in batch]
+            keep = self.mask(tables[0] if len(tables) == 1 else pa.concat_tables(tables))
+            want = sum(t.num_rows for t in tables)
+            if len(keep) != want:
+                rg = rgs.start + batch[0][0]
+                where = self.ix.location(int(self.ix.frame["file_index"][rg]), int(self.ix.frame["row_group"][rg]))
+                msg = f"{where}: the predicate gave {len(keep)} values for {want} rows; the file is damaged"
+                raise DataError(msg)
+            at = 0
+            for i, t in batch:
+                masks[i] = keep[at : at + t.num_rows]
+                at += t.num_rows
+            batch.clear()
+            held = 0
+
+        for i, rows in enumerate(frame_rows.tolist()):
+            if rows == 0:
+                continue
+            t = self.table(rgs.start + i, rows, runs)
+            if t.num_rows != rows:
+                rg = rgs.start + i
+                where = self.ix.location(int(self.ix.frame["file_index"][rg]), int(self.ix.frame["row_group"][rg]))
+                msg = f"{where}: the predicate's columns hold {t.num_rows} rows, the index {rows}; the file is damaged"
+                raise DataError(msg)
+            batch.append((i, t))
+            held += t.nbytes
+            if held >= BATCH_BYTES:
+                flush()
+        flush()
+        out: list[Result] = []
+        for i, keep in enumerate(masks):
+            if not keep.any():
+                out.append((keep, 0, 0))
+                continue
+            lengths = self.lengths(rgs.start + i, runs)[keep]
+            out.append((keep, int(lengths.sum()), int((lengths == 0).sum())))
+        return out
 
 
 def chunks_of(ix: Index) -> list[tuple[int, int]]:
@@ -222,32 +312,27 @@ def load_entry(path: Path, n: int) -> Entry | None:
     try:
         with np.load(io.BytesIO(raw), allow_pickle=False) as z:
             bits = np.asarray(z["bits"], np.uint8)
-            rows, counts, tokens, empty = (np.asarray(z[k], np.int64) for k in ("rows", "counts", "tokens", "empty"))
+            counts = np.stack([np.asarray(z[k], np.int64) for k in COUNTS])
     except (OSError, ValueError, KeyError) as e:
         discard(path, f"unreadable: {type(e).__name__}")
         return None
-    if any(len(x) != n for x in (rows, counts, tokens, empty)) or len(bits) != int(((rows + 7) // 8).sum()):
+    if counts.shape[1] != n or len(bits) != int(((counts[0] + 7) // 8).sum()):
         return None  # stale or damaged: selected again, never trusted
-    return bits, rows, counts, tokens, empty
+    return bits, counts
 
 
 def save_entry(path: Path, entry: Entry) -> None:
-    bits, rows, counts, tokens, empty = entry
+    bits, counts = entry
     buf = io.BytesIO()
-    np.savez(buf, bits=bits, rows=rows, counts=counts, tokens=tokens, empty=empty)
+    np.savez(buf, bits=bits, **dict(zip(COUNTS, counts, strict=True)))
     write_entry(path, buf.getvalue())  # a folder that cannot be written costs time, not correctness
 
 
-def pack_entry(results: Sequence[tuple[NDArray[np.bool_], int, int]]) -> Entry:
+def pack_entry(results: Sequence[Result]) -> Entry:
     """A chunk's entry from its row groups' masks and counts."""
     bits = [np.packbits(r[0]) for r in results]
-    return (
-        np.concatenate(bits).astype(np.uint8) if bits else np.zeros(0, np.uint8),
-        np.array([len(r[0]) for r in results], np.int64),
-        np.array([int(r[0].sum()) for r in results], np.int64),
-        np.array([r[1] for r in results], np.int64),
-        np.array([r[2] for r in results], np.int64),
-    )
+    counts = np.array([[len(r[0]), int(r[0].sum()), r[1], r[2]] for r in results], np.int64).reshape(-1, 4)
+    return (np.concatenate(bits).astype(np.uint8) if bits else np.zeros(0, np.uint8), np.ascontiguousarray(counts.T))
 
 
 def run_pass(
@@ -262,40 +347,38 @@ def run_pass(
     """The entries of ``chunks[order]``: from the cache, else evaluated (and written there).
 
     ``shared``: other ranks work on the same chunks at the same time, so a chunk is
-    looked up again just before each of its row groups is evaluated.
+    looked up again just before it is evaluated.
     """
-    paths = {c: entry_path(p.ix, chunks[c], p.where, p.length_column) for c in order}
+
+    def path(c: int) -> Path:  # made when needed: a dict of every chunk's was ~20 B a row group
+        return entry_path(p.ix, chunks[c], p.where, p.length_column)
+
     done: Part = {}
     for c in order:
-        got = load_entry(paths[c], chunks[c][1] - chunks[c][0])
+        got = load_entry(path(c), chunks[c][1] - chunks[c][0])
         if got is not None:
             done[c] = got
-    # Streamed, bytes a row group (docs/design.md, "Bytes a row group"): the row groups to
-    # evaluate are generated as the pool takes them, and a chunk is packed (and its row
-    # groups' masks let go) as soon as its last row group is in, not after the whole pass:
-    # a list of every row group and every row group's result tuple were ~1 KB a row group.
-    size = {c: chunks[c][1] - chunks[c][0] for c in order if c not in done}
-    if not size:
+    # Streamed, bytes a row group (docs/design.md, "Bytes a row group"): the pool takes the
+    # chunks as they come and each chunk is packed (its row groups' masks let go) as soon as
+    # it is in, not after the whole pass; a chunk is the unit of work, so the predicate runs
+    # once over its row groups (SelectionPass.evaluate_many), not once a row group.
+    todo = [c for c in order if c not in done]
+    if not todo:
         return done
     lock = threading.Lock()
 
-    def todo() -> Iterator[tuple[int, int]]:
-        for c in size:
-            for rg in range(*chunks[c]):
-                yield c, rg
-
-    def work(item: tuple[int, int]) -> tuple[int, tuple[NDArray[np.bool_], int, int] | None]:
-        c, rg = item
+    def work(c: int) -> tuple[int, list[Result] | None]:
+        n = chunks[c][1] - chunks[c][0]
         with lock:
             if c in done:
                 return c, None
         if shared:
-            got = load_entry(paths[c], size[c])
+            got = load_entry(path(c), n)
             if got is not None:
                 with lock:
                     done.setdefault(c, got)
                 return c, None
-        return c, p.evaluate(rg)
+        return c, p.evaluate_many(range(*chunks[c]))
 
     from concurrent.futures import ThreadPoolExecutor
 
@@ -304,29 +387,24 @@ def run_pass(
     from planner.progress import progress_enabled
     from planner.threads import map_ahead
 
-    total = sum(size.values())
-    parts: dict[int, list[tuple[NDArray[np.bool_], int, int] | None]] = {}
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="plitzer-select") as pool:
-        bar = tqdm(
-            map_ahead(pool, work, todo()),
+    total = sum(chunks[c][1] - chunks[c][0] for c in todo)
+    with (
+        ThreadPoolExecutor(max_workers=threads, thread_name_prefix="plitzer-select") as pool,
+        tqdm(
             total=total,
             desc="selecting rows",
             unit="row group",
             disable=not progress_enabled(progress, total),
             leave=False,
-        )
-        for c, got in bar:  # in order: a chunk's row groups arrive together
-            results = parts.setdefault(c, [])
-            results.append(got)
-            if len(results) < size[c]:
-                continue
-            del parts[c]
-            if c in done or any(r is None for r in results):
-                continue
-            entry = pack_entry([r for r in results if r is not None])
-            save_entry(paths[c], entry)
-            done[c] = entry
-    missing = [c for c in order if c not in done]
-    if missing:  # a chunk another rank was writing while this one skipped part of it
-        done.update(run_pass(p, chunks, missing, shared=False, threads=threads, progress=progress))
+        ) as bar,
+    ):
+        for c, results in map_ahead(pool, work, todo):
+            if results is not None:
+                # Packed here, not in the reader threads: what the pass keeps is then allocated
+                # apart from the threads' transient buffers, whose memory goes back when freed.
+                entry = pack_entry(results)
+                save_entry(path(c), entry)
+                with lock:
+                    done[c] = entry
+            bar.update(chunks[c][1] - chunks[c][0])
     return done

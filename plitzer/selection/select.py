@@ -76,6 +76,7 @@ from plitzer.selection.evaluate import (
     save_entry,
 )
 from plitzer.selection.predicate import available_columns, check_predicate, normalize
+from plitzer.selection.rowbits import RowBits
 
 __all__ = [
     "CHUNK",
@@ -113,7 +114,7 @@ class SelectedIndex(Index):
     where: str = ""
     length_column: str | None = None
     base_fingerprint: str = ""
-    bits: list[U8] = field(default_factory=list, repr=False)
+    bits: RowBits = field(default_factory=lambda: RowBits.of([]), repr=False)
 
     def config_fields(self) -> dict[str, Any]:
         """The checkpoint fields of a selection: the normalized predicate and the length column."""
@@ -129,8 +130,7 @@ class SelectedIndex(Index):
 
     def selected_rows(self, row_group: int) -> I64:
         """The selected rows of ``row_group``, ascending (:class:`planner.catalog.rowgroups.SelectedRows`)."""
-        rows = int(self.frame["rows"][row_group])
-        return np.flatnonzero(np.unpackbits(self.bits[row_group], count=rows)).astype(np.int64)
+        return self.bits.rows(row_group, int(self.frame["rows"][row_group]))
 
     def read_tokens(self, rg: int) -> pa.Array:
         """Row group ``rg``'s selected documents: the token chunk read and checked, then one ``take``."""
@@ -273,30 +273,28 @@ def _run_shares(
 
 def _selected_index(ix: Index, norm: str, length_column: str | None, entries: list[Entry]) -> SelectedIndex:
     """The selected index of the pass's ``entries`` (one a chunk, in order); a selection of no token is refused."""
-    bits: list[U8] = []
-    rows_sel, tokens_sel, empty_sel = [], [], []
-    for b, rows, counts, tokens, empty in entries:
-        offs = np.concatenate([[0], np.cumsum((rows + 7) // 8)])
-        bits.extend(b[offs[i] : offs[i + 1]] for i in range(len(counts)))
-        rows_sel.extend(counts.tolist())
-        tokens_sel.extend(tokens.tolist())
-        empty_sel.extend(empty.tolist())
+
+    counts = np.concatenate([e[1] for e in entries], axis=1) if entries else np.zeros((4, 0), np.int64)
+    bits = RowBits.packed(np.concatenate([e[0] for e in entries]) if entries else np.zeros(0, np.uint8), counts[0])
+    rows_sel, tokens_sel, empty_sel = counts[1], counts[2], counts[3]
     frame = ix.frame.with_columns(
         pl.Series("rows_selected", rows_sel, pl.Int64),
         pl.Series("tokens_selected", tokens_sel, pl.Int64),
         pl.Series("empty_docs_selected", empty_sel, pl.Int64),
     )
-    total = int(sum(tokens_sel))
+    total = int(tokens_sel.sum())
     if total == 0:
         msg = (
-            f"where={norm!r} selects no token of {ix.source!r} ({int(sum(rows_sel))} of {ix.frame['rows'].sum()} "
+            f"where={norm!r} selects no token of {ix.source!r} ({int(rows_sel.sum())} of {ix.frame['rows'].sum()} "
             f"rows, all empty); loosen it. Available columns: {', '.join(available_columns(ix))}"
         )
         raise SelectionError(msg, predicate=norm, available=tuple(available_columns(ix)))
     h = hashlib.sha256()
     h.update(f"{ix.fingerprint}\nwhere\t{norm}\tlength_column={length_column or ''}\n".encode())
-    for r, t in zip(rows_sel, tokens_sel, strict=True):
-        h.update(f"{r}\t{t}\n".encode())
+    step = 1 << 14  # the same text as a line a row group, formatted a slice at a time
+    for a in range(0, len(rows_sel), step):
+        pairs = zip(rows_sel[a : a + step].tolist(), tokens_sel[a : a + step].tolist(), strict=True)
+        h.update("".join(f"{r}\t{t}\n" for r, t in pairs).encode())
     return SelectedIndex(
         frame=frame,
         column=ix.column,
@@ -326,7 +324,7 @@ def _ray_chunk(
 
     p = SelectionPass(ix=index(source, column=column, storage_options=storage_options), where=where, columns=columns,
               length_column=length_column)  # fmt: skip
-    return first, pack_entry([p.evaluate(rg) for rg in range(first, end)])
+    return first, pack_entry(p.evaluate_many(range(first, end)))
 
 
 def select_on_ray(

@@ -83,7 +83,7 @@ class RowLengths:
         column = part.length_source(self.length_column)  # a selection's own, none for text
         if column is not None:
             p = SelectionPass(ix=part, where="", columns=[], length_column=column)
-            lengths = p._lengths(local)  # checked against the footer's tokens
+            lengths = p.lengths(local)  # checked against the footer's tokens
             kept = part.selected_rows(local)
             if kept is not None:
                 lengths = lengths[kept]
