@@ -37,9 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = ROOT / "tests" / "rss_probe.py"
 FILES, PER_FILE = 300, 400  # 120,000 row groups, as the issue measured
 RSS_PER_ROW_GROUP = 384
-"""Bytes of peak RSS a row group may cost a rank that builds its index from footers (0.4: 11.3-13.5
-KB): 215 B measured alone, 296-334 B for each of 2 gloo ranks, whose exchange is the rest
-(docs/design.md, "Bytes a row group"); the margin is the allocator's, which varies with threads."""
+"""Bytes of peak RSS a row group may cost a rank that builds its index from footers, against one
+file (0.4: 11.3-13.5 KB): 208-220 B measured alone, 272-312 B for each of 2 gloo ranks, whose
+exchange is the rest (docs/design.md, "Bytes a row group"). That counts in a fixed working set of
+5-10 MB; what each further row group costs is held to the issue's 256 B (:data:`MID_FILES`)."""
 LOADED_RSS_PER_ROW_GROUP = 256
 """The same, for a rank that loads its index (a job index, or its own cache): the issue's 256 B;
 198-221 B measured (336-373 B before the epoch plan's slices and the cache's lists; 484-662 before
@@ -56,6 +57,24 @@ def shaped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     for i in range(FILES):  # hard links: 300 files' footers at no disk cost
         os.link(one, many / f"{i // 1000:03d}_{i:05d}.parquet")
     return root / "one", root / "many"
+
+
+MID_FILES = 120
+"""Files of the middle dataset (48,000 row groups): the growth between it and the 300-file one is
+what each further row group costs, apart from the fixed working set that a growth against one
+file counts in (the files being read, the threads' buffers, the parsing footers: 5-10 MB, so 40-80
+B a row group at 120,000 and almost nothing at 10^6)."""
+
+
+@pytest.fixture(scope="module")
+def mid(shaped: tuple[Path, Path]) -> Path:
+    """The first :data:`MID_FILES` files of the 300-file dataset (hard links)."""
+    root = shaped[1].parent / "mid"
+    some = root / "CC-MAIN-2024-10"
+    some.mkdir(parents=True)
+    for f in sorted(shaped[1].rglob("*.parquet"))[:MID_FILES]:
+        os.link(f, some / f.name)
+    return root
 
 
 def test_the_shape_is_real(shaped: tuple[Path, Path]) -> None:
@@ -130,9 +149,12 @@ def _growth(big: dict[str, float], small: dict[str, float]) -> float:
 
 
 @pytest.mark.slow
-def test_a_ranks_memory_is_bytes_a_row_group(shaped: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_ranks_memory_is_bytes_a_row_group(shaped: tuple[Path, Path], mid: Path, tmp_path: Path) -> None:
     one, many = shaped
-    cold = _growth(_probe(many, tmp_path / "c1"), _probe(one, tmp_path / "c2"))
+    big = _probe(many, tmp_path / "c1")
+    cold = _growth(big, _probe(one, tmp_path / "c2"))
+    # Each further row group, the working set apart: the issue's 256 B (116-124 B measured).
+    assert _growth(big, _probe(mid, tmp_path / "c5")) <= LOADED_RSS_PER_ROW_GROUP
     jobindex.write(one, tmp_path / "one.index")
     jobindex.write(many, tmp_path / "many.index")
     indexed = _growth(
@@ -160,12 +182,16 @@ def _ranks(data: Path, cache: Path) -> list[dict[str, float]]:
 
 @pytest.mark.slow
 def test_two_gloo_ranks_share_the_index_and_each_holds_bytes_a_row_group(
-    shaped: tuple[Path, Path], tmp_path: Path
+    shaped: tuple[Path, Path], mid: Path, tmp_path: Path
 ) -> None:
     one, many = shaped
     big, small = _ranks(many, tmp_path / "big"), _ranks(one, tmp_path / "small")
-    for b, s in zip(big, small, strict=True):
+    middle = _ranks(mid, tmp_path / "mid")
+    for b, s, m in zip(big, small, middle, strict=True):
         assert _growth(b, s) <= RSS_PER_ROW_GROUP, (b, s)
+        # Each further row group, the working set apart: 196-258 B measured (the issue's 256 B is
+        # met alone; the exchange's copies are the rest), so the bound is the cold one's.
+        assert _growth(b, m) <= RSS_PER_ROW_GROUP, (b, m)
     # Each rank read and parsed half of the footers: its CPU is at most 1/2 + 25 % of one process's index.
     alone = _probe(many, tmp_path / "alone")
     assert max(b["cpu_s"] for b in big) - max(s["cpu_s"] for s in small) < 0.75 * alone["cpu_s"], (big, alone)
