@@ -489,3 +489,53 @@ def test_cli_explain_and_audit_take_where(data: Path, tmp_path: Path, capsys: py
     assert main(["audit", str(data), "--where", where, *cfg, "--steps", "10", "--out", str(page)]) == 0
     assert "selection" in page.read_text().lower()
     capsys.readouterr()
+
+
+def test_the_pass_parses_each_footer_once_and_keeps_none(
+    data: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Two predicate columns and a length column: one parse a file, no footer held after the pass."""
+    from planner.catalog import footer
+
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
+    ix = plitzer.index(data)
+    parsed: list[str] = []
+    real = footer.parse
+
+    def counted(raw: bytes, where: str, **kw: bool) -> pq.FileMetaData:
+        parsed.append(where)
+        return real(raw, where, **kw)
+
+    monkeypatch.setattr(footer, "parse", counted)
+    got = sel.select_index(ix, "language = 'de' or int_score = 4", length_column="token_count", threads=2)
+    files = [f.location for f in ix.files]
+    assert sorted(set(parsed)) == sorted(files)  # every file's footer, for its columns' chunks
+    assert len(parsed) <= len(files) + 1  # once each (the first file's once more, for the schema)
+    assert len(ix._footers) <= 1 and not ix._chunks and not ix._carried  # nothing of the pass kept
+    want = filtered_copy(data, tmp_path / "want", "language = 'de' or int_score = 4")
+    assert got.tokens == plitzer.index(want).tokens
+
+
+def test_a_predicate_on_a_struct_field_reads_it_through_the_whole_footer(tmp_path: Path) -> None:
+    """A column of many leaves has no chunks of its own to decode: its row groups go through the footer."""
+    rng = np.random.default_rng(4)
+    for f in range(2):
+        n = 60
+        lens = rng.integers(0, 9, n)
+        toks = pa.array([list(range(k)) for k in lens.tolist()], pa.list_(pa.int32()))
+        meta = pa.StructArray.from_arrays([pa.array(rng.integers(0, 5, n)), pa.array(["a", "b", "c"] * 20)],
+                                          names=["score", "tag"])  # fmt: skip
+        lang = pa.array(rng.choice(["en", "de"], n).tolist()).dictionary_encode()
+        pq.write_table(pa.table({"tokens": toks, "meta": meta, "lang": lang}), tmp_path / f"{f}.parquet",
+                       row_group_size=20)  # fmt: skip
+    where = "meta.score >= 3 and lang = 'en'"
+    got = sel.select_index(plitzer.index(tmp_path), where, threads=2)
+    con = duckdb.connect()
+    want = []
+    for f in sorted(tmp_path.glob("*.parquet")):
+        pf = pq.ParquetFile(f)
+        for g in range(pf.num_row_groups):
+            con.register("t", pf.read_row_group(g))
+            want.append(con.sql(f"select count(*), coalesce(sum(len(tokens)), 0) from t where {where}").fetchall()[0])
+            con.unregister("t")
+    assert list(zip(got.frame["rows_selected"], got.frame["tokens_selected"], strict=True)) == want

@@ -83,12 +83,11 @@ __all__ = [
 
 FOOTERS_KEPT = 64
 """Minimal parsed footers an index keeps (about 1 KB a row group each): the files being read, about."""
-WHOLE_FOOTERS_KEPT = 8
-"""Whole parsed footers an index keeps, for the passes that read other columns (a selection's, a
-dedupe key's): several MB each on files of many columns (3.7 MB on FineWeb-Edu's shape), so 64 of
-them were 240 MB of a pass's peak. A pass walks the files in order, chunk by chunk, so the files in
-flight are few (threads x 16 row groups a chunk / row groups a file, plus one); a footer dropped
-too early is parsed again from this machine's footer cache, never fetched again."""
+WHOLE_FOOTERS_KEPT = 2
+"""Whole parsed footers an index keeps: several MB each on files of many columns (3.7 MB on
+FineWeb-Edu's shape). Only the first file's schema and a column of many leaves (a struct, a map)
+need one now; every other column is decoded from its chunks' few numbers (:meth:`Index.column_chunk`).
+A footer dropped is parsed again from this machine's footer cache, never fetched again."""
 _INDEX_FORMAT = "5"  # 5: a row a file, its rows as lists (planner.catalog.rowlists); 4: codec, chunk_values
 
 
@@ -306,14 +305,15 @@ class Index:
                     self._carried.popitem(last=False)
         return ChunkSource(got, int(carried.byte_offset[g]), int(carried.byte_length[g]), True)
 
-    def span_source(self, first: int, end: int, column: str) -> SpanSource | None:
+    def span_source(self, first: int, end: int, column: str, also: Sequence[str] = ()) -> SpanSource | None:
         """What reading ``column`` of index rows ``[first, end)`` (row groups of one file) needs; None: no such column.
 
         A pass that walks the dataset a run at a time (a selection's, a dedupe key's) decodes
         each run through a footer made for those row groups alone, from the index (the token
         column), the job index (``--columns``) or the file's footer read once
         (:meth:`_compact_chunks`), and lets it go with the run: it keeps no file's footer. A
-        column of many leaves (a struct, a map) is read through the whole footer.
+        column of many leaves (a struct, a map) is read through the whole footer. ``also``: the
+        other columns the pass reads, whose chunks the same read of the footer then gives.
         """
         fi = int(self.frame["file_index"][first])
         gs = self.frame["row_group"].slice(first, end - first).to_numpy().astype(np.int64)
@@ -333,7 +333,7 @@ class Index:
         if chunks is None:
             if e.job_index is not None:
                 _lacks(e.job_index, column)
-            got = self._compact_chunks(fi, column)
+            got = self._compact_chunks(fi, column, also)
             if got is None:
                 return None
             if got is True:
@@ -350,7 +350,7 @@ class Index:
         md = chunkmeta.footer(chunks.template, rows, offsets, lengths, chunks.codec[gs], chunks.chunk_values[gs])
         return SpanSource(md, np.arange(len(gs), dtype=np.int64), offsets, lengths, True)
 
-    def _compact_chunks(self, fi: int, column: str) -> ColumnChunks | bool | None:
+    def _compact_chunks(self, fi: int, column: str, also: Sequence[str] = ()) -> ColumnChunks | bool | None:
         """``column``'s chunks in file ``fi`` as a job index carries them, read off the file's footer once.
 
         None: the file has no such column; True: it has many leaves (a struct or map), so only
@@ -369,7 +369,7 @@ class Index:
             with self._lock:
                 if key in self._compact:
                     return self._compact[key]
-                self._wanted.add(column)
+                self._wanted.update((column, *(c for c in also if c != self.column)))
                 wanted = sorted(self._wanted)
             e = self._files[fi]
             raw = self._raw_footer(e)

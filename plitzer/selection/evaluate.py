@@ -113,9 +113,9 @@ class ColumnRun:
     dropped with the run: a pass over many files keeps no footer of any.
     """
 
-    def __init__(self, ix: Index, first: int, end: int, column: str) -> None:
+    def __init__(self, ix: Index, first: int, end: int, column: str, also: Sequence[str] = ()) -> None:
         self.ix, self.first, self.column = ix, first, column
-        self.source = ix.span_source(first, end, column)
+        self.source = ix.span_source(first, end, column, also)
 
     def read(self, rg: int) -> pa.Array | None:
         """Row group ``rg``'s column (every stored row); None where the file has no such column."""
@@ -237,7 +237,7 @@ class SelectionPass:
         """
         frame_rows = self.ix.frame["rows"].slice(rgs.start, len(rgs)).to_numpy()
         names = [*self.columns, self.length_column or self.ix.column]
-        runs: Runs = {c: ColumnRun(self.ix, rgs.start, rgs.stop, c) for c in dict.fromkeys(names)}
+        runs: Runs = {c: ColumnRun(self.ix, rgs.start, rgs.stop, c, names) for c in dict.fromkeys(names)}
         masks: list[NDArray[np.bool_]] = [np.zeros(0, bool)] * len(rgs)
         batch: list[tuple[int, pa.Table]] = []
         held = 0
