@@ -207,6 +207,11 @@ class FaultProxy:
             self._attempts = {}
             self.peak_inflight = self.inflight
 
+    def stop_faults(self) -> None:
+        """From now, every request is passed on as it is (the log is kept)."""
+        with self._lock:
+            self.schedule = None
+
     def log(self) -> list[Request]:
         with self._lock:
             return list(self.requests)
