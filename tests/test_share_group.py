@@ -173,8 +173,8 @@ def test_a_group_with_a_job_index_and_a_selection(tmp_path: Path, cache: Path, m
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "fresh"))
     seen = _counters(monkeypatch)
     evaluated: list[int] = []
-    real = SelectionPass.evaluate
-    monkeypatch.setattr(SelectionPass, "evaluate", lambda self, rg: evaluated.append(rg) or real(self, rg))
+    real = SelectionPass.evaluate_many
+    monkeypatch.setattr(SelectionPass, "evaluate_many", lambda self, rgs: evaluated.extend(rgs) or real(self, rgs))
     group = ThreadGroup(WORLD)
     loaders = run_ranks(
         WORLD, lambda r: plitzer.Loader.in_group(group.member(r), data, rank=r, world=WORLD, **kw, **CFG)
