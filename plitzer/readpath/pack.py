@@ -422,6 +422,10 @@ def finish_unit(
     stop = int(step_bounds[t1 - s_first]) if t1 > t0 else 0
     short = len(lay) > 0 and int((subs.end - subs.start).sum()) < SHORT_ROWS * len(lay)
 
+    # Lanes left out (``keep``, after a resume) leave gaps between the kept lanes' pieces in
+    # the decoded values, so those pieces no longer tile them and are gathered as scattered.
+    tiled = tiled and len(order) == len(pc_.local)
+
     def gather(arrs: list[pa.Array], dt: np.dtype[Any]) -> tuple[Memory | None, NDArray[Any], pa.Array, I64]:
         if tiled and short and t1 > t0:
             return _transposed(arrs, pc_, order, lane_piece, lane_base, n_lane, subs, dt, t0, t1, seq_len)
