@@ -60,6 +60,7 @@ __all__ = [
     "slice_keys",
     "slice_offsets",
     "slice_starts",
+    "stage_tokens",
 ]
 
 I64 = NDArray[np.int64]
@@ -225,18 +226,30 @@ def cut_again(items: Items, used: I64, cuts: I64) -> Items:
     return Items(src[rep], a[rep] + (ps - start[rep]), pe - ps, lane, ps - cuts[lane])
 
 
+def stage_tokens(x: Any, k: Any, lanes: int, begin: int) -> I64:
+    """Tokens lane ``k`` of a stage that began at run token ``begin`` has received once the run has ``x``.
+
+    ``ceil((x - k) / B) - ceil((begin - k) / B)`` (for ``x >= begin``): the stage deals
+    run tokens ``begin, begin + 1, ...`` to lanes ``x mod B`` like cards. The one statement
+    of the lane-consumption rule: :func:`cut_again_at` asks it what each old lane has consumed
+    at a change, and :mod:`planner.order.layout` and :mod:`planner.run` where a lane stands.
+    """
+    xa, ka = np.asarray(x, np.int64), np.asarray(k, np.int64)
+    out: I64 = -((ka - xa) // lanes) + (ka - begin) // lanes
+    return out
+
+
 def cut_again_at(items: Items, lanes: int, begun: int, end_run: int, changes: list[tuple[int, int]]) -> Items:
     """``items`` of ``lanes`` lanes, their cards begun at run token ``begun``, cut at every change in turn.
 
     ``changes``: ``(new lanes, run token it begins at)``, in run order, all inside the
     window that ends at run token ``end_run``. At a change to ``B'`` lanes at ``X``, lane
-    ``k`` has consumed ``ceil((X - k) / B) - ceil((begun - k) / B)`` tokens of its slice;
+    ``k`` has consumed ``stage_tokens(X, k, B, begun)`` tokens of its slice;
     the rest is cut into ``B'`` lanes by section 3 rule 4 with ``z = X mod B'``
     (:func:`cut_again`).
     """
     for new_lanes, begin in changes:
-        k = np.arange(lanes, dtype=np.int64)
-        used = -((k - begin) // lanes) + (k - begun) // lanes
+        used = stage_tokens(begin, np.arange(lanes, dtype=np.int64), lanes, begun)
         q, r = divmod(end_run - begin, new_lanes)
         items = cut_again(
             items, used, cut_at(np.arange(new_lanes + 1, dtype=np.int64), q, r, begin % new_lanes, new_lanes)

@@ -38,8 +38,9 @@ from planner.errors import ConfigError
 from planner.lanes import piece_range
 from planner.mixing.mixture import Interleave, MixturePlan
 from planner.mixing.sources import Stage
-from planner.order.layout import Layout, stage_tokens
+from planner.order.layout import Layout
 from planner.order.plan import LanesPlan, Plan
+from planner.packing import stage_tokens
 
 __all__ = [
     "NEVER",

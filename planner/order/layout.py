@@ -41,6 +41,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from planner.errors import ConfigError
+from planner.packing import stage_tokens
 
 __all__ = ["Layout", "LayoutStage", "parse_values", "stage_tokens"]
 
@@ -58,17 +59,6 @@ class LayoutStage:
     @property
     def per_step(self) -> int:
         return self.lanes * self.seq_len
-
-
-def stage_tokens(x: Any, k: Any, lanes: int, begin: int) -> I64:
-    """Tokens lane ``k`` of a stage that began at run token ``begin`` has received once the run has ``x``.
-
-    ``ceil((x - k) / B) - ceil((begin - k) / B)`` (for ``x >= begin``): the stage deals
-    run tokens ``begin, begin + 1, ...`` to lanes ``x mod B`` like cards.
-    """
-    xa, ka = np.asarray(x, np.int64), np.asarray(k, np.int64)
-    out: I64 = -((ka - xa) // lanes) + (ka - begin) // lanes
-    return out
 
 
 def _is_int(v: object) -> bool:
