@@ -44,6 +44,7 @@ from numpy.typing import NDArray
 from planner.catalog import jobindex
 from planner.catalog.dataset import Counted, CountsFromFooters, FileEntry, Index, fingerprint_of
 from planner.errors import ConfigError
+from planner.parameters import DEFAULT_TEXT, TextSettings
 from planner.progress import progress_enabled
 from planner.threads import map_ahead
 from plitzer.readpath.read import read_column
@@ -51,10 +52,10 @@ from plitzer.text.source import (
     TextCounting,
     TextIndex,
     encode_texts,
+    index_text,
     load_counts,
     save_counts,
     text_counting,
-    text_index,
     texts_of,
 )
 
@@ -255,7 +256,7 @@ def write_text_index(
     out: str | os.PathLike[str],
     *,
     tokenizer: Any,
-    text_column: str = "text",
+    text_column: str = DEFAULT_TEXT.text_column,
     storage_options: Mapping[str, Any] | None = None,
     out_options: Mapping[str, Any] | None = None,
     progress: bool | None = None,
@@ -267,16 +268,8 @@ def write_text_index(
     ids, so a loader of any ``add_eos``/``add_bos`` reads it; its ``fingerprint`` is
     that of the counts under neither.
     """
-    ix = text_index(
-        source,
-        tokenizer=tokenizer,
-        text_column=text_column,
-        add_eos=False,
-        add_bos=False,
-        storage_options=storage_options,
-        progress=progress,
-        threads=threads,
-    )
+    counted = TextSettings(tokenizer=tokenizer, text_column=text_column, add_eos=False, add_bos=False)
+    ix = index_text(source, counted, storage_options=storage_options, progress=progress, threads=threads)
     assert ix.tokenizer is not None
     meta = {"kind": "text", "tokenizer": f"{ix.tokenizer.kind}:{ix.tokenizer.identity}"}
     data = jobindex.encode(ix, meta)
@@ -287,11 +280,8 @@ def write_text_index(
 def load_text_index(
     url: str | os.PathLike[str],
     source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    text: TextSettings,
     *,
-    tokenizer: Any,
-    text_column: str = "text",
-    add_eos: bool = True,
-    add_bos: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     threads: int | None = None,
 ) -> TextIndex:
@@ -301,7 +291,8 @@ def load_text_index(
     tokenizer or text column; a stale one is a StaleIndexError naming the file.
     """
     where = os.fspath(url)
-    counting = text_counting(tokenizer, text_column=text_column, add_eos=add_eos, add_bos=add_bos, threads=threads)
+    counting = text_counting(text, threads)
+    text_column = counting.text_column
     got = jobindex.read_parts(where, source, storage_options=storage_options)
     meta = got.meta
     fix = f"write it again: plitzer index DATA --tokenizer TOKENIZER --text-column {text_column} --out {where}"
