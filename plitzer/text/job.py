@@ -107,7 +107,8 @@ class _Layout(CountsFromFooters):
         assert md is not None
         got = self.counting.counts_of(entry)
         counts = np.full((md.num_row_groups, 2), -1, np.int64) if got is None else got
-        return replace(self.counting, add_bos=False, add_eos=False).counted(entry, counts)
+        counting = self.counting
+        return replace(counting, text=replace(counting.text, add_bos=False, add_eos=False)).counted(entry, counts)
 
     def checks_histograms(self) -> bool:
         return False

@@ -304,10 +304,21 @@ class TextCounting:
     """
 
     tokenizer: TextTokenizer
-    text_column: str = "text"
-    add_bos: bool = False
-    add_eos: bool = True
+    """``text.tokenizer`` loaded."""
+    text: TextSettings = DEFAULT_TEXT
     threads: int | None = None
+
+    @property
+    def text_column(self) -> str:
+        return self.text.text_column
+
+    @property
+    def add_bos(self) -> bool:
+        return self.text.add_bos
+
+    @property
+    def add_eos(self) -> bool:
+        return self.text.add_eos
 
     @property
     def extra_ids(self) -> int:
@@ -376,9 +387,7 @@ def text_counting(text: TextSettings, threads: int | None = None) -> TextCountin
     if not isinstance(column, str) or not column:
         msg = f"text_column={column!r} must name the text column, e.g. 'text'"
         raise ConfigError(msg)
-    return TextCounting(
-        load_tokenizer(text.tokenizer), text_column=column, add_bos=text.add_bos, add_eos=text.add_eos, threads=threads
-    )
+    return TextCounting(load_tokenizer(text.tokenizer), text, threads)
 
 
 def text_index(
