@@ -148,6 +148,11 @@ def utf8_bytes(texts: list[str]) -> list[list[int]]:
     return [list(t.encode()) for t in texts]
 
 
+def chars(texts: list[str]) -> list[list[int]]:
+    """A tokenizer of characters (ids 0..996; module level: ``plitzer tokenize`` may run it in other processes)."""
+    return [[ord(c) % 997 for c in t] for t in texts]
+
+
 class CharTokenizer:
     """A callable tokenizer (one id per character, 1..255; EOS 0) that counts the texts it tokenized."""
 

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 import plitzer
 from plitzer.state import checkpoint as ckpt
+from tests.share_fixtures import chars
 
 MASK_MOD = 3
 
@@ -310,10 +311,6 @@ def mix(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         pa.table({"text": ["hello world", "a b c d", "aligned columns"] * 10}), prose / "t.parquet", row_group_size=6
     )
     return {"chat": root / "chat", "web": root / "web", "prose": prose}
-
-
-def chars(texts: list[str]) -> list[list[int]]:
-    return [[ord(c) % 997 for c in t] for t in texts]
 
 
 def test_a_mixture_source_without_a_listed_column_is_refused_naming_it(mix: dict[str, Path]) -> None:

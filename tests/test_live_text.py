@@ -15,14 +15,9 @@ import plitzer
 from plitzer.text.source import TextIndex, load_tokenizer
 from plitzer.text.tokenize import tokenize
 from tests.conftest import tokens_of
-from tests.share_fixtures import utf8_bytes
+from tests.share_fixtures import chars, utf8_bytes
 
 CFG = {"seed": 9, "lanes": 4, "window": 2, "seq_len": 24}
-
-
-def chars(texts: list[str]) -> list[list[int]]:
-    """A tokenizer of characters (module level: ``plitzer tokenize`` may run it in other processes)."""
-    return [[ord(c) % 997 for c in t] for t in texts]
 
 
 @pytest.fixture(scope="module")
