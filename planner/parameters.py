@@ -23,21 +23,28 @@ seed : int, default 0
 from __future__ import annotations
 
 import inspect
+import os
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 __all__ = [
+    "DEFAULT_TEXT",
     "MARKER",
     "PARAMETERS",
     "PLAN_PARAMETERS",
     "POSITIONAL",
     "Parameter",
+    "Selection",
+    "TextSettings",
     "by_name",
     "check_keywords",
     "document",
+    "keywords_of",
+    "names_of",
     "render",
+    "take",
     "unknown_keyword",
 ]
 
@@ -62,6 +69,8 @@ class Parameter:
     doc: str
     help: str | None = None
     shown: str | None = None  # the default as the docs write it, where repr() would not read well
+    positional: bool = False  # plitzer.Loader also takes it by position, after the source (SPEC section 5)
+    plan: bool = False  # planner.plan takes it: it decides the plan tables
 
     @property
     def flag(self) -> str:
@@ -86,6 +95,8 @@ PARAMETERS: tuple[Parameter, ...] = (
         "int",
         "Seed of the order: the same seed, data and settings give the same batches on every machine (SPEC section 3).",
         "seed of the order",
+        positional=True,
+        plan=True,
     ),
     Parameter(
         "lanes",
@@ -95,6 +106,8 @@ PARAMETERS: tuple[Parameter, ...] = (
         '``[(global step, lanes), ...]`` from step 0 (SPEC section 12, docs/design.md "Layout stages"; '
         "``set_layout`` adds one live).",
         "sequences per global batch (B), or layout stages STEP:B,STEP:B,... (e.g. 0:512,90000:128)",
+        positional=True,
+        plan=True,
     ),
     Parameter(
         "window",
@@ -103,6 +116,8 @@ PARAMETERS: tuple[Parameter, ...] = (
         "Row groups shuffled together (W): a window's documents are cut into the lanes and shuffled "
         "within each lane's slice; the loader holds the window in use and the next.",
         "row groups shuffled together (W)",
+        positional=True,
+        plan=True,
     ),
     Parameter(
         "seq_len",
@@ -110,6 +125,8 @@ PARAMETERS: tuple[Parameter, ...] = (
         "int or layout stages",
         "Tokens per sequence (L). Or layout stages ``[(global step, seq_len), ...]`` from step 0, as for ``lanes``.",
         "tokens per sequence (L), or layout stages STEP:L,STEP:L,... (e.g. 0:2048,90000:8192)",
+        positional=True,
+        plan=True,
     ),
     Parameter(
         "budget",
@@ -120,6 +137,7 @@ PARAMETERS: tuple[Parameter, ...] = (
         '(docs/design.md, "The budget").',
         "bytes of decoded tokens the loader may hold",
         "8 << 30",
+        positional=True,
     ),
     Parameter(
         "rank",
@@ -128,6 +146,7 @@ PARAMETERS: tuple[Parameter, ...] = (
         "This process's rank, ``0 .. world - 1``: it owns lanes "
         "``[rank * lanes / world, (rank + 1) * lanes / world)``.",
         "this rank (with --world: only this rank's lanes)",
+        positional=True,
     ),
     Parameter(
         "world",
@@ -135,6 +154,8 @@ PARAMETERS: tuple[Parameter, ...] = (
         "int",
         "Number of ranks (GPUs); must divide ``lanes``. The global batch is the same at any world size.",
         "number of ranks (GPUs)",
+        positional=True,
+        plan=True,
     ),
     Parameter(
         "column",
@@ -143,6 +164,8 @@ PARAMETERS: tuple[Parameter, ...] = (
         "Token column (default: the one integer-list column named ``input_ids``, ``tokens`` or "
         "``token_ids``, else the one integer-list column).",
         "token column (default: the one list<int32|uint32> column)",
+        positional=True,
+        plan=True,
     ),
     Parameter(
         "storage_options",
@@ -150,6 +173,8 @@ PARAMETERS: tuple[Parameter, ...] = (
         "dict, optional",
         "S3 settings (``endpoint``, ``region``, ``key``, ``secret``); for ``gs://`` and ``az://``, "
         "keyword arguments of ``gcsfs.GCSFileSystem`` / ``adlfs.AzureBlobFileSystem`` (docs/storage.md).",
+        positional=True,
+        plan=True,
     ),
     Parameter(
         "weights",
@@ -157,6 +182,7 @@ PARAMETERS: tuple[Parameter, ...] = (
         "dict or stages, optional",
         "A mixture's shares of tokens (the source is a dict of named sources): a dict, or stages "
         "``[(global step, dict), ...]`` from step 0; default: each source weighs its tokens (SPEC section 8).",
+        plan=True,
     ),
     Parameter(
         "threads",
@@ -201,6 +227,7 @@ PARAMETERS: tuple[Parameter, ...] = (
         '(``{"web": {"path": ..., "where": ...}}``).',
         "only the rows for which this DuckDB SQL condition over the dataset's columns is true, "
         "e.g. \"int_score >= 3 and language = 'en'\"",
+        plan=True,
     ),
     Parameter(
         "length_column",
@@ -210,6 +237,7 @@ PARAMETERS: tuple[Parameter, ...] = (
         "need not decode the tokens (checked against the footer's count).",
         "with --where: an integer column holding each row's token count (the selection pass then "
         "does not decode the tokens)",
+        plan=True,
     ),
     Parameter(
         "dedupe",
@@ -221,6 +249,7 @@ PARAMETERS: tuple[Parameter, ...] = (
         "row group keeps its place (SPEC section 14).",
         "keep each document only if no earlier one has the same key: 'tokens' (equal token lists) "
         "or a column, e.g. url",
+        plan=True,
     ),
     Parameter(
         "exclude",
@@ -230,6 +259,7 @@ PARAMETERS: tuple[Parameter, ...] = (
         "a row whose values equal some row of it is dropped (a decontamination list of urls or ids; "
         "SPEC section 14).",
         "drop the rows this Parquet or CSV table lists (its columns are dataset columns, e.g. url)",
+        plan=True,
     ),
     Parameter(
         "index",
@@ -248,38 +278,15 @@ PARAMETERS: tuple[Parameter, ...] = (
         "(every source must have each), or a dict name -> fill value for the sources (and text sources) "
         'that lack it, e.g. ``{"loss_mask": 0}``. Part of the checkpoint\'s configuration.',
         "aligned per-token columns packed with the tokens, NAME,NAME or NAME=FILL,... (e.g. loss_mask=0)",
+        plan=True,
     ),
 )
 """Every setting of a run, in the order of ``plitzer.Loader``'s signature."""
 
-POSITIONAL: tuple[str, ...] = (
-    "seed",
-    "lanes",
-    "window",
-    "seq_len",
-    "budget",
-    "rank",
-    "world",
-    "column",
-    "storage_options",
-)
+POSITIONAL: tuple[str, ...] = tuple(p.name for p in PARAMETERS if p.positional)
 """The settings ``plitzer.Loader`` also takes by position, after the source (SPEC section 5)."""
 
-PLAN_PARAMETERS: tuple[str, ...] = (
-    "seed",
-    "lanes",
-    "window",
-    "world",
-    "column",
-    "storage_options",
-    "weights",
-    "seq_len",
-    "where",
-    "length_column",
-    "dedupe",
-    "exclude",
-    "columns",
-)
+PLAN_PARAMETERS: tuple[str, ...] = tuple(p.name for p in PARAMETERS if p.plan)
 """The settings :func:`planner.plan` takes: those that decide the plan tables."""
 
 _BY_NAME = {p.name: p for p in PARAMETERS}
@@ -288,6 +295,65 @@ _BY_NAME = {p.name: p for p in PARAMETERS}
 def by_name(name: str) -> Parameter:
     """The parameter called ``name``."""
     return _BY_NAME[name]
+
+
+def _default(name: str) -> Any:
+    return _BY_NAME[name].default
+
+
+@dataclass(frozen=True, slots=True)
+class TextSettings:
+    """Text in (SPEC section 9): the tokenizer, the text column and the BOS/EOS policy, as given.
+
+    One value wherever a text source is opened, counted or checked (``plitzer.text``), the
+    defaults those of :data:`PARAMETERS`. ``tokenizer`` None: the source is token data.
+    """
+
+    tokenizer: Any = None
+    text_column: str = _default("text_column")
+    add_eos: bool = _default("add_eos")
+    add_bos: bool = _default("add_bos")
+
+    @classmethod
+    def of(cls, given: Mapping[str, Any]) -> TextSettings:
+        """The text settings among ``given`` (a run's keywords, a mixture source's dict); the rest default."""
+        return cls(**{k: given[k] for k in names_of(cls) if k in given})
+
+
+DEFAULT_TEXT = TextSettings()
+"""The text settings' defaults, for the functions that take them one by one (``plitzer.text.source.text_index``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """Which documents are in the stream: a predicate (SPEC section 10), deduplication and exclusion (section 14).
+
+    The defaults (None) select every row.
+    """
+
+    where: str | None = None
+    length_column: str | None = None
+    dedupe: str | None = None
+    exclude: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.exclude is not None and not isinstance(self.exclude, str):
+            object.__setattr__(self, "exclude", os.fspath(self.exclude))
+
+
+def names_of(group: Any) -> tuple[str, ...]:
+    """The field names of a group of settings (a dataclass: :class:`TextSettings`, :class:`Selection`, ...)."""
+    return tuple(f.name for f in fields(group))
+
+
+def take(group: Any, given: dict[str, Any]) -> dict[str, Any]:
+    """The keywords of ``group``'s fields, removed from ``given`` (the rest stay for the next group)."""
+    return {k: given.pop(k) for k in names_of(group) if k in given}
+
+
+def keywords_of(value: Any) -> dict[str, Any]:
+    """A group's fields as keywords, the values as they are (no copy, unlike ``dataclasses.asdict``)."""
+    return {k: getattr(value, k) for k in names_of(value)}
 
 
 def render(names: Iterable[str], defaults: Mapping[str, Any] | None = None) -> str:

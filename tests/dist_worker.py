@@ -32,7 +32,6 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ import planner.stores.cache
 import plitzer
 import plitzer.state.checkpoint
 import plitzer.torch
+from tests.net import join_gloo
 
 SETTINGS: dict[str, Any] = {"seed": 7, "lanes": 12, "window": 2, "seq_len": 128}
 ZERO = bytes(32)
@@ -118,14 +118,7 @@ def main() -> int:
     p.add_argument("--data-world", type=int, default=0, help="data-parallel ranks (default: every process)")
     a = p.parse_args()
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{a.port}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=60),
-    )
+    rank, world = join_gloo(a.port)
     trace("process group ready")
     out: Path = a.out
     if a.data_world:

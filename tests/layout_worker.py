@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
+
+from tests.net import join_gloo
 
 SETTINGS = {"seed": 1, "lanes": 4, "window": 2, "seq_len": 8}
 
@@ -32,10 +32,7 @@ def main() -> None:
     p.add_argument("--mode", choices=["same", "differ"], required=True)
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
-    )
+    rank, _ = join_gloo(a.port)
     out: dict[str, object] = {}
     with plitzer.torch.Dataset(a.data, threads=1, **SETTINGS) as ds:
         rows = [np.asarray(ds.next_batch().tokens).tolist() for _ in range(3)]

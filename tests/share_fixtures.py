@@ -148,6 +148,18 @@ def utf8_bytes(texts: list[str]) -> list[list[int]]:
     return [list(t.encode()) for t in texts]
 
 
+def chars(texts: list[str]) -> list[list[int]]:
+    """A tokenizer of characters (ids 0..996; module level: ``plitzer tokenize`` may run it in other processes)."""
+    return [[ord(c) % 997 for c in t] for t in texts]
+
+
+def char_tokenizer() -> Any:
+    """:func:`chars` as plitzer's tokenizer ``chars-v1`` (EOS 997)."""
+    from plitzer.text.source import load_tokenizer
+
+    return load_tokenizer(chars, name="chars-v1", eos_id=997, vocab_size=998)
+
+
 class CharTokenizer:
     """A callable tokenizer (one id per character, 1..255; EOS 0) that counts the texts it tokenized."""
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +19,7 @@ import torch.distributed as dist
 
 import plitzer
 import plitzer.torch
+from tests.net import join_gloo
 from tests.share_fixtures import CharTokenizer
 
 SETTINGS = {"seed": 5, "lanes": 8, "window": 2, "seq_len": 64}
@@ -35,10 +34,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--mode", choices=["dataset", "loader", "text"], default="dataset")
     a = p.parse_args()
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=rank, world_size=world, timeout=timedelta(seconds=90)
-    )
+    rank, world = join_gloo(a.port, 90)
     try:
         source = json.loads(a.source) if a.source.startswith("{") else a.source  # a dict: a mixture
         opts = json.loads(a.options) or None

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 import plitzer
 from plitzer.state import checkpoint as ckpt
+from tests.share_fixtures import char_tokenizer
 
 MASK_MOD = 3
 
@@ -312,10 +313,6 @@ def mix(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"chat": root / "chat", "web": root / "web", "prose": prose}
 
 
-def chars(texts: list[str]) -> list[list[int]]:
-    return [[ord(c) % 997 for c in t] for t in texts]
-
-
 def test_a_mixture_source_without_a_listed_column_is_refused_naming_it(mix: dict[str, Path]) -> None:
     sources = {"chat": str(mix["chat"]), "web": str(mix["web"])}
     with pytest.raises(
@@ -349,9 +346,8 @@ def test_the_fill_in_a_mixture(mix: dict[str, Path]) -> None:
 
 
 def test_text_sources_take_fills_only(mix: dict[str, Path]) -> None:
-    from plitzer.text.source import load_tokenizer
 
-    tok = load_tokenizer(chars, name="chars-v1", eos_id=997, vocab_size=998)
+    tok = char_tokenizer()
     sources = {"chat": str(mix["chat"]), "prose": {"path": str(mix["prose"]), "tokenizer": tok}}
     with pytest.raises(plitzer.ConfigError, match=r"source 'prose'.* is text.*take fills only"):
         plitzer.Loader(sources, lanes=2, window=2, seq_len=8, columns=["loss_mask"])

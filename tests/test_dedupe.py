@@ -29,6 +29,7 @@ from plitzer.readpath.read import read_chunk
 from plitzer.selection.keys import hash_array
 from tests.conftest import tokens_of
 from tests.s3_fixtures import S3Data, s3
+from tests.share_fixtures import utf8_bytes
 
 __all__ = ["s3"]
 
@@ -472,7 +473,7 @@ def test_text_sources(tmp_path: Path) -> None:
     words = ["alpha beta", "gamma", "alpha beta", "delta epsilon zeta", "gamma", "eta"]
     t = pa.table({"text": words * 3, "url": [f"u{i % 5}" for i in range(18)]})
     pq.write_table(t, tmp_path / "t.parquet", row_group_size=5)
-    tok = load_tokenizer(_byte_tokenizer(), name="bytes-v1", eos_id=0)
+    tok = load_tokenizer(utf8_bytes, name="bytes-v1", eos_id=0)
     kw = {**CFG, "tokenizer": tok, "text_column": "text"}
     seen: set[Any] = set()
     kept_text: list[str] = []
@@ -496,15 +497,6 @@ def test_text_sources(tmp_path: Path) -> None:
         same_batches(a, b)
     with plitzer.Loader(tmp_path / "t.parquet", dedupe="text", **kw) as a, plitzer.Loader(copy, **kw) as b:
         same_batches(a, b)
-
-
-def _byte_tokenizer() -> Any:
-    def encode(texts: list[str]) -> list[list[int]]:
-        return [list(s.encode()) for s in texts]
-
-    encode.name = "bytes-v1"  # type: ignore[attr-defined]
-    encode.eos_id = 0  # type: ignore[attr-defined]
-    return encode
 
 
 def test_s3_source_and_exclusion_table(s3: S3Data, tmp_path: Path) -> None:

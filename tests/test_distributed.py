@@ -32,7 +32,7 @@ import plitzer.state.checkpoint
 from tests import prefork
 from tests.conftest import SynthDataset
 from tests.dist_worker import SETTINGS, ZERO, fold, row_digests
-from tests.net import free_port
+from tests.net import free_port, gloo_env
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "dist_worker.py"
@@ -75,15 +75,7 @@ class Job:
     def __init__(self, world: int, data: Path, out: Path, run: str, *args: str) -> None:
         self.out, self.run = out, run
         port = free_port()
-        env = {
-            **os.environ,
-            "WORLD_SIZE": str(world),
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-            "OMP_NUM_THREADS": "1",
-            "PYTHONWARNINGS": "ignore",
-        }
-        if sys.platform.startswith("linux"):
-            env["GLOO_SOCKET_IFNAME"] = "lo"
+        env = gloo_env(world)
         self.procs: list[prefork.Popen] = []
         cmd = [sys.executable, str(WORKER), "--data", str(data), "--out", str(out), "--port", str(port)]
         cmd += ["--run", run, "--steps", str(STEPS), "--every", str(EVERY), *args]

@@ -23,7 +23,7 @@ if sys.platform == "win32":  # pragma: no cover
 import plitzer
 from tests import prefork
 from tests.conftest import SynthDataset, tokens_of
-from tests.net import free_port
+from tests.net import free_port, gloo_env
 from tests.s3_fixtures import FaultProxy, S3Data, options, proxy, s3, upload
 from tests.share_worker import SETTINGS
 
@@ -39,15 +39,7 @@ pytestmark = pytest.mark.slow
 
 def _run_job(source: str, opts: dict[str, str] | None, out: Path, mode: str = "dataset") -> None:
     port = free_port()
-    env = {
-        **os.environ,
-        "WORLD_SIZE": str(WORLD),
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONWARNINGS": "ignore",
-    }
-    if sys.platform.startswith("linux"):
-        env["GLOO_SOCKET_IFNAME"] = "lo"
+    env = gloo_env(WORLD)
     cmd = [sys.executable, str(WORKER), "--source", source, "--options", json.dumps(opts), "--mode", mode]
     cmd += ["--out", str(out), "--port", str(port), "--steps", str(STEPS)]
     procs = []

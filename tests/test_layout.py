@@ -633,41 +633,9 @@ def test_the_command_line_takes_stages(
 
 
 def _gloo_job(data: Path, mode: str, out: Path) -> list[dict]:  # type: ignore[type-arg]
-    import json
-    import os
-    import socket
-    import subprocess
-    import sys
+    from tests.net import gloo_job
 
-    from tests import prefork
-
-    root = Path(__file__).resolve().parent.parent
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    env = {
-        **os.environ,
-        "WORLD_SIZE": "2",
-        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONWARNINGS": "ignore",
-    }
-    if sys.platform.startswith("linux"):
-        env["GLOO_SOCKET_IFNAME"] = "lo"
-    procs = []
-    for rank in range(2):
-        cmd = [sys.executable, str(root / "tests" / "layout_worker.py"), "--data", str(data), "--port", str(port)]
-        cmd += ["--mode", mode, "--out", str(out / f"{mode}.{rank}.json")]
-        procs.append(prefork.Popen(cmd, env={**env, "RANK": str(rank)}, stderr=subprocess.PIPE))  # tests/prefork.py
-    try:
-        errs = [p.communicate(timeout=120)[1].decode(errors="replace") for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-3000:] for e in errs)
-    return [json.loads((out / f"{mode}.{rank}.json").read_text()) for rank in range(2)]
+    return gloo_job("layout_worker.py", ["--data", str(data), "--mode", mode], out, mode)
 
 
 @pytest.mark.slow  # real processes and gloo (the checkout run of .ci/run runs it)

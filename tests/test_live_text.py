@@ -15,14 +15,9 @@ import plitzer
 from plitzer.text.source import TextIndex, load_tokenizer
 from plitzer.text.tokenize import tokenize
 from tests.conftest import tokens_of
-from tests.share_fixtures import utf8_bytes
+from tests.share_fixtures import char_tokenizer, chars, utf8_bytes
 
 CFG = {"seed": 9, "lanes": 4, "window": 2, "seq_len": 24}
-
-
-def chars(texts: list[str]) -> list[list[int]]:
-    """A tokenizer of characters (module level: ``plitzer tokenize`` may run it in other processes)."""
-    return [[ord(c) % 997 for c in t] for t in texts]
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +30,13 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         (root / "prose").mkdir(exist_ok=True)
         pq.write_table(pa.table({"text": docs}), root / "prose" / f"{f}.parquet", row_group_size=15)
     plitzer.synth.write(root / "code", tokens=12_000, seed=3, docs_per_row_group=10, mean_length=40, vocab=997)
-    tok = load_tokenizer(chars, name="chars-v1", eos_id=997, vocab_size=998)
+    tok = char_tokenizer()
     tokenize(root / "prose", root / "prose-tok", tokenizer=tok, jobs=1, progress=False)
     return {"prose": root / "prose", "tok": root / "prose-tok", "code": root / "code"}
 
 
 def _text_mix(data: dict[str, Path], tokenizer: object = None) -> dict[str, object]:
-    tok = tokenizer or load_tokenizer(chars, name="chars-v1", eos_id=997, vocab_size=998)
+    tok = tokenizer or char_tokenizer()
     return {"prose": {"path": str(data["prose"]), "tokenizer": tok, "text_column": "text"}, "code": str(data["code"])}
 
 

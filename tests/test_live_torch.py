@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +12,9 @@ pytest.importorskip("torch")
 
 import plitzer
 import plitzer.torch
-from tests import prefork
 from tests.conftest import tokens_of
 from tests.live_worker import SETTINGS, W0
-from tests.net import free_port
+from tests.net import gloo_job
 from tests.test_live import two
 
 __all__ = ["two"]  # the fixture, imported for pytest
@@ -36,31 +32,8 @@ def test_dataset_set_weights_equals_the_loader(two: dict[str, str]) -> None:
         assert plitzer.state.checkpoint.decode(ds.state_dict()["checkpoint"]).config["stages"] == ld.config["stages"]
 
 
-def _job(two: dict[str, str], mode: str, out: Path) -> list[dict]:
-    env = {
-        **os.environ,
-        "WORLD_SIZE": "2",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONWARNINGS": "ignore",
-    }
-    if sys.platform.startswith("linux"):
-        env["GLOO_SOCKET_IFNAME"] = "lo"
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        cmd = [sys.executable, str(ROOT / "tests" / "live_worker.py"), "--sources", json.dumps(two)]
-        cmd += ["--port", str(port), "--mode", mode, "--out", str(out / f"{mode}.{rank}.json")]
-        procs.append(prefork.Popen(cmd, env={**env, "RANK": str(rank)}, stderr=subprocess.PIPE))  # tests/prefork.py
-    try:
-        errs = [p.communicate(timeout=120)[1].decode(errors="replace") for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(e[-3000:] for e in errs)
-    return [json.loads((out / f"{mode}.{rank}.json").read_text()) for rank in range(2)]
+def _job(two: dict[str, str], mode: str, out: Path) -> list[dict]:  # type: ignore[type-arg]
+    return gloo_job("live_worker.py", ["--sources", json.dumps(two), "--mode", mode], out, mode)
 
 
 @pytest.mark.slow  # real processes and gloo (the checkout run of .ci/run runs it)

@@ -22,6 +22,7 @@ import plitzer
 from planner.errors import ConfigError, SelectionError
 from plitzer.tools.explain import document_lengths
 from tests.s3_fixtures import S3Data, s3  # noqa: F401  # the fixture
+from tests.share_fixtures import char_tokenizer
 
 # -- datasets whose tokens say which document and offset they are ---------------------------
 
@@ -312,18 +313,13 @@ def test_a_mixture_searches_the_sources_that_have_the_columns(tmp_path: Path) ->
 # -- text and S3 sources -------------------------------------------------------------------
 
 
-def chars(texts: list[str]) -> list[list[int]]:
-    return [[ord(c) % 997 for c in t] for t in texts]
-
-
 def test_text_source_and_its_text_column(tmp_path: Path) -> None:
-    from plitzer.text.source import load_tokenizer
 
     rng = np.random.default_rng(3)
     words = ["alpha", "beta", "gamma", "delta", "Ω", ""]
     texts = [" ".join(words[int(i)] for i in rng.integers(0, len(words), int(rng.integers(0, 8)))) for _ in range(90)]
     pq.write_table(pa.table({"text": texts, "n": list(range(90))}), tmp_path / "t.parquet", row_group_size=9)
-    tok = load_tokenizer(chars, name="chars-v1", eos_id=997, vocab_size=998)
+    tok = char_tokenizer()
     cfg: dict[str, Any] = {"seed": 2, "lanes": 4, "window": 2, "seq_len": 16, "tokenizer": tok, "text_column": "text"}
     with plitzer.Loader(tmp_path, **cfg) as ld:
         steps = 2 * ld.tokens // (4 * 16)
@@ -341,11 +337,10 @@ def test_text_source_and_its_text_column(tmp_path: Path) -> None:
 
 
 def test_text_source_in_a_mixture(tmp_path: Path, synth_dataset: Any) -> None:
-    from plitzer.text.source import load_tokenizer
 
     texts = [("Ω " * (i % 7)) + "x" * (i % 5) for i in range(60)]
     pq.write_table(pa.table({"text": texts}), tmp_path / "t.parquet", row_group_size=6)
-    tok = load_tokenizer(chars, name="chars-v1", eos_id=997, vocab_size=998)
+    tok = char_tokenizer()
     code = synth_dataset(8_000, seed=3, docs_per_row_group=10, mean_length=40, vocab=997)
     sources = {"prose": {"path": str(tmp_path), "tokenizer": tok, "text_column": "text"}, "code": str(code)}
     cfg: dict[str, Any] = {"seed": 3, "lanes": 4, "window": 2, "seq_len": 16, "weights": {"prose": 1, "code": 1}}

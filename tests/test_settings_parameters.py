@@ -33,6 +33,7 @@ from plitzer.cli import build_parser
 from plitzer.state.settings import Keywords, KeywordsLessWhere, LoaderSettings, checkpoint_config
 from plitzer.tools.explain import explain
 from plitzer.tools.locate import locate
+from tests.parameter_places import places
 
 NAMES = [p.name for p in PARAMETERS]
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,6 +65,43 @@ def test_keywords_list_exactly_the_parameters() -> None:
     assert set(get_type_hints(KeywordsLessWhere)) == set(NAMES) - {"where"}
     assert len(set(NAMES)) == len(NAMES)
     assert set(POSITIONAL) <= set(NAMES) and set(PLAN_PARAMETERS) <= set(NAMES)
+
+
+LISTED_BY_HAND = {
+    # Public signatures, which keep their explicit keywords (IDEs, help(), SPEC sections 5, 6, 9).
+    "planner/api.py::def plan",
+    "planner/api.py::def open_index",
+    "plitzer/text/source.py::def text_index",
+    "plitzer/text/tokenize.py::def tokenize",
+    # The keywords for type checkers (``**settings: Unpack[Keywords]``), checked against the table above.
+    "plitzer/state/settings.py::class KeywordsLessWhere",
+    # The loader's own settings beside the groups (PlanSettings, Layout, TextSettings, Selection).
+    "plitzer/state/settings.py::class LoaderSettings",
+    # The checkpoint's fields in the order their bytes are written, and where they are assembled.
+    "plitzer/state/checkpoint.py::dict",
+    "plitzer/state/settings.py:checkpoint_config:dict",
+    # A mixture's source: its own column, store, selection and job index.
+    "planner/mixing/sources.py::class SourceSpec",
+    "planner/mixing/sources.py:source_specs:call SourceSpec",
+    # The calls of the public open_index and of the selection passes' signatures below.
+    "planner/api.py:plan:call open_index",
+    "plitzer/state/settings.py:open_source:call open_index",
+    "plitzer/state/settings.py:dedupe_pass:call dedupe_index",
+    "plitzer/selection/dedupe.py::def dedupe_index",
+    "plitzer/selection/select.py::def select_index",
+    "plitzer/selection/select.py::def _ray_chunk",
+    # The benchmark harness's own options.
+    "plitzer/bench/runners.py:PlitzerRunner.open:call Loader",
+}
+"""The places that list five or more parameter names (tests/parameter_places.py): a new one fails here."""
+
+
+def test_few_places_list_the_parameters_by_hand() -> None:
+    got = places()
+    new = [str(p) for p in got if p.key not in LISTED_BY_HAND]
+    assert not new, f"these list the parameters again; take a group of planner.parameters instead: {new}"
+    gone = LISTED_BY_HAND - {p.key for p in got}
+    assert not gone, f"no longer listing the parameters: take them off LISTED_BY_HAND: {sorted(gone)}"
 
 
 def test_every_parameter_has_docs_and_a_default_loader_settings_accepts() -> None:

@@ -35,7 +35,6 @@ import hashlib
 import os
 import threading
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,10 +47,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
+from planner.bounded import Bounded
 from planner.catalog import chunkmeta, footer, rowlists
 from planner.catalog.chunkmeta import ColumnChunks, Template
 from planner.catalog.column import TokenDtype, chunks_range, delivered_dtype
-from planner.catalog.rowgroups import stream_counts
+from planner.catalog.rowgroups import FrameTotals
 from planner.catalog.rowlists import INDEX_SCHEMA, ROW_FIELDS
 from planner.errors import ConfigError, DataError, PerformanceWarning
 from planner.progress import progress_enabled
@@ -88,6 +88,7 @@ WHOLE_FOOTERS_KEPT = 2
 FineWeb-Edu's shape). Only the first file's schema and a column of many leaves (a struct, a map)
 need one now; every other column is decoded from its chunks' few numbers (:meth:`Index.column_chunk`).
 A footer dropped is parsed again from this machine's footer cache, never fetched again."""
+_UNKNOWN: Any = object()  # a column not asked of the file yet (None is an answer: the file lacks it)
 _INDEX_FORMAT = "5"  # 5: a row a file, its rows as lists (planner.catalog.rowlists); 4: codec, chunk_values
 
 
@@ -134,7 +135,7 @@ class FileEntry:
 
 
 @dataclass
-class Index:
+class Index(FrameTotals):
     """The row-group index of a dataset.
 
     Attributes
@@ -159,10 +160,14 @@ class Index:
     source: str
     _files: list[FileEntry] = field(repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _footers: OrderedDict[int, pq.FileMetaData] = field(default_factory=OrderedDict, repr=False)
-    _chunks: OrderedDict[int, pq.FileMetaData] = field(default_factory=OrderedDict, repr=False)
-    _carried: OrderedDict[tuple[int, str], pq.FileMetaData] = field(default_factory=OrderedDict, repr=False)
-    _compact: OrderedDict[tuple[int, str], ColumnChunks | bool | None] = field(default_factory=OrderedDict, repr=False)
+    _footers: Bounded[int, pq.FileMetaData] = field(default_factory=lambda: Bounded(WHOLE_FOOTERS_KEPT), repr=False)
+    _chunks: Bounded[int, pq.FileMetaData] = field(default_factory=lambda: Bounded(FOOTERS_KEPT), repr=False)
+    _carried: Bounded[tuple[int, str], pq.FileMetaData] = field(
+        default_factory=lambda: Bounded(FOOTERS_KEPT), repr=False
+    )
+    _compact: Bounded[tuple[int, str], ColumnChunks | bool | None] = field(
+        default_factory=lambda: Bounded(FOOTERS_KEPT), repr=False
+    )
     _wanted: set[str] = field(default_factory=set, repr=False)
     _fill: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _starts: NDArray[np.int64] | None = field(default=None, repr=False)
@@ -170,15 +175,6 @@ class Index:
     @property
     def files(self) -> list[FileStat]:
         return [f.stat for f in self._files]
-
-    @property
-    def tokens(self) -> int:
-        """Tokens of the stream (the selected ones where the index is selected)."""
-        return int(stream_counts(self.frame)[0].sum())
-
-    @property
-    def row_groups(self) -> int:
-        return self.frame.height
 
     def storage(self, file_index: int) -> Storage:
         return self._files[file_index].storage
@@ -193,19 +189,14 @@ class Index:
         predicate, a schema's look-up); the read path needs only :meth:`chunk_metadata`.
         The last :data:`WHOLE_FOOTERS_KEPT` are kept: a working set, whatever the file count.
         """
-        with self._lock:
-            got = self._footers.get(file_index)
-            if got is not None:
-                self._footers.move_to_end(file_index)
-                return got
+        got = self._footers.get(file_index)
+        if got is not None:
+            return got
         e = self._files[file_index]
         md = e.metadata
         if md is None:
             md = footer.parse(self._raw_footer(e), e.stat.location)
-        with self._lock:
-            self._footers[file_index] = md
-            while len(self._footers) > WHOLE_FOOTERS_KEPT:
-                self._footers.popitem(last=False)
+        self._footers.put(file_index, md)
         return md
 
     def chunk_metadata(self, file_index: int, *, keep: bool = True) -> pq.FileMetaData:
@@ -216,11 +207,9 @@ class Index:
         :data:`FOOTERS_KEPT` are kept (``keep=False``: not this one, for a pass that
         reads every file once and keeps its own few).
         """
-        with self._lock:
-            got = self._chunks.get(file_index)
-            if got is not None:
-                self._chunks.move_to_end(file_index)
-                return got
+        got = self._chunks.get(file_index)
+        if got is not None:
+            return got
         a, b = self._file_rows(file_index)
         template = self._files[file_index].template
         if template is None:
@@ -235,12 +224,8 @@ class Index:
             part["codec"].to_numpy(),
             part["chunk_values"].to_numpy(),
         )
-        if not keep:
-            return md
-        with self._lock:
-            self._chunks[file_index] = md
-            while len(self._chunks) > FOOTERS_KEPT:
-                self._chunks.popitem(last=False)
+        if keep:
+            self._chunks.put(file_index, md)
         return md
 
     def schema(self) -> pa.Schema:
@@ -285,10 +270,7 @@ class Index:
             assert isinstance(got_chunks, ColumnChunks)
             carried = got_chunks
         key = (fi, column)
-        with self._lock:
-            got = self._carried.get(key)
-            if got is not None:
-                self._carried.move_to_end(key)
+        got = self._carried.get(key)
         if got is None:
             a, b = self._file_rows(fi)
             got = chunkmeta.footer(
@@ -299,10 +281,7 @@ class Index:
                 carried.codec,
                 carried.chunk_values,
             )
-            with self._lock:
-                self._carried[key] = got
-                while len(self._carried) > FOOTERS_KEPT:
-                    self._carried.popitem(last=False)
+            self._carried.put(key, got)
         return ChunkSource(got, int(carried.byte_offset[g]), int(carried.byte_length[g]), True)
 
     def span_source(self, first: int, end: int, column: str, also: Sequence[str] = ()) -> SpanSource | None:
@@ -361,14 +340,14 @@ class Index:
         FineWeb-Edu's shape; docs/design.md, "Bytes a row group").
         """
         key = (fi, column)
-        with self._lock:
-            if key in self._compact:
-                self._compact.move_to_end(key)
-                return self._compact[key]
+        known = self._compact.get(key, _UNKNOWN)
+        if known is not _UNKNOWN:
+            return known
         with self._fill:  # one parse a file, whichever thread asks first
+            known = self._compact.get(key, _UNKNOWN)
+            if known is not _UNKNOWN:
+                return known
             with self._lock:
-                if key in self._compact:
-                    return self._compact[key]
                 self._wanted.update((column, *(c for c in also if c != self.column)))
                 wanted = sorted(self._wanted)
             e = self._files[fi]
@@ -387,11 +366,9 @@ class Index:
                     else footer.column_chunks(raw, md, c, e.stat.size, where)
                 )
             del md, pschema
-            with self._lock:
-                for c, v in got.items():
-                    self._compact[(fi, c)] = v
-                while len(self._compact) > FOOTERS_KEPT * max(1, len(wanted)):
-                    self._compact.popitem(last=False)
+            self._compact.size = FOOTERS_KEPT * max(1, len(wanted))
+            for c, v in got.items():
+                self._compact.put((fi, c), v)
             return got[column]
 
     def _raw_footer(self, e: FileEntry) -> bytes:

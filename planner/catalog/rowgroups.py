@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 from planner.catalog.column import TokenDtype
 from planner.stores.storage import FileStat, Storage
 
-__all__ = ["SELECTED_COLUMNS", "RowGroupIndex", "SelectedRows", "stream_counts", "with_selected"]
+__all__ = ["SELECTED_COLUMNS", "FrameTotals", "RowGroupIndex", "SelectedRows", "stream_counts", "with_selected"]
 
 SELECTED_COLUMNS: dict[str, str] = {
     "rows_selected": "rows",
@@ -60,6 +60,21 @@ def with_selected(frame: pl.DataFrame) -> pl.DataFrame:
     """``frame`` with the selected columns (equal to the stored counts where nothing is selected)."""
     missing = [pl.col(base).alias(name) for name, base in SELECTED_COLUMNS.items() if name not in frame.columns]
     return frame.with_columns(missing) if missing else frame
+
+
+class FrameTotals:
+    """``tokens`` and ``row_groups`` of an index, from its ``frame`` (what a dataset's and a mixture's share)."""
+
+    frame: pl.DataFrame
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of the stream (the selected ones where the index is selected)."""
+        return int(stream_counts(self.frame)[0].sum())
+
+    @property
+    def row_groups(self) -> int:
+        return self.frame.height
 
 
 class RowGroupIndex(Protocol):

@@ -49,6 +49,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from planner.bounded import Bounded
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
 from planner.lanes import lane_of
@@ -130,22 +131,19 @@ class OneSource(PlanBacked):
     def __init__(self, plan: PlanView, tokens: I64) -> None:
         self.plan = plan
         self.tokens = np.asarray(tokens, np.int64)
-        self._cache: dict[int, Positions] = {}
+        self._cache: Bounded[int, Positions] = Bounded(4)  # a few epochs
 
     @property
     def settings(self) -> Any:
         return self.plan.settings
 
     def epoch(self, epoch: int) -> Positions:
-        got = self._cache.get(epoch)
-        if got is None:
+        def make() -> Positions:
             s = self.plan.settings
             order = permutation(len(self.tokens), key(s.seed, epoch, 1))
-            got = positions(order, self.tokens, int(s.lanes), int(s.window), self.plan.run_before(epoch))
-            if len(self._cache) > 4:
-                self._cache.clear()
-            self._cache[epoch] = got
-        return got
+            return positions(order, self.tokens, int(s.lanes), int(s.window), self.plan.run_before(epoch))
+
+        return self._cache.get_or_make(epoch, make)
 
 
 class LayoutView(Protocol):

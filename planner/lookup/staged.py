@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from planner.bounded import Bounded
 from planner.lookup.cut import Cut, Pieces, PlanView, rows_of, window_pieces, window_slices
 from planner.lookup.lengths import Lengths
 from planner.lookup.pieces import LayoutView, PlanBacked, Positions, locate_pieces, windows_meeting
@@ -58,7 +59,7 @@ class LanesView(PlanBacked):
         s = plan.settings
         self.settings = replace(s, lanes=lanes, world=s.world if world is None else world)
         self._same = int(s.lanes) == lanes
-        self._cache: dict[int, tuple[Any, Positions]] = {}
+        self._cache: Bounded[int, tuple[Any, Positions]] = Bounded(4)  # a few epochs
 
     def epoch(self, epoch: int) -> Any:
         ep = self.plan.epoch(epoch)
@@ -70,9 +71,7 @@ class LanesView(PlanBacked):
             prefix = np.cumsum(ep.window_tokens) - ep.window_tokens
             z = (self.plan.run_before(epoch) % b + prefix % b) % b
             got = (ep, Positions(ep.order, ep.window, ep.token_start, ep.window_tokens, z.astype(np.int64)))
-            if len(self._cache) > 4:
-                self._cache.clear()
-            self._cache[epoch] = got
+            self._cache.put(epoch, got)
         return got[1]
 
 

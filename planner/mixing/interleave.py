@@ -29,7 +29,6 @@ caches live and die with it (docs/design.md, "Live stages").
 from __future__ import annotations
 
 import copy
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
+from planner.bounded import Bounded
 from planner.mixing.sources import Stage
 from planner.mixing.streams import SourceStream, finish_keys
 from planner.order.epoch import EpochPlan, PlanSettings, layout_epoch
@@ -107,7 +107,7 @@ class Interleave:
         n = len(self._sources)
         self._entries = [_Entry(0, 0, 0, (0,) * n, (0,) * n)]
         self._states: dict[tuple[int, int], tuple[int, ...]] = {}
-        self._segments: OrderedDict[int, tuple[I64, I64]] = OrderedDict()
+        self._segments: Bounded[int, tuple[I64, I64]] = Bounded(2)
         self._firsts: dict[int, int] = {}
 
     @property
@@ -348,12 +348,12 @@ class Interleave:
         if k is None:
             new._entries = list(self._entries)
             new._states = dict(self._states)
-            new._segments = OrderedDict(self._segments)
+            new._segments = self._segments.copy()
             new._firsts = dict(self._firsts)
         else:
             new._entries = self._entries[:k]
             new._states = {key: v for key, v in self._states.items() if key[0] < k}
-            new._segments = OrderedDict()
+            new._segments = Bounded(2)
             new._firsts = {}
         return new
 
@@ -367,12 +367,6 @@ class Interleave:
     def restage(self, stages: Sequence[Stage]) -> int:
         """Take ``stages`` (the same first stage) in place: this interleave becomes :meth:`with_stages`'s value."""
         new, unit = self.with_stages(stages)
-        self._become(new)
-        return unit
-
-    def relayout(self, layout: Layout | None) -> int:
-        """Take other layout stages in place: this interleave becomes :meth:`with_layout`'s value."""
-        new, unit = self.with_layout(layout)
         self._become(new)
         return unit
 
@@ -408,15 +402,9 @@ class Interleave:
         return self.window_start(self.first_window_at(run + 1) - 1) // self.total
 
     def _epoch_items(self, epoch: int) -> tuple[I64, I64]:
-        got = self._segments.get(epoch)
-        if got is None:
-            got = self._segment(self._first_window(epoch), self._first_window(epoch + 1))
-            self._segments[epoch] = got
-            if len(self._segments) > 2:
-                self._segments.popitem(last=False)
-        else:
-            self._segments.move_to_end(epoch)
-        return got
+        return self._segments.get_or_make(
+            epoch, lambda: self._segment(self._first_window(epoch), self._first_window(epoch + 1))
+        )
 
     def layout(self, epoch: int) -> EpochPlan:
         order = self._epoch_items(epoch)[0]

@@ -23,7 +23,7 @@ from planner.catalog import jobindex
 from planner.catalog.column import TokenDtype
 from planner.catalog.dataset import Index, ensure_index
 from planner.catalog.footer import ChunkCounter
-from planner.catalog.rowgroups import stream_counts, with_selected
+from planner.catalog.rowgroups import FrameTotals, with_selected
 from planner.errors import ConfigError
 from planner.mixing.sources import SourceSpec, source_specs
 from planner.stores.storage import FileStat, Storage
@@ -36,7 +36,7 @@ def is_mixture(source: object) -> bool:
     return isinstance(source, (Mapping, MixtureIndex))
 
 
-class MixtureIndex:
+class MixtureIndex(FrameTotals):
     """The sources' indexes side by side: one frame, one run of files.
 
     ``frame`` is the sources' frames one after the other (sources in name order),
@@ -94,14 +94,6 @@ class MixtureIndex:
     def files(self) -> list[FileStat]:
         return [f for ix in self.parts for f in ix.files]
 
-    @property
-    def tokens(self) -> int:
-        return int(stream_counts(self.frame)[0].sum())
-
-    @property
-    def row_groups(self) -> int:
-        return self.frame.height
-
     def _file(self, file_index: int) -> tuple[Index, int]:
         i = int(np.searchsorted(self._file_base, file_index, side="right")) - 1
         return self.parts[i], file_index - int(self._file_base[i])
@@ -149,9 +141,6 @@ class MixtureIndex:
     def location(self, file_index: int, row_group: int | None = None) -> str:
         ix, fi = self._file(file_index)
         return ix.location(fi, row_group)
-
-    def column_of(self, file_index: int) -> str:
-        return self._file(file_index)[0].column
 
     def sources_table(self) -> pl.DataFrame:
         """name, path, column, fingerprint, tokens, row_groups, files: one row per source."""

@@ -29,12 +29,12 @@ A mixture of one source is exactly that source's own plan (docs/design.md, "The 
 from __future__ import annotations
 
 import copy
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import polars as pl
 
+from planner.bounded import Bounded
 from planner.errors import ConfigError
 from planner.mixing.interleave import UNCHANGED, Interleave
 from planner.mixing.mixindex import MixtureIndex, is_mixture, mixture_index
@@ -43,7 +43,7 @@ from planner.mixing.streams import finish_keys, interleave_demo, source_key
 from planner.order.epoch import PlanSettings, row_group_counts
 from planner.order.epoch_order import EpochOrder, Permutation
 from planner.order.layout import Layout
-from planner.order.plan import Plan
+from planner.order.plan import EPOCHS_KEPT, Plan
 
 __all__ = [
     "Interleave",
@@ -138,7 +138,7 @@ class MixturePlan(Plan):
         new.order = order
         new.stages = order.stages if isinstance(order, Interleave) else self.stages
         new.layout = layout
-        new._epochs = OrderedDict(self._epochs) if keep_epochs else OrderedDict()
+        new._epochs = self._epochs.copy() if keep_epochs else Bounded(EPOCHS_KEPT)
         return new
 
     # -- the in-place forms, kept while a holder of the plan mutates it -------------------------
@@ -155,10 +155,6 @@ class MixturePlan(Plan):
             msg = f"a stage at step {stage.start} must start after the last one, at step {self.stages[-1].start}"
             raise ConfigError(msg)
         return self._become(*self.with_stages((*self.stages, stage)))
-
-    def relayout(self, layout: Layout | None) -> int:
-        """Take other layout stages (a live ``set_layout``, a resume's) in place; the first unit the change touches."""
-        return self._become(*self.with_layout(layout))
 
     def restage(self, stages: Sequence[Stage]) -> int:
         """Take another list of stages with the same first one (a resume's) in place; the first unit it can change."""

@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 
 from planner.errors import ConfigError
+from planner.parameters import TextSettings, names_of
 
 __all__ = ["SourceSpec", "Stage", "Weights", "parse_stages", "source_specs"]
 
 Weights = Mapping[str, Any] | Sequence[tuple[int, Mapping[str, Any]]] | None
-_TEXT_KEYS = ("text_column", "tokenizer", "add_eos", "add_bos")
-_SOURCE_KEYS = {"path", "column", "storage_options", "where", "length_column", "index", *_TEXT_KEYS}
+_TEXT_KEYS = names_of(TextSettings)
 _MAX_TOTAL_WEIGHT = 1 << 24
 
 
@@ -48,6 +48,10 @@ class SourceSpec:
     text: Mapping[str, Any] | None = None
     index: str | None = None
     """The source's job index (``plitzer index PATH --out URL``), read instead of its footers."""
+
+
+_SOURCE_KEYS = {*names_of(SourceSpec), *_TEXT_KEYS} - {"name", "text"}
+"""The keys of a source's dict: its spec's fields, a text source's settings for ``text``."""
 
 
 def source_specs(

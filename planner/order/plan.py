@@ -21,7 +21,6 @@ also exports the epoch arithmetic its plans are built on (``PlanSettings``,
 from __future__ import annotations
 
 import copy
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
@@ -30,6 +29,7 @@ import numpy as np
 import polars as pl
 from numpy.typing import NDArray
 
+from planner.bounded import Bounded
 from planner.catalog.rowgroups import RowGroupIndex, with_selected
 from planner.errors import ConfigError
 from planner.lanes import cut_at
@@ -48,6 +48,7 @@ from planner.order.rankscan import rank_rows
 from planner.order.sql import run_query
 
 __all__ = [
+    "EPOCHS_KEPT",
     "EpochOrder",
     "EpochPlan",
     "LanesPlan",
@@ -62,6 +63,8 @@ __all__ = [
 ]
 
 I64 = NDArray[np.int64]
+EPOCHS_KEPT = 4
+"""Epochs' plans a plan keeps (the last used): a step touches at most two."""
 
 
 class Plan:
@@ -78,7 +81,7 @@ class Plan:
         self.order: EpochOrder = (
             order if order is not None else Permutation(self._tokens, self._rows, self._empty, settings)
         )
-        self._epochs: OrderedDict[int, EpochPlan] = OrderedDict()
+        self._epochs: Bounded[int, EpochPlan] = Bounded(EPOCHS_KEPT)
         self.layout: Layout | None = None  # layout stages (planner.order.layout), where the run has them
         self.columns: list[list[Any]] = []  # aligned columns the run carries ([name, fill]; SPEC section 13)
 
@@ -90,7 +93,7 @@ class Plan:
         (:meth:`planner.mixing.mixture.MixturePlan.with_layout`).
         """
         new = copy.copy(self)
-        new._epochs = OrderedDict(self._epochs)
+        new._epochs = self._epochs.copy()
         new.layout = layout
         return new, 1 << 62
 
@@ -183,15 +186,7 @@ class Plan:
     def epoch(self, epoch: int) -> EpochPlan:
         """The arrays of one epoch's plan (cached)."""
         epoch = check_int("epoch", epoch, 0, "epochs count from 0")
-        got = self._epochs.get(epoch)
-        if got is None:
-            got = self.order.layout(epoch)
-            self._epochs[epoch] = got
-            if len(self._epochs) > 4:
-                self._epochs.popitem(last=False)
-        else:
-            self._epochs.move_to_end(epoch)
-        return got
+        return self._epochs.get_or_make(epoch, lambda: self.order.layout(epoch))
 
     def row_groups(self, epoch: int) -> pl.DataFrame:
         """epoch, window_index, position, file, row_group, rows, tokens, token_start, first_rank, last_rank.
@@ -434,7 +429,7 @@ class LanesPlan(Plan):
         self.dataset = base.dataset
         self.settings = replace(base.settings, lanes=lanes)
         self._tokens, self._rows, self._empty = base._tokens, base._rows, base._empty
-        self._epochs = OrderedDict()
+        self._epochs = Bounded(EPOCHS_KEPT)
         self._bases: dict[int, EpochPlan] = {}
         self.layout = base.layout
 
@@ -465,9 +460,7 @@ class LanesPlan(Plan):
                 world=s.world,
                 run_before=self.run_before(epoch),
             )
-            self._epochs[epoch] = got
             self._bases[epoch] = ep
-            if len(self._epochs) > 4:
-                old, _ = self._epochs.popitem(last=False)
+            for old in self._epochs.put(epoch, got):
                 self._bases.pop(old, None)
         return got

@@ -73,10 +73,6 @@ class AzureStorage(Retrying):
             )
             raise ConfigError(msg) from e
         self._retrier = self.make_retrier(
-            attempts=self.attempts,
-            backoff=self.backoff,
-            deadline=self.retry_deadline,
-            concurrency=self.concurrency,
             transient=_transient,
             hint="check storage_options (account_name, account_key, sas_token, ...) or the AZURE_STORAGE_* variables",
         )

@@ -83,10 +83,6 @@ class GCSStorage(Retrying):
             raise ConfigError(msg) from e
         self.endpoint: str = str(self.fs._location).rstrip("/")
         self._retrier = self.make_retrier(
-            attempts=self.attempts,
-            backoff=self.backoff,
-            deadline=self.retry_deadline,
-            concurrency=self.concurrency,
             transient=_transient,
             hint="check storage_options (token, project) or GOOGLE_APPLICATION_CREDENTIALS",
         )

@@ -100,10 +100,6 @@ class HFStorage(Retrying):
         self.endpoint: str = str(endpoint).rstrip("/")
         self._token: str | bool | None = opts.get("token")
         self._retrier = self.make_retrier(
-            attempts=self.attempts,
-            backoff=self.backoff,
-            deadline=self.retry_deadline,
-            concurrency=self.concurrency,
             transient=_transient,
             hint=_HINT,
         )

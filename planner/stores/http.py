@@ -79,10 +79,6 @@ class HTTPStorage(Retrying):
         # Its pooled connections close with the storage (an index holds it as long as it is used).
         weakref.finalize(self, self._client.close)
         self._retrier = self.make_retrier(
-            attempts=self.attempts,
-            backoff=self.backoff,
-            deadline=self.retry_deadline,
-            concurrency=self.concurrency,
             transient=ranged.transient,
             hint=_HINT,
         )

@@ -578,30 +578,25 @@ class Retrying:
                 msg = f"storage_options {name}={value} must be >= {low}"
                 raise ConfigError(msg)
 
-    @staticmethod
     def make_retrier(
+        self,
         *,
-        attempts: int | None,
-        backoff: float,
-        concurrency: int,
         transient: Callable[[BaseException], bool],
         hint: str,
         throttled: Callable[[BaseException], bool] | None = None,
-        deadline: float = DEFAULT_DEADLINE,
     ) -> Retrier:
-        """The retry loop of a store read by ``concurrency`` threads.
+        """The retry loop of this store, read by ``concurrency`` threads, as :meth:`take_tuning` set it.
 
         Footers are fetched by up to 32 threads at once, so the throttle starts above that.
-        Pass ``deadline=self.retry_deadline`` (from :meth:`take_tuning`).
         """
         return Retrier(
-            attempts=attempts,
-            backoff=backoff,
-            concurrency=max(64, 2 * concurrency),
+            attempts=self.attempts,
+            backoff=self.backoff,
+            concurrency=max(64, 2 * self.concurrency),
             transient=transient,
             throttled=throttled or (lambda e: isinstance(e, Throttled)),
             hint=hint,
-            deadline=deadline,
+            deadline=self.retry_deadline,
         )
 
     @property

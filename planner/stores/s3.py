@@ -136,10 +136,6 @@ class S3Storage(Retrying):
         self._secret = opts.get("secret")
         self._token = opts.get("token")
         self._retrier = self.make_retrier(
-            attempts=self.attempts,
-            backoff=self.backoff,
-            deadline=self.retry_deadline,
-            concurrency=self.concurrency,
             transient=_transient,
             throttled=_throttled,
             hint="check storage_options and the credentials (key/secret or AWS_* variables)",

@@ -77,6 +77,13 @@ def _label(ax: Axes, at: NDArray[np.int64], names: list[str], most: int = 24) ->
     )
 
 
+def _names(ax: Axes, x: str, y: str, title: str) -> None:
+    """Name the axes and the picture."""
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    ax.set_title(title)
+
+
 def plot_lengths(lengths: I64, ax: Axes | None = None) -> Figure:
     """Histogram of document lengths, on log-spaced bins."""
     fig, ax = _axes(ax)
@@ -86,14 +93,12 @@ def plot_lengths(lengths: I64, ax: Axes | None = None) -> Figure:
     bins = np.unique(np.geomspace(1, top + 1, 60).astype(np.int64))
     ax.hist(n, bins=bins.tolist(), color="#4477aa")
     ax.set_xscale("log")
-    ax.set_xlabel("document length (tokens)")
-    ax.set_ylabel("documents")
+    _names(ax, "document length (tokens)", "documents", "document lengths")
     if len(n):
         ax.axvline(float(np.median(n)), color="#cc6677", linestyle="--", label=f"median {int(np.median(n))}")
         # A fixed place: loc="best" searches the bars for the emptiest corner, and matplotlib
         # warns when that search takes over a second (a busy machine, many documents).
         ax.legend(loc="upper right", fontsize="small")
-    ax.set_title("document lengths")
     return fig
 
 
@@ -104,9 +109,7 @@ def plot_tokens_per_file(index: pl.DataFrame, ax: Axes | None = None) -> Figure:
     x = np.arange(per.height)
     ax.bar(x, per["tokens"].to_numpy(), color="#4477aa")
     _label(ax, x, per["file"].to_list())
-    ax.set_xlabel("file")
-    ax.set_ylabel("tokens")
-    ax.set_title("tokens per file")
+    _names(ax, "file", "tokens", "tokens per file")
     return fig
 
 
@@ -125,9 +128,7 @@ def plot_tokens_per_row_group(index: pl.DataFrame, ax: Axes | None = None) -> Fi
         ax.axvline(at - 0.5, color="gray", linewidth=0.5)
         if named:
             ax.text(at - 0.4, 0.98, name, transform=ax.get_xaxis_transform(), va="top", fontsize="x-small")
-    ax.set_xlabel("row group in its file (files in order, each from its line)")
-    ax.set_ylabel("tokens")
-    ax.set_title("tokens per row group")
+    _names(ax, "row group in its file (files in order, each from its line)", "tokens", "tokens per row group")
     return fig
 
 
@@ -137,9 +138,7 @@ def plot_lane_balance(balance: pl.DataFrame, ax: Axes | None = None) -> Figure:
     ax.bar(balance["lane"].to_numpy(), 100 * balance["vs_mean"].to_numpy(), width=1.0, color="#ee7733")
     ax.axhline(0, color="black", linewidth=0.8)
     _whole(ax)
-    ax.set_xlabel("lane")
-    ax.set_ylabel("tokens vs mean (%)")
-    ax.set_title("lane balance over one epoch")
+    _names(ax, "lane", "tokens vs mean (%)", "lane balance over one epoch")
     return fig
 
 
@@ -152,12 +151,10 @@ def plot_lockstep(steps: pl.DataFrame, ax: Axes | None = None) -> Figure:
     ax.step(x, steps["windows_in_use"].to_numpy(), where="post", color="#aa3377", label="windows in use")
     ax.step(x, steps["token_spread"].to_numpy(), where="post", color="#4477aa", label="token spread between lanes")
     _whole(ax)
-    ax.set_xlabel("step")
-    ax.set_ylabel("windows / tokens")
+    _names(ax, "step", "windows / tokens", "lanes in lockstep")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper right", fontsize="small")
-    ax.set_title("lanes in lockstep")
     return fig
 
 
@@ -171,11 +168,9 @@ def plot_layout(layout: Layout, steps: int, ax: Axes | None = None) -> Figure:
     ax.step(x, [*tokens, tokens[-1]], where="post", color="#aa3377", label="tokens per step")
     ax.step(x, [*seq, seq[-1]], where="post", color="#4477aa", label="sequence length")
     ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("tokens")
+    _names(ax, "step", "tokens", "layout stages: tokens per step and sequence length")
     ax.set_xlim(0, steps)
     ax.legend(loc="lower right", fontsize="small")
-    ax.set_title("layout stages: tokens per step and sequence length")
     return fig
 
 
@@ -184,9 +179,7 @@ def plot_reads_per_rank(reads: pl.DataFrame, ax: Axes | None = None) -> Figure:
     fig, ax = _axes(ax)
     ax.bar(reads["rank"].to_numpy(), reads["bytes"].to_numpy() / 2**20, color="#4477aa")
     _whole(ax)
-    ax.set_xlabel("rank")
-    ax.set_ylabel("MiB read per epoch")
-    ax.set_title("reads per rank")
+    _names(ax, "rank", "MiB read per epoch", "reads per rank")
     return fig
 
 
@@ -199,9 +192,7 @@ def plot_amplification(amp: pl.DataFrame, ax: Axes | None = None) -> Figure:
     ax.plot(w, amp["bound"].to_numpy(), linestyle="--", color="gray", label="bound: world-1 extra reads per window")
     ax.plot(w, amp["nominal_bound"].to_numpy(), linestyle=":", color="gray", label="1 + (world-1)/W")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("window (row groups)")
-    ax.set_ylabel("reads per row group")
-    ax.set_title("read amplification versus window")
+    _names(ax, "window (row groups)", "reads per row group", "read amplification versus window")
     ax.legend(loc="upper right", fontsize="small")  # the curves fall with the window
     return fig
 
@@ -214,9 +205,7 @@ def plot_mixture(shares: pl.DataFrame, ax: Axes | None = None) -> Figure:
         x = g["step"].to_numpy()
         ax.step(x, 100 * g["delivered_share"].to_numpy(), where="post", color=color, label=f"{name[0]}")
         ax.step(x, 100 * g["target_share"].to_numpy(), where="post", color=color, linestyle="--", linewidth=0.8)
-    ax.set_xlabel("step")
-    ax.set_ylabel("share of tokens (%)")
+    _names(ax, "step", "share of tokens (%)", "mixture: delivered (solid) against target (dashed)")
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper right", fontsize="small")
-    ax.set_title("mixture: delivered (solid) against target (dashed)")
     return fig

@@ -17,6 +17,7 @@ from planner.catalog.rowgroups import RowGroupIndex
 from planner.mixing.mixture import MixturePlan
 from planner.order.layout import Layout
 from planner.order.plan import Plan
+from planner.parameters import keywords_of
 from plitzer.audit.pictures import (
     plot_amplification,
     plot_lane_balance,
@@ -174,10 +175,7 @@ def _dataset_section(ix: RowGroupIndex, plan: Plan, cfg: LoaderSettings, lengths
     )
     tables["settings"] = pl.DataFrame(
         {
-            "seed": [cfg.seed],
-            "lanes": [cfg.lanes],
-            "window": [cfg.window],
-            "world": [cfg.world],
+            **{k: [v] for k, v in keywords_of(cfg.plan).items()},  # seed, lanes, window, world
             "seq_len": [cfg.seq_len],
             "windows_per_epoch": [plan.windows],
             "steps_per_epoch": [per_epoch],

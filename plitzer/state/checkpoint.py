@@ -63,27 +63,9 @@ FORMAT_VERSION = 2
 _OLDER = {1: "plitzer 0.1, whose lanes took whole documents; 0.2 cuts lanes at exact token positions"}
 MAX_BYTES = 64 << 20
 _HEADER = struct.Struct("<8sIQ")
-CONFIG_FIELDS: tuple[str, ...] = (
-    "seed",
-    "lanes",
-    "seq_len",
-    "window",
-    "column",
-    "dtype",
-    "fingerprint",
-    "tokenizer",
-    "add_bos",
-    "add_eos",
-    "sources",
-    "stages",
-    "where",
-    "length_column",
-    "revisions",
-    "layout",
-    "dedupe",
-    "exclude",
-    "columns",
-)
+_REQUIRED = object()
+# The configuration's fields, in the order a checkpoint writes them, each with the value it is
+# read as when absent (_REQUIRED: every checkpoint has it).
 # Fields of text sources (plitzer.text.source: the tokenizer's identity and the BOS/EOS
 # policy), added within format 2: written only when they differ from these values
 # (a checkpoint of token data is byte for byte what plitzer 0.2 wrote), and read as
@@ -96,7 +78,14 @@ CONFIG_FIELDS: tuple[str, ...] = (
 # Layout stages (planner.order.layout) add ``layout`` ([start step, lanes, seq_len] each, from
 # step 0; ``lanes`` and ``seq_len`` are then the first stage's), written only when there
 # is more than one.
-_OPTIONAL: dict[str, Any] = {
+_CONFIG: dict[str, Any] = {
+    "seed": _REQUIRED,
+    "lanes": _REQUIRED,
+    "seq_len": _REQUIRED,
+    "window": _REQUIRED,
+    "column": _REQUIRED,
+    "dtype": _REQUIRED,
+    "fingerprint": _REQUIRED,
     "tokenizer": "",
     "add_bos": False,
     "add_eos": False,
@@ -110,6 +99,8 @@ _OPTIONAL: dict[str, Any] = {
     "exclude": "",
     "columns": [],
 }
+CONFIG_FIELDS: tuple[str, ...] = tuple(_CONFIG)
+_OPTIONAL: dict[str, Any] = {k: v for k, v in _CONFIG.items() if v is not _REQUIRED}
 # Aligned columns (plitzer.readpath.aligned) add ``columns`` ([name, fill or null] each, sorted by
 # name), written only when a run names some: a run without them writes the bytes it wrote before.
 _INT_LIMIT = 2**63

@@ -23,7 +23,7 @@ import functools
 import inspect
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict, Unpack
 
 from planner import api
@@ -34,7 +34,7 @@ from planner.errors import ConfigError
 from planner.mixing.sources import SourceSpec, Weights
 from planner.order.layout import Layout
 from planner.order.plan import Plan, PlanSettings, check_int
-from planner.parameters import PARAMETERS, POSITIONAL, unknown_keyword
+from planner.parameters import PARAMETERS, POSITIONAL, Selection, TextSettings, take, unknown_keyword
 from planner.stores.storage import revisions
 from plitzer.readpath.read import count_chunk
 from plitzer.selection.dedupe import dedupe_index
@@ -46,6 +46,7 @@ __all__ = [
     "Source",
     "Stages",
     "bind",
+    "dedupe_pass",
     "checkpoint_config",
     "default_threads",
     "keywords",
@@ -148,14 +149,8 @@ class LoaderSettings:
     column: str | None = None
     storage_options: Mapping[str, Any] | None = None
     weights: Weights = None
-    text_column: str = "text"
-    tokenizer: Any = None
-    add_eos: bool = True
-    add_bos: bool = False
-    where: str | None = None
-    length_column: str | None = None
-    dedupe: str | None = None
-    exclude: str | None = None
+    text: TextSettings = field(default_factory=TextSettings)
+    selection: Selection = field(default_factory=Selection)
     layout: Layout | None = None  # layout stages (planner.order.layout); None: one stage of plan.lanes and seq_len
     index: str | None = None
     """A job index (``plitzer index DATA --out PATH``) to read instead of the footers."""
@@ -191,30 +186,21 @@ class LoaderSettings:
         ``plitzer.torch.Dataset``, ...) and the closest of the parameters and its ``own`` keywords.
         """
         kw = keywords(settings, caller, own)
-        layout = Layout.of(lanes=kw["lanes"], seq_len=kw["seq_len"])
-        first = layout.first
-        index = kw["index"]
+        layout = Layout.of(lanes=kw.pop("lanes"), seq_len=kw.pop("seq_len"))
+        kw["index"] = None if kw["index"] is None else os.fspath(kw["index"])
+        kw["columns"] = _columns(kw["columns"])
         return cls(
-            plan=PlanSettings(seed=kw["seed"], lanes=first.lanes, window=kw["window"], world=kw["world"]),
-            seq_len=first.seq_len,
-            budget=kw["budget"],
-            rank=kw["rank"],
-            threads=kw["threads"],
-            column=kw["column"],
-            storage_options=kw["storage_options"],
-            weights=kw["weights"],
-            text_column=kw["text_column"],
-            tokenizer=kw["tokenizer"],
-            add_eos=kw["add_eos"],
-            add_bos=kw["add_bos"],
-            where=kw["where"],
-            length_column=kw["length_column"],
-            dedupe=kw["dedupe"],
-            exclude=None if kw["exclude"] is None else os.fspath(kw["exclude"]),
+            plan=PlanSettings(lanes=layout.first.lanes, **take(PlanSettings, kw)),
+            seq_len=layout.first.seq_len,
+            text=TextSettings(**take(TextSettings, kw)),
+            selection=Selection(**take(Selection, kw)),
             layout=layout,
-            index=None if index is None else os.fspath(index),
-            columns=_columns(kw["columns"]),
+            **kw,  # the loader's own: budget, rank, threads and what is read
         )
+
+    def without_dedupe(self) -> LoaderSettings:
+        """These settings less deduplication and exclusion (what a job's shared pass starts from)."""
+        return replace(self, selection=replace(self.selection, dedupe=None, exclude=None))
 
     @property
     def stages(self) -> Layout:
@@ -250,19 +236,12 @@ def open_source(source: Source, settings: LoaderSettings, opened: Mapping[str, I
     text = None
     if s.index is not None:
         source = _job_index(source, s)
-    elif s.tokenizer is not None and _is_text_index(source):
+    elif s.text.tokenizer is not None and _is_text_index(source):
         source = _own_text_index(source, s)  # counted already (the ranks of a job shared the pass)
-    elif s.tokenizer is not None:
-        from plitzer.text.source import text_index
+    elif s.text.tokenizer is not None:
+        from plitzer.text.source import index_text
 
-        text = functools.partial(
-            text_index,
-            tokenizer=s.tokenizer,
-            text_column=s.text_column,
-            add_eos=s.add_eos,
-            add_bos=s.add_bos,
-            storage_options=s.storage_options,
-        )
+        text = functools.partial(index_text, text=s.text, storage_options=s.storage_options)
     from plitzer.selection.select import select_index
 
     def select(ix: Index, spec: SourceSpec) -> Index:
@@ -277,24 +256,37 @@ def open_source(source: Source, settings: LoaderSettings, opened: Mapping[str, I
         storage_options=s.storage_options,
         weights=s.weights,
         text=text,
-        where=s.where,
-        length_column=s.length_column,
+        where=s.selection.where,
+        length_column=s.selection.length_column,
         select=select,
         text_source=_text_source,
         opened=opened,
         count=count_chunk,
     )
-    if s.dedupe is None and s.exclude is None:
+    if s.selection.dedupe is None and s.selection.exclude is None:
         return ix
+    return dedupe_pass(ix, source, s, s.rank, s.world)
+
+
+def dedupe_pass(
+    ix: RowGroupIndex, source: Source, s: LoaderSettings, rank: int, world: int, **more: Any
+) -> RowGroupIndex:
+    """The deduplication and exclusion pass of ``s`` over ``ix`` (SPEC section 14), ``rank``'s share of ``world``.
+
+    ``more``: the pass's other keywords (a job's ``exchange``, ``plitzer.state.share``).
+    """
+    sel = s.selection
+    order = list(source) if isinstance(source, Mapping) else None
     return dedupe_index(
         ix,
-        dedupe=s.dedupe,
-        exclude=s.exclude,
+        dedupe=sel.dedupe,
+        exclude=sel.exclude,
         storage_options=s.storage_options,
-        order=list(source) if isinstance(source, Mapping) else None,
-        rank=s.rank,
-        world=s.world,
+        order=order,
+        rank=rank,
+        world=world,
         threads=s.threads,
+        **more,
     )
 
 
@@ -310,8 +302,7 @@ def _own_text_index(source: Source, s: LoaderSettings) -> Index:
     from plitzer.text.source import TextIndex, text_counting
 
     assert isinstance(source, TextIndex)
-    counting = text_counting(s.tokenizer, text_column=s.text_column, add_eos=s.add_eos, add_bos=s.add_bos)
-    return check_text_index(source, counting)
+    return check_text_index(source, text_counting(s.text))
 
 
 def _job_index(source: Source, s: LoaderSettings) -> Index:
@@ -328,47 +319,23 @@ def _job_index(source: Source, s: LoaderSettings) -> Index:
     if not isinstance(source, (str, os.PathLike, list, tuple)):
         msg = f"index={s.index!r} needs the source's path, URL or list of them, not {type(source).__name__}"
         raise ConfigError(msg)
-    if s.tokenizer is not None:
+    if s.text.tokenizer is not None:
         from plitzer.text.job import load_text_index
 
-        return load_text_index(
-            s.index,
-            source,
-            tokenizer=s.tokenizer,
-            text_column=s.text_column,
-            add_eos=s.add_eos,
-            add_bos=s.add_bos,
-            storage_options=s.storage_options,
-            threads=s.threads,
-        )
+        return load_text_index(s.index, source, s.text, storage_options=s.storage_options, threads=s.threads)
     return load(s.index, source, column=s.column, storage_options=s.storage_options)
 
 
 def _text_source(spec: SourceSpec) -> Index:
     """A mixture's text source, counted with its own tokenizer (``plitzer.text.source``), or from its job index."""
-    from plitzer.text.source import text_index
+    from plitzer.text.source import index_text
 
-    t = dict(spec.text or {})
+    text = TextSettings.of(spec.text or {})
     if spec.index is not None:
         from plitzer.text.job import load_text_index
 
-        return load_text_index(
-            spec.index,
-            spec.path,
-            tokenizer=t["tokenizer"],
-            text_column=t.get("text_column", "text"),
-            add_eos=t.get("add_eos", True),
-            add_bos=t.get("add_bos", False),
-            storage_options=spec.storage_options,
-        )
-    return text_index(
-        spec.path,
-        tokenizer=t["tokenizer"],
-        text_column=t.get("text_column", "text"),
-        add_eos=t.get("add_eos", True),
-        add_bos=t.get("add_bos", False),
-        storage_options=spec.storage_options,
-    )
+        return load_text_index(spec.index, spec.path, text, storage_options=spec.storage_options)
+    return index_text(spec.path, text, storage_options=spec.storage_options)
 
 
 def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from planner.catalog.dataset import Index
 from planner.errors import ConfigError
+from planner.parameters import TextSettings
 from plitzer.readpath.read import count_chunk
 from plitzer.state.settings import LoaderSettings, Source
 
@@ -196,25 +197,19 @@ def share_one(
 
 
 def share_text(
-    path: Any, text: Mapping[str, Any], options: Mapping[str, Any] | None, threads: int, group: Collective
+    path: Any, text: TextSettings, options: Mapping[str, Any] | None, threads: int, group: Collective
 ) -> Any:
     """One text dataset's index for the whole group: one listing, each footer once, the counting pass split.
 
-    ``text``: the source's ``tokenizer`` and optionally ``text_column``, ``add_eos``,
-    ``add_bos``. Every rank's cache gets every file's counts; each rank's footer cache
-    the footers it read (so a restart there reads none from storage).
+    ``text``: the source's tokenizer, text column and BOS/EOS policy. Every rank's cache gets
+    every file's counts; each rank's footer cache the footers it read (so a restart there reads none from storage).
     """
     from planner.catalog import jobindex
     from plitzer.text import job
     from plitzer.text.source import text_counting
 
     me, n = group.rank, group.world
-    counting = text_counting(
-        text["tokenizer"],
-        text_column=text.get("text_column", "text"),
-        add_eos=text.get("add_eos", True),
-        add_bos=text.get("add_bos", False),
-    )
+    counting = text_counting(text)
     listed = group.broadcast(attempt(jobindex.listing, path, options) if me == 0 else None)
     if isinstance(listed, BaseException):
         raise listed
@@ -226,15 +221,6 @@ def share_text(
     del layouts
     shares = all_or_raise(attempt(job.count_share, layout, counting, me, n), group)
     return job.take_counts(layout, counting, shares)
-
-
-def _text_of(cfg: LoaderSettings) -> dict[str, Any]:
-    return {
-        "tokenizer": cfg.tokenizer,
-        "text_column": cfg.text_column,
-        "add_eos": cfg.add_eos,
-        "add_bos": cfg.add_bos,
-    }
 
 
 def share_index(source: Source, cfg: LoaderSettings, group: Collective) -> Source:
@@ -256,8 +242,8 @@ def share_index(source: Source, cfg: LoaderSettings, group: Collective) -> Sourc
             source,
             column=cfg.column,
             storage_options=cfg.storage_options,
-            where=cfg.where,
-            length_column=cfg.length_column,
+            where=cfg.selection.where,
+            length_column=cfg.selection.length_column,
         )
         opened: dict[str, Index] = {}
         for spec in specs:
@@ -269,21 +255,20 @@ def share_index(source: Source, cfg: LoaderSettings, group: Collective) -> Sourc
                     _select(ix, spec.where, spec.length_column, cfg.threads, group)
                 continue
             if spec.text is not None:
-                opened[spec.name] = share_text(spec.path, spec.text, spec.storage_options, threads, group)
+                text = TextSettings.of(spec.text)
+                opened[spec.name] = share_text(spec.path, text, spec.storage_options, threads, group)
                 continue
             ix = opened[spec.name] = share_one(spec.path, spec.column, spec.storage_options, threads, group)
             if spec.where is not None:
                 _select(ix, spec.where, spec.length_column, cfg.threads, group)
-        from dataclasses import replace
-
         from plitzer.state.settings import open_source
 
         # Deduplication is shared next (share_dedupe), over one exchange: not here.
-        return open_source(source, replace(cfg, dedupe=None, exclude=None), opened)
+        return open_source(source, cfg.without_dedupe(), opened)
     if not isinstance(source, (str, os.PathLike, list, tuple)):
         return source
-    if cfg.tokenizer is not None:
-        out: Source = share_text(source, _text_of(cfg), cfg.storage_options, threads, group)
+    if cfg.text.tokenizer is not None:
+        out: Source = share_text(source, cfg.text, cfg.storage_options, threads, group)
         return out
     return share_one(source, cfg.column, cfg.storage_options, threads, group)
 
@@ -310,7 +295,7 @@ def share_selection(source: Source, cfg: LoaderSettings, group: Collective) -> N
     from planner.api import open_index
     from plitzer.selection.select import select_spec
 
-    if cfg.where is None or isinstance(source, Mapping) or cfg.tokenizer is not None:
+    if cfg.selection.where is None or isinstance(source, Mapping) or cfg.text.tokenizer is not None:
         return
     if cfg.index is not None and isinstance(source, (str, os.PathLike, list, tuple)):
         from planner.catalog.jobindex import load
@@ -321,7 +306,7 @@ def share_selection(source: Source, cfg: LoaderSettings, group: Collective) -> N
             source, column=cfg.column, storage_options=cfg.storage_options, select=select_spec, count=count_chunk
         )
     if isinstance(ix, Index) and type(ix) is Index:
-        _select(ix, cfg.where, cfg.length_column, cfg.threads, group)
+        _select(ix, cfg.selection.where, cfg.selection.length_column, cfg.threads, group)
 
 
 def share_source(source: Source, cfg: LoaderSettings, group: Collective) -> Source:
@@ -341,30 +326,17 @@ def share_dedupe(source: Source, cfg: LoaderSettings, group: Collective) -> None
     same whole pass into its cache, where the loader built next finds it, and none held
     every key (``plitzer.selection.firsts.resolve_shared``).
     """
-    from dataclasses import replace
-
-    if cfg.dedupe is None and cfg.exclude is None:
+    if cfg.selection.dedupe is None and cfg.selection.exclude is None:
         return
-    from plitzer.selection.dedupe import dedupe_index
     from plitzer.selection.keying import Hashed
-    from plitzer.state.settings import open_source
+    from plitzer.state.settings import dedupe_pass, open_source
 
-    base = open_source(source, replace(cfg, dedupe=None, exclude=None))
+    base = open_source(source, cfg.without_dedupe())
 
     def exchange(part: dict[int, Hashed]) -> list[dict[int, Hashed]]:
         return [p for p in all_or_raise(part, group) if p is not None]
 
-    dedupe_index(
-        base,
-        dedupe=cfg.dedupe,
-        exclude=cfg.exclude,
-        storage_options=cfg.storage_options,
-        order=list(source) if isinstance(source, Mapping) else None,
-        rank=group.rank,
-        world=group.world,
-        threads=cfg.threads,
-        exchange=exchange,
-    )
+    dedupe_pass(base, source, cfg, group.rank, group.world, exchange=exchange)
 
 
 def join_parts(info: list[tuple[int, ...]], datas: list[bytes], world: int, processes: int) -> bytes:

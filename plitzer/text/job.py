@@ -44,6 +44,7 @@ from numpy.typing import NDArray
 from planner.catalog import jobindex
 from planner.catalog.dataset import Counted, CountsFromFooters, FileEntry, Index, fingerprint_of
 from planner.errors import ConfigError
+from planner.parameters import DEFAULT_TEXT, TextSettings
 from planner.progress import progress_enabled
 from planner.threads import map_ahead
 from plitzer.readpath.read import read_column
@@ -51,10 +52,10 @@ from plitzer.text.source import (
     TextCounting,
     TextIndex,
     encode_texts,
+    index_text,
     load_counts,
     save_counts,
     text_counting,
-    text_index,
     texts_of,
 )
 
@@ -106,7 +107,8 @@ class _Layout(CountsFromFooters):
         assert md is not None
         got = self.counting.counts_of(entry)
         counts = np.full((md.num_row_groups, 2), -1, np.int64) if got is None else got
-        return replace(self.counting, add_bos=False, add_eos=False).counted(entry, counts)
+        counting = self.counting
+        return replace(counting, text=replace(counting.text, add_bos=False, add_eos=False)).counted(entry, counts)
 
     def checks_histograms(self) -> bool:
         return False
@@ -255,7 +257,7 @@ def write_text_index(
     out: str | os.PathLike[str],
     *,
     tokenizer: Any,
-    text_column: str = "text",
+    text_column: str = DEFAULT_TEXT.text_column,
     storage_options: Mapping[str, Any] | None = None,
     out_options: Mapping[str, Any] | None = None,
     progress: bool | None = None,
@@ -267,16 +269,8 @@ def write_text_index(
     ids, so a loader of any ``add_eos``/``add_bos`` reads it; its ``fingerprint`` is
     that of the counts under neither.
     """
-    ix = text_index(
-        source,
-        tokenizer=tokenizer,
-        text_column=text_column,
-        add_eos=False,
-        add_bos=False,
-        storage_options=storage_options,
-        progress=progress,
-        threads=threads,
-    )
+    counted = TextSettings(tokenizer=tokenizer, text_column=text_column, add_eos=False, add_bos=False)
+    ix = index_text(source, counted, storage_options=storage_options, progress=progress, threads=threads)
     assert ix.tokenizer is not None
     meta = {"kind": "text", "tokenizer": f"{ix.tokenizer.kind}:{ix.tokenizer.identity}"}
     data = jobindex.encode(ix, meta)
@@ -287,11 +281,8 @@ def write_text_index(
 def load_text_index(
     url: str | os.PathLike[str],
     source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    text: TextSettings,
     *,
-    tokenizer: Any,
-    text_column: str = "text",
-    add_eos: bool = True,
-    add_bos: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     threads: int | None = None,
 ) -> TextIndex:
@@ -301,7 +292,8 @@ def load_text_index(
     tokenizer or text column; a stale one is a StaleIndexError naming the file.
     """
     where = os.fspath(url)
-    counting = text_counting(tokenizer, text_column=text_column, add_eos=add_eos, add_bos=add_bos, threads=threads)
+    counting = text_counting(text, threads)
+    text_column = counting.text_column
     got = jobindex.read_parts(where, source, storage_options=storage_options)
     meta = got.meta
     fix = f"write it again: plitzer index DATA --tokenizer TOKENIZER --text-column {text_column} --out {where}"

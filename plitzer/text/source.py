@@ -57,6 +57,7 @@ from planner.catalog.column import TokenDtype, token_range
 from planner.catalog.dataset import Counted, FileEntry, Index, list_files
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError, DamagedChunkError, DataError, TokenizerChangedError, TokenRangeError, one_line
+from planner.parameters import DEFAULT_TEXT, TextSettings
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
 from planner.stores.storage import FileStat
 from plitzer.readpath.read import read_chunk, read_column
@@ -76,6 +77,7 @@ __all__ = [
     "text_config",
     "text_counting",
     "text_index",
+    "index_text",
     "texts_of",
     "tokens_array",
 ]
@@ -302,10 +304,21 @@ class TextCounting:
     """
 
     tokenizer: TextTokenizer
-    text_column: str = "text"
-    add_bos: bool = False
-    add_eos: bool = True
+    """``text.tokenizer`` loaded."""
+    text: TextSettings = DEFAULT_TEXT
     threads: int | None = None
+
+    @property
+    def text_column(self) -> str:
+        return self.text.text_column
+
+    @property
+    def add_bos(self) -> bool:
+        return self.text.add_bos
+
+    @property
+    def add_eos(self) -> bool:
+        return self.text.add_eos
 
     @property
     def extra_ids(self) -> int:
@@ -363,38 +376,27 @@ class TextCounting:
         return load_counts(self.path(entry.stat), md.num_row_groups)
 
 
-def text_counting(
-    tokenizer: Any,
-    *,
-    text_column: str = "text",
-    add_eos: bool = True,
-    add_bos: bool = False,
-    threads: int | None = None,
-) -> TextCounting:
+def text_counting(text: TextSettings, threads: int | None = None) -> TextCounting:
     """The counting step of a text source, its settings checked."""
-    for name, v in (("add_eos", add_eos), ("add_bos", add_bos)):
+    for name in ("add_eos", "add_bos"):
+        v = getattr(text, name)
         if not isinstance(v, bool):
             msg = f"{name}={v!r} must be True or False"
             raise ConfigError(msg)
-    if not isinstance(text_column, str) or not text_column:
-        msg = f"text_column={text_column!r} must name the text column, e.g. 'text'"
+    column = text.text_column
+    if not isinstance(column, str) or not column:
+        msg = f"text_column={column!r} must name the text column, e.g. 'text'"
         raise ConfigError(msg)
-    return TextCounting(
-        load_tokenizer(tokenizer),
-        text_column=text_column,
-        add_bos=add_bos,
-        add_eos=add_eos,
-        threads=threads,
-    )
+    return TextCounting(load_tokenizer(text.tokenizer), text, threads)
 
 
 def text_index(
     source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     tokenizer: Any,
-    text_column: str = "text",
-    add_eos: bool = True,
-    add_bos: bool = False,
+    text_column: str = DEFAULT_TEXT.text_column,
+    add_eos: bool = DEFAULT_TEXT.add_eos,
+    add_bos: bool = DEFAULT_TEXT.add_bos,
     storage_options: Mapping[str, Any] | None = None,
     progress: bool | None = None,
     threads: int | None = None,
@@ -406,8 +408,20 @@ def text_index(
     (default: when stderr is a terminal). The pass is :func:`plitzer.text.job.text_pass`'s
     (a job's, as a group of one): no footer is held but those being parsed.
     """
+    text = TextSettings(tokenizer=tokenizer, text_column=text_column, add_eos=add_eos, add_bos=add_bos)
+    return index_text(source, text, storage_options=storage_options, progress=progress, threads=threads)
+
+
+def index_text(
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    text: TextSettings,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    progress: bool | None = None,
+    threads: int | None = None,
+) -> TextIndex:
+    """:func:`text_index` of the settings ``text`` (what the loader and the job index call)."""
     from plitzer.text import job  # which builds on this module
 
-    counting = text_counting(tokenizer, text_column=text_column, add_eos=add_eos, add_bos=add_bos, threads=threads)
     entries, src = list_files(source, storage_options)
-    return job.text_pass(entries, src, counting, progress)
+    return job.text_pass(entries, src, text_counting(text, threads), progress)

@@ -65,6 +65,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from planner.errors import ConfigError, DataError, StorageError, one_line
+from planner.parameters import DEFAULT_TEXT
 from planner.stores.backends import open_storages
 from planner.stores.storage import FileStat, Storage
 from plitzer.readpath.read import list_lengths
@@ -384,10 +385,10 @@ def tokenize(
     dst: str | os.PathLike[str],
     *,
     tokenizer: Any,
-    text_column: str = "text",
+    text_column: str = DEFAULT_TEXT.text_column,
     token_column: str = "input_ids",  # noqa: S107  # a column name, not a secret
-    add_eos: bool = True,
-    add_bos: bool = False,
+    add_eos: bool = DEFAULT_TEXT.add_eos,
+    add_bos: bool = DEFAULT_TEXT.add_bos,
     row_group_tokens: int = ROW_GROUP_TOKENS,
     engine: str = "local",
     jobs: int | None = None,

@@ -69,6 +69,14 @@ def _sha(*parts: bytes | str | int | None) -> str:
     return h.hexdigest()
 
 
+def _of_blob(
+    kind: str, blob: bytes, encode: Any, eos: int | None, bos: int | None, vocab_size: int, spec: Any
+) -> TextTokenizer:
+    """A tokenizer loaded from ``blob`` (its serialized form): its identity is the blob's and the specials'."""
+    identity = _sha(kind, blob, eos, bos)
+    return TextTokenizer(kind, identity, encode, eos_id=eos, bos_id=bos, vocab_size=vocab_size, spec=spec)
+
+
 def _tokenizers_tokenizer(tok: Any, blob: bytes, eos_id: int | None, bos_id: int | None) -> TextTokenizer:
     def find(names: tuple[str, ...]) -> int | None:
         for n in names:
@@ -84,15 +92,8 @@ def _tokenizers_tokenizer(tok: Any, blob: bytes, eos_id: int | None, bos_id: int
     def encode(texts: list[str]) -> list[list[int]]:
         return [e.ids for e in fast(texts, add_special_tokens=False)]
 
-    return TextTokenizer(
-        kind="tokenizers",
-        identity=_sha("tokenizers", blob, eos, bos),
-        encode=encode,
-        eos_id=eos,
-        bos_id=bos,
-        vocab_size=int(tok.get_vocab_size(with_added_tokens=True)),
-        spec=("tokenizers", blob, eos_id, bos_id),
-    )
+    vocab = int(tok.get_vocab_size(with_added_tokens=True))
+    return _of_blob("tokenizers", blob, encode, eos, bos, vocab, ("tokenizers", blob, eos_id, bos_id))
 
 
 def _sentencepiece_tokenizer(blob: bytes, eos_id: int | None, bos_id: int | None) -> TextTokenizer:
@@ -108,15 +109,8 @@ def _sentencepiece_tokenizer(blob: bytes, eos_id: int | None, bos_id: int | None
         out: list[list[int]] = sp.encode(texts, num_threads=1)
         return out
 
-    return TextTokenizer(
-        kind="sentencepiece",
-        identity=_sha("sentencepiece", blob, eos, bos),
-        encode=encode,
-        eos_id=eos,
-        bos_id=bos,
-        vocab_size=int(sp.vocab_size()),
-        spec=("sentencepiece", blob, eos_id, bos_id),
-    )
+    spec = ("sentencepiece", blob, eos_id, bos_id)
+    return _of_blob("sentencepiece", blob, encode, eos, bos, int(sp.vocab_size()), spec)
 
 
 def _tekken_tokenizer(path: str, blob: bytes, eos_id: int | None, bos_id: int | None) -> TextTokenizer:
@@ -132,15 +126,7 @@ def _tekken_tokenizer(path: str, blob: bytes, eos_id: int | None, bos_id: int | 
     def encode(texts: list[str]) -> list[list[int]]:
         return [list(tk.encode(t, bos=False, eos=False)) for t in texts]
 
-    return TextTokenizer(
-        kind="tekken",
-        identity=_sha("tekken", blob, eos, bos),
-        encode=encode,
-        eos_id=eos,
-        bos_id=bos,
-        vocab_size=int(tk.n_words),
-        spec=("tekken-file", path, eos_id, bos_id),
-    )
+    return _of_blob("tekken", blob, encode, eos, bos, int(tk.n_words), ("tekken-file", path, eos_id, bos_id))
 
 
 def _from_bytes(blob: bytes, where: str, eos_id: int | None, bos_id: int | None) -> TextTokenizer:

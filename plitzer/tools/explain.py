@@ -27,8 +27,6 @@ True
 from __future__ import annotations
 
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -42,6 +40,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from planner.api import PathSource, open_index
+from planner.bounded import Bounded
 from planner.catalog.footer import read_table_bytes
 from planner.catalog.rowgroups import RowGroupIndex, stream_counts
 from planner.errors import ConfigError, DataError
@@ -62,8 +61,7 @@ U64 = NDArray[np.uint64]
 Source = RowGroupIndex | PathSource
 
 _FORMAT = "2"  # 2: entries with a length and checksum (planner.stores.cache)
-_memo: OrderedDict[str, tuple[I64, U64]] = OrderedDict()
-_memo_lock = threading.Lock()
+_memo: Bounded[str, tuple[I64, U64]] = Bounded(4)
 
 
 # -- the one pass over the data: document lengths and hashes -------------------------
@@ -97,11 +95,9 @@ def _cache_path(ix: RowGroupIndex) -> Path:
 def document_pass(ix: RowGroupIndex, *, progress: bool | None = None, threads: int | None = None) -> tuple[I64, U64]:
     """Lengths and hashes of every document, in index order: memory, cache, else one pass."""
     path = _cache_path(ix)
-    with _memo_lock:
-        got = _memo.get(str(path))
-        if got is not None:
-            _memo.move_to_end(str(path))
-            return got
+    got = _memo.get(str(path))
+    if got is not None:
+        return got
     rows = stream_counts(ix.frame)[1].to_numpy().astype(np.int64)  # the selected rows where selected
     result: tuple[I64, U64] | None = None
     raw = read_entry(path)
@@ -119,10 +115,7 @@ def document_pass(ix: RowGroupIndex, *, progress: bool | None = None, threads: i
         buf = pa.BufferOutputStream()
         pq.write_table(pa.table({"length": result[0], "hash": result[1]}), buf)
         write_entry(path, buf.getvalue().to_pybytes())  # a folder that cannot be written costs time, not rows
-    with _memo_lock:
-        _memo[str(path)] = result
-        while len(_memo) > 4:
-            _memo.popitem(last=False)
+    _memo.put(str(path), result)
     return result
 
 
