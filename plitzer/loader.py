@@ -15,18 +15,19 @@ needs, where each lane is, the epoch label ``floor(X(t) / T)``, the
 layout stage) is asked of the run value (:class:`planner.run.Run`), which it and its
 scanner hold and swap together (:meth:`Loader._set_run`). ``checkpoint`` derives each
 lane's position from the step when it is called, and the positions do not depend
-on the number of ranks. Construction and its checks are :mod:`plitzer.state.build`, the
-checks a resume makes :mod:`plitzer.state.resume`, live stages :mod:`plitzer.state.live`.
+on the number of ranks. The live changes (:meth:`Loader.set_weights`,
+:meth:`Loader.set_layout`) are methods here, their checks :mod:`plitzer.state.live`;
+construction and its checks are :mod:`plitzer.state.build`, the checks a resume makes
+:mod:`plitzer.state.resume`.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any, Unpack
 
@@ -47,9 +48,8 @@ from plitzer.readpath.scan import Stats
 from plitzer.state import checkpoint as ckpt
 from plitzer.state import live, resume
 from plitzer.state.build import check_layout, make_config, open_plan, parts
-from plitzer.state.live import LiveStages
 from plitzer.state.settings import Keywords, LoaderSettings, Source, bind, signature
-from plitzer.state.share import AUTO, job_group, share_source
+from plitzer.state.share import job_source
 
 __all__ = ["Loader", "LoaderSettings", "budget_floor", "open_plan"]
 
@@ -57,7 +57,7 @@ I64 = NDArray[np.int64]
 
 
 @document()
-class Loader(LiveStages):
+class Loader:
     """Deterministic, resumable batches of full sequences for one rank.
 
     In a job of several processes that has initialised ``torch.distributed``, a loader
@@ -96,7 +96,7 @@ class Loader(LiveStages):
 
     def __init__(self, source: Source, *args: Any, **settings: Unpack[Keywords]) -> None:
         cfg = LoaderSettings.of(caller="Loader", **bind("Loader", args, settings))
-        self._build(open_plan(_shared(source, cfg, AUTO), cfg), cfg)
+        self._build(open_plan(job_source(source, cfg), cfg), cfg)
 
     @classmethod
     def in_group(cls, group: Any, source: Source, *args: Any, **settings: Unpack[Keywords]) -> Loader:
@@ -111,7 +111,7 @@ class Loader(LiveStages):
         :class:`Loader`'s.
         """
         cfg = LoaderSettings.of(caller="Loader.in_group", **bind("Loader.in_group", args, settings))
-        return cls.from_plan(open_plan(_shared(source, cfg, group), cfg), cfg)
+        return cls.from_plan(open_plan(job_source(source, cfg, group), cfg), cfg)
 
     @classmethod
     def from_settings(cls, source: Source, settings: LoaderSettings) -> Loader:
@@ -163,6 +163,81 @@ class Loader(LiveStages):
             self._cur, self._cur_block = None, None
         self._scanner.set_run(run, unit)
         self._now.run, self._now.config = run, make_config(self.settings, run)
+
+    # -- live changes ------------------------------------------------------------
+
+    @property
+    def layout(self) -> Layout:
+        """The layout stages of the run (one when ``lanes`` and ``seq_len`` are ints)."""
+        return self._run.layout
+
+    def set_weights(self, weights: Mapping[str, Any] | None, at_step: int | None = None) -> int:
+        """Append a stage of ``weights`` from global step ``at_step``; the step it starts at.
+
+        A live change of the mixture (docs/design.md, "Live stages"): the run is the one
+        made with this stage in the list of stages from the start, and the stage is in
+        every later checkpoint, the plan tables and the audit. ``at_step`` defaults to
+        the earliest allowed, the first step whose window no lane has begun to consume
+        (windows read ahead past it are read again); an earlier one is a ConfigError
+        naming it. Every rank must make the same call at the same step
+        (:meth:`plitzer.torch.Dataset.set_weights` checks it).
+
+        Examples
+        --------
+        >>> import plitzer, plitzer.synth, tempfile
+        >>> a, b = tempfile.mkdtemp(), tempfile.mkdtemp()
+        >>> _ = plitzer.synth.write(a, tokens=60_000, seed=1); _ = plitzer.synth.write(b, tokens=60_000, seed=2)
+        >>> loader = plitzer.Loader({"a": a, "b": b}, weights={"a": 1, "b": 1}, lanes=4, window=2, seq_len=64)
+        >>> _ = [loader.next_batch() for _ in range(3)]
+        >>> start = loader.set_weights({"a": 3, "b": 1})
+        >>> start >= loader.step - 3, loader.config["stages"][-1] == [start, {"a": 3, "b": 1}]
+        (True, True)
+        >>> loader.close()
+        """
+        self._check_fork()
+        with self._lock:
+            stage = live.live_stage(self.plan, weights, at_step, self._step, self.settings.seq_len)
+            self._set_run(*self._run.with_stage(stage))
+            return stage.start
+
+    def earliest_layout_step(self) -> int:
+        """The earliest step :meth:`set_layout` may start a stage at: the next batch's, after the last stage."""
+        return live.earliest_layout_step(self.layout, self._step)
+
+    def set_layout(self, lanes: int | None = None, seq_len: int | None = None, at_step: int | None = None) -> int:
+        """Append a layout stage: ``lanes`` rows of ``seq_len`` tokens from global step ``at_step``; the step.
+
+        A live change of the layout (docs/design.md, "Layout stages"): the run is the one
+        made with this stage in ``lanes=``/``seq_len=`` from the start (the rule of SPEC
+        section 12 applies at the step exactly, so no window needs to be unbegun), and the
+        stage is in every later checkpoint and the plan. ``lanes`` and ``seq_len`` default
+        to those in force; ``at_step`` to the earliest allowed, the next batch's step (and
+        after the last stage's); an earlier one is a ConfigError naming it. ``lanes`` must
+        be a multiple of the world size, and the budget must hold the new layout's floor.
+        Every rank must make the same call at the same step
+        (:meth:`plitzer.torch.Dataset.set_layout` checks it).
+
+        Examples
+        --------
+        >>> import plitzer, plitzer.synth, tempfile
+        >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=60_000, seed=1)
+        >>> loader = plitzer.Loader(d, lanes=4, window=2, seq_len=64)
+        >>> _ = [loader.next_batch() for _ in range(3)]
+        >>> loader.set_layout(lanes=2, seq_len=256)
+        3
+        >>> loader.next_batch().tokens.shape, loader.config["layout"]
+        ((2, 256), [[0, 4, 64], [3, 2, 256]])
+        >>> loader.close()
+        """
+        self._check_fork()
+        with self._lock:
+            stage = live.layout_stage(self.layout, lanes, seq_len, at_step, self._step, self.settings.world)
+            layout = self.layout.with_stage(stage)
+            check_layout(self.plan, self.settings, layout, [stage])
+            if stage.start == self._step:  # positions a resume left: in the old layout, no longer what comes
+                self._resumed, self._checks = None, {}
+            self._set_run(*self._run.with_layout(layout))
+            return stage.start
 
     # -- state -----------------------------------------------------------------
 
@@ -347,24 +422,24 @@ class Loader(LiveStages):
             self._scanner.reset(t)
         cur = self._cur
         if cur is not None and cur.t0 <= t < cur.t1:  # the common case: a view of the block
-            assert self._cur_block is not None
-            return self._deliver(
-                t, self._cur_block[t - cur.t0], functools.partial(cur.segments, t), [cur], unit_columns(cur, t)
-            )
+            return self._view(cur, t)
         first, last = self._run.units_of_step(t)
         if first == last:
             u = self._get(first)
             if u.t0 <= t < u.t1:
                 self._cur, self._cur_block = u, u.block
-                return self._deliver(
-                    t, self._cur_block[t - u.t0], functools.partial(u.segments, t), [u], unit_columns(u, t)
-                )
+                return self._view(u, t)
         units = [self._get(x) for x in range(first, last + 1)]
         rows, seq_len = len(self._scanner.rank_lanes), self._scanner.seq_len
         tokens, segments = assemble(units, t, rows, seq_len)
         columns = assemble_columns(units, t, rows, seq_len)
         self._cur, self._cur_block = None, None
         return self._deliver(t, tokens, segments, units, columns)
+
+    def _view(self, u: PackedUnit, t: int) -> Batch:
+        """Step ``t`` as a view of the block of ``u``, the unit in use."""
+        assert self._cur_block is not None
+        return self._deliver(t, self._cur_block[t - u.t0], functools.partial(u.segments, t), [u], unit_columns(u, t))
 
     def _deliver(
         self,
@@ -434,14 +509,4 @@ class Loader(LiveStages):
         )
 
 
-def _shared(source: Source, cfg: LoaderSettings, group: Any) -> Source:
-    """``source`` as the loader opens it: its index shared over the job's ranks where there is a group."""
-    shared = job_group(group, cfg)
-    return source if shared is None else share_source(source, cfg, shared)
-
-
-_SELF_SOURCE = [
-    inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-    inspect.Parameter("source", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-]
-Loader.__init__.__signature__ = signature(before=_SELF_SOURCE)  # type: ignore[attr-defined]  # help() and IDEs
+Loader.__init__.__signature__ = signature(before=("self", "source"))  # type: ignore[attr-defined]  # help() and IDEs

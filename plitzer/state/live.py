@@ -24,31 +24,28 @@ when those weigh 0 in every stage starting at or before its step (a source added
 mid-run). Its positions hold as they are: such a source takes no part in the merge
 until it weighs something, and the mixture's epoch counts only the sources the first
 stage weighs, so no window moves or changes its (epoch, window) label.
+
+The changes themselves are the Loader's methods (:meth:`plitzer.Loader.set_weights`,
+:meth:`~plitzer.Loader.set_layout`); this module holds what they and a resume ask of
+plain values: the checked stage (:func:`live_stage`, :func:`layout_stage`), the earliest
+step, and how a checkpoint's stages line up with a loader's (:func:`reconcile`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
-from numpy.typing import NDArray
 
 from planner.errors import CheckpointError, ConfigError
 from planner.mixing.mixture import Interleave, MixturePlan
 from planner.mixing.sources import Stage, parse_stages
 from planner.order.layout import Layout, LayoutStage
 from planner.order.plan import Plan, check_int
-from planner.run import Run, earliest_stage_step
-from plitzer.state.build import check_layout
+from planner.run import earliest_stage_step
 from plitzer.state.checkpoint import layout_of
-from plitzer.state.settings import LoaderSettings
 
-__all__ = ["LiveStages", "Reconciled", "earliest_step", "layout_stage", "live_stage", "reconcile"]
-
-I64 = NDArray[np.int64]
+__all__ = ["Reconciled", "earliest_layout_step", "earliest_step", "layout_stage", "live_stage", "reconcile"]
 
 
 def _mixture(plan: Plan) -> MixturePlan:
@@ -100,6 +97,11 @@ def live_stage(plan: Plan, weights: Mapping[str, Any] | None, at_step: int | Non
     return Stage(at_step, got.weights)
 
 
+def earliest_layout_step(layout: Layout, step: int) -> int:
+    """The earliest step a layout stage may start at when the next batch is ``step``: it, after the last stage."""
+    return max(step, layout.stages[-1].start + 1)
+
+
 def layout_stage(
     layout: Layout, lanes: int | None, seq_len: int | None, at_step: int | None, step: int, world: int
 ) -> LayoutStage:
@@ -110,7 +112,7 @@ def layout_stage(
     multiple of ``world``.
     """
     last = layout.stages[-1]
-    earliest = max(step, last.start + 1)
+    earliest = earliest_layout_step(layout, step)
     if at_step is None:
         at_step = earliest
     at_step = check_int("at_step", at_step, 0, "at_step is a global step")
@@ -227,95 +229,3 @@ def reconcile(checkpoint: Mapping[str, Any], loader: Mapping[str, Any], step: in
         mine["stages"] = list(theirs)
     stages = [Stage(int(s), tuple(int(w[n]) for n in names)) for s, w in mine["stages"]]
     return Reconciled(ck, mine, stages, added, reconcile_layout(ck, mine, step))
-
-
-class LiveStages:
-    """The live changes of :class:`plitzer.Loader`: weight stages and layout stages added while it runs.
-
-    Each checks the change (:func:`live_stage`, :func:`layout_stage`), asks the run value
-    for the changed run (:meth:`planner.run.Run.with_stage`, :meth:`~planner.run.Run.with_layout`)
-    and swaps it in (``_set_run``: the loader and its scanner together).
-    """
-
-    settings: LoaderSettings
-    plan: Plan
-    _run: Run
-    _step: int
-    _lock: AbstractContextManager[Any]
-    _resumed: I64 | None
-    _checks: dict[int, tuple[I64, I64, I64, I64]]
-    _set_run: Callable[[Run, int], None]
-    _check_fork: Callable[[], None]
-
-    @property
-    def layout(self) -> Layout:
-        """The layout stages of the run (one when ``lanes`` and ``seq_len`` are ints)."""
-        return self._run.layout
-
-    def set_weights(self, weights: Mapping[str, Any] | None, at_step: int | None = None) -> int:
-        """Append a stage of ``weights`` from global step ``at_step``; the step it starts at.
-
-        A live change of the mixture (docs/design.md, "Live stages"): the run is the one
-        made with this stage in the list of stages from the start, and the stage is in
-        every later checkpoint, the plan tables and the audit. ``at_step`` defaults to
-        the earliest allowed, the first step whose window no lane has begun to consume
-        (windows read ahead past it are read again); an earlier one is a ConfigError
-        naming it. Every rank must make the same call at the same step
-        (:meth:`plitzer.torch.Dataset.set_weights` checks it).
-
-        Examples
-        --------
-        >>> import plitzer, plitzer.synth, tempfile
-        >>> a, b = tempfile.mkdtemp(), tempfile.mkdtemp()
-        >>> _ = plitzer.synth.write(a, tokens=60_000, seed=1); _ = plitzer.synth.write(b, tokens=60_000, seed=2)
-        >>> loader = plitzer.Loader({"a": a, "b": b}, weights={"a": 1, "b": 1}, lanes=4, window=2, seq_len=64)
-        >>> _ = [loader.next_batch() for _ in range(3)]
-        >>> start = loader.set_weights({"a": 3, "b": 1})
-        >>> start >= loader.step - 3, loader.config["stages"][-1] == [start, {"a": 3, "b": 1}]
-        (True, True)
-        >>> loader.close()
-        """
-        self._check_fork()
-        with self._lock:
-            stage = live_stage(self.plan, weights, at_step, self._step, self.settings.seq_len)
-            self._set_run(*self._run.with_stage(stage))
-            return stage.start
-
-    def earliest_layout_step(self) -> int:
-        """The earliest step :meth:`set_layout` may start a stage at: the next batch's, after the last stage."""
-        return max(self._step, self.layout.stages[-1].start + 1)
-
-    def set_layout(self, lanes: int | None = None, seq_len: int | None = None, at_step: int | None = None) -> int:
-        """Append a layout stage: ``lanes`` rows of ``seq_len`` tokens from global step ``at_step``; the step.
-
-        A live change of the layout (docs/design.md, "Layout stages"): the run is the one
-        made with this stage in ``lanes=``/``seq_len=`` from the start (the rule of SPEC
-        section 12 applies at the step exactly, so no window needs to be unbegun), and the
-        stage is in every later checkpoint and the plan. ``lanes`` and ``seq_len`` default
-        to those in force; ``at_step`` to the earliest allowed, the next batch's step (and
-        after the last stage's); an earlier one is a ConfigError naming it. ``lanes`` must
-        be a multiple of the world size, and the budget must hold the new layout's floor.
-        Every rank must make the same call at the same step
-        (:meth:`plitzer.torch.Dataset.set_layout` checks it).
-
-        Examples
-        --------
-        >>> import plitzer, plitzer.synth, tempfile
-        >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=60_000, seed=1)
-        >>> loader = plitzer.Loader(d, lanes=4, window=2, seq_len=64)
-        >>> _ = [loader.next_batch() for _ in range(3)]
-        >>> loader.set_layout(lanes=2, seq_len=256)
-        3
-        >>> loader.next_batch().tokens.shape, loader.config["layout"]
-        ((2, 256), [[0, 4, 64], [3, 2, 256]])
-        >>> loader.close()
-        """
-        self._check_fork()
-        with self._lock:
-            stage = layout_stage(self.layout, lanes, seq_len, at_step, self._step, self.settings.world)
-            layout = self.layout.with_stage(stage)
-            check_layout(self.plan, self.settings, layout, [stage])
-            if stage.start == self._step:  # positions a resume left: in the old layout, no longer what comes
-                self._resumed, self._checks = None, {}
-            self._set_run(*self._run.with_layout(layout))
-            return stage.start

@@ -126,9 +126,12 @@ def bind(
     return out
 
 
-def signature(*, before: Sequence[inspect.Parameter] = (), names: Sequence[str] | None = None) -> inspect.Signature:
-    """The signature of an entry point that takes the parameters (``POSITIONAL`` ones by position too)."""
-    params = list(before)
+def signature(*, before: Sequence[str] = (), names: Sequence[str] | None = None) -> inspect.Signature:
+    """The signature of an entry point that takes the parameters (``POSITIONAL`` ones by position too).
+
+    ``before``: the names of its own leading arguments (``self``, ``source``), positional or keyword.
+    """
+    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in before]
     for p in PARAMETERS:
         if names is not None and p.name not in names:
             continue

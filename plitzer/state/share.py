@@ -44,6 +44,7 @@ __all__ = [
     "all_or_raise",
     "attempt",
     "job_group",
+    "job_source",
     "join_parts",
     "share_dedupe",
     "share_index",
@@ -315,6 +316,15 @@ def share_source(source: Source, cfg: LoaderSettings, group: Collective) -> Sour
     share_selection(out, cfg, group)
     share_dedupe(out, cfg, group)
     return out
+
+
+def job_source(source: Source, cfg: LoaderSettings, group: Any = AUTO) -> Source:
+    """What a loader of ``cfg`` opens: ``source``, or its index shared over the job's ranks where ``group`` gives one.
+
+    ``group`` as :func:`job_group` takes it; with a group this is :func:`share_source` (collective).
+    """
+    shared = job_group(group, cfg)
+    return source if shared is None else share_source(source, cfg, shared)
 
 
 def share_dedupe(source: Source, cfg: LoaderSettings, group: Collective) -> None:
