@@ -31,7 +31,7 @@ from planner.mixing.mixture import MixtureIndex, MixturePlan, mixture_index
 from planner.mixing.sources import SourceSpec, Weights, parse_stages
 from planner.order.layout import Layout, LayoutStage
 from planner.order.plan import Plan, PlanSettings
-from planner.parameters import PLAN_PARAMETERS, check_keywords, document
+from planner.parameters import PLAN_PARAMETERS, Selection, check_keywords, document
 from planner.runtime import COUNT, DEDUPE, SELECT, runtime_pass
 
 __all__ = [
@@ -175,8 +175,7 @@ def open_index(
     storage_options: Mapping[str, Any] | None = None,
     weights: Weights = None,
     text: Callable[[PathSource], Index] | None = None,
-    where: str | None = None,
-    length_column: str | None = None,
+    selection: Selection | None = None,
     select: Selector | None = None,
     text_source: Callable[[SourceSpec], Index] | None = None,
     opened: Mapping[str, Index] | None = None,
@@ -186,15 +185,17 @@ def open_index(
 
     ``weights`` belong to named sources only. ``text`` indexes a text source (plitzer
     passes its tokenizer's ``text_index`` here); it takes a path source only.
-    ``where`` (and ``length_column``) select rows by a DuckDB predicate through
-    ``select``, the runtime's selection pass (``plitzer.selector``; without it, see
-    :data:`NO_SELECTOR`); a mixture's sources may each have their own, and ``where``
-    here is the default of those without. ``text_source`` indexes a mixture's text
+    ``selection``'s ``where`` (and ``length_column``) select rows by a DuckDB predicate
+    through ``select``, the runtime's selection pass (``plitzer.selector``; without it,
+    see :data:`NO_SELECTOR`); a mixture's sources may each have their own, and ``where``
+    here is the default of those without. Its ``dedupe`` and ``exclude`` are the
+    caller's next pass (``deduper``, :func:`plan`). ``text_source`` indexes a mixture's text
     source (one whose dict has a ``tokenizer``). ``opened``: a mixture's sources opened
     already, by name (:func:`planner.mixing.mixindex.mixture_index`). ``count``: what counts
     a row group whose footer has no statistics (the runtime's, :func:`planner.index`).
     """
     kind = source_kind(source)
+    where, length_column = (None, None) if selection is None else (selection.where, selection.length_column)
     check_source(kind, weights=weights, text=text is not None, where=where, length_column=length_column)
     if kind in ("dict", "mixture index"):
         return mixture_index(
@@ -317,13 +318,13 @@ def plan(
     selector = runtime_pass(selector, SELECT)  # plitzer.plan is this function (SPEC section 6)
     deduper = runtime_pass(deduper, DEDUPE)
     count = runtime_pass(count, COUNT)
+    selection = Selection(where=where, length_column=length_column)
     ix = open_index(
         source,
         column=column,
         storage_options=storage_options,
         weights=weights,
-        where=where,
-        length_column=length_column,
+        selection=selection,
         select=selector,
         count=count,
     )

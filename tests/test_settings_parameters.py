@@ -28,7 +28,16 @@ import plitzer.synth
 from planner.api import NO_SELECTOR, check_layout, check_source, source_kind
 from planner.errors import ConfigError
 from planner.order.layout import Layout
-from planner.parameters import MARKER, PARAMETERS, PLAN_PARAMETERS, POSITIONAL, Parameter, by_name, document
+from planner.parameters import (
+    MARKER,
+    PARAMETERS,
+    PLAN_PARAMETERS,
+    POSITIONAL,
+    Parameter,
+    Selection,
+    by_name,
+    document,
+)
 from plitzer.cli import build_parser
 from plitzer.state.settings import Keywords, KeywordsLessWhere, LoaderSettings, checkpoint_config
 from plitzer.tools.explain import explain
@@ -70,28 +79,21 @@ def test_keywords_list_exactly_the_parameters() -> None:
 LISTED_BY_HAND = {
     # Public signatures, which keep their explicit keywords (IDEs, help(), SPEC sections 5, 6, 9).
     "planner/api.py::def plan",
-    "planner/api.py::def open_index",
     "plitzer/text/source.py::def text_index",
     "plitzer/text/tokenize.py::def tokenize",
     # The keywords for type checkers (``**settings: Unpack[Keywords]``), checked against the table above.
     "plitzer/state/settings.py::class KeywordsLessWhere",
     # The loader's own settings beside the groups (PlanSettings, Layout, TextSettings, Selection).
     "plitzer/state/settings.py::class LoaderSettings",
-    # The checkpoint's fields in the order their bytes are written, and where they are assembled.
+    # The checkpoint's fields in the order their bytes are written.
     "plitzer/state/checkpoint.py::dict",
-    "plitzer/state/settings.py:checkpoint_config:dict",
-    # A mixture's source: its own column, store, selection and job index.
+    # A mixture's source: its own column, store, selection and job index (the selection pass reads its fields).
     "planner/mixing/sources.py::class SourceSpec",
-    "planner/mixing/sources.py:source_specs:call SourceSpec",
-    # The calls of the public open_index and of the selection passes' signatures below.
-    "planner/api.py:plan:call open_index",
-    "plitzer/state/settings.py:open_source:call open_index",
+    # The selection passes' signatures, and the call of one of them.
     "plitzer/state/settings.py:dedupe_pass:call dedupe_index",
     "plitzer/selection/dedupe.py::def dedupe_index",
     "plitzer/selection/select.py::def select_index",
     "plitzer/selection/select.py::def _ray_chunk",
-    # The benchmark harness's own options.
-    "plitzer/bench/runners.py:PlitzerRunner.open:call Loader",
 }
 """The places that list five or more parameter names (tests/parameter_places.py): a new one fails here."""
 
@@ -285,7 +287,7 @@ def test_only_planner_plan_finds_the_runtime_passes_everything_else_is_given_the
     assert runtime_pass(None, LENGTHS) is plitzer.tools.locate.plan_lengths
     assert runtime_pass(None, "nosuch") is None
     with pytest.raises(ConfigError) as e:
-        open_index(data, where="score >= 3")
+        open_index(data, selection=Selection(where="score >= 3"))
     assert str(e.value) == NO_SELECTOR
     assert planner.plan(data, where="score >= 3", lanes=4, window=2).tokens > 0
     assert planner.plan(data, dedupe="tokens", lanes=4, window=2).tokens > 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
@@ -50,8 +50,10 @@ class SourceSpec:
     """The source's job index (``plitzer index PATH --out URL``), read instead of its footers."""
 
 
-_SOURCE_KEYS = {*names_of(SourceSpec), *_TEXT_KEYS} - {"name", "text"}
-"""The keys of a source's dict: its spec's fields, a text source's settings for ``text``."""
+_SPEC_KEYS = tuple(k for k in names_of(SourceSpec) if k not in ("name", "path", "text"))
+"""The keys of a source's dict that set its spec's field of the same name (the loader's keywords otherwise)."""
+_SOURCE_KEYS = {"path", *_SPEC_KEYS, *_TEXT_KEYS}
+"""The keys of a source's dict: its path, its spec's fields, a text source's settings for ``text``."""
 
 
 def source_specs(
@@ -71,6 +73,7 @@ def source_specs(
     if not sources:
         msg = "sources={} names no source; give at least one, e.g. {'web': 'data/web'}"
         raise ConfigError(msg)
+    given = SourceSpec("", "", column=column, storage_options=storage_options, where=where, length_column=length_column)
     specs = []
     for name in sorted(sources):
         if not isinstance(name, str) or not name:
@@ -86,13 +89,10 @@ def source_specs(
                     "(a text source: 'tokenizer' and optionally 'text_column', 'add_eos', 'add_bos')"
                 )
                 raise ConfigError(msg)
-            path = value["path"]
-            col = value.get("column", column)
-            opts = value.get("storage_options", storage_options)
-            pred = value.get("where", where)
-            lcol = value.get("length_column", length_column)
             text = {k: value[k] for k in _TEXT_KEYS if k in value} or None
-            job = value.get("index")
+            own = {k: value[k] for k in _SPEC_KEYS if k in value}
+            spec = replace(given, name=name, path=value["path"], text=text, **own)
+            job = spec.index
             if job is not None and not isinstance(job, (str, os.PathLike)):
                 msg = f"source {name!r}: index={job!r} must be the path or URL of its job index (plitzer index --out)"
                 raise ConfigError(msg)
@@ -103,36 +103,34 @@ def source_specs(
                 )
                 raise ConfigError(msg)
         else:
-            path, col, opts, pred, lcol, text, job = value, column, storage_options, where, length_column, None, None
-        if isinstance(path, (str, os.PathLike)):
-            path = os.fspath(path)
-        elif isinstance(path, Sequence) and all(isinstance(p, (str, os.PathLike)) for p in path):
-            path = [os.fspath(p) for p in path]
-        else:
-            msg = f"source {name!r}: path {path!r} must be a path, an s3:// URL or a list of them"
-            raise ConfigError(msg)
-        if lcol is not None and pred is None:
-            msg = f"source {name!r}: length_column={lcol!r} without where=; the length column serves a selection"
-            raise ConfigError(msg)
-        if text is not None and pred is not None:
-            msg = (
-                f"source {name!r}: where= with a text source (tokenizer=) is not supported; tokenize it "
-                "first with `plitzer tokenize` and select on the token dataset"
-            )
-            raise ConfigError(msg)
-        specs.append(
-            SourceSpec(
-                name=name,
-                path=path,
-                column=col,
-                storage_options=opts,
-                where=pred,
-                length_column=lcol,
-                text=text,
-                index=None if job is None else os.fspath(job),
-            )
-        )
+            spec = replace(given, name=name, path=value)
+        specs.append(_checked(spec))
     return specs
+
+
+def _checked(spec: SourceSpec) -> SourceSpec:
+    """``spec`` with its path (and job index) as strings, refused where its keys do not go together."""
+    name, path = spec.name, spec.path
+    if isinstance(path, (str, os.PathLike)):
+        path = os.fspath(path)
+    elif isinstance(path, Sequence) and all(isinstance(p, (str, os.PathLike)) for p in path):
+        path = [os.fspath(p) for p in path]
+    else:
+        msg = f"source {name!r}: path {path!r} must be a path, an s3:// URL or a list of them"
+        raise ConfigError(msg)
+    if spec.length_column is not None and spec.where is None:
+        msg = (
+            f"source {name!r}: length_column={spec.length_column!r} without where=; the length column serves "
+            "a selection"
+        )
+        raise ConfigError(msg)
+    if spec.text is not None and spec.where is not None:
+        msg = (
+            f"source {name!r}: where= with a text source (tokenizer=) is not supported; tokenize it "
+            "first with `plitzer tokenize` and select on the token dataset"
+        )
+        raise ConfigError(msg)
+    return replace(spec, path=path, index=None if spec.index is None else os.fspath(spec.index))
 
 
 @dataclass(frozen=True, slots=True)

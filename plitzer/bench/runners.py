@@ -16,11 +16,14 @@ import json
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    from plitzer.state.settings import LoaderSettings
 
 Item = tuple[Any, Any]  # (tokens tensor, document offsets tensor or None)
 
@@ -198,16 +201,7 @@ class PlitzerRunner(Runner):
         import plitzer
 
         a = self.args
-        self.loader = plitzer.Loader(
-            a.data,
-            seed=a.seed,
-            lanes=a.lanes,
-            window=a.window,
-            seq_len=a.seq_len,
-            budget=a.budget,
-            column=a.column,
-            threads=a.workers,
-        )
+        self.loader = plitzer.Loader.from_settings(a.data, loader_settings(a))
         if state is not None:
             self.loader.resume(state)
         self.epoch_batches = self.loader.step + len(self.loader)
@@ -223,6 +217,18 @@ class PlitzerRunner(Runner):
 
     def peak_bytes(self) -> int:
         return self.loader.peak_bytes
+
+
+def loader_settings(args: argparse.Namespace) -> LoaderSettings:
+    """The loader's settings of the harness's options: those named as run parameters, ``--workers`` its threads.
+
+    ``--world`` is the window mode's (rank 0's share of a plan), not the loader's: it reads every lane.
+    """
+    from planner.parameters import PARAMETERS
+    from plitzer.state.settings import LoaderSettings
+
+    given = {p.name: getattr(args, p.name) for p in PARAMETERS if p.name != "world" and hasattr(args, p.name)}
+    return LoaderSettings.of(caller="the benchmark harness", **given, threads=args.workers)
 
 
 class MosaicRunner(Runner):

@@ -45,8 +45,10 @@ from planner.stores.cache import write_atomic
 
 __all__ = [
     "CONFIG_FIELDS",
+    "DATASET_FIELDS",
     "FORMAT_VERSION",
     "Position",
+    "SETTING_FIELDS",
     "State",
     "decode",
     "diff_config",
@@ -63,9 +65,11 @@ FORMAT_VERSION = 2
 _OLDER = {1: "plitzer 0.1, whose lanes took whole documents; 0.2 cuts lanes at exact token positions"}
 MAX_BYTES = 64 << 20
 _HEADER = struct.Struct("<8sIQ")
-_REQUIRED = object()
+_SETTING = object()
+_DATASET = object()
 # The configuration's fields, in the order a checkpoint writes them, each with the value it is
-# read as when absent (_REQUIRED: every checkpoint has it).
+# read as when absent; every checkpoint has the settings that fix the order (_SETTING: the
+# loader's, integers) and the dataset's identity (_DATASET: the index's, strings).
 # Fields of text sources (plitzer.text.source: the tokenizer's identity and the BOS/EOS
 # policy), added within format 2: written only when they differ from these values
 # (a checkpoint of token data is byte for byte what plitzer 0.2 wrote), and read as
@@ -79,13 +83,13 @@ _REQUIRED = object()
 # step 0; ``lanes`` and ``seq_len`` are then the first stage's), written only when there
 # is more than one.
 _CONFIG: dict[str, Any] = {
-    "seed": _REQUIRED,
-    "lanes": _REQUIRED,
-    "seq_len": _REQUIRED,
-    "window": _REQUIRED,
-    "column": _REQUIRED,
-    "dtype": _REQUIRED,
-    "fingerprint": _REQUIRED,
+    "seed": _SETTING,
+    "lanes": _SETTING,
+    "seq_len": _SETTING,
+    "window": _SETTING,
+    "column": _DATASET,
+    "dtype": _DATASET,
+    "fingerprint": _DATASET,
     "tokenizer": "",
     "add_bos": False,
     "add_eos": False,
@@ -100,7 +104,11 @@ _CONFIG: dict[str, Any] = {
     "columns": [],
 }
 CONFIG_FIELDS: tuple[str, ...] = tuple(_CONFIG)
-_OPTIONAL: dict[str, Any] = {k: v for k, v in _CONFIG.items() if v is not _REQUIRED}
+SETTING_FIELDS: tuple[str, ...] = tuple(k for k, v in _CONFIG.items() if v is _SETTING)
+"""The settings every checkpoint records (seed, lanes, seq_len, window), as the loader's settings name them."""
+DATASET_FIELDS: tuple[str, ...] = tuple(k for k, v in _CONFIG.items() if v is _DATASET)
+"""The dataset's identity every checkpoint records (column, dtype, fingerprint), as the index names it."""
+_OPTIONAL: dict[str, Any] = {k: v for k, v in _CONFIG.items() if v is not _SETTING and v is not _DATASET}
 # Aligned columns (plitzer.readpath.aligned) add ``columns`` ([name, fill or null] each, sorted by
 # name), written only when a run names some: a run without them writes the bytes it wrote before.
 _INT_LIMIT = 2**63
@@ -265,9 +273,9 @@ def decode(data: bytes | bytearray | memoryview) -> State:
     ):
         why = "revisions must list [source, commit, files digest] triples"
         raise _fail(why)
-    for k in ("seed", "lanes", "seq_len", "window"):
+    for k in SETTING_FIELDS:
         _int(config[k], k, low=1 if k != "seed" else 0)
-    for k in ("column", "dtype", "fingerprint"):
+    for k in DATASET_FIELDS:
         if not isinstance(config[k], str):
             why = f"{k} is {config[k]!r}, expected a string"
             raise _fail(why)

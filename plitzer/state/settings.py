@@ -38,6 +38,7 @@ from planner.parameters import PARAMETERS, POSITIONAL, Selection, TextSettings, 
 from planner.stores.storage import revisions
 from plitzer.readpath.read import count_chunk
 from plitzer.selection.dedupe import dedupe_index
+from plitzer.state.checkpoint import DATASET_FIELDS, SETTING_FIELDS
 
 __all__ = [
     "Keywords",
@@ -259,8 +260,7 @@ def open_source(source: Source, settings: LoaderSettings, opened: Mapping[str, I
         storage_options=s.storage_options,
         weights=s.weights,
         text=text,
-        where=s.selection.where,
-        length_column=s.selection.length_column,
+        selection=s.selection,
         select=select,
         text_source=_text_source,
         opened=opened,
@@ -362,14 +362,9 @@ def checkpoint_config(plan: Plan, settings: LoaderSettings) -> dict[str, Any]:
 
     s, ix = settings, plan.dataset
     return {
-        "seed": s.seed,
-        "lanes": s.lanes,
-        "seq_len": s.seq_len,
-        "window": s.window,
+        **{k: getattr(s, k) for k in SETTING_FIELDS},
         **({"layout": s.stages.as_config()} if s.stages.staged else {}),
-        "column": ix.column,
-        "dtype": ix.dtype,
-        "fingerprint": ix.fingerprint,
+        **{k: getattr(ix, k) for k in DATASET_FIELDS},
         **TEXT_DEFAULTS,
         **SELECT_DEFAULTS,
         **ix.config_fields(),
