@@ -228,7 +228,7 @@ def loader_settings(args: argparse.Namespace) -> LoaderSettings:
     from plitzer.state.settings import LoaderSettings
 
     given = {p.name: getattr(args, p.name) for p in PARAMETERS if p.name != "world" and hasattr(args, p.name)}
-    return LoaderSettings.of(caller="the benchmark harness", **given, threads=args.workers)
+    return LoaderSettings.of(caller="plitzer.bench.runners.loader_settings", **given, threads=args.workers)
 
 
 class MosaicRunner(Runner):
