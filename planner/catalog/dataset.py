@@ -222,19 +222,7 @@ class Index:
                 self._chunks.move_to_end(file_index)
                 return got
         a, b = self._file_rows(file_index)
-        template = self._files[file_index].template
-        if template is None:
-            msg = f"{self.location(file_index)}: the index holds no template of its column; build the index again"
-            raise DataError(msg)
-        part = self.frame.slice(a, b - a)
-        md = chunkmeta.footer(
-            template,
-            part["rows"].to_numpy(),
-            part["byte_offset"].to_numpy(),
-            part["byte_length"].to_numpy(),
-            part["codec"].to_numpy(),
-            part["chunk_values"].to_numpy(),
-        )
+        md = self._footer_of(file_index, a, b)
         if not keep:
             return md
         with self._lock:
@@ -242,6 +230,33 @@ class Index:
             while len(self._chunks) > FOOTERS_KEPT:
                 self._chunks.popitem(last=False)
         return md
+
+    def chunk_footer(self, rg: int) -> pq.FileMetaData:
+        """A footer for decoding row group ``rg``'s chunk of the index's column alone: its row group 0.
+
+        What the read path decodes each chunk with (:func:`plitzer.readpath.read.read_column`),
+        made from the index's row (a few dozen bytes, tens of microseconds) and kept by
+        none. A footer of a file's every row group (:meth:`chunk_metadata`) parses into
+        about 900 B a row group: the few files a first batch touched held 6-7 MB, and
+        64 kept ones 23 MB (docs/design.md, "Bytes a row group").
+        """
+        return self._footer_of(int(self.frame["file_index"][rg]), rg, rg + 1)
+
+    def _footer_of(self, file_index: int, a: int, b: int) -> pq.FileMetaData:
+        """The minimal footer of the frame's rows ``[a, b)``, all of file ``file_index``."""
+        template = self._files[file_index].template
+        if template is None:
+            msg = f"{self.location(file_index)}: the index holds no template of its column; build the index again"
+            raise DataError(msg)
+        part = self.frame.slice(a, b - a)
+        return chunkmeta.footer(
+            template,
+            part["rows"].to_numpy(),
+            part["byte_offset"].to_numpy(),
+            part["byte_length"].to_numpy(),
+            part["codec"].to_numpy(),
+            part["chunk_values"].to_numpy(),
+        )
 
     def schema(self) -> pa.Schema:
         """The first file's Arrow schema (names and types): the job index's where it carries it, else the footer's.
@@ -636,8 +651,14 @@ def _to_cache(
     table = pa.Table.from_arrays(
         [rowlists.strings([e.stat.name for e in entries]), *lists.values()], names=["name", *lists]
     ).replace_schema_metadata(meta | chunkmeta.pack_templates([e.template for e in entries]))
-    buf = pa.BufferOutputStream()
-    pq.write_table(table, buf, compression="zstd", row_group_size=rowlists.files_a_group(len(entries), frame.height))
+    buf = pa.BufferOutputStream(memory_pool=pa.system_memory_pool())
+    pq.write_table(
+        table,
+        buf,
+        compression="zstd",
+        row_group_size=rowlists.files_a_group(len(entries), frame.height),
+        memory_pool=pa.system_memory_pool(),
+    )
     write_entry(path, buf.getvalue().to_pybytes())  # a folder that cannot be written costs speed, not rows
 
 
@@ -840,6 +861,7 @@ def _index_entries(
 def build_index(entries: list[FileEntry], src: str, counting: Counting, counted: list[Counted]) -> Index:
     """The index of files counted already (here, or by the ranks of a job), cached where ``counting`` is."""
     frame = _frame(entries, counted)
+    footer.give_back_memory()  # the rows it was built from, before the cache entry is written
     first = counted[0]
     fp = fingerprint_of(frame, counting.fingerprint_extra())
     cached = index_cache_path(entries, counting)

@@ -568,7 +568,9 @@ class CountedShare:
     def file_rows(self) -> list[NDArray[np.int64]]:
         """Each counted file's rows, ``(row groups, fields)`` (views of one decompressed array)."""
         n = sum(self.counts)
-        raw = pa.decompress(self.rows, decompressed_size=n * len(ROW_FIELDS) * 8, codec="zstd")
+        raw = pa.decompress(
+            self.rows, decompressed_size=n * len(ROW_FIELDS) * 8, codec="zstd", memory_pool=pa.system_memory_pool()
+        )
         table = np.frombuffer(raw, np.int64).reshape(len(ROW_FIELDS), n).T
         ends = np.cumsum(self.counts)
         return [table[e - c : e] for e, c in zip(ends, self.counts, strict=True)]
@@ -593,18 +595,28 @@ def count_share(
     mine = [entries[i] for i in range(rank, len(entries), world)]
     how = FooterCounting(column, count) if counting is None else counting
     counted = [c for c in (scan_footers(mine, how, None, threads, fetch) if mine else []) if c is not None]
-    rows = [np.asarray(c.rows, np.int64).reshape(-1, len(ROW_FIELDS)) for c in counted]
-    fields = np.concatenate(rows).T.copy() if rows else np.zeros((len(ROW_FIELDS), 0), np.int64)
-    footer.give_back_memory()  # the footers' threads' heaps, before the exchange
-    return CountedShare(
+    counts = tuple(len(c.rows) for c in counted)
+    # Field-major, a file at a time, each file's rows let go once copied.
+    fields = np.empty((len(ROW_FIELDS), sum(counts)), np.int64)
+    at = 0
+    for k, c in enumerate(counted):
+        fields[:, at : at + counts[k]] = np.asarray(c.rows, np.int64).reshape(-1, len(ROW_FIELDS)).T
+        at += counts[k]
+        counted[k] = Counted([], c.column, c.dtype, c.stored)
+    share = CountedShare(
         files=tuple(range(rank, len(entries), world)),
-        rows=pa.compress(fields.tobytes(), codec="zstd", asbytes=True),
-        counts=tuple(len(r) for r in rows),
+        rows=pa.compress(fields, codec="zstd", asbytes=True, memory_pool=pa.system_memory_pool()),
+        counts=counts,
         columns=tuple(c.column for c in counted),
         dtypes=tuple(c.dtype for c in counted),
         stored=tuple(c.stored for c in counted),
         templates=tuple(e.template.key() if e.template else b"" for e in mine),
     )
+    del counted, fields
+    # The footers' threads' heaps and the rows, before the exchange: once they are let go
+    # (trimmed before, the rows freed after it stayed resident: 9 MB at 60,000 row groups).
+    footer.give_back_memory()
+    return share
 
 
 def take_counted(

@@ -73,6 +73,7 @@ def decode_column(
     where: str,
     what: str = "token",
     file: str | None = None,
+    footer_row_group: int | None = None,
 ) -> pa.Array:
     """Decode one row group's ``column`` from the bytes of its column chunk, as the file holds it.
 
@@ -80,12 +81,15 @@ def decode_column(
     lives in Arrow's memory). Damaged data is a DataError naming ``where`` (on one
     line), never a bare pyarrow error; ``what`` names the column in that message
     ("token", "text"); ``file`` (the file's location) goes into the error's attributes.
+    ``footer_row_group``: the row group of ``metadata`` that describes the chunk, where
+    that footer is not the file's (default ``row_group``: :meth:`planner.Index.chunk_footer`'s is 0).
     """
     r = thread_reader()
     f, pf = r.decoder(metadata, file_size)
     f.load(data, offset, where, file=file, row_group=row_group)
     try:
-        table = pf.read_row_group(row_group, columns=[column], use_threads=False)
+        at = row_group if footer_row_group is None else footer_row_group
+        table = pf.read_row_group(at, columns=[column], use_threads=False)
     except DataError:
         r.decoders.pop(id(metadata), None)
         raise
@@ -110,6 +114,7 @@ def read_decoded(
     length: int,
     where: str,
     what: str = "token",
+    footer_row_group: int | None = None,
 ) -> pa.Array:
     """Read a column chunk's byte range (one ranged read) and decode it: the read path's one reader.
 
@@ -136,6 +141,7 @@ def read_decoded(
         where=where,
         what=what,
         file=stat.location,
+        footer_row_group=footer_row_group,
     )
 
 
@@ -184,18 +190,22 @@ def read_column(
 ) -> tuple[pa.Array, dict[str, Any], str]:
     """Row group ``rg``'s column chunk (one ranged read), decoded as the file holds it.
 
-    ``footers``: a file's decoding footer by its index (default: ``index.chunk_metadata``).
+    ``footers``: a file's decoding footer by its index (a pass that keeps its own few);
+    by default the row group's own (``index.chunk_footer``: no file's footer is held).
     Returns the array, the row group's index row and where it is (for messages).
     """
     row = index.frame.row(rg, named=True)
     fi, g = row["file_index"], row["row_group"]
     st = index.file(fi)
     where = index.location(fi, g)
+    # The row group's own footer (its row group 0), unless the caller keeps whole files' footers.
+    md, at = (index.chunk_footer(rg), 0) if footers is None else (footers(fi), g)
     arr = read_decoded(
         index.storage(fi),
         st,
-        (index.chunk_metadata if footers is None else footers)(fi),
+        md,
         row_group=g,
+        footer_row_group=at,
         column=index.column,
         offset=row["byte_offset"],
         length=row["byte_length"],
