@@ -191,7 +191,7 @@ class Index:
         """The file's whole parsed footer (every column): the cache's, else storage's.
 
         For the passes that read other columns than the index's (a selection's
-        predicate, a schema's look-up); the read path needs only :meth:`chunk_metadata`.
+        predicate, a schema's look-up); the read path needs only :meth:`chunk_footer`.
         The last :data:`WHOLE_FOOTERS_KEPT` are kept: a working set, whatever the file count.
         """
         with self._lock:
