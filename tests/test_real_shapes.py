@@ -38,7 +38,7 @@ PROBE = ROOT / "tests" / "rss_probe.py"
 FILES, PER_FILE = 300, 400  # 120,000 row groups, as the issue measured
 RSS_PER_ROW_GROUP = 256
 """Bytes of peak RSS a row group may cost a rank that builds its index from footers, against one
-file: the issue's 256 B (0.4: 11.3-13.5 KB). 172-175 B measured alone, 197-218 B for each of 2 gloo
+file: the issue's 256 B (0.4: 11.3-13.5 KB). 171-176 B measured alone, 195-218 B for each of 2 gloo
 ranks (272-312 B before their shares went straight into the frame's columns, the heap was trimmed
 after the rows were let go, and the read path decoded with each row group's own footer instead of
 whole files' ones: docs/design.md, "Bytes a row group"). That counts in a fixed working set of a
@@ -196,7 +196,7 @@ def test_two_gloo_ranks_share_the_index_and_each_holds_bytes_a_row_group(
     middle = _ranks(mid, tmp_path / "mid")
     for b, s, m in zip(big, small, middle, strict=True):
         assert _growth(b, s) <= RSS_PER_ROW_GROUP, (b, s)
-        # Each further row group, the working set apart: 148-174 B measured (196-258 B before
+        # Each further row group, the working set apart: 148-185 B measured (196-258 B before
         # the shares went straight into the frame's columns).
         assert _growth(b, m) <= RSS_PER_ROW_GROUP, (b, m)
     # Each rank read and parsed half of the footers: its CPU is at most 1/2 + 25 % of one process's index.
