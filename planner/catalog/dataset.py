@@ -71,6 +71,7 @@ __all__ = [
     "ROW_FIELDS",
     "FooterCounting",
     "Index",
+    "LaidOut",
     "build_index",
     "fingerprint_of",
     "ensure_index",
@@ -186,7 +187,7 @@ class Index(FrameTotals):
         """The file's whole parsed footer (every column): the cache's, else storage's.
 
         For the passes that read other columns than the index's (a selection's
-        predicate, a schema's look-up); the read path needs only :meth:`chunk_metadata`.
+        predicate, a schema's look-up); the read path needs only :meth:`chunk_footer`.
         The last :data:`WHOLE_FOOTERS_KEPT` are kept: a working set, whatever the file count.
         """
         got = self._footers.get(file_index)
@@ -211,12 +212,30 @@ class Index(FrameTotals):
         if got is not None:
             return got
         a, b = self._file_rows(file_index)
+        md = self._footer_of(file_index, a, b)
+        if keep:
+            self._chunks.put(file_index, md)
+        return md
+
+    def chunk_footer(self, rg: int) -> pq.FileMetaData:
+        """A footer for decoding row group ``rg``'s chunk of the index's column alone: its row group 0.
+
+        What the read path decodes each chunk with (:func:`plitzer.readpath.read.read_column`),
+        made from the index's row (a few dozen bytes, tens of microseconds) and kept by
+        none. A footer of a file's every row group (:meth:`chunk_metadata`) parses into
+        about 900 B a row group: the few files a first batch touched held 6-7 MB, and
+        64 kept ones 23 MB (docs/design.md, "Bytes a row group").
+        """
+        return self._footer_of(int(self.frame["file_index"][rg]), rg, rg + 1)
+
+    def _footer_of(self, file_index: int, a: int, b: int) -> pq.FileMetaData:
+        """The minimal footer of the frame's rows ``[a, b)``, all of file ``file_index``."""
         template = self._files[file_index].template
         if template is None:
             msg = f"{self.location(file_index)}: the index holds no template of its column; build the index again"
             raise DataError(msg)
         part = self.frame.slice(a, b - a)
-        md = chunkmeta.footer(
+        return chunkmeta.footer(
             template,
             part["rows"].to_numpy(),
             part["byte_offset"].to_numpy(),
@@ -224,9 +243,6 @@ class Index(FrameTotals):
             part["codec"].to_numpy(),
             part["chunk_values"].to_numpy(),
         )
-        if keep:
-            self._chunks.put(file_index, md)
-        return md
 
     def schema(self) -> pa.Schema:
         """The first file's Arrow schema (names and types): the job index's where it carries it, else the footer's.
@@ -613,8 +629,14 @@ def _to_cache(
     table = pa.Table.from_arrays(
         [rowlists.strings([e.stat.name for e in entries]), *lists.values()], names=["name", *lists]
     ).replace_schema_metadata(meta | chunkmeta.pack_templates([e.template for e in entries]))
-    buf = pa.BufferOutputStream()
-    pq.write_table(table, buf, compression="zstd", row_group_size=rowlists.files_a_group(len(entries), frame.height))
+    buf = pa.BufferOutputStream(memory_pool=pa.system_memory_pool())
+    pq.write_table(
+        table,
+        buf,
+        compression="zstd",
+        row_group_size=rowlists.files_a_group(len(entries), frame.height),
+        memory_pool=pa.system_memory_pool(),
+    )
     write_entry(path, buf.getvalue().to_pybytes())  # a folder that cannot be written costs speed, not rows
 
 
@@ -673,10 +695,25 @@ def scan_footers(
         )
 
 
-def _frame(entries: list[FileEntry], counted: list[Counted]) -> pl.DataFrame:
-    """The index frame of every file's rows; every file's column must give the same batches."""
+@dataclass(frozen=True, slots=True)
+class LaidOut:
+    """Every file's rows in frame order already (the shares of a job: :func:`planner.catalog.jobindex.take_counted`).
+
+    ``per``: each file's row-group count; ``fields``: one int64 column a field of
+    :data:`ROW_FIELDS`, which the frame takes over without a copy.
+    """
+
+    per: NDArray[np.int64]
+    fields: list[NDArray[np.int64]]
+
+
+def _frame(entries: list[FileEntry], counted: list[Counted], laid_out: LaidOut | None = None) -> pl.DataFrame:
+    """The index frame of every file's rows; every file's column must give the same batches.
+
+    The rows are ``counted``'s, or ``laid_out``'s (then ``counted`` gives each file's column alone).
+    """
     first = counted[0]
-    names, counts = [], []
+    names = []
     for entry, c in zip(entries, counted, strict=True):
         # list and large_list, and integer widths, may differ between files as long
         # as the batches they give have the same dtype.
@@ -689,21 +726,12 @@ def _frame(entries: list[FileEntry], counted: list[Counted]) -> pl.DataFrame:
             )
             raise DataError(msg)
         names.append(entry.stat.name)
-        counts.append(len(c.rows))
-    per = np.asarray(counts, np.int64)
+    if laid_out is None:
+        per = np.asarray([len(c.rows) for c in counted], np.int64)
+        fields = _lay_out(counted, int(per.sum()))
+    else:
+        per, fields = laid_out.per, laid_out.fields
     file_index = np.repeat(np.arange(len(entries), dtype=np.int64), per)
-    # Each field into its own column, a file at a time, each file's rows let go once
-    # copied (``counted`` keeps their columns and dtypes, not their rows): the peak is the
-    # frame and what is left of the rows, not the rows twice (docs/design.md, "Bytes a row group").
-    fields = [np.empty(len(file_index), np.int64) for _ in ROW_FIELDS]
-    at = 0
-    for i, c in enumerate(counted):
-        rows = np.asarray(c.rows, dtype=np.int64).reshape(-1, len(ROW_FIELDS))
-        for k, out in enumerate(fields):
-            out[at : at + len(rows)] = rows[:, k]
-        at += len(rows)
-        counted[i] = dataclasses.replace(c, rows=_NO_ROWS)
-        del rows
     cols: dict[str, Any] = {
         "file": pl.Series(names, dtype=pl.String).gather(file_index) if len(file_index) else [],
         "file_index": file_index,
@@ -713,6 +741,24 @@ def _frame(entries: list[FileEntry], counted: list[Counted]) -> pl.DataFrame:
     return pl.DataFrame(cols).select(
         pl.col(k).cast(v) if k in cols else pl.lit(None, v).alias(k) for k, v in INDEX_SCHEMA.items()
     )
+
+
+def _lay_out(counted: list[Counted], total: int) -> list[NDArray[np.int64]]:
+    """Each field of every file's rows as one column, a file at a time, each file's rows let go once copied.
+
+    ``counted`` keeps their columns and dtypes, not their rows: the peak is the frame and
+    what is left of the rows, not the rows twice (docs/design.md, "Bytes a row group").
+    """
+    fields = [np.empty(total, np.int64) for _ in ROW_FIELDS]
+    at = 0
+    for i, c in enumerate(counted):
+        rows = np.asarray(c.rows, dtype=np.int64).reshape(-1, len(ROW_FIELDS))
+        for k, out in enumerate(fields):
+            out[at : at + len(rows)] = rows[:, k]
+        at += len(rows)
+        counted[i] = dataclasses.replace(c, rows=_NO_ROWS)
+        del rows
+    return fields
 
 
 _NO_ROWS = np.zeros((0, len(ROW_FIELDS)), np.int64)
@@ -814,9 +860,16 @@ def _index_entries(
     return build_index(entries, src, counting, counted)
 
 
-def build_index(entries: list[FileEntry], src: str, counting: Counting, counted: list[Counted]) -> Index:
-    """The index of files counted already (here, or by the ranks of a job), cached where ``counting`` is."""
-    frame = _frame(entries, counted)
+def build_index(
+    entries: list[FileEntry], src: str, counting: Counting, counted: list[Counted], laid_out: LaidOut | None = None
+) -> Index:
+    """The index of files counted already (here, or by the ranks of a job), cached where ``counting`` is.
+
+    ``laid_out``: the rows, where ``counted`` holds each file's column alone (:class:`LaidOut`).
+    """
+    frame = _frame(entries, counted, laid_out)
+    del laid_out
+    footer.give_back_memory()  # the rows it was built from, before the cache entry is written
     first = counted[0]
     fp = fingerprint_of(frame, counting.fingerprint_extra())
     cached = index_cache_path(entries, counting)

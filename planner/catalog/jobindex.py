@@ -58,6 +58,7 @@ from planner.catalog.dataset import (
     FileEntry,
     FooterCounting,
     Index,
+    LaidOut,
     build_index,
     index,
     index_cache_path,
@@ -565,13 +566,18 @@ class CountedShare:
     stored: tuple[str, ...]
     templates: tuple[bytes, ...]
 
-    def file_rows(self) -> list[NDArray[np.int64]]:
-        """Each counted file's rows, ``(row groups, fields)`` (views of one decompressed array)."""
+    def lay_into(self, fields: Sequence[NDArray[np.int64]], starts: NDArray[np.int64]) -> None:
+        """Copy each counted file's rows into ``fields`` (a column a field) from its row ``starts[file]`` on."""
         n = sum(self.counts)
-        raw = pa.decompress(self.rows, decompressed_size=n * len(ROW_FIELDS) * 8, codec="zstd")
-        table = np.frombuffer(raw, np.int64).reshape(len(ROW_FIELDS), n).T
-        ends = np.cumsum(self.counts)
-        return [table[e - c : e] for e, c in zip(ends, self.counts, strict=True)]
+        raw = pa.decompress(
+            self.rows, decompressed_size=n * len(ROW_FIELDS) * 8, codec="zstd", memory_pool=pa.system_memory_pool()
+        )
+        table = np.frombuffer(raw, np.int64).reshape(len(ROW_FIELDS), n)
+        at = 0
+        for i, c in zip(self.files, self.counts, strict=False):
+            for k, out in enumerate(fields):
+                out[starts[i] : starts[i] + c] = table[k, at : at + c]
+            at += c
 
 
 def count_share(
@@ -593,18 +599,28 @@ def count_share(
     mine = [entries[i] for i in range(rank, len(entries), world)]
     how = FooterCounting(column, count) if counting is None else counting
     counted = [c for c in (scan_footers(mine, how, None, threads, fetch) if mine else []) if c is not None]
-    rows = [np.asarray(c.rows, np.int64).reshape(-1, len(ROW_FIELDS)) for c in counted]
-    fields = np.concatenate(rows).T.copy() if rows else np.zeros((len(ROW_FIELDS), 0), np.int64)
-    footer.give_back_memory()  # the footers' threads' heaps, before the exchange
-    return CountedShare(
+    counts = tuple(len(c.rows) for c in counted)
+    # Field-major, a file at a time, each file's rows let go once copied.
+    fields = np.empty((len(ROW_FIELDS), sum(counts)), np.int64)
+    at = 0
+    for k, c in enumerate(counted):
+        fields[:, at : at + counts[k]] = np.asarray(c.rows, np.int64).reshape(-1, len(ROW_FIELDS)).T
+        at += counts[k]
+        counted[k] = Counted([], c.column, c.dtype, c.stored)
+    share = CountedShare(
         files=tuple(range(rank, len(entries), world)),
-        rows=pa.compress(fields.tobytes(), codec="zstd", asbytes=True),
-        counts=tuple(len(r) for r in rows),
+        rows=pa.compress(fields, codec="zstd", asbytes=True, memory_pool=pa.system_memory_pool()),
+        counts=counts,
         columns=tuple(c.column for c in counted),
         dtypes=tuple(c.dtype for c in counted),
         stored=tuple(c.stored for c in counted),
         templates=tuple(e.template.key() if e.template else b"" for e in mine),
     )
+    del counted, fields
+    # The footers' threads' heaps and the rows, before the exchange: once they are let go
+    # (trimmed before, the rows freed after it stayed resident: 9 MB at 60,000 row groups).
+    footer.give_back_memory()
+    return share
 
 
 def take_counted(
@@ -619,23 +635,30 @@ def take_counted(
     ``counting``: the one the shares were made with (its fingerprint, cache and wrapping).
     """
     counted: list[Counted | None] = [None] * len(entries)
+    per = np.zeros(len(entries), np.int64)
     for part in parts:
-        for k, (i, got) in enumerate(zip(part.files, part.file_rows(), strict=False)):
-            # A copy a file: the part's rows are views of one decompressed buffer, which a
-            # view kept whole until the frame was built (72 B a row group on top of it).
-            rows = got.copy()
-            counted[i] = Counted(rows, part.columns[k], part.dtypes[k], part.stored[k])  # type: ignore[arg-type]
+        for k, i in enumerate(part.files[: len(part.counts)]):
+            counted[i] = Counted([], part.columns[k], part.dtypes[k], part.stored[k])  # type: ignore[arg-type]
+            per[i] = part.counts[k]
             entries[i].template = chunkmeta.Template.from_key(part.templates[k]) if part.templates[k] else None
-    footer.give_back_memory()  # the exchange's copies
-    del parts  # the caller's only reference (plitzer.state.share): the rows now live in ``counted`` alone
     missing = [e.stat.location for e, c in zip(entries, counted, strict=True) if c is None]
     if missing:
         msg = f"the ranks' shares lack {len(missing)} files, first {missing[0]}; every rank must share"
         raise ConfigError(msg)
+    # Each part's rows straight into the frame's columns, one part decompressed at a time:
+    # no copy a file (those were 72 B a row group on top of the columns, and left the heap
+    # fragmented for what came next: docs/design.md, "Bytes a row group").
+    starts = np.concatenate([[0], np.cumsum(per)]).astype(np.int64)
+    fields = [np.empty(int(starts[-1]), np.int64) for _ in ROW_FIELDS]
+    for part in parts:
+        part.lay_into(fields, starts)
+    del parts  # the caller's only reference (plitzer.state.share): the rows now live in ``fields`` alone
+    footer.give_back_memory()  # the exchange's copies
     done = [c for c in counted if c is not None]
     del counted
-    # build_index copies each file's rows and lets go
-    return build_index(entries, src, FooterCounting(column) if counting is None else counting, done)
+    laid = LaidOut(per, fields)
+    del fields  # build_index lets the columns the frame does not take go once it is built
+    return build_index(entries, src, FooterCounting(column) if counting is None else counting, done, laid)
 
 
 def cached_footer(e: FileEntry) -> bytes:

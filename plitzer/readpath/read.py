@@ -3,10 +3,12 @@
 Every column chunk is read and decoded by one function, :func:`read_decoded`: one
 ranged read of exactly the chunk's bytes (a ``preadv`` into the calling thread's
 reused buffer on local disk, one ranged GET on an object store), decoded by pyarrow
-through a file object that serves only that byte range plus the cached footer (so a
-decode can never issue a second, hidden read), with one ``ParquetFile`` kept per
-footer and thread rather than built per chunk. The decode copies into Arrow's
-memory, so the buffer is reused by the thread's next chunk.
+through a file object that serves only that byte range plus a footer made from the
+index (so a decode can never issue a second, hidden read): for the read path the row
+group's own (:meth:`planner.Index.chunk_footer`, tens of microseconds, kept by none), for
+a pass that keeps a few files' footers theirs, with one ``ParquetFile`` kept per footer
+and thread. The decode copies into Arrow's memory, so the buffer is reused by the
+thread's next chunk.
 
 ``read_chunk(index, rg)`` reads row group ``rg``'s token column that way, checks it,
 and returns a plain ``list<int32>`` (or ``list<uint32>``, as ``index.dtype`` says)
@@ -73,6 +75,7 @@ def decode_column(
     where: str,
     what: str = "token",
     file: str | None = None,
+    footer_row_group: int | None = None,
 ) -> pa.Array:
     """Decode one row group's ``column`` from the bytes of its column chunk, as the file holds it.
 
@@ -80,12 +83,15 @@ def decode_column(
     lives in Arrow's memory). Damaged data is a DataError naming ``where`` (on one
     line), never a bare pyarrow error; ``what`` names the column in that message
     ("token", "text"); ``file`` (the file's location) goes into the error's attributes.
+    ``footer_row_group``: the row group of ``metadata`` that describes the chunk, where
+    that footer is not the file's (default ``row_group``: :meth:`planner.Index.chunk_footer`'s is 0).
     """
     r = thread_reader()
     f, pf = r.decoder(metadata, file_size)
     f.load(data, offset, where, file=file, row_group=row_group)
     try:
-        table = pf.read_row_group(row_group, columns=[column], use_threads=False)
+        at = row_group if footer_row_group is None else footer_row_group
+        table = pf.read_row_group(at, columns=[column], use_threads=False)
     except DataError:
         r.decoders.pop(id(metadata), None)
         raise
@@ -110,6 +116,7 @@ def read_decoded(
     length: int,
     where: str,
     what: str = "token",
+    footer_row_group: int | None = None,
 ) -> pa.Array:
     """Read a column chunk's byte range (one ranged read) and decode it: the read path's one reader.
 
@@ -136,6 +143,7 @@ def read_decoded(
         where=where,
         what=what,
         file=stat.location,
+        footer_row_group=footer_row_group,
     )
 
 
@@ -184,18 +192,22 @@ def read_column(
 ) -> tuple[pa.Array, dict[str, Any], str]:
     """Row group ``rg``'s column chunk (one ranged read), decoded as the file holds it.
 
-    ``footers``: a file's decoding footer by its index (default: ``index.chunk_metadata``).
+    ``footers``: a file's decoding footer by its index (a pass that keeps its own few);
+    by default the row group's own (``index.chunk_footer``: no file's footer is held).
     Returns the array, the row group's index row and where it is (for messages).
     """
     row = index.frame.row(rg, named=True)
     fi, g = row["file_index"], row["row_group"]
     st = index.file(fi)
     where = index.location(fi, g)
+    # The row group's own footer (its row group 0), unless the caller keeps whole files' footers.
+    md, at = (index.chunk_footer(rg), 0) if footers is None else (footers(fi), g)
     arr = read_decoded(
         index.storage(fi),
         st,
-        (index.chunk_metadata if footers is None else footers)(fi),
+        md,
         row_group=g,
+        footer_row_group=at,
         column=index.column,
         offset=row["byte_offset"],
         length=row["byte_length"],
