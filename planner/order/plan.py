@@ -30,6 +30,7 @@ import polars as pl
 from numpy.typing import NDArray
 
 from planner.bounded import Bounded
+from planner.catalog.footer import give_back_memory
 from planner.catalog.rowgroups import RowGroupIndex, with_selected
 from planner.errors import ConfigError
 from planner.lanes import cut_at
@@ -65,6 +66,18 @@ __all__ = [
 I64 = NDArray[np.int64]
 EPOCHS_KEPT = 4
 """Epochs' plans a plan keeps (the last used): a step touches at most two."""
+
+
+def _given_back(ep: EpochPlan) -> EpochPlan:
+    """``ep``, its making's temporaries given back to the system (once an epoch).
+
+    The epoch's arrays are made on the caller's thread, and the reads that follow on the
+    scanner's: glibc keeps each thread's freed pages resident, so the first batch's
+    reads (a text source's tokenizing: tens of MB) did not reuse them, and what the plan
+    freed stayed in the peak, about 100-150 B a row group (docs/design.md, "Bytes a row group").
+    """
+    give_back_memory()
+    return ep
 
 
 class Plan:
@@ -186,7 +199,7 @@ class Plan:
     def epoch(self, epoch: int) -> EpochPlan:
         """The arrays of one epoch's plan (cached)."""
         epoch = check_int("epoch", epoch, 0, "epochs count from 0")
-        return self._epochs.get_or_make(epoch, lambda: self.order.layout(epoch))
+        return self._epochs.get_or_make(epoch, lambda: _given_back(self.order.layout(epoch)))
 
     def row_groups(self, epoch: int) -> pl.DataFrame:
         """epoch, window_index, position, file, row_group, rows, tokens, token_start, first_rank, last_rank.
