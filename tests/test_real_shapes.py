@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import plitzer
-from planner.catalog import footer, jobindex
+from planner.catalog import dataset, footer, jobindex
 from planner.catalog.dataset import index
 from planner.stores.storage import FileStat, LocalStorage
 from plitzer.readpath.read import read_chunk
@@ -85,15 +85,22 @@ def test_the_shape_is_real(shaped: tuple[Path, Path]) -> None:
     assert md.serialized_size / PER_FILE > 1000  # a real footer's bytes a row group
 
 
-def test_minimal_footers_decode_what_the_real_footer_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("large", [False, True], ids=["files-footers", "own-footers"])
+def test_minimal_footers_decode_what_the_real_footer_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, large: bool
+) -> None:
     paths = plitzer.synth.write_fineweb_shaped(tmp_path, 2, row_groups_per_file=7, distinct=2)
+    if large:  # as an index of more than FILE_FOOTERS_UP_TO row groups reads
+        monkeypatch.setattr(dataset, "FILE_FOOTERS_UP_TO", 13)
     ix = index(tmp_path)
     assert ix.row_groups == 14
     for rg in range(ix.row_groups):
         fi, g = int(ix.frame["file_index"][rg]), int(ix.frame["row_group"][rg])
         want = pq.ParquetFile(paths[fi]).read_row_group(g, columns=["input_ids"]).column(0).to_pylist()
         assert read_chunk(ix, rg).to_pylist() == want
-    assert not ix._chunks  # each read decoded with its row group's own footer: no file's footer kept
+    # A small index keeps each file's minimal footer, made once; a large one decodes each
+    # read with its row group's own footer and keeps no file's.
+    assert len(ix._chunks) == (0 if large else 2)
     # The minimal footer is bytes a row group, the real one kilobytes.
     assert ix.chunk_metadata(0).serialized_size / 7 < 100 < pq.read_metadata(paths[0]).serialized_size / 7
     # A row group's own footer: it alone, as row group 0.

@@ -84,6 +84,16 @@ __all__ = [
 
 FOOTERS_KEPT = 64
 """Minimal parsed footers an index keeps (about 1 KB a row group each): the files being read, about."""
+FILE_FOOTERS_UP_TO = 4096
+"""Row groups up to which the read path decodes through each file's minimal footer, kept.
+
+A file's minimal footer costs about 11 us a row group to make and about 0.9 KB a row group
+parsed; a row group's own about 70 us, made again at each read (and a decoder built for it). A
+dataset of at most this many row groups has every file's footer made once and kept (at most
+about 3.7 MB, whatever its files): 1 ns a token less on row groups of 180,000 tokens. Past it
+a file's footer would be made for one row group of a shuffled window and dropped before its
+next (4.6 ms for a file of 400), so each read makes its row group's own (docs/design.md,
+"Bytes a row group")."""
 WHOLE_FOOTERS_KEPT = 2
 """Whole parsed footers an index keeps: several MB each on files of many columns (3.7 MB on
 FineWeb-Edu's shape). Only the first file's schema and a column of many leaves (a struct, a map)
@@ -227,6 +237,17 @@ class Index(FrameTotals):
         64 kept ones 23 MB (docs/design.md, "Bytes a row group").
         """
         return self._footer_of(int(self.frame["file_index"][rg]), rg, rg + 1)
+
+    def decoding_footer(self, rg: int) -> tuple[pq.FileMetaData, int]:
+        """The footer the read path decodes row group ``rg``'s token chunk with, and its row group in it.
+
+        The file's minimal footer (:meth:`chunk_metadata`, kept) for an index of at most
+        :data:`FILE_FOOTERS_UP_TO` row groups, else the row group's own (:meth:`chunk_footer`,
+        kept by none): the working set stays a few MB whatever the dataset's size.
+        """
+        if self.row_groups <= FILE_FOOTERS_UP_TO:
+            return self.chunk_metadata(int(self.frame["file_index"][rg])), int(self.frame["row_group"][rg])
+        return self.chunk_footer(rg), 0
 
     def _footer_of(self, file_index: int, a: int, b: int) -> pq.FileMetaData:
         """The minimal footer of the frame's rows ``[a, b)``, all of file ``file_index``."""

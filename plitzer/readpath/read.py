@@ -4,10 +4,11 @@ Every column chunk is read and decoded by one function, :func:`read_decoded`: on
 ranged read of exactly the chunk's bytes (a ``preadv`` into the calling thread's
 reused buffer on local disk, one ranged GET on an object store), decoded by pyarrow
 through a file object that serves only that byte range plus a footer made from the
-index (so a decode can never issue a second, hidden read): for the read path the row
-group's own (:meth:`planner.Index.chunk_footer`, tens of microseconds, kept by none), for
-a pass that keeps a few files' footers theirs, with one ``ParquetFile`` kept per footer
-and thread. The decode copies into Arrow's memory, so the buffer is reused by the
+index (so a decode can never issue a second, hidden read): for the read path
+:meth:`planner.Index.decoding_footer`'s (each file's, made once and kept, on an index of at
+most 4,096 row groups; else the row group's own, tens of microseconds, kept by none), for a
+pass that keeps a few files' footers theirs, with one ``ParquetFile`` kept per footer and
+thread. The decode copies into Arrow's memory, so the buffer is reused by the
 thread's next chunk.
 
 ``read_chunk(index, rg)`` reads row group ``rg``'s token column that way, checks it,
@@ -193,15 +194,16 @@ def read_column(
     """Row group ``rg``'s column chunk (one ranged read), decoded as the file holds it.
 
     ``footers``: a file's decoding footer by its index (a pass that keeps its own few);
-    by default the row group's own (``index.chunk_footer``: no file's footer is held).
+    by default the index's (:meth:`planner.Index.decoding_footer`: a few MB at most are held).
     Returns the array, the row group's index row and where it is (for messages).
     """
     row = index.frame.row(rg, named=True)
     fi, g = row["file_index"], row["row_group"]
     st = index.file(fi)
     where = index.location(fi, g)
-    # The row group's own footer (its row group 0), unless the caller keeps whole files' footers.
-    md, at = (index.chunk_footer(rg), 0) if footers is None else (footers(fi), g)
+    # The index's decoding footer (the file's, kept, on a small index; else the row group's own,
+    # as its row group 0), unless the caller keeps whole files' footers.
+    md, at = index.decoding_footer(rg) if footers is None else (footers(fi), g)
     arr = read_decoded(
         index.storage(fi),
         st,
