@@ -11,6 +11,8 @@ step that straddles windows from their ends, with one Polars gather.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -306,7 +308,7 @@ class StepCopies:
     col: list[int]
     rows: list[int]
     width: list[int]
-    segments: Segments
+    segments: Callable[[], Segments]
 
     @classmethod
     def of(cls, units: list[PackedUnit], step: int, seq_len: int) -> StepCopies:
@@ -317,9 +319,6 @@ class StepCopies:
 
         def cat(name: str) -> I64:
             return np.concatenate([getattr(u, name)[a:b] for _, u, a, b in parts])
-
-        def each(name: str) -> I64:
-            return np.repeat(np.array([getattr(u, name) for _, u, _, _ in parts], np.int64), sizes)
 
         row, length, src, unit = cat("row"), cat("length"), cat("start"), np.repeat([i for i, *_ in parts], sizes)
         # The step's rows hold each row's pieces window after window, each window's in order.
@@ -341,14 +340,10 @@ class StepCopies:
         same[1:] &= (r_src[1:] == r_src[:-1] + r_len[:-1]) & (r_dest[1:] == r_dest[:-1] + seq_len)
         b_head = np.flatnonzero(~same)
         b_rows = np.diff(np.append(b_head, m))
-        segs = Segments(
-            row=row[order],
-            length=length[order],
-            doc=cat("doc")[order],
-            offset=cat("offset")[order],
-            epoch=each("epoch")[order],
-            window=each("window")[order],
-        )
+        # Document boundaries only when asked (most steps never are), from small copies of the
+        # tables: nothing of a window's token memory is held by them.
+        docs = [(u.doc[a:b].copy(), u.offset[a:b].copy(), u.epoch, u.window) for _, u, a, b in parts]
+        segs = functools.partial(_step_segments, row, length, order, docs)
         return cls(
             unit=r_unit[b_head].tolist(),
             src=r_src[b_head].tolist(),
@@ -361,6 +356,7 @@ class StepCopies:
 
     def copy(self, edges: list[NDArray[Any]], out: NDArray[Any]) -> NDArray[Any]:
         """The step's ``(rows, seq_len)`` array ``out`` filled from each unit's ``edges`` (as NumPy)."""
+        assert sum(k * w for k, w in zip(self.rows, self.width, strict=True)) == out.size, "a step's rows left unfilled"
         for u, s, r, c, k, w in zip(self.unit, self.src, self.row, self.col, self.rows, self.width, strict=True):
             out[r : r + k, c : c + w] = edges[u][s : s + k * w].reshape(k, w)
         return out
@@ -371,7 +367,9 @@ def edge_values(edges: pa.Array, dtype: np.dtype[Any]) -> NDArray[Any]:
     return numpy_view(edges).view(dtype) if len(edges) else np.zeros(0, dtype)
 
 
-def assemble(units: list[PackedUnit], step: int, rows: int, seq_len: int) -> tuple[NDArray[Any], Segments]:
+def assemble(
+    units: list[PackedUnit], step: int, rows: int, seq_len: int
+) -> tuple[NDArray[Any], Callable[[], Segments]]:
     """Step ``step``'s rows from the windows it straddles (each unit's sub-pieces of that step).
 
     Each window's part of the step is a few strided blocks of its edges (:class:`StepCopies`),
@@ -383,3 +381,16 @@ def assemble(units: list[PackedUnit], step: int, rows: int, seq_len: int) -> tup
     dtype = units[0].block.dtype
     tokens = copies.copy([edge_values(u.edges, dtype) for u in units], np.empty((rows, seq_len), dtype))
     return tokens, copies.segments
+
+
+def _step_segments(row: I64, length: I64, order: I64, docs: list[tuple[I64, I64, int, int]]) -> Segments:
+    """The pieces of a straddling step, in row order (:class:`StepCopies`)."""
+    sizes = [len(d) for d, _, _, _ in docs]
+    return Segments(
+        row=row[order],
+        length=length[order],
+        doc=np.concatenate([d for d, _, _, _ in docs])[order],
+        offset=np.concatenate([o for _, o, _, _ in docs])[order],
+        epoch=np.repeat(np.array([e for _, _, e, _ in docs], np.int64), sizes)[order],
+        window=np.repeat(np.array([w for _, _, _, w in docs], np.int64), sizes)[order],
+    )
