@@ -19,6 +19,14 @@ the CPU ratio (loader ns/token over the decode's) is what the hot path adds.
 
     python benchmarks/throughput.py --tokens 38000000 --threads 2
 
+Two versions of plitzer compare on the same data by ``PYTHONPATH`` (the first line
+printed says which one ran), alternated, on a quiet machine (a busy one moves the
+ratios by more than the difference):
+
+    for i in 1 2; do for src in /path/to/main /path/to/branch; do
+      PYTHONPATH=$src python benchmarks/throughput.py --tokens 34560000 --docs-per-row-group 200 \
+        --threads 2 --lanes 64 --seq-len 2048 --window 8 --epochs 2 --repeat 3; done; done
+
 ``--lanes-sweep 64,512,4096`` measures the time per step at those lane counts with
 the same tokens per step (seq_len scaled down as lanes go up): the per-step work
 should not grow with lanes.
@@ -191,6 +199,7 @@ def main() -> None:
     best_name = min(meds, key=lambda k: meds[k].wall)
     ref = meds[best_name]
     print(f"{tokens:,} tokens in {len(dec.files)} files, {ix.row_groups} row groups; {args.threads} threads")
+    print(f"plitzer from {Path(plitzer.__file__).parent.parent}")
     print(f"settings: {settings}; medians of {args.repeat} (decodes: {len(decodes['read_table'])}) alternated runs")
     print(f"{'reader':<44} {'Mtok/s':>8} {'cores':>6} {'CPU ns/tok':>11} {'vs ref':>8} {'CPU x':>8}")
     print(row("decode: pq.read_table per file (threads)", meds["read_table"], tokens, ref, tokens))
