@@ -5,7 +5,7 @@ rank: the steps wholly inside the window as one ``(steps, rows, seq_len)`` block
 step's batch is a view of it), the sub-pieces of every step it gives tokens to, and
 the shuffled :class:`Slices` checkpoints need. :class:`Memory` owns the block's
 memory, so the scanner learns when the last view is gone. :func:`assemble` builds a
-step that straddles windows from their ends, with one Polars gather.
+step that straddles windows from their ends, as a few strided NumPy copies (:class:`StepCopies`).
 :class:`UnitReads` is a unit's input to the packer: what the scanner read for it.
 """
 
