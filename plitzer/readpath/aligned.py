@@ -39,7 +39,7 @@ from planner.catalog.footer import schema_of
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError, DataError
 from planner.mixing.mixture import MixtureIndex
-from plitzer.readpath.packed import ColumnBlock, PackedUnit, arrow_ints, gather_lists, list_views
+from plitzer.readpath.packed import ColumnBlock, PackedUnit, StepCopies, arrow_ints, edge_values
 from plitzer.readpath.read import list_lengths, numpy_view, read_decoded
 
 __all__ = [
@@ -373,32 +373,19 @@ def unit_columns(u: PackedUnit, t: int) -> dict[str, NDArray[Any]]:
 
 
 def assemble_columns(units: list[PackedUnit], step: int, rows: int, seq_len: int) -> dict[str, NDArray[Any]]:
-    """Step ``step``'s columns from the windows it straddles: the tokens' gather (:func:`packed.assemble`) again.
+    """Step ``step``'s columns from the windows it straddles: the tokens' blocks (:func:`packed.assemble`) again.
 
-    The same sub-pieces in the same order, over each unit's column edges; copied into memory
+    The same sub-pieces in the same places, over each unit's column edges; copied into memory
     the step owns, as the tokens are.
     """
     if not units or not units[0].columns:
         return {}
-    parts, row_p, unit_p = [], [], []
-    for u_i, u in enumerate(units):
-        a, b = u.steps.of(step)
-        if a == b:
-            continue
-        parts.append((u, a, b))
-        row_p.append(u.row[a:b])
-        unit_p.append(np.full(b - a, u_i, np.int64))
-    row = np.concatenate(row_p)
-    unit_of = np.concatenate(unit_p)
-    order = np.lexsort((np.arange(len(row)), unit_of, row))
+    copies = StepCopies.of(units, step, seq_len)
     out: dict[str, NDArray[Any]] = {}
     for n, first in units[0].columns.items():
-        lists = [list_views(u.columns[n].edges, u.start[a:b], u.start[a:b] + u.length[a:b]) for u, a, b in parts]
-        values = gather_lists(lists, order)
         sd = storage_dtype(first.dtype)
-        buf = np.empty((rows, seq_len), sd)
-        buf.reshape(-1)[:] = numpy_view(values).view(sd)
-        out[n] = buf.view(first.dtype)
+        edges = [edge_values(u.columns[n].edges, sd) for u in units]
+        out[n] = copies.copy(edges, np.empty((rows, seq_len), sd)).view(first.dtype)
     return out
 
 
