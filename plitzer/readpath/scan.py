@@ -225,10 +225,22 @@ class Scanner:
     def _stage(self, stage: int) -> None:
         """Pack layout stage ``stage`` of the run (its plan, lanes and rows) from now on."""
         self.stage = stage
-        self.plan, self.segment = self.run.segment(stage)
-        self.rank_lanes = self.run.rank_lanes(self.segment.lanes)
-        self.lanes = self.segment.lanes
-        self.seq_len = self.segment.seq_len
+
+    # What the scanner packs is (run, stage); the rest is derived from them, never mirrored.
+
+    @property
+    def segment(self) -> Segment:
+        """The layout stage being packed: its lanes, its rows' length, where it began."""
+        return self.run.segment(self.stage)[1]
+
+    @property
+    def rank_lanes(self) -> range:
+        """This rank's lanes in the layout stage being packed."""
+        return self.run.rank_lanes(self.segment.lanes)
+
+    @property
+    def seq_len(self) -> int:
+        return self.segment.seq_len
 
     def reset(self, step: int) -> None:
         """Forget every unit; the next step is ``step`` (packed in the layout stage in force there).
