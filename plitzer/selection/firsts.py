@@ -13,19 +13,19 @@ exclusion"). Phase 1 is :mod:`plitzer.selection.keying`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from planner.catalog.dataset import Index
 from planner.threads import map_ahead
-from plitzer.readpath.read import list_lengths, read_chunk
-from plitzer.selection.keying import Hashed, load_arrays
+from plitzer.readpath.read import list_lengths
+from plitzer.selection.keying import Hashed, load_arrays, stream_tokens, token_run
 from plitzer.selection.keys import Keys
 
 __all__ = [
@@ -33,12 +33,15 @@ __all__ = [
     "META",
     "SPILL_KEYS",
     "CachedLengths",
+    "Counted",
     "Exchange",
+    "Held",
+    "Known",
     "Resolved",
+    "Rows",
     "Spill",
     "dropped_tokens",
     "first_occurrences",
-    "kept_lengths",
     "owner",
     "resolve",
     "resolve_shared",
@@ -61,12 +64,46 @@ calls it ``world + 3`` times: :func:`resolve_shared`)."""
 
 
 @dataclass(frozen=True)
+class Rows:
+    """Some stream rows of every row group of a part: row group ``g``'s are ``pos[starts[g]:starts[g + 1]]``.
+
+    Two arrays for the whole part, not one a row group (about 110 B of header each, more than
+    the index's row on small row groups): docs/design.md, "Bytes a row group".
+    """
+
+    counts: I64
+    """Each row group's number of them."""
+    pos: I64
+    """Their stream positions, row group after row group, ascending in each."""
+
+    @cached_property
+    def starts(self) -> I64:
+        return np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
+
+    def of(self, rg: int) -> I64:
+        return self.pos[int(self.starts[rg]) : int(self.starts[rg + 1])]
+
+    @classmethod
+    def gathered(cls, counts: Sequence[I64], pos: Sequence[I64]) -> Rows:
+        """From consecutive row groups' pieces (chunks' counts and positions, in order)."""
+        return cls(_cat(counts, np.int64), _cat(pos, np.int64))
+
+
+def _cat(arrays: Sequence[np.ndarray], dtype: Any) -> NDArray[Any]:
+    return np.concatenate([np.zeros(0, dtype), *arrays]).astype(dtype, copy=False)
+
+
+@dataclass(frozen=True)
 class Resolved:
     """Per part: each row group's dropped duplicates' and excluded rows' stream positions."""
 
-    dup: list[list[I64]]
-    excl: list[list[I64]]
+    dup: list[Rows]
+    excl: list[Rows]
     duplicates: list[I64]  # per part: (rg, stream position, kept part, kept rg, kept stream position)
+
+    def gone(self, p: int, rg: int) -> I64:
+        """Row group ``rg`` of part ``p``: the stream positions of its dropped rows, ascending."""
+        return np.union1d(self.dup[p].of(rg), self.excl[p].of(rg)).astype(np.int64)
 
 
 BUCKET_ROWS = 1 << 22
@@ -116,50 +153,24 @@ def first_occurrences(keys: Keys, bucket_rows: int = BUCKET_ROWS) -> tuple[I64, 
     return d[at], k2[at]
 
 
-def resolve(parts: Sequence[Index], chunks: list[tuple[int, int, int]], done: dict[int, Hashed]) -> Resolved:
+def resolve(parts: Sequence[Index], chunks: list[tuple[int, int, int]], done: dict[int, Hashed] | Held) -> Resolved:
     """The dropped rows of every row group; each chunk's keys are moved out of ``done`` (one copy at a time)."""
-    dup: list[list[I64]] = [[np.zeros(0, np.int64)] * ix.row_groups for ix in parts]
-    excl: list[list[I64]] = [[np.zeros(0, np.int64)] * ix.row_groups for ix in parts]
-    total = sum(int(done[c]["m"].sum()) for c in range(len(chunks)))
+    lay = _Layout.of(parts, chunks, done)
+    total = int(lay.starts[-1])
     keys = np.empty((total, 2), np.uint64)
-    at = 0
-    pos_all: list[NDArray[np.int32]] = []
-    rg_part: list[int] = []
-    rg_local: list[int] = []
-    rg_m: list[int] = []
-    for c, (p, a, _b) in enumerate(chunks):  # chunks are in source order
+    pos = np.empty(total, np.int64)
+    for c in range(len(chunks)):  # chunks are in source order: so are their keys
         h = done[c]
-        m, x = h["m"], h["x"]
-        xo = np.concatenate([[0], np.cumsum(x)])
-        for i in range(len(x)):
-            if x[i]:
-                excl[p][a + i] = h["excl"][xo[i] : xo[i + 1]]
-        done[c] = {n: v for n, v in h.items() if n != "keys"}  # never mutated: another rank's may be this one
-        k = h["keys"].reshape(-1, 2)  # the chunk's keys: copied in, then dropped from ``done``
+        at, k = int(lay.base[c]), h["keys"].reshape(-1, 2)
         keys[at : at + len(k)] = k
-        at += len(k)
-        pos_all.append(np.asarray(h["pos"], np.int32))
-        del k, h
-        rg_part.extend([p] * len(m))
-        rg_local.extend(range(a, a + len(m)))
-        rg_m.extend(m.tolist())
-    duplicates: list[I64] = [np.zeros((0, 5), np.int64) for _ in parts]
-    drop, kept = first_occurrences(keys)
-    del keys
-    if len(drop) == 0:
-        return Resolved(dup, excl, duplicates)
-    pos = np.concatenate(pos_all) if pos_all else np.zeros(0, np.int32)
-    starts = np.concatenate([[0], np.cumsum(np.array(rg_m, np.int64))])
-    part_of, local_of = np.array(rg_part, np.int64), np.array(rg_local, np.int64)
-
-    def where(i: I64) -> tuple[I64, I64, I64]:
-        g = np.searchsorted(starts, i, side="right") - 1
-        return part_of[g], local_of[g], pos[i].astype(np.int64)
-
-    dp, dr, dpos = where(drop)
-    kp, kr, kpos = where(kept)
-    _spread(np.stack([dp, dr, dpos, kp, kr, kpos], axis=1), dup, duplicates)
-    return Resolved(dup, excl, duplicates)
+        pos[at : at + len(k)] = h["pos"]
+        done[c] = {n: v for n, v in h.items() if n != "keys"}  # never mutated: another rank's may be this one
+        del h, k
+    if isinstance(done, Held):
+        done.drop_keys()
+    rows = lay.duplicates_of(np.arange(total, dtype=np.int64), keys, pos)
+    del keys, pos
+    return lay.resolved([rows])
 
 
 META = ("n", "m", "x", "excl")
@@ -244,9 +255,8 @@ class _Layout:
     group's part and row group there, ``base`` each chunk's first key.
     """
 
-    n_parts: int
-    dup: list[list[I64]]
-    excl: list[list[I64]]
+    row_groups: list[int]
+    excl: list[Rows]
     starts: I64
     part_of: I64
     local_of: I64
@@ -254,15 +264,13 @@ class _Layout:
 
     @classmethod
     def of(cls, parts: Sequence[Index], chunks: list[tuple[int, int, int]], meta: Mapping[int, Hashed]) -> _Layout:
-        dup: list[list[I64]] = [[np.zeros(0, np.int64)] * ix.row_groups for ix in parts]
-        excl: list[list[I64]] = [[np.zeros(0, np.int64)] * ix.row_groups for ix in parts]
+        xs: list[list[I64]] = [[] for _ in parts]
+        excls: list[list[I64]] = [[] for _ in parts]
         rg_m, rg_part, rg_local = [], [], []
-        for c, (p, a, _b) in enumerate(chunks):
-            m, x = meta[c]["m"], meta[c]["x"]
-            xo = np.concatenate([[0], np.cumsum(x)])
-            for i in range(len(x)):
-                if x[i]:
-                    excl[p][a + i] = meta[c]["excl"][xo[i] : xo[i + 1]]
+        for c, (p, a, _b) in enumerate(chunks):  # a part's chunks are its row groups in order
+            m = meta[c]["m"]
+            xs[p].append(meta[c]["x"])
+            excls[p].append(meta[c]["excl"])
             rg_m.append(m)
             rg_part.append(np.full(len(m), p, np.int64))
             rg_local.append(np.arange(a, a + len(m), dtype=np.int64))
@@ -270,9 +278,8 @@ class _Layout:
         starts = np.concatenate([[0], np.cumsum(m_all)]).astype(np.int64)
         first_rg = np.concatenate([[0], np.cumsum([len(m) for m in rg_m])]).astype(np.int64)
         return cls(
-            n_parts=len(parts),
-            dup=dup,
-            excl=excl,
+            row_groups=[ix.row_groups for ix in parts],
+            excl=[Rows.gathered(x, e) for x, e in zip(xs, excls, strict=True)],
             starts=starts,
             part_of=np.concatenate([np.zeros(0, np.int64), *rg_part]),
             local_of=np.concatenate([np.zeros(0, np.int64), *rg_local]),
@@ -299,9 +306,12 @@ class _Layout:
         tables.clear()
         table = np.take(rows, order, axis=0)  # source order of the dropped rows
         del rows, order
-        duplicates: list[I64] = [np.zeros((0, 5), np.int64) for _ in range(self.n_parts)]
-        _spread(table, self.dup, duplicates)
-        return Resolved(self.dup, self.excl, duplicates)
+        dup, duplicates = [], []
+        for p, n in enumerate(self.row_groups):  # the rows are in source order: by part, row group, position
+            mine = table if len(self.row_groups) == 1 else table[table[:, 0] == p]  # one part: no copy
+            dup.append(Rows(np.bincount(mine[:, 1], minlength=n).astype(np.int64), np.ascontiguousarray(mine[:, 2])))
+            duplicates.append(np.ascontiguousarray(mine[:, 1:]))
+        return Resolved(dup, self.excl, duplicates)
 
 
 SPILL_KEYS = 1 << 24
@@ -366,114 +376,178 @@ def resolve_spilled(
     return lay.resolved(tables)
 
 
-class _KnownLengths(Protocol):
-    """Phase 1's token counts of a row group's stream rows, where it kept them (``"tokens"``)."""
+Known = Callable[[int], Mapping[str, np.ndarray] | None]
+"""Chunk ``c``'s phase 1 (its ``n`` and ``len``), where it may have kept its stream rows' token counts."""
 
-    def get(self, at: tuple[int, int], /) -> NDArray[np.int32] | None: ...
+
+class _Grown:
+    """An array appended to, its capacity doubled as it fills (amortized: no array a piece)."""
+
+    def __init__(self, dtype: Any, width: int = 0) -> None:
+        self.shape = (width,) if width else ()
+        self.buf: np.ndarray = np.zeros((16, *self.shape), dtype)
+        self.size = 0
+
+    def add(self, a: np.ndarray) -> int:
+        """Append ``a``; its first index."""
+        at, n = self.size, len(a)
+        if at + n > len(self.buf):
+            grown = np.zeros((max(2 * len(self.buf), at + n), *self.shape), self.buf.dtype)
+            grown[:at] = self.buf[:at]
+            self.buf = grown
+        self.buf[at : at + n] = a.reshape(-1, *self.shape) if self.shape else a
+        self.size = at + n
+        return at
+
+
+_KEPT: Hashed = {}
+"""What :meth:`Held.keep` leaves in ``run_chunks``'s dict: nothing (the chunk is in the store)."""
+
+
+class Held(Mapping[int, Hashed]):
+    """Every chunk's phase 1 in memory as a few arrays, not a dict of seven arrays a chunk (about 2 KB).
+
+    ``run_chunks(..., keep=held.keep)`` appends each chunk as it comes; ``held[c]`` is chunk
+    ``c``'s :data:`Hashed` again, as views. Its keys, positions and counts cost their bytes
+    and about 2 bytes a row group of bookkeeping: docs/design.md, "Bytes a row group".
+    """
+
+    _ROWS = ("n", "m", "x")
+
+    def __init__(self, chunks: int) -> None:
+        self.at = np.full((chunks, 6), -1, np.int64)
+        """Each chunk's first row group, key, excluded row and token count in the arrays; its row groups, counts."""
+        self.rg = _Grown(np.int64, 3)
+        self.hashes = _Grown(np.uint64, 2)
+        self.pos = _Grown(np.int32)
+        self.excl = _Grown(np.int64)
+        self.lens = _Grown(np.int32)
+        self._lock = threading.Lock()
+
+    def keep(self, c: int, h: Hashed) -> Hashed:
+        with self._lock:
+            self.at[c] = (
+                self.rg.add(np.stack([np.asarray(h[k], np.int64) for k in self._ROWS], axis=1)),
+                self.hashes.add(np.asarray(h["keys"], np.uint64).reshape(-1, 2)),
+                self.excl.add(np.asarray(h["excl"], np.int64)),
+                self.lens.add(np.asarray(h["len"], np.int32)),
+                len(h["n"]),
+                len(h["len"]),
+            )
+            self.pos.add(np.asarray(h["pos"], np.int32))
+        return _KEPT
+
+    def __getitem__(self, c: int) -> Hashed:
+        r, k, e, ln, n, nl = (int(v) for v in self.at[c])
+        if r < 0:
+            raise KeyError(c)
+        rows = self.rg.buf[r : r + n]
+        m, x = rows[:, 1], rows[:, 2]
+        nk, nx = int(m.sum()), int(x.sum())
+        return {
+            "n": rows[:, 0],
+            "m": m,
+            "x": x,
+            "keys": self.hashes.buf[k : k + nk],
+            "pos": self.pos.buf[k : k + nk],
+            "excl": self.excl.buf[e : e + nx],
+            "len": self.lens.buf[ln : ln + nl],
+        }
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(np.flatnonzero(self.at[:, 0] >= 0).tolist())
+
+    def __len__(self) -> int:
+        return int((self.at[:, 0] >= 0).sum())
+
+    def __setitem__(self, c: int, h: Hashed) -> None:
+        """What ``resolve`` leaves of a chunk (its keys moved out): the keys go at once, with :meth:`drop_keys`."""
+
+    def drop_keys(self) -> None:
+        """Let the keys and their positions go (``resolve`` has copied them)."""
+        self.hashes, self.pos = _Grown(np.uint64, 2), _Grown(np.int32)
 
 
 class CachedLengths:
-    """``(part, row group) -> stream rows' token counts`` read back from phase 1's cached chunks (``"tokens"``).
+    """:data:`Known` read back from phase 1's cached chunks (``"tokens"``), for a pass whose keys were spilled."""
 
-    What :func:`kept_lengths` gives from memory, for a pass whose chunks were spilled: a
-    row group with a dropped row loads its chunk's entry again (the last few kept), else
-    (an entry not cached) the caller reads the token chunk.
-    """
+    def __init__(self, paths: list[Any]) -> None:
+        self._paths = paths
 
-    def __init__(self, chunks: list[tuple[int, int, int]], paths: list[Any]) -> None:
-        self._of = {(p, rg): c for c, (p, a, b) in enumerate(chunks) for rg in range(a, b)}
-        self._chunks, self._paths = chunks, paths
-        self._load = lru_cache(maxsize=8)(self._chunk)
-
-    def _chunk(self, c: int) -> dict[int, NDArray[np.int32]]:
-        got = load_arrays(self._paths[c], ("n", "len"))
-        return {} if got is None else {rg: v for (_, rg), v in kept_lengths(self._chunks, {c: got}).items()}
-
-    def get(self, at: tuple[int, int]) -> NDArray[np.int32] | None:
-        c = self._of.get(at)
-        return None if c is None else self._load(c).get(at[1])
-
-
-def _spread(table: I64, dup: list[list[I64]], duplicates: list[I64]) -> None:
-    """Rows (dropped part, rg, position, kept part, rg, position), in source order, into each part's lists."""
-    for p in range(len(duplicates)):
-        mine = table if len(duplicates) == 1 else table[table[:, 0] == p]  # one part: no copy
-        duplicates[p] = mine[:, 1:]
-        if len(mine):
-            rgs, first = np.unique(mine[:, 1], return_index=True)
-            ends = np.append(first[1:], len(mine))
-            for g, s0, e in zip(rgs.tolist(), first.tolist(), ends.tolist(), strict=True):
-                dup[p][g] = np.sort(mine[s0:e, 2])
+    def __call__(self, c: int) -> Mapping[str, np.ndarray] | None:
+        return load_arrays(self._paths[c], ("n", "len"))
 
 
 # -- the cached result ---------------------------------------------------------------
 
 
-def kept_lengths(
-    chunks: list[tuple[int, int, int]], done: Mapping[int, Hashed]
-) -> dict[tuple[int, int], NDArray[np.int32]]:
-    """(part, row group) -> its stream rows' token counts, where phase 1 kept them (``"tokens"``)."""
-    out: dict[tuple[int, int], NDArray[np.int32]] = {}
-    for c, h in done.items():  # every chunk, or a rank's own
-        p, a, _b = chunks[c]
-        lens = h["len"]
-        if len(lens) != int(h["n"].sum()):
-            continue
-        offs = np.concatenate([[0], np.cumsum(h["n"])])
-        for i in range(len(h["n"])):
-            out[(p, a + i)] = lens[offs[i] : offs[i + 1]]
-    return out
+Counted = list[tuple[I64, I64]]
+"""Per part: each row group's tokens and empty documents among its dropped rows."""
 
 
 def dropped_tokens(
     parts: Sequence[Index],
+    chunks: list[tuple[int, int, int]],
     res: Resolved,
     threads: int,
-    known: _KnownLengths,
-    only: set[tuple[int, int]] | None,
-) -> dict[tuple[int, int], tuple[int, int]]:
-    """(part, row group) -> (tokens, empty documents) of its dropped rows, for each row group with one (in ``only``).
+    known: Known,
+    only: Sequence[int] | None,
+) -> Counted:
+    """The tokens and empty documents of each row group's dropped rows, for the row groups of ``only`` (chunks).
 
     A row group with a dropped row needs its rows' token counts: phase 1's where it kept
-    them (``"tokens"``), else its token chunk is read once more (a column key never decoded it).
+    them (``"tokens"``), else its token chunk is read once more (a column key never decoded
+    it), a chunk's row groups through one footer made for them (:func:`token_run`).
     """
     from concurrent.futures import ThreadPoolExecutor
 
+    mine = None if only is None else set(only)
     todo = [
-        (p, rg)
-        for p, ix in enumerate(parts)
-        for rg in range(ix.row_groups)
-        if (len(res.dup[p][rg]) or len(res.excl[p][rg])) and (only is None or (p, rg) in only)
+        c
+        for c, (p, a, b) in enumerate(chunks)
+        if (mine is None or c in mine)
+        and (res.dup[p].starts[b] > res.dup[p].starts[a] or res.excl[p].starts[b] > res.excl[p].starts[a])
     ]
 
-    def dropped(at: tuple[int, int]) -> tuple[int, int]:
-        p, rg = at
-        have = known.get(at)
-        lengths = have.astype(np.int64) if have is not None else list_lengths(read_chunk(parts[p], rg))
-        gone = np.union1d(res.dup[p][rg], res.excl[p][rg]).astype(np.int64)
-        return int(lengths[gone].sum()), int((lengths[gone] == 0).sum())
+    def chunk(c: int) -> list[tuple[int, int, int]]:
+        p, a, b = chunks[c]
+        ix = parts[p]
+        h = known(c)
+        have = h is not None and len(h["len"]) == int(h["n"].sum())
+        offs = np.concatenate([[0], np.cumsum(h["n"])]) if h is not None and have else None
+        run = None
+        out = []
+        for rg in range(a, b):
+            gone = res.gone(p, rg)
+            if not len(gone):
+                continue
+            if offs is not None:
+                assert h is not None
+                lengths = h["len"][offs[rg - a] : offs[rg - a + 1]].astype(np.int64)
+            else:
+                run = token_run(ix, a, b) if run is None else run
+                lengths = list_lengths(stream_tokens(ix, rg, run))
+            out.append((rg, int(lengths[gone].sum()), int((lengths[gone] == 0).sum())))
+        return out
 
+    counted: Counted = [(np.zeros(ix.row_groups, np.int64), np.zeros(ix.row_groups, np.int64)) for ix in parts]
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="plitzer-dedupe") as pool:
-        return dict(zip(todo, map_ahead(pool, dropped, todo), strict=True))
+        for c, got in zip(todo, map_ahead(pool, chunk, todo), strict=True):
+            tok, empty = counted[chunks[c][0]]
+            for rg, t, e in got:
+                tok[rg], empty[rg] = t, e
+    return counted
 
 
-def result_arrays(
-    parts: Sequence[Index], res: Resolved, counted: Mapping[tuple[int, int], tuple[int, int]]
-) -> dict[str, np.ndarray]:
+def result_arrays(parts: Sequence[Index], res: Resolved, counted: Counted) -> dict[str, np.ndarray]:
     """The cached result: per part, the dropped rows by row group and the tokens they held (``counted``)."""
     out: dict[str, np.ndarray] = {}
-    for p, ix in enumerate(parts):
+    for p in range(len(parts)):
         dup, excl = res.dup[p], res.excl[p]
-        tok = np.zeros(ix.row_groups, np.int64)
-        empty = np.zeros(ix.row_groups, np.int64)
-        for (q, rg), (t, e) in counted.items():
-            if q == p:
-                tok[rg], empty[rg] = t, e
-        out[f"rg_dup{p}"] = np.array([len(d) for d in dup], np.int64)
-        out[f"rg_excl{p}"] = np.array([len(x) for x in excl], np.int64)
-        out[f"pos_dup{p}"] = np.concatenate([np.zeros(0, np.int64), *dup]).astype(np.int64)
-        out[f"pos_excl{p}"] = np.concatenate([np.zeros(0, np.int64), *excl]).astype(np.int64)
-        out[f"tok{p}"] = tok
-        out[f"empty{p}"] = empty
-        out[f"dups{p}"] = res.duplicates[p].astype(np.int64).reshape(-1, 5)
+        out[f"rg_dup{p}"] = dup.counts
+        out[f"rg_excl{p}"] = excl.counts
+        out[f"pos_dup{p}"] = dup.pos
+        out[f"pos_excl{p}"] = excl.pos
+        out[f"tok{p}"], out[f"empty{p}"] = counted[p]
+        out[f"dups{p}"] = res.duplicates[p].astype(np.int64, copy=False).reshape(-1, 5)
     return out
