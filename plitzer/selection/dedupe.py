@@ -269,7 +269,7 @@ def dedupe_index(
             seq = [(start + i) % n for i in range(n)]
             rows = sum(int(stream_counts(ix.frame)[1].sum()) for ix in parts)
             if rows <= firsts.SPILL_KEYS:  # read when called: a test or benchmark lowers it
-                held = Held(n)  # a few arrays, not a dict of arrays a chunk
+                held = Held(n, sum(ix.row_groups for ix in parts), rows)  # a few arrays, not a dict of arrays a chunk
                 run_chunks(ps, chunks, seq, paths, shared=world > 1, threads=workers, progress=progress, keep=held.keep)
                 res = resolve(parts, chunks, held)
                 counted = dropped_tokens(parts, chunks, res, workers, held.get, None)

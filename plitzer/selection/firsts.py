@@ -122,10 +122,10 @@ def first_occurrences(keys: Keys, bucket_rows: int = BUCKET_ROWS) -> tuple[I64, 
     of = (keys[:, 0] % np.uint64(buckets)).astype(np.uint16 if buckets < 1 << 16 else np.uint32)
     drops, kepts = [], []
     for b in range(buckets):
-        idx = np.arange(n, dtype=np.int64) if buckets == 1 else np.flatnonzero(of == b).astype(np.int64)
-        if len(idx) < 2:
+        idx = None if buckets == 1 else np.flatnonzero(of == b).astype(np.int64)  # None: every row (no copy)
+        if (n if idx is None else len(idx)) < 2:
             continue
-        k0, k1 = keys[idx, 0], keys[idx, 1]
+        k0, k1 = (keys[:, 0], keys[:, 1]) if idx is None else (keys[idx, 0], keys[idx, 1])
         order = np.argsort(k0)  # by the first lane (fast); ties in any order
         s0, s1 = k0[order], k1[order]
         same0 = s0[1:] == s0[:-1]
@@ -134,7 +134,7 @@ def first_occurrences(keys: Keys, bucket_rows: int = BUCKET_ROWS) -> tuple[I64, 
             s0, s1 = k0[order], k1[order]
             same0 = s0[1:] == s0[:-1]
         del k0, k1
-        new = np.ones(len(idx), bool)
+        new = np.ones(len(order), bool)
         new[1:] = ~(same0 & (s1[1:] == s1[:-1]))
         del s0, s1, same0
         if new.all():
@@ -144,8 +144,8 @@ def first_occurrences(keys: Keys, bucket_rows: int = BUCKET_ROWS) -> tuple[I64, 
         group = np.cumsum(new) - 1
         keep = first[group]
         gone = np.flatnonzero(order != keep)
-        drops.append(idx[order[gone]])
-        kepts.append(idx[keep[gone]])
+        drops.append(order[gone] if idx is None else idx[order[gone]])
+        kepts.append(keep[gone] if idx is None else idx[keep[gone]])
     if not drops:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     d, k2 = np.concatenate(drops), np.concatenate(kepts)
@@ -157,6 +157,10 @@ def resolve(parts: Sequence[Index], chunks: list[tuple[int, int, int]], done: di
     """The dropped rows of every row group; each chunk's keys are moved out of ``done`` (one copy at a time)."""
     lay = _Layout.of(parts, chunks, done)
     total = int(lay.starts[-1])
+    if isinstance(done, Held) and done.in_order():  # the store's keys are every key in source order: no copy
+        rows = lay.duplicates_of(None, done.hashes.buf[:total], done.pos.buf[:total])
+        done.drop_keys()
+        return lay.resolved([rows])
     keys = np.empty((total, 2), np.uint64)
     pos = np.empty(total, np.int64)
     for c in range(len(chunks)):  # chunks are in source order: so are their keys
@@ -168,7 +172,7 @@ def resolve(parts: Sequence[Index], chunks: list[tuple[int, int, int]], done: di
         del h, k
     if isinstance(done, Held):
         done.drop_keys()
-    rows = lay.duplicates_of(np.arange(total, dtype=np.int64), keys, pos)
+    rows = lay.duplicates_of(None, keys, pos)
     del keys, pos
     return lay.resolved([rows])
 
@@ -286,11 +290,11 @@ class _Layout:
             base=starts[first_rg[:-1]],
         )
 
-    def duplicates_of(self, g: I64, keys: Keys, pos: I64) -> I64:
+    def duplicates_of(self, g: I64 | None, keys: Keys, pos: NDArray[np.integer[Any]]) -> I64:
         """Rows (global number dropped, part, rg, position, kept part, rg, position) of the keys given in
-        source order (``g`` ascending): every copy of each of their keys must be among them."""
+        source order (``g`` ascending; None: every key, in order): every copy of each of their keys among them."""
         drop, kept = first_occurrences(keys)
-        gd, gk = g[drop], g[kept]
+        gd, gk = (drop, kept) if g is None else (g[drop], g[kept])
         rd = np.searchsorted(self.starts, gd, side="right") - 1
         rk = np.searchsorted(self.starts, gk, side="right") - 1
         cols = [gd, self.part_of[rd], self.local_of[rd], pos[drop], self.part_of[rk], self.local_of[rk], pos[kept]]
@@ -383,9 +387,10 @@ Known = Callable[[int], Mapping[str, np.ndarray] | None]
 class _Grown:
     """An array appended to, its capacity doubled as it fills (amortized: no array a piece)."""
 
-    def __init__(self, dtype: Any, width: int = 0) -> None:
+    def __init__(self, dtype: Any, width: int = 0, capacity: int = 16) -> None:
         self.shape = (width,) if width else ()
-        self.buf: np.ndarray = np.zeros((16, *self.shape), dtype)
+        # Zeros: pages never written are never resident, so a capacity of the most it may hold costs nothing.
+        self.buf: np.ndarray = np.zeros((max(16, capacity), *self.shape), dtype)
         self.size = 0
 
     def add(self, a: np.ndarray) -> int:
@@ -414,14 +419,15 @@ class Held(Mapping[int, Hashed]):
 
     _ROWS = ("n", "m", "x")
 
-    def __init__(self, chunks: int) -> None:
+    def __init__(self, chunks: int, row_groups: int = 0, rows: int = 0) -> None:
+        """``row_groups`` and ``rows``: the most the chunks hold (the arrays' first capacity)."""
         self.at = np.full((chunks, 6), -1, np.int64)
         """Each chunk's first row group, key, excluded row and token count in the arrays; its row groups, counts."""
-        self.rg = _Grown(np.int64, 3)
-        self.hashes = _Grown(np.uint64, 2)
-        self.pos = _Grown(np.int32)
+        self.rg = _Grown(np.int64, 3, row_groups)
+        self.hashes = _Grown(np.uint64, 2, rows)
+        self.pos = _Grown(np.int32, 0, rows)
         self.excl = _Grown(np.int64)
-        self.lens = _Grown(np.int32)
+        self.lens = _Grown(np.int32, 0, rows)
         self._lock = threading.Lock()
 
     def keep(self, c: int, h: Hashed) -> Hashed:
@@ -462,6 +468,10 @@ class Held(Mapping[int, Hashed]):
 
     def __setitem__(self, c: int, h: Hashed) -> None:
         """What ``resolve`` leaves of a chunk (its keys moved out): the keys go at once, with :meth:`drop_keys`."""
+
+    def in_order(self) -> bool:
+        """Whether every chunk is held, in chunk order (so the keys are too: a pass that ran in order)."""
+        return bool((self.at[:, 0] >= 0).all() and (np.diff(self.at[:, 1]) >= 0).all())
 
     def drop_keys(self) -> None:
         """Let the keys and their positions go (``resolve`` has copied them)."""
