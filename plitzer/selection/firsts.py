@@ -139,16 +139,18 @@ def first_occurrences(keys: Keys, bucket_rows: int = BUCKET_ROWS) -> tuple[I64, 
         del s0, s1, same0
         if new.all():
             continue
-        starts = np.flatnonzero(new)
-        first = np.minimum.reduceat(order, starts)  # each key's first row (source order)
-        group = np.cumsum(new) - 1
-        keep = first[group]
+        first = np.minimum.reduceat(order, np.flatnonzero(new))  # each key's first row (source order)
+        keep = first[np.cumsum(new) - 1]
+        del first, new
         gone = np.flatnonzero(order != keep)
         drops.append(order[gone] if idx is None else idx[order[gone]])
+        del order
         kepts.append(keep[gone] if idx is None else idx[keep[gone]])
+        del keep, gone
     if not drops:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    d, k2 = np.concatenate(drops), np.concatenate(kepts)
+    d, k2 = (drops[0], kepts[0]) if len(drops) == 1 else (np.concatenate(drops), np.concatenate(kepts))
+    del drops, kepts
     at = np.argsort(d, kind="stable")
     return d[at], k2[at]
 
@@ -294,27 +296,34 @@ class _Layout:
         """Rows (global number dropped, part, rg, position, kept part, rg, position) of the keys given in
         source order (``g`` ascending; None: every key, in order): every copy of each of their keys among them."""
         drop, kept = first_occurrences(keys)
-        gd, gk = (drop, kept) if g is None else (g[drop], g[kept])
-        rd = np.searchsorted(self.starts, gd, side="right") - 1
-        rk = np.searchsorted(self.starts, gk, side="right") - 1
-        cols = [gd, self.part_of[rd], self.local_of[rd], pos[drop], self.part_of[rk], self.local_of[rk], pos[kept]]
-        return np.stack([np.asarray(c, np.int64) for c in cols], axis=1)
+        out = np.empty((len(drop), 7), np.int64)  # filled a column at a time: no list of seven arrays
+        out[:, 0] = drop if g is None else g[drop]
+        at = np.searchsorted(self.starts, out[:, 0], side="right") - 1
+        out[:, 1], out[:, 2], out[:, 3] = self.part_of[at], self.local_of[at], pos[drop]
+        del drop
+        at = np.searchsorted(self.starts, kept if g is None else g[kept], side="right") - 1
+        out[:, 4], out[:, 5], out[:, 6] = self.part_of[at], self.local_of[at], pos[kept]
+        return out
 
     def resolved(self, tables: list[I64]) -> Resolved:
         """The :class:`Resolved` of every group of keys' :meth:`duplicates_of` rows, in any order.
 
         ``tables`` is emptied as they are merged: at most two copies of the rows are held at once.
         """
-        order = np.argsort(np.concatenate([np.zeros(0, np.int64), *(t[:, 0] for t in tables)]), kind="stable")
-        rows = np.concatenate([np.zeros((0, 6), np.int64), *(t[:, 1:] for t in tables)])
-        tables.clear()
-        table = np.take(rows, order, axis=0)  # source order of the dropped rows
-        del rows, order
+        if len(tables) == 1 and bool((np.diff(tables[0][:, 0]) > 0).all()):  # in source order already
+            table = tables.pop()[:, 1:]
+        else:
+            order = np.argsort(np.concatenate([np.zeros(0, np.int64), *(t[:, 0] for t in tables)]), kind="stable")
+            rows = np.concatenate([np.zeros((0, 6), np.int64), *(t[:, 1:] for t in tables)])
+            tables.clear()
+            table = np.take(rows, order, axis=0)  # source order of the dropped rows
+            del rows, order
         dup, duplicates = [], []
         for p, n in enumerate(self.row_groups):  # the rows are in source order: by part, row group, position
             mine = table if len(self.row_groups) == 1 else table[table[:, 0] == p]  # one part: no copy
-            dup.append(Rows(np.bincount(mine[:, 1], minlength=n).astype(np.int64), np.ascontiguousarray(mine[:, 2])))
-            duplicates.append(np.ascontiguousarray(mine[:, 1:]))
+            # Views of the table, not copies: a copy of the rows beside them was the pass's peak.
+            dup.append(Rows(np.bincount(mine[:, 1], minlength=n).astype(np.int64), mine[:, 2]))
+            duplicates.append(mine[:, 1:])
         return Resolved(dup, self.excl, duplicates)
 
 
