@@ -283,7 +283,7 @@ def dedupe_index(
                     res = resolve_spilled(parts, chunks, meta, spill)
                 counted = dropped_tokens(parts, chunks, res, workers, CachedLengths(paths), None)
         cached = result_arrays(parts, res, counted)
-        save_arrays(result, cached)
+        save_arrays(result, cached, compress=True)
     out = [_build(part, cached, p, key, table, names) for p, part in enumerate(parts)]
     if not isinstance(ix, MixtureIndex):
         return _nonempty(out[0], key, exclude, "")

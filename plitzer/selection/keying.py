@@ -203,10 +203,15 @@ def chunk_path(ix: Index, chunk: tuple[int, int, int], key: str, excl: str, cols
     return cache_dir() / "dedupe" / "keys" / f"{k}.npz"
 
 
-def save_arrays(path: Any, arrays: Mapping[str, np.ndarray]) -> None:
+def save_arrays(path: Any, arrays: Mapping[str, np.ndarray], *, compress: bool = False) -> None:
+    """Keep ``arrays`` at ``path`` (``np.load`` reads them back, compressed or not).
+
+    ``compress``: for a large entry (a whole pass's result), whose copies on the way to the
+    file (the archive, the cache's header and checksum) were the pass's peak uncompressed.
+    """
     buf = io.BytesIO()
-    np.savez(buf, **dict(arrays))  # type: ignore[arg-type]
-    write_entry(path, buf.getvalue())
+    (np.savez_compressed if compress else np.savez)(buf, **dict(arrays))  # type: ignore[arg-type]
+    write_entry(path, buf.getbuffer())
 
 
 def load_arrays(path: Any, names: Sequence[str]) -> dict[str, np.ndarray] | None:
