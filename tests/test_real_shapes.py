@@ -256,3 +256,27 @@ def test_a_selection_pass_is_bytes_a_row_group(shaped: tuple[Path, Path], tmp_pa
     # 1,016 B measured with 64 whole footers kept, 477 B with 8; then no footer kept, one
     # bitmap array for all row groups and two arrays a chunk.
     assert _growth(big, small) <= LOADED_RSS_PER_ROW_GROUP, (big, small)
+
+
+DEDUPE_BUDGET = str(100_000_000)
+"""The probe's budget under deduplication: the copies' row groups keep no row, so a step's windows span
+many row groups (the loader's budget check asks for more than the probe's 16 MB)."""
+DROPPED_ROW_BYTES = 128
+"""What each dropped row may cost a deduplication pass at its peak, on top of the row groups' bytes: its
+row of the duplicates' table (which row was kept for it: 7 integers while resolving, 5 kept, for
+``locate``), its position, the resolving sort's temporaries. Per row, not per row group: real row groups
+hold thousands of rows, of which a few are dropped; here every row of the copies is, 2 a row group."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["url", "tokens"])
+def test_a_dedupe_pass_is_bytes_a_row_group(shaped: tuple[Path, Path], tmp_path: Path, key: str) -> None:
+    # dedupe= keys every row group: each chunk of 16 read through a footer made for it (the
+    # file's footer parsed once for the key's column, or the index's token column), phase 1
+    # held as a few arrays, the dropped rows as two arrays a part. The files are copies of one,
+    # so every row of the later ones is a duplicate (2 a row group).
+    small, big = _subsets(shaped[1], tmp_path, "--dedupe", key, "--budget", DEDUPE_BUDGET)
+    # 464-641 B measured (the index's own 278 B of it between these sizes, 130 B past them);
+    # 1,264-1,724 B with a whole-file minimal footer kept for each of the last 64 files, a dict
+    # of seven arrays a chunk and an array or a dict entry a row group.
+    assert _growth(big, small) <= RSS_PER_ROW_GROUP + 2 * DROPPED_ROW_BYTES, (big, small)

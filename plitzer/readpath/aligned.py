@@ -9,7 +9,8 @@ the sources that lack a column) names list columns that hold one value per token
   source unless a fill is given; a text source takes fills only. The batch's dtype of a
   column is its sources' (promoted where they differ), else the fill's;
 * read with one ranged read per planned row group and column (:func:`read_columns`, beside
-  the token column's read in the scanner's reader threads), the rows a selection keeps
+  the token column's read in the scanner's reader threads; through a footer of that row group
+  alone, :func:`plitzer.readpath.runs.read_other`), the rows a selection keeps
   taken, and checked: a row whose length differs from its token list is a
   :class:`DataError` naming file, row group, row and both lengths;
 * packed with exactly the tokens' cuts and pieces: the packer computes the pieces, row cuts
@@ -39,8 +40,15 @@ from planner.catalog.footer import schema_of
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError, DataError
 from planner.mixing.mixture import MixtureIndex
-from plitzer.readpath.packed import ColumnBlock, PackedUnit, StepCopies, arrow_ints, edge_values
-from plitzer.readpath.read import list_lengths, numpy_view, read_decoded
+from plitzer.readpath.packed import (
+    ColumnBlock,
+    PackedUnit,
+    StepCopies,
+    arrow_ints,
+    edge_values,
+)
+from plitzer.readpath.read import list_lengths, numpy_view
+from plitzer.readpath.runs import read_other
 
 __all__ = [
     "Columns",
@@ -264,25 +272,14 @@ def _missing(ix: Index, rg: int, column: str) -> ConfigError:
 
 def _read_one(ix: Index, rg: int, name: str, dtype: np.dtype[Any], lens: I64) -> NDArray[Any]:
     """Row group ``rg``'s ``name`` (one ranged read), its selected rows, checked against the token lengths."""
-    row = ix.frame.row(rg, named=True)
-    fi, g = int(row["file_index"]), int(row["row_group"])
+    fi, g = int(ix.frame["file_index"][rg]), int(ix.frame["row_group"][rg])
     st = ix.file(fi)
     where = ix.location(fi, g)
-    # Through the job index alone where it carries the column (--columns), else the file's footer.
-    chunk = ix.column_chunk(rg, name)
-    if chunk is None:
+    # Through a footer of this row group alone: from the job index where it carries the column
+    # (--columns), else from the column's chunk numbers read off the file's footer once.
+    arr = read_other(ix, rg, name)
+    if arr is None:
         raise _missing(ix, rg, name)
-    arr = read_decoded(
-        ix.storage(fi),
-        st,
-        chunk.metadata,
-        row_group=g,
-        column=name,
-        offset=chunk.offset,
-        length=chunk.length,
-        where=where,
-        what=repr(name),
-    )
     if not _aligned_type(arr.type):
         msg = f"{where}: column {name!r} is {arr.type}, not a list of bool, integer or float; it cannot be aligned"
         raise ConfigError(msg)

@@ -32,7 +32,7 @@ default.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -51,6 +51,7 @@ from plitzer.readpath.readers import thread_reader
 
 __all__ = [
     "check_decoded",
+    "checked_tokens",
     "check_list_of_integers",
     "check_no_null_tokens",
     "count_chunk",
@@ -326,7 +327,15 @@ def read_chunk(index: RowGroupIndex, rg: int) -> pa.Array:
 
 @read_chunk.register
 def _read_token_chunk(index: Index, rg: int) -> pa.Array:
-    arr, row, where = read_column(index, rg)
+    return checked_tokens(index, *read_column(index, rg))
+
+
+def checked_tokens(index: Index, arr: pa.Array, row: Mapping[str, Any], where: str) -> pa.Array:
+    """A dataset's token chunk as decoded (``arr``, of the index's frame row ``row``), checked and converted.
+
+    What :func:`read_chunk` returns for it, however its bytes were read (a pass reads a run of
+    row groups through one footer: :class:`plitzer.readpath.runs.ColumnRun`).
+    """
     file, g = index.file(row["file_index"]).location, int(row["row_group"])
     check_no_null_tokens(arr, where, file=file, row_group=g)
     check_decoded(arr, rows=row["rows"], tokens=row["tokens"], where=where, file=file, row_group=g)
