@@ -231,8 +231,7 @@ def explain(
 
     Parameters
     ----------
-    source : str, PathLike, list, dict of named sources, or an index
-        The dataset (or mixture), as for :class:`plitzer.Loader`.
+    <source>
     step : int
         Global step (from 0 over the whole run).
     lane : int, optional

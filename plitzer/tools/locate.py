@@ -234,8 +234,7 @@ def locate(
 
     Parameters
     ----------
-    source : str, PathLike, list, dict of named sources, or an index
-        The dataset (or mixture), as for :class:`plitzer.Loader`.
+    <source>
     where : str, optional
         A DuckDB SQL boolean expression over the dataset's columns: the documents to
         locate (``"url = 'https://...'"``, ``"id in (3, 17)"``). On a mixture, every
