@@ -158,34 +158,16 @@ def check_list_of_integers(arr: pa.Array, where: str, *, file: str | None = None
         raise DamagedChunkError(msg, file=file, row_group=row_group)
 
 
-def decode_chunk(
-    data: Any,
-    *,
-    offset: int,
-    file_size: int,
-    metadata: pq.FileMetaData,
-    row_group: int,
-    column: str,
-    where: str,
-    file: str | None = None,
-) -> pa.Array:
+def decode_chunk(data: Any, **chunk: Any) -> pa.Array:
     """Decode one row group's token column from the bytes of its column chunk.
 
-    Returns the column as the file holds it (a ListArray or LargeListArray of
-    some integer type); raises DataError (naming ``where``, on one line) for
-    damaged data, never a bare pyarrow error.
+    Takes :func:`decode_column`'s keywords (``offset``, ``file_size``, ``metadata``,
+    ``row_group``, ``column``, ``where``, ``file``). Returns the column as the file
+    holds it (a ListArray or LargeListArray of some integer type); raises DataError
+    (naming ``where``, on one line) for damaged data, never a bare pyarrow error.
     """
-    arr = decode_column(
-        data,
-        offset=offset,
-        file_size=file_size,
-        metadata=metadata,
-        row_group=row_group,
-        column=column,
-        where=where,
-        file=file,
-    )
-    check_list_of_integers(arr, where, file=file, row_group=row_group)
+    arr = decode_column(data, **chunk)
+    check_list_of_integers(arr, chunk["where"], file=chunk.get("file"), row_group=chunk["row_group"])
     return arr
 
 
@@ -372,21 +354,14 @@ def list_lengths(arr: pa.Array) -> NDArray[np.int64]:
     return lens
 
 
-def count_chunk(
-    storage: Storage,
-    file: FileStat,
-    metadata: pq.FileMetaData,
-    *,
-    row_group: int,
-    column: str,
-    offset: int,
-    length: int,
-    where: str,
-) -> tuple[int, int]:
-    """Tokens and empty documents of one row group, by reading it once (no statistics)."""
-    arr = read_decoded(
-        storage, file, metadata, row_group=row_group, column=column, offset=offset, length=length, where=where
-    )
+def count_chunk(storage: Storage, file: FileStat, metadata: pq.FileMetaData, **chunk: Any) -> tuple[int, int]:
+    """Tokens and empty documents of one row group, by reading it once (no statistics).
+
+    A :class:`planner.catalog.footer.ChunkCounter`: ``chunk`` holds its keywords
+    (``row_group``, ``column``, ``offset``, ``length``, ``where``), as :func:`read_decoded` takes them.
+    """
+    arr = read_decoded(storage, file, metadata, **chunk)
+    row_group, where = chunk["row_group"], chunk["where"]
     check_list_of_integers(arr, where, file=file.location, row_group=row_group)
     check_no_null_tokens(arr, where, file=file.location, row_group=row_group)
     lengths = list_lengths(arr)

@@ -51,7 +51,7 @@ from numpy.typing import NDArray
 
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import StoppedError, UsageError
-from planner.order.plan import row_group_counts
+from planner.order.epoch import row_group_counts
 from planner.run import Run, Segment, Start, lane_base
 from planner.stores.retry import stop, stop_on
 from plitzer.readpath import _shutdown
