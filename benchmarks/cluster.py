@@ -68,7 +68,8 @@ import plitzer
 from planner.catalog.dataset import INDEX_SCHEMA, FileEntry, Index
 from planner.mixing.mixture import MixtureIndex, MixturePlan
 from planner.mixing.sources import SourceSpec, parse_stages
-from planner.order.plan import Plan, PlanSettings
+from planner.order.epoch import PlanSettings
+from planner.order.plan import Plan
 from planner.run import lane_positions
 from planner.stores.storage import FileStat
 from plitzer.loader import Loader

@@ -223,7 +223,7 @@ def simulate_spilled(n: int, dup: float, block: int = 1_000_000) -> dict[str, fl
         t = time.perf_counter()
         res = dd.resolve_spilled(parts, chunks, meta, spill)
         wall = time.perf_counter() - t
-        dropped = sum(len(d) for d in res.dup[0])
+        dropped = int(res.dup[0].counts.sum())
     peak = _status("VmHWM")
     return {
         "spill_s": spilled,

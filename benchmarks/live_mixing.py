@@ -30,7 +30,7 @@ from mixture import synthetic_index, write_sources
 import plitzer
 from planner.mixing.mixture import MixtureIndex, MixturePlan
 from planner.mixing.sources import SourceSpec, Stage, parse_stages
-from planner.order.plan import PlanSettings
+from planner.order.epoch import PlanSettings
 
 CYCLE = [{"books": 1, "code": 2, "web": 3}, {"books": 3, "code": 1, "web": 2}, {"books": 1, "code": 4, "web": 1}]
 

@@ -77,7 +77,8 @@ def timed(f: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def plan_part(row_groups: int, docs: int, lanes: int, window: int, seq_len: int, counts: list[int]) -> None:
-    from planner.order.plan import Plan, PlanSettings
+    from planner.order.epoch import PlanSettings
+    from planner.order.plan import Plan
     from plitzer.tools.locate import locate_in_plan
 
     ix = SyntheticIndex(row_groups, docs)

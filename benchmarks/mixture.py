@@ -28,7 +28,7 @@ import plitzer.synth
 from planner.catalog.dataset import INDEX_SCHEMA, Index
 from planner.mixing.mixture import MixtureIndex, MixturePlan
 from planner.mixing.sources import SourceSpec, parse_stages
-from planner.order.plan import PlanSettings
+from planner.order.epoch import PlanSettings
 
 
 def write_sources(root: Path, tokens: int) -> dict[str, str]:

@@ -19,6 +19,14 @@ the CPU ratio (loader ns/token over the decode's) is what the hot path adds.
 
     python benchmarks/throughput.py --tokens 38000000 --threads 2
 
+Two versions of plitzer compare on the same data by ``PYTHONPATH`` (the first line
+printed says which one ran), alternated, on a quiet machine (a busy one moves the
+ratios by more than the difference):
+
+    for i in 1 2; do for src in /path/to/main /path/to/branch; do
+      PYTHONPATH=$src python benchmarks/throughput.py --tokens 34560000 --docs-per-row-group 200 \
+        --threads 2 --lanes 64 --seq-len 2048 --window 8 --epochs 2 --repeat 3; done; done
+
 ``--lanes-sweep 64,512,4096`` measures the time per step at those lane counts with
 the same tokens per step (seq_len scaled down as lanes go up): the per-step work
 should not grow with lanes.
@@ -31,6 +39,15 @@ ranged read, decode, checks, conversion to int32) on one thread, in ns/token and
 against the same tokens as list<int32>:
 
     python benchmarks/throughput.py --widths --tokens 20000000
+
+``--parts`` splits the loader's steady-state CPU by part instead: the CPU time of the
+threads inside reading and decoding (``read_chunk``), the pack's gather, the rest of the
+pack (its tables), the straddling steps' copy (``assemble``) and the consumer's thread,
+each in ns per delivered token, best of ``--repeat`` epochs, beside the raw decode's (the
+figures of docs/design.md, "Where the last third is"; CPU inside a part is what a busy
+machine disturbs least):
+
+    python benchmarks/throughput.py --parts --tokens 34560000 --docs-per-row-group 200 --threads 2 --repeat 5
 
 ``--columns`` measures what aligned columns cost (SPEC section 13): the same files with a
 bool ``loss_mask`` and a float32 ``weight`` beside the tokens, the loader's steady state
@@ -48,6 +65,7 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -130,6 +148,7 @@ def main() -> None:
     ap.add_argument("--lanes-sweep", default="", help="comma-separated lane counts for the per-step sweep")
     ap.add_argument("--widths", action="store_true", help="measure widening and narrowing against int32")
     ap.add_argument("--columns", action="store_true", help="measure a bool and a float32 aligned column")
+    ap.add_argument("--parts", action="store_true", help="split the loader's steady-state CPU by part")
     args = ap.parse_args()
     if args.widths:
         widths(args.tokens)
@@ -157,6 +176,9 @@ def main() -> None:
     }
     if args.lanes_sweep:
         sweep(ix, settings, [int(x) for x in args.lanes_sweep.split(",")])
+        return
+    if args.parts:
+        parts(ix, dec, settings, args.repeat)
         return
 
     def epoch_from_construction() -> tuple[Timing, int]:
@@ -191,6 +213,7 @@ def main() -> None:
     best_name = min(meds, key=lambda k: meds[k].wall)
     ref = meds[best_name]
     print(f"{tokens:,} tokens in {len(dec.files)} files, {ix.row_groups} row groups; {args.threads} threads")
+    print(f"plitzer from {Path(plitzer.__file__).parent.parent}")
     print(f"settings: {settings}; medians of {args.repeat} (decodes: {len(decodes['read_table'])}) alternated runs")
     print(f"{'reader':<44} {'Mtok/s':>8} {'cores':>6} {'CPU ns/tok':>11} {'vs ref':>8} {'CPU x':>8}")
     print(row("decode: pq.read_table per file (threads)", meds["read_table"], tokens, ref, tokens))
@@ -209,6 +232,65 @@ def main() -> None:
         f"{st.ns_per_token(n) / ref.ns_per_token(tokens):.2f}x the decode's (target 1.1x); peak held "
         f"{stats.peak_bytes / 2**20:.0f} MiB, consumer waited {stats.wait_seconds:.2f} s"
     )
+
+
+def parts(ix: object, dec: Decoders, settings: dict[str, int], repeat: int) -> None:
+    """The loader's steady-state CPU per token, part by part (thread CPU inside each), beside the decode's."""
+    import threading
+    from collections import Counter
+    from typing import Any
+
+    import plitzer
+    import plitzer.loader
+    import plitzer.readpath.pack
+    import plitzer.readpath.scan
+
+    spent: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def wrap(module: Any, name: str, part: str) -> None:
+        fn: Callable[..., Any] = getattr(module, name)
+
+        def timed_part(*a: Any, **k: Any) -> Any:
+            t = time.thread_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                with lock:
+                    spent[part] += time.thread_time() - t
+
+        setattr(module, name, timed_part)
+
+    wrap(plitzer.readpath.scan, "read_chunk", "read and decode (read_chunk)")
+    wrap(plitzer.readpath.scan, "pack_unit", "pack")
+    wrap(plitzer.readpath.pack, "gather_lists", "pack: the gather")
+    wrap(plitzer.loader, "assemble", "straddling steps (assemble)")
+    best: dict[str, float] = {}
+    decode = min(timed_pass(dec.row_groups) for _ in range(repeat)) / ix.tokens * 1e9  # type: ignore[attr-defined]
+    with plitzer.Loader(ix, **settings) as loader:  # type: ignore[arg-type]
+        for _ in loader:
+            pass
+        for _ in range(repeat):
+            spent.clear()
+            with timed() as t:
+                c = time.thread_time()
+                n = sum(1 for _ in loader) * settings["lanes"] * settings["seq_len"]
+                spent["consumer thread (all of it)"] = time.thread_time() - c
+            spent["whole process"] = t.cpu
+            for k, v in spent.items():
+                best[k] = min(best.get(k, float("inf")), v / n * 1e9)
+    best["pack: its tables"] = best["pack"] - best["pack: the gather"]
+    print(f"plitzer from {Path(plitzer.__file__).parent.parent}; settings {settings}; best of {repeat}")
+    print(f"{'raw decode (read_row_group on N threads)':<44} {decode:6.2f} ns/token")
+    for k in sorted(best, key=lambda k: -best[k]):
+        print(f"{k:<44} {best[k]:6.2f} ns/token ({best[k] / decode:.2f} of the decode)")
+
+
+def timed_pass(fn: Callable[[], int]) -> float:
+    """CPU seconds of one call (all threads)."""
+    with timed() as t:
+        fn()
+    return t.cpu
 
 
 def sweep(ix: object, settings: dict[str, int], lane_counts: list[int]) -> None:

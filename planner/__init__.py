@@ -16,7 +16,8 @@ from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import CheckpointError, ConfigError, DataError, PlitzerError, StorageError
 from planner.hashing import key, mix, permutation
 from planner.lanes import cut_at, lane_of
-from planner.order.plan import EpochPlan, Plan, PlanSettings, plan_epoch
+from planner.order.epoch import EpochPlan, PlanSettings, plan_epoch
+from planner.order.plan import Plan
 from planner.parameters import check_keywords as _check_keywords
 from planner.stores.cache import cache_dir
 

@@ -29,8 +29,9 @@ from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError
 from planner.mixing.mixture import MixtureIndex, MixturePlan, mixture_index
 from planner.mixing.sources import SourceSpec, Weights, parse_stages
+from planner.order.epoch import PlanSettings
 from planner.order.layout import Layout, LayoutStage
-from planner.order.plan import Plan, PlanSettings
+from planner.order.plan import Plan
 from planner.parameters import PLAN_PARAMETERS, Selection, check_keywords, document
 from planner.runtime import COUNT, DEDUPE, SELECT, runtime_pass
 

@@ -53,6 +53,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 MARKER = "<settings>"
 """The line of a docstring that :func:`document` replaces with the rendered parameters."""
 
+SOURCE_MARKER = "<source>"
+"""A docstring's optional line that :func:`document` replaces with :data:`SOURCE_ENTRY`."""
+
+SOURCE_ENTRY = """source : str, PathLike, list, dict of named sources, or planner.Index
+    As for :class:`plitzer.Loader` (a dict of named sources is a mixture)."""
+"""The ``source`` entry of the runtime's entry points that take a loader's source."""
+
 
 @dataclass(frozen=True, slots=True)
 class Parameter:
@@ -370,7 +377,8 @@ def document(names: Sequence[str] | None = None, *, exclude: Iterable[str] = ())
     """Replace the :data:`MARKER` line of the decorated object's docstring with the parameters' entries.
 
     ``names``: the parameters (default: all of :data:`PARAMETERS`), less ``exclude`` (those the
-    entry point documents itself). The entries take the marker line's indentation.
+    entry point documents itself). The entries take the marker line's indentation. A
+    :data:`SOURCE_MARKER` line, where there is one, becomes :data:`SOURCE_ENTRY`, likewise indented.
     """
     skip = set(exclude)
     chosen = [p.name for p in PARAMETERS if (names is None or p.name in names) and p.name not in skip]
@@ -384,6 +392,7 @@ def document(names: Sequence[str] | None = None, *, exclude: Iterable[str] = ())
             raise RuntimeError(msg)
         line = lines[at[0]]
         pad = line[: len(line) - len(line.lstrip())]
+        lines = [textwrap.indent(SOURCE_ENTRY, pad) if x.strip() == SOURCE_MARKER else x for x in lines]
         try:
             own: Mapping[str, inspect.Parameter] = inspect.signature(obj).parameters
         except (TypeError, ValueError):

@@ -175,8 +175,7 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
 
     Parameters
     ----------
-    source : str, PathLike, list, dict of named sources, or planner.Index
-        As for :class:`plitzer.Loader` (a dict of named sources is a mixture).
+    <source>
     <settings>
     rank, world : int, optional
         This process's data rank and the number of data ranks. Default: JAX's

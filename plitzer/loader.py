@@ -36,8 +36,9 @@ from numpy.typing import NDArray
 
 from planner.errors import UsageError
 from planner.mixing.mixture import MixturePlan
+from planner.order.epoch import check_int
 from planner.order.layout import Layout
-from planner.order.plan import Plan, check_int
+from planner.order.plan import Plan
 from planner.parameters import document
 from planner.run import Run
 from plitzer.readpath.aligned import assemble_columns, unit_columns

@@ -208,8 +208,7 @@ class Dataset(IterableDataset[Batch]):
 
     Parameters
     ----------
-    source : str, PathLike, list, dict of named sources, or planner.Index
-        As for :class:`plitzer.Loader` (a dict of named sources is a mixture).
+    <source>
     <settings>
     rank, world : int, optional
         This rank and the number of ranks. Default: ``torch.distributed``'s rank

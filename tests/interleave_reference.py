@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 from planner.hashing import key, permutation
 from planner.mixing.mixture import MixtureIndex, finish_keys, source_key
 from planner.mixing.sources import Stage
-from planner.order.plan import EpochPlan, PlanSettings, layout_epoch
+from planner.order.epoch import EpochPlan, PlanSettings, layout_epoch
 
 I64 = NDArray[np.int64]
 

@@ -1,6 +1,7 @@
 """A fresh process's peak RSS to its first batch, as JSON on stdout.
 
-    python tests/rss_probe.py DATA [--index JOB] [--text] [--where SQL] [--rank R --world N --port P]
+    python tests/rss_probe.py DATA [--index JOB] [--text] [--where SQL] [--dedupe KEY] [--exclude TABLE]
+                              [--columns a,b] [--budget B] [--rank R --world N --port P]
 
 The peak resident set (``VmHWM``) of a process that imports plitzer, opens a Loader
 over DATA (``index=JOB`` where given) and takes one batch; compared with the same
@@ -8,8 +9,9 @@ process on a one-file dataset, it is what a rank pays for the dataset's index
 (tests/test_real_shapes.py, benchmarks/cluster.py). With ``--world``, the process is
 rank R of a gloo group on 127.0.0.1:P, and the Loader shares the index's work with the
 other ranks (each rank reads 1/N of the footers). With ``--text``, DATA's ``text`` column
-is the source, tokenized by characters (its counting pass split across the ranks). CPU
-seconds are the process's own.
+is the source, tokenized by characters (its counting pass split across the ranks). With
+``--where``, ``--dedupe`` or ``--exclude``, the selection's pass over the data is counted in;
+``--columns`` names aligned columns read beside the tokens. CPU seconds are the process's own.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--text", action="store_true", help="read the text column, tokenized by characters")
     ap.add_argument("--where", default=None, help="a selection (where=), its pass over the data included")
+    ap.add_argument("--dedupe", default=None, help="dedupe= ('tokens' or a column), its pass included")
+    ap.add_argument("--exclude", default=None, help="exclude= (a Parquet or CSV table), its pass included")
+    ap.add_argument("--columns", default=None, help="aligned columns (columns=), comma-separated")
+    ap.add_argument("--budget", type=int, default=1 << 24, help="budget= (a selection that drops most rows needs more)")
     a = ap.parse_args()
     if a.world > 1:
         import torch.distributed as dist
@@ -65,10 +71,11 @@ def main() -> None:
         from tests.share_fixtures import CharTokenizer
 
         text = {"tokenizer": CharTokenizer()}
-    if a.where is not None:
-        text["where"] = a.where
+    for name in ("where", "dedupe", "exclude", "columns"):
+        if getattr(a, name) is not None:
+            text[name] = getattr(a, name)
     with plitzer.Loader(
-        a.data, index=a.index, lanes=lanes, seq_len=64, window=4, budget=1 << 24, rank=a.rank, world=a.world, **text
+        a.data, index=a.index, lanes=lanes, seq_len=64, window=4, budget=a.budget, rank=a.rank, world=a.world, **text
     ) as ld:
         batch = next(iter(ld))
         first, cpu = time.perf_counter() - t0, time.process_time() - c0

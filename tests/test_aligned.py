@@ -360,7 +360,7 @@ def test_text_sources_take_fills_only(mix: dict[str, Path]) -> None:
 
 
 def test_the_budget_counts_the_column_bytes(sft: tuple[Path, Any, Any]) -> None:
-    from planner.order.plan import row_group_counts
+    from planner.order.epoch import row_group_counts
     from plitzer.loader import budget_floor
 
     path, _, _ = sft

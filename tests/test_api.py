@@ -14,7 +14,8 @@ import planner
 import plitzer
 from planner.api import make_plan, open_index
 from planner.mixing.mixture import Interleave, MixtureIndex, MixturePlan
-from planner.order.plan import Permutation, PlanSettings
+from planner.order.epoch import PlanSettings
+from planner.order.epoch_order import Permutation
 from plitzer.readpath.read import read_chunk
 from plitzer.state.settings import LoaderSettings, open_source
 from plitzer.state.settings import make_plan as loader_plan

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from planner.lanes import cut_at
-from planner.order.plan import PlanSettings, layout_epoch
+from planner.order.epoch import PlanSettings, layout_epoch
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -372,16 +372,16 @@ def test_the_pass_is_cached_and_reads_only_the_key(data: Path, monkeypatch: pyte
     read: list[str] = []
     real = keying.read_column
 
-    def spy(ix: Any, rg: int, column: str) -> Any:
+    def spy(ix: Any, rg: int, column: str, runs: Any) -> Any:
         read.append(column)
-        return real(ix, rg, column)
+        return real(ix, rg, column, runs)
 
     monkeypatch.setattr(keying, "read_column", spy)
     first = dd.dedupe_index(plitzer.index(data), dedupe="url")
     assert set(read) == {"url"}
     read.clear()
     calls: list[int] = []
-    monkeypatch.setattr(keying.KeyPass, "hash_rg", lambda self, p, rg: calls.append(rg))
+    monkeypatch.setattr(keying.KeyPass, "hash_rg", lambda self, p, rg, runs=None: calls.append(rg))
     again = dd.dedupe_index(plitzer.index(data), dedupe="url")
     assert calls == [] and read == []
     assert again.frame.equals(first.frame)
@@ -572,7 +572,7 @@ def test_the_pass_runs_on_ray_ahead_of_the_job(data: Path, monkeypatch: pytest.M
         ix = plitzer.index(data)
         assert keying.dedupe_on_ray(ix, dedupe="tokens", source=str(data)) == len(keying.key_chunks([ix]))
     calls: list[int] = []
-    monkeypatch.setattr(keying.KeyPass, "hash_rg", lambda self, p, rg: calls.append(rg))
+    monkeypatch.setattr(keying.KeyPass, "hash_rg", lambda self, p, rg, runs=None: calls.append(rg))
     got = dd.dedupe_index(ix, dedupe="tokens")
     assert calls == []  # the Ray tasks' keys are in this cache folder
     monkeypatch.undo()

@@ -277,6 +277,17 @@ RULES: dict[str, Rule] = {
     "--window 8 --epochs 2 --repeat 3": scaled(
         "python benchmarks/throughput.py --tokens 1000000 --threads 2 --lanes 16 --repeat 1 --epochs 1"
     ),
+    "python benchmarks/throughput.py --parts --tokens 34560000 --docs-per-row-group 200 --threads 2 --repeat 5": scaled(
+        "python benchmarks/throughput.py --parts --tokens 1000000 --docs-per-row-group 200 --threads 2 --lanes 16 "
+        "--repeat 1"
+    ),
+    "python benchmarks/throughput.py --data data/text40 --column input_ids --threads 2 --lanes 64 --seq-len 2048 "
+    "--window 8 --epochs 2 --repeat 3": scaled(
+        "python benchmarks/throughput.py --data data/sample --lanes 16 --window 4 --repeat 1 --epochs 1"
+    ),
+    "plitzer synth --text data/text40 --tokens 40000000 --row-group-tokens 1000000": scaled(
+        "plitzer synth --text data/text --tokens 200000"
+    ),
     "python benchmarks/throughput.py --tokens 38000000 --threads 2": scaled(
         "python benchmarks/throughput.py --tokens 1000000 --threads 2 --lanes 16 --repeat 1 --epochs 1"
     ),

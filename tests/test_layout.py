@@ -320,7 +320,7 @@ def test_lanes_of_a_stage_not_a_multiple_of_the_world_is_refused(data: tuple[Pat
 
 
 def test_the_budget_floor_is_checked_for_the_larger_layout(data: tuple[Path, list[list[list[int]]]]) -> None:
-    from planner.order.plan import row_group_counts
+    from planner.order.epoch import row_group_counts
 
     path, _ = data
     with plitzer.Loader(path, lanes=4, seq_len=8, window=2) as ld:
@@ -665,7 +665,7 @@ def test_gloo_ranks_switch_layout_and_resume_at_world_one(
 
 @pytest.mark.parametrize("stages", [[(0, 4, 8), (6, 2, 64)], [(0, 2, 64), (3, 8, 4), (9, 4, 16)]])
 def test_the_budget_holds_across_the_change(data: tuple[Path, list[list[list[int]]]], stages: list[Stage]) -> None:
-    from planner.order.plan import row_group_counts
+    from planner.order.epoch import row_group_counts
 
     path, docs = data
     with plitzer.Loader(path, lanes=4, seq_len=8, window=2) as ld:

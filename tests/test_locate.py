@@ -472,7 +472,7 @@ def test_cli_locate(synth_dataset: Any, capsys: pytest.CaptureFixture[str]) -> N
 @pytest.mark.parametrize("where", [None, "int_score >= 2"])
 def test_one_source_positions_are_the_plans(synth_dataset: Any, where: str | None) -> None:
     from planner.lookup.pieces import OneSource
-    from planner.order.plan import row_group_counts
+    from planner.order.epoch import row_group_counts
 
     d = synth_dataset(30_000, seed=2, docs_per_row_group=40, mean_length=100)
     plan = plitzer.plan(d, seed=7, lanes=8, window=3, world=2, where=where)

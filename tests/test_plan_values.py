@@ -18,8 +18,9 @@ from planner.errors import ConfigError
 from planner.mixing.interleave import UNCHANGED, Interleave
 from planner.mixing.mixture import MixturePlan, mixture_index
 from planner.mixing.sources import Stage
+from planner.order.epoch import PlanSettings
 from planner.order.layout import Layout
-from planner.order.plan import LanesPlan, PlanSettings
+from planner.order.plan import LanesPlan
 
 SETTINGS = PlanSettings(seed=3, lanes=4, window=2)
 SEQ_LEN = 32

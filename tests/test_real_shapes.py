@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import plitzer
-from planner.catalog import footer, jobindex
+from planner.catalog import dataset, footer, jobindex
 from planner.catalog.dataset import index
 from planner.stores.storage import FileStat, LocalStorage
 from plitzer.readpath.read import read_chunk
@@ -85,15 +85,22 @@ def test_the_shape_is_real(shaped: tuple[Path, Path]) -> None:
     assert md.serialized_size / PER_FILE > 1000  # a real footer's bytes a row group
 
 
-def test_minimal_footers_decode_what_the_real_footer_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("large", [False, True], ids=["files-footers", "own-footers"])
+def test_minimal_footers_decode_what_the_real_footer_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, large: bool
+) -> None:
     paths = plitzer.synth.write_fineweb_shaped(tmp_path, 2, row_groups_per_file=7, distinct=2)
+    if large:  # as an index of more than FILE_FOOTERS_UP_TO row groups reads
+        monkeypatch.setattr(dataset, "FILE_FOOTERS_UP_TO", 13)
     ix = index(tmp_path)
     assert ix.row_groups == 14
     for rg in range(ix.row_groups):
         fi, g = int(ix.frame["file_index"][rg]), int(ix.frame["row_group"][rg])
         want = pq.ParquetFile(paths[fi]).read_row_group(g, columns=["input_ids"]).column(0).to_pylist()
         assert read_chunk(ix, rg).to_pylist() == want
-    assert not ix._chunks  # each read decoded with its row group's own footer: no file's footer kept
+    # A small index keeps each file's minimal footer, made once; a large one decodes each
+    # read with its row group's own footer and keeps no file's.
+    assert len(ix._chunks) == (0 if large else 2)
     # The minimal footer is bytes a row group, the real one kilobytes.
     assert ix.chunk_metadata(0).serialized_size / 7 < 100 < pq.read_metadata(paths[0]).serialized_size / 7
     # A row group's own footer: it alone, as row group 0.
@@ -250,3 +257,27 @@ def test_a_selection_pass_is_bytes_a_row_group(shaped: tuple[Path, Path], tmp_pa
     # 1,016 B measured with 64 whole footers kept, 477 B with 8; then no footer kept, one
     # bitmap array for all row groups and two arrays a chunk.
     assert _growth(big, small) <= LOADED_RSS_PER_ROW_GROUP, (big, small)
+
+
+DEDUPE_BUDGET = str(100_000_000)
+"""The probe's budget under deduplication: the copies' row groups keep no row, so a step's windows span
+many row groups (the loader's budget check asks for more than the probe's 16 MB)."""
+DROPPED_ROW_BYTES = 128
+"""What each dropped row may cost a deduplication pass at its peak, on top of the row groups' bytes: its
+row of the duplicates' table (which row was kept for it: 7 integers while resolving, 5 kept, for
+``locate``), its position, the resolving sort's temporaries. Per row, not per row group: real row groups
+hold thousands of rows, of which a few are dropped; here every row of the copies is, 2 a row group."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["url", "tokens"])
+def test_a_dedupe_pass_is_bytes_a_row_group(shaped: tuple[Path, Path], tmp_path: Path, key: str) -> None:
+    # dedupe= keys every row group: each chunk of 16 read through a footer made for it (the
+    # file's footer parsed once for the key's column, or the index's token column), phase 1
+    # held as a few arrays, the dropped rows as two arrays a part. The files are copies of one,
+    # so every row of the later ones is a duplicate (2 a row group).
+    small, big = _subsets(shaped[1], tmp_path, "--dedupe", key, "--budget", DEDUPE_BUDGET)
+    # 464-641 B measured (the index's own 278 B of it between these sizes, 130 B past them);
+    # 1,264-1,724 B with a whole-file minimal footer kept for each of the last 64 files, a dict
+    # of seven arrays a chunk and an array or a dict entry a row group.
+    assert _growth(big, small) <= RSS_PER_ROW_GROUP + 2 * DROPPED_ROW_BYTES, (big, small)

@@ -17,8 +17,8 @@ import plitzer
 import plitzer.synth
 from planner.mixing.mixture import Interleave, MixturePlan
 from planner.mixing.sources import Stage
+from planner.order.epoch import PlanSettings
 from planner.order.layout import Layout
-from planner.order.plan import PlanSettings
 from tests.conftest import tokens_of
 from tests.interleave_reference import ReplayInterleave
 

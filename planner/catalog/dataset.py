@@ -31,6 +31,7 @@ unchanged dataset lists the files and reads no footer.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import os
 import threading
@@ -62,7 +63,7 @@ from planner.stores.storage import FileStat, Storage
 
 __all__ = [
     "INDEX_SCHEMA",
-    "ChunkSource",
+    "Leaves",
     "SpanSource",
     "Counted",
     "CountsFromFooters",
@@ -83,25 +84,33 @@ __all__ = [
 ]
 
 FOOTERS_KEPT = 64
-"""Minimal parsed footers an index keeps (about 1 KB a row group each): the files being read, about."""
+"""Minimal parsed footers of the token column an index keeps (about 800 B a row group each, parsed:
+320 KB on FineWeb-Edu's shape): the files being read, about. Also the files whose other columns'
+chunk numbers (:meth:`Index._compact_chunks`) are kept, a few bytes a row group each."""
+FILE_FOOTERS_UP_TO = 4096
+"""Row groups up to which the read path decodes through each file's minimal footer, kept.
+
+A file's minimal footer costs about 11 us a row group to make and about 0.9 KB a row group
+parsed; a row group's own about 70 us, made again at each read (and a decoder built for it). A
+dataset of at most this many row groups has every file's footer made once and kept (at most
+about 3.7 MB, whatever its files): 1 ns a token less on row groups of 180,000 tokens. Past it
+a file's footer would be made for one row group of a shuffled window and dropped before its
+next (4.6 ms for a file of 400), so each read makes its row group's own (docs/design.md,
+"Bytes a row group")."""
 WHOLE_FOOTERS_KEPT = 2
 """Whole parsed footers an index keeps: several MB each on files of many columns (3.7 MB on
 FineWeb-Edu's shape). Only the first file's schema and a column of many leaves (a struct, a map)
-need one now; every other column is decoded from its chunks' few numbers (:meth:`Index.column_chunk`).
+need one now; every other column is decoded from its chunks' few numbers (:meth:`Index.span_source`).
 A footer dropped is parsed again from this machine's footer cache, never fetched again."""
 _UNKNOWN: Any = object()  # a column not asked of the file yet (None is an answer: the file lacks it)
 _INDEX_FORMAT = "5"  # 5: a row a file, its rows as lists (planner.catalog.rowlists); 4: codec, chunk_values
 
 
-class ChunkSource(NamedTuple):
-    """What reading one column chunk needs (:meth:`Index.column_chunk`)."""
+class Leaves(enum.Enum):
+    """What :meth:`Index._compact_chunks` says of a column that it gives no chunk numbers of."""
 
-    metadata: pq.FileMetaData
-    """A footer to decode it with: the file's, or a minimal one made from a job index."""
-    offset: int
-    length: int
-    carried: bool
-    """Whether the footer is a job index's minimal one (it holds no Arrow schema: types as Parquet's)."""
+    MANY = "many"
+    """A column of many leaves (a struct, a map): only the file's whole footer decodes it."""
 
 
 class SpanSource(NamedTuple):
@@ -163,10 +172,7 @@ class Index(FrameTotals):
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _footers: Bounded[int, pq.FileMetaData] = field(default_factory=lambda: Bounded(WHOLE_FOOTERS_KEPT), repr=False)
     _chunks: Bounded[int, pq.FileMetaData] = field(default_factory=lambda: Bounded(FOOTERS_KEPT), repr=False)
-    _carried: Bounded[tuple[int, str], pq.FileMetaData] = field(
-        default_factory=lambda: Bounded(FOOTERS_KEPT), repr=False
-    )
-    _compact: Bounded[tuple[int, str], ColumnChunks | bool | None] = field(
+    _compact: Bounded[tuple[int, str], ColumnChunks | Leaves | None] = field(
         default_factory=lambda: Bounded(FOOTERS_KEPT), repr=False
     )
     _wanted: set[str] = field(default_factory=set, repr=False)
@@ -187,7 +193,7 @@ class Index(FrameTotals):
         """The file's whole parsed footer (every column): the cache's, else storage's.
 
         For the passes that read other columns than the index's (a selection's
-        predicate, a schema's look-up); the read path needs only :meth:`chunk_footer`.
+        predicate, a schema's look-up); the read path needs only :meth:`decoding_footer`.
         The last :data:`WHOLE_FOOTERS_KEPT` are kept: a working set, whatever the file count.
         """
         got = self._footers.get(file_index)
@@ -212,7 +218,7 @@ class Index(FrameTotals):
         if got is not None:
             return got
         a, b = self._file_rows(file_index)
-        md = self._footer_of(file_index, a, b)
+        md = self._token_footer(file_index, self.frame.slice(a, b - a))
         if keep:
             self._chunks.put(file_index, md)
         return md
@@ -226,23 +232,18 @@ class Index(FrameTotals):
         about 900 B a row group: the few files a first batch touched held 6-7 MB, and
         64 kept ones 23 MB (docs/design.md, "Bytes a row group").
         """
-        return self._footer_of(int(self.frame["file_index"][rg]), rg, rg + 1)
+        return self._token_footer(int(self.frame["file_index"][rg]), self.frame.slice(rg, 1))
 
-    def _footer_of(self, file_index: int, a: int, b: int) -> pq.FileMetaData:
-        """The minimal footer of the frame's rows ``[a, b)``, all of file ``file_index``."""
-        template = self._files[file_index].template
-        if template is None:
-            msg = f"{self.location(file_index)}: the index holds no template of its column; build the index again"
-            raise DataError(msg)
-        part = self.frame.slice(a, b - a)
-        return chunkmeta.footer(
-            template,
-            part["rows"].to_numpy(),
-            part["byte_offset"].to_numpy(),
-            part["byte_length"].to_numpy(),
-            part["codec"].to_numpy(),
-            part["chunk_values"].to_numpy(),
-        )
+    def decoding_footer(self, rg: int) -> tuple[pq.FileMetaData, int]:
+        """The footer the read path decodes row group ``rg``'s token chunk with, and its row group in it.
+
+        The file's minimal footer (:meth:`chunk_metadata`, kept) for an index of at most
+        :data:`FILE_FOOTERS_UP_TO` row groups, else the row group's own (:meth:`chunk_footer`,
+        kept by none): the working set stays a few MB whatever the dataset's size.
+        """
+        if self.row_groups <= FILE_FOOTERS_UP_TO:
+            return self.chunk_metadata(int(self.frame["file_index"][rg])), int(self.frame["row_group"][rg])
+        return self.chunk_footer(rg), 0
 
     def schema(self) -> pa.Schema:
         """The first file's Arrow schema (names and types): the job index's where it carries it, else the footer's.
@@ -262,50 +263,14 @@ class Index(FrameTotals):
         """Whether the index decodes ``column`` without a footer (a job index written with ``--columns``)."""
         return bool(self._files) and all(column in e.columns for e in self._files)
 
-    def column_chunk(self, rg: int, column: str) -> ChunkSource | None:
-        """What reading ``column`` of row group ``rg`` needs: a footer, the chunk's offset and length.
-
-        From the index alone where it carries the column (a minimal footer, as
-        :meth:`chunk_metadata` for the token column), else from the file's footer
-        (:meth:`metadata`); None where the file has no such column. A job index that does not
-        carry the column says so once (a :class:`PerformanceWarning` naming the fix).
-        """
-        fi, g = int(self.frame["file_index"][rg]), int(self.frame["row_group"][rg])
-        e = self._files[fi]
-        carried = e.columns.get(column)
-        if carried is None:
-            if e.job_index is not None:
-                _lacks(e.job_index, column)
-            got_chunks = self._compact_chunks(fi, column)
-            if got_chunks is None:
-                return None
-            if got_chunks is True:  # a column of many leaves (a struct, a map): through the whole footer
-                md = self.metadata(fi)
-                span = chunks_range(md, g, column, e.stat.size, self.location(fi, g))
-                return None if span is None else ChunkSource(md, span[0], span[1], False)
-            assert isinstance(got_chunks, ColumnChunks)
-            carried = got_chunks
-        key = (fi, column)
-        got = self._carried.get(key)
-        if got is None:
-            a, b = self._file_rows(fi)
-            got = chunkmeta.footer(
-                carried.template,
-                self.frame["rows"].slice(a, b - a).to_numpy(),
-                carried.byte_offset,
-                carried.byte_length,
-                carried.codec,
-                carried.chunk_values,
-            )
-            self._carried.put(key, got)
-        return ChunkSource(got, int(carried.byte_offset[g]), int(carried.byte_length[g]), True)
-
     def span_source(self, first: int, end: int, column: str, also: Sequence[str] = ()) -> SpanSource | None:
         """What reading ``column`` of index rows ``[first, end)`` (row groups of one file) needs; None: no such column.
 
-        A pass that walks the dataset a run at a time (a selection's, a dedupe key's) decodes
-        each run through a footer made for those row groups alone, from the index (the token
-        column), the job index (``--columns``) or the file's footer read once
+        A pass that walks the dataset a run at a time (a selection's, a dedupe key's, an
+        exclusion's) decodes each run through a footer made for those row groups alone, and the
+        read path an aligned column's row group through one made for it: from the index (the
+        token column), the job index (``--columns``; one that lacks the column says so once, a
+        :class:`PerformanceWarning` naming the fix) or the file's footer read once
         (:meth:`_compact_chunks`), and lets it go with the run: it keeps no file's footer. A
         column of many leaves (a struct, a map) is read through the whole footer. ``also``: the
         other columns the pass reads, whose chunks the same read of the footer then gives.
@@ -315,14 +280,9 @@ class Index(FrameTotals):
         e = self._files[fi]
         if column == self.column:
             part = self.frame.slice(first, end - first)
-            template = e.template
-            if template is None:
-                msg = f"{self.location(fi)}: the index holds no template of its column; build the index again"
-                raise DataError(msg)
+            md = self._token_footer(fi, part)
             offsets = part["byte_offset"].to_numpy().astype(np.int64)
             lengths = part["byte_length"].to_numpy().astype(np.int64)
-            md = chunkmeta.footer(template, part["rows"].to_numpy(), offsets, lengths, part["codec"].to_numpy(),
-                                  part["chunk_values"].to_numpy())  # fmt: skip
             return SpanSource(md, np.arange(len(gs), dtype=np.int64), offsets, lengths, True)
         chunks = e.columns.get(column)
         if chunks is None:
@@ -331,25 +291,37 @@ class Index(FrameTotals):
             got = self._compact_chunks(fi, column, also)
             if got is None:
                 return None
-            if got is True:
+            if got is Leaves.MANY:
                 whole = self.metadata(fi)
                 spans = [chunks_range(whole, int(g), column, e.stat.size, self.location(fi, int(g))) for g in gs]
                 if any(sp is None for sp in spans):
                     return None
                 ranges = np.array(spans, np.int64).reshape(-1, 2)
                 return SpanSource(whole, gs, ranges[:, 0].copy(), ranges[:, 1].copy(), False)
-            assert isinstance(got, ColumnChunks)
             chunks = got
         rows = self.frame["rows"].slice(first, end - first).to_numpy()
         offsets, lengths = chunks.byte_offset[gs], chunks.byte_length[gs]
         md = chunkmeta.footer(chunks.template, rows, offsets, lengths, chunks.codec[gs], chunks.chunk_values[gs])
         return SpanSource(md, np.arange(len(gs), dtype=np.int64), offsets, lengths, True)
 
-    def _compact_chunks(self, fi: int, column: str, also: Sequence[str] = ()) -> ColumnChunks | bool | None:
+    def _token_footer(self, fi: int, part: pl.DataFrame) -> pq.FileMetaData:
+        """A footer of the token column's chunks in ``part`` (rows of the frame, of file ``fi``), alone.
+
+        Row group ``i`` of it is ``part``'s row ``i``: made from the file's template and the
+        rows' chunk numbers (:func:`planner.catalog.chunkmeta.footer`), no footer read.
+        """
+        template = self._files[fi].template
+        if template is None:
+            msg = f"{self.location(fi)}: the index holds no template of its column; build the index again"
+            raise DataError(msg)
+        cols = [part[c].to_numpy() for c in ("rows", "byte_offset", "byte_length", "codec", "chunk_values")]
+        return chunkmeta.footer(template, *cols)
+
+    def _compact_chunks(self, fi: int, column: str, also: Sequence[str] = ()) -> ColumnChunks | Leaves | None:
         """``column``'s chunks in file ``fi`` as a job index carries them, read off the file's footer once.
 
-        None: the file has no such column; True: it has many leaves (a struct or map), so only
-        the whole footer decodes it. The footer is parsed once for every column asked of
+        None: the file has no such column; :attr:`Leaves.MANY`: it has many leaves (a struct or
+        map), so only the whole footer decodes it. The footer is parsed once for every column asked of
         the index so far (a predicate's, a length column, an aligned column), and only those
         columns' few numbers a row group are kept, for the last :data:`FOOTERS_KEPT` files:
         a pass over many files holds bytes a row group, not whole footers (3.7 MB each on
@@ -371,13 +343,13 @@ class Index(FrameTotals):
             where = e.stat.location
             md = footer.parse(raw, where, check=False)  # each column's histograms: footer.column_chunks
             pschema = footer.schema_of(md)
-            got: dict[str, ColumnChunks | bool | None] = {}
+            got: dict[str, ColumnChunks | Leaves | None] = {}
             for c in wanted:
                 leaves = footer.leaves_of(pschema, c)
                 got[c] = (
                     None
                     if not leaves
-                    else True
+                    else Leaves.MANY
                     if len(leaves) > 1
                     else footer.column_chunks(raw, md, c, e.stat.size, where)
                 )

@@ -487,6 +487,20 @@ def _column_chunk(r: Reader) -> tuple[int | None, int | None]:
     return found
 
 
+def _lists(r: Reader, field: int, depth: int) -> Iterator[int]:
+    """The length of each list field numbered ``field`` of the struct ``r`` reads (its other fields skipped).
+
+    The caller reads the list's elements before asking for the next: ``r`` goes on from there.
+    ``depth``: the struct's nesting, for :meth:`Reader.skip`.
+    """
+    for fid, typ in r.fields():
+        if fid != field or typ != 9:  # 9: a Thrift list
+            r.skip(typ, depth)
+            continue
+        n, _ = r.list_header()
+        yield n
+
+
 def check_level_histograms(footer: bytes, levels: Sequence[tuple[int, int]], where: str) -> None:
     """Raise DataError if a column chunk's level histograms do not fit the schema.
 
@@ -496,17 +510,9 @@ def check_level_histograms(footer: bytes, levels: Sequence[tuple[int, int]], whe
     """
     r = Reader(footer)
     try:
-        for fid, typ in r.fields():
-            if fid != 4 or typ != 9:  # FileMetaData.row_groups
-                r.skip(typ, 0)
-                continue
-            n_groups, _ = r.list_header()
+        for n_groups in _lists(r, 4, 0):  # FileMetaData.row_groups
             for g in range(n_groups):
-                for gfid, gtyp in r.fields():
-                    if gfid != 1 or gtyp != 9:  # RowGroup.columns
-                        r.skip(gtyp, 1)
-                        continue
-                    n_cols, _ = r.list_header()
+                for n_cols in _lists(r, 1, 1):  # RowGroup.columns
                     for j in range(n_cols):
                         rep, dfn = _column_chunk(r)
                         if j >= len(levels):

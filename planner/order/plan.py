@@ -34,34 +34,13 @@ from planner.catalog.footer import give_back_memory
 from planner.catalog.rowgroups import RowGroupIndex, with_selected
 from planner.errors import ConfigError
 from planner.lanes import cut_at
-from planner.order.epoch import (
-    EpochPlan,
-    PlanSettings,
-    check_int,
-    cut_epoch,
-    layout_epoch,
-    plan_epoch,
-    row_group_counts,
-)
+from planner.order.epoch import EpochPlan, PlanSettings, check_int, cut_epoch, row_group_counts
 from planner.order.epoch_order import EpochOrder, Permutation
 from planner.order.layout import Layout
 from planner.order.rankscan import rank_rows
 from planner.order.sql import run_query
 
-__all__ = [
-    "EPOCHS_KEPT",
-    "EpochOrder",
-    "EpochPlan",
-    "LanesPlan",
-    "Permutation",
-    "Plan",
-    "PlanSettings",
-    "check_int",
-    "cut_epoch",
-    "layout_epoch",
-    "plan_epoch",
-    "row_group_counts",
-]
+__all__ = ["EPOCHS_KEPT", "LanesPlan", "Plan"]
 
 I64 = NDArray[np.int64]
 EPOCHS_KEPT = 4

@@ -8,7 +8,7 @@ positions.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
@@ -142,14 +142,24 @@ def plot_lane_balance(balance: pl.DataFrame, ax: Axes | None = None) -> Figure:
     return fig
 
 
+def _two_steps(ax: Axes, x: Any, first: tuple[Any, str], second: tuple[Any, str]) -> None:
+    """Two step lines over ``x``, each (values, label), in the report's two colours."""
+    for (y, label), color in ((first, "#aa3377"), (second, "#4477aa")):
+        ax.step(x, y, where="post", color=color, label=label)
+
+
 def plot_lockstep(steps: pl.DataFrame, ax: Axes | None = None) -> Figure:
     """Windows in use per step, and the lanes' token spread (at most one: lockstep)."""
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = _axes(ax)
     x = steps["step"].to_numpy()
-    ax.step(x, steps["windows_in_use"].to_numpy(), where="post", color="#aa3377", label="windows in use")
-    ax.step(x, steps["token_spread"].to_numpy(), where="post", color="#4477aa", label="token spread between lanes")
+    _two_steps(
+        ax,
+        x,
+        (steps["windows_in_use"].to_numpy(), "windows in use"),
+        (steps["token_spread"].to_numpy(), "token spread between lanes"),
+    )
     _whole(ax)
     _names(ax, "step", "windows / tokens", "lanes in lockstep")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
@@ -165,8 +175,7 @@ def plot_layout(layout: Layout, steps: int, ax: Axes | None = None) -> Figure:
     x = np.array(starts, dtype=np.int64)
     tokens = [s.per_step for s in layout.stages]
     seq = [s.seq_len for s in layout.stages]
-    ax.step(x, [*tokens, tokens[-1]], where="post", color="#aa3377", label="tokens per step")
-    ax.step(x, [*seq, seq[-1]], where="post", color="#4477aa", label="sequence length")
+    _two_steps(ax, x, ([*tokens, tokens[-1]], "tokens per step"), ([*seq, seq[-1]], "sequence length"))
     ax.set_yscale("log")
     _names(ax, "step", "tokens", "layout stages: tokens per step and sequence length")
     ax.set_xlim(0, steps)

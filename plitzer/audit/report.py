@@ -18,31 +18,9 @@ from planner.mixing.mixture import MixturePlan
 from planner.order.layout import Layout
 from planner.order.plan import Plan
 from planner.parameters import keywords_of
-from plitzer.audit.pictures import (
-    plot_amplification,
-    plot_lane_balance,
-    plot_layout,
-    plot_lengths,
-    plot_lockstep,
-    plot_mixture,
-    plot_reads_per_rank,
-    plot_tokens_per_file,
-    plot_tokens_per_row_group,
-)
-from plitzer.audit.tables import (
-    Source,
-    duplicates,
-    epoch_starts,
-    epochs_covered,
-    lane_balance,
-    length_histogram,
-    length_summary,
-    lockstep,
-    mixture_shares,
-    read_amplification,
-    reads_per_rank,
-    source_repetitions,
-)
+from plitzer.audit import pictures as pic
+from plitzer.audit import tables as tab
+from plitzer.audit.tables import Source
 from plitzer.selection.select import select_config
 from plitzer.state.settings import Keywords, LoaderSettings, make_plan, open_source
 from plitzer.tools.explain import document_pass
@@ -130,7 +108,7 @@ def _layout_section(plan: Plan, layout: Layout, steps: int, out: _Sections) -> N
     """The layout stages: the table and a picture of tokens per step and sequence length over the run."""
     tables, figures, notes = out
     tables["layout"] = plan.layout_table()
-    figures["layout"] = plot_layout(layout, max(steps, layout.stages[-1].start + 1))
+    figures["layout"] = pic.plot_layout(layout, max(steps, layout.stages[-1].start + 1))
     notes["Layout stages"] = (
         "Lanes and sequence length from each stage's step on (SPEC section 12): at a stage's first step "
         "the window in use is cut again into the new lanes (recut_window_index), later windows as usual. "
@@ -183,23 +161,23 @@ def _dataset_section(ix: RowGroupIndex, plan: Plan, cfg: LoaderSettings, lengths
             **({"columns": [_columns_shown(plan)]} if plan.columns else {}),
         }
     )
-    tables["length_summary"] = length_summary(lengths)
-    tables["length_histogram"] = length_histogram(lengths)
-    figures["lengths"] = plot_lengths(lengths)
+    tables["length_summary"] = tab.length_summary(lengths)
+    tables["length_histogram"] = tab.length_histogram(lengths)
+    figures["lengths"] = pic.plot_lengths(lengths)
     tables["tokens_per_file"] = (
         f.group_by("file_index", "file", maintain_order=True)
         .agg(pl.len().alias("row_groups"), pl.col("rows").sum().alias("documents"), pl.col("tokens").sum())
         .sort("file_index")
     )
-    figures["tokens_per_file"] = plot_tokens_per_file(f)
-    figures["tokens_per_row_group"] = plot_tokens_per_row_group(f)
+    figures["tokens_per_file"] = pic.plot_tokens_per_file(f)
+    figures["tokens_per_row_group"] = pic.plot_tokens_per_row_group(f)
 
 
 def _lanes_section(plan: Plan, seq_len: int, steps: int, per_epoch: int, out: _Sections) -> None:
     """Lane balance in epoch 0 and lockstep over the run."""
     tables, figures, notes = out
-    balance = lane_balance(plan, 0)
-    drift = lockstep(plan, seq_len, steps=min(steps, 20 * per_epoch))
+    balance = tab.lane_balance(plan, 0)
+    drift = tab.lockstep(plan, seq_len, steps=min(steps, 20 * per_epoch))
     tables["lane_balance_summary"] = balance.select(
         pl.col("tokens").min().alias("min_tokens"),
         pl.col("tokens").mean().alias("mean_tokens"),
@@ -215,8 +193,8 @@ def _lanes_section(plan: Plan, seq_len: int, steps: int, per_epoch: int, out: _S
         pl.col("token_spread").max().alias("max_token_spread"),
         (pl.col("token_spread").max() <= 1).alias("lockstep"),
     )
-    figures["lane_balance"] = plot_lane_balance(balance)
-    figures["lockstep"] = plot_lockstep(drift)
+    figures["lane_balance"] = pic.plot_lane_balance(balance)
+    figures["lockstep"] = pic.plot_lockstep(drift)
     notes["Lane balance and lockstep"] = (
         "Tokens each lane receives in epoch 0 (within one of each other), and per step the "
         "windows the step reads from (what the loader holds, besides prefetch) and the spread "
@@ -227,11 +205,11 @@ def _lanes_section(plan: Plan, seq_len: int, steps: int, per_epoch: int, out: _S
 def _mixture_section(plan: MixturePlan, seq_len: int, epochs: int, out: _Sections) -> None:
     """Each source's share per stage, and its repetitions."""
     tables, figures, notes = out
-    shares = mixture_shares(plan, seq_len, epochs)
+    shares = tab.mixture_shares(plan, seq_len, epochs)
     tables["mixture_shares"] = shares
-    tables["source_repetitions"] = source_repetitions(plan, epochs)
+    tables["source_repetitions"] = tab.source_repetitions(plan, epochs)
     tables["sources"] = plan.sources()
-    figures["mixture"] = plot_mixture(shares)
+    figures["mixture"] = pic.plot_mixture(shares)
     notes["Mixture"] = (
         "Per source, its share of the run's tokens within each stage, window after window, "
         "against its target (dashed); and how many times each source has been repeated "
@@ -242,12 +220,12 @@ def _mixture_section(plan: MixturePlan, seq_len: int, epochs: int, out: _Section
 def _reads_section(plan: Plan, cfg: LoaderSettings, windows: Sequence[int] | None, out: _Sections) -> None:
     """Reads per rank, and read amplification versus window."""
     tables, figures, _ = out
-    rpr = reads_per_rank(plan, 0)
-    amp = read_amplification(plan, lanes=cfg.lanes, world=cfg.world, windows=windows, seed=cfg.seed)
+    rpr = tab.reads_per_rank(plan, 0)
+    amp = tab.read_amplification(plan, lanes=cfg.lanes, world=cfg.world, windows=windows, seed=cfg.seed)
     tables["reads_per_rank"] = rpr
     tables["read_amplification"] = amp
-    figures["reads_per_rank"] = plot_reads_per_rank(rpr)
-    figures["read_amplification"] = plot_amplification(amp)
+    figures["reads_per_rank"] = pic.plot_reads_per_rank(rpr)
+    figures["read_amplification"] = pic.plot_amplification(amp)
 
 
 def _selection_section(ix: RowGroupIndex, out: _Sections) -> None:
@@ -276,7 +254,7 @@ def _duplicates_section(ix: RowGroupIndex, out: _Sections) -> None:
 
     tables, _, notes = out
     base = base_of(ix)  # under dedupe=/exclude=: the documents before it, so the note says what it dropped
-    dup = duplicates(base)
+    dup = tab.duplicates(base)
     tables["duplicates"] = dup
     groups = int(dup["group"].n_unique()) if dup.height else 0
     kept = int(dup.group_by("group").agg(pl.col("length").first())["length"].sum()) if dup.height else 0
@@ -344,8 +322,8 @@ def audit(
     _duplicates_section(ix, out)
     tables, figures, notes = out
     covered = layout.run_at(steps) // total + 1
-    tables["epochs_covered"] = epochs_covered(total, lanes, seq_len, steps, layout=layout)
-    tables["epoch_starts"] = epoch_starts(total, lanes, seq_len, min(50, covered), layout=layout)
+    tables["epochs_covered"] = tab.epochs_covered(total, lanes, seq_len, steps, layout=layout)
+    tables["epoch_starts"] = tab.epoch_starts(total, lanes, seq_len, min(50, covered), layout=layout)
     if layout.staged:
         _layout_section(plan, layout, steps, out)
     return Report(title=f"plitzer audit: {ix.source}", tables=tables, figures=figures, notes=notes)

@@ -16,8 +16,9 @@ from numpy.typing import NDArray
 from planner.api import PathSource, open_index
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.mixing.mixture import MixturePlan
+from planner.order.epoch import PlanSettings
 from planner.order.layout import Layout
-from planner.order.plan import Plan, PlanSettings
+from planner.order.plan import Plan
 from plitzer.readpath.read import count_chunk
 from plitzer.selection.select import select_spec
 from plitzer.tools.explain import document_table

@@ -9,7 +9,8 @@ the sources that lack a column) names list columns that hold one value per token
   source unless a fill is given; a text source takes fills only. The batch's dtype of a
   column is its sources' (promoted where they differ), else the fill's;
 * read with one ranged read per planned row group and column (:func:`read_columns`, beside
-  the token column's read in the scanner's reader threads), the rows a selection keeps
+  the token column's read in the scanner's reader threads; through a footer of that row group
+  alone, :func:`plitzer.readpath.runs.read_other`), the rows a selection keeps
   taken, and checked: a row whose length differs from its token list is a
   :class:`DataError` naming file, row group, row and both lengths;
 * packed with exactly the tokens' cuts and pieces: the packer computes the pieces, row cuts
@@ -39,8 +40,15 @@ from planner.catalog.footer import schema_of
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError, DataError
 from planner.mixing.mixture import MixtureIndex
-from plitzer.readpath.packed import ColumnBlock, PackedUnit, arrow_ints, gather_lists, list_views
-from plitzer.readpath.read import list_lengths, numpy_view, read_decoded
+from plitzer.readpath.packed import (
+    ColumnBlock,
+    PackedUnit,
+    StepCopies,
+    arrow_ints,
+    edge_values,
+)
+from plitzer.readpath.read import list_lengths, numpy_view
+from plitzer.readpath.runs import read_other
 
 __all__ = [
     "Columns",
@@ -264,25 +272,14 @@ def _missing(ix: Index, rg: int, column: str) -> ConfigError:
 
 def _read_one(ix: Index, rg: int, name: str, dtype: np.dtype[Any], lens: I64) -> NDArray[Any]:
     """Row group ``rg``'s ``name`` (one ranged read), its selected rows, checked against the token lengths."""
-    row = ix.frame.row(rg, named=True)
-    fi, g = int(row["file_index"]), int(row["row_group"])
+    fi, g = int(ix.frame["file_index"][rg]), int(ix.frame["row_group"][rg])
     st = ix.file(fi)
     where = ix.location(fi, g)
-    # Through the job index alone where it carries the column (--columns), else the file's footer.
-    chunk = ix.column_chunk(rg, name)
-    if chunk is None:
+    # Through a footer of this row group alone: from the job index where it carries the column
+    # (--columns), else from the column's chunk numbers read off the file's footer once.
+    arr = read_other(ix, rg, name)
+    if arr is None:
         raise _missing(ix, rg, name)
-    arr = read_decoded(
-        ix.storage(fi),
-        st,
-        chunk.metadata,
-        row_group=g,
-        column=name,
-        offset=chunk.offset,
-        length=chunk.length,
-        where=where,
-        what=repr(name),
-    )
     if not _aligned_type(arr.type):
         msg = f"{where}: column {name!r} is {arr.type}, not a list of bool, integer or float; it cannot be aligned"
         raise ConfigError(msg)
@@ -373,32 +370,19 @@ def unit_columns(u: PackedUnit, t: int) -> dict[str, NDArray[Any]]:
 
 
 def assemble_columns(units: list[PackedUnit], step: int, rows: int, seq_len: int) -> dict[str, NDArray[Any]]:
-    """Step ``step``'s columns from the windows it straddles: the tokens' gather (:func:`packed.assemble`) again.
+    """Step ``step``'s columns from the windows it straddles: the tokens' blocks (:func:`packed.assemble`) again.
 
-    The same sub-pieces in the same order, over each unit's column edges; copied into memory
+    The same sub-pieces in the same places, over each unit's column edges; copied into memory
     the step owns, as the tokens are.
     """
     if not units or not units[0].columns:
         return {}
-    parts, row_p, unit_p = [], [], []
-    for u_i, u in enumerate(units):
-        a, b = u.steps.of(step)
-        if a == b:
-            continue
-        parts.append((u, a, b))
-        row_p.append(u.row[a:b])
-        unit_p.append(np.full(b - a, u_i, np.int64))
-    row = np.concatenate(row_p)
-    unit_of = np.concatenate(unit_p)
-    order = np.lexsort((np.arange(len(row)), unit_of, row))
+    copies = StepCopies.of(units, step, seq_len)
     out: dict[str, NDArray[Any]] = {}
     for n, first in units[0].columns.items():
-        lists = [list_views(u.columns[n].edges, u.start[a:b], u.start[a:b] + u.length[a:b]) for u, a, b in parts]
-        values = gather_lists(lists, order)
         sd = storage_dtype(first.dtype)
-        buf = np.empty((rows, seq_len), sd)
-        buf.reshape(-1)[:] = numpy_view(values).view(sd)
-        out[n] = buf.view(first.dtype)
+        edges = [edge_values(u.columns[n].edges, sd) for u in units]
+        out[n] = copies.copy(edges, np.empty((rows, seq_len), sd)).view(first.dtype)
     return out
 
 

@@ -69,6 +69,7 @@ from plitzer.readpath.read import list_lengths, numpy_view
 
 __all__ = [
     "ColumnChunks",
+    "Documents",
     "Memory",
     "PackedUnit",
     "Pieces",
@@ -82,6 +83,7 @@ __all__ = [
     "finish_unit",
     "pack_unit",
     "shuffle_pieces",
+    "unit_documents",
 ]
 
 I64 = NDArray[np.int64]
@@ -107,6 +109,52 @@ def documents_of(arr: pa.Array) -> tuple[pa.Array, I64, I64]:
 
 
 @dataclass(frozen=True, slots=True)
+class Documents:
+    """The documents of a unit's decoded row groups, in stream order, and where their tokens are.
+
+    ``arrays``: the chunks, each one's documents' values end to end from its first offset
+    (:func:`documents_of`); per document: ``start`` (window stream position), ``length``,
+    ``id`` (running number over the dataset), ``chunk`` and ``value`` (index of its first
+    token in that chunk's values).
+    """
+
+    arrays: list[pa.Array]
+    start: I64
+    length: I64
+    id: I64
+    chunk: I64
+    value: I64
+
+
+_NO_OFFSETS = np.zeros(1, np.int64)
+
+
+def unit_documents(chunks: list[pa.Array], token_start: I64, doc_base: I64) -> Documents:
+    """The documents of ``chunks`` (row groups in stream order, chunk ``c`` at ``token_start[c]``).
+
+    One pass over all the chunks' offsets at once: the per-chunk work is a view of
+    each one's offsets (a chunk with null lists is first rebuilt by :func:`documents_of`).
+    """
+    arrays = [c if not c.null_count else documents_of(c)[0] for c in chunks]
+    nc = len(arrays)
+    if not nc:
+        z = np.zeros(0, np.int64)
+        return Documents(arrays, z, z, z, z, z)
+    sizes = np.fromiter((len(a) for a in arrays), np.int64, nc)
+    o = np.concatenate([numpy_view(a.offsets) if len(a) else _NO_OFFSETS for a in arrays]).astype(np.int64)
+    head = np.cumsum(sizes + 1) - (sizes + 1)  # each chunk's first offset
+    inner = np.ones(len(o), bool)
+    inner[head + sizes] = False  # each chunk's last offset ends its last document
+    value = o[inner]
+    length = o[1:][inner[:-1]] - value
+    chunk = np.repeat(np.arange(nc, dtype=np.int64), sizes)
+    base = np.asarray(token_start, np.int64) - o[head]  # stream position - value index, per chunk
+    first = np.cumsum(sizes) - sizes
+    doc_id = np.arange(len(value), dtype=np.int64) + np.repeat(np.asarray(doc_base, np.int64) - first, sizes)
+    return Documents(arrays, value + base[chunk], length, doc_id, chunk, value)
+
+
+@dataclass(frozen=True, slots=True)
 class Pieces:
     """A window's pieces for the rank's lanes, in stream order (see :func:`cut_pieces`)."""
 
@@ -119,86 +167,24 @@ class Pieces:
     value: I64  # index of its first token in that row group's values
 
 
-def cut_pieces(
-    arrays: list[pa.Array], chunk_token_start: list[int], chunk_doc_base: list[int], cuts: I64, *, at_end: bool
-) -> Pieces:
+def cut_pieces(docs: Documents, cuts: I64, *, at_end: bool) -> Pieces:
     """Every document of the read row groups that gives the rank a piece, split at the rank's cuts.
 
     The rule is :func:`planner.packing.cut_documents` (the rank's lanes, one rank);
     here each piece also gets where its tokens are in the decoded row groups.
     """
-    starts_p, lens_p, vbase_p, ids_p, chunk_p = [], [], [], [], []
-    for c, (arr, start, base) in enumerate(zip(arrays, chunk_token_start, chunk_doc_base, strict=True)):
-        _, lens, vstart = documents_of(arr)
-        ds = start + np.cumsum(lens) - lens
-        starts_p.append(ds)
-        lens_p.append(lens)
-        vbase_p.append(vstart - ds)  # stream position + vbase = index into arr.values
-        ids_p.append(np.arange(base, base + len(arr), dtype=np.int64))
-        chunk_p.append(np.full(len(arr), c, np.int64))
-    if arrays:
-        ds, lens = np.concatenate(starts_p), np.concatenate(lens_p)
-        vbase, ids, chunk = np.concatenate(vbase_p), np.concatenate(ids_p), np.concatenate(chunk_p)
-    else:
-        ds = lens = vbase = ids = chunk = np.zeros(0, np.int64)
-    parts = cut_documents(ds, lens, cuts, per=len(cuts) - 1, at_end=at_end)
+    parts = cut_documents(docs.start, docs.length, cuts, per=len(cuts) - 1, at_end=at_end)
     d = parts.doc
+    offset = parts.start - docs.start[d]
     return Pieces(
         start=parts.start,
         end=parts.end,
         local=parts.lane,
-        doc=ids[d],
-        offset=parts.start - ds[d],
-        chunk=chunk[d],
-        value=parts.start + vbase[d],
+        doc=docs.id[d],
+        offset=offset,
+        chunk=docs.chunk[d],
+        value=docs.value[d] + offset,
     )
-
-
-def _layout(order: I64, nsub: I64, first_step: I64, local: I64, from_step: int, lanes: int) -> I64:
-    """Stream-order sub-piece ids in (step, lane, position) order: a counting sort, O(n).
-
-    Walked in packed order (lane by lane, each lane's pieces in stream position), the
-    sub-pieces of one (step, lane) are consecutive and in position order, so each one's
-    place is its key's start (counts of smaller keys) plus its rank in the run. A
-    lexsort would cost O(n log n) per window, and with short rows there is a sub-piece
-    every ``seq_len`` tokens.
-    """
-    sub_base = np.cumsum(nsub) - nsub  # first stream-order sub-piece of each piece
-    n_p = nsub[order]
-    rep = np.repeat(order, n_p)  # pieces in packed order, once per sub-piece
-    k = np.arange(len(rep), dtype=np.int64) - np.repeat(np.cumsum(n_p) - n_p, n_p)
-    step = first_step[rep] + k
-    ids = sub_base[rep] + k
-    keep = step >= from_step
-    if not keep.all():
-        step, ids, rep = step[keep], ids[keep], rep[keep]
-    if not len(ids):
-        return ids
-    s0 = int(step.min())
-    key = (step - s0) * lanes + local[rep]
-    counts = np.bincount(key)
-    key_start = np.cumsum(counts) - counts
-    i = np.arange(len(key), dtype=np.int64)
-    new_run = np.ones(len(key), bool)
-    new_run[1:] = key[1:] != key[:-1]
-    run_start = np.maximum.accumulate(np.where(new_run, i, 0))
-    out = np.empty(len(ids), np.int64)
-    out[key_start[key] + i - run_start] = ids
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class _Subs:
-    """A window's sub-pieces (pieces cut where rows end) in stream order, and the layout."""
-
-    step: I64
-    lane: I64
-    start: I64  # lane stream position
-    end: I64
-    value: I64  # index of the first token in its row group's values
-    chunk: I64
-    piece: I64  # the stream-order piece it comes from
-    layout: I64  # stream-order sub-piece ids in (step, lane, position) order, from from_step on
 
 
 def shuffle_pieces(pc_: Pieces, keep: NDArray[np.bool_] | None, nl: int, keys: NDArray[np.uint64]) -> tuple[I64, I64]:
@@ -214,34 +200,94 @@ def shuffle_pieces(pc_: Pieces, keep: NDArray[np.bool_] | None, nl: int, keys: N
     return kept[packed_order(lane, keys[lane])], bounds
 
 
-def _sub_pieces(pc_: Pieces, order: I64, lane_pos: I64, seq_len: int, from_step: int, nl: int) -> _Subs:
-    """Every kept, non-empty piece cut where its lane's rows end (:func:`planner.packing.row_cuts`)."""
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """A window's sub-pieces (pieces cut where rows end), as the gather needs them.
+
+    In stream order (``*_s``: they tile the decoded values where the pieces do, as the
+    gather's lists need), each one's chunk, first value index and length; in layout
+    order, (step, lane, position) from ``from_step`` on, each one's stream-order id,
+    step, row (rank lane), first position in the lane's stream, length, document and
+    offset in it.
+    """
+
+    chunk_s: I64
+    value_s: I64
+    length_s: I64
+    sid: I64
+    step: I64
+    row: I64
+    start: I64
+    length: I64
+    doc: I64
+    offset: I64
+
+
+def _lay_out(pc_: Pieces, order: I64, lane_base: I64, seq_len: int, from_step: int) -> _Layout:
+    """Every packed piece cut where its lane's rows end (:func:`planner.packing.row_cuts`), laid out step-major.
+
+    The pieces are cut in packed order (lane by lane, each lane's in stream position), so
+    the sub-pieces come out in (lane, position) order and one stable sort by step lays
+    them out in (step, lane, position) order.
+    """
     length = pc_.end - pc_.start
-    live = np.zeros(len(length), bool)
-    live[order] = True
-    rc = row_cuts(lane_pos, length, seq_len, live)
-    rep = rc.piece
-    return _Subs(
-        step=rc.step,
-        lane=pc_.local[rep],
-        start=rc.start,
-        end=rc.end,
-        value=pc_.value[rep] + (rc.start - lane_pos[rep]),
-        chunk=pc_.chunk[rep],
-        piece=rep,
-        layout=_layout(order, rc.count, rc.first, pc_.local, from_step, nl),
+    packed_len = length[order]
+    lane_o = pc_.local[order]
+    pos_o = lane_base[lane_o] + slice_offsets(order, length, pc_.local)[order]
+    rc = row_cuts(pos_o, packed_len, seq_len)
+    j = rc.piece  # in packed order
+    pid = order[j]  # the stream-order piece
+    into = rc.start - pos_o[j]  # tokens of the piece before the sub-piece
+    sub_len = rc.end - rc.start
+    # Stream-order ids: a piece's sub-pieces follow the sub-pieces of the pieces before it.
+    count = np.zeros(len(length), np.int64)
+    count[order] = rc.count
+    sid = (np.cumsum(count) - count)[pid] + (rc.step - rc.first[j])
+    chunk_s, value_s, length_s = np.empty((3, len(sid)), np.int64)
+    chunk_s[sid] = pc_.chunk[pid]
+    value_s[sid] = pc_.value[pid] + into
+    length_s[sid] = sub_len
+    step = rc.step
+    if from_step > 0 and len(step) and int(step.min()) < from_step:
+        live = np.flatnonzero(step >= from_step)
+        j, pid, into, sub_len, sid, step = j[live], pid[live], into[live], sub_len[live], sid[live], step[live]
+        start = rc.start[live]
+    else:
+        start = rc.start
+    lay = np.argsort(step, kind="stable")
+    return _Layout(
+        chunk_s=chunk_s,
+        value_s=value_s,
+        length_s=length_s,
+        sid=sid[lay],
+        step=step[lay],
+        row=lane_o[j[lay]],
+        start=start[lay],
+        length=sub_len[lay],
+        doc=pc_.doc[pid[lay]],
+        offset=pc_.offset[pid[lay]] + into[lay],
     )
 
 
 def _chunk_lists(arrays: list[pa.Array], chunk: I64, value: I64, length: I64) -> list[pa.Array]:
-    """List arrays over each row group's values: list i is item i (items tile each chunk's values)."""
+    """List arrays over each row group's values: list i is item i (items tile each chunk's values).
+
+    Every list's offsets come from one array (each chunk's item starts and its end, from 0):
+    the work per chunk is two slices and a list array over them.
+    """
     cb = np.searchsorted(chunk, np.arange(len(arrays) + 1), side="left")
-    lists = []
-    for c, arr in enumerate(arrays):
-        i0, i1 = int(cb[c]), int(cb[c + 1])
-        if i0 < i1:
-            lists.append(list_views(arr.values, value[i0:i1], value[i0:i1] + length[i0:i1]))
-    return lists
+    used = np.flatnonzero(cb[1:] > cb[:-1])
+    if not len(used):
+        return []
+    i0, i1 = cb[used], cb[used + 1]
+    lo, hi = value[i0], value[i1 - 1] + length[i1 - 1]
+    offsets = np.insert(value, i1, hi) - np.repeat(lo, i1 - i0 + 1)
+    at = i0 + np.arange(len(used))  # where each chunk's offsets begin
+    spans = zip(used.tolist(), at.tolist(), (i1 - i0 + 1).tolist(), lo.tolist(), hi.tolist(), strict=True)
+    return [
+        pa.LargeListArray.from_arrays(arrow_ints(offsets[a : a + n], pa.int64()), arrays[c].values.slice(v0, v1 - v0))
+        for c, a, n, v0, v1 in spans
+    ]
 
 
 # Below this many tokens per sub-piece, a direct step-major gather spends more on its
@@ -252,7 +298,7 @@ SHORT_ROWS = 128
 
 def _direct(
     arrays: list[pa.Array],
-    subs: _Subs,
+    lay: _Layout,
     dtype: np.dtype[Any],
     block_at: tuple[int, int, int, int, int],
     *,
@@ -264,23 +310,23 @@ def _direct(
     alignment (a page, for Polars' large buffers): JAX takes memory without a copy
     only at 64-byte alignment, and each step is ``rows * seq_len`` tokens on from it.
     """
-    lay = subs.layout
-    length = (subs.end - subs.start)[lay]
     first, stop, n, rows, seq_len = block_at
-    rot = np.concatenate([np.arange(first, stop), np.arange(first), np.arange(stop, len(lay))]).astype(np.int64)
-    if len(lay) and tiled:
-        values = gather_lists(_chunk_lists(arrays, subs.chunk, subs.value, subs.end - subs.start), lay[rot])
+    nb = stop - first
+    ids = np.concatenate([lay.sid[first:stop], lay.sid[:first], lay.sid[stop:]])
+    length = lay.length_s[ids]
+    if len(ids) and tiled:
+        values = gather_lists(_chunk_lists(arrays, lay.chunk_s, lay.value_s, lay.length_s), ids)
         assert values.type == pa.from_numpy_dtype(dtype), (values.type, dtype)
-    elif len(lay):
-        lists, ids = _scattered(arrays, subs.chunk, subs.value, subs.end - subs.start)
-        values = gather_lists(lists, ids[lay[rot]])
+    elif len(ids):
+        lists, at = _scattered(arrays, lay.chunk_s, lay.value_s, lay.length_s)
+        values = gather_lists(lists, at[ids])
         assert values.type == pa.from_numpy_dtype(dtype), (values.type, dtype)
     else:
         values = arrow_ints(np.zeros(0, dtype), pa.from_numpy_dtype(dtype))
     memory = Memory(values, dtype) if len(values) else None
     flat = memory.array() if memory is not None else np.zeros(0, dtype)
-    start = np.empty(len(lay), np.int64)
-    start[rot] = np.cumsum(length[rot]) - length[rot]
+    placed = np.cumsum(length) - length  # in gather order; back to layout order:
+    start = np.concatenate([placed[nb : nb + first], placed[:nb], placed[stop:]])
     block = flat[: n * rows * seq_len].reshape(n, rows, seq_len)
     return memory, block, values, start
 
@@ -292,7 +338,7 @@ def _transposed(
     lane_piece: I64,
     lane_base: I64,
     n_lane: I64,
-    subs: _Subs,
+    lay: _Layout,
     dtype: np.dtype[Any],
     t0: int,
     t1: int,
@@ -330,16 +376,14 @@ def _transposed(
     block = memory.array().reshape(n, nl, seq_len)
     block[...] = lanes2d[:, t0 * seq_len - x0 : t1 * seq_len - x0].reshape(nl, n, seq_len).transpose(1, 0, 2)
     # The edge steps: their sub-pieces, in layout order, from the lane rows.
-    lay = subs.layout
-    st = subs.step[lay]
-    edge = (st < t0) | (st >= t1)
-    at = subs.lane[lay][edge] * width + (subs.start[lay][edge] - x0)
-    ln = (subs.end - subs.start)[lay][edge]
+    edge = (lay.step < t0) | (lay.step >= t1)
+    at = lay.row[edge] * width + (lay.start[edge] - x0)
+    ln = lay.length[edge]
     cum = np.cumsum(ln) - ln
     idx = np.repeat(at - cum, ln) + np.arange(int(ln.sum()), dtype=np.int64)
     edges_np = lanes2d.reshape(-1)[idx]
     edges = arrow_ints(edges_np, pa.from_numpy_dtype(dtype))
-    start = np.full(len(lay), -1, np.int64)
+    start = np.full(len(lay.sid), -1, np.int64)
     start[np.flatnonzero(edge)] = cum
     return memory, block, edges, start
 
@@ -363,13 +407,12 @@ def pack_unit(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | 
     q, r = divmod(p.window_tokens, p.lanes)
     # The rank's cuts c_{k0} .. c_{k1}: its lanes' token ranges, end to end.
     cuts = cut_at(np.arange(rank_lanes.start, rank_lanes.stop + 1), q, r, p.window_z, p.lanes)
-    arrays = [documents_of(c)[0] for c in chunks]
-    starts, bases = p.token_start.tolist(), reads.doc_base.tolist()
-    pc_ = cut_pieces(arrays, starts, bases, cuts, at_end=rank_lanes.stop == p.lanes)
+    docs = unit_documents(chunks, p.token_start, reads.doc_base)
+    pc_ = cut_pieces(docs, cuts, at_end=rank_lanes.stop == p.lanes)
     order, lane_piece = shuffle_pieces(
         pc_, p.keep, nl, slice_keys(p.seed, p.epoch, p.window, np.arange(rank_lanes.start, rank_lanes.stop))
     )
-    return finish_unit(arrays, pc_, order, lane_piece, reads, tiled=True, columns=columns)
+    return finish_unit(docs.arrays, pc_, order, lane_piece, reads, tiled=True, columns=columns)
 
 
 def _whole_steps(
@@ -404,23 +447,18 @@ def finish_unit(
     lane_base, seq_len, dtype = p.lane_base, p.seq_len, reads.dtype
     nl = len(lane_piece) - 1
     length = pc_.end - pc_.start
-    packed_len = length[order]
-    piece_end = np.cumsum(packed_len)
+    piece_end = np.cumsum(length[order])
     lane_start = np.concatenate([[0], piece_end])[lane_piece]
-    # Each piece's place in its lane's stream, in stream order (where pieces tile the
-    # decoded values, as the list arrays need).
-    lane_pos = lane_base[pc_.local] + slice_offsets(order, length, pc_.local)
-    subs = _sub_pieces(pc_, order, lane_pos, seq_len, p.from_step, nl)
+    lay = _lay_out(pc_, order, lane_base, seq_len, p.from_step)
     n_lane = np.diff(lane_start)
     t0, t1 = _whole_steps(lane_base, n_lane, seq_len, p.from_step, p.keep)
-    lay = subs.layout
-    out_step = subs.step[lay]
+    out_step = lay.step
     s_first = int(out_step[0]) if len(out_step) else t0
     s_stop = int(out_step[-1]) + 1 if len(out_step) else t0
     step_bounds = np.searchsorted(out_step, np.arange(s_first, s_stop + 1), side="left").astype(np.int64)
     first = int(step_bounds[t0 - s_first]) if t1 > t0 else 0
     stop = int(step_bounds[t1 - s_first]) if t1 > t0 else 0
-    short = len(lay) > 0 and int((subs.end - subs.start).sum()) < SHORT_ROWS * len(lay)
+    short = len(out_step) > 0 and int(lay.length_s.sum()) < SHORT_ROWS * len(out_step)
 
     # Lanes left out (``keep``, after a resume) leave gaps between the kept lanes' pieces in
     # the decoded values, so those pieces no longer tile them and are gathered as scattered.
@@ -428,8 +466,8 @@ def finish_unit(
 
     def gather(arrs: list[pa.Array], dt: np.dtype[Any]) -> tuple[Memory | None, NDArray[Any], pa.Array, I64]:
         if tiled and short and t1 > t0:
-            return _transposed(arrs, pc_, order, lane_piece, lane_base, n_lane, subs, dt, t0, t1, seq_len)
-        return _direct(arrs, subs, dt, (first, stop, t1 - t0, nl, seq_len), tiled=tiled)
+            return _transposed(arrs, pc_, order, lane_piece, lane_base, n_lane, lay, dt, t0, t1, seq_len)
+        return _direct(arrs, lay, dt, (first, stop, t1 - t0, nl, seq_len), tiled=tiled)
 
     memory, block, edges, start = gather(arrays, dtype)
     # Aligned columns: the same pieces, row cuts and layout, one more gather each (plitzer.readpath.aligned).
@@ -451,10 +489,10 @@ def finish_unit(
         block=block,
         edges=edges,
         steps=StepRange(s_first, step_bounds),
-        row=subs.lane[lay],
-        length=(subs.end - subs.start)[lay],
-        doc=pc_.doc[subs.piece][lay],
-        offset=(pc_.offset[subs.piece] + (subs.start - lane_pos[subs.piece]))[lay],
+        row=lay.row,
+        length=lay.length,
+        doc=lay.doc,
+        offset=lay.offset,
         start=start,
         slices=Slices(lane_start.astype(np.int64, copy=False), lane_piece, piece_end),
         columns=packed_columns,

@@ -5,12 +5,14 @@ rank: the steps wholly inside the window as one ``(steps, rows, seq_len)`` block
 step's batch is a view of it), the sub-pieces of every step it gives tokens to, and
 the shuffled :class:`Slices` checkpoints need. :class:`Memory` owns the block's
 memory, so the scanner learns when the last view is gone. :func:`assemble` builds a
-step that straddles windows from their ends, with one Polars gather.
+step that straddles windows from their ends, as a few strided NumPy copies (:class:`StepCopies`).
 :class:`UnitReads` is a unit's input to the packer: what the scanner read for it.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,10 +31,12 @@ __all__ = [
     "PackedUnit",
     "Segments",
     "Slices",
+    "StepCopies",
     "StepRange",
     "UnitReads",
     "arrow_ints",
     "assemble",
+    "edge_values",
     "gather_lists",
     "list_views",
 ]
@@ -280,48 +284,116 @@ def gather_lists(lists: list[pa.Array], order: I64) -> pa.Array:
     first and was 6x slower. No Python loop over pieces.
     """
     series = pl.Series(lists[0]) if len(lists) == 1 else pl.concat([pl.Series(c) for c in lists], rechunk=False)
+    # ``gather`` runs as a query, which releases the GIL while it copies; indexing the Series
+    # (``series[order]``) costs less alone but holds the GIL: measured 3x slower beside one
+    # busy Python thread, and it would stall the reader threads' decodes meanwhile.
     taken = series.gather(order).to_arrow()
     if isinstance(taken, pa.ChunkedArray):
         taken = taken.combine_chunks()
     return taken.flatten()
 
 
-def assemble(units: list[PackedUnit], step: int, rows: int, seq_len: int) -> tuple[NDArray[Any], Segments]:
+@dataclass(frozen=True, slots=True)
+class StepCopies:
+    """How a step that straddles windows is copied out of their edges: strided blocks.
+
+    Block ``i`` copies ``rows[i]`` rows of ``width[i]`` tokens that lie end to end in unit
+    ``unit[i]``'s edges from ``src[i]`` on, into the step's rows from ``row[i]`` on at column
+    ``col[i]``. Lanes run in lockstep, so every lane's tokens from one window are one run of
+    its edges and their lengths take at most two values (lanes before and after one
+    threshold): a step is a handful of blocks, not a list a piece (docs/design.md, "The hot
+    path").
+    """
+
+    unit: list[int]
+    src: list[int]
+    row: list[int]
+    col: list[int]
+    rows: list[int]
+    width: list[int]
+    segments: Callable[[], Segments]
+
+    @classmethod
+    def of(cls, units: list[PackedUnit], step: int, seq_len: int) -> StepCopies:
+        """The blocks of step ``step`` over ``units`` (the windows it takes tokens from, in order)."""
+        parts = [(i, u, *u.steps.of(step)) for i, u in enumerate(units)]
+        parts = [(i, u, a, b) for i, u, a, b in parts if a < b]
+        sizes = [b - a for *_, a, b in parts]
+
+        def cat(name: str) -> I64:
+            return np.concatenate([getattr(u, name)[a:b] for _, u, a, b in parts])
+
+        row, length, src, unit = cat("row"), cat("length"), cat("start"), np.repeat([i for i, *_ in parts], sizes)
+        # The step's rows hold each row's pieces window after window, each window's in order.
+        order = np.lexsort((np.arange(len(row)), unit, row))
+        dest = np.empty(len(row), np.int64)
+        dest[order] = np.cumsum(length[order]) - length[order]
+        # Pieces that follow each other in a unit's edges and in one row merge into runs.
+        n = len(row)
+        cont = np.zeros(n, bool)
+        cont[1:] = (unit[1:] == unit[:-1]) & (src[1:] == src[:-1] + length[:-1]) & (row[1:] == row[:-1])
+        cont[1:] &= dest[1:] == dest[:-1] + length[:-1]
+        head = np.flatnonzero(~cont)
+        r_unit, r_src, r_dest, r_row = unit[head], src[head], dest[head], row[head]
+        r_len = np.add.reduceat(length, head) if n else length
+        # Runs of the same width in consecutive rows, at the same column, end to end in one unit: blocks.
+        m = len(head)
+        same = np.zeros(m, bool)
+        same[1:] = (r_unit[1:] == r_unit[:-1]) & (r_len[1:] == r_len[:-1]) & (r_row[1:] == r_row[:-1] + 1)
+        same[1:] &= (r_src[1:] == r_src[:-1] + r_len[:-1]) & (r_dest[1:] == r_dest[:-1] + seq_len)
+        b_head = np.flatnonzero(~same)
+        b_rows = np.diff(np.append(b_head, m))
+        # Document boundaries only when asked (most steps never are), from small copies of the
+        # tables: nothing of a window's token memory is held by them.
+        docs = [(u.doc[a:b].copy(), u.offset[a:b].copy(), u.epoch, u.window) for _, u, a, b in parts]
+        segs = functools.partial(_step_segments, row, length, order, docs)
+        return cls(
+            unit=r_unit[b_head].tolist(),
+            src=r_src[b_head].tolist(),
+            row=r_row[b_head].tolist(),
+            col=(r_dest[b_head] - r_row[b_head] * seq_len).tolist(),
+            rows=b_rows.tolist(),
+            width=r_len[b_head].tolist(),
+            segments=segs,
+        )
+
+    def copy(self, edges: list[NDArray[Any]], out: NDArray[Any]) -> NDArray[Any]:
+        """The step's ``(rows, seq_len)`` array ``out`` filled from each unit's ``edges`` (as NumPy)."""
+        assert sum(k * w for k, w in zip(self.rows, self.width, strict=True)) == out.size, "a step's rows left unfilled"
+        for u, s, r, c, k, w in zip(self.unit, self.src, self.row, self.col, self.rows, self.width, strict=True):
+            out[r : r + k, c : c + w] = edges[u][s : s + k * w].reshape(k, w)
+        return out
+
+
+def edge_values(edges: pa.Array, dtype: np.dtype[Any]) -> NDArray[Any]:
+    """A unit's edges (an Arrow array) as a NumPy view of ``dtype``."""
+    return numpy_view(edges).view(dtype) if len(edges) else np.zeros(0, dtype)
+
+
+def assemble(
+    units: list[PackedUnit], step: int, rows: int, seq_len: int
+) -> tuple[NDArray[Any], Callable[[], Segments]]:
     """Step ``step``'s rows from the windows it straddles (each unit's sub-pieces of that step).
 
-    One Polars gather: every unit's sub-pieces of the step are lists over its packed
-    tokens; ordered by (row, unit) they are the step's rows, end to end.
+    Each window's part of the step is a few strided blocks of its edges (:class:`StepCopies`),
+    copied by NumPy into an array the step owns: the edges are read-only Arrow memory, and a
+    read-only step breaks JAX's DLPack import and ``torch.from_numpy`` (docs/design.md,
+    "Every step writable"), and a step that kept views of two windows would hold them both.
     """
-    lists, row_p, unit_p, parts = [], [], [], []
-    for u_i, u in enumerate(units):
-        a, b = u.steps.of(step)
-        if a == b:
-            continue
-        lists.append(list_views(u.edges, u.start[a:b], u.start[a:b] + u.length[a:b]))
-        row_p.append(u.row[a:b])
-        unit_p.append(np.full(b - a, u_i, np.int64))
-        parts.append((u, a, b))
-    row = np.concatenate(row_p)
-    unit_of = np.concatenate(unit_p)
-    order = np.lexsort((np.arange(len(row)), unit_of, row))
+    copies = StepCopies.of(units, step, seq_len)
     dtype = units[0].block.dtype
-    values = gather_lists(lists, order)
-    # A copy into memory the step owns: the gather's Arrow buffer is read-only, and a
-    # read-only step breaks JAX's DLPack import and torch.from_numpy (docs/design.md,
-    # "Every step writable"). Straddling steps are a few per window, so the copy is a
-    # small fraction of the tokens.
-    tokens = np.empty((rows, seq_len), dtype)
-    tokens.reshape(-1)[:] = numpy_view(values).view(dtype)
+    tokens = copies.copy([edge_values(u.edges, dtype) for u in units], np.empty((rows, seq_len), dtype))
+    return tokens, copies.segments
 
-    def cat(name: str) -> I64:
-        return np.concatenate([getattr(u, name)[a:b] for u, a, b in parts])[order]
 
-    segs = Segments(
+def _step_segments(row: I64, length: I64, order: I64, docs: list[tuple[I64, I64, int, int]]) -> Segments:
+    """The pieces of a straddling step, in row order (:class:`StepCopies`)."""
+    sizes = [len(d) for d, _, _, _ in docs]
+    return Segments(
         row=row[order],
-        length=cat("length"),
-        doc=cat("doc"),
-        offset=cat("offset"),
-        epoch=np.concatenate([np.full(b - a, u.epoch, np.int64) for u, a, b in parts])[order],
-        window=np.concatenate([np.full(b - a, u.window, np.int64) for u, a, b in parts])[order],
+        length=length[order],
+        doc=np.concatenate([d for d, _, _, _ in docs])[order],
+        offset=np.concatenate([o for _, o, _, _ in docs])[order],
+        epoch=np.repeat(np.array([e for _, _, e, _ in docs], np.int64), sizes)[order],
+        window=np.repeat(np.array([w for _, _, _, w in docs], np.int64), sizes)[order],
     )
-    return tokens, segs

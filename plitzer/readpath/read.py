@@ -4,10 +4,11 @@ Every column chunk is read and decoded by one function, :func:`read_decoded`: on
 ranged read of exactly the chunk's bytes (a ``preadv`` into the calling thread's
 reused buffer on local disk, one ranged GET on an object store), decoded by pyarrow
 through a file object that serves only that byte range plus a footer made from the
-index (so a decode can never issue a second, hidden read): for the read path the row
-group's own (:meth:`planner.Index.chunk_footer`, tens of microseconds, kept by none), for
-a pass that keeps a few files' footers theirs, with one ``ParquetFile`` kept per footer
-and thread. The decode copies into Arrow's memory, so the buffer is reused by the
+index (so a decode can never issue a second, hidden read): for the read path
+:meth:`planner.Index.decoding_footer`'s (each file's, made once and kept, on an index of at
+most 4,096 row groups; else the row group's own, tens of microseconds, kept by none), for a
+pass that keeps a few files' footers theirs, with one ``ParquetFile`` kept per footer and
+thread. The decode copies into Arrow's memory, so the buffer is reused by the
 thread's next chunk.
 
 ``read_chunk(index, rg)`` reads row group ``rg``'s token column that way, checks it,
@@ -31,7 +32,7 @@ default.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,7 @@ from plitzer.readpath.readers import thread_reader
 
 __all__ = [
     "check_decoded",
+    "checked_tokens",
     "check_list_of_integers",
     "check_no_null_tokens",
     "count_chunk",
@@ -156,34 +158,16 @@ def check_list_of_integers(arr: pa.Array, where: str, *, file: str | None = None
         raise DamagedChunkError(msg, file=file, row_group=row_group)
 
 
-def decode_chunk(
-    data: Any,
-    *,
-    offset: int,
-    file_size: int,
-    metadata: pq.FileMetaData,
-    row_group: int,
-    column: str,
-    where: str,
-    file: str | None = None,
-) -> pa.Array:
+def decode_chunk(data: Any, **chunk: Any) -> pa.Array:
     """Decode one row group's token column from the bytes of its column chunk.
 
-    Returns the column as the file holds it (a ListArray or LargeListArray of
-    some integer type); raises DataError (naming ``where``, on one line) for
-    damaged data, never a bare pyarrow error.
+    Takes :func:`decode_column`'s keywords (``offset``, ``file_size``, ``metadata``,
+    ``row_group``, ``column``, ``where``, ``file``). Returns the column as the file
+    holds it (a ListArray or LargeListArray of some integer type); raises DataError
+    (naming ``where``, on one line) for damaged data, never a bare pyarrow error.
     """
-    arr = decode_column(
-        data,
-        offset=offset,
-        file_size=file_size,
-        metadata=metadata,
-        row_group=row_group,
-        column=column,
-        where=where,
-        file=file,
-    )
-    check_list_of_integers(arr, where, file=file, row_group=row_group)
+    arr = decode_column(data, **chunk)
+    check_list_of_integers(arr, chunk["where"], file=chunk.get("file"), row_group=chunk["row_group"])
     return arr
 
 
@@ -193,15 +177,16 @@ def read_column(
     """Row group ``rg``'s column chunk (one ranged read), decoded as the file holds it.
 
     ``footers``: a file's decoding footer by its index (a pass that keeps its own few);
-    by default the row group's own (``index.chunk_footer``: no file's footer is held).
+    by default the index's (:meth:`planner.Index.decoding_footer`: a few MB at most are held).
     Returns the array, the row group's index row and where it is (for messages).
     """
     row = index.frame.row(rg, named=True)
     fi, g = row["file_index"], row["row_group"]
     st = index.file(fi)
     where = index.location(fi, g)
-    # The row group's own footer (its row group 0), unless the caller keeps whole files' footers.
-    md, at = (index.chunk_footer(rg), 0) if footers is None else (footers(fi), g)
+    # The index's decoding footer (the file's, kept, on a small index; else the row group's own,
+    # as its row group 0), unless the caller keeps whole files' footers.
+    md, at = index.decoding_footer(rg) if footers is None else (footers(fi), g)
     arr = read_decoded(
         index.storage(fi),
         st,
@@ -324,7 +309,15 @@ def read_chunk(index: RowGroupIndex, rg: int) -> pa.Array:
 
 @read_chunk.register
 def _read_token_chunk(index: Index, rg: int) -> pa.Array:
-    arr, row, where = read_column(index, rg)
+    return checked_tokens(index, *read_column(index, rg))
+
+
+def checked_tokens(index: Index, arr: pa.Array, row: Mapping[str, Any], where: str) -> pa.Array:
+    """A dataset's token chunk as decoded (``arr``, of the index's frame row ``row``), checked and converted.
+
+    What :func:`read_chunk` returns for it, however its bytes were read (a pass reads a run of
+    row groups through one footer: :class:`plitzer.readpath.runs.ColumnRun`).
+    """
     file, g = index.file(row["file_index"]).location, int(row["row_group"])
     check_no_null_tokens(arr, where, file=file, row_group=g)
     check_decoded(arr, rows=row["rows"], tokens=row["tokens"], where=where, file=file, row_group=g)
@@ -361,21 +354,14 @@ def list_lengths(arr: pa.Array) -> NDArray[np.int64]:
     return lens
 
 
-def count_chunk(
-    storage: Storage,
-    file: FileStat,
-    metadata: pq.FileMetaData,
-    *,
-    row_group: int,
-    column: str,
-    offset: int,
-    length: int,
-    where: str,
-) -> tuple[int, int]:
-    """Tokens and empty documents of one row group, by reading it once (no statistics)."""
-    arr = read_decoded(
-        storage, file, metadata, row_group=row_group, column=column, offset=offset, length=length, where=where
-    )
+def count_chunk(storage: Storage, file: FileStat, metadata: pq.FileMetaData, **chunk: Any) -> tuple[int, int]:
+    """Tokens and empty documents of one row group, by reading it once (no statistics).
+
+    A :class:`planner.catalog.footer.ChunkCounter`: ``chunk`` holds its keywords
+    (``row_group``, ``column``, ``offset``, ``length``, ``where``), as :func:`read_decoded` takes them.
+    """
+    arr = read_decoded(storage, file, metadata, **chunk)
+    row_group, where = chunk["row_group"], chunk["where"]
     check_list_of_integers(arr, where, file=file.location, row_group=row_group)
     check_no_null_tokens(arr, where, file=file.location, row_group=row_group)
     lengths = list_lengths(arr)

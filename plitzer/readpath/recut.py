@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 
 from planner.lanes import cut_at
 from planner.packing import Items, cut_again_at, slice_keys, slice_offsets
-from plitzer.readpath.pack import ColumnChunks, Pieces, cut_pieces, documents_of, finish_unit, shuffle_pieces
+from plitzer.readpath.pack import ColumnChunks, Pieces, cut_pieces, finish_unit, shuffle_pieces, unit_documents
 from plitzer.readpath.packed import PackedUnit, UnitReads
 
 __all__ = ["pack_rest"]
@@ -41,8 +41,8 @@ def pack_rest(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | 
     rank_lanes, keep = p.rank_lanes, p.keep
     q, r = divmod(p.window_tokens, b0)
     cuts = cut_at(np.arange(b0 + 1), q, r, window_start % b0, b0)
-    arrays = [documents_of(c)[0] for c in chunks]
-    pc_ = cut_pieces(arrays, p.token_start.tolist(), reads.doc_base.tolist(), cuts, at_end=True)
+    docs = unit_documents(chunks, p.token_start, reads.doc_base)
+    pc_ = cut_pieces(docs, cuts, at_end=True)
     order, _ = shuffle_pieces(pc_, None, b0, slice_keys(p.seed, p.epoch, p.window, np.arange(b0)))
     # The current slicing, in packed order: piece, its tokens [a, a + length), lane, place in the lane's slice.
     length = pc_.end - pc_.start
@@ -70,4 +70,4 @@ def pack_rest(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | 
     )
     bounds = np.searchsorted(local, np.arange(len(rank_lanes) + 1), side="left").astype(np.int64)
     ident = np.arange(len(src), dtype=np.int64)
-    return finish_unit(arrays, rest, ident, bounds, reads, tiled=False, columns=columns)
+    return finish_unit(docs.arrays, rest, ident, bounds, reads, tiled=False, columns=columns)

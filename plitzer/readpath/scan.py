@@ -12,8 +12,9 @@ into step-major blocks). Each unit is a small state machine::
        \\______________________ CANCELLED (reset, close, release) ____/
 
 Memory: ``budget`` caps the decoded bytes held (the cost model is
-:mod:`plitzer.readpath.cost`). A unit is charged its estimate (decoded row groups plus the
-packed copy and tables) when its reads start, and what it really holds once packed.
+:mod:`plitzer.readpath.cost`, the accounting :mod:`plitzer.readpath.budget`). A unit is
+charged its estimate (decoded row groups plus the packed copy and tables) when its reads
+start, and what it really holds once packed.
 It is released when every lane of the rank has moved past it, but its bytes stay
 charged while any batch view of its tokens is alive (``plitzer.readpath.pack.Memory``): a
 caller who keeps batches slows the prefetch rather than having them overwritten.
@@ -50,11 +51,12 @@ from numpy.typing import NDArray
 
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import StoppedError, UsageError
-from planner.order.plan import row_group_counts
+from planner.order.epoch import row_group_counts
 from planner.run import Run, Segment, Start, lane_base
 from planner.stores.retry import stop, stop_on
 from plitzer.readpath import _shutdown
 from plitzer.readpath.aligned import Columns, read_columns
+from plitzer.readpath.budget import Budget, Charge
 from plitzer.readpath.cost import unit_estimate
 from plitzer.readpath.pack import pack_unit
 from plitzer.readpath.packed import PackedUnit, UnitReads
@@ -108,23 +110,13 @@ class Stats:
     storage_wait_seconds: float = 0.0
 
 
-@dataclass(eq=False, slots=True)
-class _Charge:
-    """A unit's bytes against the budget. Kept apart from the unit: a finalizer holds it."""
-
-    nbytes: int
-    tracked: bool = False  # uncharged by the finalizer of the unit's token memory
-    released: bool = False  # the scanner let go of the unit while views were alive
-    freed: bool = False
-
-
 @dataclass(eq=False)
 class _Unit:
     """One unit being read and packed (transitions under the scanner's lock)."""
 
     unit: int
     reads: UnitReads
-    charge: _Charge
+    charge: Charge
     future: Future[PackedUnit] = field(default_factory=Future)
     state: UnitState = UnitState.READING
     chunks: list[pa.Array | None] = field(default_factory=list)
@@ -160,7 +152,7 @@ class Scanner:
         self.rank = run.rank
         self.run = run
         self._stage(0)
-        self.budget = budget
+        self._budget = Budget(budget)
         self.ahead = ahead
         self._threads = threads
         self._pool: ThreadPoolExecutor | None = None  # started at the first read
@@ -171,12 +163,7 @@ class Scanner:
         self._released = 0
         self._wanted = 0
         self._at = Start(0, np.zeros(len(self.rank_lanes), dtype=np.int64))
-        self._held = 0
-        self._caller = 0
-        self._peak = 0
         self._peak_units = 0
-        self._overruns = 0
-        self._caller_overruns = 0
         self._rows_read = 0
         self._bytes_read = 0
         self._wait = 0.0
@@ -195,18 +182,19 @@ class Scanner:
     @property
     def stats(self) -> Stats:
         with self._lock:
+            b = self._budget
             return Stats(
-                budget=self.budget,
-                held_bytes=self._held,
-                peak_bytes=self._peak,
-                held_by_caller_bytes=self._caller,
+                budget=b.limit,
+                held_bytes=b.held,
+                peak_bytes=b.peak,
+                held_by_caller_bytes=b.caller,
                 units_held=len(self._units),
                 units_in_flight=sum(u.live for u in self._units.values()),
                 peak_units=self._peak_units,
                 rows_read=self._rows_read,
                 bytes_read=self._bytes_read,
-                overruns=self._overruns,
-                caller_overruns=self._caller_overruns,
+                overruns=b.overruns,
+                caller_overruns=b.caller_overruns,
                 wait_seconds=self._wait,
                 retries=self._retries(),
                 storage_wait_seconds=self._storage_waited(),
@@ -214,11 +202,11 @@ class Scanner:
 
     @property
     def held_bytes(self) -> int:
-        return self._held
+        return self._budget.held
 
     @property
     def peak_bytes(self) -> int:
-        return self._peak
+        return self._budget.peak
 
     @property
     def rows_read(self) -> int:
@@ -237,10 +225,22 @@ class Scanner:
     def _stage(self, stage: int) -> None:
         """Pack layout stage ``stage`` of the run (its plan, lanes and rows) from now on."""
         self.stage = stage
-        self.plan, self.segment = self.run.segment(stage)
-        self.rank_lanes = self.run.rank_lanes(self.segment.lanes)
-        self.lanes = self.segment.lanes
-        self.seq_len = self.segment.seq_len
+
+    # What the scanner packs is (run, stage); the rest is derived from them, never mirrored.
+
+    @property
+    def segment(self) -> Segment:
+        """The layout stage being packed: its lanes, its rows' length, where it began."""
+        return self.run.segment(self.stage)[1]
+
+    @property
+    def rank_lanes(self) -> range:
+        """This rank's lanes in the layout stage being packed."""
+        return self.run.rank_lanes(self.segment.lanes)
+
+    @property
+    def seq_len(self) -> int:
+        return self.segment.seq_len
 
     def reset(self, step: int) -> None:
         """Forget every unit; the next step is ``step`` (packed in the layout stage in force there).
@@ -314,20 +314,12 @@ class Scanner:
     def _start(self, unit: int) -> None:
         """READING: charge ``unit`` and submit its reads; the last read packs it."""
         reads = self._plan_reads(unit)
-        u = _Unit(unit=unit, reads=reads, charge=_Charge(reads.estimate))
         n = len(reads.place.row_groups)
-        u.chunks = [None] * n
-        u.columns = [None] * n
-        u.left = n
-        est = reads.estimate
         with self._lock:
-            if self._held + est > self.budget:
-                if self._held - self._caller + est > self.budget:
-                    self._overruns += 1
-                else:
-                    self._caller_overruns += 1
-            self._held += est
-            self._peak = max(self._peak, self._held)
+            u = _Unit(unit=unit, reads=reads, charge=self._budget.charge(reads.estimate))
+            u.chunks = [None] * n
+            u.columns = [None] * n
+            u.left = n
             self._units[unit] = u
             self._peak_units = max(self._peak_units, len(self._units))
         if self._pool is None:
@@ -388,9 +380,7 @@ class Scanner:
             u.columns = []
             u.state = UnitState.READY
             c = u.charge
-            self._held += packed.nbytes - c.nbytes
-            self._peak = max(self._peak, self._held)
-            c.nbytes = packed.nbytes
+            self._budget.settle(c, packed.nbytes)
             if packed.memory is not None:
                 # The bytes stay charged until the last view of the tokens is gone.
                 c.tracked = True
@@ -398,31 +388,21 @@ class Scanner:
         with contextlib.suppress(InvalidStateError):  # cancelled by reset() or close()
             u.future.set_result(packed)
 
-    def _uncharge(self, c: _Charge) -> None:
+    def _uncharge(self, c: Charge) -> None:
         """The last view of a unit's tokens is gone (any thread)."""
         with self._lock:
-            self._held -= c.nbytes
-            if c.released:
-                self._caller -= c.nbytes
-            c.freed = True
-            c.nbytes = 0
+            self._budget.free(c)
 
     def _drop(self, u: _Unit) -> None:
         """Release ``u`` (under the lock): stop it, and uncharge what no view holds."""
         u.stop()
-        c = u.charge
-        if c.tracked and not c.freed:
-            c.released = True  # charged until its finalizer runs
-            self._caller += c.nbytes
-        elif not c.tracked:
-            self._held -= c.nbytes
-            c.nbytes = 0
+        self._budget.release(u.charge)
 
     def _prefetch(self) -> None:
         while self._next <= self._wanted + self.ahead:
             est = self._plan_reads(self._next).estimate
             with self._lock:
-                fits = self._held + est <= self.budget
+                fits = self._budget.fits(est)
             if not fits:
                 return
             self._start(self._next)

@@ -55,9 +55,9 @@ from plitzer.selection.exclude import Exclusion, load_exclusion
 from plitzer.selection.firsts import (
     CachedLengths,
     Exchange,
+    Held,
     Spill,
     dropped_tokens,
-    kept_lengths,
     resolve,
     resolve_shared,
     resolve_spilled,
@@ -255,22 +255,25 @@ def dedupe_index(
                 raise
             res = resolve_shared(parts, chunks, done, exchange, rank, world)
             # Each rank counts the dropped tokens of its own chunks' row groups; one more exchange shares them.
-            rgs = {(p, rg) for c in mine for p, a, b in [chunks[c]] for rg in range(a, b)}
-            counted = dropped_tokens(parts, res, workers, kept_lengths(chunks, done), rgs)
+            counted = dropped_tokens(parts, chunks, res, workers, done.get, mine)
             del done
-            shared = exchange({rank: {"t": np.array([(*k, *v) for k, v in counted.items()], np.int64).reshape(-1, 4)}})
-            counted = {
-                (int(r[0]), int(r[1])): (int(r[2]), int(r[3])) for part in shared for h in part.values() for r in h["t"]
-            }
+            shared = exchange({rank: {"t": _counted_rows(counted)}})
+            for part in shared:
+                for h in part.values():
+                    p_, rg_, t_, e_ = np.asarray(h["t"], np.int64).reshape(-1, 4).T
+                    for p in np.unique(p_).tolist():
+                        of = p_ == p
+                        counted[p][0][rg_[of]], counted[p][1][rg_[of]] = t_[of], e_[of]
         else:
             start = rank * n // world if world > 1 else 0
             seq = [(start + i) % n for i in range(n)]
             rows = sum(int(stream_counts(ix.frame)[1].sum()) for ix in parts)
             if rows <= firsts.SPILL_KEYS:  # read when called: a test or benchmark lowers it
-                done = run_chunks(ps, chunks, seq, paths, shared=world > 1, threads=workers, progress=progress)
-                res = resolve(parts, chunks, done)
-                counted = dropped_tokens(parts, res, workers, kept_lengths(chunks, done), None)
-                del done
+                held = Held(n, sum(ix.row_groups for ix in parts), rows)  # a few arrays, not a dict of arrays a chunk
+                run_chunks(ps, chunks, seq, paths, shared=world > 1, threads=workers, progress=progress, keep=held.keep)
+                res = resolve(parts, chunks, held)
+                counted = dropped_tokens(parts, chunks, res, workers, held.get, None)
+                del held
             else:  # more keys than memory should hold: spilled by bucket, resolved one bucket at a time
                 with tempfile.TemporaryDirectory(prefix="plitzer-dedupe-") as tmp:
                     spill = Spill(Path(tmp), -(-rows // firsts.SPILL_KEYS) * 4)
@@ -278,15 +281,24 @@ def dedupe_index(
                         ps, chunks, seq, paths, shared=world > 1, threads=workers, progress=progress, keep=spill.keep
                     )
                     res = resolve_spilled(parts, chunks, meta, spill)
-                counted = dropped_tokens(parts, res, workers, CachedLengths(chunks, paths), None)
+                counted = dropped_tokens(parts, chunks, res, workers, CachedLengths(paths), None)
         cached = result_arrays(parts, res, counted)
-        save_arrays(result, cached)
+        save_arrays(result, cached, compress=True)
     out = [_build(part, cached, p, key, table, names) for p, part in enumerate(parts)]
     if not isinstance(ix, MixtureIndex):
         return _nonempty(out[0], key, exclude, "")
     by_pos = dict(zip(at, out, strict=True))
     new_parts = [_nonempty(by_pos[i], key, exclude, ix.names[i]) for i in range(len(ix.parts))]
     return MixtureIndex(ix.specs, new_parts, given=ix.given)
+
+
+def _counted_rows(counted: firsts.Counted) -> I64:
+    """``(part, row group, tokens, empty documents)`` of each row group whose dropped rows this rank counted."""
+    rows = []
+    for p, (tok, empty) in enumerate(counted):
+        rgs = np.flatnonzero((tok != 0) | (empty != 0))
+        rows.append(np.stack([np.full(len(rgs), p, np.int64), rgs, tok[rgs], empty[rgs]], axis=1))
+    return np.concatenate([np.zeros((0, 4), np.int64), *rows]).astype(np.int64)
 
 
 def _token_column(ix: Index) -> str:
@@ -316,8 +328,9 @@ def _build(
     nd, nx = cached[f"rg_dup{p}"], cached[f"rg_excl{p}"]
     dups, excls = cached[f"pos_dup{p}"], cached[f"pos_excl{p}"]
     od, ox = np.concatenate([[0], np.cumsum(nd)]), np.concatenate([[0], np.cumsum(nx)])
-    rows = f["rows"].to_numpy()
-    bits: list[U8] = []
+    rows = f["rows"].to_numpy().astype(np.int64)
+    # Written into one array (RowBits), not a list of one array a row group (about 130 B each).
+    bits = RowBits.packed(np.zeros(int(((rows + 7) // 8).sum()), np.uint8), rows)
     for rg in range(base.row_groups):
         stream = base.selected_rows(rg)
         keep_stream = np.arange(int(rows[rg]), dtype=np.int64) if stream is None else stream
@@ -326,7 +339,7 @@ def _build(
         mask[keep_stream] = True
         if len(gone):
             mask[keep_stream[gone]] = False
-        bits.append(np.packbits(mask))
+        bits[rg][:] = np.packbits(mask)
     sel_rows = f["rows_selected"].to_numpy() - nd - nx
     frame = f.with_columns(
         pl.Series("rows_selected", sel_rows, pl.Int64),
@@ -354,7 +367,7 @@ def _build(
         dedupe=key,
         exclude=excl,
         exclude_path="" if table is None else table.path,
-        bits=RowBits.of(bits),
+        bits=bits,
         duplicates=np.asarray(cached[f"dups{p}"], np.int64).reshape(-1, 5),
         order=list(names),
     )

@@ -13,7 +13,6 @@ same chunks (``shared``) it looks each chunk up again just before evaluating it.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import threading
 from collections.abc import Callable, Sequence
@@ -29,7 +28,8 @@ from numpy.typing import NDArray
 from planner.catalog.dataset import Index
 from planner.errors import DataError, SelectionError, one_line
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
-from plitzer.readpath.read import check_list_of_integers, list_lengths, read_column, read_decoded
+from plitzer.readpath.read import list_lengths
+from plitzer.readpath.runs import ColumnRun, read_other
 from plitzer.selection.predicate import connect
 
 __all__ = [
@@ -78,61 +78,6 @@ Exchange = Callable[[Part], list[Part]]
 """Share this rank's part of the pass, get every rank's (``torch.distributed.all_gather_object``)."""
 
 
-def read_other(ix: Index, rg: int, column: str) -> pa.Array | None:
-    """Row group ``rg``'s ``column`` (every stored row), one ranged read; None where its file has no such column.
-
-    Decoded through the job index alone where it carries the column (``plitzer index DATA
-    --out JOB --columns ...``), else through the column's chunks read off the file's footer
-    once (:meth:`planner.catalog.dataset.Index.column_chunk`). A minimal footer holds no
-    Arrow schema, so a type Arrow would have restored from it (a large string, a time zone)
-    is cast to the first file's, as the real footer gives it.
-    """
-    got = ix.column_chunk(rg, column)
-    if got is None:
-        return None
-    fi, g = int(ix.frame["file_index"][rg]), int(ix.frame["row_group"][rg])
-    arr = read_decoded(ix.storage(fi), ix.file(fi), got.metadata, row_group=g, column=column, offset=got.offset,
-                       length=got.length, where=ix.location(fi, g), what=repr(column))  # fmt: skip
-    return _as_first_files(ix, column, arr) if got.carried else arr
-
-
-def _as_first_files(ix: Index, column: str, arr: pa.Array) -> pa.Array:
-    """``arr`` cast to the type the first file's schema gives ``column``, where it can be."""
-    schema = ix.schema()
-    k = schema.get_field_index(column)
-    if k >= 0 and arr.type != schema.field(k).type:
-        with contextlib.suppress(pa.ArrowException):  # another file's own type: kept as decoded
-            arr = arr.cast(schema.field(k).type)
-    return arr
-
-
-class ColumnRun:
-    """One column of a run of row groups of one file (a chunk of the pass), read a row group at a time.
-
-    Through one footer made for the run alone (:meth:`planner.catalog.dataset.Index.span_source`),
-    dropped with the run: a pass over many files keeps no footer of any.
-    """
-
-    def __init__(self, ix: Index, first: int, end: int, column: str, also: Sequence[str] = ()) -> None:
-        self.ix, self.first, self.column = ix, first, column
-        self.source = ix.span_source(first, end, column, also)
-
-    def read(self, rg: int) -> pa.Array | None:
-        """Row group ``rg``'s column (every stored row); None where the file has no such column."""
-        src = self.source
-        if src is None:
-            return None
-        i = rg - self.first
-        fi, g = int(self.ix.frame["file_index"][rg]), int(self.ix.frame["row_group"][rg])
-        arr = read_decoded(self.ix.storage(fi), self.ix.file(fi), src.metadata, row_group=int(src.groups[i]),
-                           column=self.column, offset=int(src.offsets[i]), length=int(src.lengths[i]),
-                           where=self.ix.location(fi, g), what=repr(self.column))  # fmt: skip
-        if self.column == self.ix.column:
-            check_list_of_integers(arr, self.ix.location(fi, g), file=self.ix.file(fi).location, row_group=g)
-            return arr
-        return _as_first_files(self.ix, self.column, arr) if src.carried else arr
-
-
 Runs = dict[str, ColumnRun]
 """The columns of one run being read, by name (:meth:`SelectionPass.evaluate_many`)."""
 
@@ -147,8 +92,13 @@ class SelectionPass:
     length_column: str | None
     _local: threading.local = field(default_factory=threading.local, repr=False)
 
+    def runs(self, first: int, end: int) -> Runs:
+        """The columns the pass reads of index rows ``[first, end)`` (row groups of one file), one footer parse."""
+        names = [*self.columns, self.length_column or self.ix.column]
+        return {c: ColumnRun(self.ix, first, end, c, names) for c in dict.fromkeys(names)}
+
     def _column(self, rg: int, column: str, runs: Runs | None = None) -> pa.Array:
-        arr = read_other(self.ix, rg, column) if runs is None else runs[column].read(rg)
+        arr = (self.runs(rg, rg + 1) if runs is None else runs)[column].read(rg)
         if arr is None:
             where = self.ix.location(int(self.ix.frame["file_index"][rg]), int(self.ix.frame["row_group"][rg]))
             msg = f"{where}: no column {column!r}; every file must have the columns where= names"
@@ -175,12 +125,9 @@ class SelectionPass:
                 )
                 raise DataError(msg, file=self.ix.file(fi).location, row_group=g)
             return lengths
-        if runs is not None:
-            tokens = runs[self.ix.column].read(rg)
-            assert tokens is not None  # the index's own column
-            return list_lengths(tokens)
-        arr, _, _ = read_column(self.ix, rg)
-        return list_lengths(arr)
+        tokens = (self.runs(rg, rg + 1) if runs is None else runs)[self.ix.column].read(rg)
+        assert tokens is not None  # the index's own column
+        return list_lengths(tokens)
 
     def _con(self) -> Any:
         con = getattr(self._local, "con", None)
@@ -219,6 +166,7 @@ class SelectionPass:
 
     def table(self, rg: int, rows: int, runs: Runs | None = None) -> pa.Table:
         """The predicate's columns of row group ``rg`` (``runs``: read through its run's footers)."""
+        runs = self.runs(rg, rg + 1) if runs is None and self.columns else runs
         cols = {c: self._column(rg, c, runs) for c in self.columns}
         if not cols:
             cols = {"__plitzer_row": pa.nulls(rows)}
@@ -236,8 +184,7 @@ class SelectionPass:
         whatever its rows, so one a row group was most of the pass on small row groups.
         """
         frame_rows = self.ix.frame["rows"].slice(rgs.start, len(rgs)).to_numpy()
-        names = [*self.columns, self.length_column or self.ix.column]
-        runs: Runs = {c: ColumnRun(self.ix, rgs.start, rgs.stop, c, names) for c in dict.fromkeys(names)}
+        runs = self.runs(rgs.start, rgs.stop)
         masks: list[NDArray[np.bool_]] = [np.zeros(0, bool)] * len(rgs)
         batch: list[tuple[int, pa.Table]] = []
         held = 0

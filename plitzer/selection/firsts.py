@@ -13,19 +13,19 @@ exclusion"). Phase 1 is :mod:`plitzer.selection.keying`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from planner.catalog.dataset import Index
 from planner.threads import map_ahead
-from plitzer.readpath.read import list_lengths, read_chunk
-from plitzer.selection.keying import Hashed, load_arrays
+from plitzer.readpath.read import list_lengths
+from plitzer.selection.keying import Hashed, load_arrays, stream_tokens, token_run
 from plitzer.selection.keys import Keys
 
 __all__ = [
@@ -33,12 +33,15 @@ __all__ = [
     "META",
     "SPILL_KEYS",
     "CachedLengths",
+    "Counted",
     "Exchange",
+    "Held",
+    "Known",
     "Resolved",
+    "Rows",
     "Spill",
     "dropped_tokens",
     "first_occurrences",
-    "kept_lengths",
     "owner",
     "resolve",
     "resolve_shared",
@@ -61,12 +64,46 @@ calls it ``world + 3`` times: :func:`resolve_shared`)."""
 
 
 @dataclass(frozen=True)
+class Rows:
+    """Some stream rows of every row group of a part: row group ``g``'s are ``pos[starts[g]:starts[g + 1]]``.
+
+    Two arrays for the whole part, not one a row group (about 110 B of header each, more than
+    the index's row on small row groups): docs/design.md, "Bytes a row group".
+    """
+
+    counts: I64
+    """Each row group's number of them."""
+    pos: I64
+    """Their stream positions, row group after row group, ascending in each."""
+
+    @cached_property
+    def starts(self) -> I64:
+        return np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
+
+    def of(self, rg: int) -> I64:
+        return self.pos[int(self.starts[rg]) : int(self.starts[rg + 1])]
+
+    @classmethod
+    def gathered(cls, counts: Sequence[I64], pos: Sequence[I64]) -> Rows:
+        """From consecutive row groups' pieces (chunks' counts and positions, in order)."""
+        return cls(_cat(counts, np.int64), _cat(pos, np.int64))
+
+
+def _cat(arrays: Sequence[np.ndarray], dtype: Any) -> NDArray[Any]:
+    return np.concatenate([np.zeros(0, dtype), *arrays]).astype(dtype, copy=False)
+
+
+@dataclass(frozen=True)
 class Resolved:
     """Per part: each row group's dropped duplicates' and excluded rows' stream positions."""
 
-    dup: list[list[I64]]
-    excl: list[list[I64]]
+    dup: list[Rows]
+    excl: list[Rows]
     duplicates: list[I64]  # per part: (rg, stream position, kept part, kept rg, kept stream position)
+
+    def gone(self, p: int, rg: int) -> I64:
+        """Row group ``rg`` of part ``p``: the stream positions of its dropped rows, ascending."""
+        return np.union1d(self.dup[p].of(rg), self.excl[p].of(rg)).astype(np.int64)
 
 
 BUCKET_ROWS = 1 << 22
@@ -85,10 +122,10 @@ def first_occurrences(keys: Keys, bucket_rows: int = BUCKET_ROWS) -> tuple[I64, 
     of = (keys[:, 0] % np.uint64(buckets)).astype(np.uint16 if buckets < 1 << 16 else np.uint32)
     drops, kepts = [], []
     for b in range(buckets):
-        idx = np.arange(n, dtype=np.int64) if buckets == 1 else np.flatnonzero(of == b).astype(np.int64)
-        if len(idx) < 2:
+        idx = None if buckets == 1 else np.flatnonzero(of == b).astype(np.int64)  # None: every row (no copy)
+        if (n if idx is None else len(idx)) < 2:
             continue
-        k0, k1 = keys[idx, 0], keys[idx, 1]
+        k0, k1 = (keys[:, 0], keys[:, 1]) if idx is None else (keys[idx, 0], keys[idx, 1])
         order = np.argsort(k0)  # by the first lane (fast); ties in any order
         s0, s1 = k0[order], k1[order]
         same0 = s0[1:] == s0[:-1]
@@ -97,69 +134,49 @@ def first_occurrences(keys: Keys, bucket_rows: int = BUCKET_ROWS) -> tuple[I64, 
             s0, s1 = k0[order], k1[order]
             same0 = s0[1:] == s0[:-1]
         del k0, k1
-        new = np.ones(len(idx), bool)
+        new = np.ones(len(order), bool)
         new[1:] = ~(same0 & (s1[1:] == s1[:-1]))
         del s0, s1, same0
         if new.all():
             continue
-        starts = np.flatnonzero(new)
-        first = np.minimum.reduceat(order, starts)  # each key's first row (source order)
-        group = np.cumsum(new) - 1
-        keep = first[group]
+        first = np.minimum.reduceat(order, np.flatnonzero(new))  # each key's first row (source order)
+        keep = first[np.cumsum(new) - 1]
+        del first, new
         gone = np.flatnonzero(order != keep)
-        drops.append(idx[order[gone]])
-        kepts.append(idx[keep[gone]])
+        drops.append(order[gone] if idx is None else idx[order[gone]])
+        del order
+        kepts.append(keep[gone] if idx is None else idx[keep[gone]])
+        del keep, gone
     if not drops:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    d, k2 = np.concatenate(drops), np.concatenate(kepts)
+    d, k2 = (drops[0], kepts[0]) if len(drops) == 1 else (np.concatenate(drops), np.concatenate(kepts))
+    del drops, kepts
     at = np.argsort(d, kind="stable")
     return d[at], k2[at]
 
 
-def resolve(parts: Sequence[Index], chunks: list[tuple[int, int, int]], done: dict[int, Hashed]) -> Resolved:
+def resolve(parts: Sequence[Index], chunks: list[tuple[int, int, int]], done: dict[int, Hashed] | Held) -> Resolved:
     """The dropped rows of every row group; each chunk's keys are moved out of ``done`` (one copy at a time)."""
-    dup: list[list[I64]] = [[np.zeros(0, np.int64)] * ix.row_groups for ix in parts]
-    excl: list[list[I64]] = [[np.zeros(0, np.int64)] * ix.row_groups for ix in parts]
-    total = sum(int(done[c]["m"].sum()) for c in range(len(chunks)))
+    lay = _Layout.of(parts, chunks, done)
+    total = int(lay.starts[-1])
+    if isinstance(done, Held) and done.in_order():  # the store's keys are every key in source order: no copy
+        rows = lay.duplicates_of(None, done.hashes.buf[:total], done.pos.buf[:total])
+        done.drop_keys()
+        return lay.resolved([rows])
     keys = np.empty((total, 2), np.uint64)
-    at = 0
-    pos_all: list[NDArray[np.int32]] = []
-    rg_part: list[int] = []
-    rg_local: list[int] = []
-    rg_m: list[int] = []
-    for c, (p, a, _b) in enumerate(chunks):  # chunks are in source order
+    pos = np.empty(total, np.int64)
+    for c in range(len(chunks)):  # chunks are in source order: so are their keys
         h = done[c]
-        m, x = h["m"], h["x"]
-        xo = np.concatenate([[0], np.cumsum(x)])
-        for i in range(len(x)):
-            if x[i]:
-                excl[p][a + i] = h["excl"][xo[i] : xo[i + 1]]
-        done[c] = {n: v for n, v in h.items() if n != "keys"}  # never mutated: another rank's may be this one
-        k = h["keys"].reshape(-1, 2)  # the chunk's keys: copied in, then dropped from ``done``
+        at, k = int(lay.base[c]), h["keys"].reshape(-1, 2)
         keys[at : at + len(k)] = k
-        at += len(k)
-        pos_all.append(np.asarray(h["pos"], np.int32))
-        del k, h
-        rg_part.extend([p] * len(m))
-        rg_local.extend(range(a, a + len(m)))
-        rg_m.extend(m.tolist())
-    duplicates: list[I64] = [np.zeros((0, 5), np.int64) for _ in parts]
-    drop, kept = first_occurrences(keys)
-    del keys
-    if len(drop) == 0:
-        return Resolved(dup, excl, duplicates)
-    pos = np.concatenate(pos_all) if pos_all else np.zeros(0, np.int32)
-    starts = np.concatenate([[0], np.cumsum(np.array(rg_m, np.int64))])
-    part_of, local_of = np.array(rg_part, np.int64), np.array(rg_local, np.int64)
-
-    def where(i: I64) -> tuple[I64, I64, I64]:
-        g = np.searchsorted(starts, i, side="right") - 1
-        return part_of[g], local_of[g], pos[i].astype(np.int64)
-
-    dp, dr, dpos = where(drop)
-    kp, kr, kpos = where(kept)
-    _spread(np.stack([dp, dr, dpos, kp, kr, kpos], axis=1), dup, duplicates)
-    return Resolved(dup, excl, duplicates)
+        pos[at : at + len(k)] = h["pos"]
+        done[c] = {n: v for n, v in h.items() if n != "keys"}  # never mutated: another rank's may be this one
+        del h, k
+    if isinstance(done, Held):
+        done.drop_keys()
+    rows = lay.duplicates_of(None, keys, pos)
+    del keys, pos
+    return lay.resolved([rows])
 
 
 META = ("n", "m", "x", "excl")
@@ -244,9 +261,8 @@ class _Layout:
     group's part and row group there, ``base`` each chunk's first key.
     """
 
-    n_parts: int
-    dup: list[list[I64]]
-    excl: list[list[I64]]
+    row_groups: list[int]
+    excl: list[Rows]
     starts: I64
     part_of: I64
     local_of: I64
@@ -254,15 +270,13 @@ class _Layout:
 
     @classmethod
     def of(cls, parts: Sequence[Index], chunks: list[tuple[int, int, int]], meta: Mapping[int, Hashed]) -> _Layout:
-        dup: list[list[I64]] = [[np.zeros(0, np.int64)] * ix.row_groups for ix in parts]
-        excl: list[list[I64]] = [[np.zeros(0, np.int64)] * ix.row_groups for ix in parts]
+        xs: list[list[I64]] = [[] for _ in parts]
+        excls: list[list[I64]] = [[] for _ in parts]
         rg_m, rg_part, rg_local = [], [], []
-        for c, (p, a, _b) in enumerate(chunks):
-            m, x = meta[c]["m"], meta[c]["x"]
-            xo = np.concatenate([[0], np.cumsum(x)])
-            for i in range(len(x)):
-                if x[i]:
-                    excl[p][a + i] = meta[c]["excl"][xo[i] : xo[i + 1]]
+        for c, (p, a, _b) in enumerate(chunks):  # a part's chunks are its row groups in order
+            m = meta[c]["m"]
+            xs[p].append(meta[c]["x"])
+            excls[p].append(meta[c]["excl"])
             rg_m.append(m)
             rg_part.append(np.full(len(m), p, np.int64))
             rg_local.append(np.arange(a, a + len(m), dtype=np.int64))
@@ -270,38 +284,47 @@ class _Layout:
         starts = np.concatenate([[0], np.cumsum(m_all)]).astype(np.int64)
         first_rg = np.concatenate([[0], np.cumsum([len(m) for m in rg_m])]).astype(np.int64)
         return cls(
-            n_parts=len(parts),
-            dup=dup,
-            excl=excl,
+            row_groups=[ix.row_groups for ix in parts],
+            excl=[Rows.gathered(x, e) for x, e in zip(xs, excls, strict=True)],
             starts=starts,
             part_of=np.concatenate([np.zeros(0, np.int64), *rg_part]),
             local_of=np.concatenate([np.zeros(0, np.int64), *rg_local]),
             base=starts[first_rg[:-1]],
         )
 
-    def duplicates_of(self, g: I64, keys: Keys, pos: I64) -> I64:
+    def duplicates_of(self, g: I64 | None, keys: Keys, pos: NDArray[np.integer[Any]]) -> I64:
         """Rows (global number dropped, part, rg, position, kept part, rg, position) of the keys given in
-        source order (``g`` ascending): every copy of each of their keys must be among them."""
+        source order (``g`` ascending; None: every key, in order): every copy of each of their keys among them."""
         drop, kept = first_occurrences(keys)
-        gd, gk = g[drop], g[kept]
-        rd = np.searchsorted(self.starts, gd, side="right") - 1
-        rk = np.searchsorted(self.starts, gk, side="right") - 1
-        cols = [gd, self.part_of[rd], self.local_of[rd], pos[drop], self.part_of[rk], self.local_of[rk], pos[kept]]
-        return np.stack([np.asarray(c, np.int64) for c in cols], axis=1)
+        out = np.empty((len(drop), 7), np.int64)  # filled a column at a time: no list of seven arrays
+        out[:, 0] = drop if g is None else g[drop]
+        at = np.searchsorted(self.starts, out[:, 0], side="right") - 1
+        out[:, 1], out[:, 2], out[:, 3] = self.part_of[at], self.local_of[at], pos[drop]
+        del drop
+        at = np.searchsorted(self.starts, kept if g is None else g[kept], side="right") - 1
+        out[:, 4], out[:, 5], out[:, 6] = self.part_of[at], self.local_of[at], pos[kept]
+        return out
 
     def resolved(self, tables: list[I64]) -> Resolved:
         """The :class:`Resolved` of every group of keys' :meth:`duplicates_of` rows, in any order.
 
         ``tables`` is emptied as they are merged: at most two copies of the rows are held at once.
         """
-        order = np.argsort(np.concatenate([np.zeros(0, np.int64), *(t[:, 0] for t in tables)]), kind="stable")
-        rows = np.concatenate([np.zeros((0, 6), np.int64), *(t[:, 1:] for t in tables)])
-        tables.clear()
-        table = np.take(rows, order, axis=0)  # source order of the dropped rows
-        del rows, order
-        duplicates: list[I64] = [np.zeros((0, 5), np.int64) for _ in range(self.n_parts)]
-        _spread(table, self.dup, duplicates)
-        return Resolved(self.dup, self.excl, duplicates)
+        if len(tables) == 1 and bool((np.diff(tables[0][:, 0]) > 0).all()):  # in source order already
+            table = tables.pop()[:, 1:]
+        else:
+            order = np.argsort(np.concatenate([np.zeros(0, np.int64), *(t[:, 0] for t in tables)]), kind="stable")
+            rows = np.concatenate([np.zeros((0, 6), np.int64), *(t[:, 1:] for t in tables)])
+            tables.clear()
+            table = np.take(rows, order, axis=0)  # source order of the dropped rows
+            del rows, order
+        dup, duplicates = [], []
+        for p, n in enumerate(self.row_groups):  # the rows are in source order: by part, row group, position
+            mine = table if len(self.row_groups) == 1 else table[table[:, 0] == p]  # one part: no copy
+            # Views of the table, not copies: a copy of the rows beside them was the pass's peak.
+            dup.append(Rows(np.bincount(mine[:, 1], minlength=n).astype(np.int64), mine[:, 2]))
+            duplicates.append(mine[:, 1:])
+        return Resolved(dup, self.excl, duplicates)
 
 
 SPILL_KEYS = 1 << 24
@@ -366,114 +389,184 @@ def resolve_spilled(
     return lay.resolved(tables)
 
 
-class _KnownLengths(Protocol):
-    """Phase 1's token counts of a row group's stream rows, where it kept them (``"tokens"``)."""
+Known = Callable[[int], Mapping[str, np.ndarray] | None]
+"""Chunk ``c``'s phase 1 (its ``n`` and ``len``), where it may have kept its stream rows' token counts."""
 
-    def get(self, at: tuple[int, int], /) -> NDArray[np.int32] | None: ...
+
+class _Grown:
+    """An array appended to, its capacity doubled as it fills (amortized: no array a piece)."""
+
+    def __init__(self, dtype: Any, width: int = 0, capacity: int = 16) -> None:
+        self.shape = (width,) if width else ()
+        # Zeros: pages never written are never resident, so a capacity of the most it may hold costs nothing.
+        self.buf: np.ndarray = np.zeros((max(16, capacity), *self.shape), dtype)
+        self.size = 0
+
+    def add(self, a: np.ndarray) -> int:
+        """Append ``a``; its first index."""
+        at, n = self.size, len(a)
+        if at + n > len(self.buf):
+            grown = np.zeros((max(2 * len(self.buf), at + n), *self.shape), self.buf.dtype)
+            grown[:at] = self.buf[:at]
+            self.buf = grown
+        self.buf[at : at + n] = a.reshape(-1, *self.shape) if self.shape else a
+        self.size = at + n
+        return at
+
+
+_KEPT: Hashed = {}
+"""What :meth:`Held.keep` leaves in ``run_chunks``'s dict: nothing (the chunk is in the store)."""
+
+
+class Held(Mapping[int, Hashed]):
+    """Every chunk's phase 1 in memory as a few arrays, not a dict of seven arrays a chunk (about 2 KB).
+
+    ``run_chunks(..., keep=held.keep)`` appends each chunk as it comes; ``held[c]`` is chunk
+    ``c``'s :data:`Hashed` again, as views. Its keys, positions and counts cost their bytes
+    and about 2 bytes a row group of bookkeeping: docs/design.md, "Bytes a row group".
+    """
+
+    _ROWS = ("n", "m", "x")
+
+    def __init__(self, chunks: int, row_groups: int = 0, rows: int = 0) -> None:
+        """``row_groups`` and ``rows``: the most the chunks hold (the arrays' first capacity)."""
+        self.at = np.full((chunks, 6), -1, np.int64)
+        """Each chunk's first row group, key, excluded row and token count in the arrays; its row groups, counts."""
+        self.rg = _Grown(np.int64, 3, row_groups)
+        self.hashes = _Grown(np.uint64, 2, rows)
+        self.pos = _Grown(np.int32, 0, rows)
+        self.excl = _Grown(np.int64)
+        self.lens = _Grown(np.int32, 0, rows)
+        self._lock = threading.Lock()
+
+    def keep(self, c: int, h: Hashed) -> Hashed:
+        with self._lock:
+            self.at[c] = (
+                self.rg.add(np.stack([np.asarray(h[k], np.int64) for k in self._ROWS], axis=1)),
+                self.hashes.add(np.asarray(h["keys"], np.uint64).reshape(-1, 2)),
+                self.excl.add(np.asarray(h["excl"], np.int64)),
+                self.lens.add(np.asarray(h["len"], np.int32)),
+                len(h["n"]),
+                len(h["len"]),
+            )
+            self.pos.add(np.asarray(h["pos"], np.int32))
+        return _KEPT
+
+    def __getitem__(self, c: int) -> Hashed:
+        r, k, e, ln, n, nl = (int(v) for v in self.at[c])
+        if r < 0:
+            raise KeyError(c)
+        rows = self.rg.buf[r : r + n]
+        m, x = rows[:, 1], rows[:, 2]
+        nk, nx = int(m.sum()), int(x.sum())
+        return {
+            "n": rows[:, 0],
+            "m": m,
+            "x": x,
+            "keys": self.hashes.buf[k : k + nk],
+            "pos": self.pos.buf[k : k + nk],
+            "excl": self.excl.buf[e : e + nx],
+            "len": self.lens.buf[ln : ln + nl],
+        }
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(np.flatnonzero(self.at[:, 0] >= 0).tolist())
+
+    def __len__(self) -> int:
+        return int((self.at[:, 0] >= 0).sum())
+
+    def __setitem__(self, c: int, h: Hashed) -> None:
+        """What ``resolve`` leaves of a chunk (its keys moved out): the keys go at once, with :meth:`drop_keys`."""
+
+    def in_order(self) -> bool:
+        """Whether every chunk is held, in chunk order (so the keys are too: a pass that ran in order)."""
+        return bool((self.at[:, 0] >= 0).all() and (np.diff(self.at[:, 1]) >= 0).all())
+
+    def drop_keys(self) -> None:
+        """Let the keys and their positions go (``resolve`` has copied them)."""
+        self.hashes, self.pos = _Grown(np.uint64, 2), _Grown(np.int32)
 
 
 class CachedLengths:
-    """``(part, row group) -> stream rows' token counts`` read back from phase 1's cached chunks (``"tokens"``).
+    """:data:`Known` read back from phase 1's cached chunks (``"tokens"``), for a pass whose keys were spilled."""
 
-    What :func:`kept_lengths` gives from memory, for a pass whose chunks were spilled: a
-    row group with a dropped row loads its chunk's entry again (the last few kept), else
-    (an entry not cached) the caller reads the token chunk.
-    """
+    def __init__(self, paths: list[Any]) -> None:
+        self._paths = paths
 
-    def __init__(self, chunks: list[tuple[int, int, int]], paths: list[Any]) -> None:
-        self._of = {(p, rg): c for c, (p, a, b) in enumerate(chunks) for rg in range(a, b)}
-        self._chunks, self._paths = chunks, paths
-        self._load = lru_cache(maxsize=8)(self._chunk)
-
-    def _chunk(self, c: int) -> dict[int, NDArray[np.int32]]:
-        got = load_arrays(self._paths[c], ("n", "len"))
-        return {} if got is None else {rg: v for (_, rg), v in kept_lengths(self._chunks, {c: got}).items()}
-
-    def get(self, at: tuple[int, int]) -> NDArray[np.int32] | None:
-        c = self._of.get(at)
-        return None if c is None else self._load(c).get(at[1])
-
-
-def _spread(table: I64, dup: list[list[I64]], duplicates: list[I64]) -> None:
-    """Rows (dropped part, rg, position, kept part, rg, position), in source order, into each part's lists."""
-    for p in range(len(duplicates)):
-        mine = table if len(duplicates) == 1 else table[table[:, 0] == p]  # one part: no copy
-        duplicates[p] = mine[:, 1:]
-        if len(mine):
-            rgs, first = np.unique(mine[:, 1], return_index=True)
-            ends = np.append(first[1:], len(mine))
-            for g, s0, e in zip(rgs.tolist(), first.tolist(), ends.tolist(), strict=True):
-                dup[p][g] = np.sort(mine[s0:e, 2])
+    def __call__(self, c: int) -> Mapping[str, np.ndarray] | None:
+        return load_arrays(self._paths[c], ("n", "len"))
 
 
 # -- the cached result ---------------------------------------------------------------
 
 
-def kept_lengths(
-    chunks: list[tuple[int, int, int]], done: Mapping[int, Hashed]
-) -> dict[tuple[int, int], NDArray[np.int32]]:
-    """(part, row group) -> its stream rows' token counts, where phase 1 kept them (``"tokens"``)."""
-    out: dict[tuple[int, int], NDArray[np.int32]] = {}
-    for c, h in done.items():  # every chunk, or a rank's own
-        p, a, _b = chunks[c]
-        lens = h["len"]
-        if len(lens) != int(h["n"].sum()):
-            continue
-        offs = np.concatenate([[0], np.cumsum(h["n"])])
-        for i in range(len(h["n"])):
-            out[(p, a + i)] = lens[offs[i] : offs[i + 1]]
-    return out
+Counted = list[tuple[I64, I64]]
+"""Per part: each row group's tokens and empty documents among its dropped rows."""
 
 
 def dropped_tokens(
     parts: Sequence[Index],
+    chunks: list[tuple[int, int, int]],
     res: Resolved,
     threads: int,
-    known: _KnownLengths,
-    only: set[tuple[int, int]] | None,
-) -> dict[tuple[int, int], tuple[int, int]]:
-    """(part, row group) -> (tokens, empty documents) of its dropped rows, for each row group with one (in ``only``).
+    known: Known,
+    only: Sequence[int] | None,
+) -> Counted:
+    """The tokens and empty documents of each row group's dropped rows, for the row groups of ``only`` (chunks).
 
     A row group with a dropped row needs its rows' token counts: phase 1's where it kept
-    them (``"tokens"``), else its token chunk is read once more (a column key never decoded it).
+    them (``"tokens"``), else its token chunk is read once more (a column key never decoded
+    it), a chunk's row groups through one footer made for them (:func:`token_run`).
     """
     from concurrent.futures import ThreadPoolExecutor
 
+    mine = None if only is None else set(only)
     todo = [
-        (p, rg)
-        for p, ix in enumerate(parts)
-        for rg in range(ix.row_groups)
-        if (len(res.dup[p][rg]) or len(res.excl[p][rg])) and (only is None or (p, rg) in only)
+        c
+        for c, (p, a, b) in enumerate(chunks)
+        if (mine is None or c in mine)
+        and (res.dup[p].starts[b] > res.dup[p].starts[a] or res.excl[p].starts[b] > res.excl[p].starts[a])
     ]
 
-    def dropped(at: tuple[int, int]) -> tuple[int, int]:
-        p, rg = at
-        have = known.get(at)
-        lengths = have.astype(np.int64) if have is not None else list_lengths(read_chunk(parts[p], rg))
-        gone = np.union1d(res.dup[p][rg], res.excl[p][rg]).astype(np.int64)
-        return int(lengths[gone].sum()), int((lengths[gone] == 0).sum())
+    def chunk(c: int) -> list[tuple[int, int, int]]:
+        p, a, b = chunks[c]
+        ix = parts[p]
+        h = known(c)
+        have = h is not None and len(h["len"]) == int(h["n"].sum())
+        offs = np.concatenate([[0], np.cumsum(h["n"])]) if h is not None and have else None
+        run = None
+        out = []
+        for rg in range(a, b):
+            gone = res.gone(p, rg)
+            if not len(gone):
+                continue
+            if offs is not None:
+                assert h is not None
+                lengths = h["len"][offs[rg - a] : offs[rg - a + 1]].astype(np.int64)
+            else:
+                run = token_run(ix, a, b) if run is None else run
+                lengths = list_lengths(stream_tokens(ix, rg, run))
+            out.append((rg, int(lengths[gone].sum()), int((lengths[gone] == 0).sum())))
+        return out
 
+    counted: Counted = [(np.zeros(ix.row_groups, np.int64), np.zeros(ix.row_groups, np.int64)) for ix in parts]
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="plitzer-dedupe") as pool:
-        return dict(zip(todo, map_ahead(pool, dropped, todo), strict=True))
+        for c, got in zip(todo, map_ahead(pool, chunk, todo), strict=True):
+            tok, empty = counted[chunks[c][0]]
+            for rg, t, e in got:
+                tok[rg], empty[rg] = t, e
+    return counted
 
 
-def result_arrays(
-    parts: Sequence[Index], res: Resolved, counted: Mapping[tuple[int, int], tuple[int, int]]
-) -> dict[str, np.ndarray]:
+def result_arrays(parts: Sequence[Index], res: Resolved, counted: Counted) -> dict[str, np.ndarray]:
     """The cached result: per part, the dropped rows by row group and the tokens they held (``counted``)."""
     out: dict[str, np.ndarray] = {}
-    for p, ix in enumerate(parts):
+    for p in range(len(parts)):
         dup, excl = res.dup[p], res.excl[p]
-        tok = np.zeros(ix.row_groups, np.int64)
-        empty = np.zeros(ix.row_groups, np.int64)
-        for (q, rg), (t, e) in counted.items():
-            if q == p:
-                tok[rg], empty[rg] = t, e
-        out[f"rg_dup{p}"] = np.array([len(d) for d in dup], np.int64)
-        out[f"rg_excl{p}"] = np.array([len(x) for x in excl], np.int64)
-        out[f"pos_dup{p}"] = np.concatenate([np.zeros(0, np.int64), *dup]).astype(np.int64)
-        out[f"pos_excl{p}"] = np.concatenate([np.zeros(0, np.int64), *excl]).astype(np.int64)
-        out[f"tok{p}"] = tok
-        out[f"empty{p}"] = empty
-        out[f"dups{p}"] = res.duplicates[p].astype(np.int64).reshape(-1, 5)
+        out[f"rg_dup{p}"] = dup.counts
+        out[f"rg_excl{p}"] = excl.counts
+        out[f"pos_dup{p}"] = dup.pos
+        out[f"pos_excl{p}"] = excl.pos
+        out[f"tok{p}"], out[f"empty{p}"] = counted[p]
+        out[f"dups{p}"] = res.duplicates[p].astype(np.int64, copy=False).reshape(-1, 5)
     return out

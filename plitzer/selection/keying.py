@@ -2,7 +2,9 @@
 
 Per chunk of :data:`~plitzer.selection.evaluate.CHUNK` row groups of a file, split between
 ranks: read the key's column only (the token column for ``"tokens"``; the table's columns
-for an exclusion), key each row with 128 bits (:mod:`plitzer.selection.keys`) and match the
+for an exclusion), each through a footer made for the chunk alone
+(:class:`plitzer.readpath.runs.ColumnRun`: the file's footer parsed once for every column the
+pass reads, none kept), key each row with 128 bits (:mod:`plitzer.selection.keys`) and match the
 exclusion table. A chunk's state (:data:`Hashed`) is bytes a row group plus 24 bytes a keyed
 row, cached per chunk (:func:`chunk_path`), keyed by the file's identity, the source's, the
 key and the table's digest; :func:`run_chunks` runs a list of chunks from the cache or on a
@@ -27,9 +29,11 @@ from planner.catalog.dataset import Index
 from planner.errors import ConfigError, DataError, SelectionError
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
 from plitzer.readpath.read import list_lengths, read_chunk
-from plitzer.selection.evaluate import CHUNK, read_other
+from plitzer.readpath.runs import ColumnRun
+from plitzer.selection.evaluate import CHUNK
 from plitzer.selection.exclude import Exclusion, load_exclusion
 from plitzer.selection.keys import Keys, hash_array, valid_rows
+from plitzer.selection.select import SelectedIndex
 
 __all__ = [
     "HASHED",
@@ -46,6 +50,8 @@ __all__ = [
     "run_chunks",
     "save_arrays",
     "source_identity",
+    "stream_tokens",
+    "token_run",
 ]
 
 I64 = NDArray[np.int64]
@@ -62,18 +68,38 @@ positions of the excluded rows), concatenated over the chunk's row groups."""
 # -- phase 1: keys a row group -------------------------------------------------------
 
 
-def read_column(ix: Index, rg: int, column: str) -> pa.Array:
-    """Row group ``rg``'s ``column`` (every stored row): one ranged read of its chunk.
+Runs = dict[str, ColumnRun]
+"""The columns of one chunk being read, by name (:meth:`KeyPass.hash_chunk`)."""
 
-    Through the job index alone where it carries the column, else the file's footer
-    (:func:`plitzer.selection.evaluate.read_other`).
+
+def read_column(ix: Index, rg: int, column: str, runs: Runs) -> pa.Array:
+    """Row group ``rg``'s ``column`` (every stored row): one ranged read of its chunk, through its run.
+
+    Through the job index alone where it carries the column, else the file's footer's chunk numbers.
     """
-    arr = read_other(ix, rg, column)
+    arr = runs[column].read(rg)
     if arr is None:
         where = ix.location(int(ix.frame["file_index"][rg]), int(ix.frame["row_group"][rg]))
         msg = f"{where}: no column {column!r}; every file must have the column dedupe= or exclude= reads"
         raise SelectionError(msg, predicate="", column=column)
     return arr
+
+
+def token_run(ix: Index, first: int, end: int) -> ColumnRun | None:
+    """The token column of index rows ``[first, end)`` as one run; None for a text source (tokenized as read).
+
+    A dataset's index, or a selection of one (whose stream rows :func:`stream_tokens` takes).
+    """
+    return ColumnRun(ix, first, end, ix.column) if type(ix) is Index or isinstance(ix, SelectedIndex) else None
+
+
+def stream_tokens(ix: Index, rg: int, run: ColumnRun | None) -> pa.Array:
+    """Row group ``rg``'s stream rows' tokens, as ``read_chunk`` gives them: through ``run`` (:func:`token_run`)."""
+    if run is None:
+        return read_chunk(ix, rg)  # a text source tokenizes here
+    arr = run.tokens(rg)
+    stream = ix.selected_rows(rg)
+    return arr if stream is None or len(stream) == len(arr) else arr.take(pa.array(stream, pa.int64()))
 
 
 @dataclass(frozen=True)
@@ -82,10 +108,23 @@ class KeyPass:
     key: str  # "" (none), "tokens", or a column
     exclusions: list[Exclusion | None]  # each part's, cast to its types
 
-    def hash_rg(self, p: int, rg: int) -> tuple[int, I64, Keys, I64, NDArray[np.int32]]:
-        """Row group ``rg`` of part ``p``: its stream rows, the keyed rows' positions and keys, the excluded rows,
-        and (for ``"tokens"``, which decodes them anyway) every stream row's token count."""
+    def runs(self, p: int, first: int, end: int) -> tuple[Runs, ColumnRun | None]:
+        """What phase 1 reads of part ``p``'s rows ``[first, end)``: the exclusion's and key's columns; the tokens."""
         ix = self.parts[p]
+        ex = self.exclusions[p]
+        names = [*(ex.columns if ex is not None else ()), *([self.key] if self.key not in ("", TOKENS) else [])]
+        runs = {c: ColumnRun(ix, first, end, c, names) for c in dict.fromkeys(names)}
+        return runs, token_run(ix, first, end) if self.key == TOKENS else None
+
+    def hash_rg(
+        self, p: int, rg: int, runs: tuple[Runs, ColumnRun | None] | None = None
+    ) -> tuple[int, I64, Keys, I64, NDArray[np.int32]]:
+        """Row group ``rg`` of part ``p``: its stream rows, the keyed rows' positions and keys, the excluded rows,
+        and (for ``"tokens"``, which decodes them anyway) every stream row's token count.
+
+        ``runs``: its chunk's (:meth:`runs`); default: a run of this row group alone."""
+        ix = self.parts[p]
+        reads, tokens = self.runs(p, rg, rg + 1) if runs is None else runs
         rows = int(ix.frame["rows"][rg])
         stream = ix.selected_rows(rg)
         n = rows if stream is None else len(stream)
@@ -94,17 +133,17 @@ class KeyPass:
         if ex is not None and n:
             cols = {}
             for c in ex.columns:
-                arr = read_column(ix, rg, c)
+                arr = read_column(ix, rg, c, reads)
                 cols[c] = arr if stream is None else arr.take(pa.array(stream, pa.int64()))
             excl = ex.match(cols)
         none = np.zeros(0, np.int32)
         if not self.key or n == 0:
             return n, np.zeros(0, np.int64), np.zeros((0, 2), np.uint64), np.flatnonzero(excl).astype(np.int64), none
         if self.key == TOKENS:
-            arr = read_chunk(ix, rg)  # the stream rows' tokens (a text source tokenizes here)
+            arr = stream_tokens(ix, rg, tokens)
             ok = np.ones(n, bool)
         else:
-            arr = read_column(ix, rg, self.key)
+            arr = read_column(ix, rg, self.key, reads)
             if stream is not None:
                 arr = arr.take(pa.array(stream, pa.int64()))
             ok = valid_rows(arr)
@@ -118,11 +157,13 @@ class KeyPass:
         return n, take, keys[take], np.flatnonzero(excl).astype(np.int64), lengths
 
     def hash_chunk(self, p: int, first: int, end: int) -> Hashed:
-        got = [self.hash_rg(p, rg) for rg in range(first, end)]
-        return _pack(got)
+        """Phase 1 of part ``p``'s rows ``[first, end)`` (row groups of one file): one run a column."""
+        runs = self.runs(p, first, end)
+        return _pack([self.hash_rg(p, rg, runs) for rg in range(first, end)])
 
 
 def _pack(got: Sequence[tuple[int, I64, Keys, I64, NDArray[np.int32]]]) -> Hashed:
+    """A chunk's :data:`Hashed` from its row groups' :meth:`KeyPass.hash_rg`."""
     return {
         "n": np.array([g[0] for g in got], np.int64),
         "m": np.array([len(g[1]) for g in got], np.int64),
@@ -162,10 +203,15 @@ def chunk_path(ix: Index, chunk: tuple[int, int, int], key: str, excl: str, cols
     return cache_dir() / "dedupe" / "keys" / f"{k}.npz"
 
 
-def save_arrays(path: Any, arrays: Mapping[str, np.ndarray]) -> None:
+def save_arrays(path: Any, arrays: Mapping[str, np.ndarray], *, compress: bool = False) -> None:
+    """Keep ``arrays`` at ``path`` (``np.load`` reads them back, compressed or not).
+
+    ``compress``: for a large entry (a whole pass's result), whose copies on the way to the
+    file (the archive, the cache's header and checksum) were the pass's peak uncompressed.
+    """
     buf = io.BytesIO()
-    np.savez(buf, **dict(arrays))  # type: ignore[arg-type]
-    write_entry(path, buf.getvalue())
+    (np.savez_compressed if compress else np.savez)(buf, **dict(arrays))  # type: ignore[arg-type]
+    write_entry(path, buf.getbuffer())
 
 
 def load_arrays(path: Any, names: Sequence[str]) -> dict[str, np.ndarray] | None:

@@ -21,8 +21,9 @@ from numpy.typing import NDArray
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError, DataError, PerformanceWarning
 from planner.mixing.mixture import MixtureIndex
+from planner.order.epoch import row_group_counts
 from planner.order.layout import Layout, LayoutStage
-from planner.order.plan import Plan, row_group_counts
+from planner.order.plan import Plan
 from planner.run import Run
 from plitzer.readpath.aligned import resolve
 from plitzer.readpath.batch import Located

@@ -40,8 +40,9 @@ from typing import Any
 from planner.errors import CheckpointError, ConfigError
 from planner.mixing.mixture import Interleave, MixturePlan
 from planner.mixing.sources import Stage, parse_stages
+from planner.order.epoch import check_int
 from planner.order.layout import Layout, LayoutStage
-from planner.order.plan import Plan, check_int
+from planner.order.plan import Plan
 from planner.run import earliest_stage_step
 from plitzer.state.checkpoint import layout_of
 

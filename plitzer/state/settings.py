@@ -32,8 +32,9 @@ from planner.catalog.dataset import Index
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError
 from planner.mixing.sources import SourceSpec, Weights
+from planner.order.epoch import PlanSettings, check_int
 from planner.order.layout import Layout
-from planner.order.plan import Plan, PlanSettings, check_int
+from planner.order.plan import Plan
 from planner.parameters import PARAMETERS, POSITIONAL, Selection, TextSettings, take, unknown_keyword
 from planner.stores.storage import revisions
 from plitzer.readpath.read import count_chunk

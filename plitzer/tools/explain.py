@@ -45,7 +45,7 @@ from planner.catalog.footer import read_table_bytes
 from planner.catalog.rowgroups import RowGroupIndex, stream_counts
 from planner.errors import ConfigError, DataError
 from planner.hashing import mix_array
-from planner.order.plan import check_int
+from planner.order.epoch import check_int
 from planner.parameters import document
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
 from plitzer.loader import Loader
@@ -231,8 +231,7 @@ def explain(
 
     Parameters
     ----------
-    source : str, PathLike, list, dict of named sources, or an index
-        The dataset (or mixture), as for :class:`plitzer.Loader`.
+    <source>
     step : int
         Global step (from 0 over the whole run).
     lane : int, optional

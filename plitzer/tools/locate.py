@@ -39,8 +39,10 @@ from planner.catalog.rowgroups import RowGroupIndex, stream_counts
 from planner.errors import ConfigError, DataError
 from planner.lookup.pieces import Lengths, OneSource, Pieces, epochs_of_steps, lengths_from_array
 from planner.lookup.staged import staged_pieces
+from planner.order.epoch import check_int, row_group_counts
+from planner.order.epoch_order import Permutation
 from planner.order.layout import Layout
-from planner.order.plan import Permutation, Plan, check_int, row_group_counts
+from planner.order.plan import Plan
 from planner.parameters import document
 from plitzer.loader import open_plan
 from plitzer.readpath.read import list_lengths, read_chunk
@@ -232,8 +234,7 @@ def locate(
 
     Parameters
     ----------
-    source : str, PathLike, list, dict of named sources, or an index
-        The dataset (or mixture), as for :class:`plitzer.Loader`.
+    <source>
     where : str, optional
         A DuckDB SQL boolean expression over the dataset's columns: the documents to
         locate (``"url = 'https://...'"``, ``"id in (3, 17)"``). On a mixture, every
