@@ -213,7 +213,7 @@ def test_two_gloo_ranks_share_the_index_and_each_holds_bytes_a_row_group(
 
 TEXT_RSS_PER_ROW_GROUP = RSS_PER_ROW_GROUP
 """The bound of a text source's counting pass (a slope, :data:`TEXT_FILES`): the issue's 256 B, as a
-token source's. 293-387 B measured before the first epoch's plan gave its temporaries back: the
+token source's: 167-180 B measured, 293-387 B before the first epoch's plan gave its temporaries back: the
 first batch's tokenizing (30-40 MB on the scanner's threads) did not reuse what the plan had freed
 on the loader's, so it stayed in the peak (docs/design.md, "Bytes a row group")."""
 
