@@ -244,8 +244,9 @@ def test_a_text_sources_counting_pass_is_bytes_a_row_group(shaped: tuple[Path, P
     # The text column tokenized by characters: the pass reads every footer once (kept by none)
     # and every row group's text chunk once (through the index's minimal footers).
     small, big = _subsets(shaped[1], tmp_path, "--text")
-    # 293-305 B measured (942 B with a Python tuple a row group and md.schema's reference cycle;
-    # 11.7 KB at 0.4, every footer held).
+    # 167-180 B measured (293-387 B before the epoch's plan gave its temporaries back; 942 B
+    # with a Python tuple a row group and md.schema's reference cycle; 11.7 KB at 0.4, every
+    # footer held).
     assert _growth(big, small) <= TEXT_RSS_PER_ROW_GROUP, (big, small)
 
 
