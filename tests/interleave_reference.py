@@ -71,7 +71,7 @@ class ReplayInterleave:
         self.settings = settings
         self.stages = tuple(stages)
         self.seq_len = seq_len
-        sizes = idx._rg_base
+        sizes = idx.rg_base
         first = self.stages[0].weights
         self.total = sum(int(self._tokens[int(sizes[i]) : int(sizes[i + 1])].sum()) for i, w in enumerate(first) if w)
         self.total = self.total or int(self._tokens.sum())  # the first stage's sources hold no token

@@ -27,7 +27,7 @@ class _Sizes:
     """What the interleave takes from a mixture index: the row-group bases and names."""
 
     def __init__(self, sizes: np.ndarray) -> None:
-        self._rg_base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.rg_base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.names = [f"s{i}" for i in range(len(sizes))]
 
 

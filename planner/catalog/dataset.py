@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, Self
 
 import numpy as np
 import polars as pl
@@ -182,6 +182,28 @@ class Index(FrameTotals):
     @property
     def files(self) -> list[FileStat]:
         return [f.stat for f in self._files]
+
+    @property
+    def entries(self) -> list[FileEntry]:
+        """Each file's entry (its stat, storage, column template, carried columns), in file order."""
+        return self._files
+
+    @classmethod
+    def over(cls, of: Index, /, *, frame: pl.DataFrame, fingerprint: str, **more: Any) -> Self:
+        """An index of ``cls`` over ``of``'s files, column and source, with its own frame and fingerprint.
+
+        What a stage that changes which documents are in the stream (a selection, a
+        deduplication) or a text source's tokenized view builds: ``more`` are its own fields.
+        """
+        return cls(
+            frame=frame,
+            column=of.column,
+            dtype=of.dtype,
+            fingerprint=fingerprint,
+            source=of.source,
+            _files=of._files,
+            **more,
+        )
 
     def storage(self, file_index: int) -> Storage:
         return self._files[file_index].storage

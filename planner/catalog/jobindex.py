@@ -149,7 +149,7 @@ def encode(ix: Index, meta: Mapping[str, str] | None = None, columns: Sequence[s
     ``meta``: more schema metadata (a text source's ``kind``, ``tokenizer``: ``plitzer.text.job``).
     ``columns``: the other columns it carries, as its entries hold them (:func:`carry`).
     """
-    entries = ix._files
+    entries = ix.entries
     offsets, lists = rowlists.encode(ix.frame, len(entries))
     table_columns = {
         "name": strings([e.stat.name for e in entries]),

@@ -95,7 +95,7 @@ class Interleave:
         self.stages = tuple(stages)
         self.seq_len = seq_len
         self.layout_stages = self._layout(layout)  # places the weight stages' steps in the run's tokens
-        sizes = idx._rg_base
+        sizes = idx.rg_base
         first = self.stages[0].weights
         self.total = sum(int(self._tokens[int(sizes[i]) : int(sizes[i + 1])].sum()) for i, w in enumerate(first) if w)
         self.total = self.total or int(self._tokens.sum())  # the first stage's sources hold no token
@@ -114,7 +114,7 @@ class Interleave:
     def items_kept(self) -> int:
         """Items (row groups of the stream) held now: the cached epochs' and the kept permutations'."""
         seg = sum(len(a) for a, _ in self._segments.values())
-        return seg + sum(len(p) for s in self._sources for p, _ in s._perm.values())
+        return seg + sum(s.items_kept() for s in self._sources)
 
     # -- one stage: counts after n items, found by key --------------------------------------
 

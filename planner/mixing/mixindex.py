@@ -67,7 +67,7 @@ class MixtureIndex(FrameTotals):
         files = np.array([len(ix.files) for ix in parts], dtype=np.int64)
         rgs = np.array([ix.row_groups for ix in parts], dtype=np.int64)
         self._file_base = np.concatenate([[0], np.cumsum(files)])
-        self._rg_base = np.concatenate([[0], np.cumsum(rgs)])
+        self.rg_base = np.concatenate([[0], np.cumsum(rgs)])  # each source's first row group, and the end
         frames = []
         selected = any("tokens_selected" in ix.frame.columns for ix in parts)
         for i, (n, ix) in enumerate(zip(self.names, parts, strict=True)):
@@ -100,8 +100,8 @@ class MixtureIndex(FrameTotals):
 
     def part(self, row_group: int) -> tuple[Index, int]:
         """The source index holding global row group ``row_group``, and its row there."""
-        i = int(np.searchsorted(self._rg_base, row_group, side="right")) - 1
-        return self.parts[i], row_group - int(self._rg_base[i])
+        i = int(np.searchsorted(self.rg_base, row_group, side="right")) - 1
+        return self.parts[i], row_group - int(self.rg_base[i])
 
     def selected_rows(self, row_group: int) -> NDArray[np.int64] | None:
         """The rows of global ``row_group`` its source's selection keeps (None: every row)."""
@@ -124,7 +124,7 @@ class MixtureIndex(FrameTotals):
         return out
 
     def source_of(self, row_group: int) -> str:
-        return self.names[int(np.searchsorted(self._rg_base, row_group, side="right")) - 1]
+        return self.names[int(np.searchsorted(self.rg_base, row_group, side="right")) - 1]
 
     def storage(self, file_index: int) -> Storage:
         ix, fi = self._file(file_index)

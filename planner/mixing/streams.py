@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from planner.bounded import Bounded
 from planner.hashing import key, permutation
 
 __all__ = ["SourceStream", "finish_keys", "interleave_demo", "source_key"]
@@ -50,7 +51,7 @@ class SourceStream:
         self.seed = seed
         self.epoch_tokens = int(tokens.sum())
         self.largest = int(tokens.max()) if self.g else 0
-        self._perm: dict[int, tuple[I64, I64]] = {}
+        self._perm: Bounded[int, tuple[I64, I64]] = Bounded(8)  # the epochs in use, about
 
     def _epoch(self, e: int) -> tuple[I64, I64]:
         """Source epoch ``e``'s permutation and its prefix sums of tokens (``g + 1`` of them)."""
@@ -59,10 +60,13 @@ class SourceStream:
             perm = permutation(self.g, key(self.seed, self.key, e, 3))
             prefix = np.zeros(self.g + 1, np.int64)
             np.cumsum(self.tokens[perm], out=prefix[1:])
-            if len(self._perm) > 8:
-                self._perm.clear()
-            got = self._perm[e] = (perm, prefix)
+            got = (perm, prefix)
+            self._perm.put(e, got)
         return got
+
+    def items_kept(self) -> int:
+        """Items held by the kept permutations (what ``Interleave.items_kept`` counts)."""
+        return sum(len(p) for p, _ in self._perm.values())
 
     def items(self, start: int, stop: int) -> tuple[I64, I64, I64]:
         """Items ``[start, stop)`` of the stream: global row group, tokens, source epoch."""

@@ -356,13 +356,10 @@ def _build(
     h.update(np.ascontiguousarray(frame["tokens_selected"].to_numpy()).tobytes())
     # Duplicates as (row group, stored row, kept part, kept row group, kept stored row) need the
     # base's stream rows to map stream positions back: done lazily by dropped_of.
-    return DedupedIndex(
+    return DedupedIndex.over(
+        base,
         frame=frame,
-        column=base.column,
-        dtype=base.dtype,
         fingerprint=h.hexdigest(),
-        source=base.source,
-        _files=base._files,
         base=base,
         dedupe=key,
         exclude=excl,

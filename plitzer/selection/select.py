@@ -295,13 +295,10 @@ def _selected_index(ix: Index, norm: str, length_column: str | None, entries: li
     for a in range(0, len(rows_sel), step):
         pairs = zip(rows_sel[a : a + step].tolist(), tokens_sel[a : a + step].tolist(), strict=True)
         h.update("".join(f"{r}\t{t}\n" for r, t in pairs).encode())
-    return SelectedIndex(
+    return SelectedIndex.over(
+        ix,
         frame=frame,
-        column=ix.column,
-        dtype=ix.dtype,
         fingerprint=h.hexdigest(),
-        source=ix.source,
-        _files=ix._files,
         where=norm,
         length_column=length_column,
         base_fingerprint=ix.fingerprint,

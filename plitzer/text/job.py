@@ -204,15 +204,15 @@ def take_counts(layout: Index, counting: TextCounting, shares: Sequence[Share]) 
         rg = int(np.flatnonzero(ids < 0)[0])
         msg = f"the ranks' counting shares lack {layout.location(*_file_and_group(layout, rg))}; every rank must share"
         raise ConfigError(msg)
-    per = np.bincount(frame["file_index"].to_numpy(), minlength=len(layout._files))
+    per = np.bincount(frame["file_index"].to_numpy(), minlength=len(layout.entries))
     at = 0
-    for e, n in zip(layout._files, per.tolist(), strict=True):
+    for e, n in zip(layout.entries, per.tolist(), strict=True):
         path = counting.path(e.stat)
         if n and load_counts(path, n) is None:
             save_counts(path, np.stack([ids[at : at + n], bare[at : at + n]], axis=1))
         at += n
     counted = frame.with_columns(pl.Series("tokens", ids), pl.Series("empty_docs", bare))
-    return _under_policy(counted, layout.source, layout._files, counting)
+    return _under_policy(counted, layout.source, layout.entries, counting)
 
 
 def _file_and_group(ix: Index, rg: int) -> tuple[int, int]:

@@ -331,13 +331,10 @@ class TextCounting:
         return f"text\t{tok.kind}:{tok.identity}\tbos={self.add_bos}\teos={self.add_eos}\n"
 
     def wrap(self, ix: Index) -> TextIndex:
-        return TextIndex(
+        return TextIndex.over(
+            ix,
             frame=ix.frame,
-            column=ix.column,
-            dtype=ix.dtype,
             fingerprint=ix.fingerprint,
-            source=ix.source,
-            _files=ix._files,
             tokenizer=self.tokenizer,
             add_bos=self.add_bos,
             add_eos=self.add_eos,
