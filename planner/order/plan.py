@@ -45,6 +45,8 @@ __all__ = ["EPOCHS_KEPT", "LanesPlan", "Plan"]
 I64 = NDArray[np.int64]
 EPOCHS_KEPT = 4
 """Epochs' plans a plan keeps (the last used): a step touches at most two."""
+GIVE_BACK_FROM = 8192
+"""Row groups from which an epoch's plan gives its temporaries back (:func:`_given_back`)."""
 
 
 def _given_back(ep: EpochPlan) -> EpochPlan:
@@ -54,8 +56,12 @@ def _given_back(ep: EpochPlan) -> EpochPlan:
     scanner's: glibc keeps each thread's freed pages resident, so the first batch's
     reads (a text source's tokenizing: tens of MB) did not reuse them, and what the plan
     freed stayed in the peak, about 100-150 B a row group (docs/design.md, "Bytes a row group").
+    Only from :data:`GIVE_BACK_FROM` row groups (a megabyte or more given back): the trim
+    walks the whole C heap, 7 ms an epoch on the hot-path benchmark's 192 row groups (0.2 ns
+    a token, in the consumer's thread), for the few kilobytes a small plan frees.
     """
-    give_back_memory()
+    if len(ep.order) >= GIVE_BACK_FROM:
+        give_back_memory()
     return ep
 
 
