@@ -8,6 +8,8 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
@@ -255,6 +257,44 @@ def test_budget_is_respected_and_too_small_is_an_error(synth_dir: Path) -> None:
                 assert loader.held_bytes <= budget
             assert 0 < loader.peak_bytes <= budget
             assert loader.stats.overruns == 0
+
+
+def test_a_selection_that_empties_most_windows_needs_the_budget_of_those_with_data(tmp_path: Path) -> None:
+    """A predicate that keeps rows in 1 row group of 20: the empty windows between cost their lane tables only.
+
+    The floor counted every window inside a step as holding the largest row groups, and
+    asked for twice the whole selection; now the two windows at a step's ends (4 of the 20
+    row groups with data each), and a run at that floor never passes it.
+    """
+    rng = np.random.default_rng(3)
+    for f in range(2):
+        with pq.ParquetWriter(
+            tmp_path / f"f{f}.parquet", pa.schema([("tokens", pa.list_(pa.int32())), ("lang", pa.string())])
+        ) as w:
+            for g in range(200):
+                lens = rng.integers(100, 400, 20)
+                docs = pa.array([np.arange(n, dtype=np.int32) + 1000 * g for n in lens], pa.list_(pa.int32()))
+                w.write_table(pa.table({"tokens": docs, "lang": ["en" if g % 20 == 0 else "fr"] * 20}))
+    cfg = {"lanes": 4, "seq_len": 256, "window": 4, "seed": 2, "where": "lang = 'en'"}
+    with plitzer.Loader(tmp_path, budget=1 << 30, **cfg) as big:
+        frame = big.plan.dataset.frame
+        want = [tokens_of(big.next_batch()).copy() for _ in range(3 * len(big))]
+    tok, rows = frame["tokens_selected"].to_numpy(), frame["rows_selected"].to_numpy()
+    assert (tok > 0).sum() == 20 and len(tok) == 400
+    need, units = budget_floor(tok, rows, lanes=4, window=4, seq_len=256)
+    assert units > 2  # a step spans the empty windows between two with data
+    whole_selection = int((8 * tok + 48 * rows).sum())  # decoded and packed, every selected row group
+    assert need < whole_selection / 2
+    with pytest.raises(plitzer.ConfigError, match=f"at least {need:,}"):
+        plitzer.Loader(tmp_path, budget=need - 1, **cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", plitzer.PerformanceWarning)
+        loader = plitzer.Loader(tmp_path, budget=need, **cfg)
+    with loader:
+        for t, expected in enumerate(want):
+            np.testing.assert_array_equal(tokens_of(loader.next_batch()), expected, err_msg=f"step {t}")
+            assert loader.held_bytes <= need
+        assert loader.stats.overruns == 0
 
 
 def test_bad_settings_name_field_value_and_fix(synth_dir: Path) -> None:

@@ -11,7 +11,7 @@ row boundary (one per ``seq_len`` tokens of a lane) inside a piece:
 
     decoded   4 * tokens + 8 * documents           (freed once the unit is packed)
     packed    4 * tokens + PIECE_BYTES * pieces + LANE_BYTES * (lanes + 1)
-    pieces   <= documents + lanes + tokens // seq_len + lanes
+    pieces   <= documents + lanes + tokens // seq_len + lanes, and <= documents + tokens
 
 >>> decoded_bytes(1000, 10), packed_bytes(1000, 10, lanes=4, seq_len=100)
 (4080, 5240)
@@ -39,8 +39,14 @@ def decoded_bytes(tokens: Any, rows: Any) -> Any:
 
 
 def max_pieces(tokens: Any, rows: Any, lanes: int, seq_len: int) -> Any:
-    """At most this many pieces in a unit of ``tokens`` and ``rows`` for ``lanes`` rank lanes."""
-    return rows + 2 * lanes + 1 + tokens // max(seq_len, 1)
+    """At most this many pieces in a unit of ``tokens`` and ``rows`` for ``lanes`` rank lanes.
+
+    Also at most ``rows + tokens``: a piece of a document holds a token of it, or is an
+    empty document whole. So a window that a selection left empty (SPEC section 10: its
+    row groups keep their places, hold no row and are never read) costs no piece.
+    """
+    most, each = rows + 2 * lanes + 1 + tokens // max(seq_len, 1), rows + tokens
+    return np.minimum(most, each) if isinstance(most, np.ndarray) else min(most, each)
 
 
 def packed_bytes(tokens: Any, rows: Any, *, lanes: int, seq_len: int) -> Any:
@@ -101,9 +107,29 @@ def budget_floor(
         inside_full = x // full if full > 0 else epochs * per_epoch
     inside_short = epochs - 1 if short and int(asc[:short].sum()) <= x else 0
     base = min(2 + inside_full + inside_short, epochs * per_epoch)
-    count = (min(2 + inside_full, base) + ahead) * window + inside_short * short
     units = base + ahead
+    # Windows that hold data: a selection may leave most row groups without a row, and the
+    # windows of those alone cost only their lane table, however many a step spans.
+    costly = min(2 + _inside_with_data(tok, n, window, x, inside_full), base)
+    count = (costly + ahead) * window + inside_short * short
     whole, part = divmod(count, g)
     per_unit = PIECE_BYTES * (2 * lanes + 2) + LANE_BYTES * (lanes + 1)
-    need = whole * int(est.sum()) + int(est[:part].sum()) + units * per_unit
+    with_data = min(costly + ahead + inside_short, units)
+    lane_table = LANE_BYTES * (lanes + 1)
+    need = whole * int(est.sum()) + int(est[:part].sum()) + with_data * per_unit + (units - with_data) * lane_table
     return need, units
+
+
+def _inside_with_data(tok: NDArray[np.int64], rows: NDArray[np.int64], window: int, x: int, inside: int) -> int:
+    """At most this many windows holding a row lie wholly inside ``x`` tokens of the run (``inside``: any window).
+
+    A window with a row holds a row group with tokens, unless some row group holds only
+    empty documents (then ``inside``, every window counted). Such a window holds at least
+    the fewest tokens of ``window`` row groups with as many empty ones (no row) as there are.
+    """
+    empty = tok == 0
+    if not empty.any() or (rows[empty] > 0).any() or len(tok) < window:
+        return inside
+    some = np.sort(tok[~empty])
+    fewest = int(some[: max(1, window - int(empty.sum()))].sum())
+    return min(x // fewest, inside)
