@@ -107,12 +107,12 @@ def measure(data: str, key: str, cache: str, spill_keys: int = 0) -> dict[str, f
     tiny.mkdir(parents=True, exist_ok=True)
     two = pa.table({"tokens": pa.array([[1], [1]], pa.list_(pa.int32())), "url": ["a", "a"]})
     pq.write_table(two, tiny / "w.parquet")
-    dedupe_index(plitzer.index(tiny), dedupe=key, progress=False)
+    dedupe_index(plitzer.index(tiny), key, progress=False)
     ix = plitzer.index(data)  # footers (not the pass)
     before = _status("VmRSS")
     _reset_peak()
     t = time.perf_counter()
-    dd = dedupe_index(ix, dedupe=key, progress=False)
+    dd = dedupe_index(ix, key, progress=False)
     wall = time.perf_counter() - t
     peak = _status("VmHWM")  # this process's own peak (ru_maxrss would carry the parent's across exec)
     return {
@@ -144,7 +144,7 @@ def rank_measure(data: str, cache: str, rank: int, world: int, port: int) -> dic
     before = _status("VmRSS")
     _reset_peak()
     t = time.perf_counter()
-    dd = dedupe_index(ix, dedupe="tokens", rank=rank, world=world, exchange=exchange, progress=False)
+    dd = dedupe_index(ix, "tokens", rank=rank, world=world, exchange=exchange, progress=False)
     wall = time.perf_counter() - t
     peak = _status("VmHWM")
     dist.destroy_process_group()

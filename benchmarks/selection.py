@@ -37,7 +37,7 @@ def _pass(data: Path, where: str, length_column: str | None) -> tuple[float, int
     os.environ["PLITZER_CACHE"] = tempfile.mkdtemp(prefix="plitzer-select-bench-")
     ix = plitzer.index(data)  # footers only (not timed: the index is not the pass)
     t = time.perf_counter()
-    sel = select_index(ix, where, length_column=length_column, progress=False)
+    sel = select_index(ix, plitzer.Selection(where=where, length_column=length_column), progress=False)
     return time.perf_counter() - t, int(ix.frame["rows"].sum()), ix.tokens if sel.tokens else 0
 
 
@@ -84,7 +84,7 @@ def main() -> None:
 
     ix = plitzer.index(data)
     t = time.perf_counter()
-    sel = select_index(ix, half, length_column="token_count", progress=False)
+    sel = select_index(ix, plitzer.Selection(where=half, length_column="token_count"), progress=False)
     warm = time.perf_counter() - t
     kept = sel.tokens / ix.tokens
     print(f"dataset: {len(ix.files)} files, {ix.row_groups} row groups, {rows:,} rows, {tokens:,} tokens")

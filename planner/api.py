@@ -82,9 +82,10 @@ def _selector(given: Selector | None) -> Selector:
 
 
 Deduper = Callable[..., RowGroupIndex]
-"""The deduplication and exclusion pass (``dedupe=``, ``exclude=``; SPEC section 14): an index in, the index of
-the rows it keeps out (``plitzer.deduper``, :func:`plitzer.selection.dedupe.dedupe_index`). It reads data, so
-it is the runtime's, and the caller passes it (``deduper=``)."""
+"""The deduplication and exclusion pass (``dedupe=``, ``exclude=``; SPEC section 14): an index and the run's
+:class:`~planner.parameters.Selection` in, the index of the rows it keeps out (``plitzer.deduper``,
+:func:`plitzer.selection.dedupe.dedupe_index`). It reads data, so it is the runtime's, and the caller passes
+it (``deduper=``)."""
 
 NO_DEDUPER = (
     "dedupe= and exclude= need the deduplication pass, which reads data (planner reads metadata only): "
@@ -203,8 +204,7 @@ def open_index(
             cast("Mapping[str, Any] | MixtureIndex", source),  # what source_kind found
             column=column,
             storage_options=storage_options,
-            where=where,
-            length_column=length_column,
+            selection=selection,
             select=_selector(select),
             text=text_source,
             opened=opened,
@@ -219,7 +219,9 @@ def open_index(
         ix = ensure_index(paths, column=column, storage_options=storage_options, count=count)
     if where is None:
         return ix
-    spec = SourceSpec(name="", path=ix.source, column=ix.column, where=where, length_column=length_column)
+    spec = SourceSpec(
+        name="", path=ix.source, column=ix.column, selection=Selection(where=where, length_column=length_column)
+    )
     return _selector(select)(ix, spec)
 
 
@@ -319,7 +321,8 @@ def plan(
     selector = runtime_pass(selector, SELECT)  # plitzer.plan is this function (SPEC section 6)
     deduper = runtime_pass(deduper, DEDUPE)
     count = runtime_pass(count, COUNT)
-    selection = Selection(where=where, length_column=length_column)
+    exclude = None if exclude is None else os.fspath(exclude)
+    selection = Selection(where=where, length_column=length_column, dedupe=dedupe, exclude=exclude)
     ix = open_index(
         source,
         column=column,
@@ -329,11 +332,11 @@ def plan(
         select=selector,
         count=count,
     )
-    if dedupe is not None or exclude is not None:  # SPEC section 14: the runtime's pass, as where='s
+    if selection.dedupe is not None or selection.exclude is not None:  # SPEC section 14: the runtime's pass
         if deduper is None:
             raise ConfigError(NO_DEDUPER)
         order = [str(n) for n in source] if isinstance(source, Mapping) else None
-        ix = deduper(ix, dedupe=dedupe, exclude=exclude, storage_options=storage_options, order=order)
+        ix = deduper(ix, selection, storage_options=storage_options, order=order)
     p = make_plan(ix, settings, weights=weights, seq_len=seq_len, layout=layout)
     p.columns = columns_of(columns)
     return p

@@ -29,6 +29,7 @@ from plitzer.tools.locate import locate
 from plitzer.selection.select import select_spec as selector
 from plitzer.selection.dedupe import dedupe_index as deduper
 from planner import index, plan
+from planner.parameters import Selection
 from plitzer.state.checkpoint import load_checkpoint, merge, save_checkpoint
 
 __version__ = "0.5.0.dev0"  # the one source of the version: pyproject.toml reads it from here
@@ -45,6 +46,7 @@ __all__ = [
     "LoaderSettings",
     "PlitzerError",
     "PlitzerWarning",
+    "Selection",
     "StorageError",
     "StorageWaitWarning",
     "Tokens",

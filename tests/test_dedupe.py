@@ -164,11 +164,11 @@ def test_planted_duplicates_within_and_across_row_groups_and_files(tmp_path: Pat
     x, y, z = [1, 2, 3], [4, 5], [6]
     write_rows(tmp_path / "d/a.parquet", [(x, "u1"), (y, "u2"), (x, "u1"), (z, "u3")], [0, 1, 2, 3], [2, 2])
     write_rows(tmp_path / "d/b.parquet", [(y, "u2"), (z, "u9"), ([7, 8], "u4")], [4, 5, 6], [3])
-    ix = dd.dedupe_index(plitzer.index(tmp_path / "d"), dedupe="tokens")
+    ix = dd.dedupe_index(plitzer.index(tmp_path / "d"), "tokens")
     assert ix.frame["rows_duplicate"].to_list() == [0, 1, 2]  # x again; y and z again in the next file
     assert [ix.selected_rows(g).tolist() for g in range(3)] == [[0, 1], [1], [2]]
     assert ix.frame["tokens_selected"].to_list() == [5, 1, 2]
-    by_url = dd.dedupe_index(plitzer.index(tmp_path / "d"), dedupe="url")
+    by_url = dd.dedupe_index(plitzer.index(tmp_path / "d"), "url")
     assert by_url.frame["rows_duplicate"].to_list() == [0, 1, 1]  # u9 is new
     assert dropped.dropped_of(ix, 2, 0) == ("duplicate", ("", 0, 1))  # b.parquet row 0 is a.parquet's row 1
     assert dropped.dropped_of(ix, 0, 0) is None
@@ -177,7 +177,7 @@ def test_planted_duplicates_within_and_across_row_groups_and_files(tmp_path: Pat
 def test_null_keys_are_never_duplicates(tmp_path: Path) -> None:
     t = pa.table({"tokens": pa.array([[1], [2], [3], [4]], pa.list_(pa.int32())), "url": ["a", None, None, "a"]})
     pq.write_table(t, tmp_path / "n.parquet")
-    ix = dd.dedupe_index(plitzer.index(tmp_path / "n.parquet"), dedupe="url")
+    ix = dd.dedupe_index(plitzer.index(tmp_path / "n.parquet"), "url")
     assert ix.selected_rows(0).tolist() == [0, 1, 2]
 
 
@@ -227,7 +227,7 @@ def test_exclude_matches_all_columns_of_a_row(tmp_path: Path) -> None:
     t = pa.table({"tokens": pa.array([[1], [2], [3]], pa.list_(pa.int32())), "url": ["a", "b", "a"], "id": [1, 2, 3]})
     pq.write_table(t, tmp_path / "d.parquet")
     pq.write_table(pa.table({"url": ["a", "b"], "id": [3, 1]}), tmp_path / "x.parquet")
-    ix = dd.dedupe_index(plitzer.index(tmp_path / "d.parquet"), exclude=tmp_path / "x.parquet")
+    ix = dd.dedupe_index(plitzer.index(tmp_path / "d.parquet"), plitzer.Selection(exclude=tmp_path / "x.parquet"))
     assert ix.selected_rows(0).tolist() == [0, 1]  # only (a, 3) is listed
     assert dropped.dropped_of(ix, 0, 2) == ("excluded", None)
 
@@ -247,7 +247,7 @@ def test_a_pass_beyond_memory_spills_its_keys_by_bucket_and_gives_the_same_resul
         else:
             with plitzer.Loader(source, **CFG) as ld:
                 ix = ld.index
-        want = dd.dedupe_index(ix, dedupe=key, exclude=path)
+        want = dd.dedupe_index(ix, plitzer.Selection(dedupe=key, exclude=path))
         assert int(want.frame["rows_duplicate"].sum()) > 0 and int(want.frame["rows_excluded"].sum()) > 0
         monkeypatch.setattr(firsts, "SPILL_KEYS", 7)  # a handful of keys a bucket: many buckets
         buckets: list[int] = []
@@ -258,7 +258,7 @@ def test_a_pass_beyond_memory_spills_its_keys_by_bucket_and_gives_the_same_resul
 
         monkeypatch.setattr(dd, "resolve_spilled", spy)
         monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / f"spilled-{n}"))
-        got = dd.dedupe_index(ix, dedupe=key, exclude=path)
+        got = dd.dedupe_index(ix, plitzer.Selection(dedupe=key, exclude=path))
         assert buckets and buckets[0] > 8
         wants = want.parts if isinstance(want, MixtureIndex) else [want]
         gots = got.parts if isinstance(got, MixtureIndex) else [got]
@@ -352,6 +352,10 @@ def test_refusals(data: Path, tmp_path: Path) -> None:
         plitzer.Loader(data, dedupe="nope", **CFG)
     with pytest.raises(ConfigError, match="must be 'tokens'"):
         plitzer.Loader(data, dedupe="", **CFG)
+    ix = plitzer.index(data)
+    with pytest.raises(ConfigError, match="must be 'tokens'"):
+        dd.dedupe_index(ix, "")  # a str is the key alone
+    assert dd.dedupe_index(ix, plitzer.Selection(where="score > 1")) is ix  # where= is the selection pass's
     pq.write_table(pa.table({"urll": ["x"]}), tmp_path / "bad.parquet")
     with pytest.raises(ConfigError, match="'urll' is not a column"):
         plitzer.Loader(data, exclude=tmp_path / "bad.parquet", **CFG)
@@ -377,12 +381,12 @@ def test_the_pass_is_cached_and_reads_only_the_key(data: Path, monkeypatch: pyte
         return real(ix, rg, column, runs)
 
     monkeypatch.setattr(keying, "read_column", spy)
-    first = dd.dedupe_index(plitzer.index(data), dedupe="url")
+    first = dd.dedupe_index(plitzer.index(data), "url")
     assert set(read) == {"url"}
     read.clear()
     calls: list[int] = []
     monkeypatch.setattr(keying.KeyPass, "hash_rg", lambda self, p, rg, runs=None: calls.append(rg))
-    again = dd.dedupe_index(plitzer.index(data), dedupe="url")
+    again = dd.dedupe_index(plitzer.index(data), "url")
     assert calls == [] and read == []
     assert again.frame.equals(first.frame)
 
@@ -415,7 +419,7 @@ def test_ranks_split_phase_one_and_each_resolves_only_the_keys_it_owns(
     members = [group.member(r) for r in range(world)]
     got = run_ranks(
         world,
-        lambda r: dd.dedupe_index(ix, dedupe="tokens", rank=r, world=world, exchange=members[r].all_gather),
+        lambda r: dd.dedupe_index(ix, "tokens", rank=r, world=world, exchange=members[r].all_gather),
     )
     assert sorted(keyed) == sorted(a for _, a, _ in chunks)  # every chunk keyed once, by one rank
     assert all(m.calls == world + 3 for m in members)
@@ -425,7 +429,7 @@ def test_ranks_split_phase_one_and_each_resolves_only_the_keys_it_owns(
     assert max(resolved) < len(keys)
     monkeypatch.undo()
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "whole"))
-    whole = dd.dedupe_index(plitzer.index(data), dedupe="tokens")
+    whole = dd.dedupe_index(plitzer.index(data), "tokens")
     for g in got:
         assert g.frame.equals(whole.frame)
         assert np.array_equal(g.duplicates, whole.duplicates)
@@ -453,7 +457,7 @@ def test_a_ranks_error_in_phase_one_is_raised_on_every_rank(
 
     def one(r: int) -> Any:
         try:
-            return dd.dedupe_index(ix, dedupe="tokens", rank=r, world=2, exchange=group.member(r).all_gather)
+            return dd.dedupe_index(ix, "tokens", rank=r, world=2, exchange=group.member(r).all_gather)
         except DataError as e:
             return e
 
@@ -463,7 +467,7 @@ def test_a_ranks_error_in_phase_one_is_raised_on_every_rank(
 
 def test_in_process_ranks_share_the_cache(data: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "c"))
-    frames = [dd.dedupe_index(plitzer.index(data), dedupe="url", rank=r, world=4).frame for r in range(4)]
+    frames = [dd.dedupe_index(plitzer.index(data), "url", rank=r, world=4).frame for r in range(4)]
     assert all(f.equals(frames[0]) for f in frames)
 
 
@@ -573,11 +577,11 @@ def test_the_pass_runs_on_ray_ahead_of_the_job(data: Path, monkeypatch: pytest.M
         assert keying.dedupe_on_ray(ix, dedupe="tokens", source=str(data)) == len(keying.key_chunks([ix]))
     calls: list[int] = []
     monkeypatch.setattr(keying.KeyPass, "hash_rg", lambda self, p, rg, runs=None: calls.append(rg))
-    got = dd.dedupe_index(ix, dedupe="tokens")
+    got = dd.dedupe_index(ix, "tokens")
     assert calls == []  # the Ray tasks' keys are in this cache folder
     monkeypatch.undo()
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "fresh"))
-    assert dd.dedupe_index(plitzer.index(data), dedupe="tokens").frame.equals(got.frame)
+    assert dd.dedupe_index(plitzer.index(data), "tokens").frame.equals(got.frame)
 
 
 def test_locate_says_a_dropped_document_was_dropped_and_which_was_kept(tmp_path: Path) -> None:

@@ -275,6 +275,16 @@ def test_bad_length_columns_are_config_errors(data: Path) -> None:
         plitzer.Loader(data, length_column="token_count", **CFG)  # type: ignore[arg-type]
 
 
+def test_the_pass_takes_the_selection_value_or_its_predicate(data: Path) -> None:
+    """A str is the predicate alone; a Selection without one is refused naming the fix; dedupe= is not read."""
+    ix = plitzer.index(data)
+    alone = sel.select_index(ix, "score >= 3")
+    assert sel.select_index(ix, plitzer.Selection(where="score >= 3", dedupe="tokens")).frame.equals(alone.frame)
+    for none in (plitzer.Selection(), plitzer.Selection(length_column="token_count", dedupe="url")):
+        with pytest.raises(ConfigError, match=r"no predicate to select by; give its where="):
+            sel.select_index(ix, none)
+
+
 def test_tables_carry_the_selected_counts(data: Path) -> None:
     where = f"(id // {DOCS}) % 3 != 0 and int_score >= 2"
     p = plitzer.plan(data, where=where, seed=3, lanes=4, window=3, world=2)
@@ -507,7 +517,9 @@ def test_the_pass_parses_each_footer_once_and_keeps_none(
         return real(raw, where, **kw)
 
     monkeypatch.setattr(footer, "parse", counted)
-    got = sel.select_index(ix, "language = 'de' or int_score = 4", length_column="token_count", threads=2)
+    got = sel.select_index(
+        ix, plitzer.Selection(where="language = 'de' or int_score = 4", length_column="token_count"), threads=2
+    )
     files = [f.location for f in ix.files]
     assert sorted(set(parsed)) == sorted(files)  # every file's footer, for its columns' chunks
     assert len(parsed) <= len(files) + 1  # once each (the first file's once more, for the schema)

@@ -87,13 +87,6 @@ LISTED_BY_HAND = {
     "plitzer/state/settings.py::class LoaderSettings",
     # The checkpoint's fields in the order their bytes are written.
     "plitzer/state/checkpoint.py::dict",
-    # A mixture's source: its own column, store, selection and job index (the selection pass reads its fields).
-    "planner/mixing/sources.py::class SourceSpec",
-    # The selection passes' signatures, and the call of one of them.
-    "plitzer/state/settings.py:dedupe_pass:call dedupe_index",
-    "plitzer/selection/dedupe.py::def dedupe_index",
-    "plitzer/selection/select.py::def select_index",
-    "plitzer/selection/select.py::def _ray_chunk",
 }
 """The places that list five or more parameter names (tests/parameter_places.py): a new one fails here."""
 
@@ -267,7 +260,7 @@ def test_planner_plan_takes_the_selector_explicitly(data: str) -> None:
     calls: list[str | None] = []
 
     def spy(ix: Any, spec: Any) -> Any:
-        calls.append(spec.where)
+        calls.append(spec.selection.where)
         return plitzer.selector(ix, spec)
 
     assert planner.plan(data, where="score >= 3", lanes=4, window=2, selector=spy).tokens == want.tokens
@@ -322,7 +315,9 @@ def test_the_planners_checks_of_a_source_are_in_api() -> None:
 def test_each_index_says_its_own_checkpoint_fields(data: str, tmp_path: Path) -> None:
     ix = plitzer.index(data)
     assert ix.config_fields() == {} and ix.selected_rows(0) is None and ix.length_source("n") == "n"
-    sel = plitzer.selector(ix, planner.mixing.sources.SourceSpec(name="", path=data, where="score >= 3"))
+    sel = plitzer.selector(
+        ix, planner.mixing.sources.SourceSpec(name="", path=data, selection=Selection(where="score >= 3"))
+    )
     assert sel.config_fields() == {"where": "(score >= 3)", "length_column": ""}  # normalized
     assert sel.length_source("n") is None and sel.selected_rows(0) is not None
     other = tmp_path / "b"

@@ -26,6 +26,7 @@ from planner.catalog.footer import ChunkCounter
 from planner.catalog.rowgroups import FrameTotals, with_selected
 from planner.errors import ConfigError
 from planner.mixing.sources import SourceSpec, source_specs
+from planner.parameters import Selection
 from planner.stores.storage import FileStat, Storage
 
 __all__ = ["MixtureIndex", "is_mixture", "mixture_index"]
@@ -162,8 +163,7 @@ def mixture_index(
     *,
     column: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
-    where: str | None = None,
-    length_column: str | None = None,
+    selection: Selection | None = None,
     select: Callable[[Index, SourceSpec], Index] | None = None,
     text: Callable[[SourceSpec], Index] | None = None,
     opened: Mapping[str, Index] | None = None,
@@ -171,7 +171,7 @@ def mixture_index(
 ) -> MixtureIndex:
     """Index every source of a dict of named sources (footers only, cached).
 
-    A source with a ``where`` (its own, else the one given here) is selected by
+    A source with a ``where`` (its own, else ``selection``'s) is selected by
     ``select`` (the runtime's selection pass, ``plitzer.selection.select``), and a text source
     (one with a ``tokenizer``) is indexed by ``text`` (its counting pass tokenizes):
     plitzer passes both, planner runs neither, and without them such a source is a
@@ -182,14 +182,12 @@ def mixture_index(
     """
     if isinstance(sources, MixtureIndex):
         return sources
-    specs = source_specs(
-        sources, column=column, storage_options=storage_options, where=where, length_column=length_column
-    )
+    specs = source_specs(sources, column=column, storage_options=storage_options, selection=selection)
     parts = []
     for s in specs:
         if opened is not None and s.name in opened:
             ix = opened[s.name]
-            parts.append(ix if s.where is None or select is None or s.text is not None else select(ix, s))
+            parts.append(ix if s.selection.where is None or select is None or s.text is not None else select(ix, s))
             continue
         if s.text is not None:
             if text is None:
@@ -204,7 +202,7 @@ def mixture_index(
             ix = jobindex.load(s.index, s.path, column=s.column, storage_options=s.storage_options)
         else:
             ix = ensure_index(s.path, column=s.column, storage_options=s.storage_options, count=count)
-        if s.where is not None:
+        if s.selection.where is not None:
             if select is None:
                 msg = f"source {s.name!r}: where= needs the runtime's selection pass; import plitzer first"
                 raise ConfigError(msg)

@@ -14,19 +14,21 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from planner.errors import ConfigError
-from planner.parameters import TextSettings, names_of
+from planner.parameters import Selection, TextSettings, names_of
 
 __all__ = ["SourceSpec", "Stage", "Weights", "parse_stages", "source_specs"]
 
 Weights = Mapping[str, Any] | Sequence[tuple[int, Mapping[str, Any]]] | None
 _TEXT_KEYS = names_of(TextSettings)
+_SELECTION_KEYS = ("where", "length_column")
+"""The fields of :class:`~planner.parameters.Selection` a source has (deduplication is the mixture's)."""
 _MAX_TOTAL_WEIGHT = 1 << 24
 
 
@@ -34,6 +36,8 @@ _MAX_TOTAL_WEIGHT = 1 << 24
 class SourceSpec:
     """One named source: a path (or list of paths), its token column and storage options.
 
+    ``selection`` holds its ``where`` and ``length_column`` (SPEC section 10), the
+    selection pass's (only those two: ``dedupe`` and ``exclude`` are the whole mixture's).
     ``text`` holds a text source's ``tokenizer`` and optionally ``text_column``,
     ``add_eos`` and ``add_bos`` (SPEC section 9), as given: planner reads footers only,
     so plitzer indexes such a source (``plitzer.text.source``); None for token data.
@@ -43,17 +47,16 @@ class SourceSpec:
     path: str | list[str]
     column: str | None = None
     storage_options: Mapping[str, Any] | None = None
-    where: str | None = None
-    length_column: str | None = None
+    selection: Selection = field(default_factory=Selection)
     text: Mapping[str, Any] | None = None
     index: str | None = None
     """The source's job index (``plitzer index PATH --out URL``), read instead of its footers."""
 
 
-_SPEC_KEYS = tuple(k for k in names_of(SourceSpec) if k not in ("name", "path", "text"))
+_SPEC_KEYS = tuple(k for k in names_of(SourceSpec) if k not in ("name", "path", "selection", "text"))
 """The keys of a source's dict that set its spec's field of the same name (the loader's keywords otherwise)."""
-_SOURCE_KEYS = {"path", *_SPEC_KEYS, *_TEXT_KEYS}
-"""The keys of a source's dict: its path, its spec's fields, a text source's settings for ``text``."""
+_SOURCE_KEYS = {"path", *_SPEC_KEYS, *_SELECTION_KEYS, *_TEXT_KEYS}
+"""The keys of a source's dict: its path, its spec's fields, its selection's, a text source's settings for ``text``."""
 
 
 def source_specs(
@@ -61,19 +64,20 @@ def source_specs(
     *,
     column: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
-    where: str | None = None,
-    length_column: str | None = None,
+    selection: Selection | None = None,
 ) -> list[SourceSpec]:
     """Check a dict of named sources; sources are ordered by name (bytewise).
 
     Each value is a path, a list of paths, or a dict with ``path`` and optionally
     ``column``, ``storage_options``, ``where`` and ``length_column``; those given to
-    the loader are the defaults.
+    the loader (``selection``'s ``where`` and ``length_column``) are the defaults.
     """
     if not sources:
         msg = "sources={} names no source; give at least one, e.g. {'web': 'data/web'}"
         raise ConfigError(msg)
-    given = SourceSpec("", "", column=column, storage_options=storage_options, where=where, length_column=length_column)
+    sel = Selection() if selection is None else selection
+    of_source = Selection(where=sel.where, length_column=sel.length_column)  # a source's part of the selection
+    given = SourceSpec("", "", column=column, storage_options=storage_options, selection=of_source)
     specs = []
     for name in sorted(sources):
         if not isinstance(name, str) or not name:
@@ -90,7 +94,9 @@ def source_specs(
                 )
                 raise ConfigError(msg)
             text = {k: value[k] for k in _TEXT_KEYS if k in value} or None
-            own = {k: value[k] for k in _SPEC_KEYS if k in value}
+            own: dict[str, Any] = {k: value[k] for k in _SPEC_KEYS if k in value}
+            if any(k in value for k in _SELECTION_KEYS):
+                own["selection"] = replace(given.selection, **{k: value[k] for k in _SELECTION_KEYS if k in value})
             spec = replace(given, name=name, path=value["path"], text=text, **own)
             job = spec.index
             if job is not None and not isinstance(job, (str, os.PathLike)):
@@ -118,13 +124,11 @@ def _checked(spec: SourceSpec) -> SourceSpec:
     else:
         msg = f"source {name!r}: path {path!r} must be a path, an s3:// URL or a list of them"
         raise ConfigError(msg)
-    if spec.length_column is not None and spec.where is None:
-        msg = (
-            f"source {name!r}: length_column={spec.length_column!r} without where=; the length column serves "
-            "a selection"
-        )
+    where, length_column = spec.selection.where, spec.selection.length_column
+    if length_column is not None and where is None:
+        msg = f"source {name!r}: length_column={length_column!r} without where=; the length column serves a selection"
         raise ConfigError(msg)
-    if spec.text is not None and spec.where is not None:
+    if spec.text is not None and where is not None:
         msg = (
             f"source {name!r}: where= with a text source (tokenizer=) is not supported; tokenize it "
             "first with `plitzer tokenize` and select on the token dataset"

@@ -12,6 +12,7 @@ import polars as pl
 
 from planner.errors import ConfigError
 from planner.order.layout import Layout
+from planner.parameters import Selection
 from planner.progress import terminal_progress
 from plitzer.cli.options import (
     columns_of,
@@ -194,19 +195,13 @@ def cmd_index(args: argparse.Namespace) -> int:
         print(
             f"job index: {args.out} ({len(ix.files):,} files, {ix.row_groups:,} row groups, {len(data):,} bytes{also})"
         )
+    selection = Selection(where=args.where, length_column=args.length_column, dedupe=args.dedupe, exclude=args.exclude)
     if args.where is not None:
         from plitzer.selection.select import select_index, select_on_ray
 
         if args.engine == "ray":
-            select_on_ray(
-                ix,
-                args.where,
-                length_column=args.length_column,
-                source=source,
-                storage_options=storage_options_of(args),
-                address=args.address,
-            )
-        ix = select_index(ix, args.where, length_column=args.length_column, progress=terminal_progress())
+            select_on_ray(ix, selection, source=source, storage_options=storage_options_of(args), address=args.address)
+        ix = select_index(ix, selection, progress=terminal_progress())
     elif (args.engine == "ray" and args.dedupe is None and args.exclude is None) or args.length_column is not None:
         msg = "--engine ray and --length-column run the selection pass: give --where (or --dedupe, --exclude)"
         raise ConfigError(msg)
@@ -224,11 +219,7 @@ def cmd_index(args: argparse.Namespace) -> int:
                 address=args.address,
             )
         ix = dedupe_index(  # type: ignore[assignment]  # a DedupedIndex: an Index
-            ix,
-            dedupe=args.dedupe,
-            exclude=args.exclude,
-            storage_options=storage_options_of(args),
-            progress=terminal_progress(),
+            ix, selection, storage_options=storage_options_of(args), progress=terminal_progress()
         )
     f = ix.frame
     columns: dict[str, list[Any]] = {

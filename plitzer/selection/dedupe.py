@@ -48,6 +48,7 @@ from planner.catalog.dataset import Index
 from planner.catalog.rowgroups import RowGroupIndex, stream_counts, with_selected
 from planner.errors import ConfigError, DataError
 from planner.mixing.mixindex import MixtureIndex
+from planner.parameters import Selection
 from planner.stores.cache import cache_dir, digest
 from plitzer.readpath.read import read_chunk
 from plitzer.selection import firsts
@@ -184,9 +185,8 @@ def _result_path(parts: Sequence[Index], key: str, excl: str, cols: str) -> Any:
 
 def dedupe_index(
     ix: RowGroupIndex,
+    selection: Selection | str,
     *,
-    dedupe: str | None = None,
-    exclude: str | os.PathLike[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     order: Sequence[str] | None = None,
     rank: int = 0,
@@ -202,10 +202,12 @@ def dedupe_index(
     ix : planner.Index or mixture index
         The dataset (a ``where=`` selection, a text source) or a mixture: a mixture's
         sources are deduplicated together, in ``order`` (names; default: the index's).
-    dedupe : str, optional
-        ``"tokens"`` (equal token lists) or a column (equal non-null values).
-    exclude : str or PathLike, optional
-        A Parquet or CSV table whose columns are dataset columns (local or any store).
+    selection : planner.parameters.Selection or str
+        Its ``dedupe`` (optional): ``"tokens"`` (equal token lists) or a column (equal
+        non-null values); its ``exclude`` (optional): a Parquet or CSV table whose columns
+        are dataset columns (local or any store). A str is the key alone
+        (``Selection(dedupe=that)``). Its ``where`` and ``length_column`` are the
+        selection pass's (:func:`plitzer.selection.select.select_index`), not read here.
     rank, world, exchange
         This rank's share of phase 1, and how the ranks share it (see the module).
 
@@ -215,10 +217,12 @@ def dedupe_index(
     >>> d = tempfile.mkdtemp()
     >>> docs = pa.array([[1, 2], [3], [1, 2], [4, 5, 6]], pa.list_(pa.int32()))
     >>> pq.write_table(pa.table({"tokens": docs}), f"{d}/a.parquet")
-    >>> dd = dedupe_index(plitzer.index(d), dedupe="tokens")
+    >>> dd = dedupe_index(plitzer.index(d), "tokens")
     >>> dd.frame.select("rows", "rows_kept", "rows_duplicate", "tokens_selected").row(0)
     (4, 3, 1, 6)
     """
+    sel = selection if isinstance(selection, Selection) else Selection(dedupe=selection)
+    dedupe, exclude = sel.dedupe, sel.exclude
     if dedupe is not None and (not isinstance(dedupe, str) or not dedupe):
         msg = f"dedupe={dedupe!r} must be 'tokens' (equal token lists) or the name of a column (e.g. 'url')"
         raise ConfigError(msg)

@@ -60,6 +60,7 @@ from planner.catalog.dataset import Index
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError, DataError, SelectionError
 from planner.mixing.sources import SourceSpec
+from planner.parameters import Selection
 from planner.stores.cache import cache_dir
 from plitzer.readpath.read import read_chunk
 from plitzer.selection.evaluate import (
@@ -178,27 +179,27 @@ def select_config(ix: RowGroupIndex) -> dict[str, Any]:
 
 def select_index(
     ix: Index,
-    where: str,
+    selection: Selection | str,
     *,
-    length_column: str | None = None,
     rank: int = 0,
     world: int = 1,
     threads: int | None = None,
     progress: bool | None = None,
     exchange: Exchange | None = None,
 ) -> SelectedIndex:
-    """The index of the rows of ``ix`` for which ``where`` is true (the selection pass, cached).
+    """The index of the rows of ``ix`` that ``selection``'s predicate keeps (the selection pass, cached).
 
     Parameters
     ----------
     ix : planner.Index
         The dataset's index (token data; a text source is tokenized first).
-    where : str
-        A DuckDB SQL boolean expression over the dataset's columns other than the
-        token column.
-    length_column : str, optional
-        An integer column holding each row's token count: the pass then reads it
-        instead of decoding the token column (checked against the footer's count).
+    selection : planner.parameters.Selection or str
+        Its ``where``: a DuckDB SQL boolean expression over the dataset's columns other
+        than the token column; its ``length_column`` (optional): an integer column holding
+        each row's token count, which the pass then reads instead of decoding the token
+        column (checked against the footer's count). A str is the predicate alone
+        (``Selection(where=that)``); ``dedupe`` and ``exclude`` are another pass's
+        (:func:`plitzer.selection.dedupe.dedupe_index`).
     rank, world : int
         This rank's share of the pass (see the module's docstring).
     exchange : callable, optional
@@ -214,6 +215,7 @@ def select_index(
     >>> sel.frame.columns[-3:]
     ['rows_selected', 'tokens_selected', 'empty_docs_selected']
     """
+    where, length_column = _predicate(selection)
     norm = _normalized(ix, where)
     if isinstance(ix, SelectedIndex):
         return _selected_already(ix, norm, length_column)
@@ -225,6 +227,18 @@ def select_index(
     chunks = chunks_of(ix)
     done = _run_shares(p, chunks, rank, world, threads or os.cpu_count() or 2, progress, exchange)
     return _selected_index(ix, norm, length_column, [done[c] for c in range(len(chunks))])
+
+
+def _predicate(selection: Selection | str) -> tuple[str, str | None]:
+    """``selection``'s predicate and length column (a str: the predicate); one without a predicate is refused."""
+    sel = selection if isinstance(selection, Selection) else Selection(where=selection)
+    if sel.where is None:
+        msg = (
+            f'{sel!r} has no predicate to select by; give its where= (e.g. Selection(where="score >= 3"), '
+            "or the predicate alone as a str)"
+        )
+        raise ConfigError(msg)
+    return sel.where, sel.length_column
 
 
 def _normalized(ix: object, where: str) -> str:
@@ -310,15 +324,15 @@ def _ray_chunk(
     source: Any,
     column: str,
     storage_options: Mapping[str, Any] | None,
-    where: str,
+    selection: Selection,
     columns: list[str],
-    length_column: str | None,
     first: int,
     end: int,
 ) -> tuple[int, Entry]:
-    """A Ray task: one chunk of the pass, on whichever machine runs it (its own footer cache)."""
+    """A Ray task: one chunk of the pass (``selection``'s predicate normalized), on whichever machine runs it."""
     from planner.catalog.dataset import index
 
+    where, length_column = _predicate(selection)
     p = SelectionPass(ix=index(source, column=column, storage_options=storage_options), where=where, columns=columns,
               length_column=length_column)  # fmt: skip
     return first, pack_entry(p.evaluate_many(range(first, end)))
@@ -326,9 +340,8 @@ def _ray_chunk(
 
 def select_on_ray(
     ix: Index,
-    where: str,
+    selection: Selection | str,
     *,
-    length_column: str | None = None,
     source: Any,
     storage_options: Mapping[str, Any] | None = None,
     address: str | None = None,
@@ -340,9 +353,11 @@ def select_on_ray(
     --engine ray``). Each task reads its chunk where it runs; the parts come back to
     this process, which writes them into its cache, so a :func:`select_index` that
     follows (or a job whose ranks share this cache folder) finds the whole pass.
+    ``selection`` as :func:`select_index` takes it.
     """
     import ray
 
+    where, length_column = _predicate(selection)
     norm = normalize(where, [*available_columns(ix), ix.column])
     columns = check_predicate(ix, norm, length_column)
     chunks = chunks_of(ix)
@@ -354,9 +369,9 @@ def select_on_ray(
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     task = ray.remote(_ray_chunk)
     by_first = {chunks[i][0]: i for i in todo}
+    normalized = Selection(where=norm, length_column=length_column)
     refs = [
-        task.remote(source, ix.column, storage_options, norm, columns, length_column, chunks[i][0], chunks[i][1])
-        for i in todo
+        task.remote(source, ix.column, storage_options, normalized, columns, chunks[i][0], chunks[i][1]) for i in todo
     ]
     from tqdm import tqdm
 
@@ -375,9 +390,10 @@ def select_on_ray(
 def select_spec(ix: Index, spec: SourceSpec) -> Index:
     """The selection pass as planner takes it (``planner.plan(..., selector=plitzer.selector)``).
 
-    :data:`planner.api.Selector`: ``ix`` selected by ``spec.where`` (and ``spec.length_column``),
-    this process doing the whole pass; the loader passes its own, which splits it across ranks.
+    :data:`planner.api.Selector`: ``ix`` selected by ``spec.selection`` (its ``where`` and
+    ``length_column``), this process doing the whole pass; the loader passes its own, which
+    splits it across ranks.
     """
-    if spec.where is None:
+    if spec.selection.where is None:
         return ix
-    return select_index(ix, spec.where, length_column=spec.length_column)
+    return select_index(ix, spec.selection)

@@ -250,10 +250,7 @@ def open_source(source: Source, settings: LoaderSettings, opened: Mapping[str, I
     from plitzer.selection.select import select_index
 
     def select(ix: Index, spec: SourceSpec) -> Index:
-        assert spec.where is not None
-        return select_index(
-            ix, spec.where, length_column=spec.length_column, rank=s.rank, world=s.world, threads=s.threads
-        )
+        return select_index(ix, spec.selection, rank=s.rank, world=s.world, threads=s.threads)
 
     ix = open_index(
         source,
@@ -279,12 +276,10 @@ def dedupe_pass(
 
     ``more``: the pass's other keywords (a job's ``exchange``, ``plitzer.state.share``).
     """
-    sel = s.selection
     order = list(source) if isinstance(source, Mapping) else None
     return dedupe_index(
         ix,
-        dedupe=sel.dedupe,
-        exclude=sel.exclude,
+        s.selection,
         storage_options=s.storage_options,
         order=order,
         rank=rank,

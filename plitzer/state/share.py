@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from planner.catalog.dataset import Index
 from planner.errors import ConfigError
-from planner.parameters import TextSettings
+from planner.parameters import Selection, TextSettings
 from plitzer.readpath.read import count_chunk
 from plitzer.state.settings import LoaderSettings, Source
 
@@ -243,25 +243,24 @@ def share_index(source: Source, cfg: LoaderSettings, group: Collective) -> Sourc
             source,
             column=cfg.column,
             storage_options=cfg.storage_options,
-            where=cfg.selection.where,
-            length_column=cfg.selection.length_column,
+            selection=cfg.selection,
         )
         opened: dict[str, Index] = {}
         for spec in specs:
             if spec.index is not None:  # its job index: one object, no footer to share
-                if spec.where is not None and spec.text is None:
+                if spec.selection.where is not None and spec.text is None:
                     from planner.catalog.jobindex import load
 
                     ix = load(spec.index, spec.path, column=spec.column, storage_options=spec.storage_options)
-                    _select(ix, spec.where, spec.length_column, cfg.threads, group)
+                    _select(ix, spec.selection, cfg.threads, group)
                 continue
             if spec.text is not None:
                 text = TextSettings.of(spec.text)
                 opened[spec.name] = share_text(spec.path, text, spec.storage_options, threads, group)
                 continue
             ix = opened[spec.name] = share_one(spec.path, spec.column, spec.storage_options, threads, group)
-            if spec.where is not None:
-                _select(ix, spec.where, spec.length_column, cfg.threads, group)
+            if spec.selection.where is not None:
+                _select(ix, spec.selection, cfg.threads, group)
         from plitzer.state.settings import open_source
 
         # Deduplication is shared next (share_dedupe), over one exchange: not here.
@@ -274,15 +273,13 @@ def share_index(source: Source, cfg: LoaderSettings, group: Collective) -> Sourc
     return share_one(source, cfg.column, cfg.storage_options, threads, group)
 
 
-def _select(ix: Index, where: str, length_column: str | None, threads: int | None, group: Collective) -> None:
+def _select(ix: Index, selection: Selection, threads: int | None, group: Collective) -> None:
     from plitzer.selection.select import Part, select_index
 
     def exchange(part: Part) -> list[Part]:
         return [p for p in group.all_gather(part) if p is not None]
 
-    select_index(
-        ix, where, length_column=length_column, rank=group.rank, world=group.world, threads=threads, exchange=exchange
-    )
+    select_index(ix, selection, rank=group.rank, world=group.world, threads=threads, exchange=exchange)
 
 
 def share_selection(source: Source, cfg: LoaderSettings, group: Collective) -> None:
@@ -307,7 +304,7 @@ def share_selection(source: Source, cfg: LoaderSettings, group: Collective) -> N
             source, column=cfg.column, storage_options=cfg.storage_options, select=select_spec, count=count_chunk
         )
     if isinstance(ix, Index) and type(ix) is Index:
-        _select(ix, cfg.selection.where, cfg.selection.length_column, cfg.threads, group)
+        _select(ix, cfg.selection, cfg.threads, group)
 
 
 def share_source(source: Source, cfg: LoaderSettings, group: Collective) -> Source:
