@@ -46,7 +46,7 @@ few MB; each further row group costs less (:data:`MID_FILES`)."""
 LOADED_RSS_PER_ROW_GROUP = 256
 """The same, for a rank that loads its index (a job index, or its own cache): the issue's 256 B;
 194-198 B measured (198-221 B with whole files' decoding footers; 336-373 B before the epoch plan's
-slices and the cache's lists; 484-662 before planner.catalog.footer.ParquetBytes)."""
+slices and the cache's lists; 484-662 before planner.catalog.payload.ParquetBytes)."""
 
 
 @pytest.fixture(scope="module")

@@ -258,7 +258,7 @@ def test_cached_tables_are_decoded_from_arrow_owned_copies(monkeypatch: pytest.M
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from planner.catalog import footer
+    from planner.catalog import payload
 
     table = pa.table({"a": list(range(1000)), "s": ["x" * 20] * 1000})
     sink = io.BytesIO()
@@ -271,7 +271,7 @@ def test_cached_tables_are_decoded_from_arrow_owned_copies(monkeypatch: pytest.M
         given.append(source)
         return real(source)
 
-    monkeypatch.setattr(footer.pa, "BufferReader", spy)
-    assert footer.read_table_bytes(data).equals(table)
+    monkeypatch.setattr(payload.pa, "BufferReader", spy)
+    assert payload.read_table_bytes(data).equals(table)
     assert len(given) == 1 and isinstance(given[0], pa.Buffer)
     assert given[0].to_pybytes() == data and given[0].address != pa.py_buffer(data).address  # a copy

@@ -21,7 +21,7 @@ The minimal footer sets ``data_page_offset`` to the chunk's first byte (the
 dictionary page, where there is one, comes first) and no dictionary offset: the page
 reader reads the pages in order from there and knows a dictionary page by its header.
 It carries no statistics, no page index and no size statistics, so nothing in it can
-make pyarrow abort (:func:`planner.catalog.footer.check_level_histograms`).
+make pyarrow abort (:func:`planner.catalog.histograms.check_level_histograms`).
 
 A job index may carry more columns than the token column (``plitzer index DATA --out JOB
 --columns a,b``: a predicate's, a length column, aligned columns, a dedupe key): each the

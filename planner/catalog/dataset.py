@@ -49,7 +49,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from planner.bounded import Bounded
-from planner.catalog import chunkmeta, footer, rowlists
+from planner.catalog import chunkmeta, footer, payload, rowlists
 from planner.catalog.chunkmeta import ColumnChunks, Template
 from planner.catalog.column import TokenDtype, chunks_range, delivered_dtype
 from planner.catalog.rowgroups import FrameTotals
@@ -590,7 +590,7 @@ def _from_cache(path: Path, counting: Counting, src: str, entries: list[FileEntr
     if raw is None:
         return None
     try:
-        table = footer.ParquetBytes(raw)  # a column at a time: the peak is the frame (planner.catalog.rowlists)
+        table = payload.ParquetBytes(raw)  # a column at a time: the peak is the frame (planner.catalog.rowlists)
         meta = {k.encode(): v.encode() for k, v in table.metadata.items()}
         if table.column("name").to_pylist() != [e.stat.name for e in entries]:
             msg = "the cached files are not the listing's"  # a damaged entry

@@ -50,7 +50,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from planner.catalog import chunkmeta, footer, rowlists
+from planner.catalog import chunkmeta, footer, payload, rowlists
 from planner.catalog.chunkmeta import ColumnChunks
 from planner.catalog.dataset import (
     Counted,
@@ -404,7 +404,7 @@ def read_parts(
     where = os.fspath(url)
     data = read_object(where, storage_options if index_options is None else index_options)
     try:
-        table = footer.ParquetBytes(data)
+        table = payload.ParquetBytes(data)
         meta = table.metadata
         if meta.get("format") != FORMAT:
             msg = f"format {meta.get('format')!r}, not {FORMAT!r}"
@@ -439,7 +439,7 @@ def read_parts(
 
 
 def _read_carried(
-    where: str, table: footer.ParquetBytes, meta: Mapping[str, str], entries: list[FileEntry], per: NDArray[np.int64]
+    where: str, table: payload.ParquetBytes, meta: Mapping[str, str], entries: list[FileEntry], per: NDArray[np.int64]
 ) -> list[dict[str, ColumnChunks]]:
     """Each file's carried columns (a job index written with ``columns=``), and the first file's schema."""
     out: list[dict[str, ColumnChunks]] = [{} for _ in entries]

@@ -8,7 +8,7 @@ the footer, and it holds the GIL while the parse does not. :func:`rows` gets the
 rows without either:
 
 1. **Learn the layout from row group 0.** The token column's ``ColumnMetaData`` is found
-   by its encoded path (as :func:`planner.catalog.footer.check_column_histograms` finds
+   by its encoded path (as :func:`planner.catalog.histograms.check_column_histograms` finds
    it), and its fields after the path are walked once, in Python: their field headers,
    and per field what its value looks like (a varint, a binary of a fixed length, the
    statistics struct, the size statistics with their histograms' lengths, ...).

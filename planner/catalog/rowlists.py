@@ -25,7 +25,7 @@ import polars as pl
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from planner.catalog.footer import ParquetBytes
+from planner.catalog.payload import ParquetBytes
 
 __all__ = ["INDEX_SCHEMA", "ROW_FIELDS", "decode", "encode", "files_a_group", "ints", "strings"]
 

@@ -41,7 +41,7 @@ from numpy.typing import NDArray
 
 from planner.api import PathSource, open_index
 from planner.bounded import Bounded
-from planner.catalog.footer import read_table_bytes
+from planner.catalog.payload import read_table_bytes
 from planner.catalog.rowgroups import RowGroupIndex, stream_counts
 from planner.errors import ConfigError, DataError
 from planner.hashing import mix_array
