@@ -691,7 +691,7 @@ def scan_footers(
 
 @dataclass(frozen=True, slots=True)
 class LaidOut:
-    """Every file's rows in frame order already (the shares of a job: :func:`planner.catalog.jobindex.take_counted`).
+    """Every file's rows in frame order already (the shares of a job: :func:`planner.catalog.jobshare.take_counted`).
 
     ``per``: each file's row-group count; ``fields``: one int64 column a field of
     :data:`ROW_FIELDS`, which the frame takes over without a copy.

@@ -178,12 +178,12 @@ def cmd_index(args: argparse.Namespace) -> int:
     from planner import index
 
     if carried:
-        from planner.catalog import jobindex
+        from planner.catalog.carried import carry
         from planner.catalog.dataset import list_files
         from plitzer.readpath.read import count_chunk
 
         entries, src = list_files(source, storage_options_of(args))
-        ix = jobindex.carry(entries, src, args.column, carried, progress=terminal_progress(), count=count_chunk)
+        ix = carry(entries, src, args.column, carried, progress=terminal_progress(), count=count_chunk)
     else:
         ix = index(source, column=args.column, storage_options=storage_options_of(args), progress=terminal_progress())
     if args.out is not None:

@@ -177,23 +177,23 @@ def share_one(
     path: Any, column: str | None, options: Mapping[str, Any] | None, threads: int, group: Collective
 ) -> Index:
     """One dataset's index for the whole group: rank 0 lists, each rank indexes its share of the files."""
-    from planner.catalog import jobindex
+    from planner.catalog import jobshare
 
     me, n = group.rank, group.world
-    listed = group.broadcast(attempt(jobindex.listing, path, options) if me == 0 else None)
+    listed = group.broadcast(attempt(jobshare.listing, path, options) if me == 0 else None)
     if isinstance(listed, BaseException):
         raise listed
-    entries, src = jobindex.entries_of(path, options, listed)
-    if all(all_or_raise(attempt(jobindex.has_cached_index, entries, column), group)):
+    entries, src = jobshare.entries_of(path, options, listed)
+    if all(all_or_raise(attempt(jobshare.has_cached_index, entries, column), group)):
         # a restart: no footer, no exchange
-        return jobindex.job_index(entries, src, column, threads=threads, count=count_chunk)
+        return jobshare.job_index(entries, src, column, threads=threads, count=count_chunk)
     # Each rank reads 1/world of the footers; the ranks exchange the rows (bytes a row group).
     # The shares go straight in: take_counted lets each file's rows go once copied into the frame.
-    return jobindex.take_counted(
+    return jobshare.take_counted(
         entries,
         src,
         column,
-        all_or_raise(attempt(jobindex.count_share, entries, column, me, n, threads, count_chunk), group),
+        all_or_raise(attempt(jobshare.count_share, entries, column, me, n, threads, count_chunk), group),
     )
 
 
@@ -205,16 +205,16 @@ def share_text(
     ``text``: the source's tokenizer, text column and BOS/EOS policy. Every rank's cache gets
     every file's counts; each rank's footer cache the footers it read (so a restart there reads none from storage).
     """
-    from planner.catalog import jobindex
+    from planner.catalog import jobshare
     from plitzer.text import job
     from plitzer.text.source import text_counting
 
     me, n = group.rank, group.world
     counting = text_counting(text)
-    listed = group.broadcast(attempt(jobindex.listing, path, options) if me == 0 else None)
+    listed = group.broadcast(attempt(jobshare.listing, path, options) if me == 0 else None)
     if isinstance(listed, BaseException):
         raise listed
-    entries, src = jobindex.entries_of(path, options, listed)
+    entries, src = jobshare.entries_of(path, options, listed)
     # Each rank reads 1/world of the footers into rows (bytes a row group); the ranks then
     # tokenize 1/world each of the row groups no cache counted (plitzer.text.job: three phases).
     layouts = all_or_raise(attempt(job.layout_share, entries, counting, me, n, threads), group)

@@ -41,7 +41,7 @@ import numpy as np
 import polars as pl
 from numpy.typing import NDArray
 
-from planner.catalog import jobindex
+from planner.catalog import jobindex, jobshare
 from planner.catalog.dataset import Counted, CountsFromFooters, FileEntry, Index, fingerprint_of
 from planner.errors import ConfigError
 from planner.parameters import DEFAULT_TEXT, TextSettings
@@ -121,7 +121,7 @@ def layout_share(
     world: int,
     threads: int = 32,
     cache_footers: bool = True,
-) -> jobindex.CountedShare:
+) -> jobshare.CountedShare:
     """Phase 1 of a job's pass: files ``rank, rank + world, ...``, their footers read once, as compact
     rows (bytes a row group) with the counts the cache holds.
 
@@ -129,8 +129,8 @@ def layout_share(
     restart of the job here reads none from storage (a job's ranks; one process reads them
     again, as the token path does).
     """
-    fetch = jobindex.cached_footer if cache_footers else None
-    return jobindex.count_share(
+    fetch = jobshare.cached_footer if cache_footers else None
+    return jobshare.count_share(
         entries, counting.text_column, rank, world, threads, counting=_Layout(counting), fetch=fetch
     )
 
@@ -142,10 +142,10 @@ def text_pass(entries: list[FileEntry], src: str, counting: TextCounting, progre
 
 
 def take_layout(
-    entries: list[FileEntry], src: str, counting: TextCounting, shares: Sequence[jobindex.CountedShare]
+    entries: list[FileEntry], src: str, counting: TextCounting, shares: Sequence[jobshare.CountedShare]
 ) -> Index:
     """Every rank's phase-1 rows as one index of the text column (no footer held): the rows to count are -1."""
-    return jobindex.take_counted(entries, src, counting.text_column, shares, _Layout(counting))
+    return jobshare.take_counted(entries, src, counting.text_column, shares, _Layout(counting))
 
 
 def to_count(layout: Index) -> NDArray[np.int64]:
