@@ -65,7 +65,9 @@ import numpy as np
 import polars as pl
 
 import plitzer
-from planner.catalog.dataset import INDEX_SCHEMA, FileEntry, Index
+from planner.catalog.datasetindex import Index
+from planner.catalog.files import FileEntry
+from planner.catalog.rowlists import INDEX_SCHEMA
 from planner.mixing.mixture import MixtureIndex, MixturePlan
 from planner.mixing.sources import SourceSpec, parse_stages
 from planner.order.epoch import PlanSettings

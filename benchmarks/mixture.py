@@ -25,7 +25,8 @@ from _common import timed, warm_page_cache
 
 import plitzer
 import plitzer.synth
-from planner.catalog.dataset import INDEX_SCHEMA, Index
+from planner.catalog.datasetindex import Index
+from planner.catalog.rowlists import INDEX_SCHEMA
 from planner.mixing.mixture import MixtureIndex, MixturePlan
 from planner.mixing.sources import SourceSpec, parse_stages
 from planner.order.epoch import PlanSettings

@@ -10,8 +10,8 @@ runtime's reader, ``plitzer.readpath.read.count_chunk``, passed in as a ``ChunkC
 """
 
 from planner.api import plan
-from planner.catalog.dataset import Index
 from planner.catalog.dataset import index as _index
+from planner.catalog.datasetindex import Index
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import CheckpointError, ConfigError, DataError, PlitzerError, StorageError
 from planner.hashing import key, mix, permutation

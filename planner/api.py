@@ -23,7 +23,8 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, cast
 
-from planner.catalog.dataset import Index, ensure_index
+from planner.catalog.dataset import ensure_index
+from planner.catalog.datasetindex import Index
 from planner.catalog.footer import ChunkCounter
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError

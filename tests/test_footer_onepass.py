@@ -20,7 +20,7 @@ import pytest
 
 import plitzer
 from planner.catalog import footer, onepass
-from planner.catalog.dataset import list_files
+from planner.catalog.files import list_files
 from planner.stores.storage import FileStat
 from plitzer.readpath.read import count_chunk
 from tests.handmade_parquet import write_two_level

@@ -67,7 +67,9 @@ def test_the_counter_is_passed_not_registered(tmp_path: Path) -> None:
     public planner.index (SPEC section 2) defaults to the installed one, plitzer's (planner.runtime)."""
     import sys
 
-    from planner.catalog.dataset import FooterCounting, index_entries, list_files
+    from planner.catalog.counting import FooterCounting
+    from planner.catalog.dataset import index_entries
+    from planner.catalog.files import list_files
     from plitzer.readpath.read import count_chunk
 
     assert "plitzer.readpath.read" in sys.modules

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import plitzer
-from planner.catalog import dataset, footer, jobindex
+from planner.catalog import datasetindex, footer, jobindex
 from planner.catalog.dataset import index
 from planner.stores.storage import FileStat, LocalStorage
 from plitzer.readpath.read import read_chunk
@@ -91,7 +91,7 @@ def test_minimal_footers_decode_what_the_real_footer_does(
 ) -> None:
     paths = plitzer.synth.write_fineweb_shaped(tmp_path, 2, row_groups_per_file=7, distinct=2)
     if large:  # as an index of more than FILE_FOOTERS_UP_TO row groups reads
-        monkeypatch.setattr(dataset, "FILE_FOOTERS_UP_TO", 13)
+        monkeypatch.setattr(datasetindex, "FILE_FOOTERS_UP_TO", 13)
     ix = index(tmp_path)
     assert ix.row_groups == 14
     for rg in range(ix.row_groups):

@@ -16,7 +16,10 @@ from dataclasses import dataclass
 import pyarrow.parquet as pq
 
 from planner.catalog import footer
-from planner.catalog.dataset import Counted, Counting, FileEntry, FooterCounting, Index, index_entries
+from planner.catalog.counting import Counted, Counting, FooterCounting
+from planner.catalog.dataset import index_entries
+from planner.catalog.datasetindex import Index
+from planner.catalog.files import FileEntry
 from planner.errors import ConfigError
 from planner.runtime import COUNT, runtime_pass
 
@@ -86,7 +89,7 @@ def carry(
     threads: int = 32,
     count: footer.ChunkCounter | None = None,
 ) -> Index:
-    """The index of these files, each entry holding the chunks of ``columns`` too (for :func:`encode`).
+    """The index of these files, each entry holding the chunks of ``columns`` too (for ``jobindex.encode``).
 
     One footer read a file: while the index is built from footers, or, where it is cached
     already, for the carried columns alone.

@@ -8,7 +8,7 @@ the token column, the batch dtype, the fingerprint, the format and the files' te
 (:mod:`planner.catalog.chunkmeta`: what decoding the token column needs of a footer, each
 distinct one once). ``load(url, source)`` lists ``source`` once, refuses the job index if a
 file was added, removed or changed since (:class:`planner.errors.StaleIndexError`, naming
-it), and gives the :class:`planner.catalog.dataset.Index`: a rank reads this one object and
+it), and gives the :class:`planner.catalog.datasetindex.Index`: a rank reads this one object and
 then only the token column chunks, decoded against minimal footers made from the rows.
 
 ``write(..., columns=("int_score", "token_count"))`` (``plitzer index DATA --out JOB --columns
@@ -49,12 +49,9 @@ from numpy.typing import NDArray
 from planner.catalog import chunkmeta, footer, payload, rowlists
 from planner.catalog.carried import carry
 from planner.catalog.chunkmeta import ColumnChunks
-from planner.catalog.dataset import (
-    FileEntry,
-    Index,
-    index,
-    list_files,
-)
+from planner.catalog.dataset import index
+from planner.catalog.datasetindex import Index
+from planner.catalog.files import FileEntry, list_files
 from planner.catalog.rowlists import ROW_FIELDS, ints, strings
 from planner.errors import ConfigError, DataError, StaleIndexError
 from planner.stores.backends import open_storages

@@ -21,19 +21,12 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from planner.catalog import chunkmeta, footer
-from planner.catalog.dataset import (
-    Counted,
-    Counting,
-    FileEntry,
-    FooterCounting,
-    Index,
-    LaidOut,
-    build_index,
-    index_cache_path,
-    index_entries,
-    list_files,
-    scan_footers,
-)
+from planner.catalog.counting import Counted, Counting, FooterCounting
+from planner.catalog.dataset import build_index, index_entries, scan_footers
+from planner.catalog.datasetindex import Index
+from planner.catalog.files import FileEntry, list_files
+from planner.catalog.frame import LaidOut
+from planner.catalog.indexcache import index_cache_path
 from planner.catalog.rowlists import ROW_FIELDS
 from planner.errors import ConfigError
 from planner.stores.backends import open_storages
@@ -66,7 +59,7 @@ def entries_of(
     """The entries of a listing another rank made (no request: storages open without I/O).
 
     A list source's files are named ``i/name`` by their source's position (as
-    :func:`planner.catalog.dataset.list_files` names them); each goes to its own storage.
+    :func:`planner.catalog.files.list_files` names them); each goes to its own storage.
     """
     storages = open_storages(source, storage_options)
     out = []

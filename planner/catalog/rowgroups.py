@@ -1,6 +1,6 @@
 """What every row-group index is: the protocol that the plan, the runtime and the tools read.
 
-Three indexes satisfy :class:`RowGroupIndex`: a dataset's :class:`planner.catalog.dataset.Index`
+Three indexes satisfy :class:`RowGroupIndex`: a dataset's :class:`planner.catalog.datasetindex.Index`
 (token counts from footer statistics), a text dataset's ``plitzer.text.source.TextIndex`` (an
 ``Index`` whose counts come from a tokenizer pass) and a mixture's
 :class:`planner.mixing.mixture.MixtureIndex` (its sources' indexes side by side). Code that
@@ -78,7 +78,7 @@ class FrameTotals:
 
 
 class RowGroupIndex(Protocol):
-    """One row per row group (rows of ``frame``, the columns of ``planner.catalog.dataset.INDEX_SCHEMA``).
+    """One row per row group (rows of ``frame``, the columns of ``planner.catalog.rowlists.INDEX_SCHEMA``).
 
     Row-group ids are rows of ``frame``; files are numbered by ``frame["file_index"]``.
     """

@@ -21,7 +21,8 @@ from numpy.typing import NDArray
 
 from planner.catalog import jobindex
 from planner.catalog.column import TokenDtype
-from planner.catalog.dataset import Index, ensure_index
+from planner.catalog.dataset import ensure_index
+from planner.catalog.datasetindex import Index
 from planner.catalog.footer import ChunkCounter
 from planner.catalog.rowgroups import FrameTotals, with_selected
 from planner.errors import ConfigError

@@ -299,7 +299,7 @@ def row_group_counts(idx: RowGroupIndex) -> tuple[I64, I64, I64]:
     """Tokens, rows and empty documents of every row group of ``idx`` in the stream, as int64 arrays.
 
     Those a selection (``where=``) keeps where the index is selected
-    (:func:`planner.catalog.dataset.stream_counts`).
+    (:func:`planner.catalog.rowgroups.stream_counts`).
     """
     tokens, rows, empty = stream_counts(idx.frame)
     # Views of the frame's own buffers (int64, no nulls), not copies: each caller (the plan,

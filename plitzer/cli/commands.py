@@ -179,7 +179,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 
     if carried:
         from planner.catalog.carried import carry
-        from planner.catalog.dataset import list_files
+        from planner.catalog.files import list_files
         from plitzer.readpath.read import count_chunk
 
         entries, src = list_files(source, storage_options_of(args))

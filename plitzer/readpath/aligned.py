@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from planner.catalog.dataset import Index
+from planner.catalog.datasetindex import Index
 from planner.catalog.footer import schema_of
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError, DataError

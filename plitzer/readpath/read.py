@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from planner.catalog.column import TokenDtype, token_range
-from planner.catalog.dataset import Index
+from planner.catalog.datasetindex import Index
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import DamagedChunkError, DataError, TokenRangeError, one_line
 from planner.mixing.mixture import MixtureIndex
@@ -299,7 +299,7 @@ def read_chunk(index: RowGroupIndex, rg: int) -> pa.Array:
     Returns a ``list<int32>`` (``list<uint32>`` when ``index.dtype`` is uint32)
     holding the row group's documents, or raises DataError naming file, row group
     and (where one is at fault) row. The path is chosen by the index's type: a
-    dataset's :class:`~planner.catalog.dataset.Index` reads its token column, a mixture's
+    dataset's :class:`~planner.catalog.datasetindex.Index` reads its token column, a mixture's
     index asks the source holding ``rg``, and ``plitzer.text.source`` registers the text
     index, which tokenizes as it reads.
     """

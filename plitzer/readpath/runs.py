@@ -3,7 +3,7 @@
 A pass over the dataset (a selection's, a deduplication key's, an exclusion's) reads a chunk
 of row groups of one file at a time, and the read path reads an aligned column a row group
 at a time. Each :class:`ColumnRun` decodes its row groups through one footer that describes
-them alone (:meth:`planner.catalog.dataset.Index.span_source`: a few hundred bytes a row group
+them alone (:meth:`planner.catalog.datasetindex.Index.span_source`: a few hundred bytes a row group
 from the index, the job index or the file's footer parsed once), and is dropped with the
 run, so a pass over many files keeps no file's footer and no whole-file minimal footer
 (320 KB each, parsed, on FineWeb-Edu's shape): docs/design.md, "Bytes a row group".
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from planner.catalog.dataset import Index
+from planner.catalog.datasetindex import Index
 from plitzer.readpath.read import check_list_of_integers, checked_tokens, read_decoded
 
 __all__ = ["ColumnRun", "read_other"]

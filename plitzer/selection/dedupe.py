@@ -44,7 +44,7 @@ import polars as pl
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from planner.catalog.dataset import Index
+from planner.catalog.datasetindex import Index
 from planner.catalog.rowgroups import RowGroupIndex, stream_counts, with_selected
 from planner.errors import ConfigError, DataError
 from planner.mixing.mixindex import MixtureIndex

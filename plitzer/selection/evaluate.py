@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from planner.catalog.dataset import Index
+from planner.catalog.datasetindex import Index
 from planner.errors import DataError, SelectionError, one_line
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
 from plitzer.readpath.read import list_lengths

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from planner.catalog.dataset import Index
+from planner.catalog.datasetindex import Index
 from planner.threads import map_ahead
 from plitzer.readpath.read import list_lengths
 from plitzer.selection.keying import Hashed, load_arrays, stream_tokens, token_run

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from planner.catalog.dataset import Index
+from planner.catalog.datasetindex import Index
 from planner.errors import ConfigError, DataError, SelectionError
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
 from plitzer.readpath.read import list_lengths, read_chunk

@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from planner.catalog.dataset import Index
+from planner.catalog.datasetindex import Index
 from planner.errors import DataError, SelectionError, one_line
 
 __all__ = [

@@ -56,7 +56,7 @@ import polars as pl
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from planner.catalog.dataset import Index
+from planner.catalog.datasetindex import Index
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError, DataError, SelectionError
 from planner.mixing.sources import SourceSpec

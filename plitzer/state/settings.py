@@ -28,7 +28,7 @@ from typing import Any, TypedDict, Unpack
 
 from planner import api
 from planner.api import Source, open_index
-from planner.catalog.dataset import Index
+from planner.catalog.datasetindex import Index
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError
 from planner.mixing.sources import SourceSpec, Weights

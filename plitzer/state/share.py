@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from planner.catalog.dataset import Index
+from planner.catalog.datasetindex import Index
 from planner.errors import ConfigError
 from planner.parameters import Selection, TextSettings
 from plitzer.readpath.read import count_chunk

@@ -42,7 +42,10 @@ import polars as pl
 from numpy.typing import NDArray
 
 from planner.catalog import jobindex, jobshare
-from planner.catalog.dataset import Counted, CountsFromFooters, FileEntry, Index, fingerprint_of
+from planner.catalog.counting import Counted, CountsFromFooters
+from planner.catalog.datasetindex import Index
+from planner.catalog.files import FileEntry
+from planner.catalog.frame import fingerprint_of
 from planner.errors import ConfigError
 from planner.parameters import DEFAULT_TEXT, TextSettings
 from planner.progress import progress_enabled

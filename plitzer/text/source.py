@@ -2,7 +2,7 @@
 
 ``text_index(source, text_column="text", tokenizer=...)`` gives a
 :class:`TextIndex`: the row-group index of a dataset whose Parquet holds text,
-not token ids. It is an ordinary :class:`planner.catalog.dataset.Index` (the plan tables,
+not token ids. It is an ordinary :class:`planner.catalog.datasetindex.Index` (the plan tables,
 ``explain`` and the audit take it as they take any index) whose rows count the
 tokens each row group *will* have once tokenized, and whose ``read_tokens(rg)``
 reads the row group's text column chunk (one ranged read, as for tokens) and
@@ -54,7 +54,9 @@ from numpy.typing import NDArray
 from planner.catalog import footer
 from planner.catalog.chunkmeta import codec_of
 from planner.catalog.column import TokenDtype, token_range
-from planner.catalog.dataset import Counted, FileEntry, Index, list_files
+from planner.catalog.counting import Counted
+from planner.catalog.datasetindex import Index
+from planner.catalog.files import FileEntry, list_files
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError, DamagedChunkError, DataError, TokenizerChangedError, TokenRangeError, one_line
 from planner.parameters import DEFAULT_TEXT, TextSettings
