@@ -1,6 +1,6 @@
 """One policy for the in-memory caches: a map of at most ``size`` entries that drops the least recently used.
 
-Footers and chunk footers (:mod:`planner.catalog.dataset`), epochs' plans
+Footers and chunk footers (:mod:`planner.catalog.datasetindex`), epochs' plans
 (:mod:`planner.order.plan`, :mod:`planner.mixing`), positions (:mod:`planner.lookup`) and
 ``explain``'s documents each keep a few entries of something that is cheap to make
 again and costly to hold: a :class:`Bounded` each, instead of a hand-written

@@ -6,7 +6,7 @@ several times its size. Stored as one row a file, each field a list of that file
 row groups, the names are written once a file and each field decodes into one buffer
 a column (:func:`decode`): the peak of reading it is the frame and one column's decode.
 The job index (:mod:`planner.catalog.jobindex`) and the finished index's cache entry
-(:mod:`planner.catalog.dataset`) are both written so, by :func:`encode`.
+(:mod:`planner.catalog.indexcache`) are both written so, by :func:`encode`.
 
 >>> import polars as pl
 >>> frame = pl.DataFrame({"file_index": [0, 0, 2], **{f: [1, 2, 3] for f in ROW_FIELDS}})

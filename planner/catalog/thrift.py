@@ -2,7 +2,7 @@
 
 :class:`Reader` walks a footer's bytes without building it (every length is checked
 against the bytes left, nesting is capped, unknown fields are skipped), for the checks
-pyarrow cannot survive without (:mod:`planner.catalog.footer`) and for the schema a
+pyarrow cannot survive without (:mod:`planner.catalog.histograms`) and for the schema a
 minimal footer copies (:mod:`planner.catalog.chunkmeta`). :class:`Struct` and the
 encoders write the few structures a minimal footer is made of.
 

@@ -1,7 +1,7 @@
 """The local cache: where it lives, how an entry is named, written and read back.
 
 Five things are cached, all outside the dataset: each file's footer bytes and the
-finished index (``planner.catalog.dataset``), the selection pass (``plitzer.selection.evaluate``),
+finished index (``planner.catalog.indexcache``), the selection pass (``plitzer.selection.evaluate``),
 a text dataset's token counts (``plitzer.text.source``) and each dataset's document lengths
 and hashes (``plitzer.explain``). An entry's name is the :func:`digest` of everything
 it depends on (a file's location, size and mtime or ETag, a format version), so a
