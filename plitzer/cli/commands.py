@@ -210,14 +210,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         from plitzer.selection.keying import dedupe_on_ray
 
         if args.engine == "ray" and args.where is None:
-            dedupe_on_ray(
-                ix,
-                dedupe=args.dedupe,
-                exclude=args.exclude,
-                source=source,
-                storage_options=storage_options_of(args),
-                address=args.address,
-            )
+            dedupe_on_ray(ix, selection, source=source, storage_options=storage_options_of(args), address=args.address)
         ix = dedupe_index(  # type: ignore[assignment]  # a DedupedIndex: an Index
             ix, selection, storage_options=storage_options_of(args), progress=terminal_progress()
         )
