@@ -82,7 +82,7 @@ from plitzer.state import checkpoint as ckpt
 from plitzer.state import live
 from plitzer.state.settings import Keywords, LoaderSettings, Source
 
-__all__ = ["Dataset", "DatasetIterator", "element_of", "merge_states"]
+__all__ = ["Dataset", "DatasetIterator", "checkpoint_bytes", "element_of", "merge_states"]
 
 Element = dict[str, Any]
 

@@ -25,16 +25,17 @@ from plitzer.cli.options import (
 from plitzer.cli.table import setting_names
 
 __all__ = [
-    "cmd_synth",
-    "cmd_index",
-    "cmd_plan",
-    "cmd_explain",
-    "cmd_locate",
     "cmd_audit",
-    "cmd_checkpoint",
     "cmd_bench",
+    "cmd_checkpoint",
     "cmd_demo",
+    "cmd_explain",
+    "cmd_index",
+    "cmd_locate",
+    "cmd_plan",
+    "cmd_synth",
     "cmd_tokenize",
+    "rows_arg",
     "run_settings",
 ]
 

@@ -39,7 +39,7 @@ from typing import Protocol
 
 from planner.stores.retry import stop_every_request
 
-__all__ = ["close_all", "live", "register"]
+__all__ = ["Closable", "close_all", "live", "register"]
 
 
 class Closable(Protocol):

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["LANE_BYTES", "PIECE_BYTES", "budget_floor", "decoded_bytes", "packed_bytes", "unit_estimate"]
+__all__ = ["LANE_BYTES", "PIECE_BYTES", "budget_floor", "decoded_bytes", "max_pieces", "packed_bytes", "unit_estimate"]
 
 # Per piece of the step-major table (row, length, document, offset: int64) and of the
 # shuffled slices (end: int64) that checkpoints read.

@@ -51,12 +51,14 @@ from plitzer.readpath.readers import thread_reader
 
 __all__ = [
     "check_decoded",
-    "checked_tokens",
     "check_list_of_integers",
     "check_no_null_tokens",
+    "checked_tokens",
     "count_chunk",
     "decode_chunk",
     "decode_column",
+    "list_lengths",
+    "numpy_view",
     "read_chunk",
     "read_column",
     "read_decoded",
