@@ -37,7 +37,7 @@ import threading
 import weakref
 from typing import Protocol
 
-from planner.stores.retry import stop_every_request
+from planner.stores.stopping import stop_every_request
 
 __all__ = ["Closable", "close_all", "live", "register"]
 

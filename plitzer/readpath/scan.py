@@ -53,7 +53,7 @@ from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import StoppedError, UsageError
 from planner.order.epoch import row_group_counts
 from planner.run import Run, Segment, Start, lane_base
-from planner.stores.retry import stop, stop_on
+from planner.stores.stopping import stop, stop_on
 from plitzer.readpath import _shutdown
 from plitzer.readpath.aligned import Columns, read_columns
 from plitzer.readpath.budget import Budget, Charge
@@ -464,8 +464,8 @@ class Scanner:
         """Stop every unit and the reader threads (waits for the running decodes).
 
         Reads waiting between attempts for a store that does not answer stop at once
-        (:func:`planner.stores.retry.stop_on`), and so do attempts in flight
-        (:func:`planner.stores.retry.stop`), so this returns at once, never after an
+        (:func:`planner.stores.stopping.stop_on`), and so do attempts in flight
+        (:func:`planner.stores.stopping.stop`), so this returns at once, never after an
         attempt's read timeout or the storage's ``retry_deadline``.
         """
         if self._closed:
