@@ -37,8 +37,10 @@ from planner.stores.throttle import Throttle
 __all__ = [
     "DEFAULT_DEADLINE",
     "PATIENCE",
+    "Changed",
     "Fatal",
     "Retrier",
+    "Retrying",
     "Throttled",
     "Transient",
     "check_body",
