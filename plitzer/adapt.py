@@ -4,7 +4,8 @@ The checks that every rank makes the same live call (``set_weights``, ``set_layo
 at the same step, given the adapter's all-gather of a few int64, and the torch adapter's
 refusals: DataLoader's automatic batching (its collate of whole steps), its worker
 processes, a copy to another process, pinning without an accelerator, and a gather of
-checkpoint parts without ``torch.distributed``.
+checkpoint parts without ``torch.distributed``; and the checkpoint inside a state
+either framework hands back.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from plitzer.errors import ConfigError
+from plitzer.errors import CheckpointError, ConfigError
 
 __all__ = [
     "BATCH_SIZE_NONE",
     "NOT_COPIED",
     "NOT_PINNED",
+    "checkpoint_entry",
     "in_worker",
     "no_gather",
     "refuse_collate",
@@ -128,3 +130,13 @@ def same_layout_call(step: int, lanes: int | None, seq_len: int | None, at_step:
         )
         msg = f"set_layout() differs across ranks ({each}): every rank must make the same call at the same step"
         raise ConfigError(msg)
+
+
+def checkpoint_entry(state: object, what: str) -> object:
+    """The ``"checkpoint"`` entry of an adapter's state (``what``: its name, for the message), else ``state``."""
+    if not isinstance(state, Mapping):
+        return state
+    if "checkpoint" not in state:
+        msg = f"{what} has a 'checkpoint' entry; got keys {sorted(map(str, state))}"
+        raise CheckpointError(msg)
+    return state["checkpoint"]

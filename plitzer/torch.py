@@ -441,11 +441,7 @@ class Dataset(IterableDataset[Batch]):
 
 
 def _checkpoint_bytes(state: object) -> bytes:
-    if isinstance(state, Mapping):
-        if "checkpoint" not in state:
-            msg = f"a plitzer.torch state dict has a 'checkpoint' entry; got keys {sorted(map(str, state))}"
-            raise CheckpointError(msg)
-        state = state["checkpoint"]
+    state = adapt.checkpoint_entry(state, "a plitzer.torch state dict")
     if isinstance(state, torch.Tensor):
         if state.dtype != torch.uint8 or state.dim() != 1:
             msg = f"a checkpoint tensor is 1-D uint8, got {state.dim()}-D {state.dtype}"

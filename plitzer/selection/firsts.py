@@ -43,7 +43,6 @@ __all__ = [
 ]
 
 I64 = NDArray[np.int64]
-U8 = NDArray[np.uint8]
 
 Exchange = Callable[[Any], list[Any]]
 """All-gather: share this rank's value (chunk number -> arrays, or the error its phase 1 raised),
