@@ -3,7 +3,7 @@
 One module owns these numbers so that the construction-time floor
 (:func:`budget_floor`), the scanner's charge for a unit it starts
 (:func:`unit_estimate`) and what a packed unit reports it holds
-(``plitzer.readpath.pack.PackedUnit.nbytes``) agree. The contract counts decoded token
+(``plitzer.readpath.packed.PackedUnit.nbytes``) agree. The contract counts decoded token
 data as 4 bytes per token and 8 per document; the packed copy a step's rows are
 views of is 4 bytes per token more, and its piece table (``PIECE_BYTES`` per
 piece) has at most one piece per document, per lane cut inside a document, and per

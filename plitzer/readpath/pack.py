@@ -55,30 +55,17 @@ from plitzer.readpath.packed import (
     ColumnBlock,
     Memory,
     PackedUnit,
-    Segments,
     Slices,
     StepRange,
     UnitReads,
     arrow_ints,
-    assemble,
     gather_lists,
     list_views,
 )
 from plitzer.readpath.pieces import Pieces, cut_pieces, shuffle_pieces, unit_documents
 from plitzer.readpath.read import numpy_view
 
-__all__ = [
-    "ColumnChunks",
-    "Memory",
-    "PackedUnit",
-    "Segments",
-    "Slices",
-    "StepRange",
-    "UnitReads",
-    "assemble",
-    "finish_unit",
-    "pack_unit",
-]
+__all__ = ["SHORT_ROWS", "ColumnChunks", "finish_unit", "pack_unit"]
 
 I64 = NDArray[np.int64]
 ColumnChunks = dict[str, tuple[list[NDArray[Any]], np.dtype[Any]]]

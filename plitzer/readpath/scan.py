@@ -16,7 +16,7 @@ Memory: ``budget`` caps the decoded bytes held (the cost model is
 charged its estimate (decoded row groups plus the packed copy and tables) when its reads
 start, and what it really holds once packed.
 It is released when every lane of the rank has moved past it, but its bytes stay
-charged while any batch view of its tokens is alive (``plitzer.readpath.pack.Memory``): a
+charged while any batch view of its tokens is alive (``plitzer.readpath.packed.Memory``): a
 caller who keeps batches slows the prefetch rather than having them overwritten.
 Units are started strictly in order, only while the charge fits, so a later unit
 never delays an earlier one and the consumer never waits on a read the budget

@@ -53,8 +53,11 @@ __all__ = [
     "State",
     "decode",
     "encode",
+    "lanes_at",
+    "layout_of",
     "load_checkpoint",
     "merge",
+    "package_version",
     "save_checkpoint",
 ]
 
