@@ -241,9 +241,9 @@ def parts(ix: object, dec: Decoders, settings: dict[str, int], repeat: int) -> N
     from typing import Any
 
     import plitzer
-    import plitzer.loader
     import plitzer.readpath.pack
     import plitzer.readpath.scan
+    import plitzer.state.steps
 
     spent: Counter[str] = Counter()
     lock = threading.Lock()
@@ -264,7 +264,7 @@ def parts(ix: object, dec: Decoders, settings: dict[str, int], repeat: int) -> N
     wrap(plitzer.readpath.scan, "read_chunk", "read and decode (read_chunk)")
     wrap(plitzer.readpath.scan, "pack_unit", "pack")
     wrap(plitzer.readpath.pack, "gather_lists", "pack: the gather")
-    wrap(plitzer.loader, "assemble", "straddling steps (assemble)")
+    wrap(plitzer.state.steps, "assemble", "straddling steps (assemble)")
     best: dict[str, float] = {}
     decode = min(timed_pass(dec.row_groups) for _ in range(repeat)) / ix.tokens * 1e9  # type: ignore[attr-defined]
     with plitzer.Loader(ix, **settings) as loader:  # type: ignore[arg-type]

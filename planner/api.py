@@ -37,16 +37,17 @@ from planner.parameters import PLAN_PARAMETERS, Selection, check_keywords, docum
 from planner.runtime import COUNT, DEDUPE, SELECT, runtime_pass
 
 __all__ = [
-    "PathSource",
     "Deduper",
+    "PathSource",
     "Selector",
     "Source",
     "check_layout",
     "check_source",
-    "source_kind",
+    "columns_of",
     "make_plan",
     "open_index",
     "plan",
+    "source_kind",
 ]
 
 PathSource = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]

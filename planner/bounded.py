@@ -1,8 +1,9 @@
 """One policy for the in-memory caches: a map of at most ``size`` entries that drops the least recently used.
 
 Footers and chunk footers (:mod:`planner.catalog.datasetindex`), epochs' plans
-(:mod:`planner.order.plan`, :mod:`planner.mixing`), positions (:mod:`planner.lookup`) and
-``explain``'s documents each keep a few entries of something that is cheap to make
+(:mod:`planner.order.plan`, :mod:`planner.mixing`), positions (:mod:`planner.lookup`),
+``explain``'s documents and each reader thread's decoders (``plitzer.readpath.readers``)
+keep a few entries of something that is cheap to make
 again and costly to hold: a :class:`Bounded` each, instead of a hand-written
 ``OrderedDict`` (or a dict cleared when full) with its own eviction.
 
@@ -17,6 +18,8 @@ values, not the map. It pickles (a plan sent to another process), the lock made 
 (['a', 'c'], 2, None)
 >>> c.get_or_make("d", lambda: 4), list(c)
 (4, ['c', 'd'])
+>>> c.discard("c"), c.discard("x"), list(c)
+(None, None, ['d'])
 """
 
 from __future__ import annotations
@@ -84,6 +87,11 @@ class Bounded(Generic[K, V]):
         with self._lock:
             new._items = OrderedDict(self._items)
         return new
+
+    def discard(self, key: K) -> None:
+        """Drop ``key``'s entry, if there is one (a value found bad)."""
+        with self._lock:
+            self._items.pop(key, None)
 
     def clear(self) -> None:
         with self._lock:

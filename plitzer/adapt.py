@@ -1,22 +1,36 @@
 """What the torch and Grain adapters share without importing torch or grain.
 
 The checks that every rank makes the same live call (``set_weights``, ``set_layout``)
-at the same step, given the adapter's all-gather of a few int64, and the refusal of
-DataLoader's automatic batching (its collate of whole steps).
+at the same step, given the adapter's all-gather of a few int64, and the torch adapter's
+refusals: DataLoader's automatic batching (its collate of whole steps), its worker
+processes, a copy to another process, pinning without an accelerator, and a gather of
+checkpoint parts without ``torch.distributed``; and the checkpoint inside a state
+either framework hands back.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from plitzer.errors import ConfigError
+from plitzer.errors import CheckpointError, ConfigError
 
-__all__ = ["BATCH_SIZE_NONE", "refuse_collate", "same_layout_call", "same_weights_call"]
+__all__ = [
+    "BATCH_SIZE_NONE",
+    "NOT_COPIED",
+    "NOT_PINNED",
+    "checkpoint_entry",
+    "in_worker",
+    "no_gather",
+    "refuse_collate",
+    "same_layout_call",
+    "same_weights_call",
+]
 
 BATCH_SIZE_NONE = (
     "plitzer.torch.Dataset yields whole steps: use DataLoader(dataset, batch_size=None, num_workers=0). "
@@ -33,6 +47,40 @@ def refuse_collate(batch: Any, *, collate_fn_map: Any = None) -> Any:
     The adapter gives the steps in ``batch`` back to its dataset before calling this.
     """
     raise ConfigError(BATCH_SIZE_NONE)
+
+
+def in_worker(worker: int, workers: int, threads: int | None) -> str:
+    """The refusal of a torch Dataset iterated in DataLoader worker ``worker`` of ``workers``."""
+    msg = (
+        f"plitzer.torch.Dataset is running in DataLoader worker {worker} of {workers}: "
+        "num_workers > 0 is not supported. Use DataLoader(dataset, batch_size=None, "
+        "num_workers=0): plitzer already reads and decodes in its own threads "
+        f"(threads={threads or os.cpu_count()}), and each worker "
+        "process would give the same steps again, so batches would repeat and the "
+        "checkpoint would not match what was trained"
+    )
+    return msg
+
+
+NOT_COPIED = (
+    "plitzer.torch.Dataset cannot be copied to another process (DataLoader num_workers > 0, "
+    "or pickling): it holds running reader threads. Use DataLoader(dataset, batch_size=None, "
+    "num_workers=0) and create the Dataset in the process that trains"
+)
+"""The refusal of a torch Dataset pickled (a DataLoader worker process, or a copy)."""
+
+NOT_PINNED = "plitzer.torch.Dataset(pin_memory=True): no accelerator is available, so tensors are not pinned"
+"""The warning of a torch Dataset asked to pin memory where no accelerator is."""
+
+
+def no_gather(world: int) -> str:
+    """The refusal of a torch Dataset's ``state_dict()`` at ``world`` > 1 without ``torch.distributed``."""
+    msg = (
+        f"state_dict() with world={world} gathers every rank's part through torch.distributed, "
+        "which is not initialised. Call init_process_group first, or collect "
+        "dataset.loader.checkpoint() from each rank yourself and join them with plitzer.merge"
+    )
+    return msg
 
 
 IntGather = Callable[[list[int]], list[tuple[int, ...]]]
@@ -82,3 +130,13 @@ def same_layout_call(step: int, lanes: int | None, seq_len: int | None, at_step:
         )
         msg = f"set_layout() differs across ranks ({each}): every rank must make the same call at the same step"
         raise ConfigError(msg)
+
+
+def checkpoint_entry(state: object, what: str) -> object:
+    """The ``"checkpoint"`` entry of an adapter's state (``what``: its name, for the message), else ``state``."""
+    if not isinstance(state, Mapping):
+        return state
+    if "checkpoint" not in state:
+        msg = f"{what} has a 'checkpoint' entry; got keys {sorted(map(str, state))}"
+        raise CheckpointError(msg)
+    return state["checkpoint"]

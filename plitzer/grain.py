@@ -75,6 +75,7 @@ import grain
 import numpy as np
 
 from planner.parameters import document
+from plitzer.adapt import checkpoint_entry
 from plitzer.errors import CheckpointError, ConfigError
 from plitzer.loader import Loader
 from plitzer.readpath.batch import Batch
@@ -82,7 +83,7 @@ from plitzer.state import checkpoint as ckpt
 from plitzer.state import live
 from plitzer.state.settings import Keywords, LoaderSettings, Source
 
-__all__ = ["Dataset", "DatasetIterator", "element_of", "merge_states"]
+__all__ = ["Dataset", "DatasetIterator", "checkpoint_bytes", "element_of", "merge_states"]
 
 Element = dict[str, Any]
 
@@ -438,20 +439,16 @@ class DatasetIterator(grain.DatasetIterator):  # type: ignore[misc]
 
 def checkpoint_bytes(state: Mapping[str, Any] | bytes | str) -> bytes:
     """The plitzer checkpoint inside a Grain state (or the bytes, or their base64 text)."""
-    if isinstance(state, Mapping):
-        if "checkpoint" not in state:
-            msg = f"a plitzer.grain state has a 'checkpoint' entry; got keys {sorted(map(str, state))}"
-            raise CheckpointError(msg)
-        state = state["checkpoint"]
-    if isinstance(state, (bytes, bytearray, memoryview)):
-        return bytes(state)
-    if isinstance(state, str):
+    entry = checkpoint_entry(state, "a plitzer.grain state")
+    if isinstance(entry, (bytes, bytearray, memoryview)):
+        return bytes(entry)
+    if isinstance(entry, str):
         try:
-            return base64.b64decode(state.encode("ascii"), validate=True)
+            return base64.b64decode(entry.encode("ascii"), validate=True)
         except ValueError as e:
             msg = f"the 'checkpoint' of a plitzer.grain state is base64 text; this one is not ({e})"
             raise CheckpointError(msg) from e
-    msg = f"set_state() takes what get_state() returned, got {type(state).__name__}"
+    msg = f"set_state() takes what get_state() returned, got {type(entry).__name__}"
     raise CheckpointError(msg)
 
 

@@ -7,8 +7,8 @@ tokens ``[t*L, (t+1)*L)``. The step alone says where every lane is: there are no
 per-lane cursors. The scanner (``plitzer.readpath.scan``) packs each window step-major, so a
 step that lies wholly inside one window is a view of that window's block (no
 copy, no per-lane work); a step that straddles windows is assembled from their ends
-by one gather (``plitzer.readpath.pack.assemble``). Units that every lane has left are
-released; the scanner reads the next ones ahead, within ``budget``.
+by one gather (``plitzer.readpath.packed.assemble``; both :mod:`plitzer.state.steps`). Units
+that every lane has left are released; the scanner reads the next ones ahead, within ``budget``.
 
 The loader owns the step and delivers; every question about a step (the units it
 needs, where each lane is, the epoch label ``floor(X(t) / T)``, the
@@ -23,11 +23,10 @@ construction and its checks are :mod:`plitzer.state.build`, the checks a resume 
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any, Unpack
 
@@ -41,16 +40,16 @@ from planner.order.layout import Layout
 from planner.order.plan import Plan
 from planner.parameters import document
 from planner.run import Run
-from plitzer.readpath.aligned import assemble_columns, unit_columns
-from plitzer.readpath.batch import Batch, Tokens
+from plitzer.readpath.batch import Batch
 from plitzer.readpath.cost import budget_floor
-from plitzer.readpath.packed import PackedUnit, Segments, assemble
+from plitzer.readpath.packed import PackedUnit
 from plitzer.readpath.scan import Stats
 from plitzer.state import checkpoint as ckpt
 from plitzer.state import live, resume
 from plitzer.state.build import check_layout, make_config, open_plan, parts
 from plitzer.state.settings import Keywords, LoaderSettings, Source, bind, signature
 from plitzer.state.share import job_source
+from plitzer.state.steps import Steps
 
 __all__ = ["Loader", "LoaderSettings", "budget_floor", "open_plan"]
 
@@ -142,10 +141,9 @@ class Loader:
         self._locate = got.locate
         # What states encoded later record (the run and config in force; _set_run renews them).
         self._now = resume.Now(got.run, make_config(settings, got.run))
+        self._steps = Steps(got.scanner, self._now, got.locate)  # the batches, the unit in use
         self._pid = os.getpid()
         self._lock = threading.RLock()
-        self._cur: PackedUnit | None = None  # the unit whose block the steps are views of
-        self._cur_block: NDArray[Any] | None = None
         self._resumed: I64 | None = None  # a resume's positions, until the next batch
         self._checks: resume.Checks = {}  # positions a resume left to check, per unit
         self._place(0)
@@ -160,8 +158,7 @@ class Loader:
             self.settings = replace(self.settings, layout=run.layout)
         self._run = run
         self.plan = run.plan  # a mixture's change is a new plan value
-        if self._cur is not None and self._cur.unit >= unit:
-            self._cur, self._cur_block = None, None
+        self._steps.forget(unit)
         self._scanner.set_run(run, unit)
         self._now.run, self._now.config = run, make_config(self.settings, run)
 
@@ -304,7 +301,7 @@ class Loader:
     def _place(self, step: int) -> None:
         """Make ``step`` the next step: forget the units in use, start over from the footers."""
         self._step = step
-        self._cur, self._cur_block = None, None
+        self._steps.forget()
         self._resumed, self._checks = None, {}
         self._scanner.reset(step)
 
@@ -417,59 +414,10 @@ class Loader:
             return self._next_batch()
 
     def _next_batch(self) -> Batch:
-        t = self._step
-        if self._scanner.stage != self._run.stage_of(t):  # a layout stage begins: the scanner packs its lanes
-            self._cur, self._cur_block = None, None
-            self._scanner.reset(t)
-        cur = self._cur
-        if cur is not None and cur.t0 <= t < cur.t1:  # the common case: a view of the block
-            return self._view(cur, t)
-        first, last = self._run.units_of_step(t)
-        if first == last:
-            u = self._get(first)
-            if u.t0 <= t < u.t1:
-                self._cur, self._cur_block = u, u.block
-                return self._view(u, t)
-        units = [self._get(x) for x in range(first, last + 1)]
-        rows, seq_len = len(self._scanner.rank_lanes), self._scanner.seq_len
-        tokens, segments = assemble(units, t, rows, seq_len)
-        columns = assemble_columns(units, t, rows, seq_len)
-        self._cur, self._cur_block = None, None
-        return self._deliver(t, tokens, segments, units, columns)
-
-    def _view(self, u: PackedUnit, t: int) -> Batch:
-        """Step ``t`` as a view of the block of ``u``, the unit in use."""
-        assert self._cur_block is not None
-        return self._deliver(t, self._cur_block[t - u.t0], functools.partial(u.segments, t), [u], unit_columns(u, t))
-
-    def _deliver(
-        self,
-        t: int,
-        tokens: NDArray[Any],
-        segments: Segments | Callable[[], Segments],
-        units: list[PackedUnit],
-        columns: dict[str, NDArray[Any]] | None = None,
-    ) -> Batch:
-        """Advance past step ``t`` (which took tokens from ``units``); release what no lane needs."""
-        after = resume.state_after(self._now, t, {u.unit: u.slices for u in units})
-        self._step = t + 1
+        batch = self._steps.take(self._run, self._step, self._get)  # plitzer.state.steps
+        self._step = batch.step + 1
         self._resumed = None
-        cur = self._cur
-        if (cur is None or not (cur.t0 <= t + 1 < cur.t1)) and self._run.stage_of(t + 1) == self._scanner.stage:
-            nxt, _ = self._run.units_of_step(t + 1)
-            if cur is not None and cur.unit < nxt:
-                self._cur, self._cur_block = None, None
-            self._scanner.release_before(nxt)
-        return Batch(
-            tokens=tokens.view(Tokens),
-            step=t,
-            epoch=self._run.epoch_of(t),
-            lanes=self._scanner.rank_lanes,
-            _segments=segments,
-            _locate=self._locate,
-            _after=after,
-            columns={n: c.view(Tokens) for n, c in (columns or {}).items()},
-        )
+        return batch
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -485,7 +433,7 @@ class Loader:
     def close(self) -> None:
         """Stop the reader threads and free every buffer."""
         self._scanner.close()
-        self._cur, self._cur_block = None, None
+        self._steps.forget()
 
     def __enter__(self) -> Loader:
         return self

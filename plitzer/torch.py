@@ -30,7 +30,6 @@ True
 
 from __future__ import annotations
 
-import os
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -46,6 +45,7 @@ from torch.utils.data._utils.collate import default_collate_fn_map
 from torch.utils.dlpack import from_dlpack
 
 from planner.parameters import document
+from plitzer import adapt
 from plitzer.adapt import refuse_collate, same_layout_call, same_weights_call
 from plitzer.errors import CheckpointError, ConfigError
 from plitzer.loader import Loader
@@ -274,11 +274,7 @@ class Dataset(IterableDataset[Batch]):
         self._loader = Loader.from_settings(source, cfg)
         self._pin = bool(pin_memory)
         if self._pin and not _can_pin():
-            warnings.warn(
-                "plitzer.torch.Dataset(pin_memory=True): no accelerator is available, so tensors are not pinned",
-                UserWarning,
-                stacklevel=2,
-            )
+            warnings.warn(adapt.NOT_PINNED, UserWarning, stacklevel=2)
             self._pin = False
 
     # -- the loader's view --------------------------------------------------------
@@ -312,15 +308,7 @@ class Dataset(IterableDataset[Batch]):
         """The rest of the current epoch; the next loop gives the next epoch."""
         info = get_worker_info()
         if info is not None:
-            msg = (
-                f"plitzer.torch.Dataset is running in DataLoader worker {info.id} of {info.num_workers}: "
-                "num_workers > 0 is not supported. Use DataLoader(dataset, batch_size=None, "
-                "num_workers=0): plitzer already reads and decodes in its own threads "
-                f"(threads={self._loader.settings.threads or os.cpu_count()}), and each worker "
-                "process would give the same steps again, so batches would repeat and the "
-                "checkpoint would not match what was trained"
-            )
-            raise ConfigError(msg)
+            raise ConfigError(adapt.in_worker(info.id, info.num_workers, self._loader.settings.threads))
         return self._epoch(self._loader.epoch)
 
     def _epoch(self, epoch: int) -> Iterator[Batch]:
@@ -413,12 +401,7 @@ class Dataset(IterableDataset[Batch]):
         if world == 1:
             return part
         if not _dist_ready():
-            msg = (
-                f"state_dict() with world={world} gathers every rank's part through torch.distributed, "
-                "which is not initialised. Call init_process_group first, or collect "
-                "dataset.loader.checkpoint() from each rank yourself and join them with plitzer.merge"
-            )
-            raise ConfigError(msg)
+            raise ConfigError(adapt.no_gather(world))
         group = self._group
         n = dist.get_world_size(group)
         dev = _collective_device(group)
@@ -447,12 +430,7 @@ class Dataset(IterableDataset[Batch]):
         self.close()
 
     def __getstate__(self) -> object:
-        msg = (
-            "plitzer.torch.Dataset cannot be copied to another process (DataLoader num_workers > 0, "
-            "or pickling): it holds running reader threads. Use DataLoader(dataset, batch_size=None, "
-            "num_workers=0) and create the Dataset in the process that trains"
-        )
-        raise ConfigError(msg)
+        raise ConfigError(adapt.NOT_COPIED)
 
     def __repr__(self) -> str:
         s = self._loader.settings
@@ -463,11 +441,7 @@ class Dataset(IterableDataset[Batch]):
 
 
 def _checkpoint_bytes(state: object) -> bytes:
-    if isinstance(state, Mapping):
-        if "checkpoint" not in state:
-            msg = f"a plitzer.torch state dict has a 'checkpoint' entry; got keys {sorted(map(str, state))}"
-            raise CheckpointError(msg)
-        state = state["checkpoint"]
+    state = adapt.checkpoint_entry(state, "a plitzer.torch state dict")
     if isinstance(state, torch.Tensor):
         if state.dtype != torch.uint8 or state.dim() != 1:
             msg = f"a checkpoint tensor is 1-D uint8, got {state.dim()}-D {state.dtype}"

@@ -574,7 +574,7 @@ def test_the_pass_runs_on_ray_ahead_of_the_job(data: Path, monkeypatch: pytest.M
 
     with ray_with_caches(tmp_path, monkeypatch):
         ix = plitzer.index(data)
-        assert keying.dedupe_on_ray(ix, dedupe="tokens", source=str(data)) == len(keying.key_chunks([ix]))
+        assert keying.dedupe_on_ray(ix, "tokens", source=str(data)) == len(keying.key_chunks([ix]))
     calls: list[int] = []
     monkeypatch.setattr(keying.KeyPass, "hash_rg", lambda self, p, rg, runs=None: calls.append(rg))
     got = dd.dedupe_index(ix, "tokens")

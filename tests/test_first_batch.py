@@ -128,7 +128,8 @@ def test_a_unit_packed_for_some_lanes_is_those_rows_of_all_lanes(data: Path) -> 
     """pack_unit for a rank's lanes gives those rows of the all-lanes packing, and from_step
     drops exactly the steps before it: the step-major layout does not depend on the world size."""
     from planner.run import UnitPlace, lane_base
-    from plitzer.readpath.pack import UnitReads, pack_unit
+    from plitzer.readpath.pack import pack_unit
+    from plitzer.readpath.packed import UnitReads
 
     with plitzer.Loader(data, **CFG) as ld:  # type: ignore[arg-type]
         plan, index = ld.plan, ld.index

@@ -85,7 +85,7 @@ def test_element_is_the_loaders_array(data: Path) -> None:
     loader = it.loader
     assert loader.step == 1
     # No copy: the element's tokens are a view of the window's packed block.
-    from plitzer.readpath.pack import Memory
+    from plitzer.readpath.packed import Memory
 
     base = e["tokens"]
     while isinstance(base, np.ndarray) and base.base is not None:

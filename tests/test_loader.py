@@ -6,6 +6,7 @@ import contextlib
 import itertools
 import warnings
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pyarrow as pa
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 import plitzer
 from plitzer.loader import budget_floor
+from plitzer.readpath.budget import Budget, Charge
 from tests.conftest import SynthDataset, docs_by_row_group, numbered_dataset, tokens_of, write_dataset
 from tests.reference import lane_streams
 
@@ -60,6 +62,32 @@ def test_matches_reference_model(tmp_path_factory: pytest.TempPathFactory, lengt
     for t, batch in enumerate(got):
         L = cfg["seq_len"]
         np.testing.assert_array_equal(batch, want[:, t * L : (t + 1) * L], err_msg=f"step {t}")
+
+
+@given(lengths=dataset, cfg=config, data=st.data())
+def test_a_packed_unit_holds_at_most_its_charge(tmp_path_factory, lengths, cfg, data) -> None:
+    """The charge a unit starts with (plitzer.readpath.cost.unit_estimate) bounds what it holds once packed.
+
+    Empty documents, windows of fewer tokens than lanes (empty lanes), row groups with no
+    row and a rank's share of the lanes included: the budget's guarantee rests on it.
+    """
+    total = sum(n for f in lengths for rg in f for n in rg)
+    assume(total >= cfg["lanes"])
+    root = tmp_path_factory.mktemp("ds")
+    numbered_dataset(root, lengths)
+    world = data.draw(st.sampled_from([w for w in (1, 2, 4) if cfg["lanes"] % w == 0]))
+    settled: list[tuple[int, int]] = []
+    settle = Budget.settle
+
+    def checked(self: Budget, c: Charge, nbytes: int) -> None:
+        settled.append((c.nbytes, nbytes))
+        settle(self, c, nbytes)
+
+    with mock.patch.object(Budget, "settle", checked):
+        with plitzer.Loader(root, budget=1 << 30, rank=world - 1, world=world, **cfg) as loader:
+            for _ in range(min(3 * len(loader), 200)):
+                loader.next_batch()
+    assert settled and all(held <= charged for charged, held in settled), settled
 
 
 @given(lengths=dataset, cfg=config, data=st.data())

@@ -297,7 +297,7 @@ def test_a_stop_ends_a_blocking_socket_read_in_flight_not_at_its_timeout() -> No
     import threading
 
     from planner.errors import StoppedError
-    from planner.stores.retry import interruptible, stop, stop_on
+    from planner.stores.stopping import interruptible, stop, stop_on
 
     ours, theirs = socket.socketpair()  # `theirs` never answers
     ours.settimeout(30.0)
@@ -337,7 +337,7 @@ def test_a_stop_cancels_an_attempt_on_the_event_loop() -> None:
     import threading
 
     from planner.errors import StoppedError
-    from planner.stores.retry import on_loop, stop, stop_on
+    from planner.stores.stopping import on_loop, stop, stop_on
 
     loop = asyncio.new_event_loop()
     lt = threading.Thread(target=loop.run_forever, daemon=True)

@@ -257,7 +257,7 @@ def test_throttling_is_retried_to_the_same_batches_and_counted(
 
 
 def test_the_throttle_halves_once_a_round_and_grows_back() -> None:
-    from planner.stores.retry import Throttle
+    from planner.stores.throttle import Throttle
 
     t = Throttle(16)
     with t.slot() as first, t.slot() as second:  # two requests of the same round, both throttled
@@ -284,7 +284,7 @@ def test_the_throttle_halves_once_a_round_and_grows_back() -> None:
 def test_the_throttle_bounds_requests_in_flight() -> None:
     import threading
 
-    from planner.stores.retry import Throttle
+    from planner.stores.throttle import Throttle
 
     t = Throttle(8)
     with t.slot() as s:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,3 +32,30 @@ def test_the_command_line_has_no_module_over_500_lines() -> None:
     sizes = {p.name: len(p.read_text().splitlines()) for p in (ROOT / "plitzer" / "cli").glob("*.py")}
     assert "table.py" in sizes, sorted(sizes)
     assert {n: s for n, s in sizes.items() if s > 500} == {}
+
+
+def _declared_all(tree: ast.Module) -> set[str] | None:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    return None
+
+
+def test_a_module_with_all_lists_every_public_function_and_class() -> None:
+    # A public name used by another module is part of its module's surface (the rule against
+    # importing private names across modules made them public): `__all__` says so, and the
+    # API reference and `from m import *` see it.
+    missing = {}
+    for p in _sources():
+        tree = ast.parse(p.read_text())
+        declared = _declared_all(tree)
+        if declared is None:
+            continue
+        public = {
+            n.name
+            for n in tree.body
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not n.name.startswith("_")
+        }
+        if public - declared:
+            missing[str(p.relative_to(ROOT))] = sorted(public - declared)
+    assert missing == {}

@@ -14,14 +14,15 @@ and a Thrift library would be a dependency for a hundred lines (docs/design.md,
 from __future__ import annotations
 
 __all__ = [
-    "MAX_DEPTH",
     "FieldIter",
+    "MAX_DEPTH",
     "Reader",
     "Struct",
     "ThriftError",
     "binary",
     "list_header",
     "skip_value",
+    "uvarint",
     "varint",
     "zigzag",
 ]

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from planner.errors import ConfigError
-from planner.stores.retry import Changed, Fatal, Retrying, Throttled, Transient, check_body, on_loop, with_deadline
+from planner.stores.retry import Changed, Fatal, Retrying, Throttled, Transient, check_body, with_deadline
+from planner.stores.stopping import on_loop
 from planner.stores.storage import FileStat, check_range, list_prefix, select_parquet
 
 __all__ = ["AzureStorage"]

@@ -26,7 +26,8 @@ from typing import Any
 from urllib.parse import quote
 
 from planner.errors import ConfigError
-from planner.stores.retry import Changed, Fatal, Retrying, Throttled, Transient, check_body, on_loop, with_deadline
+from planner.stores.retry import Changed, Fatal, Retrying, Throttled, Transient, check_body, with_deadline
+from planner.stores.stopping import on_loop
 from planner.stores.storage import FileStat, check_range, list_prefix, select_parquet
 
 __all__ = ["GCSStorage", "import_gcsfs"]

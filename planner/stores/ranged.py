@@ -20,7 +20,7 @@ The file's identity headers (ETag, Last-Modified, the Hub's commit) are checked 
 the caller's ``check`` (each backend knows which it pinned).
 
 The ``https://`` source's own client (:func:`client`) reads its sockets inside
-:func:`planner.stores.retry.interruptible`, so closing a loader ends a read from a
+:func:`planner.stores.stopping.interruptible`, so closing a loader ends a read from a
 server that accepted and never answers at once, not at its read timeout.
 """
 
@@ -31,7 +31,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, cast
 
-from planner.stores.retry import Changed, Fatal, Throttled, Transient, interruptible
+from planner.stores.retry import Changed, Fatal, Throttled, Transient
+from planner.stores.stopping import interruptible
 from planner.stores.storage import FileStat
 
 __all__ = ["RETRY_AFTER_CAP", "Answer", "Refused", "check_status", "client", "get", "retry_after", "transient"]
@@ -47,7 +48,7 @@ def client(connections: int) -> Any:
 
     httpx2's transport takes no network backend, so its pool is built here as httpx2 builds it,
     with httpcore2's own backend wrapped (:class:`_Interruptible`): each read and write of a
-    socket runs inside :func:`~planner.stores.retry.interruptible`.
+    socket runs inside :func:`~planner.stores.stopping.interruptible`.
     """
     import httpcore2
     import httpx2
@@ -63,7 +64,7 @@ def client(connections: int) -> Any:
 
 
 class _Stream:
-    """httpcore2's network stream, its reads and writes stoppable (:func:`~planner.stores.retry.interruptible`)."""
+    """httpcore2's network stream, its reads and writes stoppable (:func:`~planner.stores.stopping.interruptible`)."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner

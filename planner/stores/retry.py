@@ -1,10 +1,10 @@
 """Retries and throttling shared by the object stores (S3, GCS, Azure; docs/storage.md).
 
 Every request to an object store runs through a :class:`Retrier`: one attempt at a
-time per request, inside a slot of its :class:`Throttle`, retried with jittered
-exponential backoff (capped at 10 s) where the failure is transient, counted
-(:attr:`Retrier.retries`), and reported as a :class:`StorageError` naming the
-object, the range and the last cause when it is not.
+time per request, inside a slot of its :class:`~planner.stores.throttle.Throttle`,
+retried with jittered exponential backoff (capped at 10 s) where the failure is
+transient, counted (:attr:`Retrier.retries`), and reported as a :class:`StorageError`
+naming the object, the range and the last cause when it is not.
 
 Retries are bounded by time, not by a count: a store that stops answering (an
 incident of minutes, a restarted endpoint) is waited for, by default for 10 minutes
@@ -15,56 +15,35 @@ when the store answers again (:class:`~planner.errors.StorageWaitWarning`); past
 deadline the StorageError names the object, the time waited and the option.
 :attr:`Retrier.waited` is the wall-clock time some request was failing (``Loader.stats``).
 
-A wait is never longer than its owner's life (docs/reliability.md, "Stopping during an
-outage"): the pause between attempts is a wait on an event, not a sleep. A thread that
-reads for a scanner runs its requests inside :func:`stop_on` (the scanner's event, set by
-``close()``), and :func:`stop_every_request` (run as the interpreter ends) sets every
-such event and a global one; a request whose event is set makes no further attempt and
-raises :class:`~planner.errors.StoppedError` at once. An attempt in flight stops too,
-whatever the store does (a store that accepts and never answers included): an attempt
-on an event loop (S3, GCS, Azure) runs through :func:`on_loop`, which cancels its task,
-and a blocking socket read (HTTP) runs inside :func:`interruptible`, whose socket
-:func:`stop` shuts down. The deadline of a run that goes on is untouched.
-
-The throttle is AIMD, as TCP's congestion window: requests in flight are capped
-by a limit that starts at the storage's concurrency; a throttling answer (S3's 503
-SlowDown or a 429, GCS's and Azure's 429 or 503) halves it, once per round of
-requests (a throttle seen by requests that started before the last cut does not
-cut again), and each round of ``limit`` successes adds one slot, back up to the
-start (integer arithmetic: exactly one slot per round). A server that asks us to slow down
-gets fewer requests at once instead of the same number retried.
+Its waits end when their owner stops (:mod:`planner.stores.stopping`), and its requests
+in flight are capped by an AIMD :class:`~planner.stores.throttle.Throttle`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import math
 import random
-import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from planner.errors import ConfigError, FileChangedError, StoppedError, StorageError, StorageWaitWarning
+from planner.stores.stopping import STOPPED, pause, stop_event
+from planner.stores.throttle import Throttle
 
 __all__ = [
     "DEFAULT_DEADLINE",
     "PATIENCE",
+    "Changed",
     "Fatal",
     "Retrier",
-    "Throttle",
+    "Retrying",
     "Throttled",
     "Transient",
     "check_body",
-    "interruptible",
-    "on_loop",
-    "stop",
-    "stop_every_request",
-    "stop_on",
     "with_deadline",
 ]
 
@@ -75,147 +54,6 @@ DEFAULT_DEADLINE = 600.0
 """Seconds a request keeps retrying a store that does not answer (``storage_options`` ``retry_deadline``)."""
 PATIENCE = 10.0
 """Seconds of failing after which a request is waiting for the store (warned once, and when it is back)."""
-
-
-_STOPPED = "its loader was closed, or the interpreter is ending"
-
-
-class _Stops:
-    """The events that end waiting requests: one per :func:`stop_on` block, and the process's."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.active: set[threading.Event] = set()
-        self.everything = threading.Event()  # set as the interpreter ends
-        self.local = threading.local()
-        self.sockets: dict[socket.socket, threading.Event] = {}  # in a blocking read: its thread's event
-
-
-_STOPS = _Stops()
-
-
-@contextlib.contextmanager
-def stop_on(event: threading.Event) -> Iterator[None]:
-    """Inside the block, this thread's requests stop waiting (StoppedError) once ``event`` is set.
-
-    >>> ev = threading.Event()
-    >>> r = Retrier(attempts=None, backoff=10.0, concurrency=1, transient=lambda e: True,
-    ...             throttled=lambda e: False, hint="", patience=60.0)
-    >>> def away():
-    ...     ev.set()  # closed while the attempt is in flight: no pause, no further attempt
-    ...     raise Transient("connection refused")
-    >>> with stop_on(ev):  # doctest: +ELLIPSIS
-    ...     r.run("reading x", away)
-    Traceback (most recent call last):
-    planner.errors.StoppedError: reading x: stopped during a request to the store (connection refused): its loader ...
-    """
-    s = _STOPS
-    outer = getattr(s.local, "event", None)
-    with s.lock:
-        s.active.add(event)
-        if s.everything.is_set():
-            event.set()
-    s.local.event = event
-    try:
-        yield
-    finally:
-        s.local.event = outer
-        with s.lock:
-            s.active.discard(event)
-
-
-def stop(event: threading.Event) -> None:
-    """Set ``event``: the requests of the threads inside ``stop_on(event)`` stop, in flight too.
-
-    Their pauses end, and the sockets they block on (:func:`interruptible`) are shut down,
-    so a read from a store that never answers ends now rather than at its read timeout.
-    """
-    s = _STOPS
-    with s.lock:
-        event.set()
-        socks = [k for k, ev in s.sockets.items() if ev is event]
-    for sock in socks:
-        _shut(sock)
-
-
-def stop_every_request() -> None:
-    """End every wait between attempts and every blocking read, now and from now on: the interpreter is ending."""
-    s = _STOPS
-    with s.lock:
-        s.everything.set()
-        for ev in s.active:
-            ev.set()
-        socks = list(s.sockets)
-    for sock in socks:
-        _shut(sock)
-
-
-def _shut(sock: socket.socket) -> None:
-    # shutdown, not close: it wakes a recv (or poll) blocked in another thread, which close does not on Linux.
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-
-
-@contextlib.contextmanager
-def interruptible(sock: socket.socket | None) -> Iterator[None]:
-    """Inside the block, stopping this thread's requests shuts ``sock`` down (its blocking read fails at once)."""
-    if sock is None:
-        yield
-        return
-    s = _STOPS
-    ev = _stop_event()
-    with s.lock:
-        s.sockets[sock] = ev
-        stopped = ev.is_set()
-    if stopped:
-        _shut(sock)
-    try:
-        yield
-    finally:
-        with s.lock:
-            s.sockets.pop(sock, None)
-
-
-def on_loop(loop: asyncio.AbstractEventLoop, make: Callable[..., Any], *args: Any) -> Any:
-    """``await make(*args)`` on ``loop`` (another thread's), from this thread; stoppable in flight.
-
-    fsspec's ``sync`` waits for the coroutine whatever happens; this waits in slices of
-    0.1 s, and once this thread's requests are stopped it cancels the task (aiohttp then
-    closes its connection) and raises :class:`~planner.errors.StoppedError`.
-    """
-    fut = asyncio.run_coroutine_threadsafe(make(*args), loop)
-    stop_ev = _stop_event()
-    try:
-        while True:
-            try:
-                return fut.result(timeout=0.1)
-            except concurrent.futures.TimeoutError:
-                if stop_ev.is_set():
-                    msg = f"stopped during a request to the store: {_STOPPED}"
-                    raise StoppedError(msg) from None
-    finally:
-        fut.cancel()  # a no-op once done; else (stopped, Ctrl-C) the task ends on the loop
-
-
-def _stop_event() -> threading.Event:
-    got = getattr(_STOPS.local, "event", None)
-    return got if got is not None else _STOPS.everything
-
-
-def _pause(seconds: float) -> None:
-    """Wait ``seconds`` between attempts, or less when this thread's requests are stopped.
-
-    The main thread waits in slices: a signal (Ctrl-C) that the kernel hands to another
-    thread does not wake a wait, so a listing waiting for the store in the main thread
-    would otherwise take its KeyboardInterrupt only at the end of the pause.
-    """
-    stop = _stop_event()
-    if threading.current_thread() is not threading.main_thread():
-        stop.wait(seconds)
-        return
-    end = time.monotonic() + seconds
-    while not stop.is_set() and (left := end - time.monotonic()) > 0:
-        stop.wait(min(left, 0.1))
 
 
 class Fatal(Exception):
@@ -238,86 +76,6 @@ class Throttled(Transient):
     """The server asked us to slow down (503 SlowDown, 429): retried, and the throttle cuts."""
 
 
-class Throttle:
-    """An AIMD cap on requests in flight (module docstring).
-
-    >>> t = Throttle(8)
-    >>> with t.slot() as s:
-    ...     t.cut(s)
-    >>> t.limit, t.cuts
-    (4, 1)
-    >>> for _ in range(4 + 5):  # one slot per round of `limit` successes
-    ...     with t.slot():
-    ...         t.grow()
-    >>> t.limit
-    6
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.top = max(1, int(limit))
-        self._limit = self.top
-        self._credit = 0  # successes since the limit last grew
-        self._inflight = 0
-        self._round = 0
-        self._cuts = 0
-        self._lowest = self.top
-        self._cond = threading.Condition()
-
-    @property
-    def limit(self) -> int:
-        """Requests allowed in flight now."""
-        with self._cond:
-            return self._limit
-
-    @property
-    def lowest(self) -> int:
-        """The lowest limit so far."""
-        with self._cond:
-            return self._lowest
-
-    @property
-    def cuts(self) -> int:
-        """How many times the limit was halved."""
-        with self._cond:
-            return self._cuts
-
-    @contextlib.contextmanager
-    def slot(self) -> Iterator[int]:
-        """Wait for a free slot; yields the round the request started in."""
-        with self._cond:
-            while self._inflight >= self._limit:
-                self._cond.wait()
-            self._inflight += 1
-            started = self._round
-        try:
-            yield started
-        finally:
-            with self._cond:
-                self._inflight -= 1
-                self._cond.notify()
-
-    def cut(self, started: int) -> None:
-        """A throttling answer to a request that started in round ``started``."""
-        with self._cond:
-            if started != self._round:
-                return  # this round was cut already
-            self._round += 1
-            self._cuts += 1
-            self._limit = max(1, self._limit // 2)
-            self._credit = 0
-            self._lowest = min(self._lowest, self._limit)
-
-    def grow(self) -> None:
-        """A success: additive increase (one slot per round of ``limit`` successes), up to the start."""
-        with self._cond:
-            if self._limit < self.top:
-                self._credit += 1
-                if self._credit >= self._limit:
-                    self._limit += 1
-                    self._credit = 0
-                    self._cond.notify_all()
-
-
 class Retrier:
     """Attempts, backoff, the deadline and the throttle of one storage; thread-safe.
 
@@ -332,8 +90,9 @@ class Retrier:
     one :class:`~planner.errors.StorageWaitWarning` says so, naming what it waits for,
     and one more says when the store answers again. ``clock`` and ``sleep`` are the
     time the loop reads and waits (a test passes a fake one); the default wait ends
-    early when the thread's requests are stopped (:func:`stop_on`), and a stopped request
-    raises :class:`~planner.errors.StoppedError` before its next attempt.
+    early when the thread's requests are stopped (:func:`~planner.stores.stopping.stop_on`),
+    and a stopped request raises :class:`~planner.errors.StoppedError` before its next
+    attempt.
     """
 
     def __init__(
@@ -348,7 +107,7 @@ class Retrier:
         deadline: float = DEFAULT_DEADLINE,
         patience: float = PATIENCE,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = _pause,
+        sleep: Callable[[float], None] = pause,
     ) -> None:
         self.attempts = attempts
         self.backoff = backoff
@@ -436,12 +195,12 @@ class Retrier:
 
     def _attempts(self, what: str, attempt: Callable[[], T], location: str | None, failing: list[float]) -> T:
         tries = 0
-        stop = _stop_event()
+        stop = stop_event()
         cause = ""
         while True:
             if stop.is_set():
                 why = f" ({cause})" if cause else ""
-                msg = f"{what}: stopped while waiting for the store{why}: {_STOPPED}"
+                msg = f"{what}: stopped while waiting for the store{why}: {STOPPED}"
                 raise StoppedError(msg)
             tries += 1
             try:
@@ -465,7 +224,7 @@ class Retrier:
                 raise StorageError(msg) from e.__cause__
             except Exception as e:
                 if stop.is_set():  # the attempt failed because it was stopped (its socket shut down)
-                    msg = f"{what}: stopped during a request to the store ({_cause(e)}): {_STOPPED}"
+                    msg = f"{what}: stopped during a request to the store ({_cause(e)}): {STOPPED}"
                     raise StoppedError(msg) from None
                 if not self._transient(e):
                     msg = f"{what}: {type(e).__name__}: {e}; {self._hint}"

@@ -16,10 +16,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from planner.errors import ConfigError
-from planner.stores.retry import Changed, Retrying, on_loop
+from planner.stores.retry import Changed, Retrying
 from planner.stores.retry import Fatal as _Fatal
 from planner.stores.retry import Transient as _Retry
 from planner.stores.retry import with_deadline as _with_deadline
+from planner.stores.stopping import on_loop
 from planner.stores.storage import FileStat, check_range, list_prefix, select_parquet
 
 __all__ = ["S3Storage"]

@@ -35,6 +35,7 @@ __all__ = [
     "check_range",
     "duckdb_filesystems",
     "list_prefix",
+    "revisions",
     "select_parquet",
 ]
 

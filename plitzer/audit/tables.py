@@ -33,8 +33,10 @@ __all__ = [
     "length_histogram",
     "length_summary",
     "lockstep",
+    "mixture_shares",
     "read_amplification",
     "reads_per_rank",
+    "source_repetitions",
 ]
 
 I64 = NDArray[np.int64]

@@ -67,7 +67,21 @@ import numpy as np
 
 from plitzer.bench import DECODES, LOADERS
 
-__all__ = ["main", "match_lanes"]
+__all__ = [
+    "Measured",
+    "Peer",
+    "Row",
+    "bench_loader",
+    "compare",
+    "epoch_notes",
+    "first_batch_ratios",
+    "interpreter",
+    "main",
+    "match_lanes",
+    "run_one",
+    "table",
+    "venv_root",
+]
 
 _HERE = Path(__file__).resolve()
 _ROOT = _HERE.parents[2]  # the folder that holds the plitzer package

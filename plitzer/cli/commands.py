@@ -25,16 +25,17 @@ from plitzer.cli.options import (
 from plitzer.cli.table import setting_names
 
 __all__ = [
-    "cmd_synth",
-    "cmd_index",
-    "cmd_plan",
-    "cmd_explain",
-    "cmd_locate",
     "cmd_audit",
-    "cmd_checkpoint",
     "cmd_bench",
+    "cmd_checkpoint",
     "cmd_demo",
+    "cmd_explain",
+    "cmd_index",
+    "cmd_locate",
+    "cmd_plan",
+    "cmd_synth",
     "cmd_tokenize",
+    "rows_arg",
     "run_settings",
 ]
 
@@ -210,14 +211,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         from plitzer.selection.keying import dedupe_on_ray
 
         if args.engine == "ray" and args.where is None:
-            dedupe_on_ray(
-                ix,
-                dedupe=args.dedupe,
-                exclude=args.exclude,
-                source=source,
-                storage_options=storage_options_of(args),
-                address=args.address,
-            )
+            dedupe_on_ray(ix, selection, source=source, storage_options=storage_options_of(args), address=args.address)
         ix = dedupe_index(  # type: ignore[assignment]  # a DedupedIndex: an Index
             ix, selection, storage_options=storage_options_of(args), progress=terminal_progress()
         )

@@ -37,9 +37,9 @@ import threading
 import weakref
 from typing import Protocol
 
-from planner.stores.retry import stop_every_request
+from planner.stores.stopping import stop_every_request
 
-__all__ = ["close_all", "live", "register"]
+__all__ = ["Closable", "close_all", "live", "register"]
 
 
 class Closable(Protocol):

@@ -52,12 +52,14 @@ from plitzer.readpath.runs import read_other
 
 __all__ = [
     "Columns",
+    "aligned_chunks",
     "assemble_columns",
     "columns_config",
     "parse_columns",
     "read_columns",
     "resolve",
     "storage_dtype",
+    "unit_columns",
 ]
 
 I64 = NDArray[np.int64]

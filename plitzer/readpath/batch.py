@@ -19,7 +19,7 @@ import polars as pl
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from plitzer.readpath.pack import Segments
+from plitzer.readpath.packed import Segments
 
 __all__ = ["Batch", "Located", "Tokens"]
 

@@ -3,7 +3,7 @@
 One module owns these numbers so that the construction-time floor
 (:func:`budget_floor`), the scanner's charge for a unit it starts
 (:func:`unit_estimate`) and what a packed unit reports it holds
-(``plitzer.readpath.pack.PackedUnit.nbytes``) agree. The contract counts decoded token
+(``plitzer.readpath.packed.PackedUnit.nbytes``) agree. The contract counts decoded token
 data as 4 bytes per token and 8 per document; the packed copy a step's rows are
 views of is 4 bytes per token more, and its piece table (``PIECE_BYTES`` per
 piece) has at most one piece per document, per lane cut inside a document, and per
@@ -11,7 +11,7 @@ row boundary (one per ``seq_len`` tokens of a lane) inside a piece:
 
     decoded   4 * tokens + 8 * documents           (freed once the unit is packed)
     packed    4 * tokens + PIECE_BYTES * pieces + LANE_BYTES * (lanes + 1)
-    pieces   <= documents + lanes + tokens // seq_len + lanes, and <= documents + tokens
+    pieces   <= documents + lanes + tokens // seq_len + lanes, and <= documents + tokens + lanes
 
 >>> decoded_bytes(1000, 10), packed_bytes(1000, 10, lanes=4, seq_len=100)
 (4080, 5240)
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["LANE_BYTES", "PIECE_BYTES", "budget_floor", "decoded_bytes", "packed_bytes", "unit_estimate"]
+__all__ = ["LANE_BYTES", "PIECE_BYTES", "budget_floor", "decoded_bytes", "max_pieces", "packed_bytes", "unit_estimate"]
 
 # Per piece of the step-major table (row, length, document, offset: int64) and of the
 # shuffled slices (end: int64) that checkpoints read.
@@ -41,12 +41,15 @@ def decoded_bytes(tokens: Any, rows: Any) -> Any:
 def max_pieces(tokens: Any, rows: Any, lanes: int, seq_len: int) -> Any:
     """At most this many pieces in a unit of ``tokens`` and ``rows`` for ``lanes`` rank lanes.
 
-    Also at most ``rows + tokens``: a piece of a document holds a token of it, or is an
-    empty document whole. So a window that a selection left empty (SPEC section 10: its
-    row groups keep their places, hold no row and are never read) costs no piece.
+    Also at most ``rows + tokens + lanes`` (``rows`` without a token): a piece of a
+    document holds a token of it, is an empty document whole, or is the empty share of a
+    lane that a window of fewer tokens than lanes leaves empty (one at most a lane). So a
+    window that a selection left empty (SPEC section 10: its row groups keep their places,
+    hold no row and are never read) costs no piece.
     """
-    most, each = rows + 2 * lanes + 1 + tokens // max(seq_len, 1), rows + tokens
-    return np.minimum(most, each) if isinstance(most, np.ndarray) else min(most, each)
+    most = rows + 2 * lanes + 1 + tokens // max(seq_len, 1)
+    each = rows + tokens + lanes * (np.asarray(tokens) > 0)
+    return np.minimum(most, each) if isinstance(most, np.ndarray) else int(min(most, each))
 
 
 def packed_bytes(tokens: Any, rows: Any, *, lanes: int, seq_len: int) -> Any:

@@ -51,12 +51,14 @@ from plitzer.readpath.readers import thread_reader
 
 __all__ = [
     "check_decoded",
-    "checked_tokens",
     "check_list_of_integers",
     "check_no_null_tokens",
+    "checked_tokens",
     "count_chunk",
     "decode_chunk",
     "decode_column",
+    "list_lengths",
+    "numpy_view",
     "read_chunk",
     "read_column",
     "read_decoded",
@@ -95,10 +97,10 @@ def decode_column(
         at = row_group if footer_row_group is None else footer_row_group
         table = pf.read_row_group(at, columns=[column], use_threads=False)
     except DataError:
-        r.decoders.pop(id(metadata), None)
+        r.decoders.discard(id(metadata))
         raise
     except (pa.ArrowException, OSError, ValueError, IndexError, TypeError) as e:
-        r.decoders.pop(id(metadata), None)
+        r.decoders.discard(id(metadata))
         msg = f"{where}: cannot decode the {what} column ({type(e).__name__}: {one_line(e)}); the file is damaged"
         raise DamagedChunkError(msg, file=file, row_group=row_group) from e
     finally:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import io
 import os
 import threading
-from collections import OrderedDict
 from typing import Any
 
 import pyarrow.parquet as pq
 
+from planner.bounded import Bounded
 from planner.errors import DamagedChunkError
 
 __all__ = ["RangeFile", "thread_reader"]
@@ -99,7 +99,7 @@ class _Reader:
 
     def __init__(self) -> None:
         self.buffer = bytearray(0)
-        self.decoders: OrderedDict[int, tuple[pq.FileMetaData, RangeFile, pq.ParquetFile]] = OrderedDict()
+        self.decoders = Bounded[int, tuple[pq.FileMetaData, RangeFile, pq.ParquetFile]](_DECODERS)
 
     def view(self, n: int) -> memoryview:
         if n > _KEEP:
@@ -112,7 +112,6 @@ class _Reader:
         key = id(metadata)
         got = self.decoders.get(key)
         if got is not None and got[0] is metadata and got[1].size() == file_size:
-            self.decoders.move_to_end(key)
             return got[1], got[2]
         f = RangeFile(b"", 0, file_size, "")
         # Page CRCs are verified whenever the writer stored them (docs/reliability.md).
@@ -121,9 +120,7 @@ class _Reader:
         # f, so one of its threads can enter Python as the interpreter ends, and the
         # process aborts (docs/reliability.md, "How a run ends"; plitzer/readpath/_shutdown.py).
         pf = pq.ParquetFile(f, metadata=metadata, pre_buffer=False, page_checksum_verification=True)
-        self.decoders[key] = (metadata, f, pf)  # the footer held: its id is not reused while cached
-        while len(self.decoders) > _DECODERS:
-            self.decoders.popitem(last=False)
+        self.decoders.put(key, (metadata, f, pf))  # the footer held: its id is not reused while cached
         return f, pf
 
 

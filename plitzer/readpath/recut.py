@@ -14,8 +14,9 @@ from numpy.typing import NDArray
 
 from planner.lanes import cut_at
 from planner.packing import Items, cut_again_at, slice_keys, slice_offsets
-from plitzer.readpath.pack import ColumnChunks, Pieces, cut_pieces, finish_unit, shuffle_pieces, unit_documents
+from plitzer.readpath.pack import ColumnChunks, finish_unit
 from plitzer.readpath.packed import PackedUnit, UnitReads
+from plitzer.readpath.pieces import Pieces, cut_pieces, shuffle_pieces, unit_documents
 
 __all__ = ["pack_rest"]
 

@@ -16,7 +16,7 @@ Memory: ``budget`` caps the decoded bytes held (the cost model is
 charged its estimate (decoded row groups plus the packed copy and tables) when its reads
 start, and what it really holds once packed.
 It is released when every lane of the rank has moved past it, but its bytes stay
-charged while any batch view of its tokens is alive (``plitzer.readpath.pack.Memory``): a
+charged while any batch view of its tokens is alive (``plitzer.readpath.packed.Memory``): a
 caller who keeps batches slows the prefetch rather than having them overwritten.
 Units are started strictly in order, only while the charge fits, so a later unit
 never delays an earlier one and the consumer never waits on a read the budget
@@ -53,7 +53,7 @@ from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import StoppedError, UsageError
 from planner.order.epoch import row_group_counts
 from planner.run import Run, Segment, Start, lane_base
-from planner.stores.retry import stop, stop_on
+from planner.stores.stopping import stop, stop_on
 from plitzer.readpath import _shutdown
 from plitzer.readpath.aligned import Columns, read_columns
 from plitzer.readpath.budget import Budget, Charge
@@ -464,8 +464,8 @@ class Scanner:
         """Stop every unit and the reader threads (waits for the running decodes).
 
         Reads waiting between attempts for a store that does not answer stop at once
-        (:func:`planner.stores.retry.stop_on`), and so do attempts in flight
-        (:func:`planner.stores.retry.stop`), so this returns at once, never after an
+        (:func:`planner.stores.stopping.stop_on`), and so do attempts in flight
+        (:func:`planner.stores.stopping.stop`), so this returns at once, never after an
         attempt's read timeout or the storage's ``retry_deadline``.
         """
         if self._closed:

@@ -53,17 +53,8 @@ from planner.stores.cache import cache_dir, digest
 from plitzer.readpath.read import read_chunk
 from plitzer.selection import firsts
 from plitzer.selection.exclude import Exclusion, load_exclusion
-from plitzer.selection.firsts import (
-    CachedLengths,
-    Exchange,
-    Held,
-    Spill,
-    dropped_tokens,
-    resolve,
-    resolve_shared,
-    resolve_spilled,
-    result_arrays,
-)
+from plitzer.selection.firsts import Exchange, Spill, resolve, resolve_shared, resolve_spilled
+from plitzer.selection.held import CachedLengths, Held
 from plitzer.selection.keying import (
     KeyPass,
     arrow_schema,
@@ -75,6 +66,7 @@ from plitzer.selection.keying import (
     save_arrays,
     source_identity,
 )
+from plitzer.selection.result import Counted, dropped_tokens, result_arrays
 from plitzer.selection.rowbits import RowBits
 
 __all__ = ["DEDUPE_DEFAULTS", "DedupedIndex", "dedupe_index"]
@@ -296,7 +288,7 @@ def dedupe_index(
     return MixtureIndex(ix.specs, new_parts, given=ix.given)
 
 
-def _counted_rows(counted: firsts.Counted) -> I64:
+def _counted_rows(counted: Counted) -> I64:
     """``(part, row group, tokens, empty documents)`` of each row group whose dropped rows this rank counted."""
     rows = []
     for p, (tok, empty) in enumerate(counted):

@@ -5,15 +5,15 @@ finds them bucket by bucket (equal keys share a bucket); :func:`resolve` runs it
 chunk's keys in one process; :func:`resolve_shared` over a job's ranks, each resolving only
 the keys it owns (:func:`owner`), with ``world + 3`` all-gathers; :func:`resolve_spilled`
 over keys that one process spilled into bucket files (:class:`Spill`, past
-:data:`SPILL_KEYS`). All three give the same :class:`Resolved`; :func:`dropped_tokens` and
-:func:`result_arrays` turn it into the cached result (docs/design.md, "Deduplication and
-exclusion"). Phase 1 is :mod:`plitzer.selection.keying`.
+:data:`SPILL_KEYS`). All three give the same :class:`Resolved`; :mod:`plitzer.selection.result`
+turns it into the cached result (docs/design.md, "Deduplication and exclusion"). Phase 1 is
+:mod:`plitzer.selection.keying`; what phase 2 holds of it, :mod:`plitzer.selection.held`.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -23,34 +23,26 @@ import numpy as np
 from numpy.typing import NDArray
 
 from planner.catalog.datasetindex import Index
-from planner.threads import map_ahead
-from plitzer.readpath.read import list_lengths
-from plitzer.selection.keying import Hashed, load_arrays, stream_tokens, token_run
+from plitzer.selection.held import Held
+from plitzer.selection.keying import Hashed
 from plitzer.selection.keys import Keys
 
 __all__ = [
     "BUCKET_ROWS",
     "META",
     "SPILL_KEYS",
-    "CachedLengths",
-    "Counted",
     "Exchange",
-    "Held",
-    "Known",
     "Resolved",
     "Rows",
     "Spill",
-    "dropped_tokens",
     "first_occurrences",
     "owner",
     "resolve",
     "resolve_shared",
     "resolve_spilled",
-    "result_arrays",
 ]
 
 I64 = NDArray[np.int64]
-U8 = NDArray[np.uint8]
 
 Exchange = Callable[[Any], list[Any]]
 """All-gather: share this rank's value (chunk number -> arrays, or the error its phase 1 raised),
@@ -387,186 +379,3 @@ def resolve_spilled(
         spill.path(b).unlink(missing_ok=True)
         del g, keys, pos
     return lay.resolved(tables)
-
-
-Known = Callable[[int], Mapping[str, np.ndarray] | None]
-"""Chunk ``c``'s phase 1 (its ``n`` and ``len``), where it may have kept its stream rows' token counts."""
-
-
-class _Grown:
-    """An array appended to, its capacity doubled as it fills (amortized: no array a piece)."""
-
-    def __init__(self, dtype: Any, width: int = 0, capacity: int = 16) -> None:
-        self.shape = (width,) if width else ()
-        # Zeros: pages never written are never resident, so a capacity of the most it may hold costs nothing.
-        self.buf: np.ndarray = np.zeros((max(16, capacity), *self.shape), dtype)
-        self.size = 0
-
-    def add(self, a: np.ndarray) -> int:
-        """Append ``a``; its first index."""
-        at, n = self.size, len(a)
-        if at + n > len(self.buf):
-            grown = np.zeros((max(2 * len(self.buf), at + n), *self.shape), self.buf.dtype)
-            grown[:at] = self.buf[:at]
-            self.buf = grown
-        self.buf[at : at + n] = a.reshape(-1, *self.shape) if self.shape else a
-        self.size = at + n
-        return at
-
-
-_KEPT: Hashed = {}
-"""What :meth:`Held.keep` leaves in ``run_chunks``'s dict: nothing (the chunk is in the store)."""
-
-
-class Held(Mapping[int, Hashed]):
-    """Every chunk's phase 1 in memory as a few arrays, not a dict of seven arrays a chunk (about 2 KB).
-
-    ``run_chunks(..., keep=held.keep)`` appends each chunk as it comes; ``held[c]`` is chunk
-    ``c``'s :data:`Hashed` again, as views. Its keys, positions and counts cost their bytes
-    and about 2 bytes a row group of bookkeeping: docs/design.md, "Bytes a row group".
-    """
-
-    _ROWS = ("n", "m", "x")
-
-    def __init__(self, chunks: int, row_groups: int = 0, rows: int = 0) -> None:
-        """``row_groups`` and ``rows``: the most the chunks hold (the arrays' first capacity)."""
-        self.at = np.full((chunks, 6), -1, np.int64)
-        """Each chunk's first row group, key, excluded row and token count in the arrays; its row groups, counts."""
-        self.rg = _Grown(np.int64, 3, row_groups)
-        self.hashes = _Grown(np.uint64, 2, rows)
-        self.pos = _Grown(np.int32, 0, rows)
-        self.excl = _Grown(np.int64)
-        self.lens = _Grown(np.int32, 0, rows)
-        self._lock = threading.Lock()
-
-    def keep(self, c: int, h: Hashed) -> Hashed:
-        with self._lock:
-            self.at[c] = (
-                self.rg.add(np.stack([np.asarray(h[k], np.int64) for k in self._ROWS], axis=1)),
-                self.hashes.add(np.asarray(h["keys"], np.uint64).reshape(-1, 2)),
-                self.excl.add(np.asarray(h["excl"], np.int64)),
-                self.lens.add(np.asarray(h["len"], np.int32)),
-                len(h["n"]),
-                len(h["len"]),
-            )
-            self.pos.add(np.asarray(h["pos"], np.int32))
-        return _KEPT
-
-    def __getitem__(self, c: int) -> Hashed:
-        r, k, e, ln, n, nl = (int(v) for v in self.at[c])
-        if r < 0:
-            raise KeyError(c)
-        rows = self.rg.buf[r : r + n]
-        m, x = rows[:, 1], rows[:, 2]
-        nk, nx = int(m.sum()), int(x.sum())
-        return {
-            "n": rows[:, 0],
-            "m": m,
-            "x": x,
-            "keys": self.hashes.buf[k : k + nk],
-            "pos": self.pos.buf[k : k + nk],
-            "excl": self.excl.buf[e : e + nx],
-            "len": self.lens.buf[ln : ln + nl],
-        }
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(np.flatnonzero(self.at[:, 0] >= 0).tolist())
-
-    def __len__(self) -> int:
-        return int((self.at[:, 0] >= 0).sum())
-
-    def __setitem__(self, c: int, h: Hashed) -> None:
-        """What ``resolve`` leaves of a chunk (its keys moved out): the keys go at once, with :meth:`drop_keys`."""
-
-    def in_order(self) -> bool:
-        """Whether every chunk is held, in chunk order (so the keys are too: a pass that ran in order)."""
-        return bool((self.at[:, 0] >= 0).all() and (np.diff(self.at[:, 1]) >= 0).all())
-
-    def drop_keys(self) -> None:
-        """Let the keys and their positions go (``resolve`` has copied them)."""
-        self.hashes, self.pos = _Grown(np.uint64, 2), _Grown(np.int32)
-
-
-class CachedLengths:
-    """:data:`Known` read back from phase 1's cached chunks (``"tokens"``), for a pass whose keys were spilled."""
-
-    def __init__(self, paths: list[Any]) -> None:
-        self._paths = paths
-
-    def __call__(self, c: int) -> Mapping[str, np.ndarray] | None:
-        return load_arrays(self._paths[c], ("n", "len"))
-
-
-# -- the cached result ---------------------------------------------------------------
-
-
-Counted = list[tuple[I64, I64]]
-"""Per part: each row group's tokens and empty documents among its dropped rows."""
-
-
-def dropped_tokens(
-    parts: Sequence[Index],
-    chunks: list[tuple[int, int, int]],
-    res: Resolved,
-    threads: int,
-    known: Known,
-    only: Sequence[int] | None,
-) -> Counted:
-    """The tokens and empty documents of each row group's dropped rows, for the row groups of ``only`` (chunks).
-
-    A row group with a dropped row needs its rows' token counts: phase 1's where it kept
-    them (``"tokens"``), else its token chunk is read once more (a column key never decoded
-    it), a chunk's row groups through one footer made for them (:func:`token_run`).
-    """
-    from concurrent.futures import ThreadPoolExecutor
-
-    mine = None if only is None else set(only)
-    todo = [
-        c
-        for c, (p, a, b) in enumerate(chunks)
-        if (mine is None or c in mine)
-        and (res.dup[p].starts[b] > res.dup[p].starts[a] or res.excl[p].starts[b] > res.excl[p].starts[a])
-    ]
-
-    def chunk(c: int) -> list[tuple[int, int, int]]:
-        p, a, b = chunks[c]
-        ix = parts[p]
-        h = known(c)
-        have = h is not None and len(h["len"]) == int(h["n"].sum())
-        offs = np.concatenate([[0], np.cumsum(h["n"])]) if h is not None and have else None
-        run = None
-        out = []
-        for rg in range(a, b):
-            gone = res.gone(p, rg)
-            if not len(gone):
-                continue
-            if offs is not None:
-                assert h is not None
-                lengths = h["len"][offs[rg - a] : offs[rg - a + 1]].astype(np.int64)
-            else:
-                run = token_run(ix, a, b) if run is None else run
-                lengths = list_lengths(stream_tokens(ix, rg, run))
-            out.append((rg, int(lengths[gone].sum()), int((lengths[gone] == 0).sum())))
-        return out
-
-    counted: Counted = [(np.zeros(ix.row_groups, np.int64), np.zeros(ix.row_groups, np.int64)) for ix in parts]
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="plitzer-dedupe") as pool:
-        for c, got in zip(todo, map_ahead(pool, chunk, todo), strict=True):
-            tok, empty = counted[chunks[c][0]]
-            for rg, t, e in got:
-                tok[rg], empty[rg] = t, e
-    return counted
-
-
-def result_arrays(parts: Sequence[Index], res: Resolved, counted: Counted) -> dict[str, np.ndarray]:
-    """The cached result: per part, the dropped rows by row group and the tokens they held (``counted``)."""
-    out: dict[str, np.ndarray] = {}
-    for p in range(len(parts)):
-        dup, excl = res.dup[p], res.excl[p]
-        out[f"rg_dup{p}"] = dup.counts
-        out[f"rg_excl{p}"] = excl.counts
-        out[f"pos_dup{p}"] = dup.pos
-        out[f"pos_excl{p}"] = excl.pos
-        out[f"tok{p}"], out[f"empty{p}"] = counted[p]
-        out[f"dups{p}"] = res.duplicates[p].astype(np.int64, copy=False).reshape(-1, 5)
-    return out

@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 
 from planner.catalog.datasetindex import Index
 from planner.errors import ConfigError, DataError, SelectionError
+from planner.parameters import Selection
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
 from plitzer.readpath.read import list_lengths, read_chunk
 from plitzer.readpath.runs import ColumnRun
@@ -330,9 +331,8 @@ def _ray_chunk(
 
 def dedupe_on_ray(
     ix: Index,
+    selection: Selection | str,
     *,
-    dedupe: str | None = None,
-    exclude: Any = None,
     source: Any,
     storage_options: Mapping[str, Any] | None = None,
     address: str | None = None,
@@ -343,6 +343,8 @@ def dedupe_on_ray(
     ``plitzer index DATA --dedupe tokens --engine ray``: the keys come back to this
     process, which writes them into its cache; a :func:`dedupe_index` that follows (or a
     job whose ranks share this cache folder) then resolves the first occurrences from it.
+    ``selection``: its ``dedupe`` and ``exclude``, as :func:`dedupe_index` takes them (a str
+    is the key alone).
     """
     if type(ix) is not Index:
         msg = (
@@ -352,7 +354,8 @@ def dedupe_on_ray(
         raise ConfigError(msg)
     import ray
 
-    key = dedupe or ""
+    sel = selection if isinstance(selection, Selection) else Selection(dedupe=selection)
+    key, exclude = sel.dedupe or "", sel.exclude
     if key:
         check_key(ix, key, "")
     table = load_exclusion(exclude, storage_options) if exclude is not None else None

@@ -47,15 +47,17 @@ __all__ = [
     "CONFIG_FIELDS",
     "DATASET_FIELDS",
     "FORMAT_VERSION",
+    "OPTIONAL",
     "Position",
     "SETTING_FIELDS",
     "State",
     "decode",
-    "diff_config",
-    "diff_revisions",
     "encode",
+    "lanes_at",
+    "layout_of",
     "load_checkpoint",
     "merge",
+    "package_version",
     "save_checkpoint",
 ]
 
@@ -108,7 +110,8 @@ SETTING_FIELDS: tuple[str, ...] = tuple(k for k, v in _CONFIG.items() if v is _S
 """The settings every checkpoint records (seed, lanes, seq_len, window), as the loader's settings name them."""
 DATASET_FIELDS: tuple[str, ...] = tuple(k for k, v in _CONFIG.items() if v is _DATASET)
 """The dataset's identity every checkpoint records (column, dtype, fingerprint), as the index names it."""
-_OPTIONAL: dict[str, Any] = {k: v for k, v in _CONFIG.items() if v is not _SETTING and v is not _DATASET}
+OPTIONAL: dict[str, Any] = {k: v for k, v in _CONFIG.items() if v is not _SETTING and v is not _DATASET}
+"""The fields a checkpoint may leave out, each with the value it is read as when absent."""
 # Aligned columns (plitzer.readpath.aligned) add ``columns`` ([name, fill or null] each, sorted by
 # name), written only when a run names some: a run without them writes the bytes it wrote before.
 _INT_LIMIT = 2**63
@@ -163,9 +166,9 @@ class State:
 def encode(state: State) -> bytes:
     doc = {
         "config": {
-            k: state.config.get(k, _OPTIONAL.get(k))
+            k: state.config.get(k, OPTIONAL.get(k))
             for k in CONFIG_FIELDS
-            if k not in _OPTIONAL or state.config.get(k, _OPTIONAL[k]) != _OPTIONAL[k]
+            if k not in OPTIONAL or state.config.get(k, OPTIONAL[k]) != OPTIONAL[k]
         },
         "step": int(state.step),
         "lanes": [[int(x) for x in row] for row in state.positions],
@@ -232,10 +235,10 @@ def decode(data: bytes | bytearray | memoryview) -> State:
         why = "document must have exactly config, step and lanes"
         raise _fail(why)
     config = doc["config"]
-    if not isinstance(config, dict) or not (set(CONFIG_FIELDS) - set(_OPTIONAL) <= set(config) <= set(CONFIG_FIELDS)):
+    if not isinstance(config, dict) or not (set(CONFIG_FIELDS) - set(OPTIONAL) <= set(config) <= set(CONFIG_FIELDS)):
         why = f"config must have exactly {list(CONFIG_FIELDS)} (those of text sources may be left out)"
         raise _fail(why)
-    config = {**_OPTIONAL, **config}
+    config = {**OPTIONAL, **config}
     if not isinstance(config["tokenizer"], str):
         why = f"tokenizer is {config['tokenizer']!r}, expected a string"
         raise _fail(why)
@@ -349,88 +352,6 @@ def _check_layout(config: Mapping[str, Any]) -> None:
             "the first one's lanes and seq_len those of the configuration"
         )
         raise _fail(why)
-
-
-def _diff_layout(a: Mapping[str, Any], b: Mapping[str, Any], step: int | None) -> list[str]:
-    """The layout stages that differ (up to ``step`` when given), field by field."""
-    la, lb = layout_of(a), layout_of(b)
-    if step is not None:
-        la, lb = [r for r in la if r[0] <= step], [r for r in lb if r[0] <= step]
-    if la == lb:
-        return []
-    if len(la) == len(lb) == 1:  # no layout stages: the fields as they are named
-        return [
-            f"{k}: checkpoint {x!r}, loader {y!r}"
-            for k, x, y in zip(("lanes", "seq_len"), la[0][1:], lb[0][1:], strict=True)
-            if x != y
-        ]
-    upto = "" if step is None else f" up to step {step}"
-    out = []
-    for i, (x, y) in enumerate(zip(la, lb, strict=False)):
-        for j, k in enumerate(("start step", "lanes", "seq_len")):
-            if x[j] != y[j]:
-                out.append(f"layout stage {i} {k}: checkpoint {x[j]}, loader {y[j]}")
-    for name, extra in (("checkpoint", la[len(lb) :]), ("loader", lb[len(la) :])):
-        if extra:
-            out.append(f"layout stages{upto} only the {name} has: {extra!r} ([start step, lanes, seq_len])")
-    return out
-
-
-def diff_config(checkpoint: Mapping[str, Any], current: Mapping[str, Any], *, step: int | None = None) -> list[str]:
-    """Every differing configuration field, with both values.
-
-    With ``step`` (a resume at that step), a mixture's stages that start after it
-    may differ: only the stages in effect up to ``step`` must agree. So may layout
-    stages (``layout``, ``lanes`` and ``seq_len``): those up to ``step`` are compared,
-    stage by stage and field by field.
-    """
-    a, b = {**_OPTIONAL, **checkpoint}, {**_OPTIONAL, **current}
-    out = []
-    for k in CONFIG_FIELDS:
-        if k == "lanes":
-            out += _diff_layout(a, b, step)
-        elif k not in ("stages", "revisions", "seq_len", "layout") and a[k] != b[k]:
-            out.append(f"{k}: checkpoint {a[k]!r}, loader {b[k]!r}")
-    sa, sb = a["stages"], b["stages"]
-    if step is not None:
-        sa = [x for x in sa if x[0] <= step]
-        sb = [x for x in sb if x[0] <= step]
-        if sa != sb:
-            out.append(
-                f"stages up to step {step}: checkpoint {sa!r}, loader {sb!r} (only stages that start after the "
-                "checkpoint's step may change)"
-            )
-    elif sa != sb:
-        out.append(f"stages: checkpoint {sa!r}, loader {sb!r}")
-    return out
-
-
-def diff_revisions(checkpoint: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """Hub sources whose branch moved to a commit whose files differ from the checkpoint's.
-
-    A source is matched by its URL without revision; one on one side only (a copy on
-    disk, another store) is not compared: the fingerprint says whether it is the same
-    dataset. The same files (every file's content hash equal) at another commit are the
-    same bytes, so they are accepted (docs/design.md, "Hub revisions in checkpoints").
-    """
-    theirs = {src: (commit, files) for src, commit, files in checkpoint.get("revisions", [])}
-    out = []
-    for src, commit, files in current.get("revisions", []):
-        if src in theirs and theirs[src][1] != files:
-            was = theirs[src][0]
-            out.append(
-                f"revision of {src}: checkpoint commit {was}, loader commit {commit} (the branch moved and the "
-                f"files changed); resume with {_pinned(src, was)} to read what the run began with"
-            )
-    return out
-
-
-def _pinned(src: str, commit: str) -> str:
-    """``hf://datasets/ORG/NAME/PATH`` at ``commit``: ``hf://datasets/ORG/NAME@COMMIT/PATH``."""
-    head, _, rest = src.partition("://")
-    parts = rest.split("/")
-    n = 3 if parts[0] in ("datasets", "spaces") else 2
-    return f"{head}://{'/'.join(parts[:n])}@{commit}" + ("/" + "/".join(parts[n:]) if parts[n:] else "")
 
 
 def merge(parts: Iterable[bytes]) -> bytes:

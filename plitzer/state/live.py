@@ -46,7 +46,15 @@ from planner.order.plan import Plan
 from planner.run import earliest_stage_step
 from plitzer.state.checkpoint import layout_of
 
-__all__ = ["Reconciled", "earliest_layout_step", "earliest_step", "layout_stage", "live_stage", "reconcile"]
+__all__ = [
+    "Reconciled",
+    "earliest_layout_step",
+    "earliest_step",
+    "layout_stage",
+    "live_stage",
+    "reconcile",
+    "reconcile_layout",
+]
 
 
 def _mixture(plan: Plan) -> MixturePlan:

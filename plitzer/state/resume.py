@@ -3,7 +3,8 @@
 A state is the config and the step, and each lane's position before it: lanes run in
 lockstep, so the positions follow from the step (:meth:`planner.run.Run.checkpoint_rows`).
 On resume, a checkpoint is lined up with the loader (:func:`fit`, with the live stages it
-brings, :mod:`plitzer.state.live`), and its positions are checked against where its step puts
+brings, :mod:`plitzer.state.live`; every field that differs named by :func:`diff_config`
+and :func:`diff_revisions`), and its positions are checked against where its step puts
 the lanes (:func:`check_positions`); a position inside a slice is checked once its
 window is packed (:func:`check_unit`). Every refusal names the field or the lane.
 """
@@ -22,8 +23,20 @@ from planner.run import Run
 from plitzer.readpath.packed import PackedUnit, Slices
 from plitzer.state import checkpoint as ckpt
 from plitzer.state import live
+from plitzer.state.checkpoint import CONFIG_FIELDS, OPTIONAL, layout_of
 
-__all__ = ["Checks", "Now", "check_positions", "check_unit", "fit", "lanes_after", "rank_rows", "state_after"]
+__all__ = [
+    "Checks",
+    "Now",
+    "check_positions",
+    "check_unit",
+    "diff_config",
+    "diff_revisions",
+    "fit",
+    "lanes_after",
+    "rank_rows",
+    "state_after",
+]
 
 I64 = NDArray[np.int64]
 Checks = dict[int, tuple[I64, I64, I64, I64]]  # per unit: rank lanes, pieces, offsets, the offsets wanted
@@ -64,12 +77,94 @@ def fit(st: ckpt.State, config: Mapping[str, Any], names: list[str], what: str =
     and sources it lacks that weigh 0 up to its step are accepted (:mod:`plitzer.state.live`).
     """
     got = live.reconcile(st.config, config, st.step, names)
-    diffs = ckpt.diff_config(got.checkpoint, got.loader, step=st.step)
-    diffs += ckpt.diff_revisions(got.checkpoint, got.loader)
+    diffs = diff_config(got.checkpoint, got.loader, step=st.step)
+    diffs += diff_revisions(got.checkpoint, got.loader)
     if diffs:
         msg = f"{what} does not match this loader: " + "; ".join(diffs)
         raise CheckpointError(msg)
     return got
+
+
+def _diff_layout(a: Mapping[str, Any], b: Mapping[str, Any], step: int | None) -> list[str]:
+    """The layout stages that differ (up to ``step`` when given), field by field."""
+    la, lb = layout_of(a), layout_of(b)
+    if step is not None:
+        la, lb = [r for r in la if r[0] <= step], [r for r in lb if r[0] <= step]
+    if la == lb:
+        return []
+    if len(la) == len(lb) == 1:  # no layout stages: the fields as they are named
+        return [
+            f"{k}: checkpoint {x!r}, loader {y!r}"
+            for k, x, y in zip(("lanes", "seq_len"), la[0][1:], lb[0][1:], strict=True)
+            if x != y
+        ]
+    upto = "" if step is None else f" up to step {step}"
+    out = []
+    for i, (x, y) in enumerate(zip(la, lb, strict=False)):
+        for j, k in enumerate(("start step", "lanes", "seq_len")):
+            if x[j] != y[j]:
+                out.append(f"layout stage {i} {k}: checkpoint {x[j]}, loader {y[j]}")
+    for name, extra in (("checkpoint", la[len(lb) :]), ("loader", lb[len(la) :])):
+        if extra:
+            out.append(f"layout stages{upto} only the {name} has: {extra!r} ([start step, lanes, seq_len])")
+    return out
+
+
+def diff_config(checkpoint: Mapping[str, Any], current: Mapping[str, Any], *, step: int | None = None) -> list[str]:
+    """Every differing configuration field, with both values.
+
+    With ``step`` (a resume at that step), a mixture's stages that start after it
+    may differ: only the stages in effect up to ``step`` must agree. So may layout
+    stages (``layout``, ``lanes`` and ``seq_len``): those up to ``step`` are compared,
+    stage by stage and field by field.
+    """
+    a, b = {**OPTIONAL, **checkpoint}, {**OPTIONAL, **current}
+    out = []
+    for k in CONFIG_FIELDS:
+        if k == "lanes":
+            out += _diff_layout(a, b, step)
+        elif k not in ("stages", "revisions", "seq_len", "layout") and a[k] != b[k]:
+            out.append(f"{k}: checkpoint {a[k]!r}, loader {b[k]!r}")
+    sa, sb = a["stages"], b["stages"]
+    if step is not None:
+        sa = [x for x in sa if x[0] <= step]
+        sb = [x for x in sb if x[0] <= step]
+        if sa != sb:
+            out.append(
+                f"stages up to step {step}: checkpoint {sa!r}, loader {sb!r} (only stages that start after the "
+                "checkpoint's step may change)"
+            )
+    elif sa != sb:
+        out.append(f"stages: checkpoint {sa!r}, loader {sb!r}")
+    return out
+
+
+def diff_revisions(checkpoint: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Hub sources whose branch moved to a commit whose files differ from the checkpoint's.
+
+    A source is matched by its URL without revision; one on one side only (a copy on
+    disk, another store) is not compared: the fingerprint says whether it is the same
+    dataset. The same files (every file's content hash equal) at another commit are the
+    same bytes, so they are accepted (docs/design.md, "Hub revisions in checkpoints").
+    """
+    theirs = {src: (commit, files) for src, commit, files in checkpoint.get("revisions", [])}
+    out = []
+    for src, commit, files in current.get("revisions", []):
+        if src in theirs and theirs[src][1] != files:
+            was = theirs[src][0]
+            out.append(
+                f"revision of {src}: checkpoint commit {was}, loader commit {commit} (the branch moved and the "
+                f"files changed); resume with {_pinned(src, was)} to read what the run began with"
+            )
+    return out
+
+
+def _pinned(src: str, commit: str) -> str:
+    """``hf://datasets/ORG/NAME/PATH`` at ``commit``: ``hf://datasets/ORG/NAME@COMMIT/PATH``."""
+    head, _, rest = src.partition("://")
+    parts = rest.split("/")
+    n = 3 if parts[0] in ("datasets", "spaces") else 2
+    return f"{head}://{'/'.join(parts[:n])}@{commit}" + ("/" + "/".join(parts[n:]) if parts[n:] else "")
 
 
 def lanes_after(fitted: live.Reconciled, layout: Layout, world: int, rank: int, step: int) -> range:

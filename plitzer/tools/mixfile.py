@@ -26,7 +26,7 @@ from typing import Any
 
 from planner.errors import ConfigError
 
-__all__ = ["MIXTURE_SETTINGS", "mixture_settings", "read_mixture"]
+__all__ = ["MIXTURE_SETTINGS", "mixture_columns", "mixture_settings", "read_mixture"]
 
 MIXTURE_SETTINGS = ("dedupe", "exclude")
 """Top-level keys of a mixture file that are settings of the whole mixture."""
