@@ -48,6 +48,7 @@ __all__ = [
     "fetch",
     "cache_lock",
     "fetch_lock",
+    "give_back_memory",
     "parse",
     "remember",
     "row_groups",

@@ -62,6 +62,7 @@ __all__ = [
     "FORMAT",
     "JobIndexInfo",
     "JobIndexParts",
+    "encode",
     "load",
     "read_object",
     "read_parts",
