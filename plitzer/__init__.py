@@ -6,7 +6,7 @@
 """
 
 # First: allocator defaults that must be in place before Polars and pyarrow load.
-from plitzer.readpath import _allocators  # noqa: F401, I001
+from plitzer.readpath import allocators  # noqa: F401, I001
 
 from plitzer import synth
 from plitzer.readpath.batch import Batch, Tokens

@@ -96,7 +96,7 @@ def test_the_first_batch_does_not_import_pandas(data: Path) -> None:
 def _env_after_import(env: dict[str, str], first: str = "") -> dict[str, object]:
     code = (
         f"{first}\nimport json, os, plitzer\n"
-        "print(json.dumps({'applied': plitzer.readpath._allocators.applied,"
+        "print(json.dumps({'applied': plitzer.readpath.allocators.applied,"
         " 'rjem': os.environ.get('_RJEM_MALLOC_CONF'), 'mi': os.environ.get('MIMALLOC_PURGE_DELAY')}))"
     )
     base = {k: v for k, v in os.environ.items() if k not in {"_RJEM_MALLOC_CONF", "MIMALLOC_PURGE_DELAY"}}

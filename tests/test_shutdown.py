@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import plitzer
-from plitzer.readpath import _shutdown
+from plitzer.readpath import shutdown
 from tests import exit_stress
 from tests.conftest import SynthDataset
 
@@ -162,8 +162,8 @@ def test_close_all_stops_and_joins_every_live_loader(tiny: Path) -> None:
     b = plitzer.Loader(tiny, **{**CFG, "seed": 2})
     a.next_batch()
     b.next_batch()
-    assert a._scanner in _shutdown.live() and b._scanner in _shutdown.live()
-    _shutdown.close_all()
+    assert a._scanner in shutdown.live() and b._scanner in shutdown.live()
+    shutdown.close_all()
     assert not [t for t in threading.enumerate() if t.name.startswith("plitzer-scan")]
     for ld in (a, b):
         # The windows it holds are served; the first read after them is refused.
@@ -171,7 +171,7 @@ def test_close_all_stops_and_joins_every_live_loader(tiny: Path) -> None:
             for _ in range(10_000):
                 ld.next_batch()
         ld.close()  # idempotent
-    _shutdown.close_all()  # and so is this
+    shutdown.close_all()  # and so is this
 
 
 def _registered(hook: object) -> object:
@@ -193,8 +193,8 @@ def test_the_exit_hook_runs_before_the_pools_drain(tiny: Path) -> None:
     plitzer.Loader(tiny, **CFG).close()  # a scanner registers, and so installs the hook
 
     hooks = [_registered(h) for h in threading._threading_atexits]  # type: ignore[attr-defined]
-    assert _shutdown._at_exit in hooks  # stops every waiting request, then close_all()
-    assert hooks.index(_shutdown._at_exit) > hooks.index(concurrent.futures.thread._python_exit)
+    assert shutdown._at_exit in hooks  # stops every waiting request, then close_all()
+    assert hooks.index(shutdown._at_exit) > hooks.index(concurrent.futures.thread._python_exit)
 
 
 def test_registry_does_not_keep_loaders_alive(tiny: Path) -> None:

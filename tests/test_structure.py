@@ -67,3 +67,16 @@ def test_a_module_with_all_lists_every_public_function_and_class() -> None:
         if public - declared:
             missing[str(p.relative_to(ROOT))] = sorted(public - declared)
     assert missing == {}
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    # What another module needs is public in its own (docs/design.md, "The map of the code").
+    found = [
+        f"{p.relative_to(ROOT)}: from {node.module} import {alias.name}"
+        for p in _sources()
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PACKAGES
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    ]
+    assert found == []

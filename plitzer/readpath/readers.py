@@ -118,7 +118,7 @@ class _Reader:
         # pre_buffer=False: the chunk is read here, in the calling thread. With
         # pre_buffer, Arrow's I/O pool calls f.read and may drop the last reference to
         # f, so one of its threads can enter Python as the interpreter ends, and the
-        # process aborts (docs/reliability.md, "How a run ends"; plitzer/readpath/_shutdown.py).
+        # process aborts (docs/reliability.md, "How a run ends"; plitzer/readpath/shutdown.py).
         pf = pq.ParquetFile(f, metadata=metadata, pre_buffer=False, page_checksum_verification=True)
         self.decoders.put(key, (metadata, f, pf))  # the footer held: its id is not reused while cached
         return f, pf
@@ -147,7 +147,7 @@ def thread_reader() -> _Reader:
     Kept in a module dict by thread id, not a ``threading.local``: a thread-local's
     objects are released as their thread ends, where ``threading`` no longer knows
     the thread; here a finished thread's reader is dropped by the next thread that
-    starts reading, a live one (plitzer/readpath/_shutdown.py).
+    starts reading, a live one (plitzer/readpath/shutdown.py).
     """
     me = threading.get_ident()
     readers = _READERS.by_thread

@@ -54,7 +54,7 @@ from planner.errors import StoppedError, UsageError
 from planner.order.epoch import row_group_counts
 from planner.run import Run, Segment, Start, lane_base
 from planner.stores.stopping import stop, stop_on
-from plitzer.readpath import _shutdown
+from plitzer.readpath import shutdown
 from plitzer.readpath.aligned import Columns, read_columns
 from plitzer.readpath.budget import Budget, Charge
 from plitzer.readpath.cost import unit_estimate
@@ -175,7 +175,7 @@ class Scanner:
         self._dtype = np.dtype(self.index.dtype)
         self._closed = False
         self._stop = threading.Event()  # set by close(): reads waiting for a store give up at once
-        _shutdown.register(self)  # stopped and joined at interpreter exit if never closed
+        shutdown.register(self)  # stopped and joined at interpreter exit if never closed
 
     # -- what the consumer sees --------------------------------------------------
 
