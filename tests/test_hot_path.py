@@ -167,3 +167,57 @@ def test_both_layouts_give_the_same_batches(numbered, monkeypatch: pytest.Monkey
     for t, (a, b) in enumerate(zip(tok_a, tok_b, strict=True)):
         np.testing.assert_array_equal(a, b, err_msg=f"step {t}")
         assert doc_a[t].equals(doc_b[t]), f"step {t}"
+
+
+def test_a_window_with_nothing_read_packs_as_the_general_path_would(tmp_path: Path, monkeypatch) -> None:
+    """A window a selection left empty takes a short path (no cut, documents or slice keys): the same unit."""
+    import dataclasses
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import plitzer.readpath.scan as scan
+    from planner.lanes import cut_at
+    from planner.packing import slice_keys
+    from plitzer.readpath.pack import finish_unit, pack_unit
+    from plitzer.readpath.pieces import cut_pieces, shuffle_pieces, unit_documents
+
+    schema = pa.schema([("tokens", pa.list_(pa.int32())), ("keep", pa.bool_())])
+    with pq.ParquetWriter(tmp_path / "a.parquet", schema) as w:
+        for g in range(40):
+            docs = pa.array([np.arange(n, dtype=np.int32) for n in (30, 70, 5)], pa.list_(pa.int32()))
+            w.write_table(pa.table({"tokens": docs, "keep": [g % 10 == 0] * 3}, schema=schema))
+    empty = []
+    real = scan.pack_unit
+
+    def seen(chunks, reads, columns=None):
+        if not chunks:
+            empty.append(reads)
+        return real(chunks, reads, columns)
+
+    monkeypatch.setattr(scan, "pack_unit", seen)
+    with plitzer.Loader(tmp_path, where="keep", lanes=4, seq_len=16, window=2, seed=3, rank=1, world=2) as loader:
+        for _ in range(2 * len(loader)):
+            loader.next_batch()
+    assert len(empty) > 10
+    for reads in empty:
+        p = reads.place
+        lanes = p.rank_lanes
+        q, r = divmod(p.window_tokens, p.lanes)
+        cuts = cut_at(np.arange(lanes.start, lanes.stop + 1), q, r, p.window_z, p.lanes)
+        docs = unit_documents([], p.token_start, reads.doc_base)
+        pieces = cut_pieces(docs, cuts, at_end=lanes.stop == p.lanes)
+        keys = slice_keys(p.seed, p.epoch, p.window, np.arange(lanes.start, lanes.stop))
+        order, lane_piece = shuffle_pieces(pieces, p.keep, len(lanes), keys)
+        general = finish_unit([], pieces, order, lane_piece, reads, tiled=True)
+        short = pack_unit([], reads)
+        for f in dataclasses.fields(general):
+            a, b = getattr(general, f.name), getattr(short, f.name)
+            if dataclasses.is_dataclass(a):
+                for g in dataclasses.fields(a):
+                    np.testing.assert_array_equal(getattr(a, g.name), getattr(b, g.name), err_msg=f"{f.name}.{g.name}")
+            elif isinstance(a, (np.ndarray, pa.Array)):
+                assert len(a) == len(b) and np.asarray(a).dtype == np.asarray(b).dtype, f.name
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f.name)
+            else:
+                assert a == b, f.name

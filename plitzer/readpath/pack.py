@@ -62,7 +62,7 @@ from plitzer.readpath.packed import (
     gather_lists,
     list_views,
 )
-from plitzer.readpath.pieces import Pieces, cut_pieces, shuffle_pieces, unit_documents
+from plitzer.readpath.pieces import Pieces, cut_pieces, no_pieces, shuffle_pieces, unit_documents
 from plitzer.readpath.read import numpy_view
 
 __all__ = ["SHORT_ROWS", "ColumnChunks", "finish_unit", "pack_unit"]
@@ -276,6 +276,9 @@ def pack_unit(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | 
     p = reads.place
     rank_lanes = p.rank_lanes
     nl = len(rank_lanes)
+    if not chunks:  # nothing read: no document, so no piece
+        pc_, order, lane_piece = no_pieces(nl)
+        return finish_unit([], pc_, order, lane_piece, reads, tiled=True, columns=columns)
     q, r = divmod(p.window_tokens, p.lanes)
     # The rank's cuts c_{k0} .. c_{k1}: its lanes' token ranges, end to end.
     cuts = cut_at(np.arange(rank_lanes.start, rank_lanes.stop + 1), q, r, p.window_z, p.lanes)

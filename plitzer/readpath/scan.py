@@ -324,8 +324,8 @@ class Scanner:
             self._peak_units = max(self._peak_units, len(self._units))
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self._threads, thread_name_prefix="plitzer-scan")
-        if n == 0:
-            self._pool.submit(self._pack, u)
+        if n == 0:  # nothing to read (a window a selection left empty): packed here, at once
+            self._pack(u)
         for i, g in enumerate(reads.place.row_groups.tolist()):
             self._pool.submit(self._read, u, i, g)
 
