@@ -113,7 +113,7 @@ def budget_floor(
     units = base + ahead
     # Windows that hold data: a selection may leave most row groups without a row, and the
     # windows of those alone cost only their lane table, however many a step spans.
-    costly = min(2 + _inside_with_data(tok, n, window, x, inside_full), base)
+    costly = min(2 + _inside_with_data(asc, tok, n, window, x, inside_full), base)
     count = (costly + ahead) * window + inside_short * short
     whole, part = divmod(count, g)
     per_unit = PIECE_BYTES * (2 * lanes + 2) + LANE_BYTES * (lanes + 1)
@@ -123,16 +123,19 @@ def budget_floor(
     return need, units
 
 
-def _inside_with_data(tok: NDArray[np.int64], rows: NDArray[np.int64], window: int, x: int, inside: int) -> int:
+def _inside_with_data(
+    asc: NDArray[np.int64], tok: NDArray[np.int64], rows: NDArray[np.int64], window: int, x: int, inside: int
+) -> int:
     """At most this many windows holding a row lie wholly inside ``x`` tokens of the run (``inside``: any window).
 
     A window with a row holds a row group with tokens, unless some row group holds only
     empty documents (then ``inside``, every window counted). Such a window holds at least
     the fewest tokens of ``window`` row groups with as many empty ones (no row) as there are.
+    ``asc``: the row groups' tokens ``tok``, sorted.
     """
     empty = tok == 0
     if not empty.any() or (rows[empty] > 0).any() or len(tok) < window:
         return inside
-    some = np.sort(tok[~empty])
-    fewest = int(some[: max(1, window - int(empty.sum()))].sum())
+    k = int(empty.sum())  # the first k of asc are the empty row groups
+    fewest = int(asc[k : k + max(1, window - k)].sum())
     return min(x // fewest, inside)

@@ -31,24 +31,23 @@ __all__ = ["Steps"]
 class Steps:
     """The batches of a loader's steps, from its scanner's packed units (the unit in use kept)."""
 
-    __slots__ = ("_cur", "_cur_block", "_locate", "_now", "_scanner")
+    __slots__ = ("_cur", "_locate", "_now", "_scanner")
 
     def __init__(self, scanner: Scanner, now: resume.Now, locate: Locator) -> None:
         self._scanner = scanner
         self._now = now  # what the states of later steps record
         self._locate = locate
         self._cur: PackedUnit | None = None  # the unit whose block the steps are views of
-        self._cur_block: NDArray[Any] | None = None
 
     def forget(self, unit: int = 0) -> None:
         """Forget the unit in use if it is ``unit`` or later (every unit by default)."""
         if self._cur is not None and self._cur.unit >= unit:
-            self._cur, self._cur_block = None, None
+            self._cur = None
 
     def take(self, run: Run, t: int, get: Callable[[int], PackedUnit]) -> Batch:
         """The batch of step ``t`` of ``run``; ``get`` gives a packed unit (checked where a resume left checks)."""
         if self._scanner.stage != run.stage_of(t):  # a layout stage begins: the scanner packs its lanes
-            self._cur, self._cur_block = None, None
+            self._cur = None
             self._scanner.reset(t)
         cur = self._cur
         if cur is not None and cur.t0 <= t < cur.t1:  # the common case: a view of the block
@@ -57,21 +56,18 @@ class Steps:
         if first == last:
             u = get(first)
             if u.t0 <= t < u.t1:
-                self._cur, self._cur_block = u, u.block
+                self._cur = u
                 return self._view(run, u, t)
         units = [get(x) for x in range(first, last + 1)]
         rows, seq_len = len(self._scanner.rank_lanes), self._scanner.seq_len
         tokens, segments = assemble(units, t, rows, seq_len)
         columns = assemble_columns(units, t, rows, seq_len)
-        self._cur, self._cur_block = None, None
+        self._cur = None
         return self._deliver(run, t, tokens, segments, units, columns)
 
     def _view(self, run: Run, u: PackedUnit, t: int) -> Batch:
         """Step ``t`` as a view of the block of ``u``, the unit in use."""
-        assert self._cur_block is not None
-        return self._deliver(
-            run, t, self._cur_block[t - u.t0], functools.partial(u.segments, t), [u], unit_columns(u, t)
-        )
+        return self._deliver(run, t, u.block[t - u.t0], functools.partial(u.segments, t), [u], unit_columns(u, t))
 
     def _deliver(
         self,
@@ -88,7 +84,7 @@ class Steps:
         if (cur is None or not (cur.t0 <= t + 1 < cur.t1)) and run.stage_of(t + 1) == self._scanner.stage:
             nxt, _ = run.units_of_step(t + 1)
             if cur is not None and cur.unit < nxt:
-                self._cur, self._cur_block = None, None
+                self._cur = None
             self._scanner.release_before(nxt)
         return Batch(
             tokens=tokens.view(Tokens),
