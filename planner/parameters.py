@@ -331,21 +331,30 @@ DEFAULT_TEXT = TextSettings()
 """The text settings' defaults, for the functions that take them one by one (``plitzer.text.source.text_index``)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Selection:
     """Which documents are in the stream: a predicate (SPEC section 10), deduplication and exclusion (section 14).
 
-    The defaults (None) select every row.
+    The defaults (None) select every row. ``exclude`` may be given as any path
+    (``os.PathLike``); it is kept as a ``str``, what checkpoints and messages hold.
     """
 
-    where: str | None = None
-    length_column: str | None = None
-    dedupe: str | None = None
-    exclude: str | None = None
+    where: str | None
+    length_column: str | None
+    dedupe: str | None
+    exclude: str | None
 
-    def __post_init__(self) -> None:
-        if self.exclude is not None and not isinstance(self.exclude, str):
-            object.__setattr__(self, "exclude", os.fspath(self.exclude))
+    def __init__(
+        self,
+        where: str | None = None,
+        length_column: str | None = None,
+        dedupe: str | None = None,
+        exclude: str | os.PathLike[str] | None = None,
+    ) -> None:
+        object.__setattr__(self, "where", where)
+        object.__setattr__(self, "length_column", length_column)
+        object.__setattr__(self, "dedupe", dedupe)
+        object.__setattr__(self, "exclude", None if exclude is None else os.fspath(exclude))
 
 
 def names_of(group: Any) -> tuple[str, ...]:
