@@ -21,11 +21,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
+
+from planner.arraytypes import I64
 
 __all__ = ["cut_at", "lane_of", "piece_range", "split_at_cuts", "window_offsets"]
-
-I64 = NDArray[np.int64]
 
 
 def cut_at(k: Any, q: Any, r: Any, z: Any, lanes: int) -> I64:

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from planner.arraytypes import I64, U64
 from planner.hashing import key, mix_array
 from planner.lanes import cut_at, split_at_cuts
 
@@ -62,9 +63,6 @@ __all__ = [
     "slice_starts",
     "stage_tokens",
 ]
-
-I64 = NDArray[np.int64]
-U64 = NDArray[np.uint64]
 
 
 def concat_ranges(starts: I64, counts: I64) -> tuple[I64, I64]:

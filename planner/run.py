@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.errors import ConfigError
 from planner.lanes import piece_range
 from planner.mixing.mixture import Interleave, MixturePlan
@@ -54,7 +55,6 @@ __all__ = [
     "lane_positions",
 ]
 
-I64 = NDArray[np.int64]
 
 NEVER = 1 << 62  # the first unit a change touches, when it touches none
 

@@ -30,9 +30,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any, Unpack
 
-import numpy as np
-from numpy.typing import NDArray
-
+from planner.arraytypes import I64
 from planner.errors import UsageError
 from planner.mixing.mixture import MixturePlan
 from planner.order.epoch import check_int
@@ -52,8 +50,6 @@ from plitzer.state.share import job_source
 from plitzer.state.steps import Steps
 
 __all__ = ["Loader", "LoaderSettings", "budget_floor", "open_plan"]
-
-I64 = NDArray[np.int64]
 
 
 @document()

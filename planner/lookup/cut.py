@@ -24,15 +24,13 @@ from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 import numpy as np
-from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.lanes import cut_at, lane_of
 from planner.lookup.lengths import Lengths
 from planner.packing import concat_ranges, cut_documents, packed_order, row_cuts, slice_keys, slice_offsets
 
 __all__ = ["Cut", "Docs", "Pieces", "PlanView", "rows_of", "window_pieces", "window_slices"]
-
-I64 = NDArray[np.int64]
 
 
 class PlanView(Protocol):

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.catalog.rowgroups import RowGroupIndex, SelectedRows
 from planner.errors import ConfigError
 from planner.lookup.lengths import Lengths, as_lengths
@@ -26,8 +26,6 @@ from planner.lookup.pieces import Pieces, epoch_pieces
 from planner.lookup.staged import staged_pieces
 
 __all__ = ["Rows", "pieces_frame", "pieces_reader", "pieces_schema", "stream_rows"]
-
-I64 = NDArray[np.int64]
 
 
 def _frame(p: Pieces, index: pl.DataFrame, rank: I64, sources: bool) -> pl.DataFrame:

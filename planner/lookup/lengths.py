@@ -13,15 +13,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.catalog.rowgroups import RowGroupIndex, stream_counts
 from planner.errors import ConfigError
 from planner.runtime import LENGTHS, runtime_pass
 
 __all__ = ["LengthReader", "Lengths", "as_lengths", "default_lengths", "lengths_from_array"]
 
-I64 = NDArray[np.int64]
 
 Lengths = Callable[[I64], Sequence[I64]]
 """Row groups (ids, rows of the index) -> each one's documents' token lengths, in stream order.

@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.bounded import Bounded
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
@@ -73,8 +73,6 @@ __all__ = [
     "window_pieces",
     "windows_meeting",
 ]
-
-I64 = NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)

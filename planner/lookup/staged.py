@@ -38,8 +38,8 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.bounded import Bounded
 from planner.lookup.cut import Cut, Pieces, PlanView, rows_of, window_pieces, window_slices
 from planner.lookup.lengths import Lengths
@@ -47,8 +47,6 @@ from planner.lookup.pieces import LayoutView, PlanBacked, Positions, locate_piec
 from planner.packing import Items, cut_again_at
 
 __all__ = ["LanesView", "rest_pieces", "staged_pieces"]
-
-I64 = NDArray[np.int64]
 
 
 class LanesView(PlanBacked):

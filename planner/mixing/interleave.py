@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.bounded import Bounded
 from planner.mixing.sources import Stage
 from planner.mixing.streams import SourceStream, finish_keys
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 
 __all__ = ["UNCHANGED", "Interleave"]
 
-I64 = NDArray[np.int64]
 
 UNCHANGED = 1 << 62
 """The first unit a change touches when it touches none (past any run)."""

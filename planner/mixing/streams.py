@@ -20,14 +20,12 @@ import hashlib
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.bounded import Bounded
 from planner.hashing import key, permutation
 
 __all__ = ["SourceStream", "finish_keys", "interleave_demo", "source_key"]
-
-I64 = NDArray[np.int64]
 
 
 def source_key(name: str) -> int:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.catalog.rowgroups import RowGroupIndex, stream_counts
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
@@ -49,7 +50,6 @@ __all__ = [
     "row_group_counts",
 ]
 
-I64 = NDArray[np.int64]
 
 CUT_SLICE = 1 << 15
 """Positions whose lane cuts :func:`cut_epoch` computes at once (bounds its temporaries)."""

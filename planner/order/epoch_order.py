@@ -12,13 +12,11 @@ from __future__ import annotations
 from typing import Protocol
 
 import numpy as np
-from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.order.epoch import EpochPlan, PlanSettings, plan_epoch
 
 __all__ = ["EpochOrder", "Permutation"]
-
-I64 = NDArray[np.int64]
 
 
 class EpochOrder(Protocol):

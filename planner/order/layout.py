@@ -38,14 +38,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.errors import ConfigError
 from planner.packing import stage_tokens
 
 __all__ = ["Layout", "LayoutStage", "parse_values", "stage_tokens"]
-
-I64 = NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ import numpy as np
 import polars as pl
 from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.bounded import Bounded
 from planner.catalog.footer import give_back_memory
 from planner.catalog.rowgroups import RowGroupIndex, with_selected
@@ -42,7 +43,6 @@ from planner.order.sql import run_query
 
 __all__ = ["EPOCHS_KEPT", "LanesPlan", "Plan"]
 
-I64 = NDArray[np.int64]
 EPOCHS_KEPT = 4
 """Epochs' plans a plan keeps (the last used): a step touches at most two."""
 GIVE_BACK_FROM = 8192

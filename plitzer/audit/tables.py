@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from numpy.typing import NDArray
 
 from planner.api import PathSource, open_index
+from planner.arraytypes import I64
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.mixing.mixture import MixturePlan
 from planner.order.epoch import PlanSettings
@@ -39,7 +39,6 @@ __all__ = [
     "source_repetitions",
 ]
 
-I64 = NDArray[np.int64]
 Source = RowGroupIndex | PathSource
 
 

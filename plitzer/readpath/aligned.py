@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.catalog.datasetindex import Index
 from planner.catalog.footer import schema_of
 from planner.catalog.rowgroups import RowGroupIndex
@@ -62,7 +63,6 @@ __all__ = [
     "unit_columns",
 ]
 
-I64 = NDArray[np.int64]
 Fill = bool | int | float
 _READ = object()  # a source that holds the column: read it
 

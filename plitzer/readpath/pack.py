@@ -48,6 +48,7 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.lanes import cut_at
 from planner.packing import row_cuts, slice_keys, slice_offsets
 from plitzer.readpath.aligned import aligned_chunks, storage_dtype
@@ -67,7 +68,6 @@ from plitzer.readpath.read import numpy_view
 
 __all__ = ["SHORT_ROWS", "ColumnChunks", "finish_unit", "pack_unit"]
 
-I64 = NDArray[np.int64]
 ColumnChunks = dict[str, tuple[list[NDArray[Any]], np.dtype[Any]]]
 """Aligned columns of a unit's chunks: name -> (each chunk's values end to end, the column's dtype)."""
 

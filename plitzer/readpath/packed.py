@@ -21,6 +21,7 @@ import polars as pl
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.run import UnitPlace
 from plitzer.readpath.cost import LANE_BYTES, PIECE_BYTES
 from plitzer.readpath.read import numpy_view
@@ -40,8 +41,6 @@ __all__ = [
     "gather_lists",
     "list_views",
 ]
-
-I64 = NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True, eq=False)

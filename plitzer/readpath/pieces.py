@@ -17,13 +17,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.packing import cut_documents, packed_order
 from plitzer.readpath.packed import arrow_ints
 from plitzer.readpath.read import list_lengths, numpy_view
 
 __all__ = ["Documents", "Pieces", "cut_pieces", "documents_of", "no_pieces", "shuffle_pieces", "unit_documents"]
-
-I64 = NDArray[np.int64]
 
 
 def documents_of(arr: pa.Array) -> tuple[pa.Array, I64, I64]:

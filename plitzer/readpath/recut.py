@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-from numpy.typing import NDArray
 
 from planner.lanes import cut_at
 from planner.packing import Items, cut_again_at, slice_keys, slice_offsets
@@ -19,8 +18,6 @@ from plitzer.readpath.packed import PackedUnit, UnitReads
 from plitzer.readpath.pieces import Pieces, cut_pieces, shuffle_pieces, unit_documents
 
 __all__ = ["pack_rest"]
-
-I64 = NDArray[np.int64]
 
 
 def pack_rest(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | None = None) -> PackedUnit:

@@ -65,7 +65,6 @@ from plitzer.readpath.recut import pack_rest
 
 __all__ = ["AHEAD", "Scanner", "Segment", "Stats", "UnitState", "lane_base"]
 
-I64 = NDArray[np.int64]
 
 AHEAD = 2  # units started past the furthest one in use (read ahead)
 _WAKE_S = 0.1  # a waiting consumer looks at its signals this often (Ctrl-C during an outage)

@@ -44,6 +44,7 @@ import polars as pl
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.catalog.datasetindex import Index
 from planner.catalog.rowgroups import RowGroupIndex, stream_counts, with_selected
 from planner.errors import ConfigError, DataError
@@ -71,7 +72,6 @@ from plitzer.selection.rowbits import RowBits
 
 __all__ = ["DEDUPE_DEFAULTS", "DedupedIndex", "dedupe_index"]
 
-I64 = NDArray[np.int64]
 U8 = NDArray[np.uint8]
 _FORMAT = "2"  # the whole result's cache entries (each chunk's: plitzer.selection.keying)
 

@@ -14,13 +14,13 @@ import numpy as np
 import polars as pl
 from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.catalog.rowgroups import RowGroupIndex, with_selected
 from planner.mixing.mixindex import MixtureIndex
 from plitzer.selection.dedupe import DedupedIndex
 
 __all__ = ["base_of", "dedupe_table", "dropped_of", "split_targets"]
 
-I64 = NDArray[np.int64]
 U8 = NDArray[np.uint8]
 
 

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.catalog.datasetindex import Index
 from planner.errors import DataError, SelectionError, one_line
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
@@ -50,7 +51,6 @@ __all__ = [
     "save_entry",
 ]
 
-I64 = NDArray[np.int64]
 U8 = NDArray[np.uint8]
 _CACHE_FORMAT = "3"  # 3: entries with a length and checksum (planner.stores.cache)
 CHUNK = 16

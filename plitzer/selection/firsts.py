@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.catalog.datasetindex import Index
 from plitzer.selection.held import Held
 from plitzer.selection.keying import Hashed
@@ -42,7 +43,6 @@ __all__ = [
     "resolve_spilled",
 ]
 
-I64 = NDArray[np.int64]
 
 Exchange = Callable[[Any], list[Any]]
 """All-gather: share this rank's value (chunk number -> arrays, or the error its phase 1 raised),

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.catalog.datasetindex import Index
 from planner.errors import ConfigError, DataError, SelectionError
 from planner.parameters import Selection
@@ -55,7 +56,6 @@ __all__ = [
     "token_run",
 ]
 
-I64 = NDArray[np.int64]
 U8 = NDArray[np.uint8]
 _FORMAT = "2"  # 2: phase 1 keeps the token lengths of "tokens" keys
 TOKENS = "tokens"

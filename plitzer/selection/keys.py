@@ -22,11 +22,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
+from planner.arraytypes import U64
 from planner.errors import ConfigError
 
 __all__ = ["Keys", "combine", "hash_array", "hash_lists", "valid_rows"]
 
-U64 = NDArray[np.uint64]
 Keys = NDArray[np.uint64]
 """``(rows, 2)`` uint64: each row's two 64-bit hashes."""
 

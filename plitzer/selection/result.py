@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.catalog.datasetindex import Index
 from planner.threads import map_ahead
 from plitzer.readpath.read import list_lengths
@@ -21,8 +21,6 @@ from plitzer.selection.held import Known
 from plitzer.selection.keying import stream_tokens, token_run
 
 __all__ = ["Counted", "dropped_tokens", "result_arrays"]
-
-I64 = NDArray[np.int64]
 
 
 Counted = list[tuple[I64, I64]]

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from planner.arraytypes import I64
+
 __all__ = ["RowBits"]
 
-I64 = NDArray[np.int64]
 U8 = NDArray[np.uint8]
 
 

@@ -56,6 +56,7 @@ import polars as pl
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.catalog.datasetindex import Index
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError, DataError, SelectionError
@@ -92,7 +93,6 @@ __all__ = [
     "source_rows",
 ]
 
-I64 = NDArray[np.int64]
 U8 = NDArray[np.uint8]
 
 SELECT_DEFAULTS: dict[str, Any] = {"where": "", "length_column": ""}

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError, DataError, PerformanceWarning
 from planner.mixing.mixture import MixtureIndex
@@ -33,8 +33,6 @@ from plitzer.selection.select import source_rows
 from plitzer.state.settings import LoaderSettings, Source, checkpoint_config, default_threads, make_plan, open_source
 
 __all__ = ["Locator", "Parts", "check_layout", "make_config", "open_plan", "parts"]
-
-I64 = NDArray[np.int64]
 
 
 def open_plan(source: Source, settings: LoaderSettings) -> Plan:

@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.errors import CheckpointError
 from planner.order.layout import Layout
 from planner.run import Run
@@ -38,7 +38,6 @@ __all__ = [
     "state_after",
 ]
 
-I64 = NDArray[np.int64]
 Checks = dict[int, tuple[I64, I64, I64, I64]]  # per unit: rank lanes, pieces, offsets, the offsets wanted
 
 

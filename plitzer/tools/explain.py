@@ -37,9 +37,9 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
-from numpy.typing import NDArray
 
 from planner.api import PathSource, open_index
+from planner.arraytypes import I64, U64
 from planner.bounded import Bounded
 from planner.catalog.payload import read_table_bytes
 from planner.catalog.rowgroups import RowGroupIndex, stream_counts
@@ -56,8 +56,6 @@ from plitzer.state.settings import Source as AnySource
 
 __all__ = ["document_lengths", "document_pass", "document_table", "explain"]
 
-I64 = NDArray[np.int64]
-U64 = NDArray[np.uint64]
 Source = RowGroupIndex | PathSource
 
 _FORMAT = "2"  # 2: entries with a length and checksum (planner.stores.cache)

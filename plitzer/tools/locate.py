@@ -33,8 +33,8 @@ from typing import Any, Unpack
 
 import numpy as np
 import polars as pl
-from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.catalog.rowgroups import RowGroupIndex, stream_counts
 from planner.errors import ConfigError, DataError
 from planner.lookup.pieces import Lengths, OneSource, Pieces, epochs_of_steps, lengths_from_array
@@ -54,8 +54,6 @@ from plitzer.state.settings import Source as AnySource
 from plitzer.tools.targets import Rows, part_of, target_documents
 
 __all__ = ["Keywords", "RowLengths", "locate", "locate_in_plan", "parse_epochs", "plan_lengths", "target_documents"]
-
-I64 = NDArray[np.int64]
 
 
 Keywords = KeywordsLessWhere

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pyarrow as pa
-from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.catalog.datasetindex import Index
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError, SelectionError, one_line
@@ -27,7 +27,6 @@ from plitzer.text.source import TextIndex
 
 __all__ = ["Rows", "part_of", "target_documents"]
 
-I64 = NDArray[np.int64]
 
 Rows = Sequence[tuple[Any, ...]] | pl.DataFrame
 """Explicit documents: ``(file, row)`` or ``(source, file, row)`` pairs, or a frame of them."""
