@@ -170,7 +170,10 @@ def test_both_layouts_give_the_same_batches(numbered, monkeypatch: pytest.Monkey
 
 
 def test_a_window_with_nothing_read_packs_as_the_general_path_would(tmp_path: Path, monkeypatch) -> None:
-    """A window a selection left empty takes a short path (no cut, documents or slice keys): the same unit."""
+    """A window a selection left empty takes a short path (no cut, documents, slice keys or gather): the same unit.
+
+    Aligned columns included: their empty blocks and edges have the general path's types.
+    """
     import dataclasses
 
     import pyarrow as pa
@@ -182,25 +185,28 @@ def test_a_window_with_nothing_read_packs_as_the_general_path_would(tmp_path: Pa
     from plitzer.readpath.pack import finish_unit, pack_unit
     from plitzer.readpath.pieces import cut_pieces, shuffle_pieces, unit_documents
 
-    schema = pa.schema([("tokens", pa.list_(pa.int32())), ("keep", pa.bool_())])
+    schema = pa.schema([("tokens", pa.list_(pa.int32())), ("keep", pa.bool_()), ("mask", pa.list_(pa.bool_()))])
     with pq.ParquetWriter(tmp_path / "a.parquet", schema) as w:
         for g in range(40):
             docs = pa.array([np.arange(n, dtype=np.int32) for n in (30, 70, 5)], pa.list_(pa.int32()))
-            w.write_table(pa.table({"tokens": docs, "keep": [g % 10 == 0] * 3}, schema=schema))
+            mask = pa.array([np.arange(n) % 3 == 0 for n in (30, 70, 5)], pa.list_(pa.bool_()))
+            w.write_table(pa.table({"tokens": docs, "keep": [g % 10 == 0] * 3, "mask": mask}, schema=schema))
     empty = []
     real = scan.pack_unit
 
     def seen(chunks, reads, columns=None):
         if not chunks:
-            empty.append(reads)
+            empty.append((reads, columns))
         return real(chunks, reads, columns)
 
     monkeypatch.setattr(scan, "pack_unit", seen)
-    with plitzer.Loader(tmp_path, where="keep", lanes=4, seq_len=16, window=2, seed=3, rank=1, world=2) as loader:
+    cfg = {"where": "keep", "lanes": 4, "seq_len": 16, "window": 2, "seed": 3, "rank": 1, "world": 2}
+    with plitzer.Loader(tmp_path, columns=["mask"], **cfg) as loader:
         for _ in range(2 * len(loader)):
-            loader.next_batch()
+            assert loader.next_batch().columns["mask"].dtype == np.bool_
     assert len(empty) > 10
-    for reads in empty:
+    for reads, columns in empty:
+        assert columns is not None and set(columns) == {"mask"}
         p = reads.place
         lanes = p.rank_lanes
         q, r = divmod(p.window_tokens, p.lanes)
@@ -209,11 +215,17 @@ def test_a_window_with_nothing_read_packs_as_the_general_path_would(tmp_path: Pa
         pieces = cut_pieces(docs, cuts, at_end=lanes.stop == p.lanes)
         keys = slice_keys(p.seed, p.epoch, p.window, np.arange(lanes.start, lanes.stop))
         order, lane_piece = shuffle_pieces(pieces, p.keep, len(lanes), keys)
-        general = finish_unit([], pieces, order, lane_piece, reads, tiled=True)
-        short = pack_unit([], reads)
+        general = finish_unit([], pieces, order, lane_piece, reads, tiled=True, columns=columns)
+        short = pack_unit([], reads, columns)
         for f in dataclasses.fields(general):
             a, b = getattr(general, f.name), getattr(short, f.name)
-            if dataclasses.is_dataclass(a):
+            if f.name == "columns":
+                assert a.keys() == b.keys()
+                for name in a:
+                    assert a[name].memory is None and b[name].memory is None and a[name].dtype == b[name].dtype
+                    assert a[name].block.shape == b[name].block.shape and a[name].block.dtype == b[name].block.dtype
+                    assert a[name].edges.equals(b[name].edges), name
+            elif dataclasses.is_dataclass(a):
                 for g in dataclasses.fields(a):
                     np.testing.assert_array_equal(getattr(a, g.name), getattr(b, g.name), err_msg=f"{f.name}.{g.name}")
             elif isinstance(a, (np.ndarray, pa.Array)):

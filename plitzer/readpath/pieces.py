@@ -22,7 +22,7 @@ from planner.packing import cut_documents, packed_order
 from plitzer.readpath.packed import arrow_ints
 from plitzer.readpath.read import list_lengths, numpy_view
 
-__all__ = ["Documents", "Pieces", "cut_pieces", "documents_of", "no_pieces", "shuffle_pieces", "unit_documents"]
+__all__ = ["Documents", "Pieces", "cut_pieces", "documents_of", "shuffle_pieces", "unit_documents"]
 
 
 def documents_of(arr: pa.Array) -> tuple[pa.Array, I64, I64]:
@@ -99,17 +99,6 @@ class Pieces:
     offset: I64  # of the first token in its document
     chunk: I64  # decoded row group holding it
     value: I64  # index of its first token in that row group's values
-
-
-def no_pieces(lanes: int) -> tuple[Pieces, I64, I64]:
-    """What :func:`cut_pieces` and :func:`shuffle_pieces` give a unit with nothing read, for ``lanes`` rank lanes.
-
-    No pieces, an empty packed order and every lane's slice empty (each lane's first piece
-    at 0): a window a selection left empty packs without the cut, the documents or the
-    slice keys (a step may span thousands of such windows).
-    """
-    z = np.zeros(0, np.int64)
-    return Pieces(z, z, z, z, z, z, z), z, np.zeros(lanes + 1, np.int64)
 
 
 def cut_pieces(docs: Documents, cuts: I64, *, at_end: bool) -> Pieces:
