@@ -117,13 +117,18 @@ def check_source(
     text: bool = False,
     where: str | None = None,
     length_column: str | None = None,
+    dedupe: bool = False,
 ) -> None:
     """Refuse keywords that do not go together with a source of ``kind`` (the planner's checks, in one place).
 
-    ``text``: a tokenizer is given (the source is text, counted by tokenizing).
+    ``text``: a tokenizer is given (the source is text, counted by tokenizing). ``dedupe``:
+    ``dedupe=`` or ``exclude=`` is given (a selection the length column also serves).
     """
-    if length_column is not None and where is None and kind != "dict":
-        msg = f"length_column={length_column!r} without where=; the length column serves a selection"
+    if length_column is not None and where is None and not dedupe and kind != "dict":
+        msg = (
+            f"length_column={length_column!r} without where=, dedupe= or exclude=; the length column serves a "
+            "selection (it gives the rows' token counts without decoding the token column)"
+        )
         raise ConfigError(msg)
     if kind in ("dict", "mixture index"):
         if text:
@@ -200,7 +205,8 @@ def open_index(
     """
     kind = source_kind(source)
     where, length_column = (None, None) if selection is None else (selection.where, selection.length_column)
-    check_source(kind, weights=weights, text=text is not None, where=where, length_column=length_column)
+    dedupe = selection is not None and (selection.dedupe is not None or selection.exclude is not None)
+    check_source(kind, weights=weights, text=text is not None, where=where, length_column=length_column, dedupe=dedupe)
     if kind in ("dict", "mixture index"):
         return mixture_index(
             cast("Mapping[str, Any] | MixtureIndex", source),  # what source_kind found

@@ -240,10 +240,10 @@ PARAMETERS: tuple[Parameter, ...] = (
         "length_column",
         None,
         "str, optional",
-        "With ``where``: an integer column holding each row's token count, so the selection pass "
-        "need not decode the tokens (checked against the footer's count).",
-        "with --where: an integer column holding each row's token count (the selection pass then "
-        "does not decode the tokens)",
+        "With ``where``, ``dedupe`` or ``exclude``: an integer column holding each row's token count, so "
+        "the selection passes need not decode the tokens (checked against the footer's count).",
+        "with --where, --dedupe or --exclude: an integer column holding each row's token count (the "
+        "selection passes then do not decode the tokens)",
         plan=True,
     ),
     Parameter(

@@ -848,3 +848,132 @@ def test_plitzer_plan_takes_dedupe_and_exclude(data: Path, tmp_path: Path) -> No
         assert p.tokens == a.tokens
     sql = p.sql("select sum(rows_duplicate) as d, sum(rows_excluded) as x from index")
     assert sql["d"][0] > 0 and sql["x"][0] > 0
+
+
+# -- length_column: the dropped rows' tokens counted without decoding them -----------------
+
+
+def _with_counts(src: Path, dst: Path, *, wrong: bool = False) -> Path:
+    """``src``'s files with a ``token_count`` column of each row's tokens.
+
+    ``wrong``: in the first file's row group 1, a row whose url came before (dropped by ``dedupe="url"``)
+    swaps counts with a kept row of another count: the same sum, wrong rows.
+    """
+    dst.mkdir(parents=True, exist_ok=True)
+    seen: set[str] = set()
+    for f in sorted(src.glob("*.parquet")):
+        pf = pq.ParquetFile(f)
+        with pq.ParquetWriter(dst / f.name, pf.schema_arrow.append(pa.field("token_count", pa.int32()))) as w:
+            for g in range(pf.num_row_groups):
+                t = pf.read_row_group(g)
+                counts = pa.compute.list_value_length(t["tokens"]).fill_null(0).to_numpy().astype(np.int32)
+                urls = t["url"].to_pylist()
+                dup = np.zeros(len(urls), bool)
+                for r, u in enumerate(urls):
+                    dup[r] = u in seen
+                    seen.add(u)
+                if wrong and g == 1 and f.name == "part-0.parquet":
+                    i = int(np.flatnonzero(dup)[0])
+                    j = int(np.flatnonzero(~dup & (counts != counts[i]))[0])
+                    counts[[i, j]] = counts[[j, i]]
+                w.write_table(t.append_column("token_count", pa.array(counts, pa.int32())))
+    return dst
+
+
+@pytest.mark.parametrize("how", [{"dedupe": "url"}, {"exclude": "table"}, {"dedupe": "url", "where": "id % 5 <> 1"}])
+def test_a_length_column_counts_the_dropped_tokens_without_the_token_column(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: dict[str, str]
+) -> None:
+    """``length_column=`` beside a column key or an exclusion: the same selection and batches, no token chunk
+    decoded by the pass (phase 2 counts the dropped rows' tokens from the column)."""
+    src = _with_counts(data, tmp_path / "counted")
+    kw = dict(how)
+    if kw.get("exclude") == "table":
+        rows = pq.read_table(src, columns=["url"]).column(0).to_pylist()[::3]
+        pq.write_table(pa.table({"url": rows}), tmp_path / "x.parquet")
+        kw["exclude"] = str(tmp_path / "x.parquet")
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "plain"))
+    with plitzer.Loader(src, **kw, **CFG) as loader:
+        want = [tokens_of(loader.next_batch()).copy() for _ in range(len(loader))]
+        want_frame = loader.plan.dataset.frame
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "counted-cache"))
+    import plitzer.selection.result as result
+
+    def no_tokens(*a: object, **k: object) -> None:
+        raise AssertionError("the pass decoded a token chunk to count dropped tokens")
+
+    monkeypatch.setattr(result, "stream_tokens", no_tokens)
+    with plitzer.Loader(src, length_column="token_count", **kw, **CFG) as loader:
+        got = [tokens_of(loader.next_batch()).copy() for _ in range(len(loader))]
+        frame = loader.plan.dataset.frame
+    cols = ["rows_selected", "tokens_selected", "empty_docs_selected", "rows_duplicate", "rows_excluded"]
+    assert frame.select(cols).equals(want_frame.select(cols))
+    assert int(frame["rows_duplicate"].sum() + frame["rows_excluded"].sum()) > 0
+    assert len(got) == len(want)
+    for t, (a, b) in enumerate(zip(want, got, strict=True)):
+        np.testing.assert_array_equal(a, b, err_msg=f"step {t}")
+
+
+def test_a_length_column_that_miscounts_is_named(data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A column whose row group sum is wrong is refused by the pass; one right in sum but wrong by row, at the read:
+    both name the file, the row group and the fix."""
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "c"))
+    src = _with_counts(data, tmp_path / "counted")
+    with pytest.raises(plitzer.DataError, match=r"part-0\.parquet.*row group 0.*sums to .* drop length_column="):
+        plitzer.Loader(src, dedupe="url", length_column="id", **CFG)
+    with pytest.raises(ConfigError, match=r"length_column='url' is string, not an integer"):
+        plitzer.Loader(src, dedupe="url", length_column="url", **CFG)
+    with pytest.raises(ConfigError, match=r"length_column='nope' is not a column .* available columns: url, id"):
+        plitzer.Loader(src, dedupe="url", length_column="nope", **CFG)
+    with pytest.raises(ConfigError, match=r"length_column='token_count' without where=, dedupe= or exclude="):
+        plitzer.Loader(src, length_column="token_count", **CFG)
+    negative = tmp_path / "negative"
+    negative.mkdir()
+    t = pq.read_table(src / "part-0.parquet")
+    counts = t["token_count"].to_numpy().copy()
+    counts[[0, 1]] = [counts[0] + counts[1] + 1, -1]
+    pq.write_table(
+        t.set_column(t.schema.get_field_index("token_count"), "token_count", pa.array(counts)),
+        negative / "a.parquet",
+        row_group_size=len(counts),
+    )
+    with pytest.raises(plitzer.DataError, match=r"a\.parquet, row group 0, row 1: length_column='token_count' is -1"):
+        plitzer.Loader(negative, dedupe="url", length_column="token_count", **CFG)
+    bad = _with_counts(data, tmp_path / "swapped", wrong=True)
+    with (
+        pytest.raises(plitzer.DataError, match=r"row group 1.*length_column='token_count' does not hold"),
+        plitzer.Loader(bad, dedupe="url", length_column="token_count", **CFG) as loader,
+    ):
+        for _ in range(len(loader)):
+            loader.next_batch()
+
+
+def test_a_length_column_in_the_cli_and_a_mixtures_sources(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``plitzer index --dedupe url --length-column token_count``, and a mixture source's own ``length_column``
+    (given with its ``where``, which it serves too)."""
+    from plitzer.cli import main
+
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "c"))
+    a = _with_counts(make_source(tmp_path / "a", seed=4, files=1), tmp_path / "a-counted")
+    b = _with_counts(make_source(tmp_path / "b", seed=6, files=1, base=1000), tmp_path / "b-counted")
+    assert main(["index", str(a), "--dedupe", "url", "--length-column", "token_count", "--format", "csv"]) == 0
+    assert "documents_duplicate" in capsys.readouterr().out
+    assert main(["index", str(a), "--length-column", "token_count"]) != 0
+    assert "--dedupe" in capsys.readouterr().err
+    with plitzer.Loader({"a": {"path": str(a), "where": "id >= 0"}, "b": b}, dedupe="url", **CFG) as loader:
+        want = [tokens_of(loader.next_batch()).copy() for _ in range(len(loader))]
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "c2"))
+    import plitzer.selection.result as result
+
+    decoded: list[object] = []
+    real = result.stream_tokens
+    monkeypatch.setattr(result, "stream_tokens", lambda ix, rg, run: decoded.append(ix) or real(ix, rg, run))
+    sources = {"a": {"path": str(a), "where": "id >= 0", "length_column": "token_count"}, "b": str(b)}
+    with plitzer.Loader(sources, dedupe="url", **CFG) as loader:
+        got = [tokens_of(loader.next_batch()).copy() for _ in range(len(loader))]
+        parts = {ix.source for ix in decoded}
+    assert str(b) in " ".join(parts) and str(a) not in " ".join(parts)  # b's dropped rows decoded, a's counted
+    for t, (x, y) in enumerate(zip(want, got, strict=True)):
+        np.testing.assert_array_equal(x, y, err_msg=f"step {t}")

@@ -203,7 +203,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         if args.engine == "ray":
             select_on_ray(ix, selection, source=source, storage_options=storage_options_of(args), address=args.address)
         ix = select_index(ix, selection, progress=terminal_progress())
-    elif (args.engine == "ray" and args.dedupe is None and args.exclude is None) or args.length_column is not None:
+    elif (args.engine == "ray" or args.length_column is not None) and args.dedupe is None and args.exclude is None:
         msg = "--engine ray and --length-column run the selection pass: give --where (or --dedupe, --exclude)"
         raise ConfigError(msg)
     if args.dedupe is not None or args.exclude is not None:

@@ -57,6 +57,7 @@ from plitzer.selection.exclude import Exclusion, load_exclusion
 from plitzer.selection.firsts import Exchange, Spill, resolve, resolve_shared, resolve_spilled
 from plitzer.selection.held import CachedLengths, Held
 from plitzer.selection.keying import (
+    TOKENS,
     KeyPass,
     arrow_schema,
     check_key,
@@ -67,6 +68,7 @@ from plitzer.selection.keying import (
     save_arrays,
     source_identity,
 )
+from plitzer.selection.predicate import check_length_column
 from plitzer.selection.result import Counted, dropped_tokens, result_arrays
 from plitzer.selection.rowbits import RowBits
 
@@ -101,6 +103,8 @@ class DedupedIndex(Index):
     duplicates: I64 = field(default_factory=lambda: np.zeros((0, 5), np.int64), repr=False)
     order: list[str] = field(default_factory=list)
     """The sources' names in source order (a mixture's; ``[""]`` for one dataset): ``duplicates``' kept part."""
+    length_column: str = ""
+    """The column the pass took the dropped rows' token counts from (``length_column=``), if any."""
 
     def config_fields(self) -> dict[str, Any]:
         assert self.base is not None
@@ -136,10 +140,12 @@ class DedupedIndex(Index):
         if got != want:
             row = self.frame.row(rg, named=True)
             where = self.location(row["file_index"], row["row_group"])
-            msg = (
-                f"{where}: the rows kept hold {got} tokens, but the deduplication pass counted {want}; the file "
-                f"changed since the pass: clear {cache_dir() / 'dedupe'} and start again"
+            why = (
+                f"length_column={self.length_column!r} does not hold each row's token count: drop length_column="
+                if self.length_column
+                else f"the file changed since the pass: clear {cache_dir() / 'dedupe'} and start again"
             )
+            msg = f"{where}: the rows kept hold {got} tokens, but the deduplication pass counted {want}; {why}"
             raise DataError(msg, file=self.file(row["file_index"]).location, row_group=row["row_group"])
         return arr
 
@@ -166,12 +172,13 @@ def _parts_of(ix: RowGroupIndex, order: Sequence[str] | None) -> tuple[list[Inde
     return [ix], [0]
 
 
-def _result_path(parts: Sequence[Index], key: str, excl: str, cols: str) -> Any:
+def _result_path(parts: Sequence[Index], key: str, excl: str, cols: str, lengths: Sequence[str | None]) -> Any:
     files = []
     for ix in parts:
         files.append(source_identity(ix))
         files.extend(f"{f.location}\t{f.size}\t{f.version}" for f in ix.files)
-    k = digest(_FORMAT, key, excl, cols, len(parts), *files)
+    lc = [f"length_columns={lengths}"] if any(lengths) else []  # none: the entries of 0.5 before them
+    k = digest(_FORMAT, key, excl, cols, len(parts), *files, *lc)
     return cache_dir() / "dedupe" / f"{k}.npz"
 
 
@@ -233,13 +240,14 @@ def dedupe_index(
     exclusions = [None if table is None else table.check(arrow_schema(p), p.source, _token_column(p)) for p in parts]
     excl_digest = table.digest if table is not None else ""
     cols = ",".join(table.columns) if table is not None else ""
-    result = _result_path(parts, key, excl_digest, cols)
+    lengths = _length_columns(ix, parts, at, sel.length_column) if key != TOKENS else [None] * len(parts)
+    result = _result_path(parts, key, excl_digest, cols, lengths)
     names_out = ["rg_dup", "rg_excl", "pos_dup", "pos_excl", "tok", "empty", "dups"]
     cached = load_arrays(result, [f"{n}{p}" for p in range(len(parts)) for n in names_out])
     if cached is None:
-        ps = KeyPass(parts=parts, key=key, exclusions=exclusions)
+        ps = KeyPass(parts=parts, key=key, exclusions=exclusions, length_columns=lengths)
         chunks = key_chunks(parts)
-        paths = [chunk_path(parts[p], (p, a, b), key, excl_digest, cols) for p, a, b in chunks]
+        paths = [chunk_path(parts[p], (p, a, b), key, excl_digest, cols, lengths[p]) for p, a, b in chunks]
         n = len(chunks)
         workers = threads or os.cpu_count() or 2
         if exchange is not None and world > 1:
@@ -280,12 +288,31 @@ def dedupe_index(
                 counted = dropped_tokens(parts, chunks, res, workers, CachedLengths(paths), None)
         cached = result_arrays(parts, res, counted)
         save_arrays(result, cached, compress=True)
-    out = [_build(part, cached, p, key, table, names) for p, part in enumerate(parts)]
+    out = [_build(part, cached, p, key, table, names, lengths[p]) for p, part in enumerate(parts)]
     if not isinstance(ix, MixtureIndex):
         return _nonempty(out[0], key, exclude, "")
     by_pos = dict(zip(at, out, strict=True))
     new_parts = [_nonempty(by_pos[i], key, exclude, ix.names[i]) for i in range(len(ix.parts))]
     return MixtureIndex(ix.specs, new_parts, given=ix.given)
+
+
+def _length_columns(
+    ix: RowGroupIndex, parts: Sequence[Index], at: Sequence[int], given: str | None
+) -> list[str | None]:
+    """Each part's column of its rows' token counts, checked: a ``where=`` selection's own, else ``length_column=``.
+
+    A mixture's source takes the one its dict gives; a text source has none (its counts come
+    from tokenizing it). With one, phase 1 reads it beside the key, and no dropped row's
+    token column is decoded to count its tokens.
+    """
+    if isinstance(ix, MixtureIndex):
+        wanted = [part.length_source(ix.specs[i].selection.length_column) for part, i in zip(parts, at, strict=True)]
+    else:
+        wanted = [part.length_source(given) for part in parts]
+    for part, lc in zip(parts, wanted, strict=True):
+        if lc is not None:
+            check_length_column(part, lc)
+    return wanted
 
 
 def _counted_rows(counted: Counted) -> I64:
@@ -318,7 +345,13 @@ def _nonempty(ix: DedupedIndex, key: str, exclude: Any, name: str) -> DedupedInd
 
 
 def _build(
-    base: Index, cached: Mapping[str, np.ndarray], p: int, key: str, table: Exclusion | None, names: list[str]
+    base: Index,
+    cached: Mapping[str, np.ndarray],
+    p: int,
+    key: str,
+    table: Exclusion | None,
+    names: list[str],
+    length_column: str | None,
 ) -> DedupedIndex:
     f = with_selected(base.frame)
     nd, nx = cached[f"rg_dup{p}"], cached[f"rg_excl{p}"]
@@ -363,4 +396,5 @@ def _build(
         bits=bits,
         duplicates=np.asarray(cached[f"dups{p}"], np.int64).reshape(-1, 5),
         order=list(names),
+        length_column=length_column or "",
     )

@@ -117,7 +117,14 @@ class SelectionPass:
                 msg = f"{where}, row {bad}: length_column={self.length_column!r} is null; drop length_column="
                 raise DataError(msg, file=self.ix.file(fi).location, row_group=g, row=bad)
             lengths: I64 = np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.int64)
-            if int(lengths.sum()) != row["tokens"] or (len(lengths) and int(lengths.min()) < 0):
+            if len(lengths) and int(lengths.min()) < 0:
+                bad = int(np.flatnonzero(lengths < 0)[0])
+                msg = (
+                    f"{where}, row {bad}: length_column={self.length_column!r} is {int(lengths[bad])}, not a count "
+                    "of tokens: drop length_column= (the pass then reads the token column's lengths)"
+                )
+                raise DataError(msg, file=self.ix.file(fi).location, row_group=g, row=bad)
+            if int(lengths.sum()) != row["tokens"]:
                 msg = (
                     f"{where}: length_column={self.length_column!r} sums to {int(lengths.sum())} tokens, but the "
                     f"token column {self.ix.column!r} holds {row['tokens']}; it does not count each row's tokens: "

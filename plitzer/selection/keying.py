@@ -32,9 +32,10 @@ from planner.parameters import Selection
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
 from plitzer.readpath.read import list_lengths, read_chunk
 from plitzer.readpath.runs import ColumnRun
-from plitzer.selection.evaluate import CHUNK
+from plitzer.selection.evaluate import CHUNK, SelectionPass
 from plitzer.selection.exclude import Exclusion, load_exclusion
 from plitzer.selection.keys import Keys, hash_array, valid_rows
+from plitzer.selection.predicate import check_length_column
 from plitzer.selection.select import SelectedIndex
 
 __all__ = [
@@ -108,12 +109,25 @@ class KeyPass:
     parts: list[Index]  # in source order
     key: str  # "" (none), "tokens", or a column
     exclusions: list[Exclusion | None]  # each part's, cast to its types
+    length_columns: Sequence[str | None] = ()
+    """Each part's column of the rows' token counts (``length_column=``), or none: read beside the key, so that
+    phase 2 need not decode the token column for the dropped rows' tokens (a ``"tokens"`` key decodes it anyway)."""
+
+    def length_column(self, p: int) -> str | None:
+        """Part ``p``'s length column, where phase 1 reads it (never beside a ``"tokens"`` key)."""
+        return self.length_columns[p] if self.length_columns and self.key != TOKENS else None
 
     def runs(self, p: int, first: int, end: int) -> tuple[Runs, ColumnRun | None]:
-        """What phase 1 reads of part ``p``'s rows ``[first, end)``: the exclusion's and key's columns; the tokens."""
+        """What phase 1 reads of part ``p``'s rows ``[first, end)``: the exclusion's, key's and length columns; the
+        tokens."""
         ix = self.parts[p]
         ex = self.exclusions[p]
-        names = [*(ex.columns if ex is not None else ()), *([self.key] if self.key not in ("", TOKENS) else [])]
+        lc = self.length_column(p)
+        names = [
+            *(ex.columns if ex is not None else ()),
+            *([self.key] if self.key not in ("", TOKENS) else []),
+            *([lc] if lc is not None else []),
+        ]
         runs = {c: ColumnRun(ix, first, end, c, names) for c in dict.fromkeys(names)}
         return runs, token_run(ix, first, end) if self.key == TOKENS else None
 
@@ -121,7 +135,8 @@ class KeyPass:
         self, p: int, rg: int, runs: tuple[Runs, ColumnRun | None] | None = None
     ) -> tuple[int, I64, Keys, I64, NDArray[np.int32]]:
         """Row group ``rg`` of part ``p``: its stream rows, the keyed rows' positions and keys, the excluded rows,
-        and (for ``"tokens"``, which decodes them anyway) every stream row's token count.
+        and every stream row's token count where it comes cheap: a ``"tokens"`` key decodes them anyway, a length
+        column (checked against the footer's count) holds them.
 
         ``runs``: its chunk's (:meth:`runs`); default: a run of this row group alone."""
         ix = self.parts[p]
@@ -129,6 +144,11 @@ class KeyPass:
         rows = int(ix.frame["rows"][rg])
         stream = ix.selected_rows(rg)
         n = rows if stream is None else len(stream)
+        lengths = np.zeros(0, np.int32)
+        lc = self.length_column(p)
+        if lc is not None and n:
+            full = SelectionPass(ix=ix, where="", columns=[], length_column=lc).lengths(rg, reads)
+            lengths = (full if stream is None else full[stream]).astype(np.int32)
         excl = np.zeros(n, bool)
         ex = self.exclusions[p]
         if ex is not None and n:
@@ -137,9 +157,8 @@ class KeyPass:
                 arr = read_column(ix, rg, c, reads)
                 cols[c] = arr if stream is None else arr.take(pa.array(stream, pa.int64()))
             excl = ex.match(cols)
-        none = np.zeros(0, np.int32)
         if not self.key or n == 0:
-            return n, np.zeros(0, np.int64), np.zeros((0, 2), np.uint64), np.flatnonzero(excl).astype(np.int64), none
+            return n, np.zeros(0, np.int64), np.zeros((0, 2), np.uint64), np.flatnonzero(excl).astype(np.int64), lengths
         if self.key == TOKENS:
             arr = stream_tokens(ix, rg, tokens)
             ok = np.ones(n, bool)
@@ -154,7 +173,8 @@ class KeyPass:
             raise DataError(msg)
         keys = hash_array(arr, f"dedupe={self.key!r}")
         take = np.flatnonzero(ok & ~excl).astype(np.int64)
-        lengths = list_lengths(arr).astype(np.int32) if self.key == TOKENS else none
+        if self.key == TOKENS:
+            lengths = list_lengths(arr).astype(np.int32)
         return n, take, keys[take], np.flatnonzero(excl).astype(np.int64), lengths
 
     def hash_chunk(self, p: int, first: int, end: int) -> Hashed:
@@ -195,12 +215,16 @@ def source_identity(ix: Index) -> str:
     return f"{ix.fingerprint}\t{ix.column}\t{cfg}"
 
 
-def chunk_path(ix: Index, chunk: tuple[int, int, int], key: str, excl: str, cols: str) -> Any:
+def chunk_path(
+    ix: Index, chunk: tuple[int, int, int], key: str, excl: str, cols: str, length_column: str | None = None
+) -> Any:
+    """Where phase 1 of ``chunk`` is cached: by the file's identity, the key, the exclusion and the length column."""
     _, a, b = chunk
     fi = int(ix.frame["file_index"][a])
     st = ix.file(fi)
     g0, g1 = int(ix.frame["row_group"][a]), int(ix.frame["row_group"][b - 1])
-    k = digest(_FORMAT, st.location, st.size, st.version, source_identity(ix), key, excl, cols, g0, g1)
+    lc = [f"length_column={length_column}"] if length_column else []  # none: the entries of 0.5 before it
+    k = digest(_FORMAT, st.location, st.size, st.version, source_identity(ix), key, excl, cols, g0, g1, *lc)
     return cache_dir() / "dedupe" / "keys" / f"{k}.npz"
 
 
@@ -319,6 +343,7 @@ def _ray_chunk(
     exclude: Any,
     first: int,
     end: int,
+    length_column: str | None = None,
 ) -> tuple[int, Hashed]:
     """A Ray task: phase 1 of one chunk, on whichever machine runs it."""
     from planner.catalog.dataset import index
@@ -326,7 +351,8 @@ def _ray_chunk(
     ix = index(source, column=column, storage_options=storage_options)
     table = load_exclusion(exclude, storage_options) if exclude is not None else None
     ex = None if table is None else table.check(arrow_schema(ix), ix.source, ix.column)
-    return first, KeyPass(parts=[ix], key=key, exclusions=[ex]).hash_chunk(0, first, end)
+    ps = KeyPass(parts=[ix], key=key, exclusions=[ex], length_columns=[length_column])
+    return first, ps.hash_chunk(0, first, end)
 
 
 def dedupe_on_ray(
@@ -363,8 +389,11 @@ def dedupe_on_ray(
     cols = ",".join(table.columns) if table is not None else ""
     if table is not None:
         table.check(arrow_schema(ix), ix.source, ix.column)
+    lc = sel.length_column if key != TOKENS else None
+    if lc is not None:
+        check_length_column(ix, lc)
     chunks = key_chunks([ix])
-    paths = [chunk_path(ix, c, key, excl, cols) for c in chunks]
+    paths = [chunk_path(ix, c, key, excl, cols, lc) for c in chunks]
     todo = [i for i, c in enumerate(chunks) if load_arrays(paths[i], HASHED) is None]
     if not todo:
         return 0
@@ -372,7 +401,7 @@ def dedupe_on_ray(
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     task = ray.remote(_ray_chunk)
     by_first = {chunks[i][1]: i for i in todo}
-    refs = [task.remote(source, ix.column, storage_options, key, exclude, chunks[i][1], chunks[i][2]) for i in todo]
+    refs = [task.remote(source, ix.column, storage_options, key, exclude, chunks[i][1], chunks[i][2], lc) for i in todo]
     from tqdm import tqdm
 
     from planner.progress import progress_enabled

@@ -43,6 +43,7 @@ from planner.errors import DataError, SelectionError, one_line
 __all__ = [
     "available_columns",
     "check_predicate",
+    "check_length_column",
     "connect",
     "missing_column",
     "normalize",
@@ -402,6 +403,24 @@ def available_columns(ix: Index) -> list[str]:
     return [n for n in _schema(ix).names if n != ix.column]
 
 
+def check_length_column(ix: Index, length_column: str, where: str = "") -> None:
+    """``length_column`` is an integer column of the first file beside the token column, or a SelectionError."""
+    available = available_columns(ix)
+    schema = _schema(ix)
+    if length_column == ix.column or length_column not in schema.names:
+        msg = (
+            f"length_column={length_column!r} is not a column of {ix.source!r} beside the token column "
+            f"{ix.column!r}; available columns: {', '.join(available)}"
+        )
+        raise SelectionError(msg, predicate=where, column=length_column, available=tuple(available))
+    if not pa.types.is_integer(schema.field(length_column).type):
+        msg = (
+            f"length_column={length_column!r} is {schema.field(length_column).type}, not an integer "
+            "column of each row's token count"
+        )
+        raise SelectionError(msg, predicate=where, column=length_column, available=tuple(available))
+
+
 def check_predicate(ix: Index, where: str, length_column: str | None) -> list[str]:
     """The predicate's columns, checked against the first file's schema (a SelectionError that lists them)."""
     import duckdb
@@ -410,18 +429,7 @@ def check_predicate(ix: Index, where: str, length_column: str | None) -> list[st
     listed = ", ".join(available)
     schema = _schema(ix)
     if length_column is not None:
-        if length_column == ix.column or length_column not in schema.names:
-            msg = (
-                f"length_column={length_column!r} is not a column of {ix.source!r} beside the token column "
-                f"{ix.column!r}; available columns: {listed}"
-            )
-            raise SelectionError(msg, predicate=where, column=length_column, available=tuple(available))
-        if not pa.types.is_integer(schema.field(length_column).type):
-            msg = (
-                f"length_column={length_column!r} is {schema.field(length_column).type}, not an integer "
-                "column of each row's token count"
-            )
-            raise SelectionError(msg, predicate=where, column=length_column, available=tuple(available))
+        check_length_column(ix, length_column, where)
     unknown = _unknown_columns(where, available)
     if unknown:
         token = [n for n in unknown if n.lower() == ix.column.lower()]
