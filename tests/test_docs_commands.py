@@ -108,6 +108,22 @@ RULES: dict[str, Rule] = {
     "tests/test_soak.py": CI,
     # the CLI, in the order the docs use it: the commands that write data first
     "plitzer demo": R,
+    "python -c \"import pyarrow as pa, pyarrow.parquet as pq; pq.write_table(pa.table({'id': "
+    "list(range(0, 40000, 50))}), 'x.parquet')\"": scaled(  # braces doubled: the argv is a format string
+        "python -c \"import pyarrow as pa, pyarrow.parquet as pq; pq.write_table(pa.table({{'id': "
+        "list(range(0, 40000, 50))}}), 'x.parquet')\""
+    ),
+    # The table first, in the same process: another worker may run the command that writes it.
+    "plitzer index data/fineweb-34M-200docs --exclude x.parquet": scaled(
+        "python -c \"import subprocess, pyarrow as pa, pyarrow.parquet as pq; pq.write_table(pa.table({{'id': "
+        "[3, 17]}}), 'x1.parquet'); subprocess.run(['plitzer', 'index', 'data/sample', '--exclude', 'x1.parquet'], "
+        'check=True)"'
+    ),
+    "plitzer index data/fineweb-34M-200docs --exclude x.parquet --length-column token_count": scaled(
+        "python -c \"import subprocess, pyarrow as pa, pyarrow.parquet as pq; pq.write_table(pa.table({{'id': "
+        "[3, 17]}}), 'x2.parquet'); subprocess.run(['plitzer', 'index', 'data/sample', '--exclude', 'x2.parquet', "
+        "'--length-column', 'token_count'], check=True)\""
+    ),
     "plitzer synth data/sample --tokens 300000": R,
     "plitzer synth --text data/text --tokens 200000000": scaled("plitzer synth --text data/text --tokens 200000"),
     "plitzer synth data/synth-300M --tokens 300000000": scaled("plitzer synth data/synth-300M --tokens 2000000"),
