@@ -51,6 +51,7 @@ from numpy.typing import NDArray
 from planner.arraytypes import I64
 from planner.lanes import cut_at
 from planner.packing import row_cuts, slice_keys, slice_offsets
+from planner.run import UnitPlace
 from plitzer.readpath.aligned import aligned_chunks, storage_dtype
 from plitzer.readpath.packed import (
     ColumnBlock,
@@ -305,29 +306,47 @@ def _empty_unit(reads: UnitReads, columns: ColumnChunks | None) -> PackedUnit:
         return np.zeros((0, nl, p.seq_len), dt), arrow_ints(np.zeros(0, dt), pa.from_numpy_dtype(dt))
 
     block, edges = nothing(reads.dtype)
-    packed_columns = {}
-    for name, (_, cdt) in (columns or {}).items():
-        c_block, c_edges = nothing(storage_dtype(cdt))
-        packed_columns[name] = ColumnBlock(None, c_block, c_edges, cdt)
+    packed_columns = {
+        name: ColumnBlock(None, *nothing(storage_dtype(cdt)), cdt) for name, (_, cdt) in (columns or {}).items()
+    }
+    slices = Slices(np.zeros(nl + 1, np.int64), np.zeros(nl + 1, np.int64), z)
+    lay = _Layout(z, z, z, z, z, z, z, z, z, z)
+    return _unit(
+        p, (t0, t0), (None, block, edges, z), StepRange(t0, np.zeros(1, np.int64)), lay, slices, packed_columns
+    )
+
+
+def _unit(
+    p: UnitPlace,
+    steps_in: tuple[int, int],
+    gathered: tuple[Memory | None, NDArray[Any], pa.Array, I64],
+    steps: StepRange,
+    lay: _Layout,
+    slices: Slices,
+    columns: dict[str, ColumnBlock],
+) -> PackedUnit:
+    """The packed unit of ``p``: steps ``steps_in`` whole in its block, the gather's memory, block, edges and each
+    sub-piece's start in the edges, and the sub-pieces' tables in layout order."""
+    memory, block, edges, start = gathered
     return PackedUnit(
         unit=p.unit,
         epoch=p.epoch,
         window=p.window,
-        rows=nl,
+        rows=len(slices.lane_start) - 1,
         seq_len=p.seq_len,
-        t0=t0,
-        t1=t0,
-        memory=None,
+        t0=steps_in[0],
+        t1=steps_in[1],
+        memory=memory,
         block=block,
         edges=edges,
-        steps=StepRange(t0, np.zeros(1, np.int64)),
-        row=z,
-        length=z,
-        doc=z,
-        offset=z,
-        start=z,
-        slices=Slices(np.zeros(nl + 1, np.int64), np.zeros(nl + 1, np.int64), z),
-        columns=packed_columns,
+        steps=steps,
+        row=lay.row,
+        length=lay.length,
+        doc=lay.doc,
+        offset=lay.offset,
+        start=start,
+        slices=slices,
+        columns=columns,
     )
 
 
@@ -385,34 +404,16 @@ def finish_unit(
             return _transposed(arrs, pc_, order, lane_piece, lane_base, n_lane, lay, dt, t0, t1, seq_len)
         return _direct(arrs, lay, dt, (first, stop, t1 - t0, nl, seq_len), tiled=tiled)
 
-    memory, block, edges, start = gather(arrays, dtype)
+    gathered = gather(arrays, dtype)
     # Aligned columns: the same pieces, row cuts and layout, one more gather each (plitzer.readpath.aligned).
     packed_columns = {}
     for name, (values, cdt) in (columns or {}).items():
         c_mem, c_block, c_edges, _ = gather(aligned_chunks(arrays, values, cdt), storage_dtype(cdt))
         if c_mem is not None:
-            c_mem.keep_alive(memory)
+            c_mem.keep_alive(gathered[0])
         packed_columns[name] = ColumnBlock(c_mem, c_block, c_edges, cdt)
-    return PackedUnit(
-        unit=p.unit,
-        epoch=p.epoch,
-        window=p.window,
-        rows=nl,
-        seq_len=seq_len,
-        t0=t0,
-        t1=t1,
-        memory=memory,
-        block=block,
-        edges=edges,
-        steps=StepRange(s_first, step_bounds),
-        row=lay.row,
-        length=lay.length,
-        doc=lay.doc,
-        offset=lay.offset,
-        start=start,
-        slices=Slices(lane_start.astype(np.int64, copy=False), lane_piece, piece_end),
-        columns=packed_columns,
-    )
+    slices = Slices(lane_start.astype(np.int64, copy=False), lane_piece, piece_end)
+    return _unit(p, (t0, t1), gathered, StepRange(s_first, step_bounds), lay, slices, packed_columns)
 
 
 def _scattered(arrays: list[pa.Array], chunk: I64, value: I64, length: I64) -> tuple[list[pa.Array], I64]:

@@ -47,7 +47,7 @@ from numpy.typing import NDArray
 from planner.arraytypes import I64
 from planner.catalog.datasetindex import Index
 from planner.catalog.rowgroups import RowGroupIndex, stream_counts, with_selected
-from planner.errors import ConfigError, DataError
+from planner.errors import ConfigError
 from planner.mixing.mixindex import MixtureIndex
 from planner.parameters import Selection
 from planner.stores.cache import cache_dir, digest
@@ -71,6 +71,7 @@ from plitzer.selection.keying import (
 from plitzer.selection.predicate import check_length_column
 from plitzer.selection.result import Counted, dropped_tokens, result_arrays
 from plitzer.selection.rowbits import RowBits
+from plitzer.selection.select import kept_rows
 
 __all__ = ["DEDUPE_DEFAULTS", "DedupedIndex", "dedupe_index"]
 
@@ -133,21 +134,7 @@ class DedupedIndex(Index):
     def read_tokens(self, rg: int) -> pa.Array:
         assert self.base is not None
         arr = read_chunk(self.base, rg)
-        if int(self.frame["rows_selected"][rg]) != len(arr):
-            arr = arr.take(pa.array(self.stream_positions(rg), pa.int64()))
-        want = int(self.frame["tokens_selected"][rg])
-        got = arr.offsets[-1].as_py() - arr.offsets[0].as_py() if len(arr) else 0
-        if got != want:
-            row = self.frame.row(rg, named=True)
-            where = self.location(row["file_index"], row["row_group"])
-            why = (
-                f"length_column={self.length_column!r} does not hold each row's token count: drop length_column="
-                if self.length_column
-                else f"the file changed since the pass: clear {cache_dir() / 'dedupe'} and start again"
-            )
-            msg = f"{where}: the rows kept hold {got} tokens, but the deduplication pass counted {want}; {why}"
-            raise DataError(msg, file=self.file(row["file_index"]).location, row_group=row["row_group"])
-        return arr
+        return kept_rows(self, rg, arr, self.stream_positions, self.length_column, ("kept", "deduplication", "dedupe"))
 
 
 @read_chunk.register

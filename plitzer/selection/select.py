@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +82,7 @@ from plitzer.selection.rowbits import RowBits
 
 __all__ = [
     "CHUNK",
+    "kept_rows",
     "Exchange",
     "Part",
     "SelectedIndex",
@@ -136,21 +137,34 @@ class SelectedIndex(Index):
     def read_tokens(self, rg: int) -> pa.Array:
         """Row group ``rg``'s selected documents: the token chunk read and checked, then one ``take``."""
         arr = read_chunk.dispatch(Index)(self, rg)
-        if int(self.frame["rows_selected"][rg]) != len(arr):
-            arr = arr.take(pa.array(self.selected_rows(rg), pa.int64()))
-        want = int(self.frame["tokens_selected"][rg])
-        got = arr.offsets[-1].as_py() - arr.offsets[0].as_py() if len(arr) else 0
-        if got != want:
-            row = self.frame.row(rg, named=True)
-            where = self.location(row["file_index"], row["row_group"])
-            why = (
-                f"length_column={self.length_column!r} does not hold each row's token count: drop length_column="
-                if self.length_column
-                else f"the file changed since the selection pass: clear {cache_dir() / 'select'} and start again"
-            )
-            msg = f"{where}: the selected rows hold {got} tokens, but the selection pass counted {want}; {why}"
-            raise DataError(msg, file=self.file(row["file_index"]).location, row_group=row["row_group"])
-        return arr
+        return kept_rows(self, rg, arr, self.selected_rows, self.length_column, ("selected", "selection", "select"))
+
+
+def kept_rows(
+    ix: Index, rg: int, arr: pa.Array, rows: Callable[[int], I64], length_column: str | None, names: tuple[str, ...]
+) -> pa.Array:
+    """The rows a pass kept of row group ``rg``'s token chunk ``arr`` (``rows``: their positions in it), checked
+    against the pass's count of their tokens (``ix.frame``'s ``tokens_selected``).
+
+    A mismatch names the length column the pass counted with, else the pass's cache to clear.
+    ``names``: how the message calls the rows, the pass and its cache folder.
+    """
+    if int(ix.frame["rows_selected"][rg]) != len(arr):
+        arr = arr.take(pa.array(rows(rg), pa.int64()))
+    want = int(ix.frame["tokens_selected"][rg])
+    got = arr.offsets[-1].as_py() - arr.offsets[0].as_py() if len(arr) else 0
+    if got != want:
+        rows_are, the_pass, folder = names
+        row = ix.frame.row(rg, named=True)
+        where = ix.location(row["file_index"], row["row_group"])
+        why = (
+            f"length_column={length_column!r} does not hold each row's token count: drop length_column="
+            if length_column
+            else f"the file changed since the {the_pass} pass: clear {cache_dir() / folder} and start again"
+        )
+        msg = f"{where}: the {rows_are} rows hold {got} tokens, but the {the_pass} pass counted {want}; {why}"
+        raise DataError(msg, file=ix.file(row["file_index"]).location, row_group=row["row_group"])
+    return arr
 
 
 @read_chunk.register
