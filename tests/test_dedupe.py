@@ -501,6 +501,8 @@ def test_text_sources(tmp_path: Path) -> None:
         same_batches(a, b)
     with plitzer.Loader(tmp_path / "t.parquet", dedupe="text", **kw) as a, plitzer.Loader(copy, **kw) as b:
         same_batches(a, b)
+    with pytest.raises(ConfigError, match="length_column='n' with a text source"):
+        plitzer.Loader(tmp_path / "t.parquet", dedupe="url", length_column="n", **kw)
 
 
 def test_s3_source_and_exclusion_table(s3: S3Data, tmp_path: Path) -> None:

@@ -296,6 +296,12 @@ def _length_columns(
         wanted = [part.length_source(ix.specs[i].selection.length_column) for part, i in zip(parts, at, strict=True)]
     else:
         wanted = [part.length_source(given) for part in parts]
+        if given is not None and wanted[0] is None:
+            msg = (
+                f"length_column={given!r} with a text source: its token counts come from tokenizing it; "
+                "drop length_column="
+            )
+            raise ConfigError(msg)
     for part, lc in zip(parts, wanted, strict=True):
         if lc is not None:
             check_length_column(part, lc)
