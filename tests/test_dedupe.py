@@ -979,3 +979,30 @@ def test_a_length_column_in_the_cli_and_a_mixtures_sources(
     assert str(b) in " ".join(parts) and str(a) not in " ".join(parts)  # b's dropped rows decoded, a's counted
     for t, (x, y) in enumerate(zip(want, got, strict=True)):
         np.testing.assert_array_equal(x, y, err_msg=f"step {t}")
+
+
+def test_the_duplicates_table_is_read_when_asked_not_held(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loader holds no per-dropped-row table: locate and the audit read it from the pass's cache entry when asked
+    (the same table as one kept in memory where the cache cannot be written); gone from the cache, it is a clear
+    error, not a wrong answer."""
+    import shutil
+
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "c"))
+    ix = dd.dedupe_index(plitzer.index(data), "url")
+    assert ix.dropped.held is None and "duplicates" not in vars(ix)  # nothing read yet
+    table = ix.duplicates
+    assert len(table) == int(ix.frame["rows_duplicate"].sum()) > 0 and table.shape[1] == 5
+    unwritable = tmp_path / "ro"
+    unwritable.mkdir()
+    monkeypatch.setenv("PLITZER_CACHE", str(unwritable))
+    monkeypatch.setattr(dd, "save_arrays", lambda *a, **k: None)  # the cache keeps nothing
+    held = dd.dedupe_index(plitzer.index(data), "url")
+    assert held.dropped.held is not None
+    np.testing.assert_array_equal(held.duplicates, table)
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "c"))
+    later = dd.dedupe_index(plitzer.index(data), "url")
+    shutil.rmtree(tmp_path / "c")
+    with pytest.raises(plitzer.DataError, match="no longer in the cache"):
+        _ = later.duplicates

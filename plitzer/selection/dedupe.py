@@ -31,6 +31,7 @@ a second run reads no data.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import tempfile
@@ -47,7 +48,7 @@ from numpy.typing import NDArray
 from planner.arraytypes import I64
 from planner.catalog.datasetindex import Index
 from planner.catalog.rowgroups import RowGroupIndex, stream_counts, with_selected
-from planner.errors import ConfigError
+from planner.errors import ConfigError, DataError
 from planner.mixing.mixindex import MixtureIndex
 from planner.parameters import Selection
 from planner.stores.cache import cache_dir, digest
@@ -73,7 +74,7 @@ from plitzer.selection.result import Counted, dropped_tokens, result_arrays
 from plitzer.selection.rowbits import RowBits
 from plitzer.selection.select import kept_rows
 
-__all__ = ["DEDUPE_DEFAULTS", "DedupedIndex", "dedupe_index"]
+__all__ = ["DEDUPE_DEFAULTS", "DedupedIndex", "Duplicates", "dedupe_index"]
 
 U8 = NDArray[np.uint8]
 _FORMAT = "2"  # the whole result's cache entries (each chunk's: plitzer.selection.keying)
@@ -83,6 +84,33 @@ DEDUPE_DEFAULTS: dict[str, Any] = {"dedupe": "", "exclude": ""}
 
 
 # -- the index of the rows kept ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Duplicates:
+    """Where a part's table of dropped duplicates is: the pass's cached result (``path``, array ``name``), or
+    ``held`` in memory where the cache could not keep it.
+
+    Only ``locate`` and the audit ask which document was kept for a dropped one; a corpus of
+    10^9 documents with 10 % copies would otherwise hold 4 GB of it in every process.
+    """
+
+    path: Any = None
+    name: str = ""
+    held: I64 | None = None
+
+    def load(self) -> I64:
+        if self.held is not None:
+            return self.held
+        got = load_arrays(self.path, [self.name])
+        if got is None:
+            msg = (
+                f"the deduplication pass's result {self.path} is no longer in the cache (PLITZER_CACHE cleared "
+                "meanwhile?): build the plan or loader again, which runs the pass again, to ask which document "
+                "was kept"
+            )
+            raise DataError(msg)
+        return np.asarray(got[self.name], np.int64).reshape(-1, 5)
 
 
 @dataclass
@@ -101,7 +129,7 @@ class DedupedIndex(Index):
     exclude: str = ""  # the table's sha256
     exclude_path: str = ""
     bits: RowBits = field(default_factory=lambda: RowBits.of([]), repr=False)
-    duplicates: I64 = field(default_factory=lambda: np.zeros((0, 5), np.int64), repr=False)
+    dropped: Duplicates = field(default_factory=lambda: Duplicates(held=np.zeros((0, 5), np.int64)), repr=False)
     order: list[str] = field(default_factory=list)
     """The sources' names in source order (a mixture's; ``[""]`` for one dataset): ``duplicates``' kept part."""
     length_column: str = ""
@@ -115,6 +143,15 @@ class DedupedIndex(Index):
         if self.exclude:
             out["exclude"] = self.exclude
         return out
+
+    @functools.cached_property
+    def duplicates(self) -> I64:
+        """Each dropped duplicate as ``(row group, row, kept source position, kept row group, kept row)``.
+
+        Read from the pass's cache entry when first asked (locate, the audit), not held by every
+        loader: 40 bytes a dropped row (:class:`Duplicates`).
+        """
+        return self.dropped.load()
 
     def length_source(self, given: str | None) -> str | None:
         assert self.base is not None
@@ -229,7 +266,8 @@ def dedupe_index(
     cols = ",".join(table.columns) if table is not None else ""
     lengths = _length_columns(ix, parts, at, sel.length_column) if key != TOKENS else [None] * len(parts)
     result = _result_path(parts, key, excl_digest, cols, lengths)
-    names_out = ["rg_dup", "rg_excl", "pos_dup", "pos_excl", "tok", "empty", "dups"]
+    dropped = [Duplicates(result, f"dups{p}") for p in range(len(parts))]
+    names_out = ["rg_dup", "rg_excl", "pos_dup", "pos_excl", "tok", "empty"]  # each part's dups: when asked
     cached = load_arrays(result, [f"{n}{p}" for p in range(len(parts)) for n in names_out])
     if cached is None:
         ps = KeyPass(parts=parts, key=key, exclusions=exclusions, length_columns=lengths)
@@ -275,7 +313,11 @@ def dedupe_index(
                 counted = dropped_tokens(parts, chunks, res, workers, CachedLengths(paths), None)
         cached = result_arrays(parts, res, counted)
         save_arrays(result, cached, compress=True)
-    out = [_build(part, cached, p, key, table, names, lengths[p]) for p, part in enumerate(parts)]
+        if not result.exists():  # a cache folder that cannot be written: the tables stay in memory
+            dropped = [
+                Duplicates(held=np.asarray(cached[f"dups{p}"], np.int64).reshape(-1, 5)) for p in range(len(parts))
+            ]
+    out = [_build(part, cached, p, key, table, names, lengths[p], dropped[p]) for p, part in enumerate(parts)]
     if not isinstance(ix, MixtureIndex):
         return _nonempty(out[0], key, exclude, "")
     by_pos = dict(zip(at, out, strict=True))
@@ -345,6 +387,7 @@ def _build(
     table: Exclusion | None,
     names: list[str],
     length_column: str | None,
+    dropped: Duplicates,
 ) -> DedupedIndex:
     f = with_selected(base.frame)
     nd, nx = cached[f"rg_dup{p}"], cached[f"rg_excl{p}"]
@@ -387,7 +430,7 @@ def _build(
         exclude=excl,
         exclude_path="" if table is None else table.path,
         bits=bits,
-        duplicates=np.asarray(cached[f"dups{p}"], np.int64).reshape(-1, 5),
+        dropped=dropped,
         order=list(names),
         length_column=length_column or "",
     )
