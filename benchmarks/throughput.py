@@ -47,7 +47,8 @@ threads inside reading and decoding (``read_chunk``), the pack's gather, the res
 pack (its tables), the straddling steps' copy (``assemble``) and the consumer's thread,
 each in ns per delivered token, best of ``--repeat`` epochs, beside the raw decode's (the
 figures of docs/design.md, "Where the last third is"; CPU inside a part is what a busy
-machine disturbs least):
+machine disturbs least), and the same parts in the loader's first epoch (where its memory
+grows to the windows in flight: docs/benchmarks.md, "What a first epoch costs"):
 
     python benchmarks/throughput.py --parts --tokens 34560000 --docs-per-row-group 200 --threads 2 --repeat 5
 
