@@ -241,24 +241,23 @@ def main() -> None:
 
 
 PARTS = {
-    "read and decode (read_chunk)": "read_chunk",
-    "pack": "pack_unit",
-    "pack: the gather": "gather_lists",
-    "straddling steps (assemble)": "assemble",
+    "read and decode (read_chunk)": ("plitzer.readpath.scan", "read_chunk"),
+    "pack": ("plitzer.readpath.scan", "pack_unit"),
+    "pack: the gather": ("plitzer.readpath.pack", "gather_lists"),
+    "straddling steps (assemble)": ("plitzer.state.steps", "assemble"),
 }
-"""The parts ``--parts`` times: each one's name, and the function wrapped for it."""
+"""The parts ``--parts`` times: each one's name, and the module and function wrapped for it (as the caller
+looks it up)."""
 
 
 def parts(ix: object, dec: Decoders, settings: dict[str, int], repeat: int) -> None:
     """The loader's steady-state CPU per token, part by part (thread CPU inside each), beside the decode's."""
+    import importlib
     import threading
     from collections import Counter
     from typing import Any
 
     import plitzer
-    import plitzer.readpath.pack
-    import plitzer.readpath.scan
-    import plitzer.state.steps
 
     spent: Counter[str] = Counter()
     lock = threading.Lock()
@@ -276,9 +275,8 @@ def parts(ix: object, dec: Decoders, settings: dict[str, int], repeat: int) -> N
 
         setattr(module, name, timed_part)
 
-    modules = (plitzer.readpath.scan, plitzer.readpath.scan, plitzer.readpath.pack, plitzer.state.steps)
-    for module, (part, name) in zip(modules, PARTS.items(), strict=True):
-        wrap(module, name, part)
+    for part, (module, name) in PARTS.items():
+        wrap(importlib.import_module(module), name, part)
 
     def epoch(loader: Any) -> dict[str, float]:
         """One epoch's CPU per delivered token, part by part."""
