@@ -58,18 +58,17 @@ from plitzer.selection.exclude import Exclusion, load_exclusion
 from plitzer.selection.firsts import Exchange, Spill, resolve, resolve_shared, resolve_spilled
 from plitzer.selection.held import CachedLengths, Held
 from plitzer.selection.keying import (
-    TOKENS,
     KeyPass,
     arrow_schema,
     check_key,
     chunk_path,
     key_chunks,
+    length_columns,
     load_arrays,
     run_chunks,
     save_arrays,
     source_identity,
 )
-from plitzer.selection.predicate import check_length_column
 from plitzer.selection.result import Counted, dropped_tokens, result_arrays
 from plitzer.selection.rowbits import RowBits
 from plitzer.selection.select import kept_rows
@@ -264,7 +263,7 @@ def dedupe_index(
     exclusions = [None if table is None else table.check(arrow_schema(p), p.source, _token_column(p)) for p in parts]
     excl_digest = table.digest if table is not None else ""
     cols = ",".join(table.columns) if table is not None else ""
-    lengths = _length_columns(ix, parts, at, sel.length_column) if key != TOKENS else [None] * len(parts)
+    lengths = length_columns(ix, parts, at, sel.length_column, key)
     result = _result_path(parts, key, excl_digest, cols, lengths)
     dropped = [Duplicates(result, f"dups{p}") for p in range(len(parts))]
     names_out = ["rg_dup", "rg_excl", "pos_dup", "pos_excl", "tok", "empty"]  # each part's dups: when asked
@@ -323,31 +322,6 @@ def dedupe_index(
     by_pos = dict(zip(at, out, strict=True))
     new_parts = [_nonempty(by_pos[i], key, exclude, ix.names[i]) for i in range(len(ix.parts))]
     return MixtureIndex(ix.specs, new_parts, given=ix.given)
-
-
-def _length_columns(
-    ix: RowGroupIndex, parts: Sequence[Index], at: Sequence[int], given: str | None
-) -> list[str | None]:
-    """Each part's column of its rows' token counts, checked: a ``where=`` selection's own, else ``length_column=``.
-
-    A mixture's source takes the one its dict gives; a text source has none (its counts come
-    from tokenizing it). With one, phase 1 reads it beside the key, and no dropped row's
-    token column is decoded to count its tokens.
-    """
-    if isinstance(ix, MixtureIndex):
-        wanted = [part.length_source(ix.specs[i].selection.length_column) for part, i in zip(parts, at, strict=True)]
-    else:
-        wanted = [part.length_source(given) for part in parts]
-        if given is not None and wanted[0] is None:
-            msg = (
-                f"length_column={given!r} with a text source: its token counts come from tokenizing it; "
-                "drop length_column="
-            )
-            raise ConfigError(msg)
-    for part, lc in zip(parts, wanted, strict=True):
-        if lc is not None:
-            check_length_column(part, lc)
-    return wanted
 
 
 def _counted_rows(counted: Counted) -> I64:

@@ -27,7 +27,9 @@ from numpy.typing import NDArray
 
 from planner.arraytypes import I64
 from planner.catalog.datasetindex import Index
+from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError, DataError, SelectionError
+from planner.mixing.mixindex import MixtureIndex
 from planner.parameters import Selection
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
 from plitzer.readpath.read import list_lengths, read_chunk
@@ -48,6 +50,7 @@ __all__ = [
     "chunk_path",
     "dedupe_on_ray",
     "key_chunks",
+    "length_columns",
     "load_arrays",
     "read_column",
     "run_chunks",
@@ -332,6 +335,34 @@ def check_key(ix: Index, key: str, name: str) -> None:
         raise ConfigError(msg)
 
 
+def length_columns(
+    ix: RowGroupIndex, parts: Sequence[Index], at: Sequence[int], given: str | None, key: str
+) -> list[str | None]:
+    """Each part's column of its rows' token counts, checked: a ``where=`` selection's own, else ``length_column=``;
+    none beside a ``"tokens"`` key (it decodes the token column anyway).
+
+    A mixture's source takes the one its dict gives; a text source has none (its counts come
+    from tokenizing it). With one, phase 1 reads it beside the key, and no dropped row's
+    token column is decoded to count its tokens.
+    """
+    if key == TOKENS:
+        return [None] * len(parts)
+    if isinstance(ix, MixtureIndex):
+        wanted = [part.length_source(ix.specs[i].selection.length_column) for part, i in zip(parts, at, strict=True)]
+    else:
+        wanted = [part.length_source(given) for part in parts]
+        if given is not None and wanted[0] is None:
+            msg = (
+                f"length_column={given!r} with a text source: its token counts come from tokenizing it; "
+                "drop length_column="
+            )
+            raise ConfigError(msg)
+    for part, lc in zip(parts, wanted, strict=True):
+        if lc is not None:
+            check_length_column(part, lc)
+    return wanted
+
+
 # -- Ray --------------------------------------------------------------------------------
 
 
@@ -389,9 +420,7 @@ def dedupe_on_ray(
     cols = ",".join(table.columns) if table is not None else ""
     if table is not None:
         table.check(arrow_schema(ix), ix.source, ix.column)
-    lc = sel.length_column if key != TOKENS else None
-    if lc is not None:
-        check_length_column(ix, lc)
+    lc = length_columns(ix, [ix], [0], sel.length_column, key)[0]
     chunks = key_chunks([ix])
     paths = [chunk_path(ix, c, key, excl, cols, lc) for c in chunks]
     todo = [i for i, c in enumerate(chunks) if load_arrays(paths[i], HASHED) is None]
