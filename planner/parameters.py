@@ -287,6 +287,25 @@ PARAMETERS: tuple[Parameter, ...] = (
         "aligned per-token columns packed with the tokens, NAME,NAME or NAME=FILL,... (e.g. loss_mask=0)",
         plan=True,
     ),
+    Parameter(
+        "packing",
+        "concat",
+        "str",
+        'The packing rule (docs/usage.md, "Whole documents"): ``"concat"`` runs documents on from row to '
+        'row, no padding (SPEC sections 3-4); ``"best-fit"`` keeps every document of at most ``seq_len`` '
+        "tokens whole in one row, best-fit decreasing within each row group, rows padded with ``pad_id`` and "
+        "``batch.mask`` False on the padding (SPEC section 15). Part of the checkpoint's configuration.",
+        "packing rule: concat (documents run on, no padding) or best-fit (each document whole in one row, padded)",
+        plan=True,
+    ),
+    Parameter(
+        "pad_id",
+        0,
+        "int",
+        'With ``packing="best-fit"``: the token id that fills a row after its bin\'s documents '
+        "(``batch.mask`` is False there). Part of the checkpoint's configuration under best-fit.",
+        "with --packing best-fit: the token id of the padding",
+    ),
 )
 """Every setting of a run, in the order of ``plitzer.Loader``'s signature."""
 

@@ -27,7 +27,6 @@ import os
 import sys
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
 from typing import Any, Unpack
 
 from planner.arraytypes import I64
@@ -151,7 +150,7 @@ class Loader:
         new config (a weight or layout stage added live, or a checkpoint's).
         """
         if run.layout is not self._run.layout:
-            self.settings = replace(self.settings, layout=run.layout)
+            self.settings = self.settings.with_unit_layout(run.layout)
         self._run = run
         self.plan = run.plan  # a mixture's change is a new plan value
         self._steps.forget(unit)
@@ -162,8 +161,11 @@ class Loader:
 
     @property
     def layout(self) -> Layout:
-        """The layout stages of the run (one when ``lanes`` and ``seq_len`` are ints)."""
-        return self._run.layout
+        """The layout stages of the run (one when ``lanes`` and ``seq_len`` are ints), rows in tokens.
+
+        The run counts steps in its packing rule's units (``self.run.layout``: one a row under best-fit).
+        """
+        return self.settings.stages
 
     def set_weights(self, weights: Mapping[str, Any] | None, at_step: int | None = None) -> int:
         """Append a stage of ``weights`` from global step ``at_step``; the step it starts at.
@@ -228,9 +230,10 @@ class Loader:
             stage = live.layout_stage(self.layout, lanes, seq_len, at_step, self._step, self.settings.world)
             layout = self.layout.with_stage(stage)
             check_layout(self.plan, self.settings, layout, [stage])
+            units = layout.in_units(self.settings.rule.units_per_row)
             if stage.start == self._step:  # positions a resume left: in the old layout, no longer what comes
                 self._resumed, self._checks = None, {}
-            self._set_run(*self._run.with_layout(layout))
+            self._set_run(*self._run.with_layout(units))
             return stage.start
 
     # -- state -----------------------------------------------------------------
@@ -267,7 +270,7 @@ class Loader:
     @property
     def seq_len(self) -> int:
         """Tokens per row in the layout stage of the next batch."""
-        return self._run.at(self._step)[1].seq_len
+        return self.layout.at(self._step).seq_len
 
     @property
     def lanes(self) -> int:
@@ -386,7 +389,7 @@ class Loader:
             if fit.layout:
                 layout = Layout.from_config(fit.layout)
                 check_layout(self.plan, self.settings, layout, layout.stages)
-                self._set_run(*self._run.with_layout(layout))
+                self._set_run(*self._run.with_layout(layout.in_units(self.settings.rule.units_per_row)))
             if fit.stages:
                 self._set_run(*self._run.with_stages(fit.stages))
 

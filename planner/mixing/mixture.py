@@ -40,7 +40,7 @@ from planner.mixing.interleave import UNCHANGED, Interleave
 from planner.mixing.mixindex import MixtureIndex, is_mixture, mixture_index
 from planner.mixing.sources import Stage
 from planner.mixing.streams import finish_keys, interleave_demo, source_key
-from planner.order.epoch import PlanSettings, row_group_counts
+from planner.order.epoch import PlanSettings, unit_counts
 from planner.order.epoch_order import EpochOrder, Permutation
 from planner.order.layout import Layout
 from planner.order.plan import EPOCHS_KEPT, Plan
@@ -83,7 +83,7 @@ class MixturePlan(Plan):
             raise ConfigError(msg)
         self.seq_len = seq_len
         self.names = idx.names
-        counts = row_group_counts(idx)
+        counts = unit_counts(idx)
         order: EpochOrder = (
             Permutation(*counts, settings)
             if len(idx.parts) == 1

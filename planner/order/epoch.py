@@ -39,6 +39,7 @@ from planner.catalog.rowgroups import RowGroupIndex, stream_counts
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
 from planner.lanes import cut_at, lane_of, piece_range
+from planner.rules import rule_of
 
 __all__ = [
     "EpochPlan",
@@ -48,6 +49,7 @@ __all__ = [
     "layout_epoch",
     "plan_epoch",
     "row_group_counts",
+    "unit_counts",
 ]
 
 
@@ -293,6 +295,15 @@ def _short_windows(window_tokens: I64, window_z: I64, *, lanes: int, world: int)
     owns = c_lo < c_hi
     owns[:, -1] = True
     return short, owns
+
+
+def unit_counts(idx: RowGroupIndex) -> tuple[I64, I64, I64]:
+    """Units, rows and unit-less documents of every row group, as the index's packing rule counts them.
+
+    The units the order cuts (:mod:`planner.rules`): tokens under concat (:func:`row_group_counts`),
+    bins under best-fit (an index the bins pass counted at the run's ``seq_len``).
+    """
+    return rule_of(idx.frame).counts(idx.frame)
 
 
 def row_group_counts(idx: RowGroupIndex) -> tuple[I64, I64, I64]:

@@ -33,7 +33,7 @@ of one ``lanes`` and one ``seq_len`` is a layout of one stage (:meth:`Layout.one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,6 +126,30 @@ class Layout:
     def as_config(self) -> list[list[int]]:
         """``[[start, lanes, seq_len], ...]``, as checkpoints record it."""
         return [[s.start, s.lanes, s.seq_len] for s in self.stages]
+
+    def in_units(self, units_per_row: Callable[[int], int]) -> Layout:
+        """These stages in a packing rule's units (:mod:`planner.rules`): each row ``units_per_row(seq_len)`` units.
+
+        Concat's units are tokens (the same layout); best-fit's are bins, one a row. A
+        ``seq_len`` stage under a rule whose units are not tokens would bin the rest of the
+        windows begun again (SPEC section 15 rule 9): refused in this release, with the fix.
+        """
+        units = tuple(LayoutStage(s.start, s.lanes, units_per_row(s.seq_len)) for s in self.stages)
+        if all(u.seq_len == s.seq_len for u, s in zip(units, self.stages, strict=True)):
+            return self
+        lens = sorted({s.seq_len for s in self.stages})
+        if len(lens) > 1:
+            msg = (
+                f"seq_len stages {lens} under packing='best-fit' are not supported in this release (the rest of "
+                "the windows begun would be binned again at the new length); keep one seq_len, change lanes "
+                "only, or use packing='concat'"
+            )
+            raise ConfigError(msg)
+        return Layout(units)
+
+    def in_tokens(self, seq_len: int) -> Layout:
+        """The inverse of :meth:`in_units` for a rule of one unit a row: every stage's rows ``seq_len`` tokens."""
+        return Layout(tuple(LayoutStage(s.start, s.lanes, seq_len) for s in self.stages))
 
     @property
     def first(self) -> LayoutStage:

@@ -35,7 +35,7 @@ from planner.catalog.footer import give_back_memory
 from planner.catalog.rowgroups import RowGroupIndex, with_selected
 from planner.errors import ConfigError
 from planner.lanes import cut_at
-from planner.order.epoch import EpochPlan, PlanSettings, check_int, cut_epoch, row_group_counts
+from planner.order.epoch import EpochPlan, PlanSettings, check_int, cut_epoch, unit_counts
 from planner.order.epoch_order import EpochOrder, Permutation
 from planner.order.layout import Layout
 from planner.order.rankscan import rank_rows
@@ -75,7 +75,7 @@ class Plan:
     def __init__(self, idx: RowGroupIndex, settings: PlanSettings, order: EpochOrder | None = None) -> None:
         self.dataset = idx
         self.settings = settings
-        self._tokens, self._rows, self._empty = row_group_counts(idx)
+        self._tokens, self._rows, self._empty = unit_counts(idx)
         self.order: EpochOrder = (
             order if order is not None else Permutation(self._tokens, self._rows, self._empty, settings)
         )

@@ -130,6 +130,18 @@ class Batch:
         return rows, cu - rows * self.seq_len, lengths
 
     @property
+    def mask(self) -> NDArray[np.bool_]:
+        """``(rows, seq_len)`` bool: True on real tokens, False on padding (SPEC section 15).
+
+        All True under ``packing="concat"``, which never pads; under ``"best-fit"`` False on
+        each row's padding after its bin's documents. Computed when asked, from the pieces
+        (padding is a piece of document -1), so a run that never asks pays nothing.
+        """
+        segs = self._segs()
+        out: NDArray[np.bool_] = np.repeat(segs.doc >= 0, segs.length).reshape(self.tokens.shape)
+        return out
+
+    @property
     def piece_lengths(self) -> NDArray[np.int64]:
         """The lengths of every piece, row after row (``diff(cu_seqlens)``)."""
         return self._segs().length
@@ -195,6 +207,11 @@ class Batch:
         rows, start, length = self._spans()
         segs = self._segs()
         ids, offset, epoch, window = segs.doc, segs.offset, segs.epoch, segs.window
+        real = ids >= 0  # best-fit's padding is a piece of no document: not listed
+        if not real.all():
+            rows, start, length, ids, offset, epoch, window = (
+                a[real] for a in (rows, start, length, ids, offset, epoch, window)
+            )
         files, row_group, row, sources = self._locate(ids)
         lanes = np.arange(self.lanes.start, self.lanes.stop, dtype=np.int64)
         columns: dict[str, Any] = {
@@ -216,7 +233,7 @@ class Batch:
             }
         )
         # Aligned columns: each piece's sum of the column (a mask's count of tokens trained on).
-        ends = np.cumsum(length)
+        ends = rows * self.seq_len + start + length
         for name, values in self.columns.items():
             flat = np.asarray(values).reshape(-1)
             acc = np.float64 if flat.dtype.kind == "f" else np.int64

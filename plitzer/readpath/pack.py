@@ -67,7 +67,7 @@ from plitzer.readpath.packed import (
 from plitzer.readpath.pieces import Pieces, cut_pieces, shuffle_pieces, unit_documents
 from plitzer.readpath.read import numpy_view
 
-__all__ = ["SHORT_ROWS", "ColumnChunks", "finish_unit", "pack_unit"]
+__all__ = ["SHORT_ROWS", "ColumnChunks", "finish_unit", "gather_laid_out", "pack_unit"]
 
 ColumnChunks = dict[str, tuple[list[NDArray[Any]], np.dtype[Any]]]
 """Aligned columns of a unit's chunks: name -> (each chunk's values end to end, the column's dtype)."""
@@ -202,6 +202,25 @@ def _direct(
     start = np.concatenate([placed[nb : nb + first], placed[:nb], placed[stop:]])
     block = flat[: n * rows * seq_len].reshape(n, rows, seq_len)
     return memory, block, values, start
+
+
+def gather_laid_out(
+    arrays: list[pa.Array],
+    parts: tuple[I64, I64, I64],
+    dtype: np.dtype[Any],
+    block_at: tuple[int, int, int, int, int],
+) -> tuple[Memory | None, NDArray[Any], pa.Array, I64]:
+    """Sub-pieces in layout order (``parts``: each one's chunk, first value, length), gathered as :func:`_direct` does.
+
+    For a rule whose sub-pieces need not tile the decoded values (best-fit's items, in bin
+    order, and its padding: ``plitzer.readpath.bins``): one gather, the block's steps first.
+    Returns the memory, the ``(steps, rows, seq_len)`` block, the gathered values (the
+    edges) and each sub-piece's first value in them.
+    """
+    chunk, value, length = parts
+    z = np.zeros(0, np.int64)
+    lay = _Layout(chunk, value, length, np.arange(len(length), dtype=np.int64), z, z, z, length, z, z)
+    return _direct(arrays, lay, dtype, block_at, tiled=False)
 
 
 def _transposed(

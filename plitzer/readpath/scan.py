@@ -42,7 +42,7 @@ import time
 import weakref
 from concurrent.futures import CancelledError, Future, InvalidStateError, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -56,6 +56,7 @@ from planner.run import Run, Segment, Start, lane_base
 from planner.stores.stopping import stop, stop_on
 from plitzer.readpath import shutdown
 from plitzer.readpath.aligned import Columns, read_columns
+from plitzer.readpath.bins import Rows, pack_bins
 from plitzer.readpath.budget import Budget, Charge
 from plitzer.readpath.cost import unit_estimate
 from plitzer.readpath.pack import pack_unit
@@ -144,10 +145,19 @@ class Scanner:
     """Reads and packs units for one rank, in order, within a byte budget."""
 
     def __init__(
-        self, run: Run, *, budget: int, threads: int, ahead: int = AHEAD, columns: Columns | None = None
+        self,
+        run: Run,
+        *,
+        budget: int,
+        threads: int,
+        ahead: int = AHEAD,
+        columns: Columns | None = None,
+        rows: Rows | None = None,
     ) -> None:
         self.index: RowGroupIndex = run.plan.dataset
         self.columns = columns  # aligned columns read and packed with the tokens (plitzer.readpath.aligned)
+        # How rows are made where the rule pads them (best-fit: plitzer.readpath.bins); None: concat.
+        self.rows = rows if rows is not None and rows.rule.pads else None
         self.rank = run.rank
         self.run = run
         self._stage(0)
@@ -169,6 +179,9 @@ class Scanner:
         f = self.index.frame
         # What each row group gives the stream: the selected rows where selected (plitzer.selection.select).
         self._tokens, self._rows, _ = row_group_counts(self.index)
+        if self.rows is not None:  # what a packed row group holds, padding included: the budget's count
+            self._tokens = self.rows.rule.held_tokens(f, self.rows.seq_len)
+            self.rows = replace(self.rows, bins=self.rows.rule.counts(f)[0], fills=columns.fills if columns else None)
         self._byte_length = f["byte_length"].to_numpy()
         self._doc_base = np.cumsum(self._rows) - self._rows
         self._dtype = np.dtype(self.index.dtype)
@@ -239,7 +252,8 @@ class Scanner:
 
     @property
     def seq_len(self) -> int:
-        return self.segment.seq_len
+        """Tokens a row (the run's layout counts units: one a row under best-fit)."""
+        return self.segment.seq_len if self.rows is None else self.rows.seq_len
 
     def reset(self, step: int) -> None:
         """Forget every unit; the next step is ``step`` (packed in the layout stage in force there).
@@ -367,7 +381,10 @@ class Scanner:
                 columns = {
                     n: ([c[n] for c in per if c is not None], self.columns.dtypes[n]) for n in self.columns.names
                 }
-            packed = pack(chunks, u.reads, columns)
+            if self.rows is None:
+                packed = pack(chunks, u.reads, columns)
+            else:
+                packed = pack_bins(chunks, u.reads, columns, self.rows, pack)
         except BaseException as e:
             with self._lock:
                 u.stop(e)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,7 @@ from planner.order.plan import Plan
 from planner.run import Run
 from plitzer.readpath.aligned import resolve
 from plitzer.readpath.batch import Located
+from plitzer.readpath.bins import Rows
 from plitzer.readpath.cost import budget_floor
 from plitzer.readpath.scan import Scanner
 from plitzer.selection.select import source_rows
@@ -38,6 +39,12 @@ __all__ = ["Locator", "Parts", "check_layout", "make_config", "open_plan", "part
 def open_plan(source: Source, settings: LoaderSettings) -> Plan:
     """The plan a loader of ``settings`` runs from: lists files and reads footers (the I/O)."""
     return make_plan(open_source(source, settings), settings)
+
+
+def held_counts(plan: Plan, settings: LoaderSettings) -> tuple[I64, I64, I64]:
+    """Each row group's tokens as packed (padding included: the rule's), rows and empty documents."""
+    tok, rows, empty = row_group_counts(plan.dataset)  # the selected ones where selected
+    return settings.rule.held_tokens(plan.dataset.frame, settings.seq_len) if settings.rule.pads else tok, rows, empty
 
 
 def check_layout(
@@ -58,7 +65,7 @@ def check_layout(
     """
     s = settings
     if tok is None or rows is None:
-        tok, rows, _ = row_group_counts(plan.dataset)
+        tok, rows, _ = held_counts(plan, s)
     if column_bytes is None:
         cols = resolve(plan.dataset, s.columns) if s.columns is not None else None
         column_bytes = cols.itemsize if cols is not None else 0
@@ -95,7 +102,7 @@ def check_layout(
 
 def make_config(settings: LoaderSettings, run: Run) -> dict[str, Any]:
     """The settings that fix the order, as a checkpoint records them (under the run's layout stages)."""
-    return checkpoint_config(run.plan, replace(settings, layout=run.layout))
+    return checkpoint_config(run.plan, settings.with_unit_layout(run.layout))
 
 
 class Locator:
@@ -145,7 +152,7 @@ def parts(plan: Plan, settings: LoaderSettings) -> Parts:
         msg = f"dataset {plan.dataset.source!r} has no tokens (every document is empty); nothing to train on"
         raise DataError(msg)
     layout = s.stages
-    tok, rows, _ = row_group_counts(plan.dataset)  # the selected ones where selected
+    tok, rows, _ = held_counts(plan, s)  # the selected ones where selected
     columns = resolve(plan.dataset, s.columns)  # aligned columns, checked against every source
     inflight = check_layout(plan, s, layout, layout.stages, tok, rows, columns.itemsize if columns else 0)
     if s.budget < inflight:
@@ -158,7 +165,8 @@ def parts(plan: Plan, settings: LoaderSettings) -> Parts:
             PerformanceWarning,
             stacklevel=5,
         )
-    run = Run(plan, layout, s.world, s.rank)
+    run = Run(plan, s.unit_layout, s.world, s.rank)
     threads = s.threads or default_threads(plan.dataset)
-    scanner = Scanner(run, budget=s.budget, threads=threads, columns=columns)
+    made = Rows(s.rule, s.seq_len, s.pad_id)  # how the rule makes rows (best-fit: padded bins)
+    scanner = Scanner(run, budget=s.budget, threads=threads, columns=columns, rows=made)
     return Parts(run, scanner, Locator(plan.dataset))

@@ -104,6 +104,8 @@ _CONFIG: dict[str, Any] = {
     "dedupe": "",
     "exclude": "",
     "columns": [],
+    "packing": "concat",
+    "pad_id": 0,
 }
 CONFIG_FIELDS: tuple[str, ...] = tuple(_CONFIG)
 SETTING_FIELDS: tuple[str, ...] = tuple(k for k, v in _CONFIG.items() if v is _SETTING)
@@ -114,6 +116,8 @@ OPTIONAL: dict[str, Any] = {k: v for k, v in _CONFIG.items() if v is not _SETTIN
 """The fields a checkpoint may leave out, each with the value it is read as when absent."""
 # Aligned columns (plitzer.readpath.aligned) add ``columns`` ([name, fill or null] each, sorted by
 # name), written only when a run names some: a run without them writes the bytes it wrote before.
+# The packing rule (planner.rules) adds ``packing`` and ``pad_id``, written only under a rule other
+# than concat: a concat run's checkpoint is byte for byte what 0.5 wrote.
 _INT_LIMIT = 2**63
 
 
@@ -270,6 +274,10 @@ def decode(data: bytes | bytearray | memoryview) -> State:
     ):
         why = "columns must list [name, fill or null] pairs"
         raise _fail(why)
+    if not isinstance(config["packing"], str):
+        why = f"packing is {config['packing']!r}, expected a rule's name"
+        raise _fail(why)
+    _int(config["pad_id"], "pad_id")
     revs = config["revisions"]
     if not isinstance(revs, list) or not all(
         isinstance(x, list) and len(x) == 3 and all(isinstance(v, str) for v in x) for x in revs

@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict, Unpack
 
+import numpy as np
+
 from planner import api
 from planner.api import Source, open_index
 from planner.catalog.datasetindex import Index
@@ -36,6 +38,7 @@ from planner.order.epoch import PlanSettings, check_int
 from planner.order.layout import Layout
 from planner.order.plan import Plan
 from planner.parameters import PARAMETERS, POSITIONAL, Selection, TextSettings, take, unknown_keyword
+from planner.rules import CONCAT, Rule, check_packing, rule_named
 from planner.stores.storage import revisions
 from plitzer.readpath.read import count_chunk
 from plitzer.selection.dedupe import dedupe_index
@@ -84,6 +87,8 @@ class KeywordsLessWhere(TypedDict, total=False):
     exclude: str | os.PathLike[str] | None
     index: str | None
     columns: Sequence[str] | Mapping[str, Any] | None
+    packing: str
+    pad_id: int
 
 
 class Keywords(KeywordsLessWhere, total=False):
@@ -161,9 +166,17 @@ class LoaderSettings:
     """A job index (``plitzer index DATA --out PATH``) to read instead of the footers."""
     columns: Sequence[str] | Mapping[str, Any] | None = None
     """Aligned columns (``plitzer.readpath.aligned``): names, or name -> fill value."""
+    packing: str = CONCAT
+    """The packing rule's name (:mod:`planner.rules`)."""
+    pad_id: int = 0
+    """The token of a best-fit row's padding."""
 
     def __post_init__(self) -> None:
         check_int("seq_len", self.seq_len, 1, "seq_len is the tokens per sequence, e.g. 2048")
+        check_packing(self.packing)
+        if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, (int, np.integer)) or self.pad_id < 0:
+            msg = f"pad_id={self.pad_id!r} must be a token id, an integer >= 0 (e.g. the tokenizer's pad or EOS id)"
+            raise ConfigError(msg)
         if self.layout is None:
             object.__setattr__(self, "layout", Layout.of(lanes=self.plan.lanes, seq_len=self.seq_len))
         api.check_layout(self.stages.stages, self.plan.world)
@@ -212,6 +225,24 @@ class LoaderSettings:
         """The layout stages (one when ``lanes`` and ``seq_len`` are ints)."""
         assert self.layout is not None  # set in __post_init__
         return self.layout
+
+    @property
+    def rule(self) -> Rule:
+        """The packing rule (:mod:`planner.rules`)."""
+        return rule_named(self.packing)
+
+    @property
+    def unit_layout(self) -> Layout:
+        """The layout stages in the rule's units: what the plan and the run count steps in.
+
+        Under concat a row is ``seq_len`` tokens; under best-fit one bin, whatever ``seq_len``
+        (a change of ``seq_len`` would bin the rest again: refused, docs/design.md).
+        """
+        return self.stages.in_units(self.rule.units_per_row)
+
+    def with_unit_layout(self, units: Layout) -> LoaderSettings:
+        """These settings under the run's layout ``units`` (in the rule's units): rows back in tokens."""
+        return replace(self, layout=units if not self.rule.pads else units.in_tokens(self.seq_len))
 
     @property
     def seed(self) -> int:
@@ -339,7 +370,13 @@ def _text_source(spec: SourceSpec) -> Index:
 
 def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:
     """The plan the loader runs from (and that ``plan.sql`` shows) for these settings."""
-    p = api.make_plan(index, settings.plan, weights=settings.weights, seq_len=settings.seq_len, layout=settings.stages)
+    rule, layout = settings.rule, settings.unit_layout
+    if rule.pads:  # best-fit: the plan cuts bins, counted by the bins pass at seq_len (plitzer.state.bins)
+        from plitzer.state.bins import bin_index
+
+        index = bin_index(index, settings.seq_len, threads=settings.threads)
+    per_row = rule.units_per_row(settings.seq_len)
+    p = api.make_plan(index, settings.plan, weights=settings.weights, seq_len=per_row, layout=layout)
     p.columns = api.columns_of(settings.columns)
     return p
 
@@ -367,6 +404,8 @@ def checkpoint_config(plan: Plan, settings: LoaderSettings) -> dict[str, Any]:
         **plan.stage_config(),
         "revisions": revisions((ix.storage(f), ix.file(f)) for f in range(len(ix.files))),
         **({"columns": _columns_config(s.columns)} if s.columns else {}),
+        # Under concat, absent: its checkpoints stay byte-identical to those before rules existed.
+        **({"packing": s.packing, "pad_id": int(s.pad_id)} if s.packing != CONCAT else {}),
     }
 
 

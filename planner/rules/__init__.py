@@ -1,0 +1,102 @@
+"""Packing rules: what a row group's units are, and how a lane's units become rows.
+
+The order (windows, lane cuts over units, slice shuffles, ``X(t)``, epochs, ranks'
+reads, checkpoints, seeks and layout stages) is one arithmetic over *units*, written
+once (:mod:`planner.lanes`, :mod:`planner.packing`, :mod:`planner.order`, :mod:`planner.run`).
+A rule is one value that says what the units are:
+
+- :mod:`planner.rules.concat` (the default): a unit is a token and a row ``L`` of them;
+  documents run on from row to row (SPEC sections 3-4).
+- :mod:`planner.rules.bestfit`: a unit is a *bin* of whole documents (best-fit
+  decreasing within each row group) and a row is one bin, padded to ``L`` (SPEC section 15).
+
+What a rule answers (:class:`Rule`): each row group's units, rows and unit-less documents
+(:meth:`Rule.counts`, what the plan cuts), the units of one row of a lane
+(:meth:`Rule.units_per_row`: what step ``t`` consumes), and the tokens a packed row group
+holds (:meth:`Rule.held_tokens`, the budget's). The run asks the index's rule
+(:func:`rule_of`): an index binned at ``L`` (its frame has ``bins``, the bins pass's
+counts) plans by bins, any other by tokens. The runtime's side of a rule (the concat
+packer, best-fit's bins expanded into padded rows) is ``plitzer.readpath.pack`` and
+``plitzer.readpath.bins``.
+
+*Where a newcomer adds a rule*: one file here (its units, with a worked example on top),
+its name in :data:`RULES`, and its packer's expansion in ``plitzer.readpath``, with a
+reference test that compares it with an independent implementation (tests/test_bestfit.py).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import polars as pl
+
+from planner.arraytypes import I64
+from planner.errors import ConfigError
+from planner.rules.bestfit import NAME as BEST_FIT
+from planner.rules.concat import NAME as CONCAT
+from planner.rules.concat import Concat
+
+__all__ = ["BEST_FIT", "BINS", "CONCAT", "RULES", "BestFit", "Rule", "check_packing", "rule_named", "rule_of"]
+
+BINS = "bins"
+"""The index frame's column of each row group's bins (``n_g`` at the run's ``seq_len``)."""
+
+
+class Rule(Protocol):
+    """What a packing rule answers: its units (see the module's docstring)."""
+
+    name: str
+    pads: bool  # rows may end in padding (batch.mask can be False)
+
+    def counts(self, frame: pl.DataFrame) -> tuple[I64, I64, I64]: ...
+
+    def units_per_row(self, seq_len: int) -> int: ...
+
+    def held_tokens(self, frame: pl.DataFrame, seq_len: int) -> I64: ...
+
+
+class BestFit:
+    """Units are bins (:mod:`planner.rules.bestfit`); a row is one bin, padded to ``seq_len``."""
+
+    name = BEST_FIT
+    pads = True
+
+    def counts(self, frame: pl.DataFrame) -> tuple[I64, I64, I64]:
+        """Each row group's bins, rows, and no unit-less document (an empty one is an item in a bin)."""
+        bins = frame[BINS].to_numpy().astype(np.int64, copy=False)
+        rows = Concat().counts(frame)[1]
+        return bins, rows, np.zeros(len(bins), np.int64)
+
+    def units_per_row(self, seq_len: int) -> int:
+        return 1
+
+    def held_tokens(self, frame: pl.DataFrame, seq_len: int) -> I64:
+        """A packed row group's tokens with its padding: ``n_g * L``."""
+        out: I64 = self.counts(frame)[0] * seq_len
+        return out
+
+
+RULES: dict[str, Rule] = {CONCAT: Concat(), BEST_FIT: BestFit()}
+"""Every rule by its name (``packing=``)."""
+
+
+def check_packing(packing: object) -> str:
+    """``packing=`` checked: a rule's name, else a ConfigError naming the choices."""
+    if packing not in RULES:
+        names = ", ".join(repr(n) for n in RULES)
+        msg = (
+            f"packing={packing!r} is not a packing rule; use one of {names} ('concat': documents run on "
+            "from row to row; 'best-fit': each document whole in one row, padded)"
+        )
+        raise ConfigError(msg)
+    return str(packing)
+
+
+def rule_named(name: str) -> Rule:
+    return RULES[check_packing(name)]
+
+
+def rule_of(frame: pl.DataFrame) -> Rule:
+    """The rule an index's frame is planned by: best-fit where the bins pass counted its bins."""
+    return RULES[BEST_FIT] if BINS in frame.columns else RULES[CONCAT]

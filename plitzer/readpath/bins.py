@@ -1,0 +1,204 @@
+"""Best-fit's packer: a window's bins cut and shuffled as units, then each bin expanded into a padded row.
+
+The rule (:mod:`planner.rules.bestfit`) makes a row group's units its bins. The packer
+runs in two steps, so that the lane cuts, the slice shuffles, the lanes a resume
+leaves out, the steps before a resume and a window cut again at a layout change are
+the concat packer's, unchanged (:func:`plitzer.readpath.pack.pack_unit`,
+:func:`plitzer.readpath.recut.pack_rest`):
+
+1. *Units.* The decoded row groups' documents become items and bins
+   (:func:`planner.rules.bestfit.best_fit`, one row group at a time), and each row group
+   becomes a *unit chunk*: one list a bin, holding the bin's number in the window (its
+   one unit). The concat packer packs those chunks with rows of one unit: its block
+   says which bin each lane's row of each step is, and its slices are what a
+   checkpoint records (the bin's ordinal in the shuffled slice, offset 0).
+2. *Rows.* Every bin of the unit's layout (step, lane) becomes its items' sub-pieces, in
+   storage order, then one sub-piece of padding up to ``L`` (none where the bin is
+   full), and one gather (:func:`plitzer.readpath.pack.gather_laid_out`) writes each
+   token once, step-major, the block's steps first: a step inside the window is a view
+   of the block, a step that straddles two windows is assembled from the edges as under
+   concat. Padding is a sub-piece of document -1, so ``doc_lengths``, ``cu_seqlens``
+   and ``position_ids`` see it as a segment of its own and ``batch.mask`` is False there.
+
+A worked example, ``L = 4``, one window of one row group, two lanes: documents of 3, 1,
+4 and 2 tokens are bins ``{0: [doc 2], 1: [doc 0, doc 1], 2: [doc 3]}``; lanes get 2
+and 1 bins (``z = 0``); lane 0's slice, shuffled, might be bins 1, 0, lane 1's bin 2.
+Step 0 is ``[d0 d0 d0 d1]`` / ``[d3 d3 p p]``, step 1 ``[d2 d2 d2 d2]`` / lane 1's next
+bin, from the next window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from planner.arraytypes import I64
+from planner.errors import DataError
+from planner.rules import Rule
+from planner.rules.bestfit import best_fit, item_lengths
+from plitzer.readpath.aligned import aligned_chunks, storage_dtype
+from plitzer.readpath.pack import ColumnChunks, gather_laid_out
+from plitzer.readpath.packed import ColumnBlock, PackedUnit, StepRange, UnitReads, arrow_ints
+from plitzer.readpath.pieces import unit_documents
+
+__all__ = ["Rows", "pack_bins"]
+
+Packer = Callable[[list[pa.Array], UnitReads, ColumnChunks | None], PackedUnit]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Rows:
+    """How a run's rows are made: its rule, ``seq_len`` (tokens a row), the padding's id and fills.
+
+    ``bins``: each row group's bins (the index's, from the bins pass), which every packed
+    row group is checked against.
+    """
+
+    rule: Rule
+    seq_len: int
+    pad_id: int = 0
+    bins: I64 | None = None
+    fills: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Bins:
+    """A unit's bins: each one's items (indexes into the unit's non-empty items, in storage order) and fill."""
+
+    first: I64  # bin j's items are items[first[j]:first[j + 1]]
+    items: I64
+    fill: I64
+
+
+def _bin_chunks(docs_length: I64, docs_chunk: I64, n_chunks: int, seq_len: int) -> tuple[Any, I64, I64]:
+    """Items of the unit's documents, each one's bin in the unit, and each chunk's bins."""
+    items = item_lengths(docs_length, seq_len)
+    item_chunk = docs_chunk[items.doc]
+    bounds = np.searchsorted(item_chunk, np.arange(n_chunks + 1), side="left")
+    local = np.empty(len(items.length), np.int64)
+    per_chunk = np.zeros(n_chunks, np.int64)
+    for c in range(n_chunks):  # best-fit decreasing is per row group (rule 2)
+        a, b = int(bounds[c]), int(bounds[c + 1])
+        if b > a:
+            local[a:b] = best_fit(items.length[a:b], seq_len)
+            per_chunk[c] = int(local[a:b].max()) + 1
+    base = np.cumsum(per_chunk) - per_chunk
+    return items, local + base[item_chunk], per_chunk
+
+
+def _unit_chunks(per_chunk: I64) -> list[pa.Array]:
+    """Each row group as a unit chunk: one list of one value a bin, the bin's number in the unit."""
+    out = []
+    start = 0
+    for n in per_chunk.tolist():
+        offsets = arrow_ints(np.arange(n + 1, dtype=np.int64), pa.int64())
+        out.append(pa.LargeListArray.from_arrays(offsets, arrow_ints(np.arange(start, start + n), pa.int64())))
+        start += n
+    return out
+
+
+def pack_bins(
+    chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | None, rows: Rows, pack: Packer
+) -> PackedUnit:
+    """Pack a unit's row groups under best-fit: bins as units by ``pack``, then each bin a padded row.
+
+    ``chunks``: the rank's decoded row groups in stream order (the reads of
+    ``reads.place``, whose positions and lane bases count bins); ``pack``: the concat
+    packer of the unit (:func:`~plitzer.readpath.pack.pack_unit`, or
+    :func:`~plitzer.readpath.recut.pack_rest` for a window cut again).
+    """
+    seq_len = rows.seq_len
+    p = reads.place
+    docs = unit_documents(chunks, np.zeros(len(chunks), np.int64), reads.doc_base)
+    items, gbin, per_chunk = _bin_chunks(docs.length, docs.chunk, len(chunks), seq_len)
+    if rows.bins is not None and len(chunks):
+        want = rows.bins[p.row_groups]
+        bad = np.flatnonzero(want != per_chunk)
+        if len(bad):
+            g = int(p.row_groups[bad[0]])
+            msg = (
+                f"row group {g} (a row of the index) packs into {int(per_chunk[bad[0]])} bins, but the bins pass "
+                f"counted {int(want[bad[0]])}: the data changed since it ran; delete the cache folder's bins "
+                "entries (PLITZER_CACHE) and start again"
+            )
+            raise DataError(msg)
+    # 1. Units: the concat packer over one unit a bin (rows of one unit).
+    units = pack(_unit_chunks(per_chunk), UnitReads(p, np.cumsum(per_chunk) - per_chunk, 0, np.dtype(np.int64)), None)
+    # The unit's bins: their non-empty items in storage order (empty documents give no sub-piece).
+    nbins = int(per_chunk.sum())
+    live = np.flatnonzero(items.length > 0)
+    order = live[np.argsort(gbin[live], kind="stable")]
+    count = np.bincount(gbin[live], minlength=nbins).astype(np.int64)
+    bins = _Bins(
+        first=np.concatenate([[0], np.cumsum(count)]).astype(np.int64),
+        items=order,
+        fill=np.bincount(gbin[live], weights=items.length[live], minlength=nbins).astype(np.int64),
+    )
+    # 2. Rows: each bin of the layout its items, then its padding.
+    j = units.doc  # the bin of each unit sub-piece, in layout order
+    n_items = count[j]
+    pad = bins.fill[j] < seq_len
+    per = n_items + pad
+    rep = np.repeat(np.arange(len(j), dtype=np.int64), per)
+    k = np.arange(len(rep), dtype=np.int64) - (np.cumsum(per) - per)[rep]
+    jr = j[rep]
+    is_pad = k == count[jr]
+    it = bins.items[np.minimum(bins.first[jr] + k, max(len(bins.items) - 1, 0))] if len(bins.items) else rep * 0
+    pad_len = np.where(is_pad, seq_len - bins.fill[jr], 0)
+    length = np.where(is_pad, pad_len, items.length[it] if len(items.length) else 0)
+    d = items.doc[it] if len(items.doc) else rep * 0
+    pad_at = np.cumsum(pad_len) - pad_len  # each padding's values in the padding chunk
+    n_chunks = len(chunks)
+    chunk = np.where(is_pad, n_chunks, docs.chunk[d] if len(docs.chunk) else 0)
+    value = np.where(is_pad, pad_at, (docs.value[d] + items.offset[it]) if len(docs.value) else 0)
+    doc = np.where(is_pad, -1, docs.id[d] if len(docs.id) else 0)
+    offset = np.where(is_pad, 0, items.offset[it] if len(items.offset) else 0)
+    bounds = np.concatenate([[0], np.cumsum(per)]).astype(np.int64)[units.steps.bounds]
+    t0, t1 = units.t0, units.t1
+    nl = units.rows
+    steps = StepRange(units.steps.first, bounds)
+    first, stop = (steps.of(t0)[0], steps.of(t1 - 1)[1]) if t1 > t0 else (0, 0)
+    block_at = (first, stop, t1 - t0, nl, seq_len)
+    total_pad = int(pad_len.sum())
+
+    def gather(arrays: list[pa.Array], fill: Any, dt: np.dtype[Any]) -> Any:
+        filler = np.full(total_pad, fill, dt)
+        pad_chunk = pa.LargeListArray.from_arrays(
+            arrow_ints(np.array([0, total_pad], np.int64), pa.int64()), arrow_ints(filler, pa.from_numpy_dtype(dt))
+        )
+        return gather_laid_out([*arrays, pad_chunk], (chunk, value, length), dt, block_at)
+
+    memory, block, edges, start = gather(docs.arrays, rows.pad_id, reads.dtype)
+    packed_columns = {}
+    for name, (values, cdt) in (columns or {}).items():
+        sd = storage_dtype(cdt)
+        fill = (rows.fills or {}).get(name)
+        raw = np.array(0 if fill is None else fill, cdt).reshape(1).view(sd)[0]
+        c_mem, c_block, c_edges, _ = gather(aligned_chunks(docs.arrays, values, cdt), raw, sd)
+        if c_mem is not None:
+            c_mem.keep_alive(memory)
+        packed_columns[name] = ColumnBlock(c_mem, c_block, c_edges, cdt)
+    return PackedUnit(
+        unit=units.unit,
+        epoch=units.epoch,
+        window=units.window,
+        rows=nl,
+        seq_len=seq_len,
+        t0=t0,
+        t1=t1,
+        memory=memory,
+        block=block,
+        edges=edges,
+        steps=steps,
+        row=units.row[rep],
+        length=length.astype(np.int64, copy=False),
+        doc=doc.astype(np.int64, copy=False),
+        offset=offset.astype(np.int64, copy=False),
+        start=start,
+        slices=units.slices,
+        columns=packed_columns,
+    )

@@ -1,0 +1,232 @@
+"""Best-fit packing (SPEC section 15) against an independent implementation (tests/bestfit_reference.py).
+
+Random documents (empty, null, longer than L), row groups and files; worlds 1, 2 and 4;
+a resume at another world; ``where=``; aligned columns; the checkpoint's configuration.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
+
+import plitzer
+from planner.errors import CheckpointError, ConfigError
+from planner.rules.bestfit import best_fit, item_lengths
+from tests.bestfit_reference import bins_of, lane_rows, row
+from tests.conftest import docs_by_row_group, write_dataset
+
+SLOW = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=0, max_size=30),
+    seq_len=st.integers(1, 16),
+)
+@settings(max_examples=200, deadline=None)
+def test_bins_are_the_reference_bins(lengths: list[int], seq_len: int) -> None:
+    docs = [[1] * n for n in lengths]
+    want = [[(r, o, n) for _, r, o, n in b] for b in bins_of(docs, 0, seq_len)]
+    items = item_lengths(np.array(lengths, np.int64), seq_len)
+    got_bin = best_fit(items.length, seq_len)
+    got: list[list[tuple[int, int, int]]] = [[] for _ in range(int(got_bin.max()) + 1 if len(got_bin) else 0)]
+    for i, b in enumerate(got_bin.tolist()):
+        got[b].append((int(items.doc[i]), int(items.offset[i]), int(items.length[i])))
+    assert got == want
+    assert all(sum(n for _, _, n in b) <= seq_len for b in got)
+
+
+docs_st = st.lists(
+    st.one_of(
+        st.none(), st.lists(st.integers(0, 999), min_size=0, max_size=3), st.lists(st.integers(0, 999), max_size=40)
+    ),
+    min_size=2,
+    max_size=9,
+)
+dataset_st = st.lists(st.lists(docs_st, min_size=1, max_size=4), min_size=1, max_size=3)
+
+
+def _tokens(files: list[list[list[list[int] | None]]]) -> int:
+    return sum(len(d or []) for f in files for rg in f for d in rg)
+
+
+def _expected(
+    rg_docs: list[list[list[int]]], seed: int, lanes: int, window: int, seq_len: int, pad_id: int, steps: int
+):
+    n_bins = sum(len(bins_of(d, g, seq_len)) for g, d in enumerate(rg_docs))
+    epochs = (steps * lanes) // max(n_bins, 1) + 2
+    rows = lane_rows(rg_docs, seed, lanes, window, seq_len, epochs)
+    out = []
+    for t in range(steps):
+        made = [row(rg_docs, rows[k][t][1], seq_len, pad_id) for k in range(lanes)]
+        out.append(
+            (
+                np.array([m[0] for m in made]),
+                np.array([m[1] for m in made]),
+                [m[2] for m in made],
+                (t * lanes) // n_bins,
+            )
+        )
+    return out, n_bins
+
+
+def _check(batch: plitzer.Batch, want, rank_rows: range) -> None:
+    tokens, mask, segs, epoch = want
+    np.testing.assert_array_equal(np.from_dlpack(batch.tokens), tokens[rank_rows.start : rank_rows.stop])
+    np.testing.assert_array_equal(batch.mask, mask[rank_rows.start : rank_rows.stop])
+    assert [d.tolist() for d in batch.doc_lengths] == segs[rank_rows.start : rank_rows.stop]
+    assert batch.epoch == epoch
+
+
+@given(
+    files=dataset_st,
+    seed=st.integers(0, 2**64 - 1),
+    lanes=st.sampled_from([1, 2, 4]),
+    window=st.integers(1, 3),
+    seq_len=st.integers(1, 24),
+    pad_id=st.integers(0, 5),
+    world=st.sampled_from([1, 2, 4]),
+)
+@SLOW
+def test_batches_are_the_reference_rows(
+    tmp_path_factory: pytest.TempPathFactory, files, seed, lanes, window, seq_len, pad_id, world
+) -> None:
+    assume(_tokens(files) > 0 and lanes % world == 0)
+    root = tmp_path_factory.mktemp("bf")
+    write_dataset(root, files)
+    rg_docs = docs_by_row_group(files)
+    steps = 12
+    want, n_bins = _expected(rg_docs, seed, lanes, window, seq_len, pad_id, steps)
+    if n_bins < lanes:
+        with pytest.raises(ConfigError):
+            plitzer.Loader(root, seed=seed, lanes=lanes, window=window, seq_len=seq_len, packing="best-fit")
+        return
+    event(f"bins {min(n_bins // 10 * 10, 50)}+, world {world}")
+    per = lanes // world
+    for rank in range(world):
+        kw = {
+            "seed": seed,
+            "lanes": lanes,
+            "window": window,
+            "seq_len": seq_len,
+            "world": world,
+            "rank": rank,
+            "budget": 1 << 24,
+        }
+        with plitzer.Loader(root, packing="best-fit", pad_id=pad_id, **kw) as loader:
+            for t in range(steps):
+                _check(loader.next_batch(), want[t], range(rank * per, (rank + 1) * per))
+
+
+@given(
+    files=dataset_st,
+    seed=st.integers(0, 1000),
+    seq_len=st.integers(2, 24),
+    at=st.integers(0, 9),
+    worlds=st.sampled_from([(1, 2), (2, 4), (4, 1), (2, 1)]),
+)
+@SLOW
+def test_resume_at_another_world(tmp_path_factory: pytest.TempPathFactory, files, seed, seq_len, at, worlds) -> None:
+    lanes, window = 4, 2
+    assume(_tokens(files) > 0)
+    rg_docs = docs_by_row_group(files)
+    steps = at + 5
+    want, n_bins = _expected(rg_docs, seed, lanes, window, seq_len, 3, steps)
+    assume(n_bins >= lanes)
+    root = tmp_path_factory.mktemp("bfr")
+    write_dataset(root, files)
+    a, b = worlds
+    kw = {
+        "seed": seed,
+        "lanes": lanes,
+        "window": window,
+        "seq_len": seq_len,
+        "packing": "best-fit",
+        "pad_id": 3,
+        "budget": 1 << 24,
+    }
+    parts = []
+    for rank in range(a):
+        with plitzer.Loader(root, world=a, rank=rank, **kw) as loader:
+            for _ in range(at):
+                loader.next_batch()
+            parts.append(loader.checkpoint())
+    state = plitzer.merge(parts)
+    per = lanes // b
+    for rank in range(b):
+        with plitzer.Loader(root, world=b, rank=rank, **kw) as loader:
+            loader.resume(state)
+            for t in range(at, steps):
+                _check(loader.next_batch(), want[t], range(rank * per, (rank + 1) * per))
+
+
+def test_where_bins_only_the_selected_rows(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    files = [[[list(rng.integers(0, 99, int(n))) for n in rng.integers(0, 30, 12)] for _ in range(5)] for _ in range(2)]
+    write_dataset(tmp_path, files)
+    kept = [[[d for r, d in enumerate(rg) if r % 3 != 1] for rg in f] for f in files]
+    want, _ = _expected(docs_by_row_group(kept), 7, 4, 3, 16, 0, 10)
+    with plitzer.Loader(tmp_path, seed=7, lanes=4, window=3, seq_len=16, packing="best-fit", where="n % 3 != 1") as ld:
+        for t in range(10):
+            _check(ld.next_batch(), want[t], range(4))
+
+
+def test_aligned_columns_take_their_fill_on_padding(tmp_path: Path) -> None:
+    docs = [[int(i) for i in range(n)] for n in (5, 3, 9, 2, 7, 1, 4)]
+    table = pa.table(
+        {
+            "tokens": pa.array(docs, pa.list_(pa.int32())),
+            "loss_mask": pa.array([[True] * len(d) for d in docs], pa.list_(pa.bool_())),
+            "weight": pa.array([[0.5] * len(d) for d in docs], pa.list_(pa.float32())),
+        }
+    )
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=4)
+    with plitzer.Loader(
+        tmp_path,
+        lanes=2,
+        window=2,
+        seq_len=10,
+        packing="best-fit",
+        pad_id=9,
+        columns={"loss_mask": False, "weight": -1.0},
+    ) as loader:
+        for _ in range(4):
+            b = loader.next_batch()
+            m = b.mask
+            np.testing.assert_array_equal(b.columns["loss_mask"], m)  # True on every real token, the fill elsewhere
+            np.testing.assert_array_equal(b.columns["weight"], np.where(m, 0.5, -1.0).astype(np.float32))
+            assert (np.from_dlpack(b.tokens)[~m] == 9).all()
+            docs_seen = b.documents()
+            assert int(docs_seen["length"].sum()) == int(m.sum())
+            assert int(docs_seen["loss_mask_sum"].sum()) == int(m.sum())
+
+
+def test_packing_is_in_the_checkpoint(tmp_path: Path) -> None:
+    write_dataset(tmp_path, [[[[1] * 7, [2] * 3, [3] * 12], [[4] * 5, [5] * 9]]])
+    kw = {"lanes": 2, "window": 2, "seq_len": 8}
+    with plitzer.Loader(tmp_path, packing="best-fit", pad_id=1, **kw) as a:
+        a.next_batch()
+        state = a.checkpoint()
+        assert a.config["packing"] == "best-fit" and a.config["pad_id"] == 1
+    with plitzer.Loader(tmp_path, **kw) as concat:
+        assert "packing" not in concat.config  # concat's checkpoints are those of 0.5, byte for byte
+        with pytest.raises(CheckpointError, match=r"packing: checkpoint .best-fit., loader .concat."):
+            concat.resume(state)
+    with plitzer.Loader(tmp_path, packing="best-fit", pad_id=2, **kw) as other:
+        with pytest.raises(CheckpointError, match="pad_id: checkpoint 1, loader 2"):
+            other.resume(state)
+
+
+def test_bad_settings_are_refused_naming_the_fix(tmp_path: Path) -> None:
+    write_dataset(tmp_path, [[[[1] * 7, [2] * 3, [3] * 12], [[4] * 5, [5] * 9]]])
+    with pytest.raises(ConfigError, match="packing='first-fit' is not a packing rule"):
+        plitzer.Loader(tmp_path, lanes=2, packing="first-fit")
+    with pytest.raises(ConfigError, match="pad_id"):
+        plitzer.Loader(tmp_path, lanes=2, packing="best-fit", pad_id=-1)
+    with pytest.raises(ConfigError, match="seq_len stages"):
+        plitzer.Loader(tmp_path, lanes=2, seq_len=[(0, 8), (3, 16)], packing="best-fit")
