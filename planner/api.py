@@ -34,7 +34,8 @@ from planner.order.epoch import PlanSettings
 from planner.order.layout import Layout, LayoutStage
 from planner.order.plan import Plan
 from planner.parameters import PLAN_PARAMETERS, Selection, check_keywords, document
-from planner.runtime import COUNT, DEDUPE, SELECT, runtime_pass
+from planner.rules import rule_named
+from planner.runtime import BINS, COUNT, DEDUPE, SELECT, runtime_pass
 
 __all__ = [
     "Deduper",
@@ -88,6 +89,13 @@ Deduper = Callable[..., RowGroupIndex]
 :class:`~planner.parameters.Selection` in, the index of the rows it keeps out (``plitzer.deduper``,
 :func:`plitzer.selection.dedupe.dedupe_index`). It reads data, so it is the runtime's, and the caller passes
 it (``deduper=``)."""
+
+NO_BINNER = (
+    "packing='best-fit' needs the bins pass, which reads the documents' lengths: call plitzer.plan "
+    "(or pass binner=plitzer.state.bins.bin_index)"
+)
+Binner = Callable[[Any, int], Any]
+"""The bins pass (``plitzer.state.bins.bin_index``): an index and ``seq_len`` in, the index with its bins out."""
 
 NO_DEDUPER = (
     "dedupe= and exclude= need the deduplication pass, which reads data (planner reads metadata only): "
@@ -275,9 +283,12 @@ def plan(
     dedupe: str | None = None,
     exclude: str | os.PathLike[str] | None = None,
     columns: Any = None,
+    packing: str = "concat",
+    pad_id: int = 0,
     selector: Selector | None = None,
     deduper: Deduper | None = None,
     count: ChunkCounter | None = None,
+    binner: Binner | None = None,
 ) -> Plan:
     """The plan of ``source`` (a path, URL, list, an :class:`~planner.Index`, or a dict of named sources).
 
@@ -306,6 +317,9 @@ def plan(
     count : callable, optional
         Counts a row group whose footer has no statistics (``plitzer.readpath.read.count_chunk``;
         :func:`planner.index`).
+    binner : callable, optional
+        The bins pass for ``packing="best-fit"`` (``plitzer.state.bins.bin_index``): an index
+        and ``seq_len`` in, the index with each row group's bins out.
 
     Examples
     --------
@@ -345,8 +359,22 @@ def plan(
             raise ConfigError(NO_DEDUPER)
         order = [str(n) for n in source] if isinstance(source, Mapping) else None
         ix = deduper(ix, selection, storage_options=storage_options, order=order)
+    rule = rule_named(packing)
+    tokens_a_row = seq_len if isinstance(seq_len, int) else 0
+    if rule.pads:  # SPEC section 15: the plan cuts bins, which the runtime's pass counts at seq_len
+        if seq_len is None or layout is None:
+            msg = f"packing={packing!r} bins documents at seq_len: give seq_len= too (the tokens of a row)"
+            raise ConfigError(msg)
+        binner = runtime_pass(binner, BINS)
+        if binner is None:
+            raise ConfigError(NO_BINNER)
+        tokens_a_row = layout.first.seq_len
+        ix = binner(ix, tokens_a_row)
+        layout = layout.in_units(rule.units_per_row)
+        seq_len = rule.units_per_row(seq_len)
     p = make_plan(ix, settings, weights=weights, seq_len=seq_len, layout=layout)
     p.columns = columns_of(columns)
+    p.packing = (rule.name, int(pad_id), tokens_a_row)
     return p
 
 

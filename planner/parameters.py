@@ -305,6 +305,7 @@ PARAMETERS: tuple[Parameter, ...] = (
         'With ``packing="best-fit"``: the token id that fills a row after its bin\'s documents '
         "(``batch.mask`` is False there). Part of the checkpoint's configuration under best-fit.",
         "with --packing best-fit: the token id of the padding",
+        plan=True,
     ),
 )
 """Every setting of a run, in the order of ``plitzer.Loader``'s signature."""

@@ -1,6 +1,6 @@
 """The runtime's passes: the defaults of planner's public entry points, as installed.
 
-planner reads metadata only; what reads data (the ``where=`` selection, ``dedupe=``, the
+planner reads metadata only; what reads data (the ``where=`` selection, ``dedupe=``, best-fit's bins, the
 count of a row group whose footer has no statistics, the document lengths of
 ``plan.pieces``) is plitzer's, and everything inside planner takes it as an argument,
 which plitzer's entry points pass. ``planner.plan`` and ``planner.index`` are public
@@ -17,13 +17,14 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-__all__ = ["COUNT", "DEDUPE", "GROUP", "LENGTHS", "SELECT", "runtime_pass"]
+__all__ = ["BINS", "COUNT", "DEDUPE", "GROUP", "LENGTHS", "SELECT", "runtime_pass"]
 
 GROUP = "planner.passes"
 COUNT = "count"
 SELECT = "select"
 DEDUPE = "dedupe"
 LENGTHS = "lengths"
+BINS = "bins"
 
 
 def runtime_pass(given: Any, name: str) -> Any:

@@ -21,6 +21,9 @@ element is one step of this process's lanes, a dict of NumPy arrays that JAX
     (flash-attn varlen, as ``plitzer.Batch.cu_seqlens``; its length varies by step).
 ``step``, ``epoch``
     int64 scalars: the global step of the element and its epoch label.
+``mask`` (``packing="best-fit"`` only)
+    ``(lanes // world, seq_len)`` bool, False on each row's padding; ``segment_ids`` are 0
+    there (SPEC section 15).
 each aligned column (``columns=``, SPEC section 13)
     ``(lanes // world, seq_len)`` of the column's dtype, under its own name (``loss_mask``):
     the loader's array, cut as ``tokens``.
@@ -141,11 +144,16 @@ def element_of(batch: Batch, *, boundaries: bool = True) -> Element:
     """
     if not boundaries:
         out = {"tokens": batch.tokens.numpy(), "step": np.int64(batch.step), "epoch": np.int64(batch.epoch)}
+        if batch.padded:
+            out["mask"] = batch.mask
         return _with_columns(out, batch)
     positions = batch.position_ids
     # A piece starts where its position is 0 (empty documents take no position), so the
     # running count of starts along a row numbers the pieces from 1.
     segments = np.cumsum(positions == 0, axis=1, dtype=np.int32)
+    if batch.padded:  # best-fit: padding is segment 0, and the element carries the mask
+        mask = batch.mask
+        segments *= mask
     out = {
         "tokens": batch.tokens.numpy(),
         "segment_ids": segments,
@@ -154,6 +162,8 @@ def element_of(batch: Batch, *, boundaries: bool = True) -> Element:
         "step": np.int64(batch.step),
         "epoch": np.int64(batch.epoch),
     }
+    if batch.padded:
+        out["mask"] = mask
     return _with_columns(out, batch)
 
 

@@ -98,6 +98,10 @@ class Batch:
     columns : dict of str to torch.Tensor
         The aligned columns (``columns=``, SPEC section 13): each shaped like ``tokens``, of
         the column's dtype (``torch.bool`` for a bool mask), shared through DLPack.
+    mask : torch.Tensor
+        ``(lanes // world, seq_len)`` bool: True on real tokens, False on a best-fit row's
+        padding (SPEC section 15). Under ``packing="concat"`` all True, as a broadcast view
+        of one value (no memory a step).
     """
 
     tokens: torch.Tensor
@@ -111,6 +115,7 @@ class Batch:
     lanes: range
     source: PlitzerBatch
     columns: dict[str, torch.Tensor] = field(default_factory=dict)
+    mask: torch.Tensor = field(default_factory=lambda: torch.ones((), dtype=torch.bool))
     _owner: Callable[[], Dataset | None] | None = field(default=None, repr=False, compare=False)
     """A weak reference to the Dataset that gave this batch (to give refused steps back)."""
 
@@ -137,6 +142,11 @@ class Batch:
             lanes=batch.lanes,
             source=batch,
             columns={n: from_dlpack(c) for n, c in batch.columns.items()},
+            mask=(
+                torch.from_numpy(batch.mask)
+                if batch.padded
+                else torch.ones((), dtype=torch.bool).expand(tuple(batch.tokens.shape))
+            ),
             _owner=owner,
         )
 
@@ -154,6 +164,7 @@ class Batch:
             piece_lengths=self.piece_lengths.to(device, non_blocking=non_blocking),
             pieces_per_row=self.pieces_per_row.to(device, non_blocking=non_blocking),
             columns={n: c.to(device, non_blocking=non_blocking) for n, c in self.columns.items()},
+            mask=self.mask.to(device, non_blocking=non_blocking),
         )
 
     def pin_memory(self) -> Batch:
@@ -170,6 +181,7 @@ class Batch:
             piece_lengths=self.piece_lengths.pin_memory(),
             pieces_per_row=self.pieces_per_row.pin_memory(),
             columns={n: c.pin_memory() for n, c in self.columns.items()},
+            mask=self.mask.contiguous().pin_memory(),
         )
 
     def __repr__(self) -> str:

@@ -230,3 +230,33 @@ def test_bad_settings_are_refused_naming_the_fix(tmp_path: Path) -> None:
         plitzer.Loader(tmp_path, lanes=2, packing="best-fit", pad_id=-1)
     with pytest.raises(ConfigError, match="seq_len stages"):
         plitzer.Loader(tmp_path, lanes=2, seq_len=[(0, 8), (3, 16)], packing="best-fit")
+
+
+def test_torch_and_grain_carry_the_mask(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("grain")
+    import plitzer.grain
+    import plitzer.torch
+
+    write_dataset(tmp_path, [[[[1] * 7, [2] * 3, [3] * 12, []], [[4] * 5, [5] * 9, None]]])
+    kw = {"lanes": 2, "window": 2, "seq_len": 8, "packing": "best-fit", "pad_id": 6}
+    with plitzer.Loader(tmp_path, **kw) as loader:
+        want = [loader.next_batch() for _ in range(3)]
+    ds = plitzer.torch.Dataset(tmp_path, **kw)
+    for w, got in zip(want, ds, strict=False):
+        assert got.mask.dtype == torch.bool
+        np.testing.assert_array_equal(got.mask.numpy(), w.mask)
+        np.testing.assert_array_equal(got.to("cpu").mask.numpy(), w.mask)
+        assert not w.mask.all() or w.step > 0
+    elements = list(plitzer.grain.Dataset(tmp_path, **kw))[:3]
+    for w, el in zip(want, elements, strict=True):
+        np.testing.assert_array_equal(el["mask"], w.mask)
+        assert (el["segment_ids"][~w.mask] == 0).all() and (el["segment_ids"][w.mask] > 0).all()
+        np.testing.assert_array_equal(el["tokens"][~w.mask], 6)
+    with plitzer.Loader(tmp_path, lanes=2, window=2, seq_len=8) as concat:  # concat: all True, no key of its own
+        b = concat.next_batch()
+        assert b.mask.all() and b.mask.shape == b.tokens.shape
+    concat_ds = plitzer.torch.Dataset(tmp_path, lanes=2, window=2, seq_len=8)
+    tb = next(iter(concat_ds))
+    assert bool(tb.mask.all()) and tuple(tb.mask.shape) == tuple(tb.tokens.shape)
+    assert "mask" not in next(iter(plitzer.grain.Dataset(tmp_path, lanes=2, window=2, seq_len=8)))

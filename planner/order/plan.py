@@ -82,6 +82,8 @@ class Plan:
         self._epochs: Bounded[int, EpochPlan] = Bounded(EPOCHS_KEPT)
         self.layout: Layout | None = None  # layout stages (planner.order.layout), where the run has them
         self.columns: list[list[Any]] = []  # aligned columns the run carries ([name, fill]; SPEC section 13)
+        # The packing rule's name, pad_id and tokens a row (SPEC section 15; plitzer.state.settings.make_plan).
+        self.packing: tuple[str, int, int] = ("concat", 0, 0)
 
     def with_layout(self, layout: Layout | None) -> tuple[Plan, int]:
         """This plan under layout stages ``layout`` (a new value), and the first unit it changes.
@@ -201,7 +203,7 @@ class Plan:
         read = ep.first_rank >= 0
         stored = self.dataset.frame.columns  # only a selected plan's table has them (SPEC section 6's columns else)
         selected: dict[str, pl.Series] = {k: f[k] for k in ("rows_selected", "tokens_selected") if k in stored}
-        return pl.DataFrame(
+        out = pl.DataFrame(
             {
                 "epoch": np.full(len(ep.order), epoch, dtype=np.int64),
                 "window_index": ep.window,
@@ -215,6 +217,18 @@ class Plan:
                 "last_rank": pl.Series(ep.last_rank).set(pl.Series(~read), None),
                 **selected,
             }
+        )
+        return self._binned(out, f)
+
+    def _binned(self, table: pl.DataFrame, f: pl.DataFrame) -> pl.DataFrame:
+        """Under best-fit (SPEC section 15) the cuts count bins: ``bin_start``, and each row group's ``bins`` and
+        ``padding`` (``bins * seq_len`` less its stream tokens); concat's tables as they were."""
+        name, _, seq_len = self.packing
+        if name == "concat":
+            return table
+        tokens = f["tokens_selected"] if "tokens_selected" in f.columns else f["tokens"]
+        return table.rename({"token_start": "bin_start"}).with_columns(
+            bins=f["bins"], padding=f["bins"] * seq_len - tokens
         )
 
     def lanes(self, epoch: int) -> pl.DataFrame:
@@ -248,7 +262,10 @@ class Plan:
             if lay is not None:
                 frame["layout_stage"] = np.full(len(lane), i, np.int64)
             parts.append(pl.DataFrame(frame))
-        return pl.concat(parts) if parts else pl.DataFrame(parts)
+        out = pl.concat(parts) if parts else pl.DataFrame(parts)
+        if self.packing[0] != "concat" and parts:  # best-fit: the cuts are bins, a lane's rows
+            out = out.rename({"token_start": "bin_start", "token_end": "bin_end"})
+        return out
 
     def stage_config(self) -> dict[str, Any]:
         """The checkpoint fields of the plan's weight stages: none for one source (a mixture's: ``stages``)."""

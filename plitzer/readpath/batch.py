@@ -88,6 +88,8 @@ class Batch:
     columns : dict of str to array
         The aligned columns named by ``columns=`` (SPEC section 13), each shaped and cut like
         ``tokens``, of the column's own dtype (bool stays bool); empty when none are named.
+    mask : array
+        ``(rows, seq_len)`` bool, False on a best-fit row's padding (SPEC section 15).
     """
 
     tokens: Tokens
@@ -99,6 +101,8 @@ class Batch:
     _after: Callable[[], bytes] = field(repr=False)
     columns: dict[str, Tokens] = field(default_factory=dict)
     """Aligned columns (SPEC section 13): name -> ``(rows, seq_len)`` array of the column's dtype, cut as the tokens."""
+    padded: bool = False
+    """Whether the run's rule pads rows (best-fit): ``mask`` can then be False."""
 
     def __repr__(self) -> str:
         rows, width = self.tokens.shape
@@ -137,6 +141,8 @@ class Batch:
         each row's padding after its bin's documents. Computed when asked, from the pieces
         (padding is a piece of document -1), so a run that never asks pays nothing.
         """
+        if not self.padded:
+            return np.ones(self.tokens.shape, bool)
         segs = self._segs()
         out: NDArray[np.bool_] = np.repeat(segs.doc >= 0, segs.length).reshape(self.tokens.shape)
         return out

@@ -378,6 +378,7 @@ def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:
     per_row = rule.units_per_row(settings.seq_len)
     p = api.make_plan(index, settings.plan, weights=settings.weights, seq_len=per_row, layout=layout)
     p.columns = api.columns_of(settings.columns)
+    p.packing = (rule.name, int(settings.pad_id), settings.seq_len)
     return p
 
 

@@ -95,4 +95,5 @@ class Steps:
             _locate=self._locate,
             _after=after,
             columns={n: c.view(Tokens) for n, c in (columns or {}).items()},
+            padded=self._scanner.rows is not None,
         )
