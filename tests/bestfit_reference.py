@@ -72,3 +72,84 @@ def row(rg_docs: list[list[list[int]]], b: Bin, seq_len: int, pad_id: int) -> tu
     if real < seq_len:
         segs.append(seq_len - real)
     return tokens + [pad_id] * (seq_len - real), [True] * real + [False] * (seq_len - real), segs
+
+
+def staged_rows(
+    rg_docs: list[list[list[int]]], seed: int, window: int, seq_len: int, lanes: tuple[int, int], at: int, epochs: int
+) -> list[list[tuple[int, Bin]]]:
+    """Rule 9 (a lanes change at step ``at``, L unchanged): per step, every lane's (epoch, bin).
+
+    Before ``at`` the run is :func:`lane_rows`'s with ``lanes[0]``; the rest of the window
+    begun (each old lane's unconsumed bins, lane 0's first) is cut into ``lanes[1]`` with
+    ``z = at * lanes[0] mod lanes[1]`` and no shuffle; later windows are cut into ``lanes[1]``
+    as usual, ``z`` counting the run's bins before them.
+    """
+    b0, b1 = lanes
+    binned = [bins_of(docs, g, seq_len) for g, docs in enumerate(rg_docs)]
+    windows = [
+        (e, w, [b for g in group for b in binned[g]])
+        for e in range(epochs)
+        for w, group in enumerate(epoch_windows(len(rg_docs), seed, window, e))
+    ]
+    x = at * b0
+    old: list[list[tuple[int, Bin]]] = [[] for _ in range(b0)]
+    run = 0
+    i = 0
+    while i < len(windows) and run < x:
+        e, w, stream = windows[i]
+        c = cuts(len(stream), b0, run % b0)
+        for k in range(b0):
+            sl = stream[c[k] : c[k + 1]]
+            old[k].extend((e, sl[j]) for j in permutation(len(sl), key(seed, e, w, k, 2)))
+        run += len(stream)
+        i += 1
+    rest = [r for k in range(b0) for r in old[k][at:]]
+    new: list[list[tuple[int, Bin]]] = [[] for _ in range(b1)]
+    c = cuts(len(rest), b1, x % b1)
+    for k in range(b1):
+        new[k].extend(rest[c[k] : c[k + 1]])
+    for e, w, stream in windows[i:]:
+        c = cuts(len(stream), b1, run % b1)
+        for k in range(b1):
+            sl = stream[c[k] : c[k + 1]]
+            new[k].extend((e, sl[j]) for j in permutation(len(sl), key(seed, e, w, k, 2)))
+        run += len(stream)
+    steps = min(len(new[k]) for k in range(b1)) + at
+    return [[old[k][t] for k in range(b0)] if t < at else [new[k][t - at] for k in range(b1)] for t in range(steps)]
+
+
+def mixture_rows(
+    rg_docs: list[list[list[list[int]]]],
+    names: list[str],
+    weights: list[int],
+    seed: int,
+    lanes: int,
+    window: int,
+    seq_len: int,
+    steps: int,
+) -> list[list[tuple[int, Bin]]]:
+    """Per lane, its rows (source, bin) over ``steps`` steps of a mixture under best-fit.
+
+    Rule 3 with section 8: the interleave of tests/reference.py over each row group's bins
+    (the units; a row one unit), then rules 4-6 over each window's bins.
+    """
+    from tests.reference import mixture_windows
+
+    binned = [[bins_of(docs, g, seq_len) for g, docs in enumerate(src)] for src in rg_docs]
+    counts = [[len(b) for b in src] for src in binned]
+    total = sum(map(sum, counts))
+    wins = mixture_windows(counts, names, [(0, weights)], seed, lanes, window, 1, (steps + 2) * lanes + total)
+    rows: list[list[tuple[int, Bin]]] = [[] for _ in range(lanes)]
+    first_of_epoch: dict[int, int] = {}
+    for u, (win, start) in enumerate(wins):
+        e = start // total
+        first_of_epoch.setdefault(e, u)
+        w = u - first_of_epoch[e]
+        stream = [(s, b) for s, rg, _ in win for b in binned[s][rg]]
+        c = cuts(len(stream), lanes, start % lanes)
+        for k in range(lanes):
+            sl = stream[c[k] : c[k + 1]]
+            rows[k].extend(sl[i] for i in permutation(len(sl), key(seed, e, w, k, 2)))
+        if min(len(x) for x in rows) >= steps:
+            break
+    return rows

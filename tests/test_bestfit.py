@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import plitzer
 from planner.errors import CheckpointError, ConfigError
 from planner.rules.bestfit import best_fit, item_lengths
-from tests.bestfit_reference import bins_of, lane_rows, row
+from tests.bestfit_reference import bins_of, lane_rows, mixture_rows, row, staged_rows
 from tests.conftest import docs_by_row_group, write_dataset
 
 SLOW = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -260,3 +260,163 @@ def test_torch_and_grain_carry_the_mask(tmp_path: Path) -> None:
     tb = next(iter(concat_ds))
     assert bool(tb.mask.all()) and tuple(tb.mask.shape) == tuple(tb.tokens.shape)
     assert "mask" not in next(iter(plitzer.grain.Dataset(tmp_path, lanes=2, window=2, seq_len=8)))
+
+
+@given(
+    files=dataset_st,
+    seed=st.integers(0, 1000),
+    seq_len=st.integers(2, 24),
+    at=st.integers(1, 7),
+    lanes=st.sampled_from([(4, 2), (2, 4), (4, 4), (4, 6)]),
+    live=st.booleans(),
+)
+@SLOW
+def test_a_lanes_stage_cuts_the_rest_of_the_bins(
+    tmp_path_factory: pytest.TempPathFactory, files, seed, seq_len, at, lanes, live
+) -> None:
+    assume(_tokens(files) > 0)
+    rg_docs = docs_by_row_group(files)
+    n_bins = sum(len(bins_of(d, g, seq_len)) for g, d in enumerate(rg_docs))
+    assume(n_bins >= max(lanes))
+    window, b0, b1 = 2, *lanes
+    epochs = (at * b0) // n_bins + 12 // max(1, n_bins // b1) + 3
+    want = staged_rows(rg_docs, seed, window, seq_len, lanes, at, epochs)[: at + 8]
+    root = tmp_path_factory.mktemp("bfs")
+    write_dataset(root, files)
+    kw = {"seed": seed, "window": window, "seq_len": seq_len, "packing": "best-fit", "budget": 1 << 24}
+    staged = {"lanes": b0} if live else {"lanes": [(0, b0), (at, b1)]}
+    with plitzer.Loader(root, **staged, **kw) as loader:
+        for t, rows in enumerate(want):
+            if live and t == at:
+                assert loader.set_layout(lanes=b1) == at
+            b = loader.next_batch()
+            made = [row(rg_docs, bn, seq_len, 0) for _, bn in rows]
+            np.testing.assert_array_equal(np.from_dlpack(b.tokens), np.array([m[0] for m in made]))
+            np.testing.assert_array_equal(b.mask, np.array([m[1] for m in made]))
+            units = at * b0 + (t - at) * b1 if t >= at else t * b0
+            assert b.epoch == units // n_bins
+
+
+@given(
+    a=dataset_st,
+    b=dataset_st,
+    seed=st.integers(0, 1000),
+    seq_len=st.integers(2, 24),
+    weights=st.sampled_from([(1, 1), (3, 1), (1, 2)]),
+)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_mixture_interleaves_bins(tmp_path_factory: pytest.TempPathFactory, a, b, seed, seq_len, weights) -> None:
+    assume(_tokens(a) > 0 and _tokens(b) > 0)
+    root = tmp_path_factory.mktemp("bfm")
+    write_dataset(root / "a", a)
+    write_dataset(root / "b", b)
+    docs = [docs_by_row_group(a), docs_by_row_group(b)]
+    lanes, window, steps = 2, 2, 10
+    n_bins = sum(len(bins_of(d, g, seq_len)) for src in docs for g, d in enumerate(src))
+    assume(n_bins >= lanes)
+    want = mixture_rows(docs, ["a", "b"], list(weights), seed, lanes, window, seq_len, steps)
+    src = {"a": str(root / "a"), "b": str(root / "b")}
+    kw = {"seed": seed, "lanes": lanes, "window": window, "seq_len": seq_len, "packing": "best-fit", "pad_id": 1}
+    with plitzer.Loader(src, weights=dict(zip("ab", weights, strict=True)), budget=1 << 24, **kw) as loader:
+        for t in range(steps):
+            got = loader.next_batch()
+            made = [row(docs[s], bn, seq_len, 1) for s, bn in (want[k][t] for k in range(lanes))]
+            np.testing.assert_array_equal(np.from_dlpack(got.tokens), np.array([m[0] for m in made]))
+            np.testing.assert_array_equal(got.mask, np.array([m[1] for m in made]))
+
+
+def _chars(texts: list[str]) -> list[list[int]]:
+    return [[ord(c) % 1000 for c in t] for t in texts]
+
+
+_chars.tokenizer_id = "chars-mod-1000"  # type: ignore[attr-defined]
+
+
+def test_text_sources_and_dedupe_bin_what_the_stream_holds(tmp_path: Path) -> None:
+    rng = np.random.default_rng(11)
+    words = ["alpha", "beta", "gamma", "delta", "pack", "bin", "row"]
+    texts = [" ".join(rng.choice(words, int(n))) for n in rng.integers(0, 12, 90)]
+    texts[40:50] = texts[:10]  # duplicates, dropped by dedupe="tokens"
+    (tmp_path / "text").mkdir()
+    pq.write_table(pa.table({"text": texts}), tmp_path / "text" / "a.parquet", row_group_size=15)
+    tokens = _chars(texts)
+    files = [[tokens[i : i + 15] for i in range(0, 90, 15)]]
+    write_dataset(tmp_path / "tok", files)
+    kw = {"seed": 3, "lanes": 4, "window": 2, "seq_len": 24, "packing": "best-fit", "pad_id": 0}
+    want, _ = _expected(docs_by_row_group(files), 3, 4, 2, 24, 0, 12)
+    with plitzer.Loader(tmp_path / "text", tokenizer=_chars, add_eos=False, **kw) as text:
+        for t in range(12):
+            _check(text.next_batch(), want[t], range(4))
+    seen: set[tuple[int, ...]] = set()
+    kept = [[[d for d in rg if not (tuple(d) in seen or seen.add(tuple(d)))] for rg in f] for f in files]
+    want, _ = _expected(docs_by_row_group(kept), 3, 4, 2, 24, 0, 12)
+    with plitzer.Loader(tmp_path / "tok", dedupe="tokens", **kw) as deduped:
+        for t in range(12):
+            _check(deduped.next_batch(), want[t], range(4))
+
+
+def test_locate_and_explain_answer_under_best_fit(tmp_path: Path) -> None:
+    import polars as pl
+
+    rng = np.random.default_rng(2)
+    files = [[[list(rng.integers(0, 99, int(n))) for n in rng.integers(0, 50, 20)] for _ in range(6)]]
+    write_dataset(tmp_path, files)
+    cfg = {"seed": 1, "lanes": 4, "window": 2, "seq_len": 32, "packing": "best-fit"}
+    with plitzer.Loader(tmp_path, **cfg) as ld:
+        run = [ld.next_batch().documents().with_columns(step=pl.lit(t, pl.Int64)) for t in range(40)]
+    seen = pl.concat(run)
+    for t in (0, 17, 39):
+        got = plitzer.explain(tmp_path, t, **cfg)
+        assert got.drop("step").equals(run[t].drop("batch_row", "step"))
+    found = plitzer.locate(tmp_path, "n in (3, 11)", steps=40, **cfg)
+    want = seen.filter(pl.col("row").is_in([3, 11]))
+    cols = ["step", "lane", "start", "length", "row_group", "row", "token_offset", "epoch", "window_index"]
+    assert found.height == want.height > 0
+    assert found.select(cols).sort(cols).equals(want.select(cols).sort(cols))
+
+
+def test_plan_tables_and_audit_show_bins_and_padding(tmp_path: Path) -> None:
+    import planner
+    from plitzer.audit import audit
+
+    rng = np.random.default_rng(3)
+    lens = rng.integers(1, 60, (8, 25))
+    files = [[[[1] * int(n) for n in rg] for rg in lens]]
+    write_dataset(tmp_path, files)
+    p = planner.plan(tmp_path, lanes=4, window=2, seq_len=64, packing="best-fit")
+    rg = p.row_groups(0)
+    want_bins = [len(bins_of([[1] * int(n) for n in row], 0, 64)) for row in lens]
+    got = rg.sort("row_group")
+    assert got["bins"].to_list() == want_bins
+    assert (got["padding"] == got["bins"] * 64 - got["tokens"]).all()
+    assert p.lanes(0).columns[-2:] == ["bin_start", "bin_end"]
+    assert int(p.lanes(0).select((pl_col("bin_end") - pl_col("bin_start")).sum()).item()) == sum(want_bins)
+    total = p.sql("select sum(padding) as p, sum(bins) as b from row_groups").row(0)
+    assert total == (int(got["padding"].sum()), sum(want_bins))
+    report = audit(tmp_path, lanes=4, window=2, seq_len=64, packing="best-fit")
+    pad = report.tables["padding"].row(0, named=True)
+    assert pad["bins"] == sum(want_bins) and pad["padding"] == int(got["padding"].sum())
+    assert pad["floor_fraction"] <= pad["padding_fraction"] < 0.5
+    assert "padding" in report.figures
+
+
+def pl_col(name: str):
+    import polars as pl
+
+    return pl.col(name)
+
+
+def test_the_command_line_takes_packing_and_pad_id(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    write_dataset(tmp_path, [[[[1] * 7, [2] * 3, [3] * 12], [[4] * 5, [5] * 9]]])
+    args = [sys.executable, "-m", "plitzer", "plan", str(tmp_path), "--lanes", "2", "--window", "2", "--seq-len", "8"]
+    sql = ["--sql", "select sum(bins) b, sum(padding) p from row_groups"]
+    out = subprocess.run(
+        [*args, "--packing", "best-fit", "--pad-id", "3", *sql], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert "│ 5   ┆ 4   │" in out.stdout  # 3 + 2 bins of 8 tokens: 36 tokens, 4 of padding
+    bad = subprocess.run([*args, "--packing", "first-fit"], capture_output=True, text=True, check=False)
+    assert bad.returncode != 0 and "not a packing rule" in bad.stderr

@@ -40,6 +40,7 @@ from planner.order.epoch_order import EpochOrder, Permutation
 from planner.order.layout import Layout
 from planner.order.rankscan import rank_rows
 from planner.order.sql import run_query
+from planner.rules import Rule, rule_named
 
 __all__ = ["EPOCHS_KEPT", "LanesPlan", "Plan"]
 
@@ -223,11 +224,11 @@ class Plan:
     def _binned(self, table: pl.DataFrame, f: pl.DataFrame) -> pl.DataFrame:
         """Under best-fit (SPEC section 15) the cuts count bins: ``bin_start``, and each row group's ``bins`` and
         ``padding`` (``bins * seq_len`` less its stream tokens); concat's tables as they were."""
-        name, _, seq_len = self.packing
-        if name == "concat":
+        _, _, seq_len = self.packing
+        if not self.rule.pads:
             return table
         tokens = f["tokens_selected"] if "tokens_selected" in f.columns else f["tokens"]
-        return table.rename({"token_start": "bin_start"}).with_columns(
+        return table.rename({"token_start": self.cut_columns[0]}).with_columns(
             bins=f["bins"], padding=f["bins"] * seq_len - tokens
         )
 
@@ -263,9 +264,21 @@ class Plan:
                 frame["layout_stage"] = np.full(len(lane), i, np.int64)
             parts.append(pl.DataFrame(frame))
         out = pl.concat(parts) if parts else pl.DataFrame(parts)
-        if self.packing[0] != "concat" and parts:  # best-fit: the cuts are bins, a lane's rows
-            out = out.rename({"token_start": "bin_start", "token_end": "bin_end"})
+        start, end = self.cut_columns
+        if start != "token_start" and parts:  # best-fit: the cuts are bins, a lane's rows
+            out = out.rename({"token_start": start, "token_end": end})
         return out
+
+    @property
+    def rule(self) -> Rule:
+        """The packing rule the plan cuts by (:mod:`planner.rules`)."""
+        return rule_named(self.packing[0])
+
+    @property
+    def cut_columns(self) -> tuple[str, str]:
+        """The lanes table's cut range, in the rule's units: ``token_start, token_end`` or ``bin_start, bin_end``."""
+        unit = self.rule.unit
+        return f"{unit}_start", f"{unit}_end"
 
     def stage_config(self) -> dict[str, Any]:
         """The checkpoint fields of the plan's weight stages: none for one source (a mixture's: ``stages``)."""

@@ -48,6 +48,7 @@ class Rule(Protocol):
 
     name: str
     pads: bool  # rows may end in padding (batch.mask can be False)
+    unit: str  # what the plan tables count: "token" (token_start) or "bin" (bin_start)
 
     def counts(self, frame: pl.DataFrame) -> tuple[I64, I64, I64]: ...
 
@@ -61,6 +62,7 @@ class BestFit:
 
     name = BEST_FIT
     pads = True
+    unit = "bin"
 
     def counts(self, frame: pl.DataFrame) -> tuple[I64, I64, I64]:
         """Each row group's bins, rows, and no unit-less document (an empty one is an item in a bin)."""

@@ -25,6 +25,7 @@ class Concat:
 
     name = NAME
     pads = False
+    unit = "token"
 
     def counts(self, frame: pl.DataFrame) -> tuple[I64, I64, I64]:
         """Each row group's units (its stream tokens), rows and unit-less documents (its empty ones)."""

@@ -219,3 +219,15 @@ def plot_mixture(shares: pl.DataFrame, ax: Axes | None = None) -> Figure:
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper right", fontsize="small")
     return fig
+
+
+def plot_padding(per_window: pl.DataFrame, ax: Axes | None = None) -> Figure:
+    """Best-fit's padding per window of an epoch, against its floor (whole row groups' ``ceil(T_g / L)`` bins)."""
+    fig, ax = _axes(ax)
+    x = per_window["window_index"].to_numpy()
+    ax.plot(x, 100 * per_window["padding_fraction"].to_numpy(), color="#ee7733", label="padding")
+    ax.plot(x, 100 * per_window["floor_fraction"].to_numpy(), color="black", linestyle="--", label="floor")
+    ax.legend(loc="upper right")
+    _whole(ax)
+    _names(ax, "window", "padding (% of row tokens)", "best-fit padding per window, epoch 0")
+    return fig

@@ -138,7 +138,7 @@ def _dataset_section(ix: RowGroupIndex, plan: Plan, cfg: LoaderSettings, lengths
     """Summary, settings, document lengths and tokens per file and row group."""
     tables, figures, _ = out
     f = ix.frame
-    per_epoch = Layout.one(cfg.lanes, cfg.seq_len).step_at_run(plan.epoch_tokens)
+    per_epoch = Layout.one(cfg.lanes, cfg.rule.units_per_row(cfg.seq_len)).step_at_run(plan.epoch_tokens)
     tables["summary"] = pl.DataFrame(
         {
             "files": [len(ix.files)],
@@ -284,6 +284,28 @@ def _duplicates_section(ix: RowGroupIndex, out: _Sections) -> None:
 _AUDIT_OWN = ("steps", "windows", "progress")  # its own keywords, besides the run's parameters
 
 
+def _padding_section(plan: Plan, out: _Sections) -> None:
+    """Best-fit's padding: in all, per window (a picture) and per source, against the floor."""
+    tables, figures, notes = out
+    per_window = tab.padding(plan, 0)
+    tables["padding"] = per_window.select(
+        pl.col("bins").sum(),
+        pl.col("tokens").sum(),
+        pl.col("padding").sum(),
+        (pl.col("padding").sum() / (pl.col("bins").sum() * plan.packing[2]).clip(1)).alias("padding_fraction"),
+        ((pl.col("floor_fraction") * pl.col("bins")).sum() / pl.col("bins").sum().clip(1)).alias("floor_fraction"),
+    )
+    tables["padding_per_window"] = per_window
+    if isinstance(plan, MixturePlan):
+        tables["padding_per_source"] = tab.padding(plan, 0, by="source")
+    figures["padding"] = pic.plot_padding(per_window)
+    notes["Padding (best-fit)"] = (
+        "Under packing='best-fit' every document of at most seq_len tokens is whole in one row, and "
+        "each row (a bin) ends in padding: the share of padding tokens per window of epoch 0, against "
+        "the floor of whole row groups (ceil(tokens / seq_len) bins each: bins never cross a row group)."
+    )
+
+
 def audit(
     source: Source,
     *,
@@ -299,12 +321,13 @@ def audit(
     column once (lengths and hashes, cached); the rest is footers and plan tables.
     """
     cfg = LoaderSettings.of(caller="plitzer.audit", own=_AUDIT_OWN, **settings)
-    lanes, seq_len = cfg.lanes, cfg.seq_len
+    # The order's arithmetic counts the rule's units (tokens; best-fit's bins, one a row): so do these tables.
+    lanes, seq_len = cfg.lanes, cfg.rule.units_per_row(cfg.seq_len)
     ix = open_source(source, cfg)
     plan = make_plan(ix, cfg)
     lengths = document_pass(ix, progress=progress)[0]
     total = plan.epoch_tokens
-    layout = cfg.stages  # the run's layout stages (one stage when lanes and seq_len are ints)
+    layout = cfg.unit_layout  # the run's layout stages (one stage when lanes and seq_len are ints)
     one = Layout.one(lanes, seq_len)  # the first stage's alone: the steps of the lanes and mixture sections
     per_epoch = one.step_at_run(total)
     steps = per_epoch if steps is None else steps
@@ -320,6 +343,8 @@ def audit(
     if "tokens_selected" in ix.frame.columns:
         _selection_section(ix, out)
     _duplicates_section(ix, out)
+    if cfg.rule.pads:
+        _padding_section(plan, out)
     tables, figures, notes = out
     covered = layout.run_at(steps) // total + 1
     tables["epochs_covered"] = tab.epochs_covered(total, lanes, seq_len, steps, layout=layout)

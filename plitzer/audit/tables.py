@@ -129,8 +129,9 @@ def lane_balance(plan: Plan, epoch: int = 0) -> pl.DataFrame:
     token of every other over the run, so ``tokens`` differ by at most one.
     """
     s = plan.settings
-    tok = plan.lanes(epoch).group_by("lane").agg((pl.col("token_end") - pl.col("token_start")).sum()).sort("lane")
-    t = tok["token_end"].to_numpy().astype(np.int64)
+    a, b = plan.cut_columns  # units: tokens, or best-fit's bins
+    tok = plan.lanes(epoch).group_by("lane").agg((pl.col(b) - pl.col(a)).sum()).sort("lane")
+    t = tok[b].to_numpy().astype(np.int64)
     mean = max(float(t.mean()), 1e-9)
     lane = np.arange(s.lanes, dtype=np.int64)
     return pl.DataFrame(
@@ -164,7 +165,8 @@ def lockstep(plan: Plan, seq_len: int, steps: int | None = None) -> pl.DataFrame
     epoch = 0
     while before < run_needed + b:
         lanes = plan.lanes(epoch)
-        share = (lanes["token_end"] - lanes["token_start"]).to_numpy().astype(np.int64).reshape(-1, b)
+        a, e = plan.cut_columns  # units: tokens, or best-fit's bins
+        share = (lanes[e] - lanes[a]).to_numpy().astype(np.int64).reshape(-1, b)
         cum = got[None, :] + np.cumsum(share, axis=0)
         spreads.append(cum.max(axis=1) - cum.min(axis=1))
         ends.append(before + np.cumsum(share.sum(axis=1)))
@@ -343,3 +345,33 @@ def source_repetitions(plan: MixturePlan, epochs: int = 1) -> pl.DataFrame:
         )
     )
     return per.sort("epoch", "source")
+
+
+def padding(plan: Plan, epoch: int = 0, by: str = "window_index") -> pl.DataFrame:
+    """Best-fit's padding (SPEC section 15) per window of ``epoch`` (or per ``by``: ``"source"``, ``"file"``).
+
+    Columns: ``by``, bins, tokens (real), padding (tokens of ``pad_id``), padding_fraction
+    (of the rows' tokens), floor_fraction (the least any packing of whole row groups pads:
+    ``ceil(T_g / L)`` bins a row group). From the plan's table: no data is read.
+    """
+    _, _, seq_len = plan.packing
+    rg = plan.row_groups(epoch)
+    tokens = "tokens_selected" if "tokens_selected" in rg.columns else "tokens"
+    if by not in rg.columns:  # a mixture's source: from the index
+        rg = rg.with_columns(plan.index[by].gather(plan.epoch(epoch).order).alias(by))
+    floor = (pl.col(tokens) + seq_len - 1) // seq_len * seq_len - pl.col(tokens)
+    return (
+        rg.group_by(by, maintain_order=True)
+        .agg(
+            pl.col("bins").sum(),
+            pl.col(tokens).sum().alias("tokens"),
+            pl.col("padding").sum(),
+            floor.sum().alias("floor"),
+        )
+        .with_columns(
+            padding_fraction=pl.col("padding") / (pl.col("bins") * seq_len).clip(1),
+            floor_fraction=pl.col("floor") / (pl.col("bins") * seq_len).clip(1),
+        )
+        .drop("floor")
+        .sort(by)
+    )

@@ -385,6 +385,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
         print_frame(report.tables[name], args.format, None, title=name.replace("_", " "))
     print_frame(report.tables["read_amplification"], args.format, None, title="read amplification")
     print_frame(report.tables["epochs_covered"], args.format, None, title="epochs covered")
+    if "padding" in report.tables:  # best-fit: the padding against its floor
+        print_frame(report.tables["padding"], args.format, None, title="padding (best-fit)")
     dup = report.tables["duplicates"]
     groups = dup["group"].n_unique() if dup.height else 0
     print(f"duplicates: {dup.height} documents in {groups} groups of identical documents")

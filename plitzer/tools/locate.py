@@ -37,13 +37,15 @@ import polars as pl
 from planner.arraytypes import I64
 from planner.catalog.rowgroups import RowGroupIndex, stream_counts
 from planner.errors import ConfigError, DataError
+from planner.lookup.bins import BinnedLengths, rows_of_bins
 from planner.lookup.pieces import Lengths, OneSource, Pieces, epochs_of_steps, lengths_from_array
 from planner.lookup.staged import staged_pieces
-from planner.order.epoch import check_int, row_group_counts
+from planner.order.epoch import check_int, unit_counts
 from planner.order.epoch_order import Permutation
 from planner.order.layout import Layout
 from planner.order.plan import Plan
 from planner.parameters import document
+from planner.rules import rule_named
 from plitzer.loader import open_plan
 from plitzer.readpath.read import list_lengths, read_chunk
 from plitzer.selection.dropped import base_of, split_targets
@@ -200,12 +202,22 @@ def locate_in_plan(
     the plan's lanes and ``seq_len``. ``rank``: only that rank's lanes.
     """
     layout = layout if layout is not None else Layout.one(plan.settings.lanes, seq_len)
+    rule = rule_named(plan.packing[0])
+    binned = None
+    targets = (row_groups, docs)
+    if rule.pads:  # best-fit: the bins' places are concat's over units (one a bin); the items' are the bins'
+        binned = BinnedLengths(lengths, seq_len)
+        lengths, targets = binned, binned.targets(row_groups, docs)
+        layout = layout.in_units(rule.units_per_row)
     # One source: its epochs are permutations of the index, laid out without the reads.
-    view: Any = OneSource(plan, row_group_counts(plan.dataset)[0]) if isinstance(plan.order, Permutation) else plan
+    view: Any = OneSource(plan, unit_counts(plan.dataset)[0]) if isinstance(plan.order, Permutation) else plan
     if epochs is None:
         epochs = list(epochs_of_steps(view, layout, steps)) if steps is not None else [0]
-    parts = [staged_pieces(view, layout, e, lengths, targets=(row_groups, docs), steps=steps) for e in epochs]
-    got = Pieces.concat(parts).sorted()
+    parts = [staged_pieces(view, layout, e, lengths, targets=targets, steps=steps) for e in epochs]
+    got = Pieces.concat(parts)
+    if binned is not None:
+        got = rows_of_bins(got, binned, row_groups, docs)
+    got = got.sorted()
     ranks = got.lane // (layout.lanes_at(got.step) // plan.settings.world)
     if rank is not None:
         mine = np.flatnonzero(ranks == rank)
