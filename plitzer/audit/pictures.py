@@ -29,6 +29,7 @@ __all__ = [
     "plot_lengths",
     "plot_lockstep",
     "plot_mixture",
+    "plot_padding",
     "plot_reads_per_rank",
     "plot_tokens_per_file",
     "plot_tokens_per_row_group",

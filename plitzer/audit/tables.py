@@ -34,6 +34,7 @@ __all__ = [
     "length_summary",
     "lockstep",
     "mixture_shares",
+    "padding",
     "read_amplification",
     "reads_per_rank",
     "source_repetitions",

@@ -33,7 +33,7 @@ from plitzer.readpath.scan import Scanner
 from plitzer.selection.select import source_rows
 from plitzer.state.settings import LoaderSettings, Source, checkpoint_config, default_threads, make_plan, open_source
 
-__all__ = ["Locator", "Parts", "check_layout", "make_config", "open_plan", "parts"]
+__all__ = ["Locator", "Parts", "check_layout", "held_counts", "make_config", "open_plan", "parts"]
 
 
 def open_plan(source: Source, settings: LoaderSettings) -> Plan:
