@@ -52,6 +52,12 @@ grows to the windows in flight: docs/benchmarks.md, "What a first epoch costs"):
 
     python benchmarks/throughput.py --parts --tokens 34560000 --docs-per-row-group 200 --threads 2 --repeat 5
 
+``--packing best-fit`` measures best-fit packing (SPEC section 15) against concat on the same
+data, alternated: real tokens per second and CPU per real token (padding not counted), and
+the padding fraction against its floor at several sequence lengths (``benchmarks/_packing.py``):
+
+    python benchmarks/throughput.py --packing best-fit --data data/text --column input_ids --threads 2 --repeat 3
+
 ``--columns`` measures what aligned columns cost (SPEC section 13): the same files with a
 bool ``loss_mask`` and a float32 ``weight`` beside the tokens, the loader's steady state
 with ``columns=["loss_mask", "weight"]`` against tokens alone, alternated ``--repeat``
@@ -154,6 +160,10 @@ def main() -> None:
     ap.add_argument("--widths", action="store_true", help="measure widening and narrowing against int32")
     ap.add_argument("--columns", action="store_true", help="measure a bool and a float32 aligned column")
     ap.add_argument("--parts", action="store_true", help="split the loader's steady-state CPU by part")
+    ap.add_argument(
+        "--packing", default="concat", choices=["concat", "best-fit"], help="best-fit: its real tokens against concat's"
+    )
+    ap.add_argument("--padding-lengths", default="2048,8192,32768", help="with --packing best-fit: seq_lens to pad at")
     args = ap.parse_args()
     if args.widths:
         widths(args.tokens)
@@ -184,6 +194,11 @@ def main() -> None:
         return
     if args.parts:
         parts(ix, dec, settings, args.repeat)
+        return
+    if args.packing == "best-fit":
+        from _packing import packing_cost
+
+        packing_cost(args, ix, settings)
         return
 
     def epoch_from_construction() -> tuple[Timing, int]:

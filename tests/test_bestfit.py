@@ -420,3 +420,64 @@ def test_the_command_line_takes_packing_and_pad_id(tmp_path: Path) -> None:
     assert "│ 5   ┆ 4   │" in out.stdout  # 3 + 2 bins of 8 tokens: 36 tokens, 4 of padding
     bad = subprocess.run([*args, "--packing", "first-fit"], capture_output=True, text=True, check=False)
     assert bad.returncode != 0 and "not a packing rule" in bad.stderr
+
+
+def _many_row_groups(root: Path) -> None:
+    rng = np.random.default_rng(8)
+    write_dataset(root, [[[[1] * int(n) for n in rng.integers(0, 40, 9)] for _ in range(7)] for _ in range(2)])
+
+
+def test_the_bins_pass_is_split_between_ranks_and_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import planner
+    from plitzer.state import bins as bins_pass
+
+    _many_row_groups(tmp_path / "d")
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(bins_pass, "CHUNK", 3)  # 14 row groups: chunks 0-2, 3-5, ..., 12-13
+    ix = planner.index(tmp_path / "d")
+    counted: list[int] = []
+    real = bins_pass.count_chunk
+
+    def spy(index: object, seq_len: int, first: int, end: int) -> np.ndarray:
+        counted.append(first)
+        return real(index, seq_len, first, end)
+
+    monkeypatch.setattr(bins_pass, "count_chunk", spy)
+    got = bins_pass.bin_counts(ix, 16, threads=1, rank=1, world=2)
+    assert counted[0] == 6  # rank 1 of 2 starts at its half of the 5 chunks, then goes round
+    assert sorted(counted) == [0, 3, 6, 9, 12]
+    lengths = [[len(d) for d in rg] for rg in docs_by_row_group_of(tmp_path / "d")]
+    assert got.tolist() == [len(bins_of([[1] * n for n in rg], 0, 16)) for rg in lengths]
+    counted.clear()
+    again = bins_pass.bin_counts(ix, 16, threads=1, rank=0, world=2)  # another rank, later: all cached
+    assert counted == [] and again.tolist() == got.tolist()
+    bins_pass.bin_counts(ix, 17, threads=1)  # another seq_len: counted again
+    assert sorted(counted) == [0, 3, 6, 9, 12]
+
+
+def docs_by_row_group_of(root: Path) -> list[list[list[int]]]:
+    out = []
+    for f in sorted(root.glob("*.parquet")):
+        pf = pq.ParquetFile(f)
+        out += [[d or [] for d in pf.read_row_group(g).column("tokens").to_pylist()] for g in range(pf.num_row_groups)]
+    return out
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_bins_pass_runs_on_ray_ahead_of_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import planner
+    from plitzer.state import bins as bins_pass
+    from tests.share_fixtures import ray_with_caches
+
+    _many_row_groups(tmp_path / "d")
+    monkeypatch.setattr(bins_pass, "CHUNK", 4)
+    with ray_with_caches(tmp_path, monkeypatch):
+        ix = planner.index(tmp_path / "d")
+        assert bins_pass.bins_on_ray(ix, 16, source=str(tmp_path / "d")) == 4
+    monkeypatch.setattr(bins_pass, "count_chunk", lambda *a: pytest.fail("counted again: not cached"))
+    got = bins_pass.bin_counts(ix, 16)
+    monkeypatch.undo()
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "fresh"))
+    assert bins_pass.bin_counts(planner.index(tmp_path / "d"), 16).tolist() == got.tolist()

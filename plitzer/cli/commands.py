@@ -10,6 +10,7 @@ from typing import Any
 
 import polars as pl
 
+from planner.catalog.rowgroups import stream_counts
 from planner.errors import ConfigError
 from planner.order.layout import Layout
 from planner.parameters import Selection
@@ -162,6 +163,18 @@ def _index_mixture(args: argparse.Namespace, sources: dict[str, Any]) -> int:
     return 0
 
 
+def _bins_pass(args: argparse.Namespace, ix: Any, source: Any) -> Any:
+    """``plitzer index --packing best-fit --seq-len L``: best-fit's bins pass, cached (on Ray with --engine ray)."""
+    from plitzer.state.bins import bin_index, bins_on_ray
+
+    if not isinstance(args.seq_len, int):
+        msg = "--packing best-fit bins documents at one sequence length: give --seq-len L (e.g. 2048)"
+        raise ConfigError(msg)
+    if args.engine == "ray" and args.where is None and args.dedupe is None and args.exclude is None:
+        bins_on_ray(ix, args.seq_len, source=source, storage_options=storage_options_of(args), address=args.address)
+    return bin_index(ix, args.seq_len, progress=terminal_progress())
+
+
 def cmd_index(args: argparse.Namespace) -> int:
 
     source, _ = source_of(args)
@@ -203,8 +216,11 @@ def cmd_index(args: argparse.Namespace) -> int:
         if args.engine == "ray":
             select_on_ray(ix, selection, source=source, storage_options=storage_options_of(args), address=args.address)
         ix = select_index(ix, selection, progress=terminal_progress())
-    elif (args.engine == "ray" or args.length_column is not None) and args.dedupe is None and args.exclude is None:
-        msg = "--engine ray and --length-column run the selection pass: give --where (or --dedupe, --exclude)"
+    elif args.length_column is not None and args.dedupe is None and args.exclude is None:
+        msg = "--length-column serves the selection pass: give --where (or --dedupe, --exclude)"
+        raise ConfigError(msg)
+    elif args.engine == "ray" and args.dedupe is None and args.exclude is None and args.packing == "concat":
+        msg = "--engine ray runs a pass: give --where, --dedupe, --exclude or --packing best-fit --seq-len L"
         raise ConfigError(msg)
     if args.dedupe is not None or args.exclude is not None:
         from plitzer.selection.dedupe import dedupe_index
@@ -215,6 +231,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         ix = dedupe_index(  # type: ignore[assignment]  # a DedupedIndex: an Index
             ix, selection, storage_options=storage_options_of(args), progress=terminal_progress()
         )
+    if args.packing != "concat":
+        ix = _bins_pass(args, ix, source)
     f = ix.frame
     columns: dict[str, list[Any]] = {
         "files": [len(ix.files)],
@@ -227,6 +245,9 @@ def cmd_index(args: argparse.Namespace) -> int:
         columns["documents_selected"] = [int(f["rows_selected"].sum())]
         columns["tokens_selected"] = [int(f["tokens_selected"].sum())]
         columns["row_groups_emptied"] = [int((f["rows_selected"] == 0).sum())]
+    if "bins" in f.columns:  # best-fit's (plitzer.state.bins)
+        columns["bins"] = [int(f["bins"].sum())]
+        columns["padding_fraction"] = [1 - int(stream_counts(f)[0].sum()) / max(1, int(f["bins"].sum()) * args.seq_len)]
     if "rows_duplicate" in f.columns:
         columns["documents_duplicate"] = [int(f["rows_duplicate"].sum())]
         columns["documents_excluded"] = [int(f["rows_excluded"].sum())]

@@ -89,9 +89,14 @@ _COMMANDS = (
                 "counting pass)",
             ),
             arg("--text-column", default="text", help="with --tokenizer: the column of text (default: text)"),
+            setting(
+                "packing", help="best-fit: also run the bins pass at --seq-len (cached; with --engine ray, as tasks)"
+            ),
+            setting("seq_len", default=None, help="with --packing best-fit: the tokens of a row the bins are made for"),
         ),
         "examples:\n"
         "  plitzer index data/sample\n"
+        "  plitzer index data/sample --packing best-fit --seq-len 2048      # best-fit's bins pass, cached\n"
         "  plitzer index s3://bucket/prefix --endpoint http://localhost:9000 --no-lengths\n"
         "  plitzer index data/fineweb-edu --where \"int_score >= 3 and language = 'en'\" --length-column token_count\n"
         '  plitzer index s3://bucket/fineweb-edu --where "int_score >= 3" --engine ray --address auto\n'

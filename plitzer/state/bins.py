@@ -5,20 +5,27 @@ alone (:mod:`planner.rules.bestfit`), so the plan needs one pass over the length
 the first batch, like the selection pass: every row group's token chunk is read once
 (through the index's own reader, so ``where=``, ``dedupe=``, ``exclude=`` and text
 sources give the documents the stream holds), its lengths binned, and the counts kept
-as the frame's ``bins`` column, which the plan cuts by (:func:`planner.rules.rule_of`).
+as the frame's ``bins`` column (8 bytes a row group for the run's ``seq_len``), which the
+plan cuts by (:func:`planner.rules.rule_of`).
 
-The counts are cached under ``PLITZER_CACHE`` (``bins/``), keyed by the index's
-fingerprint (which covers a selection's predicate and a text source's tokenizer), its
-column, the files' identities (size and version) and ``L``: a second run, or another
-rank on the same machine, reads no data. 8 bytes a row group, one array a source. A
-packed row group whose bins differ from the count (the data changed under the cache)
-is a ``DataError`` naming it (``plitzer.readpath.bins``).
+The counts are cached under ``PLITZER_CACHE`` (``bins/``) in chunks of :data:`CHUNK` row
+groups, keyed by the index's fingerprint (which covers a selection's predicate and a text
+source's tokenizer), its column, the files' identities (name, size and version), ``L`` and
+the chunk: a second run reads no data. Ranks split the pass as the selection pass does:
+rank ``r`` of ``world`` starts at its ``1/world`` of the chunks and goes on round the rest,
+skipping each chunk another rank has written meanwhile (a cache folder on a shared file
+system), so ranks that start together each count about ``1/world`` of it and none waits.
+:func:`bins_on_ray` runs the chunks as Ray tasks (``plitzer index DATA --packing best-fit
+--seq-len L --engine ray``). A packed row group whose bins differ from the count (the data
+changed under the cache) is a ``DataError`` naming it (``plitzer.readpath.bins``).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,58 +39,95 @@ from planner.rules.bestfit import bins_of
 from planner.stores.cache import cache_dir, digest, read_entry, write_entry
 from plitzer.readpath.read import list_lengths, read_chunk
 
-__all__ = ["bin_counts", "bin_index"]
+__all__ = ["CHUNK", "bin_counts", "bin_index", "bins_on_ray"]
 
 VERSION = 1
 """The cache entries' format (and the rule's: a change of either makes new keys)."""
+CHUNK = 256
+"""Row groups a cache entry (and a Ray task) counts."""
 
 
-def bin_index(index: Any, seq_len: int, *, threads: int | None = None, progress: bool | None = None) -> Any:
+def bin_index(
+    index: Any,
+    seq_len: int,
+    *,
+    threads: int | None = None,
+    progress: bool | None = None,
+    rank: int = 0,
+    world: int = 1,
+) -> Any:
     """``index`` with each row group's bins at ``seq_len`` in its frame (``bins``): what best-fit plans by.
 
     A mixture's sources are counted (and cached) one at a time, so a source shared by
-    two mixtures is counted once.
+    two mixtures is counted once. ``rank`` of ``world``: where this rank starts (above).
     """
-    if isinstance(index, MixtureIndex):
-        counts = [bin_counts(ix, seq_len, threads=threads, progress=progress) for ix in index.parts]
-        bins = np.concatenate(counts) if counts else np.zeros(0, np.int64)
-    else:
-        bins = bin_counts(index, seq_len, threads=threads, progress=progress)
+    parts = index.parts if isinstance(index, MixtureIndex) else [index]
+    counts = [bin_counts(ix, seq_len, threads=threads, progress=progress, rank=rank, world=world) for ix in parts]
     out = copy.copy(index)
-    out.frame = index.frame.with_columns(pl.Series(BINS, bins, pl.Int64))
+    out.frame = index.frame.with_columns(pl.Series(BINS, np.concatenate(counts), pl.Int64))
     return out
 
 
-def _key(index: RowGroupIndex, seq_len: int) -> str:
+def _path(index: RowGroupIndex, seq_len: int, first: int, end: int) -> Path:
     files = [(f.name, f.size, f.version) for f in index.files]
-    return digest("bins", VERSION, index.fingerprint, index.column, seq_len, files)
+    key = digest("bins", VERSION, index.fingerprint, index.column, seq_len, files, first, end)
+    return cache_dir() / "bins" / f"{key}.npy"
 
 
-def bin_counts(index: RowGroupIndex, seq_len: int, *, threads: int | None = None, progress: bool | None = None) -> I64:
-    """``n_g`` of every row group of ``index`` at ``seq_len`` (the cache's, else counted and kept)."""
-    path = cache_dir() / "bins" / f"{_key(index, seq_len)}.npy"
+def _chunks(n: int) -> list[tuple[int, int]]:
+    return [(a, min(a + CHUNK, n)) for a in range(0, n, CHUNK)]
+
+
+def _load(path: Path, n: int) -> I64 | None:
     got = read_entry(path)
-    n = index.row_groups
-    if got is not None and len(got) == 8 * n:
-        return np.frombuffer(got, np.int64).copy()
-    out = _count(index, seq_len, threads, progress)
-    write_entry(path, out.tobytes())
-    return out
+    return np.frombuffer(got, np.int64).copy() if got is not None and len(got) == 8 * n else None
 
 
-def _count(index: RowGroupIndex, seq_len: int, threads: int | None, progress: bool | None) -> I64:
-    """Read each row group's token chunk once (threads: decodes release the GIL), its lengths binned."""
+def count_chunk(index: RowGroupIndex, seq_len: int, first: int, end: int) -> I64:
+    """``n_g`` of row groups ``[first, end)``: each one's token chunk read once, its lengths binned."""
+    return np.array([bins_of(list_lengths(read_chunk(index, g)), seq_len) for g in range(first, end)], np.int64)
+
+
+def bin_counts(
+    index: RowGroupIndex,
+    seq_len: int,
+    *,
+    threads: int | None = None,
+    progress: bool | None = None,
+    rank: int = 0,
+    world: int = 1,
+) -> I64:
+    """``n_g`` of every row group of ``index`` at ``seq_len``: the cache's chunks, the rest counted and kept.
+
+    Chunks are counted on ``threads`` (a decode releases the GIL; binning is a loop per
+    item, about a microsecond each), from this rank's share on, round the rest.
+    """
     from tqdm import tqdm
 
     from planner.progress import progress_enabled
     from planner.threads import map_ahead
 
-    n = index.row_groups
+    chunks = _chunks(index.row_groups)
+    start = rank * len(chunks) // max(world, 1)
+    order = chunks[start:] + chunks[:start]
+    done: dict[int, I64] = {}
 
-    def one(rg: int) -> int:
-        return bins_of(list_lengths(read_chunk(index, rg)), seq_len)
+    def one(c: tuple[int, int]) -> tuple[int, I64]:
+        path = _path(index, seq_len, *c)
+        got = _load(path, c[1] - c[0])  # another rank's, written meanwhile
+        if got is None:
+            got = count_chunk(index, seq_len, *c)
+            write_entry(path, got.tobytes())
+        return c[0], got
 
-    out = np.zeros(n, np.int64)
+    todo = []
+    for c in order:
+        got = _load(_path(index, seq_len, *c), c[1] - c[0])
+        if got is None:
+            todo.append(c)
+        else:
+            done[c[0]] = got
+    n = sum(b - a for a, b in todo)
     with (
         ThreadPoolExecutor(max_workers=threads or 4, thread_name_prefix="plitzer-bins") as pool,
         tqdm(
@@ -94,7 +138,64 @@ def _count(index: RowGroupIndex, seq_len: int, threads: int | None, progress: bo
             leave=False,
         ) as bar,
     ):
-        for rg, count in enumerate(map_ahead(pool, one, range(n))):
-            out[rg] = count
+        for first, got in map_ahead(pool, one, todo):
+            done[first] = got
+            bar.update(len(got))
+    if not chunks:
+        return np.zeros(0, np.int64)
+    return np.concatenate([done[a] for a, _ in chunks])
+
+
+def _ray_chunk(
+    source: Any, column: str | None, storage_options: Mapping[str, Any] | None, seq_len: int, first: int, end: int
+) -> tuple[int, I64]:
+    """A Ray task: the bins of one chunk, the index opened where the task runs (footers from its cache)."""
+    from planner import index as open_index
+
+    ix = open_index(source, column=column, storage_options=storage_options, progress=False)
+    return first, count_chunk(ix, seq_len, first, end)
+
+
+def bins_on_ray(
+    ix: RowGroupIndex,
+    seq_len: int,
+    *,
+    source: Any,
+    storage_options: Mapping[str, Any] | None = None,
+    address: str | None = None,
+    progress: bool | None = True,
+) -> int:
+    """Run the bins pass of a dataset's index ``ix`` as Ray tasks (one a chunk not cached); returns the chunks run.
+
+    Each task reads its chunk where it runs; the counts come back to this process, which
+    writes them into its cache, so a loader that follows (or a job whose ranks share this
+    cache folder) finds the whole pass. For a dataset of pre-tokenized Parquet (a selection
+    or a text source counts on the ranks, or on Ray through ``plitzer index --where``).
+    """
+    import ray
+    from tqdm import tqdm
+
+    from planner.progress import progress_enabled
+
+    chunks = _chunks(ix.row_groups)
+    todo = [c for c in chunks if _load(_path(ix, seq_len, *c), c[1] - c[0]) is None]
+    if not todo:
+        return 0
+    if not ray.is_initialized():
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    task = ray.remote(_ray_chunk)
+    ends = dict(todo)
+    refs = [task.remote(source, ix.column, storage_options, seq_len, a, b) for a, b in todo]
+    with tqdm(
+        total=len(refs),
+        desc="binning (ray)",
+        unit="chunk",
+        disable=not progress_enabled(progress, len(refs)),
+        leave=False,
+    ) as bar:
+        while refs:
+            ready, refs = ray.wait(refs, num_returns=1)
+            first, got = ray.get(ready[0])
+            write_entry(_path(ix, seq_len, first, ends[first]), got.tobytes())
             bar.update(1)
-    return out
+    return len(todo)

@@ -374,7 +374,7 @@ def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:
     if rule.pads:  # best-fit: the plan cuts bins, counted by the bins pass at seq_len (plitzer.state.bins)
         from plitzer.state.bins import bin_index
 
-        index = bin_index(index, settings.seq_len, threads=settings.threads)
+        index = bin_index(index, settings.seq_len, threads=settings.threads, rank=settings.rank, world=settings.world)
     per_row = rule.units_per_row(settings.seq_len)
     p = api.make_plan(index, settings.plan, weights=settings.weights, seq_len=per_row, layout=layout)
     p.columns = api.columns_of(settings.columns)
