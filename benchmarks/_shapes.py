@@ -24,6 +24,11 @@ hard links of one written file, so that 10^6 row groups cost no disk. For each s
     python benchmarks/cluster.py --shapes
     python benchmarks/cluster.py --shapes --shapes-row-groups 120000 --rank-files 300
     python benchmarks/cluster.py --shapes --index-only --shapes-row-groups 120000 --rounds 3
+
+``--packing best-fit``: each rank (cold, warm, ``index=``) runs under best-fit, its bins pass (a read
+of every row group's token column, cached by the first) and the bins column it keeps counted in.
+
+    python benchmarks/cluster.py --shapes --packing best-fit --shapes-row-groups 120000 --ranks 1
 """
 
 from __future__ import annotations
@@ -152,14 +157,15 @@ def _mib(b: float) -> str:
     return f"{b / 2**20:,.0f} MiB"
 
 
-def main(sizes: list[int], ranks: int, rank_files: int, per_file: int = 400) -> None:
+def main(sizes: list[int], ranks: int, rank_files: int, per_file: int = 400, packing: str | None = None) -> None:
     work = Path(tempfile.mkdtemp(prefix="plitzer-shapes-"))
     try:
         one = plitzer.synth.write_fineweb_shaped(work / "one", 1, row_groups_per_file=per_file)[0]
         distinct = work / "distinct"
         plitzer.synth.write_fineweb_shaped(distinct, 8, row_groups_per_file=per_file, distinct=8)
         py = sys.executable
-        base = {k: _run([py, str(PROBE), str(work / "one"), *a], work / f"c-one{k}") for k, a in (("", []),)}[""]
+        probe = ["--packing", packing] if packing else []  # best-fit: the bins pass and its column counted in
+        base = _run([py, str(PROBE), str(work / "one"), *probe], work / "c-one")
         print(f"footer: {one.stat().st_size:,} B file, {_footer_bytes(one) / per_file:,.0f} B a row group")
         info = plitzer_index(distinct, work / "distinct.index", work / "c-distinct")
         print(f"job index on 8 distinct files: {info['bytes'] / (8 * per_file):.1f} B a row group")
@@ -197,7 +203,7 @@ def main(sizes: list[int], ranks: int, rank_files: int, per_file: int = 400) -> 
                 ("warm (plitzer index's cache)", [], cache),
                 ("index=", ["--index", str(job)], work / f"c-job{n}"),
             ):
-                r = _run([py, str(PROBE), str(data), *args], c)
+                r = _run([py, str(PROBE), str(data), *args, *probe], c)
                 grow = (r["peak_bytes"] - base["peak_bytes"]) / (rgs - per_file)
                 print(
                     f"a rank, {name}: first batch {r['out']['first_batch_s']:.2f} s, {r['cpu_s']:.1f} CPU s, "

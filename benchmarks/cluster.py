@@ -190,6 +190,7 @@ def main() -> None:
     shapes.add_argument("--rank-files", type=int, default=2000, help="files of the gloo job (--ranks processes)")
     shapes.add_argument("--per-file", type=int, default=400, help="row groups a file")
     shapes.add_argument("--index-only", action="store_true", help="only plitzer index against pyarrow's parse")
+    shapes.add_argument("--packing", default=None, help="a rank's packing= (best-fit: its bins pass counted in)")
     shapes.add_argument("--rounds", type=int, default=3, help="--index-only: runs of each, alternating")
     shapes.add_argument("--index-against", type=Path, default=None, help="--index-only: another checkout too")
     real = ap.add_argument_group("real run (--real)")
@@ -219,7 +220,7 @@ def main() -> None:
             sizes = [int(x) for x in a.shapes_row_groups.split(",")]
             _shapes.index_only(sizes, a.per_file, a.rounds, a.index_against)
             return
-        _shapes.main([int(x) for x in a.shapes_row_groups.split(",")], a.ranks, a.rank_files, a.per_file)
+        _shapes.main([int(x) for x in a.shapes_row_groups.split(",")], a.ranks, a.rank_files, a.per_file, a.packing)
         return
     a.files = a.files or 100_000
     a.window = a.window or 64

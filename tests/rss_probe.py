@@ -1,7 +1,7 @@
 """A fresh process's peak RSS to its first batch, as JSON on stdout.
 
     python tests/rss_probe.py DATA [--index JOB] [--text] [--where SQL] [--dedupe KEY] [--exclude TABLE]
-                              [--columns a,b] [--budget B] [--rank R --world N --port P]
+                              [--columns a,b] [--budget B] [--packing best-fit] [--rank R --world N --port P]
 
 The peak resident set (``VmHWM``) of a process that imports plitzer, opens a Loader
 over DATA (``index=JOB`` where given) and takes one batch; compared with the same
@@ -11,7 +11,8 @@ rank R of a gloo group on 127.0.0.1:P, and the Loader shares the index's work wi
 other ranks (each rank reads 1/N of the footers). With ``--text``, DATA's ``text`` column
 is the source, tokenized by characters (its counting pass split across the ranks). With
 ``--where``, ``--dedupe`` or ``--exclude``, the selection's pass over the data is counted in;
-``--columns`` names aligned columns read beside the tokens. CPU seconds are the process's own.
+``--columns`` names aligned columns read beside the tokens; ``--packing best-fit`` counts
+best-fit's bins pass in (and the bins column it keeps). CPU seconds are the process's own.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def main() -> None:
     ap.add_argument("--exclude", default=None, help="exclude= (a Parquet or CSV table), its pass included")
     ap.add_argument("--columns", default=None, help="aligned columns (columns=), comma-separated")
     ap.add_argument("--budget", type=int, default=1 << 24, help="budget= (a selection that drops most rows needs more)")
+    ap.add_argument("--packing", default=None, help="packing= (best-fit: its bins pass included)")
     a = ap.parse_args()
     if a.world > 1:
         import torch.distributed as dist
@@ -71,7 +73,7 @@ def main() -> None:
         from tests.share_fixtures import CharTokenizer
 
         text = {"tokenizer": CharTokenizer()}
-    for name in ("where", "dedupe", "exclude", "columns"):
+    for name in ("where", "dedupe", "exclude", "columns", "packing"):
         if getattr(a, name) is not None:
             text[name] = getattr(a, name)
     with plitzer.Loader(

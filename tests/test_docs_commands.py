@@ -160,6 +160,16 @@ RULES: dict[str, Rule] = {
     "plitzer explain DATA --step K [--lane J] ...": synopsis("plitzer explain"),
     "plitzer index": synopsis("plitzer index"),
     "plitzer index DATA [--no-lengths]": scaled("plitzer index data/sample --no-lengths"),
+    "plitzer index DATA --packing best-fit --seq-len L": scaled(
+        "plitzer index data/sample --packing best-fit --seq-len 2048 --no-lengths"
+    ),
+    "plitzer audit DATA --packing best-fit --seq-len L": scaled(
+        "plitzer audit data/sample --packing best-fit --seq-len 2048 --lanes 8 --window 4 --out {scratch}/bf.html"
+    ),
+    "python benchmarks/throughput.py --packing best-fit": scaled(
+        "python benchmarks/throughput.py --packing best-fit --tokens 1000000 --threads 2 --lanes 16 --repeat 1 "
+        "--epochs 1 --padding-lengths 2048"
+    ),
     "plitzer index DATA --no-lengths --out JOB": scaled(
         "plitzer index data/sample --no-lengths --out {scratch}/job-index.parquet"
     ),
@@ -207,6 +217,7 @@ RULES: dict[str, Rule] = {
     "torchrun --nproc-per-node 2 docs/examples/train_tiny.py": R,
     "python docs/examples/loss_mixing.py": R,
     "python docs/examples/sft_mask.py": R,
+    "python docs/examples/whole_documents.py": R,
     # benchmarks and offline checks, at small sizes
     "python tests/fuzz_parquet.py BASE WORK N SEED": scaled(
         "python tests/fuzz_parquet.py data/sample/part-00000.parquet {scratch}/fuzz 20 2"
