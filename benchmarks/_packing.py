@@ -22,6 +22,8 @@ from typing import Any
 
 from _common import Timing, timed
 
+from planner.rules import rule_named
+
 
 def _steady(ix: Any, settings: dict[str, Any], epochs: int) -> tuple[Timing, float]:
     """``epochs`` steady-state epochs of one loader: their timing and the real tokens they delivered."""
@@ -35,7 +37,7 @@ def _steady(ix: Any, settings: dict[str, Any], epochs: int) -> tuple[Timing, flo
         with timed() as t:
             for _ in range(epochs):
                 steps += sum(1 for _ in loader)
-        per_row = settings["seq_len"] if settings.get("packing", "concat") == "concat" else 1
+        per_row = rule_named(settings.get("packing", "concat")).units_per_row(settings["seq_len"])
         real = steps * settings["lanes"] * per_row / units * ix.tokens
     return t, real
 

@@ -15,6 +15,7 @@ from planner.errors import ConfigError
 from planner.order.layout import Layout
 from planner.parameters import Selection
 from planner.progress import terminal_progress
+from planner.rules import rule_named
 from plitzer.cli.options import (
     columns_of,
     mixture_defaults,
@@ -219,7 +220,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     elif args.length_column is not None and args.dedupe is None and args.exclude is None:
         msg = "--length-column serves the selection pass: give --where (or --dedupe, --exclude)"
         raise ConfigError(msg)
-    elif args.engine == "ray" and args.dedupe is None and args.exclude is None and args.packing == "concat":
+    elif args.engine == "ray" and args.dedupe is None and args.exclude is None and not rule_named(args.packing).pads:
         msg = "--engine ray runs a pass: give --where, --dedupe, --exclude or --packing best-fit --seq-len L"
         raise ConfigError(msg)
     if args.dedupe is not None or args.exclude is not None:
@@ -231,7 +232,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         ix = dedupe_index(  # type: ignore[assignment]  # a DedupedIndex: an Index
             ix, selection, storage_options=storage_options_of(args), progress=terminal_progress()
         )
-    if args.packing != "concat":
+    if rule_named(args.packing).pads:  # best-fit: its bins pass
         ix = _bins_pass(args, ix, source)
     f = ix.frame
     columns: dict[str, list[Any]] = {

@@ -406,7 +406,7 @@ def checkpoint_config(plan: Plan, settings: LoaderSettings) -> dict[str, Any]:
         "revisions": revisions((ix.storage(f), ix.file(f)) for f in range(len(ix.files))),
         **({"columns": _columns_config(s.columns)} if s.columns else {}),
         # Under concat, absent: its checkpoints stay byte-identical to those before rules existed.
-        **({"packing": s.packing, "pad_id": int(s.pad_id)} if s.packing != CONCAT else {}),
+        **({"packing": s.packing, "pad_id": int(s.pad_id)} if s.rule.pads else {}),
     }
 
 
