@@ -360,7 +360,7 @@ def plan(
         order = [str(n) for n in source] if isinstance(source, Mapping) else None
         ix = deduper(ix, selection, storage_options=storage_options, order=order)
     rule = rule_named(packing)
-    tokens_a_row = seq_len if isinstance(seq_len, int) else 0
+    tokens_a_row = layout.first.seq_len if layout is not None else 0
     if rule.pads:  # SPEC section 15: the plan cuts bins, which the runtime's pass counts at seq_len
         if seq_len is None or layout is None:
             msg = f"packing={packing!r} bins documents at seq_len: give seq_len= too (the tokens of a row)"
@@ -368,7 +368,6 @@ def plan(
         binner = runtime_pass(binner, BINS)
         if binner is None:
             raise ConfigError(NO_BINNER)
-        tokens_a_row = layout.first.seq_len
         ix = binner(ix, tokens_a_row)
         layout = layout.in_units(rule.units_per_row)
         seq_len = rule.units_per_row(seq_len)

@@ -128,8 +128,9 @@ class Loader:
         self.settings = settings
         self.plan = plan
         self.index = plan.dataset
-        self.tokens = plan.tokens
-        self.epoch_tokens = plan.epoch_tokens  # T; less than tokens for a mixture whose first stage weighs a source 0
+        self.tokens = plan.dataset.tokens  # the stream's tokens (plan.tokens counts the rule's units: bins, best-fit)
+        # T, in the rule's units; fewer for a mixture whose first stage weighs a source 0
+        self.epoch_tokens = plan.epoch_tokens
         got = parts(plan, settings)  # checked (plitzer.state.build)
         self._run: Run = got.run
         self._scanner = got.scanner

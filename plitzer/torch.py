@@ -56,6 +56,9 @@ from plitzer.state.share import TorchGroup, join_parts, share_source, torch_read
 
 __all__ = ["Batch", "Dataset"]
 
+_TRUE = torch.ones((), dtype=torch.bool)
+"""The one value every concat batch's mask is a broadcast view of (no memory a step)."""
+
 
 @dataclass(frozen=True, eq=False, slots=True)
 class Batch:
@@ -142,11 +145,7 @@ class Batch:
             lanes=batch.lanes,
             source=batch,
             columns={n: from_dlpack(c) for n, c in batch.columns.items()},
-            mask=(
-                torch.from_numpy(batch.mask)
-                if batch.padded
-                else torch.ones((), dtype=torch.bool).expand(tuple(batch.tokens.shape))
-            ),
+            mask=(torch.from_numpy(batch.mask) if batch.padded else _TRUE.expand(tuple(batch.tokens.shape))),
             _owner=owner,
         )
 

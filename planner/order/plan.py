@@ -101,7 +101,7 @@ class Plan:
     def __repr__(self) -> str:
         s = self.settings
         return (
-            f"Plan({self.dataset.row_groups} row groups, {self.tokens:,} tokens, seed={s.seed}, "
+            f"Plan({self.dataset.row_groups} row groups, {self.tokens:,} {self.rule.unit}s, seed={s.seed}, "
             f"lanes={s.lanes}, window={s.window}, world={s.world}{self._columns_shown()})"
         )
 
@@ -129,18 +129,19 @@ class Plan:
 
     @property
     def tokens(self) -> int:
-        """The stream's tokens: every row group's (those a ``where=`` selects)."""
+        """The stream's units: every row group's tokens (those a ``where=`` selects); bins under best-fit."""
         return int(self._tokens.sum())
 
     @property
     def counts(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-        """Each row group's tokens, rows and empty documents, in index order (those a ``where=`` selects)."""
+        """Each row group's units (tokens; bins under best-fit), rows and empty documents, in index order
+        (those a ``where=`` selects)."""
         return self._tokens, self._rows, self._empty
 
     @property
     def epoch_tokens(self) -> int:
-        """Tokens of an epoch, ``T``: :attr:`tokens`, except for a mixture whose first stage
-        weighs some sources 0, where it counts the sources that stage weighs (a source that
+        """Units of an epoch, ``T`` (tokens; bins under best-fit): :attr:`tokens`, except for a mixture whose
+        first stage weighs some sources 0, where it counts the sources that stage weighs (a source that
         joins the run later moves no epoch; docs/design.md, "Epochs of a mixture")."""
         return int(self.order.total)
 
