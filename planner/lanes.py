@@ -24,7 +24,7 @@ import numpy as np
 
 from planner.arraytypes import I64
 
-__all__ = ["cut_at", "lane_of", "piece_range", "split_at_cuts", "window_offsets"]
+__all__ = ["cut_at", "lane_of", "piece_range", "split_at_cuts", "window_cuts", "window_lane", "window_offsets"]
 
 
 def cut_at(k: Any, q: Any, r: Any, z: Any, lanes: int) -> I64:
@@ -38,6 +38,22 @@ def cut_at(k: Any, q: Any, r: Any, z: Any, lanes: int) -> I64:
     extra = np.clip(k - z, 0, r) + np.maximum(0, np.minimum(z + r - lanes, k))
     out: I64 = k * q + extra
     return out
+
+
+def window_cuts(k: Any, total: Any, z: Any, lanes: int) -> I64:
+    """Cut ``c_k`` of windows of ``total`` units and offset ``z``: :func:`cut_at` with ``q, r = divmod(total, B)``.
+
+    What every caller means (the plan's tables, the packer, locate, a window cut again):
+    the one place the quotient and remainder are taken. Arrays broadcast.
+    """
+    t = np.asarray(total, dtype=np.int64)
+    return cut_at(k, t // lanes, t % lanes, z, lanes)
+
+
+def window_lane(x: Any, total: Any, z: Any, lanes: int) -> I64:
+    """Lane holding position ``x`` of windows of ``total`` units and offset ``z`` (:func:`lane_of`)."""
+    t = np.asarray(total, dtype=np.int64)
+    return lane_of(x, t // lanes, t % lanes, z, lanes)
 
 
 def lane_of(x: Any, q: Any, r: Any, z: Any, lanes: int) -> I64:

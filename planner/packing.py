@@ -46,7 +46,7 @@ from numpy.typing import NDArray
 
 from planner.arraytypes import I64, U64
 from planner.hashing import key, mix_array
-from planner.lanes import cut_at, split_at_cuts
+from planner.lanes import split_at_cuts, window_cuts
 
 __all__ = [
     "Items",
@@ -248,10 +248,8 @@ def cut_again_at(items: Items, lanes: int, begun: int, end_run: int, changes: li
     """
     for new_lanes, begin in changes:
         used = stage_tokens(begin, np.arange(lanes, dtype=np.int64), lanes, begun)
-        q, r = divmod(end_run - begin, new_lanes)
-        items = cut_again(
-            items, used, cut_at(np.arange(new_lanes + 1, dtype=np.int64), q, r, begin % new_lanes, new_lanes)
-        )
+        cuts = window_cuts(np.arange(new_lanes + 1, dtype=np.int64), end_run - begin, begin % new_lanes, new_lanes)
+        items = cut_again(items, used, cuts)
         lanes, begun = new_lanes, begin
     return items
 

@@ -139,7 +139,7 @@ def lane_positions(
         start = plan.run_before(int(e))
         w = np.searchsorted(ends, run[sel] - start, side="right")
         before = np.maximum(start + (ends[w] - window_tokens[w]), begin_run)
-        got = -((ks[sel] - before) // lanes) + (ks[sel] - begin_run) // lanes
+        got = stage_tokens(before, ks[sel], lanes, begin_run)
         rows[sel, 1] = e
         rows[sel, 2] = w
         rows[sel, 4] = p - got
@@ -161,8 +161,7 @@ def lane_base(plan: Plan, unit: int, rank_lanes: range, segment: Segment | None 
     run = plan.run_before(epoch) + int(ep.window_tokens[:window].sum())
     ks = np.arange(rank_lanes.start, rank_lanes.stop, dtype=np.int64)
     if segment is None or segment.begin_run == 0:
-        out: I64 = (run - ks + lanes - 1) // lanes
-        return out
+        return stage_tokens(run, ks, lanes, 0)
     got = stage_tokens(max(run, segment.begin_run), ks, lanes, segment.begin_run)
     out = segment.begin_step * segment.seq_len + got
     return out

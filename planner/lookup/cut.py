@@ -26,9 +26,17 @@ from typing import Any, Protocol
 import numpy as np
 
 from planner.arraytypes import I64
-from planner.lanes import cut_at, lane_of
+from planner.lanes import window_cuts, window_lane
 from planner.lookup.lengths import Lengths
-from planner.packing import concat_ranges, cut_documents, packed_order, row_cuts, slice_keys, slice_offsets
+from planner.packing import (
+    concat_ranges,
+    cut_documents,
+    packed_order,
+    row_cuts,
+    slice_keys,
+    slice_offsets,
+    stage_tokens,
+)
 
 __all__ = ["Cut", "Docs", "Pieces", "PlanView", "rows_of", "window_pieces", "window_slices"]
 
@@ -162,7 +170,7 @@ def window_pieces(
     first_step, begin = stage
     prefix = np.cumsum(ep.window_tokens) - ep.window_tokens
     run = plan.run_before(epoch) + prefix[cut.window]
-    lane_pos = first_step * seq_len - ((cut.lane - run) // b) + (cut.lane - begin) // b + offset
+    lane_pos = first_step * seq_len + stage_tokens(run, cut.lane, b, begin) + offset
     return rows_of(epoch, docs, cut, lane_pos, seq_len)
 
 
@@ -199,13 +207,12 @@ def _window_positions(ep: Any, windows: I64, size: int, b: int, lanes: I64 | Non
     first = windows * size
     pos, _ = concat_ranges(first, np.minimum(first + size, g) - first)
     win = ep.window[pos]
-    t_w = ep.window_tokens[win]
-    q, r, z = t_w // b, t_w % b, ep.window_z[win]
+    t_w, z = ep.window_tokens[win], ep.window_z[win]
     tok = _position_tokens(ep)[pos]
     start = ep.token_start[pos]
     if lanes is not None:
-        lo = win * b + lane_of(start, q, r, z, b)
-        hi = win * b + lane_of(start + tok, q, r, z, b)  # conservative: trailing empty documents
+        lo = win * b + window_lane(start, t_w, z, b)
+        hi = win * b + window_lane(start + tok, t_w, z, b)  # conservative: trailing empty documents
         need = np.searchsorted(lanes, lo, side="left") < np.searchsorted(lanes, hi, side="right")
         pos, win, start, tok = pos[need], win[need], start[need], tok[need]
     return pos, win, start, tok
@@ -248,10 +255,9 @@ def _near_lanes(
     """
     span = int(ep.window_tokens.max()) + 1
     kw, kk = lanes // b, lanes % b
-    kt = ep.window_tokens[kw]
-    kq, kr, kz = kt // b, kt % b, ep.window_z[kw]
-    r_lo = kw * span + cut_at(kk, kq, kr, kz, b)
-    r_hi = kw * span + cut_at(kk + 1, kq, kr, kz, b)
+    kt, kz = ep.window_tokens[kw], ep.window_z[kw]
+    r_lo = kw * span + window_cuts(kk, kt, kz, b)
+    r_hi = kw * span + window_cuts(kk + 1, kt, kz, b)
     axis = win * span + start
     ka = np.searchsorted(r_hi, axis, side="left")  # the first range ending at or after the start
     kb = np.searchsorted(r_lo, axis + tok, side="right") - 1  # the last starting at or before the end
@@ -274,7 +280,7 @@ def _split(ep: Any, docs: Docs, b: int, per: int) -> Cut:
     """
     wins, row = np.unique(docs.window, return_inverse=True)
     t_w = ep.window_tokens[wins][:, None]
-    cuts = cut_at(np.arange(b + 1, dtype=np.int64)[None, :], t_w // b, t_w % b, ep.window_z[wins][:, None], b)
+    cuts = window_cuts(np.arange(b + 1, dtype=np.int64)[None, :], t_w, ep.window_z[wins][:, None], b)
     parts = cut_documents(docs.start, docs.length, cuts, per=per, row=row.astype(np.int64, copy=False))
     return Cut(start=parts.start, end=parts.end, lane=parts.lane, doc=parts.doc, window=docs.window[parts.doc])
 

@@ -52,7 +52,7 @@ from planner.arraytypes import I64
 from planner.bounded import Bounded
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
-from planner.lanes import lane_of
+from planner.lanes import window_lane
 from planner.lookup.cut import Pieces, PlanView, window_pieces
 from planner.lookup.lengths import Lengths, as_lengths, lengths_from_array
 from planner.packing import concat_ranges
@@ -249,11 +249,10 @@ def _target_lanes(ep: Any, pos: I64, want: I64, lengths: Lengths, b: int) -> I64
     s_doc, l_doc = csum[at] - csum[base[hi]], flat[at]
     w = ep.window[pos][pi]
     ds = ep.token_start[pos][pi] + s_doc
-    t = ep.window_tokens[w]
-    q, r, z = t // b, t % b, ep.window_z[w]
+    t, z = ep.window_tokens[w], ep.window_z[w]
     full = l_doc > 0
-    ls = lane_of(ds, q, r, z, b)[full]
-    le = lane_of(ds + l_doc - 1, q, r, z, b)[full]
+    ls = window_lane(ds, t, z, b)[full]
+    le = window_lane(ds + l_doc - 1, t, z, b)[full]
     k, ki = concat_ranges(ls, le - ls + 1)
     out: I64 = np.unique(w[full][ki] * b + k)
     return out

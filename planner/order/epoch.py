@@ -38,7 +38,7 @@ from planner.arraytypes import I64
 from planner.catalog.rowgroups import RowGroupIndex, stream_counts
 from planner.errors import ConfigError
 from planner.hashing import key, permutation
-from planner.lanes import cut_at, lane_of, piece_range
+from planner.lanes import piece_range, window_cuts, window_lane
 from planner.rules import rule_of
 
 __all__ = [
@@ -158,13 +158,11 @@ class EpochPlan:
         """``c_0..c_B`` of one window (with ``c_B = T_w``), or ``c_k`` for the given ``k``."""
         if k is None:
             k = np.arange(lanes + 1, dtype=np.int64)
-        q, r = divmod(int(self.window_tokens[window]), lanes)
-        return cut_at(k, q, r, int(self.window_z[window]), lanes)
+        return window_cuts(k, int(self.window_tokens[window]), int(self.window_z[window]), lanes)
 
     def lane_of(self, window: Any, x: Any, lanes: int) -> I64:
         """Lane of token position ``x`` of ``window`` (both arrays broadcast)."""
-        t = self.window_tokens[window]
-        return lane_of(x, t // lanes, t % lanes, self.window_z[window], lanes)
+        return window_lane(x, self.window_tokens[window], self.window_z[window], lanes)
 
     def reads_of(self, window: int, rank: int) -> I64:
         """Positions a rank reads in a window, in stream order (from the window's positions alone)."""
@@ -256,10 +254,9 @@ def cut_epoch(
         tok, n, emp = tokens[at], rows[at], empty_docs[at]
         lo, hi = piece_range(token_start[a:b], tok, emp)
         w = window[a:b]
-        t_w = window_tokens[w]
-        q, r, z = t_w // lanes, t_w % lanes, window_z[w]
-        first[a:b] = np.where(n > 0, lane_of(lo, q, r, z, lanes) // lanes_per_rank, -1)
-        last[a:b] = np.where(n > 0, lane_of(hi, q, r, z, lanes) // lanes_per_rank, -1)
+        t_w, z = window_tokens[w], window_z[w]
+        first[a:b] = np.where(n > 0, window_lane(lo, t_w, z, lanes) // lanes_per_rank, -1)
+        last[a:b] = np.where(n > 0, window_lane(hi, t_w, z, lanes) // lanes_per_rank, -1)
 
     short, owns = _short_windows(window_tokens, window_z, lanes=lanes, world=world)
     return EpochPlan(
@@ -287,11 +284,9 @@ def _short_windows(window_tokens: I64, window_z: I64, *, lanes: int, world: int)
     lanes_per_rank = lanes // world
     short = np.flatnonzero(window_tokens < lanes).astype(np.int64)
     rk = np.arange(world, dtype=np.int64)[None, :]
-    wq = (window_tokens[short] // lanes)[:, None]
-    wr = (window_tokens[short] % lanes)[:, None]
-    wz = window_z[short][:, None]
-    c_lo = cut_at(rk * lanes_per_rank, wq, wr, wz, lanes)
-    c_hi = cut_at((rk + 1) * lanes_per_rank, wq, wr, wz, lanes)
+    wt, wz = window_tokens[short][:, None], window_z[short][:, None]
+    c_lo = window_cuts(rk * lanes_per_rank, wt, wz, lanes)
+    c_hi = window_cuts((rk + 1) * lanes_per_rank, wt, wz, lanes)
     owns = c_lo < c_hi
     owns[:, -1] = True
     return short, owns

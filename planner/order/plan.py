@@ -34,7 +34,7 @@ from planner.bounded import Bounded
 from planner.catalog.footer import give_back_memory
 from planner.catalog.rowgroups import RowGroupIndex, with_selected
 from planner.errors import ConfigError
-from planner.lanes import cut_at
+from planner.lanes import window_cuts
 from planner.order.epoch import EpochPlan, PlanSettings, check_int, cut_epoch, unit_counts
 from planner.order.epoch_order import EpochOrder, Permutation
 from planner.order.layout import Layout
@@ -251,15 +251,14 @@ class Plan:
             wins = np.flatnonzero(stage_of == i)
             window = np.repeat(wins, b)
             lane = np.tile(np.arange(b, dtype=np.int64), len(wins))
-            t = ep.window_tokens[window]
-            q, r, z = t // b, t % b, starts[window] % b
+            t, z = ep.window_tokens[window], starts[window] % b
             frame = {
                 "epoch": np.full(len(lane), epoch, dtype=np.int64),
                 "window_index": window,
                 "lane": lane,
                 "rank": lane // (b // self.settings.world),
-                "token_start": cut_at(lane, q, r, z, b),
-                "token_end": cut_at(lane + 1, q, r, z, b),
+                "token_start": window_cuts(lane, t, z, b),
+                "token_end": window_cuts(lane + 1, t, z, b),
             }
             if lay is not None:
                 frame["layout_stage"] = np.full(len(lane), i, np.int64)

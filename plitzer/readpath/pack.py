@@ -49,7 +49,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from planner.arraytypes import I64
-from planner.lanes import cut_at
+from planner.lanes import window_cuts
 from planner.packing import row_cuts, slice_keys, slice_offsets
 from planner.run import UnitPlace
 from plitzer.readpath.aligned import aligned_chunks, storage_dtype
@@ -298,9 +298,8 @@ def pack_unit(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | 
     nl = len(rank_lanes)
     if not chunks:  # nothing read: no document, so no piece
         return _empty_unit(reads, columns)
-    q, r = divmod(p.window_tokens, p.lanes)
     # The rank's cuts c_{k0} .. c_{k1}: its lanes' token ranges, end to end.
-    cuts = cut_at(np.arange(rank_lanes.start, rank_lanes.stop + 1), q, r, p.window_z, p.lanes)
+    cuts = window_cuts(np.arange(rank_lanes.start, rank_lanes.stop + 1), p.window_tokens, p.window_z, p.lanes)
     docs = unit_documents(chunks, p.token_start, reads.doc_base)
     pc_ = cut_pieces(docs, cuts, at_end=rank_lanes.stop == p.lanes)
     order, lane_piece = shuffle_pieces(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from planner.lanes import cut_at
+from planner.lanes import window_cuts
 from planner.packing import Items, cut_again_at, slice_keys, slice_offsets
 from plitzer.readpath.pack import ColumnChunks, finish_unit
 from plitzer.readpath.packed import PackedUnit, UnitReads
@@ -37,8 +37,7 @@ def pack_rest(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | 
     assert p.rest is not None
     window_start, b0, recuts = p.rest
     rank_lanes, keep = p.rank_lanes, p.keep
-    q, r = divmod(p.window_tokens, b0)
-    cuts = cut_at(np.arange(b0 + 1), q, r, window_start % b0, b0)
+    cuts = window_cuts(np.arange(b0 + 1), p.window_tokens, window_start % b0, b0)
     docs = unit_documents(chunks, p.token_start, reads.doc_base)
     pc_ = cut_pieces(docs, cuts, at_end=True)
     order, _ = shuffle_pieces(pc_, None, b0, slice_keys(p.seed, p.epoch, p.window, np.arange(b0)))
