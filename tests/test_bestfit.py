@@ -481,3 +481,24 @@ def test_the_bins_pass_runs_on_ray_ahead_of_the_job(tmp_path: Path, monkeypatch:
     monkeypatch.undo()
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "fresh"))
     assert bins_pass.bin_counts(planner.index(tmp_path / "d"), 16).tolist() == got.tolist()
+
+
+def test_a_mixture_file_takes_packing_and_pad_id(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    write_dataset(tmp_path / "a", [[[[1] * 7, [2] * 3, [3] * 12], [[4] * 5, [5] * 9]]])
+    write_dataset(tmp_path / "b", [[[[6] * 30, [7] * 2]]])
+    mix = tmp_path / "mix.toml"
+    mix.write_text(
+        f'packing = "best-fit"\npad_id = 3\n[sources.a]\npath = "{tmp_path / "a"}"\nweight = 1\n'
+        f'[sources.b]\npath = "{tmp_path / "b"}"\nweight = 1\n'
+    )
+    args = [sys.executable, "-m", "plitzer", "plan", "--mixture", str(mix), "--lanes", "2", "--window", "2"]
+    sql = ["--sql", "select sum(bins) b from index"]
+    out = subprocess.run([*args, "--seq-len", "8", *sql], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "│ 9   │" in out.stdout  # a: 3 + 2 bins; b: items 8, 8, 8, 6 and 2 (with the 6): 4 bins
+    mix.write_text(mix.read_text().replace("pad_id = 3", 'pad_id = "three"'))
+    bad = subprocess.run([*args, "--seq-len", "8", *sql], capture_output=True, text=True, check=False)
+    assert bad.returncode != 0 and "pad_id" in bad.stderr and "integer" in bad.stderr

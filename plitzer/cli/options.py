@@ -148,7 +148,8 @@ def columns_arg(text: str) -> list[str] | dict[str, Any]:
 
 
 def mixture_defaults(args: argparse.Namespace) -> None:
-    """Take a mixture file's own settings (``dedupe``, ``exclude``) where the command line gives none."""
+    """Take a mixture file's own settings (``dedupe``, ``exclude``, ``packing``, ``pad_id``) where the command
+    line gives none."""
     if getattr(args, "mixture", None):
         from plitzer.tools.mixfile import mixture_settings
 
@@ -240,7 +241,8 @@ SOURCE: tuple[Arg, ...] = (
 """The data (paths or ``--mixture``), its store and the selection: the source of a run."""
 
 RUN: tuple[Arg, ...] = tuple(
-    setting(n)
+    # packing and pad_id: unset unless given (the mixture file's, else the entry point's default)
+    setting(n, default=None) if n in ("packing", "pad_id") else setting(n)
     for n in PLAN_PARAMETERS
     if n not in {o.setting for o in SOURCE} and n not in ("storage_options", "weights")  # --endpoint, --mixture
 )

@@ -15,7 +15,8 @@ One ``[sources.NAME]`` table per source, with ``path`` and optionally ``column``
 
 Top-level ``dedupe = "tokens"`` (or a column) and ``exclude = "decontam.parquet"`` apply to
 the whole mixture (SPEC section 14: a document also in an earlier source, in the file's
-order of sources, is dropped from the later one); :func:`mixture_settings` reads them.
+order of sources, is dropped from the later one), and so do ``packing = "best-fit"`` and
+``pad_id = 0`` (SPEC section 15); :func:`mixture_settings` reads them.
 
 :func:`read_mixture` returns what ``plitzer.Loader(sources, weights=...)`` takes.
 """
@@ -28,8 +29,9 @@ from planner.errors import ConfigError
 
 __all__ = ["MIXTURE_SETTINGS", "mixture_columns", "mixture_settings", "read_mixture"]
 
-MIXTURE_SETTINGS = ("dedupe", "exclude")
+MIXTURE_SETTINGS = ("dedupe", "exclude", "packing", "pad_id")
 """Top-level keys of a mixture file that are settings of the whole mixture."""
+_INTS = ("pad_id",)  # those of them that are integers (the rest are strings)
 
 
 def _load(path: str) -> dict[str, Any]:
@@ -44,11 +46,16 @@ def _load(path: str) -> dict[str, Any]:
 
 
 def mixture_settings(path: str) -> dict[str, Any]:
-    """The whole mixture's settings a mixture file gives (``dedupe``, ``exclude``): strings, checked."""
+    """The whole mixture's settings a mixture file gives (``dedupe``, ``exclude``, ``packing``, ``pad_id``), checked."""
     doc = _load(path)
     out = {}
     for k in MIXTURE_SETTINGS:
-        if k in doc:
+        if k in doc and k in _INTS:
+            if isinstance(doc[k], bool) or not isinstance(doc[k], int):
+                msg = f"mixture file {path}: {k} = {doc[k]!r} must be an integer (a token id)"
+                raise ConfigError(msg)
+            out[k] = doc[k]
+        elif k in doc:
             if not isinstance(doc[k], str) or not doc[k]:
                 msg = f"mixture file {path}: {k} = {doc[k]!r} must be a string (dedupe: 'tokens' or a column)"
                 raise ConfigError(msg)
