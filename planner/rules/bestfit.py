@@ -87,9 +87,18 @@ def best_fit(length: I64, seq_len: int) -> I64:
     length = np.asarray(length, np.int64)
     order = np.argsort(-length, kind="stable")  # longest first, ties in storage order
     out = np.empty(len(length), np.int64)
-    open_: list[tuple[int, int]] = []
-    opened = 0
-    for i, n in zip(order.tolist(), length[order].tolist(), strict=True):
+    sorted_len = length[order]
+    # Whole-array where the rule is known without the loop: an item of more than L/2 tokens
+    # fits no bin an earlier (so as long) item opened, so each opens its own, in order.
+    big = int(np.searchsorted(-sorted_len, -(seq_len // 2), side="left"))
+    out[order[:big]] = np.arange(big, dtype=np.int64)
+    open_ = sorted(zip((seq_len - sorted_len[:big]).tolist(), range(big), strict=True))
+    opened = big
+    # Empty items, last in the order, all go to the bin with the least room (lowest-numbered):
+    # adding nothing changes no room. The loop places the rest.
+    empty = len(sorted_len) - int(np.searchsorted(-sorted_len, 0, side="left"))
+    stop = len(order) - empty
+    for i, n in zip(order[big:stop].tolist(), sorted_len[big:stop].tolist(), strict=True):
         at = bisect.bisect_left(open_, (n, -1))
         if at == len(open_):
             b, room = opened, seq_len - n
@@ -99,6 +108,8 @@ def best_fit(length: I64, seq_len: int) -> I64:
             room -= n
         out[i] = b
         bisect.insort(open_, (room, b))
+    if empty:
+        out[order[stop:]] = open_[0][1] if open_ else 0
     return out
 
 

@@ -14,9 +14,10 @@ the concat packer's, unchanged (:func:`plitzer.readpath.pack.pack_unit`,
    checkpoint records (the bin's ordinal in the shuffled slice, offset 0).
 2. *Rows.* Every bin of the unit's layout (step, lane) becomes its items' sub-pieces, in
    storage order, then one sub-piece of padding up to ``L`` (none where the bin is
-   full), and one gather (:func:`plitzer.readpath.pack.gather_laid_out`) writes each
-   token once, step-major, the block's steps first: a step inside the window is a view
-   of the block, a step that straddles two windows is assembled from the edges as under
+   full), and one gather (:func:`plitzer.readpath.pack.gather_layout`: each item a list over
+   its row group's values, each padding one over a buffer of ``pad_id``) writes each token
+   once, step-major, the block's steps first: a step inside the window is a view of the
+   block, a step that straddles two windows is assembled from the edges as under
    concat. Padding is a sub-piece of document -1, so ``doc_lengths``, ``cu_seqlens``
    and ``position_ids`` see it as a segment of its own and ``batch.mask`` is False there.
 
@@ -41,13 +42,13 @@ from planner.errors import DataError
 from planner.rules import Rule
 from planner.rules.bestfit import best_fit, item_lengths
 from plitzer.readpath.aligned import aligned_chunks, storage_dtype
-from plitzer.readpath.pack import ColumnChunks, gather_laid_out
+from plitzer.readpath.pack import ColumnChunks, chunk_lists, gather_layout
 from plitzer.readpath.packed import ColumnBlock, PackedUnit, StepRange, UnitReads, arrow_ints
 from plitzer.readpath.pieces import unit_documents
 
 __all__ = ["Rows", "pack_bins"]
 
-Packer = Callable[[list[pa.Array], UnitReads, ColumnChunks | None], PackedUnit]
+Packer = Callable[..., PackedUnit]  # pack_unit or pack_rest, called with gather=False
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -126,8 +127,9 @@ def pack_bins(
                 "entries (PLITZER_CACHE) and start again"
             )
             raise DataError(msg)
-    # 1. Units: the concat packer over one unit a bin (rows of one unit).
-    units = pack(_unit_chunks(per_chunk), UnitReads(p, np.cumsum(per_chunk) - per_chunk, 0, np.dtype(np.int64)), None)
+    # 1. Units: the concat packer over one unit a bin (rows of one unit): its tables, nothing gathered.
+    bases = np.cumsum(per_chunk) - per_chunk
+    units = pack(_unit_chunks(per_chunk), UnitReads(p, bases, 0, np.dtype(np.int64)), None, gather=False)
     # The unit's bins: their non-empty items in storage order (empty documents give no sub-piece).
     nbins = int(per_chunk.sum())
     live = np.flatnonzero(items.length > 0)
@@ -140,37 +142,40 @@ def pack_bins(
     )
     # 2. Rows: each bin of the layout its items, then its padding.
     j = units.doc  # the bin of each unit sub-piece, in layout order
-    n_items = count[j]
-    pad = bins.fill[j] < seq_len
-    per = n_items + pad
+    per = count[j] + (bins.fill[j] < seq_len)
     rep = np.repeat(np.arange(len(j), dtype=np.int64), per)
     k = np.arange(len(rep), dtype=np.int64) - (np.cumsum(per) - per)[rep]
     jr = j[rep]
     is_pad = k == count[jr]
     it = bins.items[np.minimum(bins.first[jr] + k, max(len(bins.items) - 1, 0))] if len(bins.items) else rep * 0
     pad_len = np.where(is_pad, seq_len - bins.fill[jr], 0)
-    length = np.where(is_pad, pad_len, items.length[it] if len(items.length) else 0)
-    d = items.doc[it] if len(items.doc) else rep * 0
-    pad_at = np.cumsum(pad_len) - pad_len  # each padding's values in the padding chunk
-    n_chunks = len(chunks)
-    chunk = np.where(is_pad, n_chunks, docs.chunk[d] if len(docs.chunk) else 0)
-    value = np.where(is_pad, pad_at, (docs.value[d] + items.offset[it]) if len(docs.value) else 0)
+    n_items = len(items.length)
+    length = np.where(is_pad, pad_len, items.length[it] if n_items else 0)
+    d = items.doc[it] if n_items else rep * 0
     doc = np.where(is_pad, -1, docs.id[d] if len(docs.id) else 0)
-    offset = np.where(is_pad, 0, items.offset[it] if len(items.offset) else 0)
+    offset = np.where(is_pad, 0, items.offset[it] if n_items else 0)
+    # Every item of the unit is one list over its row group's values (they tile them, in storage
+    # order), every padding one list over a buffer of pad values: one gather lays them out.
+    pads = np.flatnonzero(is_pad)
+    list_of = it.copy()
+    list_of[pads] = n_items + np.arange(len(pads), dtype=np.int64)
     bounds = np.concatenate([[0], np.cumsum(per)]).astype(np.int64)[units.steps.bounds]
     t0, t1 = units.t0, units.t1
     nl = units.rows
     steps = StepRange(units.steps.first, bounds)
     first, stop = (steps.of(t0)[0], steps.of(t1 - 1)[1]) if t1 > t0 else (0, 0)
     block_at = (first, stop, t1 - t0, nl, seq_len)
-    total_pad = int(pad_len.sum())
+    item_value = docs.value[items.doc] + items.offset if n_items else items.offset
+    item_chunk = docs.chunk[items.doc] if n_items else items.offset
+    pad_ends = np.concatenate([[0], np.cumsum(pad_len[pads])]).astype(np.int64)
 
     def gather(arrays: list[pa.Array], fill: Any, dt: np.dtype[Any]) -> Any:
-        filler = np.full(total_pad, fill, dt)
-        pad_chunk = pa.LargeListArray.from_arrays(
-            arrow_ints(np.array([0, total_pad], np.int64), pa.int64()), arrow_ints(filler, pa.from_numpy_dtype(dt))
+        typ = pa.from_numpy_dtype(dt)
+        filler = pa.LargeListArray.from_arrays(
+            arrow_ints(pad_ends, pa.int64()), arrow_ints(np.full(int(pad_ends[-1]), fill, dt), typ)
         )
-        return gather_laid_out([*arrays, pad_chunk], (chunk, value, length), dt, block_at)
+        lists = [*chunk_lists(arrays, item_chunk, item_value, items.length), filler]
+        return gather_layout(lists, list_of, length, dt, block_at)
 
     memory, block, edges, start = gather(docs.arrays, rows.pad_id, reads.dtype)
     packed_columns = {}

@@ -67,7 +67,7 @@ from plitzer.readpath.packed import (
 from plitzer.readpath.pieces import Pieces, cut_pieces, shuffle_pieces, unit_documents
 from plitzer.readpath.read import numpy_view
 
-__all__ = ["SHORT_ROWS", "ColumnChunks", "finish_unit", "gather_laid_out", "pack_unit"]
+__all__ = ["SHORT_ROWS", "ColumnChunks", "chunk_lists", "finish_unit", "gather_layout", "pack_unit"]
 
 ColumnChunks = dict[str, tuple[list[NDArray[Any]], np.dtype[Any]]]
 """Aligned columns of a unit's chunks: name -> (each chunk's values end to end, the column's dtype)."""
@@ -142,7 +142,7 @@ def _lay_out(pc_: Pieces, order: I64, lane_base: I64, seq_len: int, from_step: i
     )
 
 
-def _chunk_lists(arrays: list[pa.Array], chunk: I64, value: I64, length: I64) -> list[pa.Array]:
+def chunk_lists(arrays: list[pa.Array], chunk: I64, value: I64, length: I64) -> list[pa.Array]:
     """List arrays over each row group's values: list i is item i (items tile each chunk's values).
 
     Every list's offsets come from one array (each chunk's item starts and its end, from 0):
@@ -177,50 +177,50 @@ def _direct(
     *,
     tiled: bool = True,
 ) -> tuple[Memory | None, NDArray[Any], pa.Array, I64]:
-    """One gather of the sub-pieces: the block's steps (sub-pieces ``first:stop``) first, then the edges.
+    """One gather of the sub-pieces (:func:`gather_layout`), as lists over the decoded values.
 
-    The block leads the gathered memory, so its steps start on the allocation's
-    alignment (a page, for Polars' large buffers): JAX takes memory without a copy
-    only at 64-byte alignment, and each step is ``rows * seq_len`` tokens on from it.
+    Tiled: the sub-pieces in stream order tile the values, one list each; else
+    :func:`_scattered` fills the gaps between them.
+    """
+    if tiled:
+        lists, list_of = chunk_lists(arrays, lay.chunk_s, lay.value_s, lay.length_s), lay.sid
+    else:
+        lists, at = _scattered(arrays, lay.chunk_s, lay.value_s, lay.length_s)
+        list_of = at[lay.sid]
+    return gather_layout(lists, list_of, lay.length_s[lay.sid], dtype, block_at)
+
+
+def gather_layout(
+    lists: list[pa.Array],
+    list_of: I64,
+    length: I64,
+    dtype: np.dtype[Any],
+    block_at: tuple[int, int, int, int, int],
+) -> tuple[Memory | None, NDArray[Any], pa.Array, I64]:
+    """One gather of sub-pieces given in layout order: the block's steps (sub-pieces ``first:stop``) first.
+
+    ``list_of[i]``: the list (of ``lists``, end to end) holding layout sub-piece ``i``, of
+    ``length[i]`` values. The block leads the gathered memory, so its steps start on the
+    allocation's alignment (a page, for Polars' large buffers): JAX takes memory without a
+    copy only at 64-byte alignment, and each step is ``rows * seq_len`` tokens on from it.
+    Returns the memory, the ``(steps, rows, seq_len)`` block, the gathered values (the
+    edges) and each sub-piece's first value in them, in layout order.
     """
     first, stop, n, rows, seq_len = block_at
     nb = stop - first
-    ids = np.concatenate([lay.sid[first:stop], lay.sid[:first], lay.sid[stop:]])
-    length = lay.length_s[ids]
-    if len(ids) and tiled:
-        values = gather_lists(_chunk_lists(arrays, lay.chunk_s, lay.value_s, lay.length_s), ids)
-        assert values.type == pa.from_numpy_dtype(dtype), (values.type, dtype)
-    elif len(ids):
-        lists, at = _scattered(arrays, lay.chunk_s, lay.value_s, lay.length_s)
-        values = gather_lists(lists, at[ids])
+    ids = np.concatenate([list_of[first:stop], list_of[:first], list_of[stop:]])
+    if len(ids):
+        values = gather_lists(lists, ids)
         assert values.type == pa.from_numpy_dtype(dtype), (values.type, dtype)
     else:
         values = arrow_ints(np.zeros(0, dtype), pa.from_numpy_dtype(dtype))
     memory = Memory(values, dtype) if len(values) else None
     flat = memory.array() if memory is not None else np.zeros(0, dtype)
-    placed = np.cumsum(length) - length  # in gather order; back to layout order:
+    ln = np.concatenate([length[first:stop], length[:first], length[stop:]])
+    placed = np.cumsum(ln) - ln  # in gather order; back to layout order:
     start = np.concatenate([placed[nb : nb + first], placed[:nb], placed[stop:]])
     block = flat[: n * rows * seq_len].reshape(n, rows, seq_len)
     return memory, block, values, start
-
-
-def gather_laid_out(
-    arrays: list[pa.Array],
-    parts: tuple[I64, I64, I64],
-    dtype: np.dtype[Any],
-    block_at: tuple[int, int, int, int, int],
-) -> tuple[Memory | None, NDArray[Any], pa.Array, I64]:
-    """Sub-pieces in layout order (``parts``: each one's chunk, first value, length), gathered as :func:`_direct` does.
-
-    For a rule whose sub-pieces need not tile the decoded values (best-fit's items, in bin
-    order, and its padding: ``plitzer.readpath.bins``): one gather, the block's steps first.
-    Returns the memory, the ``(steps, rows, seq_len)`` block, the gathered values (the
-    edges) and each sub-piece's first value in them.
-    """
-    chunk, value, length = parts
-    z = np.zeros(0, np.int64)
-    lay = _Layout(chunk, value, length, np.arange(len(length), dtype=np.int64), z, z, z, length, z, z)
-    return _direct(arrays, lay, dtype, block_at, tiled=False)
 
 
 def _transposed(
@@ -251,7 +251,7 @@ def _transposed(
     back = width - front - n_lane
     assert int(front.max()) <= 1 and int(back.max()) <= 2
     length = pc_.end - pc_.start
-    lists = _chunk_lists(arrays, pc_.chunk, pc_.value, length)
+    lists = chunk_lists(arrays, pc_.chunk, pc_.value, length)
     pad_ids = sum(len(x) for x in lists)  # lists of 0, 1 and 2 filler tokens follow the pieces
     lists.append(
         list_views(arrow_ints(np.zeros(3, dtype), pa.from_numpy_dtype(dtype)), np.array([0, 0, 1]), np.array([0, 1, 3]))
@@ -280,7 +280,9 @@ def _transposed(
     return memory, block, edges, start
 
 
-def pack_unit(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | None = None) -> PackedUnit:
+def pack_unit(
+    chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | None = None, *, gather: bool = True
+) -> PackedUnit:
     """Pack the decoded row groups a rank read in one window into step-major blocks.
 
     ``chunks`` are the token columns of the rank's row groups in stream order (the
@@ -292,6 +294,8 @@ def pack_unit(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | 
     lane) leaves out lanes that will never read this window, and ``from_step`` the
     steps before it (after a resume). ``columns``: each aligned column's values of every
     chunk and its dtype (:func:`plitzer.readpath.aligned.read_columns`), packed alike.
+    ``gather=False``: the layout's tables and slices only, no token copied (best-fit's units,
+    :mod:`plitzer.readpath.bins`).
     """
     p = reads.place
     rank_lanes = p.rank_lanes
@@ -305,7 +309,7 @@ def pack_unit(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | 
     order, lane_piece = shuffle_pieces(
         pc_, p.keep, nl, slice_keys(p.seed, p.epoch, p.window, np.arange(rank_lanes.start, rank_lanes.stop))
     )
-    return finish_unit(docs.arrays, pc_, order, lane_piece, reads, tiled=True, columns=columns)
+    return finish_unit(docs.arrays, pc_, order, lane_piece, reads, tiled=True, columns=columns, gather=gather)
 
 
 def _empty_unit(reads: UnitReads, columns: ColumnChunks | None) -> PackedUnit:
@@ -389,6 +393,7 @@ def finish_unit(
     *,
     tiled: bool,
     columns: ColumnChunks | None = None,
+    gather: bool = True,
 ) -> PackedUnit:
     """The rank's pieces in packed order (slices ``lane_piece``) laid out step-major: the packed unit.
 
@@ -417,16 +422,19 @@ def finish_unit(
     # the decoded values, so those pieces no longer tile them and are gathered as scattered.
     tiled = tiled and len(order) == len(pc_.local)
 
-    def gather(arrs: list[pa.Array], dt: np.dtype[Any]) -> tuple[Memory | None, NDArray[Any], pa.Array, I64]:
+    def gathered_as(arrs: list[pa.Array], dt: np.dtype[Any]) -> tuple[Memory | None, NDArray[Any], pa.Array, I64]:
+        if not gather:  # the tables alone: nothing gathered
+            z = np.zeros(0, dt)
+            return None, z.reshape(0, nl, seq_len), arrow_ints(z, pa.from_numpy_dtype(dt)), np.zeros(0, np.int64)
         if tiled and short and t1 > t0:
             return _transposed(arrs, pc_, order, lane_piece, lane_base, n_lane, lay, dt, t0, t1, seq_len)
         return _direct(arrs, lay, dt, (first, stop, t1 - t0, nl, seq_len), tiled=tiled)
 
-    gathered = gather(arrays, dtype)
+    gathered = gathered_as(arrays, dtype)
     # Aligned columns: the same pieces, row cuts and layout, one more gather each (plitzer.readpath.aligned).
     packed_columns = {}
     for name, (values, cdt) in (columns or {}).items():
-        c_mem, c_block, c_edges, _ = gather(aligned_chunks(arrays, values, cdt), storage_dtype(cdt))
+        c_mem, c_block, c_edges, _ = gathered_as(aligned_chunks(arrays, values, cdt), storage_dtype(cdt))
         if c_mem is not None:
             c_mem.keep_alive(gathered[0])
         packed_columns[name] = ColumnBlock(c_mem, c_block, c_edges, cdt)
@@ -464,4 +472,4 @@ def _scattered(arrays: list[pa.Array], chunk: I64, value: I64, length: I64) -> t
     seq_c[at[g] - 1], seq_s[at[g] - 1], seq_e[at[g] - 1] = c[g], prev_end[g], v[g]
     ids = np.empty(n, np.int64)
     ids[srt] = at
-    return _chunk_lists(arrays, seq_c, seq_s, seq_e - seq_s), ids
+    return chunk_lists(arrays, seq_c, seq_s, seq_e - seq_s), ids

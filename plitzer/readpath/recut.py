@@ -20,7 +20,9 @@ from plitzer.readpath.pieces import Pieces, cut_pieces, shuffle_pieces, unit_doc
 __all__ = ["pack_rest"]
 
 
-def pack_rest(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | None = None) -> PackedUnit:
+def pack_rest(
+    chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | None = None, *, gather: bool = True
+) -> PackedUnit:
     """Pack a window cut again by layout changes inside it (docs/design.md, "Layout stages").
 
     ``chunks`` are every row group of the window (stream order). The window is first
@@ -67,4 +69,4 @@ def pack_rest(chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | 
     )
     bounds = np.searchsorted(local, np.arange(len(rank_lanes) + 1), side="left").astype(np.int64)
     ident = np.arange(len(src), dtype=np.int64)
-    return finish_unit(docs.arrays, rest, ident, bounds, reads, tiled=False, columns=columns)
+    return finish_unit(docs.arrays, rest, ident, bounds, reads, tiled=False, columns=columns, gather=gather)
