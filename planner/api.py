@@ -94,7 +94,7 @@ NO_BINNER = (
     "packing='best-fit' needs the bins pass, which reads the documents' lengths: call plitzer.plan "
     "(or pass binner=plitzer.state.bins.bin_index)"
 )
-Binner = Callable[[Any, int], Any]
+Binner = Callable[..., Any]
 """The bins pass (``plitzer.state.bins.bin_index``): an index and ``seq_len`` in, the index with its bins out."""
 
 NO_DEDUPER = (
@@ -130,12 +130,13 @@ def check_source(
     """Refuse keywords that do not go together with a source of ``kind`` (the planner's checks, in one place).
 
     ``text``: a tokenizer is given (the source is text, counted by tokenizing). ``dedupe``:
-    ``dedupe=`` or ``exclude=`` is given (a selection the length column also serves).
+    ``dedupe=`` or ``exclude=`` is given, or ``packing="best-fit"`` (passes the length column
+    also serves).
     """
     if length_column is not None and where is None and not dedupe and kind != "dict":
         msg = (
-            f"length_column={length_column!r} without where=, dedupe= or exclude=; the length column serves a "
-            "selection (it gives the rows' token counts without decoding the token column)"
+            f"length_column={length_column!r} without where=, dedupe= or exclude=, or packing='best-fit'; the length "
+            "column serves their passes (it gives the rows' token counts without decoding the token column)"
         )
         raise ConfigError(msg)
     if kind in ("dict", "mixture index"):
@@ -197,6 +198,7 @@ def open_index(
     text_source: Callable[[SourceSpec], Index] | None = None,
     opened: Mapping[str, Index] | None = None,
     count: ChunkCounter | None = None,
+    binned: bool = False,
 ) -> RowGroupIndex:
     """The index of ``source``: a mixture's for a dict, the given one for an index, else a dataset's.
 
@@ -210,11 +212,12 @@ def open_index(
     source (one whose dict has a ``tokenizer``). ``opened``: a mixture's sources opened
     already, by name (:func:`planner.mixing.mixindex.mixture_index`). ``count``: what counts
     a row group whose footer has no statistics (the runtime's, :func:`planner.index`).
+    ``binned``: best-fit's bins pass follows (``selection``'s ``length_column`` serves it too).
     """
     kind = source_kind(source)
     where, length_column = (None, None) if selection is None else (selection.where, selection.length_column)
-    dedupe = selection is not None and (selection.dedupe is not None or selection.exclude is not None)
-    check_source(kind, weights=weights, text=text is not None, where=where, length_column=length_column, dedupe=dedupe)
+    passes = binned or (selection is not None and (selection.dedupe is not None or selection.exclude is not None))
+    check_source(kind, weights=weights, text=text is not None, where=where, length_column=length_column, dedupe=passes)
     if kind in ("dict", "mixture index"):
         return mixture_index(
             cast("Mapping[str, Any] | MixtureIndex", source),  # what source_kind found
@@ -353,6 +356,7 @@ def plan(
         selection=selection,
         select=selector,
         count=count,
+        binned=rule_named(packing).pads,
     )
     if selection.dedupe is not None or selection.exclude is not None:  # SPEC section 14: the runtime's pass
         if deduper is None:
@@ -368,7 +372,7 @@ def plan(
         binner = runtime_pass(binner, BINS)
         if binner is None:
             raise ConfigError(NO_BINNER)
-        ix = binner(ix, tokens_a_row)
+        ix = binner(ix, tokens_a_row, length_column=length_column)
         layout = layout.in_units(rule.units_per_row)
         seq_len = rule.units_per_row(seq_len)
     p = make_plan(ix, settings, weights=weights, seq_len=seq_len, layout=layout)

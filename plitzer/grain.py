@@ -281,7 +281,7 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
             probe = its[0].loader if its else Loader.from_settings(self._source, self._settings)
             try:
                 _replay(probe, [] if its else self._stages)
-                at_step = live.earliest_step(probe.plan, probe.step, self._settings.seq_len)
+                at_step = live.earliest_step(probe.plan, probe.step, self._settings.units_per_row)
             finally:
                 if not its:
                     probe.close()

@@ -193,7 +193,7 @@ class Loader:
         """
         self._check_fork()
         with self._lock:
-            stage = live.live_stage(self.plan, weights, at_step, self._step, self.settings.seq_len)
+            stage = live.live_stage(self.plan, weights, at_step, self._step, self.settings.units_per_row)
             self._set_run(*self._run.with_stage(stage))
             return stage.start
 

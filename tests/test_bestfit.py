@@ -438,9 +438,9 @@ def test_the_bins_pass_is_split_between_ranks_and_cached(tmp_path: Path, monkeyp
     counted: list[int] = []
     real = bins_pass.count_chunk
 
-    def spy(index: object, seq_len: int, first: int, end: int) -> np.ndarray:
+    def spy(index: object, seq_len: int, first: int, end: int, length_column: str | None = None) -> np.ndarray:
         counted.append(first)
-        return real(index, seq_len, first, end)
+        return real(index, seq_len, first, end, length_column)
 
     monkeypatch.setattr(bins_pass, "count_chunk", spy)
     got = bins_pass.bin_counts(ix, 16, threads=1, rank=1, world=2)
@@ -502,3 +502,58 @@ def test_a_mixture_file_takes_packing_and_pad_id(tmp_path: Path) -> None:
     mix.write_text(mix.read_text().replace("pad_id = 3", 'pad_id = "three"'))
     bad = subprocess.run([*args, "--seq-len", "8", *sql], capture_output=True, text=True, check=False)
     assert bad.returncode != 0 and "pad_id" in bad.stderr and "integer" in bad.stderr
+
+
+def test_a_stage_that_repeats_the_layout_changes_nothing(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    write_dataset(tmp_path, [[[list(rng.integers(0, 99, int(n))) for n in rng.integers(0, 40, 15)] for _ in range(6)]])
+    kw = {"seed": 5, "window": 2, "seq_len": 24, "packing": "best-fit", "budget": 1 << 24}
+    with plitzer.Loader(tmp_path, lanes=4, **kw) as plain:
+        want = [np.from_dlpack(plain.next_batch().tokens).copy() for _ in range(30)]
+    with plitzer.Loader(tmp_path, lanes=[(0, 4), (7, 4)], **kw) as staged:
+        assert all(np.array_equal(np.from_dlpack(staged.next_batch().tokens), w) for w in want)
+    with plitzer.Loader(tmp_path, lanes=4, **kw) as live:
+        for t, w in enumerate(want):
+            if t == 11:
+                live.set_layout(lanes=4)
+            assert np.array_equal(np.from_dlpack(live.next_batch().tokens), w), t
+        with pytest.raises(ConfigError, match="seq_len stages"):
+            live.set_layout(seq_len=48)
+
+
+def test_live_weights_under_best_fit_equal_the_stages_given_up_front(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    for name in ("a", "b"):
+        write_dataset(tmp_path / name, [[[list(rng.integers(0, 99, int(n))) for n in rng.integers(1, 30, 12)]] * 6])
+    src = {"a": str(tmp_path / "a"), "b": str(tmp_path / "b")}
+    kw = {"seed": 2, "lanes": 4, "window": 2, "seq_len": 32, "packing": "best-fit", "budget": 1 << 24}
+    with plitzer.Loader(src, weights={"a": 1, "b": 1}, **kw) as live:
+        got = [np.from_dlpack(live.next_batch().tokens).copy() for _ in range(6)]
+        start = live.set_weights({"a": 3, "b": 1})
+        got += [np.from_dlpack(live.next_batch().tokens).copy() for _ in range(start + 10 - 6)]
+    with plitzer.Loader(src, weights=[(0, {"a": 1, "b": 1}), (start, {"a": 3, "b": 1})], **kw) as given:
+        want = [np.from_dlpack(given.next_batch().tokens).copy() for _ in range(len(got))]
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    assert len(got) >= 10  # steps after the stage's first
+
+
+def test_the_bins_pass_reads_a_length_column_instead_of_the_tokens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plitzer.state import bins as bins_pass
+
+    rng = np.random.default_rng(9)
+    docs = [list(rng.integers(0, 99, int(n))) for n in rng.integers(0, 50, 60)]
+    table = pa.table({"tokens": pa.array(docs, pa.list_(pa.int32())), "n": pa.array([len(d) for d in docs])})
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=20)
+    kw = {"lanes": 2, "window": 2, "seq_len": 32, "packing": "best-fit"}
+    with plitzer.Loader(tmp_path, **kw) as ld:
+        want = [np.from_dlpack(ld.next_batch().tokens).copy() for _ in range(8)]
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "fresh"))
+    read: list[int] = []
+    real = bins_pass.read_chunk
+    monkeypatch.setattr(bins_pass, "read_chunk", lambda ix, g: read.append(g) or real(ix, g))
+    with plitzer.Loader(tmp_path, length_column="n", **kw) as ld:
+        got = [np.from_dlpack(ld.next_batch().tokens).copy() for _ in range(8)]
+    assert read == []  # the pass read the length column, not the token lists
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))

@@ -166,6 +166,11 @@ RULES: dict[str, Rule] = {
     "plitzer audit DATA --packing best-fit --seq-len L": scaled(
         "plitzer audit data/sample --packing best-fit --seq-len 2048 --lanes 8 --window 4 --out {scratch}/bf.html"
     ),
+    "python benchmarks/throughput.py --packing best-fit --data data/text --column input_ids --threads 2 --lanes 64 "
+    "--window 8 --repeat 5 --epochs 2": scaled(
+        "python benchmarks/throughput.py --packing best-fit --data data/sample --threads 2 --lanes 8 --window 2 "
+        "--repeat 1 --epochs 1 --padding-lengths 2048"
+    ),
     "python benchmarks/throughput.py --packing best-fit": scaled(
         "python benchmarks/throughput.py --packing best-fit --tokens 1000000 --threads 2 --lanes 16 --repeat 1 "
         "--epochs 1 --padding-lengths 2048"

@@ -138,7 +138,7 @@ def _dataset_section(ix: RowGroupIndex, plan: Plan, cfg: LoaderSettings, lengths
     """Summary, settings, document lengths and tokens per file and row group."""
     tables, figures, _ = out
     f = ix.frame
-    per_epoch = Layout.one(cfg.lanes, cfg.rule.units_per_row(cfg.seq_len)).step_at_run(plan.epoch_tokens)
+    per_epoch = Layout.one(cfg.lanes, cfg.units_per_row).step_at_run(plan.epoch_tokens)
     tables["summary"] = pl.DataFrame(
         {
             "files": [len(ix.files)],
@@ -322,7 +322,7 @@ def audit(
     """
     cfg = LoaderSettings.of(caller="plitzer.audit", own=_AUDIT_OWN, **settings)
     # The order's arithmetic counts the rule's units (tokens; best-fit's bins, one a row): so do these tables.
-    lanes, seq_len = cfg.lanes, cfg.rule.units_per_row(cfg.seq_len)
+    lanes, seq_len = cfg.lanes, cfg.units_per_row
     ix = open_source(source, cfg)
     plan = make_plan(ix, cfg)
     lengths = document_pass(ix, progress=progress)[0]

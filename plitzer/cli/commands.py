@@ -172,8 +172,16 @@ def _bins_pass(args: argparse.Namespace, ix: Any, source: Any) -> Any:
         msg = "--packing best-fit bins documents at one sequence length: give --seq-len L (e.g. 2048)"
         raise ConfigError(msg)
     if args.engine == "ray" and args.where is None and args.dedupe is None and args.exclude is None:
-        bins_on_ray(ix, args.seq_len, source=source, storage_options=storage_options_of(args), address=args.address)
-    return bin_index(ix, args.seq_len, progress=terminal_progress())
+        opts = storage_options_of(args)
+        bins_on_ray(
+            ix,
+            args.seq_len,
+            source=source,
+            storage_options=opts,
+            address=args.address,
+            length_column=args.length_column,
+        )
+    return bin_index(ix, args.seq_len, progress=terminal_progress(), length_column=args.length_column)
 
 
 def cmd_index(args: argparse.Namespace) -> int:
@@ -217,8 +225,13 @@ def cmd_index(args: argparse.Namespace) -> int:
         if args.engine == "ray":
             select_on_ray(ix, selection, source=source, storage_options=storage_options_of(args), address=args.address)
         ix = select_index(ix, selection, progress=terminal_progress())
-    elif args.length_column is not None and args.dedupe is None and args.exclude is None:
-        msg = "--length-column serves the selection pass: give --where (or --dedupe, --exclude)"
+    elif (
+        args.length_column is not None
+        and args.dedupe is None
+        and args.exclude is None
+        and not rule_named(args.packing).pads
+    ):
+        msg = "--length-column serves a pass: give --where, --dedupe, --exclude or --packing best-fit --seq-len L"
         raise ConfigError(msg)
     elif args.engine == "ray" and args.dedupe is None and args.exclude is None and not rule_named(args.packing).pads:
         msg = "--engine ray runs a pass: give --where, --dedupe, --exclude or --packing best-fit --seq-len L"

@@ -38,8 +38,9 @@ from planner.rules import BINS
 from planner.rules.bestfit import bins_of
 from planner.stores.cache import cache_dir, digest, read_entry, write_entry
 from plitzer.readpath.read import list_lengths, read_chunk
+from plitzer.selection.evaluate import SelectionPass
 
-__all__ = ["CHUNK", "bin_counts", "bin_index", "bins_on_ray"]
+__all__ = ["CHUNK", "bin_counts", "bin_index", "bins_on_ray", "count_chunk", "document_lengths"]
 
 VERSION = 1
 """The cache entries' format (and the rule's: a change of either makes new keys)."""
@@ -55,14 +56,19 @@ def bin_index(
     progress: bool | None = None,
     rank: int = 0,
     world: int = 1,
+    length_column: str | None = None,
 ) -> Any:
     """``index`` with each row group's bins at ``seq_len`` in its frame (``bins``): what best-fit plans by.
 
     A mixture's sources are counted (and cached) one at a time, so a source shared by
-    two mixtures is counted once. ``rank`` of ``world``: where this rank starts (above).
+    two mixtures is counted once. ``rank`` of ``world``: where this rank starts (above);
+    ``length_column``: the lengths from that column, the token column left undecoded.
     """
     parts = index.parts if isinstance(index, MixtureIndex) else [index]
-    counts = [bin_counts(ix, seq_len, threads=threads, progress=progress, rank=rank, world=world) for ix in parts]
+    counts = [
+        bin_counts(ix, seq_len, threads=threads, progress=progress, rank=rank, world=world, length_column=length_column)
+        for ix in parts
+    ]
     out = copy.copy(index)
     out.frame = index.frame.with_columns(pl.Series(BINS, np.concatenate(counts), pl.Int64))
     return out
@@ -83,9 +89,26 @@ def _load(path: Path, n: int) -> I64 | None:
     return np.frombuffer(got, np.int64).copy() if got is not None and len(got) == 8 * n else None
 
 
-def count_chunk(index: RowGroupIndex, seq_len: int, first: int, end: int) -> I64:
-    """``n_g`` of row groups ``[first, end)``: each one's token chunk read once, its lengths binned."""
-    return np.array([bins_of(list_lengths(read_chunk(index, g)), seq_len) for g in range(first, end)], np.int64)
+def document_lengths(index: Any, rg: int, length_column: str | None = None) -> I64:
+    """Row group ``rg``'s documents' token lengths, in stream order (the rows a selection keeps).
+
+    From ``length_column`` where the index takes one (a column of each row's token count,
+    its sum checked against the footer's: ``plitzer.selection.evaluate.SelectionPass``), so
+    the token column is not decoded; else the token lists' lengths as the index reads them
+    (a text source tokenized). What the bins pass and ``locate`` read.
+    """
+    column = index.length_source(length_column) if hasattr(index, "length_source") else length_column
+    if column is None:
+        return list_lengths(read_chunk(index, rg))
+    lengths = SelectionPass(ix=index, where="", columns=[], length_column=column).lengths(rg)
+    kept = index.selected_rows(rg)
+    return lengths if kept is None else lengths[kept]
+
+
+def count_chunk(index: RowGroupIndex, seq_len: int, first: int, end: int, length_column: str | None = None) -> I64:
+    """``n_g`` of row groups ``[first, end)``: each one's lengths read once (:func:`document_lengths`), binned."""
+    got = [bins_of(document_lengths(index, g, length_column), seq_len) for g in range(first, end)]
+    return np.array(got, np.int64)
 
 
 def bin_counts(
@@ -96,6 +119,7 @@ def bin_counts(
     progress: bool | None = None,
     rank: int = 0,
     world: int = 1,
+    length_column: str | None = None,
 ) -> I64:
     """``n_g`` of every row group of ``index`` at ``seq_len``: the cache's chunks, the rest counted and kept.
 
@@ -116,7 +140,7 @@ def bin_counts(
         path = _path(index, seq_len, *c)
         got = _load(path, c[1] - c[0])  # another rank's, written meanwhile
         if got is None:
-            got = count_chunk(index, seq_len, *c)
+            got = count_chunk(index, seq_len, *c, length_column)
             write_entry(path, got.tobytes())
         return c[0], got
 
@@ -147,13 +171,18 @@ def bin_counts(
 
 
 def _ray_chunk(
-    source: Any, column: str | None, storage_options: Mapping[str, Any] | None, seq_len: int, first: int, end: int
+    source: Any,
+    column: str | None,
+    storage_options: Mapping[str, Any] | None,
+    seq_len: int,
+    chunk: tuple[int, int],
+    length_column: str | None,
 ) -> tuple[int, I64]:
     """A Ray task: the bins of one chunk, the index opened where the task runs (footers from its cache)."""
     from planner import index as open_index
 
     ix = open_index(source, column=column, storage_options=storage_options, progress=False)
-    return first, count_chunk(ix, seq_len, first, end)
+    return chunk[0], count_chunk(ix, seq_len, *chunk, length_column)
 
 
 def bins_on_ray(
@@ -164,6 +193,7 @@ def bins_on_ray(
     storage_options: Mapping[str, Any] | None = None,
     address: str | None = None,
     progress: bool | None = True,
+    length_column: str | None = None,
 ) -> int:
     """Run the bins pass of a dataset's index ``ix`` as Ray tasks (one a chunk not cached); returns the chunks run.
 
@@ -185,7 +215,7 @@ def bins_on_ray(
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     task = ray.remote(_ray_chunk)
     ends = dict(todo)
-    refs = [task.remote(source, ix.column, storage_options, seq_len, a, b) for a, b in todo]
+    refs = [task.remote(source, ix.column, storage_options, seq_len, c, length_column) for c in todo]
     with tqdm(
         total=len(refs),
         desc="binning (ray)",

@@ -232,6 +232,11 @@ class LoaderSettings:
         return rule_named(self.packing)
 
     @property
+    def units_per_row(self) -> int:
+        """The rule's units a lane's row of the first layout stage consumes: ``seq_len`` tokens, or one bin."""
+        return self.rule.units_per_row(self.seq_len)
+
+    @property
     def unit_layout(self) -> Layout:
         """The layout stages in the rule's units: what the plan and the run count steps in.
 
@@ -293,6 +298,7 @@ def open_source(source: Source, settings: LoaderSettings, opened: Mapping[str, I
         select=select,
         text_source=_text_source,
         opened=opened,
+        binned=s.rule.pads,
         count=count_chunk,
     )
     if s.selection.dedupe is None and s.selection.exclude is None:
@@ -374,8 +380,15 @@ def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:
     if rule.pads:  # best-fit: the plan cuts bins, counted by the bins pass at seq_len (plitzer.state.bins)
         from plitzer.state.bins import bin_index
 
-        index = bin_index(index, settings.seq_len, threads=settings.threads, rank=settings.rank, world=settings.world)
-    per_row = rule.units_per_row(settings.seq_len)
+        index = bin_index(
+            index,
+            settings.seq_len,
+            threads=settings.threads,
+            rank=settings.rank,
+            world=settings.world,
+            length_column=settings.selection.length_column,
+        )
+    per_row = settings.units_per_row
     p = api.make_plan(index, settings.plan, weights=settings.weights, seq_len=per_row, layout=layout)
     p.columns = api.columns_of(settings.columns)
     p.packing = (rule.name, int(settings.pad_id), settings.seq_len)

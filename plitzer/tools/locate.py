@@ -47,10 +47,9 @@ from planner.order.plan import Plan
 from planner.parameters import document
 from planner.rules import rule_named
 from plitzer.loader import open_plan
-from plitzer.readpath.read import list_lengths, read_chunk
 from plitzer.selection.dropped import base_of, split_targets
-from plitzer.selection.evaluate import SelectionPass
 from plitzer.selection.select import source_rows
+from plitzer.state.bins import document_lengths
 from plitzer.state.settings import KeywordsLessWhere, LoaderSettings
 from plitzer.state.settings import Source as AnySource
 from plitzer.tools.targets import Rows, part_of, target_documents
@@ -82,15 +81,7 @@ class RowLengths:
         if self._rows[rg] == 0:
             return np.zeros(0, np.int64)
         part, local = part_of(self.ix, rg)
-        column = part.length_source(self.length_column)  # a selection's own, none for text
-        if column is not None:
-            p = SelectionPass(ix=part, where="", columns=[], length_column=column)
-            lengths = p.lengths(local)  # checked against the footer's tokens
-            kept = part.selected_rows(local)
-            if kept is not None:
-                lengths = lengths[kept]
-        else:
-            lengths = list_lengths(read_chunk(part, local))
+        lengths = document_lengths(part, local, self.length_column)  # a selection's own column, none for text
         if len(lengths) != self._rows[rg] or int(lengths.sum()) != self._tokens[rg]:
             where = part.location(int(part.frame["file_index"][local]), int(part.frame["row_group"][local]))
             msg = (
