@@ -179,9 +179,11 @@ class Scanner:
         f = self.index.frame
         # What each row group gives the stream: the selected rows where selected (plitzer.selection.select).
         self._tokens, self._rows, _ = row_group_counts(self.index)
-        if self.rows is not None:  # what a packed row group holds, padding included: the budget's count
-            self._tokens = self.rows.rule.held_tokens(f, self.rows.seq_len)
-            self.rows = replace(self.rows, bins=self.rows.rule.counts(f)[0], fills=columns.fills if columns else None)
+        self._held_per_unit = 1  # concat: the budget counts the tokens (views of the frame's counts)
+        if self.rows is not None:  # best-fit: a packed row group holds n_g * L tokens, padding included
+            bins = self.rows.rule.counts(f)[0]
+            self._tokens, self._held_per_unit = bins, self.rows.seq_len
+            self.rows = replace(self.rows, bins=bins, fills=columns.fills if columns else None)
         self._byte_length = f["byte_length"].to_numpy()
         self._doc_base = np.cumsum(self._rows) - self._rows
         self._dtype = np.dtype(self.index.dtype)
@@ -310,7 +312,7 @@ class Scanner:
         place = self.run.place(unit, self.stage, self._at)
         rgs = place.row_groups
         est = unit_estimate(
-            int(self._tokens[rgs].sum()),
+            int(self._tokens[rgs].sum()) * self._held_per_unit,
             int(self._rows[rgs].sum()),
             lanes=len(self.rank_lanes),
             seq_len=self.seq_len,
