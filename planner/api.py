@@ -372,7 +372,7 @@ def plan(
         binner = runtime_pass(binner, BINS)
         if binner is None:
             raise ConfigError(NO_BINNER)
-        ix = binner(ix, tokens_a_row, length_column=length_column)
+        ix = binner(ix, tokens_a_row, length_column=length_column, packing=rule.name)
         layout = layout.in_units(rule.units_per_row)
         seq_len = rule.units_per_row(seq_len)
     p = make_plan(ix, settings, weights=weights, seq_len=seq_len, layout=layout)

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 import plitzer
 from planner.errors import CheckpointError, ConfigError
-from planner.rules.bestfit import best_fit, item_lengths
+from planner.rules.bestfit import best_fit
+from planner.rules.binned import item_lengths
 from tests.bestfit_reference import bins_of, lane_rows, mixture_rows, row, staged_rows
 from tests.conftest import docs_by_row_group, write_dataset
 
@@ -438,9 +439,9 @@ def test_the_bins_pass_is_split_between_ranks_and_cached(tmp_path: Path, monkeyp
     counted: list[int] = []
     real = bins_pass.count_chunk
 
-    def spy(index: object, seq_len: int, first: int, end: int, length_column: str | None = None) -> np.ndarray:
+    def spy(index: object, seq_len: int, first: int, end: int, *more: object) -> np.ndarray:
         counted.append(first)
-        return real(index, seq_len, first, end, length_column)
+        return real(index, seq_len, first, end, *more)
 
     monkeypatch.setattr(bins_pass, "count_chunk", spy)
     got = bins_pass.bin_counts(ix, 16, threads=1, rank=1, world=2)

@@ -6,7 +6,7 @@ do under concat with rows of one unit (:func:`planner.lookup.staged.staged_piece
 *unit lengths*: every bin one unit long). What is best-fit's own is inside the row group:
 which bin holds each item of a document and where in the bin's row it starts (the bin's
 earlier items' tokens, in storage order), from the documents' token lengths alone
-(:func:`planner.rules.bestfit.best_fit`). :class:`BinnedLengths` gives both;
+(the rule's :meth:`~planner.rules.binned.Binned.assign`). :class:`BinnedLengths` gives both;
 :func:`rows_of_bins` turns the bins' pieces back into the documents' pieces.
 """
 
@@ -21,7 +21,7 @@ import polars as pl
 from planner.arraytypes import I64
 from planner.lookup.cut import Pieces
 from planner.lookup.lengths import Lengths
-from planner.rules.bestfit import best_fit, item_lengths
+from planner.rules.binned import Binned, item_lengths
 
 __all__ = ["BinItems", "BinnedLengths", "rows_of_bins"]
 
@@ -43,9 +43,10 @@ class BinnedLengths:
     ``items(rg)`` is row group ``rg``'s items and where each lies in its bin's row.
     """
 
-    def __init__(self, lengths: Lengths, seq_len: int) -> None:
+    def __init__(self, lengths: Lengths, seq_len: int, rule: Binned) -> None:
         self.lengths = lengths
         self.seq_len = seq_len
+        self.rule = rule  # how items go into bins (best-fit decreasing)
         self._memo: dict[int, BinItems] = {}
 
     def items(self, rg: int) -> BinItems:
@@ -56,7 +57,7 @@ class BinnedLengths:
 
     def _bin(self, rg: int, lengths: I64) -> BinItems:
         it = item_lengths(np.asarray(lengths, np.int64), self.seq_len)
-        b = best_fit(it.length, self.seq_len)
+        b = self.rule.assign(it.length, self.seq_len)
         # A bin lists its items in storage order: each one starts after the earlier ones of its bin.
         order = np.lexsort((np.arange(len(b)), b))
         placed = np.empty(len(b), np.int64)

@@ -8,7 +8,9 @@ A rule is one value that says what the units are:
 - :mod:`planner.rules.concat` (the default): a unit is a token and a row ``L`` of them;
   documents run on from row to row (SPEC sections 3-4).
 - :mod:`planner.rules.bestfit`: a unit is a *bin* of whole documents (best-fit
-  decreasing within each row group) and a row is one bin, padded to ``L`` (SPEC section 15).
+  decreasing within each row group) and a row is one bin, padded to ``L`` (SPEC section 15);
+  what every rule of bins shares (items, the ``bins`` column, a row one unit) is
+  :mod:`planner.rules.binned`, so such a rule is one method, :meth:`Binned.assign`.
 
 What a rule answers (:class:`Rule`): each row group's units, rows and unit-less documents
 (:meth:`Rule.counts`, what the plan cuts), the units of one row of a lane
@@ -19,28 +21,40 @@ counts) plans by bins, any other by tokens. The runtime's side of a rule (the co
 packer, best-fit's bins expanded into padded rows) is ``plitzer.readpath.pack`` and
 ``plitzer.readpath.bins``.
 
-*Where a newcomer adds a rule*: one file here (its units, with a worked example on top),
-its name in :data:`RULES`, and its packer's expansion in ``plitzer.readpath``, with a
-reference test that compares it with an independent implementation (tests/test_bestfit.py).
+*Where a newcomer adds a rule*: one file here (its units, with a worked example on top) and
+its name in :data:`RULES`. A rule of bins subclasses :class:`Binned` and writes ``assign``:
+the bins pass, the packer's expansion of bins into rows (``plitzer.readpath.bins``) and
+locate's lookup (:mod:`planner.lookup.bins`) ask the run's rule for it. Its reference test
+compares it with an independent implementation (tests/test_bestfit.py).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-import numpy as np
 import polars as pl
 
 from planner.arraytypes import I64
 from planner.errors import ConfigError
 from planner.rules.bestfit import NAME as BEST_FIT
+from planner.rules.bestfit import BestFit
+from planner.rules.binned import BINS, Binned
 from planner.rules.concat import NAME as CONCAT
 from planner.rules.concat import Concat
 
-__all__ = ["BEST_FIT", "BINS", "CONCAT", "RULES", "BestFit", "Rule", "check_packing", "rule_named", "rule_of"]
-
-BINS = "bins"
-"""The index frame's column of each row group's bins (``n_g`` at the run's ``seq_len``)."""
+__all__ = [
+    "BEST_FIT",
+    "BINS",
+    "CONCAT",
+    "RULES",
+    "BestFit",
+    "Binned",
+    "Rule",
+    "binned_rule",
+    "check_packing",
+    "rule_named",
+    "rule_of",
+]
 
 
 class Rule(Protocol):
@@ -55,28 +69,6 @@ class Rule(Protocol):
     def units_per_row(self, seq_len: int) -> int: ...
 
     def held_tokens(self, frame: pl.DataFrame, seq_len: int) -> I64: ...
-
-
-class BestFit:
-    """Units are bins (:mod:`planner.rules.bestfit`); a row is one bin, padded to ``seq_len``."""
-
-    name = BEST_FIT
-    pads = True
-    unit = "bin"
-
-    def counts(self, frame: pl.DataFrame) -> tuple[I64, I64, I64]:
-        """Each row group's bins, rows, and no unit-less document (an empty one is an item in a bin)."""
-        bins = frame[BINS].to_numpy().astype(np.int64, copy=False)
-        rows = Concat().counts(frame)[1]
-        return bins, rows, np.zeros(len(bins), np.int64)
-
-    def units_per_row(self, seq_len: int) -> int:
-        return 1
-
-    def held_tokens(self, frame: pl.DataFrame, seq_len: int) -> I64:
-        """A packed row group's tokens with its padding: ``n_g * L``."""
-        out: I64 = self.counts(frame)[0] * seq_len
-        return out
 
 
 RULES: dict[str, Rule] = {CONCAT: Concat(), BEST_FIT: BestFit()}
@@ -100,5 +92,16 @@ def rule_named(name: str) -> Rule:
 
 
 def rule_of(frame: pl.DataFrame) -> Rule:
-    """The rule an index's frame is planned by: best-fit where the bins pass counted its bins."""
+    """The units an index's frame is planned by: bins where the bins pass counted them (any binned rule's),
+    else tokens."""
     return RULES[BEST_FIT] if BINS in frame.columns else RULES[CONCAT]
+
+
+def binned_rule(name: str) -> Binned:
+    """The binned rule of that name (a ConfigError naming the rules that bin, for another)."""
+    rule = rule_named(name)
+    if not isinstance(rule, Binned):
+        binned = ", ".join(repr(n) for n, r in RULES.items() if isinstance(r, Binned))
+        msg = f"packing={name!r} packs no bins: the bins pass serves {binned}"
+        raise ConfigError(msg)
+    return rule

@@ -44,35 +44,15 @@ step's position stays arithmetic (docs/design.md, "Whole documents").
 from __future__ import annotations
 
 import bisect
-import itertools
-from dataclasses import dataclass
 
 import numpy as np
 
 from planner.arraytypes import I64
+from planner.rules.binned import Binned, item_lengths  # noqa: F401  (item_lengths: the worked example's)
 
-__all__ = ["NAME", "Items", "best_fit", "bins_in_groups", "bins_of", "item_lengths"]
+__all__ = ["NAME", "BestFit", "best_fit", "bins_of"]
 
 NAME = "best-fit"
-
-
-@dataclass(frozen=True, slots=True)
-class Items:
-    """A row group's items in storage order: each one's document, offset in it and length."""
-
-    doc: I64  # the document's index among those given
-    offset: I64  # first token of the item in its document
-    length: I64
-
-
-def item_lengths(lengths: I64, seq_len: int) -> Items:
-    """The items of documents of ``lengths`` (rule 1): every ``seq_len`` tokens a new item."""
-    lengths = np.asarray(lengths, np.int64)
-    count = np.maximum(1, -(-lengths // seq_len))
-    doc = np.repeat(np.arange(len(lengths), dtype=np.int64), count)
-    first = np.cumsum(count) - count
-    offset = (np.arange(len(doc), dtype=np.int64) - first[doc]) * seq_len
-    return Items(doc=doc, offset=offset, length=np.minimum(lengths[doc] - offset, seq_len))
 
 
 def best_fit(length: I64, seq_len: int) -> I64:
@@ -115,11 +95,13 @@ def best_fit(length: I64, seq_len: int) -> I64:
 
 def bins_of(lengths: I64, seq_len: int) -> int:
     """``n_g``: the bins of one row group whose documents have ``lengths``."""
-    items = item_lengths(lengths, seq_len)
-    return int(best_fit(items.length, seq_len).max()) + 1 if len(items.length) else 0
+    return BestFit().bins_of(lengths, seq_len)
 
 
-def bins_in_groups(lengths: I64, rows: I64, seq_len: int) -> I64:
-    """``n_g`` of each of consecutive row groups of ``rows`` documents, the documents' ``lengths`` end to end."""
-    bounds = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
-    return np.array([bins_of(lengths[a:b], seq_len) for a, b in itertools.pairwise(bounds)], np.int64)
+class BestFit(Binned):
+    """Best-fit decreasing (rule 2), :func:`best_fit`; the rest is :class:`~planner.rules.binned.Binned`'s."""
+
+    name = NAME
+
+    def assign(self, length: I64, seq_len: int) -> I64:
+        return best_fit(length, seq_len)

@@ -181,7 +181,9 @@ def _bins_pass(args: argparse.Namespace, ix: Any, source: Any) -> Any:
             address=args.address,
             length_column=args.length_column,
         )
-    return bin_index(ix, args.seq_len, progress=terminal_progress(), length_column=args.length_column)
+    return bin_index(
+        ix, args.seq_len, progress=terminal_progress(), length_column=args.length_column, packing=args.packing
+    )
 
 
 def cmd_index(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ the concat packer's, unchanged (:func:`plitzer.readpath.pack.pack_unit`,
 :func:`plitzer.readpath.recut.pack_rest`):
 
 1. *Units.* The decoded row groups' documents become items and bins
-   (:func:`planner.rules.bestfit.best_fit`, one row group at a time), and each row group
+   (the rule's :meth:`~planner.rules.Binned.assign`: best-fit decreasing, one row group at a time), and each row group
    becomes a *unit chunk*: one list a bin, holding the bin's number in the window (its
    one unit). The concat packer packs those chunks with rows of one unit: its block
    says which bin each lane's row of each step is, and its slices are what a
@@ -39,8 +39,8 @@ import pyarrow as pa
 
 from planner.arraytypes import I64
 from planner.errors import DataError
-from planner.rules import Rule
-from planner.rules.bestfit import best_fit, item_lengths
+from planner.rules import Binned, Rule
+from planner.rules.binned import item_lengths
 from plitzer.readpath.aligned import aligned_chunks, storage_dtype
 from plitzer.readpath.pack import ColumnChunks, chunk_lists, gather_layout
 from plitzer.readpath.packed import ColumnBlock, PackedUnit, StepRange, UnitReads, arrow_ints
@@ -75,17 +75,17 @@ class _Bins:
     fill: I64
 
 
-def _bin_chunks(docs_length: I64, docs_chunk: I64, n_chunks: int, seq_len: int) -> tuple[Any, I64, I64]:
+def _bin_chunks(rule: Binned, docs_length: I64, docs_chunk: I64, n_chunks: int, seq_len: int) -> tuple[Any, I64, I64]:
     """Items of the unit's documents, each one's bin in the unit, and each chunk's bins."""
     items = item_lengths(docs_length, seq_len)
     item_chunk = docs_chunk[items.doc]
     bounds = np.searchsorted(item_chunk, np.arange(n_chunks + 1), side="left")
     local = np.empty(len(items.length), np.int64)
     per_chunk = np.zeros(n_chunks, np.int64)
-    for c in range(n_chunks):  # best-fit decreasing is per row group (rule 2)
+    for c in range(n_chunks):  # bins never cross a row group (rule 2)
         a, b = int(bounds[c]), int(bounds[c + 1])
         if b > a:
-            local[a:b] = best_fit(items.length[a:b], seq_len)
+            local[a:b] = rule.assign(items.length[a:b], seq_len)
             per_chunk[c] = int(local[a:b].max()) + 1
     base = np.cumsum(per_chunk) - per_chunk
     return items, local + base[item_chunk], per_chunk
@@ -115,7 +115,9 @@ def pack_bins(
     seq_len = rows.seq_len
     p = reads.place
     docs = unit_documents(chunks, np.zeros(len(chunks), np.int64), reads.doc_base)
-    items, gbin, per_chunk = _bin_chunks(docs.length, docs.chunk, len(chunks), seq_len)
+    rule = rows.rule
+    assert isinstance(rule, Binned), rule.name  # the scanner packs bins only for a binned rule
+    items, gbin, per_chunk = _bin_chunks(rule, docs.length, docs.chunk, len(chunks), seq_len)
     if rows.bins is not None and len(chunks):
         want = rows.bins[p.row_groups]
         bad = np.flatnonzero(want != per_chunk)

@@ -177,13 +177,11 @@ class Scanner:
         self._bytes_read = 0
         self._wait = 0.0
         f = self.index.frame
-        # What each row group gives the stream: the selected rows where selected (plitzer.selection.select).
-        self._tokens, self._rows, _ = row_group_counts(self.index)
-        self._held_per_unit = 1  # concat: the budget counts the tokens (views of the frame's counts)
-        if self.rows is not None:  # best-fit: a packed row group holds n_g * L tokens, padding included
-            bins = self.rows.rule.counts(f)[0]
-            self._tokens, self._held_per_unit = bins, self.rows.seq_len
-            self.rows = replace(self.rows, bins=bins, fills=columns.fills if columns else None)
+        self._tokens, self._rows, _ = row_group_counts(self.index)  # what each gives the stream (selected)
+        self._held_per_unit = 1  # the budget's tokens a unit: a token under concat, n_g * L under best-fit
+        if self.rows is not None:
+            self._tokens, self._held_per_unit = self.rows.rule.counts(f)[0], self.rows.seq_len
+            self.rows = replace(self.rows, bins=self._tokens, fills=columns.fills if columns else None)
         self._byte_length = f["byte_length"].to_numpy()
         self._doc_base = np.cumsum(self._rows) - self._rows
         self._dtype = np.dtype(self.index.dtype)

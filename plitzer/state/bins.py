@@ -34,8 +34,7 @@ import polars as pl
 from planner.arraytypes import I64
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.mixing.mixindex import MixtureIndex
-from planner.rules import BINS
-from planner.rules.bestfit import bins_of
+from planner.rules import BEST_FIT, BINS, Binned, binned_rule
 from planner.stores.cache import cache_dir, digest, read_entry, write_entry
 from plitzer.readpath.read import list_lengths, read_chunk
 from plitzer.selection.evaluate import SelectionPass
@@ -57,16 +56,27 @@ def bin_index(
     rank: int = 0,
     world: int = 1,
     length_column: str | None = None,
+    packing: str = BEST_FIT,
 ) -> Any:
     """``index`` with each row group's bins at ``seq_len`` in its frame (``bins``): what best-fit plans by.
 
     A mixture's sources are counted (and cached) one at a time, so a source shared by
     two mixtures is counted once. ``rank`` of ``world``: where this rank starts (above);
-    ``length_column``: the lengths from that column, the token column left undecoded.
+    ``length_column``: the lengths from that column, the token column left undecoded;
+    ``packing``: the binned rule (:class:`planner.rules.Binned`) whose bins are counted.
     """
     parts = index.parts if isinstance(index, MixtureIndex) else [index]
     counts = [
-        bin_counts(ix, seq_len, threads=threads, progress=progress, rank=rank, world=world, length_column=length_column)
+        bin_counts(
+            ix,
+            seq_len,
+            threads=threads,
+            progress=progress,
+            rank=rank,
+            world=world,
+            length_column=length_column,
+            packing=packing,
+        )
         for ix in parts
     ]
     out = copy.copy(index)
@@ -74,9 +84,9 @@ def bin_index(
     return out
 
 
-def _path(index: RowGroupIndex, seq_len: int, first: int, end: int) -> Path:
+def _path(index: RowGroupIndex, rule: Binned, seq_len: int, first: int, end: int) -> Path:
     files = [(f.name, f.size, f.version) for f in index.files]
-    key = digest("bins", VERSION, index.fingerprint, index.column, seq_len, files, first, end)
+    key = digest("bins", VERSION, rule.name, index.fingerprint, index.column, seq_len, files, first, end)
     return cache_dir() / "bins" / f"{key}.npy"
 
 
@@ -105,9 +115,18 @@ def document_lengths(index: Any, rg: int, length_column: str | None = None) -> I
     return lengths if kept is None else lengths[kept]
 
 
-def count_chunk(index: RowGroupIndex, seq_len: int, first: int, end: int, length_column: str | None = None) -> I64:
-    """``n_g`` of row groups ``[first, end)``: each one's lengths read once (:func:`document_lengths`), binned."""
-    got = [bins_of(document_lengths(index, g, length_column), seq_len) for g in range(first, end)]
+def count_chunk(
+    index: RowGroupIndex,
+    seq_len: int,
+    first: int,
+    end: int,
+    length_column: str | None = None,
+    rule: Binned | None = None,
+) -> I64:
+    """``n_g`` of row groups ``[first, end)``: each one's lengths read once (:func:`document_lengths`), binned
+    by ``rule`` (best-fit by default)."""
+    r = rule if rule is not None else binned_rule(BEST_FIT)
+    got = [r.bins_of(document_lengths(index, g, length_column), seq_len) for g in range(first, end)]
     return np.array(got, np.int64)
 
 
@@ -120,6 +139,7 @@ def bin_counts(
     rank: int = 0,
     world: int = 1,
     length_column: str | None = None,
+    packing: str = BEST_FIT,
 ) -> I64:
     """``n_g`` of every row group of ``index`` at ``seq_len``: the cache's chunks, the rest counted and kept.
 
@@ -131,22 +151,23 @@ def bin_counts(
     from planner.progress import progress_enabled
     from planner.threads import map_ahead
 
+    rule = binned_rule(packing)
     chunks = _chunks(index.row_groups)
     start = rank * len(chunks) // max(world, 1)
     order = chunks[start:] + chunks[:start]
     out = np.zeros(index.row_groups, np.int64)  # filled chunk by chunk: no second copy at the end
 
     def one(c: tuple[int, int]) -> tuple[int, I64]:
-        path = _path(index, seq_len, *c)
+        path = _path(index, rule, seq_len, *c)
         got = _load(path, c[1] - c[0])  # another rank's, written meanwhile
         if got is None:
-            got = count_chunk(index, seq_len, *c, length_column)
+            got = count_chunk(index, seq_len, *c, length_column, rule)
             write_entry(path, got.tobytes())
         return c[0], got
 
     todo = []
     for c in order:
-        got = _load(_path(index, seq_len, *c), c[1] - c[0])
+        got = _load(_path(index, rule, seq_len, *c), c[1] - c[0])
         if got is None:
             todo.append(c)
         else:
@@ -175,12 +196,13 @@ def _ray_chunk(
     seq_len: int,
     chunk: tuple[int, int],
     length_column: str | None,
+    packing: str,
 ) -> tuple[int, I64]:
     """A Ray task: the bins of one chunk, the index opened where the task runs (footers from its cache)."""
     from planner import index as open_index
 
     ix = open_index(source, column=column, storage_options=storage_options, progress=False)
-    return chunk[0], count_chunk(ix, seq_len, *chunk, length_column)
+    return chunk[0], count_chunk(ix, seq_len, *chunk, length_column, binned_rule(packing))
 
 
 def bins_on_ray(
@@ -192,6 +214,7 @@ def bins_on_ray(
     address: str | None = None,
     progress: bool | None = True,
     length_column: str | None = None,
+    packing: str = BEST_FIT,
 ) -> int:
     """Run the bins pass of a dataset's index ``ix`` as Ray tasks (one a chunk not cached); returns the chunks run.
 
@@ -205,15 +228,16 @@ def bins_on_ray(
 
     from planner.progress import progress_enabled
 
+    rule = binned_rule(packing)
     chunks = _chunks(ix.row_groups)
-    todo = [c for c in chunks if _load(_path(ix, seq_len, *c), c[1] - c[0]) is None]
+    todo = [c for c in chunks if _load(_path(ix, rule, seq_len, *c), c[1] - c[0]) is None]
     if not todo:
         return 0
     if not ray.is_initialized():
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     task = ray.remote(_ray_chunk)
     ends = dict(todo)
-    refs = [task.remote(source, ix.column, storage_options, seq_len, c, length_column) for c in todo]
+    refs = [task.remote(source, ix.column, storage_options, seq_len, c, length_column, packing) for c in todo]
     with tqdm(
         total=len(refs),
         desc="binning (ray)",
@@ -224,6 +248,6 @@ def bins_on_ray(
         while refs:
             ready, refs = ray.wait(refs, num_returns=1)
             first, got = ray.get(ready[0])
-            write_entry(_path(ix, seq_len, first, ends[first]), got.tobytes())
+            write_entry(_path(ix, rule, seq_len, first, ends[first]), got.tobytes())
             bar.update(1)
     return len(todo)

@@ -387,6 +387,7 @@ def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:
             rank=settings.rank,
             world=settings.world,
             length_column=settings.selection.length_column,
+            packing=rule.name,
         )
     per_row = settings.units_per_row
     p = api.make_plan(index, settings.plan, weights=settings.weights, seq_len=per_row, layout=layout)

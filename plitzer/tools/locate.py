@@ -45,7 +45,7 @@ from planner.order.epoch_order import Permutation
 from planner.order.layout import Layout
 from planner.order.plan import Plan
 from planner.parameters import document
-from planner.rules import rule_named
+from planner.rules import Binned, rule_named
 from plitzer.loader import open_plan
 from plitzer.selection.dropped import base_of, split_targets
 from plitzer.selection.select import source_rows
@@ -196,8 +196,10 @@ def locate_in_plan(
     rule = rule_named(plan.packing[0])
     binned = None
     targets = (row_groups, docs)
-    if rule.pads:  # best-fit: the bins' places are concat's over units (one a bin); the items' are the bins'
-        binned = BinnedLengths(lengths, seq_len)
+    if isinstance(
+        rule, Binned
+    ):  # best-fit: the bins' places are concat's over units (one a bin); the items' are the bins'
+        binned = BinnedLengths(lengths, seq_len, rule)
         lengths, targets = binned, binned.targets(row_groups, docs)
         layout = layout.in_units(rule.units_per_row)
     # One source: its epochs are permutations of the index, laid out without the reads.
