@@ -439,20 +439,20 @@ def test_the_bins_pass_is_split_between_ranks_and_cached(tmp_path: Path, monkeyp
     counted: list[int] = []
     real = bins_pass.count_chunk
 
-    def spy(index: object, seq_len: int, first: int, end: int, *more: object) -> np.ndarray:
+    def spy(index: object, spec: object, first: int, end: int) -> np.ndarray:
         counted.append(first)
-        return real(index, seq_len, first, end, *more)
+        return real(index, spec, first, end)
 
     monkeypatch.setattr(bins_pass, "count_chunk", spy)
-    got = bins_pass.bin_counts(ix, 16, threads=1, rank=1, world=2)
+    got = bins_pass.bin_counts(ix, bins_pass.BinSpec(16), threads=1, split=(1, 2))
     assert counted[0] == 6  # rank 1 of 2 starts at its half of the 5 chunks, then goes round
     assert sorted(counted) == [0, 3, 6, 9, 12]
     lengths = [[len(d) for d in rg] for rg in docs_by_row_group_of(tmp_path / "d")]
     assert got.tolist() == [len(bins_of([[1] * n for n in rg], 0, 16)) for rg in lengths]
     counted.clear()
-    again = bins_pass.bin_counts(ix, 16, threads=1, rank=0, world=2)  # another rank, later: all cached
+    again = bins_pass.bin_counts(ix, bins_pass.BinSpec(16), threads=1, split=(0, 2))  # another rank: all cached
     assert counted == [] and again.tolist() == got.tolist()
-    bins_pass.bin_counts(ix, 17, threads=1)  # another seq_len: counted again
+    bins_pass.bin_counts(ix, bins_pass.BinSpec(17), threads=1)  # another seq_len: counted again
     assert sorted(counted) == [0, 3, 6, 9, 12]
 
 
@@ -476,12 +476,12 @@ def test_the_bins_pass_runs_on_ray_ahead_of_the_job(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(bins_pass, "CHUNK", 4)
     with ray_with_caches(tmp_path, monkeypatch):
         ix = planner.index(tmp_path / "d")
-        assert bins_pass.bins_on_ray(ix, 16, source=str(tmp_path / "d")) == 4
+        assert bins_pass.bins_on_ray(ix, bins_pass.BinSpec(16), source=str(tmp_path / "d")) == 4
     monkeypatch.setattr(bins_pass, "count_chunk", lambda *a: pytest.fail("counted again: not cached"))
-    got = bins_pass.bin_counts(ix, 16)
+    got = bins_pass.bin_counts(ix, bins_pass.BinSpec(16))
     monkeypatch.undo()
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "fresh"))
-    assert bins_pass.bin_counts(planner.index(tmp_path / "d"), 16).tolist() == got.tolist()
+    assert bins_pass.bin_counts(planner.index(tmp_path / "d"), bins_pass.BinSpec(16)).tolist() == got.tolist()
 
 
 def test_a_mixture_file_takes_packing_and_pad_id(tmp_path: Path) -> None:

@@ -262,6 +262,9 @@ RULES: dict[str, Rule] = {
     "python benchmarks/cluster.py --shapes": scaled(
         "python benchmarks/cluster.py --shapes --shapes-row-groups 200 --per-file 10 --ranks 2 --rank-files 20"
     ),
+    "python benchmarks/cluster.py --shapes --packing best-fit --shapes-row-groups 120000 --ranks 1": scaled(
+        "python benchmarks/cluster.py --shapes --packing best-fit --shapes-row-groups 200 --per-file 10 --ranks 1"
+    ),
     "python benchmarks/cluster.py --shapes --index-only --rounds 3": scaled(
         "python benchmarks/cluster.py --shapes --index-only --shapes-row-groups 200 --per-file 10 --rounds 1"
     ),

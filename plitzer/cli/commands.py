@@ -13,7 +13,7 @@ import polars as pl
 from planner.catalog.rowgroups import stream_counts
 from planner.errors import ConfigError
 from planner.order.layout import Layout
-from planner.parameters import Selection
+from planner.parameters import Selection, by_name
 from planner.progress import terminal_progress
 from planner.rules import rule_named
 from plitzer.cli.options import (
@@ -48,13 +48,21 @@ def run_settings(args: argparse.Namespace, weights: Any) -> dict[str, Any]:
     Every setting the command's table entry names (:func:`plitzer.cli.table.setting_names`),
     the store's options of ``--endpoint`` and ``--region``, the ``weights`` of its source
     and the aligned columns (``--columns`` or the mixture file's); a mixture file's
-    ``dedupe`` and ``exclude`` where the command line gives none. A setting left at None
-    is not passed (its default is the entry point's).
+    ``dedupe``, ``exclude``, ``packing`` and ``pad_id`` where the command line gives none. A
+    setting left at None is not passed (its default is the entry point's), nor one of
+    :data:`DEFAULT_NOT_PASSED` at its default (the same as not passing it).
     """
     mixture_defaults(args)
     given = {name: getattr(args, name) for name in setting_names(args.command)}
     given.update(storage_options=storage_options_of(args), weights=weights, columns=columns_of(args))
-    return {k: v for k, v in given.items() if v is not None}
+    return {
+        k: v for k, v in given.items() if v is not None and not (k in DEFAULT_NOT_PASSED and v == by_name(k).default)
+    }
+
+
+DEFAULT_NOT_PASSED = ("packing", "pad_id")
+"""Settings that a command passes on only where they differ from their default (0.6's: a run at
+them is 0.5's run, and the entry points' signatures then read as they did)."""
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
@@ -166,24 +174,16 @@ def _index_mixture(args: argparse.Namespace, sources: dict[str, Any]) -> int:
 
 def _bins_pass(args: argparse.Namespace, ix: Any, source: Any) -> Any:
     """``plitzer index --packing best-fit --seq-len L``: best-fit's bins pass, cached (on Ray with --engine ray)."""
-    from plitzer.state.bins import bin_index, bins_on_ray
+    from plitzer.state.bins import BinSpec, bin_index, bins_on_ray
 
     if not isinstance(args.seq_len, int):
         msg = "--packing best-fit bins documents at one sequence length: give --seq-len L (e.g. 2048)"
         raise ConfigError(msg)
+    spec = BinSpec(args.seq_len, args.packing, args.length_column)
     if args.engine == "ray" and args.where is None and args.dedupe is None and args.exclude is None:
         opts = storage_options_of(args)
-        bins_on_ray(
-            ix,
-            args.seq_len,
-            source=source,
-            storage_options=opts,
-            address=args.address,
-            length_column=args.length_column,
-        )
-    return bin_index(
-        ix, args.seq_len, progress=terminal_progress(), length_column=args.length_column, packing=args.packing
-    )
+        bins_on_ray(ix, spec, source=source, storage_options=opts, address=args.address)
+    return bin_index(ix, spec, progress=terminal_progress())
 
 
 def cmd_index(args: argparse.Namespace) -> int:

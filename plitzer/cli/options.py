@@ -154,7 +154,7 @@ def mixture_defaults(args: argparse.Namespace) -> None:
         from plitzer.tools.mixfile import mixture_settings
 
         for k, v in mixture_settings(args.mixture).items():
-            if getattr(args, k, None) is None:
+            if getattr(args, k, None) in (None, by_name(k).default):  # not given (or given as the default)
                 setattr(args, k, v)
 
 
@@ -241,8 +241,7 @@ SOURCE: tuple[Arg, ...] = (
 """The data (paths or ``--mixture``), its store and the selection: the source of a run."""
 
 RUN: tuple[Arg, ...] = tuple(
-    # packing and pad_id: unset unless given (the mixture file's, else the entry point's default)
-    setting(n, default=None) if n in ("packing", "pad_id") else setting(n)
+    setting(n)
     for n in PLAN_PARAMETERS
     if n not in {o.setting for o in SOURCE} and n not in ("storage_options", "weights")  # --endpoint, --mixture
 )

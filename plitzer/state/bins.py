@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from planner.stores.cache import cache_dir, digest, read_entry, write_entry
 from plitzer.readpath.read import list_lengths, read_chunk
 from plitzer.selection.evaluate import SelectionPass
 
-__all__ = ["CHUNK", "bin_counts", "bin_index", "bins_on_ray", "count_chunk", "document_lengths"]
+__all__ = ["CHUNK", "BinSpec", "bin_counts", "bin_index", "bins_on_ray", "count_chunk", "document_lengths", "plan_bins"]
 
 VERSION = 1
 """The cache entries' format (and the rule's: a change of either makes new keys)."""
@@ -47,46 +48,45 @@ CHUNK = 256
 """Row groups a cache entry (and a Ray task) counts."""
 
 
-def bin_index(
-    index: Any,
-    seq_len: int,
-    *,
-    threads: int | None = None,
-    progress: bool | None = None,
-    rank: int = 0,
-    world: int = 1,
-    length_column: str | None = None,
-    packing: str = BEST_FIT,
-) -> Any:
-    """``index`` with each row group's bins at ``seq_len`` in its frame (``bins``): what best-fit plans by.
+@dataclass(frozen=True, slots=True)
+class BinSpec:
+    """What the bins are counted for: the tokens of a row, the binned rule, where lengths come from.
 
-    A mixture's sources are counted (and cached) one at a time, so a source shared by
-    two mixtures is counted once. ``rank`` of ``world``: where this rank starts (above);
-    ``length_column``: the lengths from that column, the token column left undecoded;
-    ``packing``: the binned rule (:class:`planner.rules.Binned`) whose bins are counted.
+    ``length_column``: a column of each row's token count, read instead of decoding the tokens.
     """
-    parts = index.parts if isinstance(index, MixtureIndex) else [index]
-    counts = [
-        bin_counts(
-            ix,
-            seq_len,
-            threads=threads,
-            progress=progress,
-            rank=rank,
-            world=world,
-            length_column=length_column,
-            packing=packing,
-        )
-        for ix in parts
-    ]
-    out = copy.copy(index)
-    out.frame = index.frame.with_columns(pl.Series(BINS, np.concatenate(counts), pl.Int64))
+
+    seq_len: int
+    packing: str = BEST_FIT
+    length_column: str | None = None
+
+    @property
+    def rule(self) -> Binned:
+        return binned_rule(self.packing)
+
+
+def plan_bins(ix: Any, seq_len: int, *, length_column: str | None = None, packing: str = BEST_FIT) -> Any:
+    """The bins pass as ``planner.plan`` takes it (``planner.passes``' ``bins``): one process, all of it."""
+    return bin_index(ix, BinSpec(seq_len, packing, length_column))
+
+
+def bin_index(
+    ix: Any, spec: BinSpec, *, threads: int | None = None, split: tuple[int, int] = (0, 1), progress: bool | None = None
+) -> Any:
+    """``ix`` with each row group's bins (``spec``) in its frame (``bins``): what a binned rule plans by.
+
+    A mixture's sources are counted (and cached) one at a time, so a source shared by two
+    mixtures is counted once. ``split``: this process's ``(rank, world)``, where it starts (above).
+    """
+    parts = ix.parts if isinstance(ix, MixtureIndex) else [ix]
+    counts = [bin_counts(part, spec, threads=threads, split=split, progress=progress) for part in parts]
+    out = copy.copy(ix)
+    out.frame = ix.frame.with_columns(pl.Series(BINS, np.concatenate(counts), pl.Int64))
     return out
 
 
-def _path(index: RowGroupIndex, rule: Binned, seq_len: int, first: int, end: int) -> Path:
-    files = [(f.name, f.size, f.version) for f in index.files]
-    key = digest("bins", VERSION, rule.name, index.fingerprint, index.column, seq_len, files, first, end)
+def _path(ix: RowGroupIndex, spec: BinSpec, first: int, end: int) -> Path:
+    files = [(f.name, f.size, f.version) for f in ix.files]
+    key = digest("bins", VERSION, spec.packing, ix.fingerprint, ix.column, spec.seq_len, files, first, end)
     return cache_dir() / "bins" / f"{key}.npy"
 
 
@@ -99,7 +99,7 @@ def _load(path: Path, n: int) -> I64 | None:
     return np.frombuffer(got, np.int64).copy() if got is not None and len(got) == 8 * n else None
 
 
-def document_lengths(index: Any, rg: int, length_column: str | None = None) -> I64:
+def document_lengths(ix: Any, rg: int, length_column: str | None = None) -> I64:
     """Row group ``rg``'s documents' token lengths, in stream order (the rows a selection keeps).
 
     From ``length_column`` where the index takes one (a column of each row's token count,
@@ -107,81 +107,66 @@ def document_lengths(index: Any, rg: int, length_column: str | None = None) -> I
     the token column is not decoded; else the token lists' lengths as the index reads them
     (a text source tokenized). What the bins pass and ``locate`` read.
     """
-    column = index.length_source(length_column) if hasattr(index, "length_source") else length_column
+    column = ix.length_source(length_column) if hasattr(ix, "length_source") else length_column
     if column is None:
-        return list_lengths(read_chunk(index, rg))
-    lengths = SelectionPass(ix=index, where="", columns=[], length_column=column).lengths(rg)
-    kept = index.selected_rows(rg)
+        return list_lengths(read_chunk(ix, rg))
+    lengths = SelectionPass(ix=ix, where="", columns=[], length_column=column).lengths(rg)
+    kept = ix.selected_rows(rg)
     return lengths if kept is None else lengths[kept]
 
 
-def count_chunk(
-    index: RowGroupIndex,
-    seq_len: int,
-    first: int,
-    end: int,
-    length_column: str | None = None,
-    rule: Binned | None = None,
-) -> I64:
-    """``n_g`` of row groups ``[first, end)``: each one's lengths read once (:func:`document_lengths`), binned
-    by ``rule`` (best-fit by default)."""
-    r = rule if rule is not None else binned_rule(BEST_FIT)
-    got = [r.bins_of(document_lengths(index, g, length_column), seq_len) for g in range(first, end)]
+def count_chunk(ix: RowGroupIndex, spec: BinSpec, first: int, end: int) -> I64:
+    """``n_g`` of row groups ``[first, end)``: each one's lengths read once (:func:`document_lengths`), binned."""
+    rule = spec.rule
+    got = [rule.bins_of(document_lengths(ix, g, spec.length_column), spec.seq_len) for g in range(first, end)]
     return np.array(got, np.int64)
 
 
 def bin_counts(
-    index: RowGroupIndex,
-    seq_len: int,
+    ix: RowGroupIndex,
+    spec: BinSpec,
     *,
     threads: int | None = None,
+    split: tuple[int, int] = (0, 1),
     progress: bool | None = None,
-    rank: int = 0,
-    world: int = 1,
-    length_column: str | None = None,
-    packing: str = BEST_FIT,
 ) -> I64:
-    """``n_g`` of every row group of ``index`` at ``seq_len``: the cache's chunks, the rest counted and kept.
+    """``n_g`` of every row group of ``ix``: the cache's chunks, the rest counted and kept.
 
     Chunks are counted on ``threads`` (a decode releases the GIL; binning is a loop per
-    item, about a microsecond each), from this rank's share on, round the rest.
+    item, about half a microsecond each), from this rank's share on (``split``: its rank
+    and the world), round the rest.
     """
     from tqdm import tqdm
 
     from planner.progress import progress_enabled
     from planner.threads import map_ahead
 
-    rule = binned_rule(packing)
-    chunks = _chunks(index.row_groups)
+    chunks = _chunks(ix.row_groups)
+    rank, world = split
     start = rank * len(chunks) // max(world, 1)
     order = chunks[start:] + chunks[:start]
-    out = np.zeros(index.row_groups, np.int64)  # filled chunk by chunk: no second copy at the end
+    out = np.zeros(ix.row_groups, np.int64)  # filled chunk by chunk: no second copy at the end
 
     def one(c: tuple[int, int]) -> tuple[int, I64]:
-        path = _path(index, rule, seq_len, *c)
+        path = _path(ix, spec, *c)
         got = _load(path, c[1] - c[0])  # another rank's, written meanwhile
         if got is None:
-            got = count_chunk(index, seq_len, *c, length_column, rule)
+            got = count_chunk(ix, spec, *c)
             write_entry(path, got.tobytes())
         return c[0], got
 
     todo = []
     for c in order:
-        got = _load(_path(index, rule, seq_len, *c), c[1] - c[0])
+        got = _load(_path(ix, spec, *c), c[1] - c[0])
         if got is None:
             todo.append(c)
         else:
             out[c[0] : c[1]] = got
     n = sum(b - a for a, b in todo)
+    hide = not progress_enabled(progress, n, 64)
     with (
         ThreadPoolExecutor(max_workers=threads or 4, thread_name_prefix="plitzer-bins") as pool,
-        tqdm(
-            total=n,
-            desc="binning documents",
-            unit="row group",
-            disable=not progress_enabled(progress, n, 64),
-            leave=False,
-        ) as bar,
+        tqdm(total=n, desc="binning documents", unit="row group", disable=hide, leave=False) as bar,
     ):
         for first, got in map_ahead(pool, one, todo):
             out[first : first + len(got)] = got
@@ -190,64 +175,50 @@ def bin_counts(
 
 
 def _ray_chunk(
-    source: Any,
-    column: str | None,
-    storage_options: Mapping[str, Any] | None,
-    seq_len: int,
-    chunk: tuple[int, int],
-    length_column: str | None,
-    packing: str,
+    source: Any, column: str | None, storage_options: Mapping[str, Any] | None, spec: BinSpec, chunk: tuple[int, int]
 ) -> tuple[int, I64]:
     """A Ray task: the bins of one chunk, the index opened where the task runs (footers from its cache)."""
     from planner import index as open_index
 
     ix = open_index(source, column=column, storage_options=storage_options, progress=False)
-    return chunk[0], count_chunk(ix, seq_len, *chunk, length_column, binned_rule(packing))
+    return chunk[0], count_chunk(ix, spec, *chunk)
 
 
 def bins_on_ray(
     ix: RowGroupIndex,
-    seq_len: int,
+    spec: BinSpec,
     *,
     source: Any,
     storage_options: Mapping[str, Any] | None = None,
     address: str | None = None,
     progress: bool | None = True,
-    length_column: str | None = None,
-    packing: str = BEST_FIT,
 ) -> int:
     """Run the bins pass of a dataset's index ``ix`` as Ray tasks (one a chunk not cached); returns the chunks run.
 
     Each task reads its chunk where it runs; the counts come back to this process, which
     writes them into its cache, so a loader that follows (or a job whose ranks share this
     cache folder) finds the whole pass. For a dataset of pre-tokenized Parquet (a selection
-    or a text source counts on the ranks, or on Ray through ``plitzer index --where``).
+    or a text source counts on the ranks).
     """
     import ray
     from tqdm import tqdm
 
     from planner.progress import progress_enabled
 
-    rule = binned_rule(packing)
     chunks = _chunks(ix.row_groups)
-    todo = [c for c in chunks if _load(_path(ix, rule, seq_len, *c), c[1] - c[0]) is None]
+    todo = [c for c in chunks if _load(_path(ix, spec, *c), c[1] - c[0]) is None]
     if not todo:
         return 0
     if not ray.is_initialized():
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     task = ray.remote(_ray_chunk)
     ends = dict(todo)
-    refs = [task.remote(source, ix.column, storage_options, seq_len, c, length_column, packing) for c in todo]
-    with tqdm(
-        total=len(refs),
-        desc="binning (ray)",
-        unit="chunk",
-        disable=not progress_enabled(progress, len(refs)),
-        leave=False,
-    ) as bar:
+    refs = [task.remote(source, ix.column, storage_options, spec, c) for c in todo]
+    hide = not progress_enabled(progress, len(refs))
+    with tqdm(total=len(refs), desc="binning (ray)", unit="chunk", disable=hide, leave=False) as bar:
         while refs:
             ready, refs = ray.wait(refs, num_returns=1)
             first, got = ray.get(ready[0])
-            write_entry(_path(ix, rule, seq_len, first, ends[first]), got.tobytes())
+            write_entry(_path(ix, spec, first, ends[first]), got.tobytes())
             bar.update(1)
     return len(todo)

@@ -378,17 +378,10 @@ def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:
     """The plan the loader runs from (and that ``plan.sql`` shows) for these settings."""
     rule, layout = settings.rule, settings.unit_layout
     if rule.pads:  # best-fit: the plan cuts bins, counted by the bins pass at seq_len (plitzer.state.bins)
-        from plitzer.state.bins import bin_index
+        from plitzer.state.bins import BinSpec, bin_index
 
-        index = bin_index(
-            index,
-            settings.seq_len,
-            threads=settings.threads,
-            rank=settings.rank,
-            world=settings.world,
-            length_column=settings.selection.length_column,
-            packing=rule.name,
-        )
+        spec = BinSpec(settings.seq_len, rule.name, settings.selection.length_column)
+        index = bin_index(index, spec, threads=settings.threads, split=(settings.rank, settings.world))
     per_row = settings.units_per_row
     p = api.make_plan(index, settings.plan, weights=settings.weights, seq_len=per_row, layout=layout)
     p.columns = api.columns_of(settings.columns)
