@@ -31,7 +31,7 @@ bin, from the next window.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -189,14 +189,10 @@ def pack_bins(
         if c_mem is not None:
             c_mem.keep_alive(memory)
         packed_columns[name] = ColumnBlock(c_mem, c_block, c_edges, cdt)
-    return PackedUnit(
-        unit=units.unit,
-        epoch=units.epoch,
-        window=units.window,
-        rows=nl,
+    # The unit's own (its place, steps whole in it, slices) stay; the rows are the bins expanded.
+    return replace(
+        units,
         seq_len=seq_len,
-        t0=t0,
-        t1=t1,
         memory=memory,
         block=block,
         edges=edges,
@@ -206,6 +202,5 @@ def pack_bins(
         doc=doc.astype(np.int64, copy=False),
         offset=offset.astype(np.int64, copy=False),
         start=start,
-        slices=units.slices,
         columns=packed_columns,
     )
