@@ -558,3 +558,19 @@ def test_the_bins_pass_reads_a_length_column_instead_of_the_tokens(
         got = [np.from_dlpack(ld.next_batch().tokens).copy() for _ in range(8)]
     assert read == []  # the pass read the length column, not the token lists
     assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_the_audit_draws_a_mixtures_padding_per_source(tmp_path: Path) -> None:
+    from plitzer.audit import audit
+
+    rng = np.random.default_rng(12)
+    for name, high in (("short", 20), ("long", 60)):
+        write_dataset(tmp_path / name, [[[[1] * int(n) for n in rng.integers(1, high, 30)] for _ in range(4)]])
+    src = {"short": str(tmp_path / "short"), "long": str(tmp_path / "long")}
+    report = audit(src, lanes=2, window=2, seq_len=64, packing="best-fit")
+    per_source = report.tables["padding_per_source"].sort("source")
+    assert per_source["source"].to_list() == ["long", "short"]
+    assert (per_source["floor_fraction"] <= per_source["padding_fraction"]).all()
+    assert "padding_per_source" in report.figures and report.png("padding_per_source")[:4] == b"\x89PNG"
+    page = report.html()  # the page shows the section, its note and both pictures
+    assert "<h2>Padding (best-fit)</h2>" in page and "alt='padding_per_source'" in page and "alt='padding'" in page

@@ -30,6 +30,7 @@ __all__ = [
     "plot_lockstep",
     "plot_mixture",
     "plot_padding",
+    "plot_padding_per_source",
     "plot_reads_per_rank",
     "plot_tokens_per_file",
     "plot_tokens_per_row_group",
@@ -231,4 +232,17 @@ def plot_padding(per_window: pl.DataFrame, ax: Axes | None = None) -> Figure:
     ax.legend(loc="upper right")
     _whole(ax)
     _names(ax, "window", "padding (% of row tokens)", "best-fit padding per window, epoch 0")
+    return fig
+
+
+def plot_padding_per_source(per_source: pl.DataFrame, ax: Axes | None = None) -> Figure:
+    """Best-fit's padding of each source of a mixture, against its floor (bars, epoch 0)."""
+    fig, ax = _axes(ax)
+    names = per_source["source"].to_list()
+    x = np.arange(len(names))
+    ax.bar(x - 0.2, 100 * per_source["padding_fraction"].to_numpy(), width=0.4, color="#ee7733", label="padding")
+    ax.bar(x + 0.2, 100 * per_source["floor_fraction"].to_numpy(), width=0.4, color="#999999", label="floor")
+    ax.set_xticks(x, names)
+    ax.legend(loc="upper right")
+    _names(ax, "source", "padding (% of row tokens)", "best-fit padding per source, epoch 0")
     return fig

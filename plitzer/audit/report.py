@@ -99,6 +99,10 @@ _SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "Reads": (("reads_per_rank", "read_amplification"), ("reads_per_rank", "read_amplification")),
     "Selection": (("selection", "selection_per_source"), ()),
     "Duplicate documents": (("duplicates", "deduplication"), ()),
+    "Padding (best-fit)": (
+        ("padding", "padding_per_window", "padding_per_source"),
+        ("padding", "padding_per_source"),
+    ),
     "Epochs": (("epochs_covered", "epoch_starts"), ()),
     "Layout stages": (("layout",), ("layout",)),
 }
@@ -298,6 +302,7 @@ def _padding_section(plan: Plan, out: _Sections) -> None:
     tables["padding_per_window"] = per_window
     if isinstance(plan, MixturePlan):
         tables["padding_per_source"] = tab.padding(plan, 0, by="source")
+        figures["padding_per_source"] = pic.plot_padding_per_source(tables["padding_per_source"])
     figures["padding"] = pic.plot_padding(per_window)
     notes["Padding (best-fit)"] = (
         "Under packing='best-fit' every document of at most seq_len tokens is whole in one row, and "
