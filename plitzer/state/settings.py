@@ -377,6 +377,10 @@ def _text_source(spec: SourceSpec) -> Index:
 def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:
     """The plan the loader runs from (and that ``plan.sql`` shows) for these settings."""
     rule, layout = settings.rule, settings.unit_layout
+    if settings.columns is not None:  # checked against every source, as the loader checks them
+        from plitzer.readpath.aligned import resolve
+
+        resolve(index, settings.columns)
     if rule.pads:  # best-fit: the plan cuts bins, counted by the bins pass at seq_len (plitzer.state.bins)
         from plitzer.state.bins import BinSpec, bin_index
 
