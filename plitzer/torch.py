@@ -242,10 +242,10 @@ class Dataset(IterableDataset[Batch]):
     runs three epochs, also right after ``load_state_dict``. There is no
     ``set_epoch``: the epoch is part of the position.
 
-    There is no ``__len__`` on purpose: DataLoader (and torchdata's
-    StatefulDataLoader, which carries its count of yielded items across a
-    resume) warns when an IterableDataset yields more than its length.
-    ``len(dataset.loader)`` is the number of batches left in this epoch.
+    ``len(dataset)`` is a finite run's steps (``epochs``; the loop after its last step starts it
+    again); a run without end has none on purpose: DataLoader (and torchdata's
+    StatefulDataLoader, which carries its count of yielded items across a resume) warns when
+    an IterableDataset yields more than its length. ``steps_in_epoch(e)``: any epoch's steps.
 
     State
     -----
@@ -320,12 +320,22 @@ class Dataset(IterableDataset[Batch]):
         info = get_worker_info()
         if info is not None:
             raise ConfigError(adapt.in_worker(info.id, info.num_workers, self._loader.settings.threads))
+        if self._loader.ended:  # a finite run, given whole: again from step 0
+            self._loader.seek(0)
         return self._epoch(self._loader.epoch)
 
     def _epoch(self, epoch: int) -> Iterator[Batch]:
         loader = self._loader
-        while loader.epoch == epoch:
+        while loader.epoch == epoch and not loader.ended:
             yield self.next_batch()
+
+    def __len__(self) -> int:
+        """A finite run's steps (``epochs``); a run without end has none (TypeError)."""
+        return adapt.run_length(self._loader.run.steps)
+
+    def steps_in_epoch(self, epoch: int) -> int:
+        """The steps whose epoch label is ``epoch`` (:meth:`plitzer.Loader.steps_in_epoch`)."""
+        return self._loader.steps_in_epoch(epoch)
 
     def next_batch(self) -> Batch:
         """The batch of the next step, whatever its epoch."""
