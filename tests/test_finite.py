@@ -342,3 +342,18 @@ def test_grain_stops_at_the_end_of_a_finite_run(data: str) -> None:
         n = len(loader)
     it = iter(grain_.Dataset(data, **SETTINGS, epochs=1, num_epochs=None))
     assert len(list(it)) == n
+
+
+@pytest.mark.parametrize("packing", ["concat", "best-fit"])
+def test_locate_places_documents_in_storage_order(tmp_path: Path, packing: str) -> None:
+    files = numbered_dataset(tmp_path, [[[5, 9, 0, 3], [12, 1, 4]], [[7, 7, 2], [30]]])
+    kw = {"lanes": 2, "window": 2, "seq_len": 8, "shuffle": False, "packing": packing, "seed": 11}
+    with plitzer.Loader(str(tmp_path), **kw, epochs=1) as loader:
+        batches = {b.step: np.array(b.tokens) for b in loader}
+    found = plitzer.locate(str(tmp_path), "n >= 0", **kw)
+    assert found.filter(found["length"] > 0).height >= 10  # every non-empty document, at least once
+    for step, lane, start, length, doc_offset, f, g, r in found.select(
+        "step", "lane", "start", "length", "token_offset", "file", "row_group", "row"
+    ).iter_rows():
+        doc = files[int(f[1:4])][g][r]
+        assert batches[step][lane, start : start + length].tolist() == doc[doc_offset : doc_offset + length]
