@@ -357,3 +357,34 @@ def test_locate_places_documents_in_storage_order(tmp_path: Path, packing: str) 
     ).iter_rows():
         doc = files[int(f[1:4])][g][r]
         assert batches[step][lane, start : start + length].tolist() == doc[doc_offset : doc_offset + length]
+
+
+@pytest.mark.parametrize(("columns", "fill"), [({"w": 99}, 99), (["w"], 0)])
+def test_aligned_columns_take_their_fill_after_the_end(tmp_path: Path, columns: Any, fill: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = [list(range(s, s + n)) for s, n in ((1, 3), (10, 5), (20, 2), (30, 7), (40, 1))]
+    table = pa.table({"tokens": docs, "w": [[t + 1000 for t in d] for d in docs]})
+    pq.write_table(table, tmp_path / "part.parquet", row_group_size=2)
+    for world in (1, 2):
+        with plitzer.Loader(str(tmp_path), lanes=2, window=1, seq_len=4, epochs=1, columns=columns, world=world) as ld:
+            batches = list(ld)
+        last = batches[-1]
+        tokens, w, mask = np.array(last.tokens), last.columns["w"], last.mask
+        assert not mask.all() and (w[mask] == tokens[mask] + 1000).all() and (w[~mask] == fill).all()
+
+
+def test_layout_stages_end_the_same_at_any_world(data: str) -> None:
+    kw = {"seed": 2, "window": 2, "lanes": [(0, 8), (9, 4)], "seq_len": [(0, 32), (9, 64)], "epochs": 2}
+    with plitzer.Loader(data, **kw) as one:
+        want = [*_run(one), *_run(one)]
+        assert len(want) == len(one) and one.ended
+    real = np.concatenate([w[2][w[3]] for w in want])
+    assert sorted(real.tolist()) == sorted(2 * list(range(one.tokens)))  # each token once an epoch
+    parts = []
+    for rank in range(4):
+        with plitzer.Loader(data, **kw, world=4, rank=rank) as loader:
+            parts.append([*_run(loader), *_run(loader)])
+    for t, w in enumerate(want):
+        assert np.array_equal(np.concatenate([p[t][2] for p in parts]), w[2])
