@@ -41,12 +41,6 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: the files' order otherwise
-    if os.environ.get("PLITZER_STRESS") == "separate":
-        # CI runs the tests that start a Ray runtime (20-40 s of starting each) in its side lane.
-        side = pytest.mark.skip(reason="CI runs it in its side lane (PLITZER_STRESS=separate)")
-        for item in items:
-            if item.get_closest_marker("ray") is not None:
-                item.add_marker(side)
 
 
 @pytest.fixture(autouse=True, scope="session")

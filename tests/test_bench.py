@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -109,11 +108,9 @@ def check_grain(g: dict[str, Any]) -> None:
 CHECKS = {"plitzer": check_plitzer, "hf": check_hf, "litdata": check_litdata, "grain": check_grain}
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(900)  # every peer's conversion and resume check in one run: 2-5 minutes on 2 busy cores
 def test_plitzer_and_the_peers_end_to_end(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    if os.environ.get("PLITZER_STRESS") == "separate":
-        pytest.skip("CI runs it in its side lane, beside the checkout's tests (PLITZER_STRESS=full)")
     rows = run(tiny, tmp_path, ",".join(["plitzer", *PEERS]))
     assert list(rows)[:2] == ["pyarrow", "pyarrow-rg"]  # the ceiling rows are always there, first
     assert sorted(rows) == sorted(["pyarrow", "pyarrow-rg", "plitzer", *PEERS])

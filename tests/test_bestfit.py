@@ -465,6 +465,7 @@ def docs_by_row_group_of(root: Path) -> list[list[list[int]]]:
 
 
 @pytest.mark.ray
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_bins_pass_runs_on_ray_ahead_of_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -569,6 +569,7 @@ def test_cli_index_reports_the_pass(data: Path, capsys: pytest.CaptureFixture[st
 
 
 @pytest.mark.ray
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_pass_runs_on_ray_ahead_of_the_job(data: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

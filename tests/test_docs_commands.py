@@ -103,7 +103,9 @@ RULES: dict[str, Rule] = {
     "ruff check .": CI,
     "ruff format --check .": CI,
     "python -m pytest -n auto": CI,
-    "python -m pytest tests/test_damaged.py tests/test_reliability.py tests/test_extremes.py tests/test_index.py "
+    "python -m pytest -n auto -m e2e": CI,
+    'python -m pytest -m "e2e or not e2e" tests/test_damaged.py tests/test_reliability.py tests/test_extremes.py '
+    "tests/test_index.py "
     "tests/test_s3.py tests/test_shutdown.py tests/test_outage_endings.py tests/test_cli_errors.py "
     "tests/test_soak.py": CI,
     # the CLI, in the order the docs use it: the commands that write data first

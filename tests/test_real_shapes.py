@@ -162,7 +162,7 @@ def _growth(big: dict[str, float], small: dict[str, float]) -> float:
     return (big["peak_bytes"] - small["peak_bytes"]) / (big["row_groups"] - small["row_groups"])
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_ranks_memory_is_bytes_a_row_group(shaped: tuple[Path, Path], mid: Path, tmp_path: Path) -> None:
     one, many = shaped
     big = _probe(many, tmp_path / "c1")
@@ -194,7 +194,7 @@ def _ranks(data: Path, cache: Path) -> list[dict[str, float]]:
     return [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_two_gloo_ranks_share_the_index_and_each_holds_bytes_a_row_group(
     shaped: tuple[Path, Path], mid: Path, tmp_path: Path
 ) -> None:
@@ -239,7 +239,7 @@ def _subsets(many: Path, tmp_path: Path, *args: str) -> tuple[dict[str, float], 
     return small, big
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_text_sources_counting_pass_is_bytes_a_row_group(shaped: tuple[Path, Path], tmp_path: Path) -> None:
     # The text column tokenized by characters: the pass reads every footer once (kept by none)
     # and every row group's text chunk once (through the index's minimal footers).

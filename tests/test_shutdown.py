@@ -209,7 +209,7 @@ def test_registry_does_not_keep_loaders_alive(tiny: Path) -> None:
     assert ref() is None
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_exit_stress_bounded(tmp_path: Path) -> None:
     """Fresh processes ending every way, on local disk, on S3, and on S3 that goes down: none ends abnormally.
@@ -220,8 +220,6 @@ def test_exit_stress_bounded(tmp_path: Path) -> None:
     every ending on S3, and every ending while the store is down, each gone within
     ``exit_stress.OUTAGE_LIMIT_S`` of its ending.
     """
-    if os.environ.get("PLITZER_STRESS") == "separate":
-        pytest.skip("CI runs it at full size in a step of its own (PLITZER_STRESS=full)")
     full = os.environ.get("PLITZER_STRESS") == "full"
     n, s3, down = (200, 0.2, 0.035) if full else (43, 7 / 43, 7 / 43)
     results = exit_stress.stress(n, jobs=2, s3=s3, down=down, seed=1, work=tmp_path)

@@ -351,6 +351,7 @@ def local_ray() -> Iterator[Any]:
 
 
 @pytest.mark.ray
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_tokenize_on_ray(local_ray: Any, bpe: Any, tmp_path: Path) -> None:
     src = tmp_path / "src"

@@ -247,6 +247,7 @@ def local_ray() -> Iterator[Any]:
 
 
 @pytest.mark.ray
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_tokenize_on_ray_between_stores(
