@@ -35,7 +35,7 @@ from olmo_core.distributed.utils import get_rank, get_world_size
 from olmo_core.eval.lm_evaluator import LMEvaluator
 from olmo_core.train.callbacks.callback import Callback, CallbackConfig
 from olmo_core.train.callbacks.evaluator_callback import EvaluatorCallback
-from torch.distributed import DeviceMesh
+from torch.distributed.device_mesh import DeviceMesh
 
 import plitzer.torch
 from planner.errors import ConfigError
@@ -77,6 +77,8 @@ class PlitzerDataLoader(TextDataLoaderBase):
     ``restart``: every epoch (``reshuffle``) starts at its first step, whatever was read of it:
     an evaluation's loader, which gives the same batches every time.
     """
+
+    _epoch: int | None  # OLMo-core's epoch (from 1), set by reshuffle
 
     def __init__(
         self,

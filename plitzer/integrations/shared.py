@@ -121,12 +121,16 @@ def settings_of(config: Any, renamed: Mapping[str, str] | None = None) -> dict[s
     return {n: _plain(getattr(config, names.get(n, n))) for n in setting_names()}
 
 
-def source_of(config: Any) -> tuple[Any, dict[str, Any]]:
+def source_of(config: Any, source: str | None = None) -> tuple[Any, dict[str, Any]]:
     """The source of a config and what its mixture file sets (weights, columns, selection, packing).
 
-    Both ``source`` and ``mixture`` is refused, as the command line refuses both.
+    Both ``source`` and ``mixture`` is refused, as the command line refuses both. ``source``
+    given here wins over the config's data (a validation set's).
     """
-    source, mixture = str(getattr(config, "source", "") or ""), getattr(config, "mixture", None)
+    if source is None:
+        source, mixture = str(getattr(config, "source", "") or ""), getattr(config, "mixture", None)
+    else:
+        mixture = None
     if mixture and source:
         msg = f"source={source!r} and mixture={mixture!r}: give the data paths or a mixture file, not both"
         raise ConfigError(msg)
@@ -162,21 +166,22 @@ def open_dataset(
     world: int,
     group: Any = None,
     renamed: Mapping[str, str] | None = None,
+    source: str | None = None,
     **given: Any,
 ) -> Dataset:
     """The plitzer.torch.Dataset of ``config`` for this data-parallel rank, with labels.
 
     ``given``: settings that win over the config's (a validation loader's ``shuffle``);
-    ``renamed``: as for :func:`setting_fields`.
+    ``renamed``: as for :func:`setting_fields`; ``source``: data in place of the config's (:func:`source_of`).
     A mixture file's settings apply where the config leaves the default.
     """
-    source, from_file = source_of(config)
+    data, from_file = source_of(config, source)
     kw = settings_of(config, renamed)
     for k, v in from_file.items():
         if kw.get(k) == by_name(k).default:
             kw[k] = v
     kw.update(given)
-    return Dataset(source, lanes=lanes, seq_len=seq_len, rank=rank, world=world, group=group, **ALWAYS, **kw)
+    return Dataset(data, lanes=lanes, seq_len=seq_len, rank=rank, world=world, group=group, **ALWAYS, **kw)
 
 
 def epoch_start(dataset: Dataset, epoch: int) -> int:
