@@ -15,7 +15,8 @@ import pytest
 
 pytest.importorskip("torchtitan")
 
-from tests.trainers.harness import global_rows, log_of, losses, run_ranks, write_data
+import plitzer.synth
+from tests.trainers.harness import VOCAB, global_rows, log_of, losses, run_ranks, write_data
 
 pytestmark = pytest.mark.trainers
 
@@ -26,6 +27,7 @@ LOSS_RTOL = 1e-3
 
 
 def _args(data: Path, out: Path, world: int) -> list[str]:
+    val = data.parent / "val"
     return [
         "--module", "tests.trainers.titan_configs", "--config", "tiny",
         "--dataloader.source", str(data), "--dataloader.window", "2",
@@ -34,11 +36,14 @@ def _args(data: Path, out: Path, world: int) -> list[str]:
         "--metrics.log_freq", "1", "--parallelism.spmd_backend", "partial_dtensor",
         "--parallelism.data_parallel_replicate_degree", str(world), "--parallelism.data_parallel_shard_degree", "1",
         "--checkpoint.enable", "--checkpoint.interval", str(KILL), "--checkpoint.folder", "ckpt",
+        "--validator.enable", "--validator.freq", "3", "--validator.steps", "2",
+        "--validator.dataloader.source", str(val),
     ]  # fmt: skip
 
 
 def test_kill_on_two_ranks_resume_on_one(tmp_path: Path) -> None:
     data = write_data(tmp_path / "data")
+    plitzer.synth.write(tmp_path / "val", 20_000, seed=8, mean_length=60, vocab=VOCAB, docs_per_row_group=100)
     full, cut = tmp_path / "full", tmp_path / "cut"
     assert run_ranks("titan_worker.py", 1, ["0", *_args(data, full, 1)], full) == 0, log_of(full, "titan_worker.py")
     # killed (SIGKILL) right after its step-3 checkpoint: torchrun reports the failure
@@ -59,6 +64,7 @@ def test_kill_on_two_ranks_resume_on_one(tmp_path: Path) -> None:
         assert tokens.shape == labels.shape == (4, 64)
         inside = np.where(positions[:, 1:] == 0, -100, tokens[:, 1:])
         np.testing.assert_array_equal(labels[:, :-1], inside)
+    assert "validate step:  3" in log_of(full, "titan_worker.py")  # the validator read the plitzer validation loader
     loss_full, loss_cut = losses(full), losses(cut)
     assert sorted(loss_cut) == sorted(loss_full) == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):
