@@ -44,14 +44,14 @@ from torch.utils.data import DataLoader
 
 import plitzer.torch
 from planner.errors import ConfigError
-from plitzer.integrations.shared import SOURCE_FIELDS, VALIDATION, lanes_of, open_dataset, setting_fields
+from plitzer.integrations.shared import SOURCE_FIELDS, VALIDATION, labels_of, lanes_of, open_dataset, setting_fields
 
 __all__ = ["Plitzer", "PlitzerDataLoader", "rows_of"]
 
 
 def rows_of(batch: plitzer.torch.Batch) -> torch.Tensor:
     """litgpt's batch of a plitzer batch: ``(rows, L + 1)`` int64, the tokens and each row's last label."""
-    return torch.cat([batch.tokens.long(), batch.labels[:, -1:]], dim=1)
+    return torch.cat([batch.tokens.long(), labels_of(batch)[:, -1:]], dim=1)
 
 
 class PlitzerDataLoader(DataLoader[Any]):

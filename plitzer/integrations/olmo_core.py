@@ -43,6 +43,7 @@ from plitzer.integrations.shared import (
     SOURCE_FIELDS,
     VALIDATION,
     epoch_start,
+    labels_of,
     open_dataset,
     setting_fields,
     steps_in_epoch,
@@ -63,7 +64,7 @@ def batch_of(batch: plitzer.torch.Batch, *, doc_lengths: bool = False, labels: b
     """OLMo-core's batch of a plitzer batch: ``input_ids`` and ``labels`` (int64), ``doc_lens`` and ``max_doc_lens``."""
     out: dict[str, Any] = {"input_ids": batch.tokens.long()}
     if labels:
-        out["labels"] = batch.labels
+        out["labels"] = labels_of(batch)
     if doc_lengths:
         lens = torch.nn.utils.rnn.pad_sequence(list(batch.doc_lengths), batch_first=True)
         out["doc_lens"] = lens
@@ -243,7 +244,7 @@ class _EvalLoader(PlitzerDataLoader):
     def _iter_batches(self) -> Iterable[dict[str, Any]]:
         for batch in self.dataset:
             out = batch_of(batch, doc_lengths=self.generate_doc_lengths, labels=False)
-            out["plitzer_labels"] = batch.labels
+            out["plitzer_labels"] = labels_of(batch)
             yield out
 
 

@@ -24,10 +24,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import Field, field
 from typing import Any
 
+import torch
+
 from planner.errors import ConfigError
 from planner.parameters import PARAMETERS, Parameter, by_name
 from plitzer.tools.mixfile import mixture_columns, mixture_settings, read_mixture
-from plitzer.torch import Dataset
+from plitzer.torch import Batch, Dataset
 
 __all__ = [
     "ALWAYS",
@@ -36,6 +38,7 @@ __all__ = [
     "TRAINER_DECIDES",
     "VALIDATION",
     "epoch_start",
+    "labels_of",
     "lanes_of",
     "open_dataset",
     "setting_fields",
@@ -182,6 +185,14 @@ def open_dataset(
             kw[k] = v
     kw.update(given)
     return Dataset(data, lanes=lanes, seq_len=seq_len, rank=rank, world=world, group=group, **ALWAYS, **kw)
+
+
+def labels_of(batch: Batch) -> torch.Tensor:
+    """The batch's labels (int64), which every adapter's dataset gives (:data:`ALWAYS`)."""
+    if batch.labels is None:
+        msg = "this plitzer.torch.Batch has no labels: the trainers' adapters open their dataset with labels=True"
+        raise ConfigError(msg)
+    return batch.labels
 
 
 def epoch_start(dataset: Dataset, epoch: int) -> int:

@@ -41,14 +41,14 @@ from torchtitan.trainer import Trainer
 
 import plitzer.torch
 from planner.errors import ConfigError
-from plitzer.integrations.shared import SOURCE_FIELDS, VALIDATION, lanes_of, open_dataset, setting_fields
+from plitzer.integrations.shared import SOURCE_FIELDS, VALIDATION, labels_of, lanes_of, open_dataset, setting_fields
 
 __all__ = ["IGNORE_INDEX", "RENAMED", "NullTokenizer", "PlitzerDataLoader", "batch_of", "with_plitzer"]
 
 
 def batch_of(batch: plitzer.torch.Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """torchtitan's item of a plitzer batch: ``({"input": tokens, "positions": position_ids}, labels)``, int64."""
-    return {"input": batch.tokens.long(), "positions": batch.position_ids.long()}, batch.labels
+    return {"input": batch.tokens.long(), "positions": batch.position_ids.long()}, labels_of(batch)
 
 
 RENAMED = {"tokenizer": "text_tokenizer"}

@@ -54,6 +54,9 @@ def main() -> None:
     def recorded(self: titan.PlitzerDataLoader):  # type: ignore[no-untyped-def]
         for inputs, labels in iterate(self):
             ds = self.dataset
+            if self is not trainer.dataloader:  # the validator's loader
+                yield inputs, labels
+                continue
             record_rows(out, ds.step - 1, ds.rank, tokens=inputs["input"], positions=inputs["positions"], labels=labels)
             yield inputs, labels
 
