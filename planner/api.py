@@ -35,7 +35,7 @@ from planner.order.layout import Layout, LayoutStage
 from planner.order.plan import Plan
 from planner.parameters import PLAN_PARAMETERS, Selection, check_keywords, document
 from planner.rules import rule_named
-from planner.runtime import BINS, COUNT, DEDUPE, SELECT, runtime_pass
+from planner.runtime import BINS, COLUMNS, COUNT, DEDUPE, SELECT, runtime_pass
 
 __all__ = [
     "Deduper",
@@ -363,6 +363,9 @@ def plan(
             raise ConfigError(NO_DEDUPER)
         order = [str(n) for n in source] if isinstance(source, Mapping) else None
         ix = deduper(ix, selection, storage_options=storage_options, order=order)
+    check = runtime_pass(None, COLUMNS) if columns else None
+    if check is not None:  # a column the data lacks is refused here as the loader would refuse it
+        check(ix, columns)
     rule = rule_named(packing)
     tokens_a_row = layout.first.seq_len if layout is not None else 0
     if rule.pads:  # SPEC section 15: the plan cuts bins, which the runtime's pass counts at seq_len

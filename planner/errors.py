@@ -9,6 +9,9 @@ what is wrong, where (setting, file, row group, row) and how to fix it.
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from typing import Any
 
 __all__ = [
@@ -30,6 +33,7 @@ __all__ = [
     "StoppedError",
     "UsageError",
     "one_line",
+    "warn_caller",
 ]
 
 
@@ -130,6 +134,26 @@ class StoppedError(UsageError):
 def one_line(e: BaseException) -> str:
     """An exception's message on one line (pyarrow's messages wrap, with indents)."""
     return " ".join(str(e).split())
+
+
+# The packages' folders: a warning points past their frames, at the line that called into them.
+_OWN = tuple(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + p + os.sep for p in ("planner", "plitzer")
+)
+
+
+def warn_caller(message: str, category: type[Warning]) -> None:
+    """``warnings.warn`` pointing at the first frame outside planner and plitzer: the user's line that led here.
+
+    Where the warning is raised depends on the call (a footer read at construction, a
+    reader's wait below ``next_batch``), so no fixed ``stacklevel`` is right. Python 3.12's
+    ``skip_file_prefixes`` skips the packages' frames; on 3.11 the warning points at the
+    line in plitzer that raised it.
+    """
+    if sys.version_info >= (3, 12):
+        warnings.warn(message, category, skip_file_prefixes=_OWN)
+    else:
+        warnings.warn(message, category, stacklevel=2)
 
 
 class PlitzerWarning(UserWarning):

@@ -288,6 +288,15 @@ PARAMETERS: tuple[Parameter, ...] = (
         plan=True,
     ),
     Parameter(
+        "labels",
+        False,
+        "bool",
+        'Give ``batch.labels`` (docs/usage.md, "Labels"; SPEC section 16): ``(lanes / world, seq_len)`` int64, '
+        "each token's next token in its own source document, -100 (PyTorch's ``ignore_index``) at a "
+        "document's last token and on padding, right across row ends, lane cuts and best-fit's splits. Part "
+        "of the batch, not of the configuration: no token, order or checkpoint changes.",
+    ),
+    Parameter(
         "packing",
         "concat",
         "str",

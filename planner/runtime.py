@@ -2,7 +2,8 @@
 
 planner reads metadata only; what reads data (the ``where=`` selection, ``dedupe=``, best-fit's bins, the
 count of a row group whose footer has no statistics, the document lengths of
-``plan.pieces``) is plitzer's, and everything inside planner takes it as an argument,
+``plan.pieces``) is plitzer's, and so is the check of ``columns=`` against the sources
+(the rules of aligned columns are the runtime's); everything inside planner takes it as an argument,
 which plitzer's entry points pass. ``planner.plan`` and ``planner.index`` are public
 functions that SPEC sections 2 and 6 make work as plitzer's (``plitzer.plan`` is
 ``planner.plan``), so where a caller gives no pass, their default is the one installed
@@ -17,7 +18,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-__all__ = ["BINS", "COUNT", "DEDUPE", "GROUP", "LENGTHS", "SELECT", "runtime_pass"]
+__all__ = ["BINS", "COLUMNS", "COUNT", "DEDUPE", "GROUP", "LENGTHS", "SELECT", "runtime_pass"]
 
 GROUP = "planner.passes"
 COUNT = "count"
@@ -25,6 +26,7 @@ SELECT = "select"
 DEDUPE = "dedupe"
 LENGTHS = "lengths"
 BINS = "bins"
+COLUMNS = "columns"
 
 
 def runtime_pass(given: Any, name: str) -> Any:

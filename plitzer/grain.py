@@ -24,6 +24,9 @@ element is one step of this process's lanes, a dict of NumPy arrays that JAX
 ``mask`` (``packing="best-fit"`` only)
     ``(lanes // world, seq_len)`` bool, False on each row's padding; ``segment_ids`` are 0
     there (SPEC section 15).
+``labels`` (``labels=True`` only)
+    ``(lanes // world, seq_len)`` int64, each token's next token in its own document, -100 at a
+    document's last token and on padding (SPEC section 16): the loader's array.
 each aligned column (``columns=``, SPEC section 13)
     ``(lanes // world, seq_len)`` of the column's dtype, under its own name (``loss_mask``):
     the loader's array, cut as ``tokens``.
@@ -168,13 +171,19 @@ def element_of(batch: Batch, *, boundaries: bool = True) -> Element:
 
 
 def _with_columns(element: Element, batch: Batch) -> Element:
-    """The aligned columns as element keys of their own names (the batch's memory, not a copy)."""
+    """The labels and the aligned columns as element keys of their own names (the batch's memory, not a copy)."""
+    if batch.labels is not None:
+        element["labels"] = batch.labels.numpy()
     for n, c in batch.columns.items():
         if n in element:
             msg = (
                 f"columns=: the aligned column {n!r} has the name of an element key of plitzer.grain "
                 f"({', '.join(sorted(element))}); rename the column in the data"
             )
+            if n == "labels":
+                msg += (
+                    ", or leave out labels=True (plitzer.Batch keeps batch.columns['labels'] apart from batch.labels)"
+                )
             raise ConfigError(msg)
         element[n] = c.numpy()
     return element

@@ -105,6 +105,10 @@ class Batch:
         ``(lanes // world, seq_len)`` bool: True on real tokens, False on a best-fit row's
         padding (SPEC section 15). Under ``packing="concat"`` all True, as a broadcast view
         of one value (no memory a step).
+    labels : torch.Tensor or None
+        With ``labels=True`` (SPEC section 16): ``(lanes // world, seq_len)`` int64, each token's
+        next token in its own document, -100 at a document's last token and on padding: what
+        ``cross_entropy(logits.view(-1, V), labels.view(-1), ignore_index=-100)`` takes. None without.
     """
 
     tokens: torch.Tensor
@@ -119,6 +123,7 @@ class Batch:
     source: PlitzerBatch
     columns: dict[str, torch.Tensor] = field(default_factory=dict)
     mask: torch.Tensor = field(default_factory=lambda: torch.ones((), dtype=torch.bool))
+    labels: torch.Tensor | None = None
     _owner: Callable[[], Dataset | None] | None = field(default=None, repr=False, compare=False)
     """A weak reference to the Dataset that gave this batch (to give refused steps back)."""
 
@@ -146,6 +151,7 @@ class Batch:
             source=batch,
             columns={n: from_dlpack(c) for n, c in batch.columns.items()},
             mask=(torch.from_numpy(batch.mask) if batch.padded else _TRUE.expand(tuple(batch.tokens.shape))),
+            labels=None if batch.labels is None else from_dlpack(batch.labels),
             _owner=owner,
         )
 
@@ -164,6 +170,7 @@ class Batch:
             pieces_per_row=self.pieces_per_row.to(device, non_blocking=non_blocking),
             columns={n: c.to(device, non_blocking=non_blocking) for n, c in self.columns.items()},
             mask=self.mask.to(device, non_blocking=non_blocking),
+            labels=None if self.labels is None else self.labels.to(device, non_blocking=non_blocking),
         )
 
     def pin_memory(self) -> Batch:
@@ -181,6 +188,7 @@ class Batch:
             pieces_per_row=self.pieces_per_row.pin_memory(),
             columns={n: c.pin_memory() for n, c in self.columns.items()},
             mask=self.mask.contiguous().pin_memory(),
+            labels=None if self.labels is None else self.labels.pin_memory(),
         )
 
     def __repr__(self) -> str:

@@ -465,6 +465,23 @@ def test_plan_records_the_columns(mix: dict[str, Path]) -> None:
     assert plitzer.plan(str(mix["chat"]), lanes=4, window=2).columns == []
 
 
+def test_plan_locate_and_audit_refuse_a_column_the_data_lacks_as_the_loader_does(
+    mix: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An audit must not approve a run the loader then refuses: every entry point checks ``columns=``."""
+    from plitzer.cli import main
+
+    web = str(mix["web"])  # no aligned columns
+    with pytest.raises(plitzer.ConfigError, match=r"has no column 'loss_mask'.*columns=\{'loss_mask': 0\}"):
+        plitzer.plan(web, lanes=4, window=2, columns=["loss_mask"])
+    base = [web, "--lanes", "4", "--window", "2", "--seq-len", "16", "--columns", "loss_mask"]
+    for command in (["plan"], ["locate", "--where", "true"], ["audit", "--out", str(tmp_path / "a.html")]):
+        assert main([*command[:1], *base, *command[1:]]) == 2, command
+        assert "has no column 'loss_mask'" in capsys.readouterr().err
+    # With a fill the column is the fill's, everywhere.
+    assert plitzer.plan(web, lanes=4, window=2, columns={"loss_mask": 0}).columns == [["loss_mask", 0]]
+
+
 def test_a_live_layout_change_keeps_the_columns_aligned(sft: tuple[Path, Any, Any]) -> None:
     path, ids, docs = sft
     with plitzer.Loader(path, lanes=4, window=2, seq_len=16, columns=["loss_mask", "weight"]) as ld:

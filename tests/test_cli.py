@@ -210,7 +210,11 @@ def test_every_subcommand_has_help_with_examples(capsys: pytest.CaptureFixture[s
         with pytest.raises(SystemExit) as done:
             main([cmd, "--help"])
         assert done.value.code == 0
-        assert "example" in capsys.readouterr().out, cmd
+        out = capsys.readouterr().out
+        assert "example" in out, cmd
+        columns = " ".join(out.split("--columns COLUMNS", 2)[-1].split("--dedupe")[0].split())
+        # --columns is what a run packs, except with index --out: what the job index carries.
+        assert ("the job index carries" in columns) == (cmd == "index"), (cmd, columns)
     top = subprocess.run([sys.executable, "-m", "plitzer", "--help"], capture_output=True, text=True, check=True)
     assert all(c in top.stdout for c in ("explain", "audit", "bench"))
 

@@ -353,6 +353,16 @@ RULES: dict[str, Rule] = {
     "python benchmarks/throughput.py --widths --tokens 20000000": scaled(
         "python benchmarks/throughput.py --widths --tokens 1000000 --lanes 16 --epochs 1"
     ),
+    "python benchmarks/labels.py --tokens 16000000 --docs-per-row-group 200 --threads 2 --repeat 7 --epochs 2": scaled(
+        "python benchmarks/labels.py --tokens 1000000 --threads 2 --repeat 1 --epochs 1"
+    ),
+    "python benchmarks/labels.py --packing best-fit --tokens 16000000 --docs-per-row-group 200 --threads 2 "
+    "--repeat 7 --epochs 2": scaled(
+        "python benchmarks/labels.py --packing best-fit --tokens 1000000 --threads 2 --repeat 1 --epochs 1"
+    ),
+    "python benchmarks/labels.py --parts --tokens 8000000 --threads 2": scaled(
+        "python benchmarks/labels.py --parts --tokens 1000000 --threads 2 --epochs 1"
+    ),
     "python benchmarks/tokenize_text.py --mb 20": scaled("python benchmarks/tokenize_text.py --mb 0.5"),
     "python tests/exit_stress.py --processes 2000 --jobs 2 --s3 0.25": scaled(
         "python tests/exit_stress.py --processes 4 --jobs 2 --s3 0.25"

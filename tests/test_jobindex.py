@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +118,42 @@ def test_stale_when_a_file_changed_was_added_or_removed(data: Path, tmp_path: Pa
     files[2].unlink()
     with pytest.raises(StaleIndexError, match=f"{files[2].name} was removed"):
         plitzer.Loader(data, index=str(out), **CFG)
+
+
+def test_a_copy_with_the_same_bytes_but_a_new_mtime_is_the_same_file(data: Path, tmp_path: Path) -> None:
+    """``cp`` without ``-p``: every mtime changes, no byte does; the job index still serves, with a warning."""
+    out = tmp_path / "job.index"
+    jobindex.write(data, out)
+    with plitzer.Loader(data, index=str(out), **CFG) as ld:
+        want = _batches(ld, 3)
+    copy = tmp_path / "copy"
+    shutil.copytree(data, copy, copy_function=shutil.copyfile)  # contents only, new mtimes
+    for f in sorted(copy.rglob("*.parquet")):
+        os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 7_000_000_000))
+    jobindex.write(data, copy / "job.index")
+    with pytest.warns(PerformanceWarning, match=r"same footer as when it was written.*write it again") as record:
+        ld = plitzer.Loader(copy, index=str(copy / "job.index"), **CFG)
+    if sys.version_info >= (3, 12):  # warnings' skip_file_prefixes: the user's line
+        assert record[0].filename == __file__
+    with ld:
+        for x, y in zip(want, _batches(ld, 3), strict=True):
+            np.testing.assert_array_equal(x, y)
+    # The same size and a new mtime but other rows (row groups of 3 and 5 tokens, then 5 and 3) is stale.
+    other = tmp_path / "other"
+    other.mkdir()
+    f = other / "a.parquet"
+
+    def write(lengths: list[int]) -> int:
+        docs = pa.array([[7] * n for n in lengths], pa.list_(pa.int32()))
+        pq.write_table(pa.table({"tokens": docs}), f, row_group_size=1, compression="none", use_dictionary=False)
+        return f.stat().st_size
+
+    size = write([3, 5])
+    jobindex.write(other, other / "job.index")
+    assert write([5, 3]) == size  # the listing sees the same size, another mtime
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 7_000_000_000))
+    with pytest.raises(StaleIndexError, match=r"a\.parquet changed since it was written \(same size, another footer\)"):
+        plitzer.Loader(other, index=str(other / "job.index"), lanes=2, window=1, seq_len=4)
 
 
 def test_changed_in_place_after_the_listing_is_refused_on_first_read(data: Path, tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ from planner.catalog.dataset import index
 from planner.catalog.datasetindex import Index
 from planner.catalog.files import FileEntry, list_files
 from planner.catalog.rowlists import ROW_FIELDS, ints, strings
-from planner.errors import ConfigError, DataError, StaleIndexError
+from planner.errors import ConfigError, DataError, PerformanceWarning, StaleIndexError, warn_caller
 from planner.stores.backends import open_storages
 from planner.stores.cache import write_atomic
 from planner.stores.storage import SCHEMES
@@ -236,31 +236,74 @@ def _column_names(columns: Sequence[str] | str) -> list[str]:
     return names
 
 
-def _stale(where: str, listed: list[FileEntry], kept: dict[str, tuple[int, str]]) -> None:
-    """Refuse a job index whose files are not the listing's, naming the first that differs."""
+def _stale(where: str, listed: list[FileEntry], kept: dict[str, tuple[int, str]]) -> list[int]:
+    """Refuse a job index whose files are not the listing's, naming the first that differs.
+
+    A file of the same size whose version alone differs (copied without its mtime, an
+    object copied again) is not refused here: its position is returned, for
+    :func:`_same_footers` to compare its footer with the job index's rows.
+    """
     names = set()
-    for e in listed:
+    moved: list[int] = []
+    for i, e in enumerate(listed):
         st = e.stat
         names.add(st.name)
         got = kept.get(st.name)
         if got is None:
             what = f"{st.location} was added since it was written"
+        elif got[0] == st.size and got[1] != st.version:
+            moved.append(i)
+            continue
         elif got != (st.size, st.version):
-            what = (
-                f"{st.location} changed since it was written (size {got[0]} -> {st.size}, "
-                f"version {got[1]!r} -> {st.version!r})"
-            )
+            what = f"{st.location} changed since it was written (size {got[0]} -> {st.size})"
         else:
             continue
-        msg = f"job index {where} is stale: {what}; write it again (plitzer index DATA --out {where})"
-        raise StaleIndexError(msg, file=st.location)
+        raise _stale_error(where, what, st.location)
     for name in kept:
         if name not in names:
-            msg = (
-                f"job index {where} is stale: {name} was removed since it was written; "
-                f"write it again (plitzer index DATA --out {where})"
+            raise _stale_error(where, f"{name} was removed since it was written", name)
+    return moved
+
+
+def _stale_error(where: str, what: str, file: str) -> StaleIndexError:
+    msg = f"job index {where} is stale: {what}; write it again (plitzer index DATA --out {where})"
+    return StaleIndexError(msg, file=file)
+
+
+def _same_footers(where: str, moved: list[int], entries: list[FileEntry], frame: pl.DataFrame, column: str) -> None:
+    """Accept the files whose version alone changed when their footers give the job index's rows exactly.
+
+    A file's rows (row groups, their rows and tokens, the token column's byte ranges,
+    codecs and values) and its template are all its footer says; the fingerprint is
+    names, rows and tokens. So a file copied with the same bytes but not its mtime (``cp``
+    without ``-p``, ``rsync`` without ``-t``) is the same file to the index: its footer is
+    read (one ranged read) and compared, and only a difference is stale. The reads check
+    the listing's version from then on. Decision: docs/design.md, "One index per job".
+    """
+    if not moved:
+        return
+    firsts = np.searchsorted(frame["file_index"].to_numpy(), np.arange(len(entries) + 1))
+    fields = frame.select(ROW_FIELDS).to_numpy()
+    for i in moved:
+        e = entries[i]
+        loc = e.stat.location
+        try:
+            raw = footer.fetch(e.storage, e.stat)
+            md = footer.parse(raw, loc)
+            rows, _, _ = footer.row_groups(e.storage, e.stat, md, column, None, raw=raw)
+            same = np.array_equal(rows, fields[firsts[i] : firsts[i + 1]]) and e.template == chunkmeta.template_of(
+                raw, md, column, loc
             )
-            raise StaleIndexError(msg, file=name)
+        except (DataError, OSError, ValueError, pa.ArrowException):
+            same = False
+        if not same:
+            raise _stale_error(where, f"{loc} changed since it was written (same size, another footer)", loc)
+    warn_caller(
+        f"job index {where}: {len(moved)} file(s) have a new version (mtime or ETag) but the same footer as when it "
+        f"was written (e.g. {entries[moved[0]].stat.location}), so their footers were read to check them; write it "
+        f"again to skip those reads (plitzer index DATA --out {where})",
+        PerformanceWarning,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,13 +356,17 @@ def read_parts(
         raise DataError(msg) from e
     entries, src = list_files(source, storage_options)
     kept = {n: (s, v) for n, s, v in zip(cols["name"], cols["size"], cols["version"], strict=True)}
-    _stale(where, entries, kept)
+    moved = _stale(where, entries, kept)
     if [e.stat.name for e in entries] != cols["name"]:  # the same files, so only a damaged index
         msg = f"{where}: its files are not in the listing's order; write it again (plitzer index DATA --out {where})"
         raise DataError(msg)
     for entry, template in zip(entries, templates, strict=True):
         entry.template = template
     frame, per = rowlists.decode(table, cols["name"])
+    if moved and meta.get("kind", "tokens") != "tokens":  # a text source's counts are not in its footers
+        at = entries[moved[0]].stat.location
+        raise _stale_error(where, f"{at} has a new version (mtime or ETag)", at)
+    _same_footers(where, moved, entries, frame, meta["column"])
     carried = _read_carried(where, table, meta, entries, per)
     del table
     for entry, got in zip(entries, carried, strict=True):

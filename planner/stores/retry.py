@@ -26,11 +26,10 @@ import math
 import random
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from planner.errors import ConfigError, FileChangedError, StoppedError, StorageError, StorageWaitWarning
+from planner.errors import ConfigError, FileChangedError, StoppedError, StorageError, StorageWaitWarning, warn_caller
 from planner.stores.stopping import STOPPED, pause, stop_event
 from planner.stores.throttle import Throttle
 
@@ -164,7 +163,7 @@ class Retrier:
                 self._outage_since = None  # every request of the outage gave up: the next one warns anew
         if back and since is not None:
             msg = f"{what}: the store answers again, after {now - since:.0f} s; reading goes on"
-            warnings.warn(msg, StorageWaitWarning, stacklevel=4)
+            warn_caller(msg, StorageWaitWarning)
 
     def _note_waiting(self, what: str, first: float, cause: str) -> None:
         with self._lock:
@@ -175,7 +174,7 @@ class Retrier:
             f"{what}: the store does not answer ({cause}); waiting for it, up to storage_options "
             f"retry_deadline={self.deadline:g} s, retrying at least every {_RETRY_CAP * 1.5:g} s"
         )
-        warnings.warn(msg, StorageWaitWarning, stacklevel=4)
+        warn_caller(msg, StorageWaitWarning)
 
     def run(self, what: str, attempt: Callable[[], T], *, location: str | None = None) -> T:
         """``attempt()`` until it succeeds, fails for good, or the deadline (or the attempts) are spent.

@@ -17,6 +17,11 @@ from typing import Any
 
 from plitzer.cli.options import ADDRESS, OUT, RUN, SOURCE, Arg, arg, formats, setting
 
+INDEX_COLUMNS = (
+    "with --out: the dataset columns the job index carries besides the token column, NAME,NAME "
+    "(what the ranks' where=, length_column=, columns= and dedupe= then read from it instead of the files)"
+)
+
 __all__ = ["COMMANDS", "Command", "setting_names"]
 
 
@@ -60,7 +65,8 @@ _COMMANDS = (
         "index",
         "build or refresh the cached index",
         (
-            *SOURCE,
+            # --columns means other here: what the job index carries, not what a run packs.
+            *(o if o.setting != "columns" else setting("columns", help=INDEX_COLUMNS) for o in SOURCE),
             formats("table", "csv", "json"),
             arg(
                 "--no-lengths",

@@ -161,6 +161,11 @@ class Columns:
         """The checkpoint's ``columns`` field (:func:`columns_config`)."""
         return [[n, self.fills[n]] for n in sorted(self.names)]
 
+    def of_unit(self, per: list[dict[str, NDArray[Any]] | None]) -> dict[str, tuple[list[NDArray[Any]], np.dtype[Any]]]:
+        """A unit's columns as the packer takes them: name -> (each read row group's values, dtype)."""
+        assert all(c is not None for c in per)
+        return {n: ([c[n] for c in per if c is not None], self.dtypes[n]) for n in self.names}
+
     def describe(self) -> str:
         """``loss_mask (bool, fill 0), weight (float32)``: what explain and the CLI show."""
         parts = []

@@ -90,6 +90,10 @@ class Batch:
         ``tokens``, of the column's own dtype (bool stays bool); empty when none are named.
     mask : array
         ``(rows, seq_len)`` bool, False on a best-fit row's padding (SPEC section 15).
+    labels : array or None
+        With ``labels=True``: ``(rows, seq_len)`` int64, each token's next token in its own
+        source document, -100 at a document's last token and on padding (SPEC section 16);
+        None without.
     """
 
     tokens: Tokens
@@ -103,10 +107,13 @@ class Batch:
     """Aligned columns (SPEC section 13): name -> ``(rows, seq_len)`` array of the column's dtype, cut as the tokens."""
     padded: bool = False
     """Whether the run's rule pads rows (best-fit): ``mask`` can then be False."""
+    labels: Tokens | None = None
+    """``labels=True`` (SPEC section 16): each token's next in its document, -100 at a document's end and on padding."""
 
     def __repr__(self) -> str:
         rows, width = self.tokens.shape
         cols = "".join(f", {n}={c.dtype}" for n, c in self.columns.items())
+        cols += ", labels=int64" if self.labels is not None else ""
         return (
             f"Batch(step={self.step}, epoch={self.epoch}, lanes={self.lanes.start}..{self.lanes.stop - 1}, "
             f"tokens={rows}x{width} {self.tokens.dtype}{cols})"

@@ -42,6 +42,7 @@ from planner.errors import DataError
 from planner.rules import Binned, Rule
 from planner.rules.binned import item_lengths
 from plitzer.readpath.aligned import aligned_chunks, storage_dtype
+from plitzer.readpath.labels import LABEL_DTYPE, LABEL_FILL, label_chunks
 from plitzer.readpath.pack import ColumnChunks, chunk_lists, gather_layout
 from plitzer.readpath.packed import ColumnBlock, PackedUnit, StepRange, UnitReads, arrow_ints
 from plitzer.readpath.pieces import unit_documents
@@ -103,14 +104,21 @@ def _unit_chunks(per_chunk: I64) -> list[pa.Array]:
 
 
 def pack_bins(
-    chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | None, rows: Rows, pack: Packer
+    chunks: list[pa.Array],
+    reads: UnitReads,
+    columns: ColumnChunks | None,
+    rows: Rows,
+    pack: Packer,
+    *,
+    labels: bool = False,
 ) -> PackedUnit:
     """Pack a unit's row groups under best-fit: bins as units by ``pack``, then each bin a padded row.
 
     ``chunks``: the rank's decoded row groups in stream order (the reads of
     ``reads.place``, whose positions and lane bases count bins); ``pack``: the concat
     packer of the unit (:func:`~plitzer.readpath.pack.pack_unit`, or
-    :func:`~plitzer.readpath.recut.pack_rest` for a window cut again).
+    :func:`~plitzer.readpath.recut.pack_rest` for a window cut again). ``labels``: the labels
+    (:mod:`plitzer.readpath.labels`) gathered by the items' lists too, ``-100`` on the padding.
     """
     seq_len = rows.seq_len
     p = reads.place
@@ -180,15 +188,18 @@ def pack_bins(
         return gather_layout(lists, list_of, length, dt, block_at)
 
     memory, block, edges, start = gather(docs.arrays, rows.pad_id, reads.dtype)
-    packed_columns = {}
-    for name, (values, cdt) in (columns or {}).items():
-        sd = storage_dtype(cdt)
-        fill = (rows.fills or {}).get(name)
-        raw = np.array(0 if fill is None else fill, cdt).reshape(1).view(sd)[0]
-        c_mem, c_block, c_edges, _ = gather(aligned_chunks(docs.arrays, values, cdt), raw, sd)
+
+    def column(lists: list[pa.Array], raw: Any, cdt: np.dtype[Any]) -> ColumnBlock:
+        c_mem, c_block, c_edges, _ = gather(lists, raw, storage_dtype(cdt))
         if c_mem is not None:
             c_mem.keep_alive(memory)
-        packed_columns[name] = ColumnBlock(c_mem, c_block, c_edges, cdt)
+        return ColumnBlock(c_mem, c_block, c_edges, cdt)
+
+    packed_columns = {}
+    for name, (values, cdt) in (columns or {}).items():
+        fill = (rows.fills or {}).get(name)
+        raw = np.array(0 if fill is None else fill, cdt).reshape(1).view(storage_dtype(cdt))[0]
+        packed_columns[name] = column(aligned_chunks(docs.arrays, values, cdt), raw, cdt)
     # The unit's own (its place, steps whole in it, slices) stay; the rows are the bins expanded.
     return replace(
         units,
@@ -203,4 +214,5 @@ def pack_bins(
         offset=offset.astype(np.int64, copy=False),
         start=start,
         columns=packed_columns,
+        labels=column(label_chunks(docs.arrays), LABEL_FILL, LABEL_DTYPE) if labels else None,
     )

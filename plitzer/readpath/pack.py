@@ -41,7 +41,7 @@ documents, pieces or lanes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -53,6 +53,7 @@ from planner.lanes import window_cuts
 from planner.packing import row_cuts, slice_keys, slice_offsets
 from planner.run import UnitPlace
 from plitzer.readpath.aligned import aligned_chunks, storage_dtype
+from plitzer.readpath.labels import LABEL_DTYPE, empty_labels, label_chunks
 from plitzer.readpath.packed import (
     ColumnBlock,
     Memory,
@@ -281,7 +282,12 @@ def _transposed(
 
 
 def pack_unit(
-    chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | None = None, *, gather: bool = True
+    chunks: list[pa.Array],
+    reads: UnitReads,
+    columns: ColumnChunks | None = None,
+    *,
+    gather: bool = True,
+    labels: bool = False,
 ) -> PackedUnit:
     """Pack the decoded row groups a rank read in one window into step-major blocks.
 
@@ -293,15 +299,15 @@ def pack_unit(
     ``[t * seq_len, (t + 1) * seq_len)`` of every lane). ``keep`` (one flag per rank
     lane) leaves out lanes that will never read this window, and ``from_step`` the
     steps before it (after a resume). ``columns``: each aligned column's values of every
-    chunk and its dtype (:func:`plitzer.readpath.aligned.read_columns`), packed alike.
-    ``gather=False``: the layout's tables and slices only, no token copied (best-fit's units,
-    :mod:`plitzer.readpath.bins`).
+    chunk and its dtype (:func:`plitzer.readpath.aligned.read_columns`), packed alike, and
+    ``labels`` the labels (:mod:`plitzer.readpath.labels`). ``gather=False``: the layout's
+    tables and slices only, no token copied (best-fit's units, :mod:`plitzer.readpath.bins`).
     """
     p = reads.place
     rank_lanes = p.rank_lanes
     nl = len(rank_lanes)
     if not chunks:  # nothing read: no document, so no piece
-        return _empty_unit(reads, columns)
+        return _empty_unit(reads, columns, labels)
     # The rank's cuts c_{k0} .. c_{k1}: its lanes' token ranges, end to end.
     cuts = window_cuts(np.arange(rank_lanes.start, rank_lanes.stop + 1), p.window_tokens, p.window_z, p.lanes)
     docs = unit_documents(chunks, p.token_start, reads.doc_base)
@@ -309,10 +315,12 @@ def pack_unit(
     order, lane_piece = shuffle_pieces(
         pc_, p.keep, nl, slice_keys(p.seed, p.epoch, p.window, np.arange(rank_lanes.start, rank_lanes.stop))
     )
-    return finish_unit(docs.arrays, pc_, order, lane_piece, reads, tiled=True, columns=columns, gather=gather)
+    return finish_unit(
+        docs.arrays, pc_, order, lane_piece, reads, tiled=True, columns=columns, gather=gather, labels=labels
+    )
 
 
-def _empty_unit(reads: UnitReads, columns: ColumnChunks | None) -> PackedUnit:
+def _empty_unit(reads: UnitReads, columns: ColumnChunks | None, labels: bool) -> PackedUnit:
     """The unit of a window with nothing read (a selection left it empty): what :func:`finish_unit` makes of no pieces.
 
     Built directly: a step can span thousands of such windows, and the general path's
@@ -333,9 +341,10 @@ def _empty_unit(reads: UnitReads, columns: ColumnChunks | None) -> PackedUnit:
     }
     slices = Slices(np.zeros(nl + 1, np.int64), np.zeros(nl + 1, np.int64), z)
     lay = _Layout(z, z, z, z, z, z, z, z, z, z)
-    return _unit(
+    unit = _unit(
         p, (t0, t0), (None, block, edges, z), StepRange(t0, np.zeros(1, np.int64)), lay, slices, packed_columns
     )
+    return replace(unit, labels=empty_labels(nl, p.seq_len)) if labels else unit
 
 
 def _unit(
@@ -394,6 +403,7 @@ def finish_unit(
     tiled: bool,
     columns: ColumnChunks | None = None,
     gather: bool = True,
+    labels: bool = False,
 ) -> PackedUnit:
     """The rank's pieces in packed order (slices ``lane_piece``) laid out step-major: the packed unit.
 
@@ -431,15 +441,18 @@ def finish_unit(
         return _direct(arrs, lay, dt, (first, stop, t1 - t0, nl, seq_len), tiled=tiled)
 
     gathered = gathered_as(arrays, dtype)
-    # Aligned columns: the same pieces, row cuts and layout, one more gather each (plitzer.readpath.aligned).
-    packed_columns = {}
-    for name, (values, cdt) in (columns or {}).items():
-        c_mem, c_block, c_edges, _ = gathered_as(aligned_chunks(arrays, values, cdt), storage_dtype(cdt))
+
+    # Aligned columns and labels: the same pieces, row cuts and layout, one more gather each.
+    def column(lists: list[pa.Array], cdt: np.dtype[Any]) -> ColumnBlock:
+        c_mem, c_block, c_edges, _ = gathered_as(lists, storage_dtype(cdt))
         if c_mem is not None:
             c_mem.keep_alive(gathered[0])
-        packed_columns[name] = ColumnBlock(c_mem, c_block, c_edges, cdt)
+        return ColumnBlock(c_mem, c_block, c_edges, cdt)
+
+    packed_columns = {n: column(aligned_chunks(arrays, v, cdt), cdt) for n, (v, cdt) in (columns or {}).items()}
     slices = Slices(lane_start.astype(np.int64, copy=False), lane_piece, piece_end)
-    return _unit(p, (t0, t1), gathered, StepRange(s_first, step_bounds), lay, slices, packed_columns)
+    unit = _unit(p, (t0, t1), gathered, StepRange(s_first, step_bounds), lay, slices, packed_columns)
+    return replace(unit, labels=column(label_chunks(arrays), LABEL_DTYPE)) if labels else unit
 
 
 def _scattered(arrays: list[pa.Array], chunk: I64, value: I64, length: I64) -> tuple[list[pa.Array], I64]:

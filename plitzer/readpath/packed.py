@@ -224,6 +224,7 @@ class PackedUnit:
     start: I64
     slices: Slices
     columns: dict[str, ColumnBlock] = field(default_factory=dict)  # aligned columns, packed with the tokens
+    labels: ColumnBlock | None = None  # labels=True: each token's next in its document (plitzer.readpath.labels)
 
     def segments(self, step: int) -> Segments:
         """The sub-pieces of ``step`` in this unit (views of the tables)."""
@@ -243,7 +244,7 @@ class PackedUnit:
         """Bytes held: the packed tokens and the tables (the cost model's ``packed_bytes``)."""
         shared = self.memory is not None and self.memory._owner is self.edges
         tokens = self.edges.nbytes if shared else self.block.nbytes + self.edges.nbytes
-        columns = sum(c.nbytes for c in self.columns.values())
+        columns = sum(c.nbytes for c in (*self.columns.values(), *([self.labels] if self.labels else [])))
         return int(tokens + columns + PIECE_BYTES * len(self.row) + LANE_BYTES * len(self.slices.lane_start))
 
 

@@ -21,7 +21,12 @@ __all__ = ["pack_rest"]
 
 
 def pack_rest(
-    chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | None = None, *, gather: bool = True
+    chunks: list[pa.Array],
+    reads: UnitReads,
+    columns: ColumnChunks | None = None,
+    *,
+    gather: bool = True,
+    labels: bool = False,
 ) -> PackedUnit:
     """Pack a window cut again by layout changes inside it (docs/design.md, "Layout stages").
 
@@ -69,4 +74,6 @@ def pack_rest(
     )
     bounds = np.searchsorted(local, np.arange(len(rank_lanes) + 1), side="left").astype(np.int64)
     ident = np.arange(len(src), dtype=np.int64)
-    return finish_unit(docs.arrays, rest, ident, bounds, reads, tiled=False, columns=columns, gather=gather)
+    return finish_unit(
+        docs.arrays, rest, ident, bounds, reads, tiled=False, columns=columns, gather=gather, labels=labels
+    )

@@ -59,6 +59,7 @@ from plitzer.readpath.aligned import Columns, read_columns
 from plitzer.readpath.bins import Rows, pack_bins
 from plitzer.readpath.budget import Budget, Charge
 from plitzer.readpath.cost import unit_estimate
+from plitzer.readpath.labels import LABEL_BYTES
 from plitzer.readpath.pack import pack_unit
 from plitzer.readpath.packed import PackedUnit, UnitReads
 from plitzer.readpath.read import read_chunk
@@ -153,9 +154,11 @@ class Scanner:
         ahead: int = AHEAD,
         columns: Columns | None = None,
         rows: Rows | None = None,
+        labels: bool = False,
     ) -> None:
         self.index: RowGroupIndex = run.plan.dataset
         self.columns = columns  # aligned columns read and packed with the tokens (plitzer.readpath.aligned)
+        self.labels = labels  # each token's next in its document, packed with the tokens (plitzer.readpath.labels)
         # How rows are made where the rule pads them (best-fit: plitzer.readpath.bins); None: concat.
         self.rows = rows if rows is not None and rows.rule.pads else None
         self.rank = run.rank
@@ -314,7 +317,7 @@ class Scanner:
             int(self._rows[rgs].sum()),
             lanes=len(self.rank_lanes),
             seq_len=self.seq_len,
-            column_bytes=self.columns.itemsize if self.columns is not None else 0,
+            column_bytes=(self.columns.itemsize if self.columns is not None else 0) + LABEL_BYTES * self.labels,
         )
         got = UnitReads(place, self._doc_base[rgs], int(est), self._dtype)
         self._reads[unit] = got
@@ -374,17 +377,12 @@ class Scanner:
             chunks = list(u.chunks)
             assert all(c is not None for c in chunks)
             pack = pack_unit if u.reads.place.rest is None else pack_rest
-            columns = None
-            if self.columns is not None:
-                per = u.columns
-                assert all(c is not None for c in per)
-                columns = {
-                    n: ([c[n] for c in per if c is not None], self.columns.dtypes[n]) for n in self.columns.names
-                }
+            columns = self.columns.of_unit(u.columns) if self.columns is not None else None
+            labels = {"labels": True} if self.labels else {}  # without: the calls of before labels existed
             if self.rows is None:
-                packed = pack(chunks, u.reads, columns)
+                packed = pack(chunks, u.reads, columns, **labels)
             else:
-                packed = pack_bins(chunks, u.reads, columns, self.rows, pack)
+                packed = pack_bins(chunks, u.reads, columns, self.rows, pack, **labels)
         except BaseException as e:
             with self._lock:
                 u.stop(e)

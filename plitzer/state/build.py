@@ -29,6 +29,7 @@ from plitzer.readpath.aligned import resolve
 from plitzer.readpath.batch import Located
 from plitzer.readpath.bins import Rows
 from plitzer.readpath.cost import budget_floor
+from plitzer.readpath.labels import LABEL_BYTES
 from plitzer.readpath.scan import Scanner
 from plitzer.selection.select import source_rows
 from plitzer.state.settings import LoaderSettings, Source, checkpoint_config, default_threads, make_plan, open_source
@@ -68,7 +69,7 @@ def check_layout(
         tok, rows, _ = held_counts(plan, s)
     if column_bytes is None:
         cols = resolve(plan.dataset, s.columns) if s.columns is not None else None
-        column_bytes = cols.itemsize if cols is not None else 0
+        column_bytes = (cols.itemsize if cols is not None else 0) + LABEL_BYTES * s.labels
     cb = column_bytes
     big = max(new, key=lambda st: st.lanes)
     if plan.tokens < big.lanes:
@@ -154,7 +155,8 @@ def parts(plan: Plan, settings: LoaderSettings) -> Parts:
     layout = s.stages
     tok, rows, _ = held_counts(plan, s)  # the selected ones where selected
     columns = resolve(plan.dataset, s.columns)  # aligned columns, checked against every source
-    inflight = check_layout(plan, s, layout, layout.stages, tok, rows, columns.itemsize if columns else 0)
+    column_bytes = (columns.itemsize if columns else 0) + LABEL_BYTES * s.labels  # labels: 8 B a token more
+    inflight = check_layout(plan, s, layout, layout.stages, tok, rows, column_bytes)
     if s.budget < inflight:
         # Works, but the next window is read only once the current one is released:
         # decoding and training take turns instead of overlapping.
@@ -168,5 +170,5 @@ def parts(plan: Plan, settings: LoaderSettings) -> Parts:
     run = Run(plan, s.unit_layout, s.world, s.rank)
     threads = s.threads or default_threads(plan.dataset)
     made = Rows(s.rule, s.seq_len, s.pad_id)  # how the rule makes rows (best-fit: padded bins)
-    scanner = Scanner(run, budget=s.budget, threads=threads, columns=columns, rows=made)
+    scanner = Scanner(run, budget=s.budget, threads=threads, columns=columns, rows=made, labels=s.labels)
     return Parts(run, scanner, Locator(plan.dataset))

@@ -87,6 +87,7 @@ class KeywordsLessWhere(TypedDict, total=False):
     exclude: str | os.PathLike[str] | None
     index: str | None
     columns: Sequence[str] | Mapping[str, Any] | None
+    labels: bool
     packing: str
     pad_id: int
 
@@ -166,6 +167,8 @@ class LoaderSettings:
     """A job index (``plitzer index DATA --out PATH``) to read instead of the footers."""
     columns: Sequence[str] | Mapping[str, Any] | None = None
     """Aligned columns (``plitzer.readpath.aligned``): names, or name -> fill value."""
+    labels: bool = False
+    """``batch.labels`` (``plitzer.readpath.labels``): part of the batch, not of the checkpoint's configuration."""
     packing: str = CONCAT
     """The packing rule's name (:mod:`planner.rules`)."""
     pad_id: int = 0
@@ -188,6 +191,10 @@ class LoaderSettings:
             raise ConfigError(msg)
         if self.threads is not None:
             check_int("threads", self.threads, 1, "threads decode row groups in parallel")
+        if not isinstance(self.labels, (bool, np.bool_)):
+            msg = f"labels={self.labels!r} must be True or False (True: batch.labels, each token's next token)"
+            raise ConfigError(msg)
+        object.__setattr__(self, "labels", bool(self.labels))
         if self.columns is not None:
             from plitzer.readpath.aligned import parse_columns
 
@@ -377,6 +384,10 @@ def _text_source(spec: SourceSpec) -> Index:
 def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:
     """The plan the loader runs from (and that ``plan.sql`` shows) for these settings."""
     rule, layout = settings.rule, settings.unit_layout
+    if settings.columns is not None:  # checked against every source, as the loader checks them
+        from plitzer.readpath.aligned import resolve
+
+        resolve(index, settings.columns)
     if rule.pads:  # best-fit: the plan cuts bins, counted by the bins pass at seq_len (plitzer.state.bins)
         from plitzer.state.bins import BinSpec, bin_index
 

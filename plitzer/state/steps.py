@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 from planner.run import Run
 from plitzer.readpath.aligned import assemble_columns, unit_columns
 from plitzer.readpath.batch import Batch, Tokens
+from plitzer.readpath.labels import assemble_labels, unit_labels
 from plitzer.readpath.packed import PackedUnit, Segments, assemble
 from plitzer.readpath.scan import Scanner
 from plitzer.state import resume
@@ -63,11 +64,12 @@ class Steps:
         tokens, segments = assemble(units, t, rows, seq_len)
         columns = assemble_columns(units, t, rows, seq_len)
         self._cur = None
-        return self._deliver(run, t, tokens, segments, units, columns)
+        return self._deliver(run, t, tokens, segments, units, columns, assemble_labels(units, t, rows, seq_len))
 
     def _view(self, run: Run, u: PackedUnit, t: int) -> Batch:
         """Step ``t`` as a view of the block of ``u``, the unit in use."""
-        return self._deliver(run, t, u.block[t - u.t0], functools.partial(u.segments, t), [u], unit_columns(u, t))
+        segments = functools.partial(u.segments, t)
+        return self._deliver(run, t, u.block[t - u.t0], segments, [u], unit_columns(u, t), unit_labels(u, t))
 
     def _deliver(
         self,
@@ -77,6 +79,7 @@ class Steps:
         segments: Segments | Callable[[], Segments],
         units: list[PackedUnit],
         columns: dict[str, NDArray[Any]] | None = None,
+        labels: NDArray[Any] | None = None,
     ) -> Batch:
         """Step ``t``'s batch (it took tokens from ``units``); release what no lane needs after it."""
         after = resume.state_after(self._now, t, {u.unit: u.slices for u in units})
@@ -96,4 +99,5 @@ class Steps:
             _after=after,
             columns={n: c.view(Tokens) for n, c in (columns or {}).items()},
             padded=self._scanner.rows is not None,
+            labels=None if labels is None else labels.view(Tokens),
         )
