@@ -1,4 +1,4 @@
-"""One rank of an OLMo-core run fed by plitzer: ``olmo_worker.py OUT KILL_AFTER DATA STEPS``.
+"""One rank of an OLMo-core run fed by plitzer: ``olmo_worker.py OUT KILL_AFTER DATA VAL STEPS``.
 
 A llama-like transformer of 2 layers (d_model 64), DDP over gloo where there are 2 ranks, a
 global batch of 4 sequences of 64 tokens from ``PlitzerDataLoaderConfig``, a checkpoint every 3
@@ -40,6 +40,9 @@ class Record(Callback):
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         if int(os.environ.get("RANK", "0")) == 0 and "train/CE loss" in metrics:
             record_loss(self.out, step, metrics["train/CE loss"])
+        if int(os.environ.get("RANK", "0")) == 0 and "eval/plitzer/CE loss" in metrics:
+            with open(self.out / "eval.jsonl", "a") as f:
+                f.write(f'{{"step": {step}, "loss": {metrics["eval/plitzer/CE loss"]}}}\n')
 
     def post_step(self) -> None:
         if self.step == self.kill_after:
@@ -47,7 +50,7 @@ class Record(Callback):
 
 
 def main() -> None:
-    out, kill_after, data, steps = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    out, kill_after, data, val, steps = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
     world = int(os.environ.get("WORLD_SIZE", "1"))
     prepare_training_environment(seed=0, backend="gloo" if world > 1 else None)
 
@@ -88,6 +91,7 @@ def main() -> None:
         TrainerConfig(save_folder=str(out / "save"), max_duration=Duration.steps(steps), metrics_collect_interval=1)
         .with_callback("checkpointer", CheckpointerCallback(save_interval=3, save_async=False))
         .with_callback("record", Record(out, kill_after))
+        .with_callback("lm_evaluator", olmo.PlitzerEvaluatorCallbackConfig(source=val, eval_interval=3, log_interval=1))
         .build(train_module, loader.build(dp_process_group=train_module.dp_process_group))
     )
     trainer.fit()

@@ -8,6 +8,7 @@ document masking). Skipped where OLMo-core is not installed.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,8 @@ import pytest
 
 pytest.importorskip("olmo_core")
 
-from tests.trainers.harness import global_rows, log_of, losses, run_ranks, write_data
+import plitzer.synth
+from tests.trainers.harness import VOCAB, global_rows, log_of, losses, run_ranks, write_data
 
 pytestmark = pytest.mark.trainers
 
@@ -25,14 +27,15 @@ LOSS_RTOL = 1e-3
 
 
 def test_kill_on_two_ranks_resume_on_one(tmp_path: Path) -> None:
-    data = write_data(tmp_path / "data")
+    data, val = write_data(tmp_path / "data"), tmp_path / "val"
+    plitzer.synth.write(val, 4_000, seed=8, mean_length=60, vocab=VOCAB, docs_per_row_group=100)
     full, cut = tmp_path / "full", tmp_path / "cut"
-    worker = "olmo_worker.py"
-    assert run_ranks(worker, 1, ["0", str(data), str(STEPS)], full) == 0, log_of(full, worker)
-    assert run_ranks(worker, 2, [str(KILL), str(data), str(STEPS)], cut) != 0  # SIGKILLed after step 3
+    worker, args = "olmo_worker.py", [str(data), str(val), str(STEPS)]
+    assert run_ranks(worker, 1, ["0", *args], full) == 0, log_of(full, worker)
+    assert run_ranks(worker, 2, [str(KILL), *args], cut) != 0  # SIGKILLed after step 3
     assert (cut / "save" / f"step{KILL}").is_dir(), log_of(cut, worker)
     assert sorted(global_rows(cut)) == list(range(KILL))
-    assert run_ranks(worker, 1, ["0", str(data), str(STEPS)], cut) == 0, log_of(cut, worker)
+    assert run_ranks(worker, 1, ["0", *args], cut) == 0, log_of(cut, worker)
 
     want, got = global_rows(full), global_rows(cut)
     assert sorted(want) == sorted(got) == list(range(STEPS))
@@ -49,6 +52,9 @@ def test_kill_on_two_ranks_resume_on_one(tmp_path: Path) -> None:
             inside = np.setdiff1d(np.arange(63), last)
             np.testing.assert_array_equal(labels[row, inside], tokens[row, inside + 1])
             assert (labels[row, last[:-1]] == -100).all()
+    # the evaluator (PlitzerEvaluatorCallbackConfig) ran at steps 3 and 6, on the same batches each time
+    evals = [json.loads(line) for line in (full / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [3, 6] and all(np.isfinite(e["loss"]) for e in evals)
     loss_full, loss_cut = losses(full), losses(cut)
     for step in range(KILL + 1, STEPS + 1):
         assert loss_cut[step] == pytest.approx(loss_full[step], rel=LOSS_RTOL), step
