@@ -30,7 +30,7 @@ from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError
 from planner.mixing.mixture import MixtureIndex, MixturePlan, mixture_index
 from planner.mixing.sources import SourceSpec, Weights, parse_stages
-from planner.order.epoch import PlanSettings
+from planner.order.epoch import PlanSettings, Traversal
 from planner.order.layout import Layout, LayoutStage
 from planner.order.plan import Plan
 from planner.parameters import PLAN_PARAMETERS, Selection, check_keywords, document
@@ -280,6 +280,8 @@ def plan(
     column: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
     weights: Any = None,
+    shuffle: bool = True,
+    epochs: int | None = None,
     seq_len: Any = None,
     where: str | None = None,
     length_column: str | None = None,
@@ -342,7 +344,8 @@ def plan(
         layout = Layout.of(lanes=lanes, seq_len=seq_len)
         lanes, seq_len = layout.first.lanes, layout.first.seq_len
         check_layout(layout.stages[1:], world)  # the first stage's lanes: PlanSettings checks them
-    settings = PlanSettings(seed=seed, lanes=lanes, window=window, world=world)
+    traversal = Traversal(shuffle=shuffle, epochs=epochs)
+    settings = PlanSettings(seed=seed, lanes=lanes, window=window, world=world, traversal=traversal)
     selector = runtime_pass(selector, SELECT)  # plitzer.plan is this function (SPEC section 6)
     deduper = runtime_pass(deduper, DEDUPE)
     count = runtime_pass(count, COUNT)

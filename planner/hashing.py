@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["MASK64", "key", "mix", "mix_array", "permutation"]
+__all__ = ["MASK64", "key", "mix", "mix_array", "order_of", "permutation"]
 
 MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -56,3 +56,12 @@ def permutation(n: int, k: int) -> NDArray[np.int64]:
     i = np.arange(n, dtype=np.uint64)
     h = mix_array(i ^ np.uint64(k & MASK64))
     return np.argsort(h, kind="stable").astype(np.int64, copy=False)
+
+
+def order_of(n: int, k: int, shuffle: bool = True) -> NDArray[np.int64]:
+    """``permutation(n, k)``, or ``0..n-1`` in order where ``shuffle`` is False (storage order, SPEC section 17).
+
+    >>> order_of(5, key(0, 0, 1), shuffle=False).tolist()
+    [0, 1, 2, 3, 4]
+    """
+    return permutation(n, k) if shuffle else np.arange(n, dtype=np.int64)

@@ -7,8 +7,8 @@ on whole arrays (no loop over documents, pieces or lanes), each used by both sid
    the window's stream), then at the cuts inside it; each part is a *piece* in one lane.
    An empty document is one piece of length 0, in lane ``max{k < B : c_k <= s}``.
 2. :func:`slice_keys` and :func:`packed_order`: each lane's slice of pieces shuffled by
-   ``permutation(n, key(seed, epoch, window, lane, 2))``; :func:`slice_offsets` is each
-   piece's first token in its shuffled slice.
+   ``permutation(n, key(seed, epoch, window, lane, 2))`` (left in stream order under
+   ``shuffle=False``); :func:`slice_offsets` is each piece's first token in its shuffled slice.
 3. :func:`cut_again_at`: at a layout change inside a window, what the old lanes have not
    consumed, laid end to end lane after lane, cut into the new lanes (no second shuffle).
 4. :func:`row_cuts`: each piece cut where its lane's rows end (step ``t`` is the lane's
@@ -145,8 +145,13 @@ def cut_documents(
     return Parts(doc=doc, start=p_start - at0, end=p_end - at0, lane=np.minimum(at - first[doc], cap))
 
 
-def slice_keys(seed: int, epoch: int, window: Any, lane: Any) -> U64:
-    """``key(seed, epoch, window, lane, 2)``, the key of a slice's shuffle (arrays broadcast)."""
+def slice_keys(seed: int | None, epoch: int, window: Any, lane: Any) -> U64 | None:
+    """``key(seed, epoch, window, lane, 2)``, the key of a slice's shuffle (arrays broadcast).
+
+    ``seed`` None (``shuffle=False``, SPEC section 17): no keys, every slice in stream order.
+    """
+    if seed is None:
+        return None
     w, k = np.broadcast_arrays(np.atleast_1d(window).astype(np.uint64), np.atleast_1d(lane).astype(np.uint64))
     h = mix_array(mix_array(np.uint64(key(seed, epoch)) ^ w) ^ k)
     out: U64 = mix_array(h ^ np.uint64(2))
@@ -162,14 +167,18 @@ def _ordinals(slice_: I64) -> I64:
     return out
 
 
-def packed_order(slice_: I64, keys: U64) -> I64:
+def packed_order(slice_: I64, keys: U64 | None) -> I64:
     """Packed order: the pieces' indexes slice after slice, each slice's shuffled.
 
     ``slice_`` names each piece's slice (non-decreasing: pieces in stream order, slices
     numbered in lane order, as :func:`cut_documents` gives them), ``keys`` each piece's
     slice key (:func:`slice_keys`). A slice's stream-order ordinals ``i`` are sorted by
-    ``(mix(key ^ i), i)``: ``permutation(n, key)``, all slices in one lexsort.
+    ``(mix(key ^ i), i)``: ``permutation(n, key)``, all slices in one lexsort. ``keys`` None:
+    no shuffle, each slice in stream order.
     """
+    if keys is None:
+        stream: I64 = np.argsort(slice_, kind="stable")
+        return stream
     ordinal = _ordinals(slice_)
     h = mix_array(keys ^ ordinal.astype(np.uint64))
     # lexsort is stable and each slice comes in ordinal order, so ties of h keep it.

@@ -7,12 +7,8 @@ parameters of :data:`PARAMETERS`: its docstring's parameter section is rendered
 from here (:func:`document`), ``plitzer.state.settings.Keywords`` lists the same names
 (a test checks both), and the CLI's options take their help text from here. A
 parameter added here reaches every one of them; one missing anywhere fails
-``tests/test_settings_parameters.py``.
-
-The planner's own (:data:`PLAN_PARAMETERS`) are those :func:`planner.plan` takes:
-the ones that decide the plan tables.
-
-This module is a leaf of planner: it imports nothing of planner.
+``tests/test_settings_parameters.py``. The planner's own (:data:`PLAN_PARAMETERS`) are
+those :func:`planner.plan` takes, which decide the plan tables. A leaf: it imports nothing of planner.
 
 >>> print(render(["seed"]))
 seed : int, default 0
@@ -192,6 +188,24 @@ PARAMETERS: tuple[Parameter, ...] = (
         plan=True,
     ),
     Parameter(
+        "shuffle",
+        True,
+        "bool",
+        "``False``: storage order (row groups in index order, slices unshuffled; windows, lanes, cuts, bins "
+        'unchanged), for evaluation passes (SPEC section 17, docs/usage.md "Evaluation passes").',
+        "false: storage order (row groups in index order, slices unshuffled), for evaluation passes",
+        plan=True,
+    ),
+    Parameter(
+        "epochs",
+        None,
+        "int, optional",
+        "The run's epochs (SPEC section 17): lanes end there, padded (``pad_id``, ``batch.mask`` False); "
+        "``len(loader)`` is its steps, iterating stops at its last (the next ``iter()`` starts again).",
+        "the run's length in epochs (a finite run, padded at its end; default: no end)",
+        plan=True,
+    ),
+    Parameter(
         "threads",
         None,
         "int, optional",
@@ -311,9 +325,9 @@ PARAMETERS: tuple[Parameter, ...] = (
         "pad_id",
         0,
         "int",
-        'With ``packing="best-fit"``: the token id that fills a row after its bin\'s documents '
-        "(``batch.mask`` is False there). Part of the checkpoint's configuration under best-fit.",
-        "with --packing best-fit: the token id of the padding",
+        'With ``packing="best-fit"`` or ``epochs``: the token id that fills a row after its bin\'s documents '
+        "or the run's end (``batch.mask`` is False there). Part of the checkpoint's configuration there.",
+        "with --packing best-fit or --epochs: the token id of the padding",
         plan=True,
     ),
 )

@@ -12,7 +12,8 @@ module is the one place that turns a step into windows, lanes and positions:
   of :meth:`Run.checkpoint_rows`, the units of :meth:`Run.start`);
 - a unit's planned reads for a rank and its place in the lanes' streams
   (:meth:`Run.place`, from the plan's arrays);
-- epoch labels and edges (:meth:`Run.epoch_of`, :meth:`Run.epoch_end`);
+- epoch labels and edges (:meth:`Run.epoch_of`, :meth:`Run.epoch_end`, :meth:`Run.steps_in_epoch`),
+  and a finite run's end (:attr:`Run.steps`, :attr:`Run.last_unit`);
 - the layout stage in force at a step and where it began (:meth:`Run.segment`);
 - the earliest step a live weight stage may start at (:func:`earliest_stage_step`).
 
@@ -39,6 +40,7 @@ from planner.errors import ConfigError
 from planner.lanes import piece_range
 from planner.mixing.mixture import Interleave, MixturePlan
 from planner.mixing.sources import Stage
+from planner.order import runsteps
 from planner.order.layout import Layout
 from planner.order.plan import LanesPlan, Plan
 from planner.packing import stage_tokens
@@ -231,7 +233,7 @@ class UnitPlace:
     rank_lanes: range
     lane_base: I64
     seq_len: int
-    seed: int
+    seed: int | None  # the slices' shuffle seed (None: stream order, shuffle=False)
     keep: NDArray[np.bool_] | None = None
     from_step: int = 0
     rest: tuple[int, int, tuple[Recut, ...]] | None = None
@@ -252,6 +254,7 @@ class Run:
     stages: tuple[Stage, ...] | None = field(init=False)  # a mixture's weight stages (None: one dataset)
     _ends: dict[int, I64] = field(default_factory=dict, repr=False)
     _segs: dict[int, tuple[Plan, Segment]] = field(default_factory=dict, repr=False)
+    _end: dict[str, int] = field(default_factory=dict, repr=False)  # a finite run's end (last_unit)
 
     def __post_init__(self) -> None:
         # The weight stages this run was made with (a mixture's; None for one dataset).
@@ -302,12 +305,33 @@ class Run:
     # -- steps, epochs and units -----------------------------------------------------------
 
     def epoch_of(self, step: int) -> int:
-        """The epoch label of ``step``: ``floor(X(step) / T)`` (``X``: the run's tokens before it)."""
-        return self.layout.run_at(step) // self.plan.epoch_tokens
+        """The epoch label of ``step``: ``floor(X(step) / T)`` (``X``: the run's tokens before it).
+
+        A finite run's labels stop at its last epoch, ``epochs - 1`` (SPEC section 17).
+        """
+        label, n = self.layout.run_at(step) // self.plan.epoch_tokens, self.plan.settings.epochs
+        return label if n is None else min(label, n - 1)
 
     def epoch_end(self, epoch: int) -> int:
-        """The first step of epoch label ``epoch + 1``."""
-        return self.layout.step_at_run((epoch + 1) * self.plan.epoch_tokens)
+        """The first step of epoch label ``epoch + 1`` (a finite run's steps, past its last epoch)."""
+        return runsteps.epoch_start(self.plan, self.layout, epoch + 1)
+
+    def steps_in_epoch(self, epoch: int) -> int:
+        """The steps whose epoch label is ``epoch`` (:func:`planner.order.runsteps.steps_in_epoch`)."""
+        return runsteps.steps_in_epoch(self.plan, self.layout, epoch)
+
+    @property
+    def steps(self) -> int | None:
+        """A finite run's steps (``epochs``, SPEC section 17); None: the run never ends."""
+        return runsteps.run_steps(self.plan, self.layout)
+
+    @property
+    def last_unit(self) -> int:
+        """The last unit of a finite run (its lanes' streams end with it); :data:`NEVER` when it never ends."""
+        if "unit" not in self._end:
+            n = self.plan.settings.epochs
+            self._end["unit"] = NEVER if n is None else self.plan.unit(n, 0) - 1
+        return self._end["unit"]
 
     def _window_ends(self, epoch: int) -> I64:
         ends = self._ends.get(epoch)
@@ -330,7 +354,7 @@ class Run:
     def units_of_step(self, step: int) -> tuple[int, int]:
         """The first and last unit step ``step`` takes tokens from, for this rank's lanes.
 
-        Every lane has left the units before the first: they may be released.
+        Every lane has left the units before the first: they may be released. None past :attr:`last_unit`.
         """
         _, g = self.at(step)
         b, n = g.lanes, g.seq_len
@@ -341,7 +365,7 @@ class Run:
         p = (step - g.begin_step) * n
         first, _ = self.window_at(g.begin_run + int(off.min()) + p * b)
         last, _ = self.window_at(g.begin_run + int(off.max()) + (p + n - 1) * b)
-        return first, last
+        return first, min(last, self.last_unit)  # a finite run reads nothing past its end
 
     def positions(self, step: int, stage: int | None = None) -> I64:
         """Rows ``[lane, epoch, window, -1, offset in its slice]`` of this rank's lanes before ``step``.
@@ -362,7 +386,8 @@ class Run:
 
         ``slices(unit)`` turns an offset inside a slice into the shuffled piece and the
         offset in it. A lane at its slice's start is ``(0, 0)`` there (so at a layout
-        stage's first step no window is needed).
+        stage's first step no window is needed). A lane whose stream has ended keeps piece 0 and
+        its offset into the slice of the window past the run, which is not read (:attr:`last_unit`).
         """
         plan = self.at(step)[0]
         rows = self.positions(step)
@@ -373,6 +398,9 @@ class Run:
             units = np.array([plan.unit(int(e), int(w)) for e, w in rows[inside, 1:3].tolist()], np.int64)
             for unit in np.unique(units).tolist():
                 sel = inside[units == unit]
+                if unit > self.last_unit:
+                    rows[sel, 4] = offsets[sel]
+                    continue
                 rows[sel, 3], rows[sel, 4] = slices(int(unit)).positions(sel, offsets[sel])
         return rows
 
@@ -414,7 +442,7 @@ class Run:
             rank_lanes=self.rank_lanes(g.lanes),
             lane_base=lane_base(plan, unit, self.rank_lanes(g.lanes), g),
             seq_len=g.seq_len,
-            seed=plan.settings.seed,
+            seed=plan.settings.slice_seed,
             keep=start.needed(unit),
             from_step=start.step if unit <= start.last else g.begin_step,
             rest=rest,

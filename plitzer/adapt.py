@@ -28,6 +28,7 @@ __all__ = [
     "in_worker",
     "no_gather",
     "refuse_collate",
+    "run_length",
     "same_layout_call",
     "same_weights_call",
 ]
@@ -47,6 +48,14 @@ def refuse_collate(batch: Any, *, collate_fn_map: Any = None) -> Any:
     The adapter gives the steps in ``batch`` back to its dataset before calling this.
     """
     raise ConfigError(BATCH_SIZE_NONE)
+
+
+def run_length(steps: int | None) -> int:
+    """An adapter's ``len()``: a finite run's steps (``epochs``, SPEC section 17); a run without end has none."""
+    if steps is None:
+        msg = "a run without end has no len(): give epochs= for a finite run, or ask steps_in_epoch(e)"
+        raise TypeError(msg)
+    return steps
 
 
 def in_worker(worker: int, workers: int, threads: int | None) -> str:

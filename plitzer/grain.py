@@ -371,7 +371,7 @@ class DatasetIterator(grain.DatasetIterator):  # type: ignore[misc]
 
     def __next__(self) -> Element:
         self._assert_not_closed()
-        if self._end is not None and self._loader.epoch >= self._end:
+        if (self._end is not None and self._loader.epoch >= self._end) or self._loader.ended:  # or a finite run's end
             raise StopIteration
         return element_of(self._loader.next_batch(), boundaries=self._boundaries)
 

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Unpack
 
 from planner.arraytypes import I64
-from planner.errors import UsageError
+from planner.errors import ConfigError, UsageError
 from planner.mixing.mixture import MixturePlan
 from planner.order.epoch import check_int
 from planner.order.layout import Layout
@@ -260,8 +260,19 @@ class Loader:
         return self._run.epoch_of(self._step)
 
     def __len__(self) -> int:
-        """Batches left in the current epoch."""
-        return self._run.epoch_end(self.epoch) - self._step
+        """A finite run's steps (``epochs``, SPEC section 17); without ``epochs``, the batches left in this epoch."""
+        steps = self._run.steps
+        return self._run.epoch_end(self.epoch) - self._step if steps is None else steps
+
+    def steps_in_epoch(self, epoch: int) -> int:
+        """The steps labelled ``epoch``, to size a run in epochs (:meth:`planner.run.Run.steps_in_epoch`)."""
+        return self._run.steps_in_epoch(epoch)
+
+    @property
+    def ended(self) -> bool:
+        """Whether a finite run (``epochs``) has given its last step: the next ``iter()`` starts it again."""
+        steps = self._run.steps
+        return steps is not None and self._step >= steps
 
     @property
     def rank_lanes(self) -> range:
@@ -337,6 +348,9 @@ class Loader:
         """
         self._check_fork()
         step = check_int("step", step, 0, "steps count from 0")
+        if self._run.steps is not None and step > self._run.steps:
+            msg = f"step={step} is past this run's end (epochs=): seek a step in 0..{self._run.steps}"
+            raise ConfigError(msg)
         with self._lock:
             self._place(step)
 
@@ -397,9 +411,17 @@ class Loader:
     # -- iteration ---------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Batch]:
-        """The rest of the current epoch; the next loop gives the next epoch."""
-        epoch = self.epoch
-        while self.epoch == epoch:
+        """The rest of the current epoch; the next loop gives the next epoch.
+
+        A finite run (``epochs``) stops at its last step; the ``iter()`` after that starts it
+        again from step 0, so an evaluation pass repeats the same batches.
+        """
+        if self.ended:
+            self.seek(0)
+        return self._epoch(self.epoch)
+
+    def _epoch(self, epoch: int) -> Iterator[Batch]:
+        while self.epoch == epoch and not self.ended:
             yield self.next_batch()
 
     def next_batch(self) -> Batch:
@@ -414,6 +436,9 @@ class Loader:
             return self._next_batch()
 
     def _next_batch(self) -> Batch:
+        if self.ended:
+            msg = f"this run (epochs=) ended at step {self._step}: iter(loader) or seek(0) starts it again"
+            raise UsageError(msg)
         batch = self._steps.take(self._run, self._step, self._get)  # plitzer.state.steps
         self._step = batch.step + 1
         self._resumed = None

@@ -13,8 +13,6 @@ returns one global checkpoint, the same on every rank, that
 ``load_state_dict()`` resumes on any number of ranks. ``state_dict(after=batch)``
 is the checkpoint right after a given batch, for loops that prefetch.
 
-This is the only module of plitzer that imports torch.
-
 >>> import tempfile, plitzer.synth, plitzer.torch
 >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=20_000, seed=0)
 >>> ds = plitzer.torch.Dataset(d, lanes=4, window=2, seq_len=64)
@@ -92,10 +90,8 @@ class Batch:
     lanes : range
         The global lane of each row.
     state_after : bytes
-        This rank's checkpoint part right after this batch: resuming from it
-        gives the batch that follows. Encoded when read (a property), not on
-        every step. ``Dataset.state_dict(after=batch)`` gathers
-        it from every rank.
+        This rank's checkpoint part right after this batch: resuming from it gives the batch
+        that follows. Encoded when read. ``Dataset.state_dict(after=batch)`` gathers it.
     source : plitzer.Batch
         The loader's batch (NumPy and Arrow views, ``documents()``).
     columns : dict of str to torch.Tensor
@@ -250,10 +246,10 @@ class Dataset(IterableDataset[Batch]):
     runs three epochs, also right after ``load_state_dict``. There is no
     ``set_epoch``: the epoch is part of the position.
 
-    There is no ``__len__`` on purpose: DataLoader (and torchdata's
-    StatefulDataLoader, which carries its count of yielded items across a
-    resume) warns when an IterableDataset yields more than its length.
-    ``len(dataset.loader)`` is the number of batches left in this epoch.
+    ``len(dataset)`` is a finite run's steps (``epochs``; the loop after its last step starts it
+    again); a run without end has none on purpose: DataLoader (and torchdata's
+    StatefulDataLoader, which carries its count of yielded items across a resume) warns when
+    an IterableDataset yields more than its length. ``steps_in_epoch(e)``: any epoch's steps.
 
     State
     -----
@@ -328,12 +324,22 @@ class Dataset(IterableDataset[Batch]):
         info = get_worker_info()
         if info is not None:
             raise ConfigError(adapt.in_worker(info.id, info.num_workers, self._loader.settings.threads))
+        if self._loader.ended:  # a finite run, given whole: again from step 0
+            self._loader.seek(0)
         return self._epoch(self._loader.epoch)
 
     def _epoch(self, epoch: int) -> Iterator[Batch]:
         loader = self._loader
-        while loader.epoch == epoch:
+        while loader.epoch == epoch and not loader.ended:
             yield self.next_batch()
+
+    def __len__(self) -> int:
+        """A finite run's steps (``epochs``); a run without end has none (TypeError)."""
+        return adapt.run_length(self._loader.run.steps)
+
+    def steps_in_epoch(self, epoch: int) -> int:
+        """The steps whose epoch label is ``epoch`` (:meth:`plitzer.Loader.steps_in_epoch`)."""
+        return self._loader.steps_in_epoch(epoch)
 
     def next_batch(self) -> Batch:
         """The batch of the next step, whatever its epoch."""

@@ -145,6 +145,7 @@ RULES: dict[str, Rule] = {
     '"select rank, count(*) n, sum(bytes) b from reads group by rank order by rank"': R,
     'plitzer plan data/demo --world 4 --sql "select rank, sum(bytes) from reads group by rank"': R,
     "plitzer plan data/sample --lanes 16 --window 4 --world 4": R,
+    "plitzer plan data/sample --shuffle false --epochs 1 --lanes 8 --seq-len 512 --table steps": R,
     "plitzer plan data/sample --lanes 16 --window 4 --world 4 --table reads --epoch 1 --format csv --out reads.csv": R,
     'plitzer plan data/sample --world 4 --lanes 16 --sql "select rank, count(*) n from reads group by rank"': R,
     "plitzer explain data/demo --lanes 64 --window 8 --seq-len 2048 --step 40 --lane 3": R,

@@ -39,7 +39,7 @@ from planner.parameters import (
     document,
 )
 from plitzer.cli import build_parser
-from plitzer.state.settings import Keywords, KeywordsLessWhere, LoaderSettings, checkpoint_config
+from plitzer.state.settings import Keywords, KeywordsLessWhere, KeywordsOfLocate, LoaderSettings, checkpoint_config
 from plitzer.tools.explain import explain
 from plitzer.tools.locate import locate
 from tests.parameter_places import places
@@ -70,8 +70,9 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_keywords_list_exactly_the_parameters() -> None:
-    assert list(get_type_hints(Keywords)) == [*[n for n in NAMES if n != "where"], "where"]
+    assert list(get_type_hints(Keywords)) == [*[n for n in NAMES if n not in ("where", "epochs")], "epochs", "where"]
     assert set(get_type_hints(KeywordsLessWhere)) == set(NAMES) - {"where"}
+    assert set(get_type_hints(KeywordsOfLocate)) == set(NAMES) - {"where", "epochs"}
     assert len(set(NAMES)) == len(NAMES)
     assert set(POSITIONAL) <= set(NAMES) and set(PLAN_PARAMETERS) <= set(NAMES)
 
@@ -82,7 +83,7 @@ LISTED_BY_HAND = {
     "plitzer/text/source.py::def text_index",
     "plitzer/text/tokenize.py::def tokenize",
     # The keywords for type checkers (``**settings: Unpack[Keywords]``), checked against the table above.
-    "plitzer/state/settings.py::class KeywordsLessWhere",
+    "plitzer/state/settings.py::class KeywordsOfLocate",
     # The loader's own settings beside the groups (PlanSettings, Layout, TextSettings, Selection).
     "plitzer/state/settings.py::class LoaderSettings",
     # The checkpoint's fields in the order their bytes are written.
@@ -116,7 +117,7 @@ def _entry_points() -> list[tuple[str, Any, set[str]]]:
     out: list[tuple[str, Any, set[str]]] = [
         ("plitzer.Loader", plitzer.Loader, set(NAMES)),
         ("plitzer.explain", explain, set(NAMES)),
-        ("plitzer.locate", locate, set(NAMES) - {"where"}),  # locate's where names documents: its own entry
+        ("plitzer.locate", locate, set(NAMES) - {"where", "epochs"}),  # locate's where and epochs: its own entries
         ("planner.plan", planner.plan, set(PLAN_PARAMETERS)),
     ]
     for adapter in ("plitzer.torch", "plitzer.grain"):
@@ -198,7 +199,7 @@ def test_cli_options_are_the_parameters(sub: str) -> None:
         p = by_name(n)
         if n in ("storage_options", "weights"):  # --endpoint/--region and --mixture FILE
             continue
-        if sub == "locate" and n == "where":  # locate's --where names documents; the run's is --selection
+        if sub == "locate" and n in ("where", "epochs"):  # locate's own: the documents, the epochs searched
             continue
         assert p.flag in opts, (sub, n)
         if p.help is not None and not (sub == "locate" and n == "length_column"):

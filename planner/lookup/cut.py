@@ -198,7 +198,7 @@ def window_slices(
         cut = Cut(*(getattr(cut, f.name)[mine] for f in fields(Cut)))
     if not len(cut.lane):
         return None
-    return docs, cut, _slice_offsets(cut, int(s.seed), epoch, b)
+    return docs, cut, _slice_offsets(cut, s.slice_seed, epoch, b)
 
 
 def _window_positions(ep: Any, windows: I64, size: int, b: int, lanes: I64 | None) -> tuple[I64, I64, I64, I64]:
@@ -285,7 +285,7 @@ def _split(ep: Any, docs: Docs, b: int, per: int) -> Cut:
     return Cut(start=parts.start, end=parts.end, lane=parts.lane, doc=parts.doc, window=docs.window[parts.doc])
 
 
-def _slice_offsets(cut: Cut, seed: int, epoch: int, b: int) -> I64:
+def _slice_offsets(cut: Cut, seed: int | None, epoch: int, b: int) -> I64:
     """Each piece's offset in its lane's slice after the shuffle (:func:`planner.packing.packed_order`)."""
     group = cut.window * b + cut.lane
     order = packed_order(group, slice_keys(seed, epoch, cut.window, cut.lane))

@@ -51,7 +51,7 @@ import numpy as np
 from planner.arraytypes import I64
 from planner.bounded import Bounded
 from planner.errors import ConfigError
-from planner.hashing import key, permutation
+from planner.hashing import key, order_of
 from planner.lanes import window_lane
 from planner.lookup.cut import Pieces, PlanView, window_pieces
 from planner.lookup.lengths import Lengths, as_lengths, lengths_from_array
@@ -138,7 +138,7 @@ class OneSource(PlanBacked):
     def epoch(self, epoch: int) -> Positions:
         def make() -> Positions:
             s = self.plan.settings
-            order = permutation(len(self.tokens), key(s.seed, epoch, 1))
+            order = order_of(len(self.tokens), key(s.seed, epoch, 1), s.shuffle)
             return positions(order, self.tokens, int(s.lanes), int(s.window), self.plan.run_before(epoch))
 
         return self._cache.get_or_make(epoch, make)

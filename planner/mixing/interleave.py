@@ -100,7 +100,9 @@ class Interleave:
         self.total = self.total or int(self._tokens.sum())  # the first stage's sources hold no token
         self._rg_base = sizes
         self._sources = [
-            SourceStream(n, self._tokens[int(sizes[i]) : int(sizes[i + 1])], int(sizes[i]), settings.seed)
+            SourceStream(
+                n, self._tokens[int(sizes[i]) : int(sizes[i + 1])], int(sizes[i]), settings.seed, settings.shuffle
+            )
             for i, n in enumerate(idx.names)
         ]
         n = len(self._sources)

@@ -23,7 +23,7 @@ import numpy as np
 
 from planner.arraytypes import I64
 from planner.bounded import Bounded
-from planner.hashing import key, permutation
+from planner.hashing import key, order_of
 
 __all__ = ["SourceStream", "finish_keys", "interleave_demo", "source_key"]
 
@@ -41,12 +41,13 @@ class SourceStream:
     permutation of one source epoch (a few are kept), never the items before it.
     """
 
-    def __init__(self, name: str, tokens: I64, base: int, seed: int) -> None:
+    def __init__(self, name: str, tokens: I64, base: int, seed: int, shuffle: bool = True) -> None:
         self.g = len(tokens)
         self.tokens = tokens
         self.base = base
         self.key = source_key(name)
         self.seed = seed
+        self.shuffle = shuffle  # False: every source epoch in index order (SPEC section 17)
         self.epoch_tokens = int(tokens.sum())
         self.largest = int(tokens.max()) if self.g else 0
         self._perm: Bounded[int, tuple[I64, I64]] = Bounded(8)  # the epochs in use, about
@@ -55,7 +56,7 @@ class SourceStream:
         """Source epoch ``e``'s permutation and its prefix sums of tokens (``g + 1`` of them)."""
         got = self._perm.get(e)
         if got is None:
-            perm = permutation(self.g, key(self.seed, self.key, e, 3))
+            perm = order_of(self.g, key(self.seed, self.key, e, 3), self.shuffle)
             prefix = np.zeros(self.g + 1, np.int64)
             np.cumsum(self.tokens[perm], out=prefix[1:])
             got = (perm, prefix)

@@ -2,7 +2,8 @@
 
 With G row groups, B lanes, W row groups per window and ``world`` ranks:
 
-1. The row groups of epoch ``e`` are taken in the order ``permutation(G, key(seed, e, 1))``.
+1. The row groups of epoch ``e`` are taken in the order ``permutation(G, key(seed, e, 1))``
+   (in index order under ``shuffle=False``, SPEC section 17).
 2. Windows are consecutive runs of W row groups in that order (the last may be shorter).
 3. A window's stream is its row groups in that order, each one's documents in
    storage order; ``token_start`` is where a row group begins in that stream.
@@ -37,13 +38,14 @@ from numpy.typing import NDArray
 from planner.arraytypes import I64
 from planner.catalog.rowgroups import RowGroupIndex, stream_counts
 from planner.errors import ConfigError
-from planner.hashing import key, permutation
+from planner.hashing import key, order_of
 from planner.lanes import piece_range, window_cuts, window_lane
 from planner.rules import rule_of
 
 __all__ = [
     "EpochPlan",
     "PlanSettings",
+    "Traversal",
     "check_int",
     "cut_epoch",
     "layout_epoch",
@@ -69,6 +71,25 @@ def check_int(name: str, value: object, low: int, fix: str) -> int:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Traversal:
+    """How a run goes over the stream (SPEC section 17): its order, and its length in epochs (None: no end).
+
+    ``shuffle`` False: row groups in index order and each lane's slice in stream order
+    (the permutations of SPEC section 3 rules 1 and 5 are the identity).
+    """
+
+    shuffle: bool = True
+    epochs: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.shuffle, (bool, np.bool_)):
+            msg = f"shuffle={self.shuffle!r} must be True (the seed's order) or False (storage order, for evaluation)"
+            raise ConfigError(msg)
+        if self.epochs is not None:
+            check_int("epochs", self.epochs, 1, "epochs is the run's length in epochs, or None for a run without end")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PlanSettings:
     """The settings that shape a plan; each checks itself."""
 
@@ -76,6 +97,7 @@ class PlanSettings:
     lanes: int = 512
     window: int = 64
     world: int = 1
+    traversal: Traversal = field(default_factory=Traversal)
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)):
@@ -91,6 +113,21 @@ class PlanSettings:
                 f"the same number of lanes: use a world among {divisors[:12]} or lanes a multiple of {self.world}"
             )
             raise ConfigError(msg)
+
+    @property
+    def shuffle(self) -> bool:
+        """False: storage order (:class:`Traversal`)."""
+        return bool(self.traversal.shuffle)
+
+    @property
+    def epochs(self) -> int | None:
+        """The run's epochs (None: no end; :class:`Traversal`)."""
+        return self.traversal.epochs
+
+    @property
+    def slice_seed(self) -> int | None:
+        """The seed of the slices' shuffles (SPEC section 3 rule 5); None: each slice in stream order."""
+        return int(self.seed) if self.shuffle else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +216,7 @@ class EpochPlan:
 
 def plan_epoch(tokens: I64, rows: I64, empty_docs: I64, settings: PlanSettings, epoch: int) -> EpochPlan:
     """The plan of one epoch, from the index's per-row-group counts (docs/design.md, "The order")."""
-    order = permutation(len(tokens), key(settings.seed, epoch, 1))
+    order = order_of(len(tokens), key(settings.seed, epoch, 1), settings.shuffle)
     run_before = epoch * int(tokens.sum())
     return layout_epoch(order, tokens, rows, empty_docs, settings, epoch, run_before)
 

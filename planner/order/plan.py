@@ -35,6 +35,7 @@ from planner.catalog.footer import give_back_memory
 from planner.catalog.rowgroups import RowGroupIndex, with_selected
 from planner.errors import ConfigError
 from planner.lanes import window_cuts
+from planner.order import runsteps
 from planner.order.epoch import EpochPlan, PlanSettings, check_int, cut_epoch, unit_counts
 from planner.order.epoch_order import EpochOrder, Permutation
 from planner.order.layout import Layout
@@ -323,7 +324,8 @@ class Plan:
 
         ``token_start`` is the run's tokens before the step (``X(t)``, SPEC 12), ``tokens``
         the step's (``X(t + 1) - X(t)``: the layout stage in force's lanes times its seq_len), so the layout over
-        a run is ``select layout_stage, min(step), sum(tokens) from steps group by 1``.
+        a run is ``select layout_stage, min(step), sum(tokens) from steps group by 1``. A finite run
+        (``epochs``) stops at its last step, its ``tokens`` the real ones (:mod:`planner.order.runsteps`).
         A plan made without ``seq_len`` has no steps: refused.
 
         >>> import tempfile, planner, plitzer.synth
@@ -332,24 +334,11 @@ class Plan:
         >>> p.steps(0).filter(pl.col("step").is_between(9, 10)).select("step", "lanes", "seq_len", "token_start").rows()
         [(9, 4, 64, 2304), (10, 2, 256, 2560)]
         """
-        lay = self.layout
-        if lay is None:
-            msg = "the plan has no layout: give seq_len= (and lanes= in stages, if any) to planner.plan"
-            raise ConfigError(msg)
-        first, stop = lay.step_at_run(self.run_before(epoch)), lay.step_at_run(self.run_before(epoch + 1))
-        step = np.arange(first, stop, dtype=np.int64)
-        token_start = lay.runs_at(np.arange(first, stop + 1, dtype=np.int64))
-        return pl.DataFrame(
-            {
-                "step": step,
-                "epoch": np.full(len(step), epoch, np.int64),
-                "layout_stage": lay.indices_at(step),
-                "lanes": lay.lanes_at(step),
-                "seq_len": lay.seq_lens_at(step),
-                "tokens": np.diff(token_start),
-                "token_start": token_start[:-1],
-            }
-        )
+        return runsteps.steps_table(self, runsteps.steps_layout(self), epoch)
+
+    def steps_in_epoch(self, epoch: int, layout: Layout | None = None) -> int:
+        """The steps whose epoch label is ``epoch`` (:mod:`planner.order.runsteps`; ``layout``: default the plan's)."""
+        return runsteps.steps_in_epoch(self, runsteps.steps_layout(self, layout), epoch)
 
     def reads(self, epoch: int) -> pl.DataFrame:
         """epoch, window_index, rank, file, row_group, bytes: each rank's reads, in order."""

@@ -60,7 +60,7 @@ def run_settings(args: argparse.Namespace, weights: Any) -> dict[str, Any]:
     }
 
 
-DEFAULT_NOT_PASSED = ("packing", "pad_id")
+DEFAULT_NOT_PASSED = ("packing", "pad_id", "shuffle")
 """Settings that a command passes on only where they differ from their default (0.6's: a run at
 them is 0.5's run, and the entry points' signatures then read as they did)."""
 

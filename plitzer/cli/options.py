@@ -36,6 +36,7 @@ __all__ = [
     "source_arg",
     "source_of",
     "sources_table",
+    "bool_arg",
     "stages_arg",
     "storage_options_of",
 ]
@@ -172,7 +173,17 @@ def stages_arg(text: str) -> int | list[tuple[int, int]]:
         raise argparse.ArgumentTypeError(msg) from None
 
 
+def bool_arg(text: str) -> bool:
+    """``true`` or ``false`` (also yes/no, 1/0, on/off), any case."""
+    got = {"true": True, "yes": True, "1": True, "on": True, "false": False, "no": False, "0": False, "off": False}
+    if text.strip().lower() not in got:
+        msg = f"{text!r}: give true or false (e.g. --shuffle false)"
+        raise argparse.ArgumentTypeError(msg)
+    return got[text.strip().lower()]
+
+
 _READERS: dict[str, Callable[[str], Any]] = {
+    "bool": bool_arg,
     "int": int,
     "int or layout stages": stages_arg,
     "list or dict": columns_arg,

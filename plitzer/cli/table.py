@@ -183,7 +183,7 @@ _COMMANDS = (
             setting("exclude"),
             setting("length_column", help="an integer column of each row's token count"),
             setting("columns"),
-            *RUN,
+            *(o for o in RUN if o.setting != "epochs"),  # --epochs: the epochs searched (the run's end moves no piece)
             setting("rank", default=None),
             formats("table", "csv", "json", "parquet"),
             OUT,

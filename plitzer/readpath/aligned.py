@@ -376,20 +376,28 @@ def unit_columns(u: PackedUnit, t: int) -> dict[str, NDArray[Any]]:
     return {n: c.block[t - u.t0].view(c.dtype) for n, c in u.columns.items()}
 
 
-def assemble_columns(units: list[PackedUnit], step: int, rows: int, seq_len: int) -> dict[str, NDArray[Any]]:
+def assemble_columns(
+    units: list[PackedUnit], step: int, rows: int, seq_len: int, pad: Columns | None = None
+) -> dict[str, NDArray[Any]]:
     """Step ``step``'s columns from the windows it straddles: the tokens' blocks (:func:`packed.assemble`) again.
 
     The same sub-pieces in the same places, over each unit's column edges; copied into memory
-    the step owns, as the tokens are.
+    the step owns, as the tokens are. ``pad``: a finite run's last step (the run's columns),
+    its rows padded after their last token with each column's fill (0 or False where none).
     """
-    if not units or not units[0].columns:
+    if pad is None and (not units or not units[0].columns):
         return {}
     copies = StepCopies.of(units, step, seq_len)
+    dtypes = pad.dtypes if pad is not None else {n: c.dtype for n, c in units[0].columns.items()}
     out: dict[str, NDArray[Any]] = {}
-    for n, first in units[0].columns.items():
-        sd = storage_dtype(first.dtype)
+    for n, dt in dtypes.items():
+        sd = storage_dtype(dt)
         edges = [edge_values(u.columns[n].edges, sd) for u in units]
-        out[n] = copies.copy(edges, np.empty((rows, seq_len), sd)).view(first.dtype)
+        if pad is None:
+            out[n] = copies.copy(edges, np.empty((rows, seq_len), sd)).view(dt)
+        else:
+            fill = np.full((rows, seq_len), pad.fills.get(n) or 0, dt).view(sd)
+            out[n] = copies.copy(edges, fill, full=False).view(dt)
     return out
 
 

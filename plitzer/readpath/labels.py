@@ -90,14 +90,22 @@ def unit_labels(u: PackedUnit, t: int) -> NDArray[np.int64] | None:
     return None if u.labels is None else u.labels.block[t - u.t0].view(LABEL_DTYPE)
 
 
-def assemble_labels(units: list[PackedUnit], step: int, rows: int, seq_len: int) -> NDArray[np.int64] | None:
-    """Step ``step``'s labels from the windows it straddles, copied as its tokens are; None without labels."""
+def assemble_labels(
+    units: list[PackedUnit], step: int, rows: int, seq_len: int, pad: bool | None = None
+) -> NDArray[np.int64] | None:
+    """Step ``step``'s labels from the windows it straddles, copied as its tokens are; None without labels.
+
+    ``pad``: a finite run's last step (SPEC section 17), whose rows may end early (``units``
+    may then be none): True when the run has labels, each row -100 after its last token.
+    """
     blocks = [u.labels for u in units]
-    if not units or any(b is None for b in blocks):
+    if any(b is None for b in blocks) or (pad is None and not units) or pad is False:
         return None
     copies = StepCopies.of(units, step, seq_len)
     edges = [edge_values(b.edges, LABEL_STORAGE) for b in blocks if b is not None]
-    return copies.copy(edges, np.empty((rows, seq_len), LABEL_STORAGE)).view(LABEL_DTYPE)
+    if pad is None:
+        return copies.copy(edges, np.empty((rows, seq_len), LABEL_STORAGE)).view(LABEL_DTYPE)
+    return copies.copy(edges, np.full((rows, seq_len), LABEL_FILL, LABEL_STORAGE), full=False).view(LABEL_DTYPE)
 
 
 def empty_labels(nl: int, seq_len: int) -> ColumnBlock:

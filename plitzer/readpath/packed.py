@@ -40,6 +40,7 @@ __all__ = [
     "edge_values",
     "gather_lists",
     "list_views",
+    "padded_segments",
 ]
 
 
@@ -320,14 +321,18 @@ class StepCopies:
         parts = [(i, u, a, b) for i, u, a, b in parts if a < b]
         sizes = [b - a for *_, a, b in parts]
 
-        def cat(name: str) -> I64:
-            return np.concatenate([getattr(u, name)[a:b] for _, u, a, b in parts])
+        def cat(name: str) -> I64:  # none at all: a rank whose lanes all ended (a finite run's last step)
+            return np.concatenate([getattr(u, name)[a:b] for _, u, a, b in parts] or [np.zeros(0, np.int64)])
 
         row, length, src, unit = cat("row"), cat("length"), cat("start"), np.repeat([i for i, *_ in parts], sizes)
         # The step's rows hold each row's pieces window after window, each window's in order.
         order = np.lexsort((np.arange(len(row)), unit, row))
         dest = np.empty(len(row), np.int64)
-        dest[order] = np.cumsum(length[order]) - length[order]
+        lo, ro = length[order], row[order]
+        cum = np.cumsum(lo) - lo
+        head = np.ones(len(ro), bool)
+        head[1:] = ro[1:] != ro[:-1]
+        dest[order] = ro * seq_len + cum - np.maximum.accumulate(np.where(head, cum, 0))  # a short row ends early
         # Pieces that follow each other in a unit's edges and in one row merge into runs.
         n = len(row)
         cont = np.zeros(n, bool)
@@ -346,6 +351,7 @@ class StepCopies:
         # Document boundaries only when asked (most steps never are), from small copies of the
         # tables: nothing of a window's token memory is held by them.
         docs = [(u.doc[a:b].copy(), u.offset[a:b].copy(), u.epoch, u.window) for _, u, a, b in parts]
+        docs = docs or [(row, row, -1, -1)]
         segs = functools.partial(_step_segments, row, length, order, docs)
         return cls(
             unit=r_unit[b_head].tolist(),
@@ -357,9 +363,13 @@ class StepCopies:
             segments=segs,
         )
 
-    def copy(self, edges: list[NDArray[Any]], out: NDArray[Any]) -> NDArray[Any]:
-        """The step's ``(rows, seq_len)`` array ``out`` filled from each unit's ``edges`` (as NumPy)."""
-        assert sum(k * w for k, w in zip(self.rows, self.width, strict=True)) == out.size, "a step's rows left unfilled"
+    def copy(self, edges: list[NDArray[Any]], out: NDArray[Any], full: bool = True) -> NDArray[Any]:
+        """The step's ``(rows, seq_len)`` array ``out`` filled from each unit's ``edges`` (as NumPy).
+
+        ``full`` False: the rows may end early (a finite run's last step), ``out`` keeps its padding there.
+        """
+        filled = sum(k * w for k, w in zip(self.rows, self.width, strict=True))
+        assert filled == out.size or (not full and filled <= out.size), "a step's rows left unfilled"
         for u, s, r, c, k, w in zip(self.unit, self.src, self.row, self.col, self.rows, self.width, strict=True):
             out[r : r + k, c : c + w] = edges[u][s : s + k * w].reshape(k, w)
         return out
@@ -371,7 +381,7 @@ def edge_values(edges: pa.Array, dtype: np.dtype[Any]) -> NDArray[Any]:
 
 
 def assemble(
-    units: list[PackedUnit], step: int, rows: int, seq_len: int
+    units: list[PackedUnit], step: int, rows: int, seq_len: int, pad: tuple[int, np.dtype[Any]] | None = None
 ) -> tuple[NDArray[Any], Callable[[], Segments]]:
     """Step ``step``'s rows from the windows it straddles (each unit's sub-pieces of that step).
 
@@ -379,11 +389,40 @@ def assemble(
     copied by NumPy into an array the step owns: the edges are read-only Arrow memory, and a
     read-only step breaks JAX's DLPack import and ``torch.from_numpy`` (docs/design.md,
     "Every step writable"), and a step that kept views of two windows would hold them both.
+    ``pad``: a finite run's last step (SPEC section 17), whose rows end early (those of lanes that
+    ended, wholly; ``units`` may then be none): ``(pad_id, the tokens' dtype)``, each row filled
+    with ``pad_id`` after its last token, a piece of document -1 as best-fit's padding is.
     """
     copies = StepCopies.of(units, step, seq_len)
-    dtype = units[0].block.dtype
-    tokens = copies.copy([edge_values(u.edges, dtype) for u in units], np.empty((rows, seq_len), dtype))
-    return tokens, copies.segments
+    dtype = units[0].block.dtype if units else np.dtype(pad[1]) if pad is not None else None
+    assert dtype is not None, "a step takes tokens from a unit"
+    edges = [edge_values(u.edges, dtype) for u in units]
+    if pad is None:
+        return copies.copy(edges, np.empty((rows, seq_len), dtype)), copies.segments
+    tokens = copies.copy(edges, np.full((rows, seq_len), pad[0], dtype), full=False)
+    return tokens, functools.partial(padded_segments, copies.segments, rows, seq_len)
+
+
+def padded_segments(segments: Callable[[], Segments], rows: int, seq_len: int) -> Segments:
+    """``segments`` with a piece of document -1 (epoch and window -1) closing each row they leave short."""
+    s = segments()
+    short = seq_len - np.bincount(s.row, weights=s.length, minlength=rows).astype(np.int64)
+    row = np.flatnonzero(short > 0)
+    order = np.argsort(np.concatenate([s.row, row]), kind="stable")  # each row's pieces, then its padding
+    minus = np.full(len(row), -1, np.int64)
+
+    def cat(a: I64, b: I64) -> I64:
+        out: I64 = np.concatenate([a, b])[order]
+        return out
+
+    return Segments(
+        row=cat(s.row, row),
+        length=cat(s.length, short[row]),
+        doc=cat(s.doc, minus),
+        offset=cat(s.offset, np.zeros(len(row), np.int64)),
+        epoch=cat(s.epoch, minus),
+        window=cat(s.window, minus),
+    )
 
 
 def _step_segments(row: I64, length: I64, order: I64, docs: list[tuple[I64, I64, int, int]]) -> Segments:

@@ -121,14 +121,16 @@ def cut_pieces(docs: Documents, cuts: I64, *, at_end: bool) -> Pieces:
     )
 
 
-def shuffle_pieces(pc_: Pieces, keep: NDArray[np.bool_] | None, nl: int, keys: NDArray[np.uint64]) -> tuple[I64, I64]:
+def shuffle_pieces(
+    pc_: Pieces, keep: NDArray[np.bool_] | None, nl: int, keys: NDArray[np.uint64] | None
+) -> tuple[I64, I64]:
     """Packed order (:func:`planner.packing.packed_order`) of the kept lanes' pieces, and each lane's first.
 
     Returns stream-order piece ids lane by lane, each slice shuffled (``keys``: each rank
-    lane's slice key, :func:`planner.packing.slice_keys`), and the index in them where each
+    lane's slice key, :func:`planner.packing.slice_keys`; None: stream order), and the index in them where each
     lane's pieces begin (one more at the end).
     """
     kept = np.flatnonzero(keep[pc_.local]) if keep is not None else np.arange(len(pc_.local), dtype=np.int64)
     lane = pc_.local[kept]
     bounds = np.searchsorted(lane, np.arange(nl + 1), side="left").astype(np.int64)
-    return kept[packed_order(lane, keys[lane])], bounds
+    return kept[packed_order(lane, None if keys is None else keys[lane])], bounds

@@ -413,7 +413,7 @@ class Scanner:
         self._budget.release(u.charge)
 
     def _prefetch(self) -> None:
-        while self._next <= self._wanted + self.ahead:
+        while self._next <= min(self._wanted + self.ahead, self.run.last_unit):  # a finite run: nothing past it
             est = self._plan_reads(self._next).estimate
             with self._lock:
                 fits = self._budget.fits(est)

@@ -74,7 +74,7 @@ def check_layout(
     big = max(new, key=lambda st: st.lanes)
     if plan.tokens < big.lanes:
         msg = (
-            f"lanes={big.lanes} exceeds the dataset's {plan.tokens} tokens: some lanes could never "
+            f"lanes={big.lanes} exceeds the dataset's {plan.tokens} {s.rule.unit}s: some lanes could never "
             "receive a document. Lower lanes (or use more data)"
         )
         raise ConfigError(msg)

@@ -106,6 +106,8 @@ _CONFIG: dict[str, Any] = {
     "columns": [],
     "packing": "concat",
     "pad_id": 0,
+    "shuffle": True,
+    "epochs": None,
 }
 CONFIG_FIELDS: tuple[str, ...] = tuple(_CONFIG)
 SETTING_FIELDS: tuple[str, ...] = tuple(k for k, v in _CONFIG.items() if v is _SETTING)
@@ -117,7 +119,8 @@ OPTIONAL: dict[str, Any] = {k: v for k, v in _CONFIG.items() if v is not _SETTIN
 # Aligned columns (plitzer.readpath.aligned) add ``columns`` ([name, fill or null] each, sorted by
 # name), written only when a run names some: a run without them writes the bytes it wrote before.
 # The packing rule (planner.rules) adds ``packing`` and ``pad_id``, written only under a rule other
-# than concat: a concat run's checkpoint is byte for byte what 0.5 wrote.
+# than concat: a concat run's checkpoint is byte for byte what 0.5 wrote. ``shuffle`` (False) and
+# ``epochs`` (SPEC section 17) are written only where set; a finite run writes its ``pad_id`` (not 0).
 _INT_LIMIT = 2**63
 
 
@@ -278,6 +281,11 @@ def decode(data: bytes | bytearray | memoryview) -> State:
         why = f"packing is {config['packing']!r}, expected a rule's name"
         raise _fail(why)
     _int(config["pad_id"], "pad_id")
+    if not isinstance(config["shuffle"], bool):
+        why = f"shuffle is {config['shuffle']!r}, expected true or false"
+        raise _fail(why)
+    if config["epochs"] is not None:
+        _int(config["epochs"], "epochs", low=1)
     revs = config["revisions"]
     if not isinstance(revs, list) or not all(
         isinstance(x, list) and len(x) == 3 and all(isinstance(v, str) for v in x) for x in revs

@@ -10,7 +10,7 @@ them at once, documented (docs/design.md, "One definition of the parameters").
 
 >>> s = LoaderSettings.of(lanes=8, window=2, seq_len=16)
 >>> s.plan, s.lanes, s.seq_len
-(PlanSettings(seed=0, lanes=8, window=2, world=1), 8, 16)
+(PlanSettings(seed=0, lanes=8, window=2, world=1, traversal=Traversal(shuffle=True, epochs=None)), 8, 16)
 >>> LoaderSettings.of(seq_len=0)
 Traceback (most recent call last):
 ...
@@ -34,7 +34,7 @@ from planner.catalog.datasetindex import Index
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError
 from planner.mixing.sources import SourceSpec, Weights
-from planner.order.epoch import PlanSettings, check_int
+from planner.order.epoch import PlanSettings, Traversal, check_int
 from planner.order.layout import Layout
 from planner.order.plan import Plan
 from planner.parameters import PARAMETERS, POSITIONAL, Selection, TextSettings, take, unknown_keyword
@@ -47,6 +47,7 @@ from plitzer.state.checkpoint import DATASET_FIELDS, SETTING_FIELDS
 __all__ = [
     "Keywords",
     "KeywordsLessWhere",
+    "KeywordsOfLocate",
     "LoaderSettings",
     "Source",
     "Stages",
@@ -64,8 +65,8 @@ Stages = Sequence[tuple[int, int]]
 """Layout stages of ``lanes`` or ``seq_len``: ``[(global step, value), ...]`` from step 0 (docs/design.md)."""
 
 
-class KeywordsLessWhere(TypedDict, total=False):
-    """:class:`Keywords` but ``where`` (``plitzer.locate``'s own ``where`` names documents)."""
+class KeywordsOfLocate(TypedDict, total=False):
+    """:class:`Keywords` but ``where`` and ``epochs`` (``plitzer.locate``'s own name documents and epochs searched)."""
 
     seed: int
     lanes: int | Stages
@@ -77,6 +78,7 @@ class KeywordsLessWhere(TypedDict, total=False):
     column: str | None
     storage_options: Mapping[str, Any] | None
     weights: Weights
+    shuffle: bool
     threads: int | None
     text_column: str
     tokenizer: Any
@@ -90,6 +92,12 @@ class KeywordsLessWhere(TypedDict, total=False):
     labels: bool
     packing: str
     pad_id: int
+
+
+class KeywordsLessWhere(KeywordsOfLocate, total=False):
+    """:class:`Keywords` but ``where``."""
+
+    epochs: int | None
 
 
 class Keywords(KeywordsLessWhere, total=False):
@@ -215,7 +223,9 @@ class LoaderSettings:
         kw["index"] = None if kw["index"] is None else os.fspath(kw["index"])
         kw["columns"] = _columns(kw["columns"])
         return cls(
-            plan=PlanSettings(lanes=layout.first.lanes, **take(PlanSettings, kw)),
+            plan=PlanSettings(
+                lanes=layout.first.lanes, traversal=Traversal(**take(Traversal, kw)), **take(PlanSettings, kw)
+            ),
             seq_len=layout.first.seq_len,
             text=TextSettings(**take(TextSettings, kw)),
             selection=Selection(**take(Selection, kw)),
@@ -425,6 +435,9 @@ def checkpoint_config(plan: Plan, settings: LoaderSettings) -> dict[str, Any]:
         **({"columns": _columns_config(s.columns)} if s.columns else {}),
         # Under concat, absent: its checkpoints stay byte-identical to those before rules existed.
         **({"packing": s.packing, "pad_id": int(s.pad_id)} if s.rule.pads else {}),
+        # Storage order and a finite run (SPEC section 17; a finite run pads its end with pad_id), only where set.
+        **({"shuffle": False} if not s.plan.shuffle else {}),
+        **({"epochs": s.plan.epochs, "pad_id": int(s.pad_id)} if s.plan.epochs is not None else {}),
     }
 
 

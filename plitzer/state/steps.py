@@ -15,6 +15,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from numpy.typing import NDArray
 
 from planner.run import Run
@@ -61,10 +62,13 @@ class Steps:
                 return self._view(run, u, t)
         units = [get(x) for x in range(first, last + 1)]
         rows, seq_len = len(self._scanner.rank_lanes), self._scanner.seq_len
-        tokens, segments = assemble(units, t, rows, seq_len)
-        columns = assemble_columns(units, t, rows, seq_len)
+        end = run.steps is not None and t + 1 >= run.steps  # a finite run's last step: rows padded at its end
+        pad = (run.plan.packing[1], np.dtype(run.plan.dataset.dtype)) if end else None
+        tokens, segments = assemble(units, t, rows, seq_len, pad)
+        columns = assemble_columns(units, t, rows, seq_len, self._scanner.columns if end else None)
         self._cur = None
-        return self._deliver(run, t, tokens, segments, units, columns, assemble_labels(units, t, rows, seq_len))
+        labels = assemble_labels(units, t, rows, seq_len, self._scanner.labels if end else None)
+        return self._deliver(run, t, tokens, segments, units, columns, labels)
 
     def _view(self, run: Run, u: PackedUnit, t: int) -> Batch:
         """Step ``t`` as a view of the block of ``u``, the unit in use."""
@@ -98,6 +102,6 @@ class Steps:
             _locate=self._locate,
             _after=after,
             columns={n: c.view(Tokens) for n, c in (columns or {}).items()},
-            padded=self._scanner.rows is not None,
+            padded=self._scanner.rows is not None or run.steps is not None,
             labels=None if labels is None else labels.view(Tokens),
         )

@@ -50,15 +50,16 @@ from plitzer.loader import open_plan
 from plitzer.selection.dropped import base_of, split_targets
 from plitzer.selection.select import source_rows
 from plitzer.state.bins import document_lengths
-from plitzer.state.settings import KeywordsLessWhere, LoaderSettings
+from plitzer.state.settings import KeywordsOfLocate, LoaderSettings
 from plitzer.state.settings import Source as AnySource
 from plitzer.tools.targets import Rows, part_of, target_documents
 
 __all__ = ["Keywords", "RowLengths", "locate", "locate_in_plan", "parse_epochs", "plan_lengths", "target_documents"]
 
 
-Keywords = KeywordsLessWhere
-"""The run's settings (:class:`plitzer.state.settings.Keywords` less ``where``: locate's own names documents)."""
+Keywords = KeywordsOfLocate
+"""The run's settings (:class:`plitzer.state.settings.Keywords` less ``where`` and ``epochs``: locate's own name
+the documents and the epochs searched; a finite run's pieces are those of the run without end, up to its end)."""
 
 
 class RowLengths:
@@ -221,7 +222,7 @@ def locate_in_plan(
 _LOCATE_OWN = ("where", "rows", "epochs", "steps", "selection", "progress")  # besides the run's parameters
 
 
-@document(exclude=("where",))
+@document(exclude=("where", "epochs"))
 def locate(
     source: AnySource,
     where: str | None = None,

@@ -1,0 +1,105 @@
+"""Steps of epochs and a finite run's end: the step questions a trainer sizes a run with (SPEC section 17).
+
+The epoch label of step ``t`` is ``floor(X(t) / T)`` (``X``: the run's units before the step,
+:class:`planner.order.layout.Layout`; ``T``: an epoch's), so epoch ``e`` is the steps from
+``step_at_run(e * T)`` to ``step_at_run((e + 1) * T)``. Lanes run on across epochs, so epochs
+differ by a step or so, and a layout stage changes the units a step takes.
+
+A finite run (``epochs=N``) is the windows of its ``N`` epochs: it ends at run unit
+``run_before(N)`` (``N * T`` for one dataset; a mixture's epoch ends at a window's edge,
+SPEC section 8), each lane's stream ends there, and its last step is the last that holds a
+real unit: the run has ``step_at_run(end)`` steps. Its labels stop at ``N - 1`` (a mixture's
+last window may reach past ``N * T``).
+
+>>> import tempfile, planner, plitzer.synth
+>>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=20_000, seed=0)
+>>> p = planner.plan(d, lanes=4, seq_len=64, window=2, epochs=2)
+>>> p.tokens, run_steps(p, p.layout), [steps_in_epoch(p, p.layout, e) for e in range(3)]
+(20176, 158, [79, 79, 0])
+>>> p.steps(1)["tokens"].to_list()[-2:]  # the last step holds 160 real tokens of its 256
+[256, 160]
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+import polars as pl
+
+from planner.errors import ConfigError
+from planner.order.epoch import check_int
+from planner.order.layout import Layout
+
+__all__ = ["epoch_start", "run_end", "run_steps", "steps_in_epoch", "steps_table", "steps_layout"]
+
+
+class _Epochs(Protocol):
+    """What these questions ask of a plan (:class:`planner.order.plan.Plan` has it)."""
+
+    settings: Any
+    layout: Layout | None
+
+    @property
+    def epoch_tokens(self) -> int: ...
+
+    def run_before(self, epoch: int) -> int: ...
+
+
+def steps_layout(plan: _Epochs, layout: Layout | None = None) -> Layout:
+    """``layout``, else the plan's (given with ``seq_len``): a plan without one has no steps, refused."""
+    lay = layout if layout is not None else plan.layout
+    if lay is None:
+        msg = "the plan has no layout: give seq_len= (and lanes= in stages, if any) to planner.plan"
+        raise ConfigError(msg)
+    return lay
+
+
+def run_end(plan: _Epochs) -> int | None:
+    """The run's units when ``epochs`` ends it (the units of its epochs); None: the run never ends."""
+    n = plan.settings.epochs
+    return None if n is None else plan.run_before(n)
+
+
+def run_steps(plan: _Epochs, layout: Layout) -> int | None:
+    """A finite run's steps: its last step holds its last real unit; None: the run never ends."""
+    end = run_end(plan)
+    return None if end is None else layout.step_at_run(end)
+
+
+def epoch_start(plan: _Epochs, layout: Layout, epoch: int) -> int:
+    """The first step whose epoch label is ``epoch`` or later; a finite run's steps past its last epoch."""
+    first = layout.step_at_run(epoch * plan.epoch_tokens)
+    n, epochs = run_steps(plan, layout), plan.settings.epochs
+    if n is None or epochs is None:
+        return first
+    return n if epoch >= epochs else min(first, n)
+
+
+def steps_in_epoch(plan: _Epochs, layout: Layout, epoch: int) -> int:
+    """The steps whose epoch label is ``epoch`` (what ``for batch in loader`` gives in that epoch)."""
+    epoch = check_int("epoch", epoch, 0, "epochs count from 0")
+    return epoch_start(plan, layout, epoch + 1) - epoch_start(plan, layout, epoch)
+
+
+def steps_table(plan: _Epochs, layout: Layout, epoch: int) -> pl.DataFrame:
+    """:meth:`planner.order.plan.Plan.steps` of ``epoch``: a finite run's stop at its last step, real units counted."""
+    first, stop = layout.step_at_run(plan.run_before(epoch)), layout.step_at_run(plan.run_before(epoch + 1))
+    end, n = run_end(plan), run_steps(plan, layout)
+    if n is not None:
+        first, stop = min(first, n), min(stop, n)
+    step = np.arange(first, stop, dtype=np.int64)
+    token_start = layout.runs_at(np.arange(first, stop + 1, dtype=np.int64))
+    if end is not None:
+        token_start = np.minimum(token_start, end)
+    return pl.DataFrame(
+        {
+            "step": step,
+            "epoch": np.full(len(step), epoch, np.int64),
+            "layout_stage": layout.indices_at(step),
+            "lanes": layout.lanes_at(step),
+            "seq_len": layout.seq_lens_at(step),
+            "tokens": np.diff(token_start),
+            "token_start": token_start[:-1],
+        }
+    )
