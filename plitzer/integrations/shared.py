@@ -202,4 +202,4 @@ def epoch_start(dataset: Dataset, epoch: int) -> int:
 
 def steps_in_epoch(dataset: Dataset, epoch: int) -> int:
     """The steps whose epoch label is ``epoch`` (0-based): plitzer's epochs differ by a step or so."""
-    return dataset.loader.run.epoch_end(epoch) - epoch_start(dataset, epoch)
+    return dataset.steps_in_epoch(epoch)

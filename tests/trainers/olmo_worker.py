@@ -40,9 +40,10 @@ class Record(Callback):
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
         if int(os.environ.get("RANK", "0")) == 0 and "train/CE loss" in metrics:
             record_loss(self.out, step, metrics["train/CE loss"])
-        if int(os.environ.get("RANK", "0")) == 0 and "eval/plitzer/CE loss" in metrics:
+        name = "eval/plitzer/plitzer/CE loss"  # eval/EVALUATOR/LABEL/CE loss: the evaluator and its label
+        if int(os.environ.get("RANK", "0")) == 0 and name in metrics:
             with open(self.out / "eval.jsonl", "a") as f:
-                f.write(f'{{"step": {step}, "loss": {metrics["eval/plitzer/CE loss"]}}}\n')
+                f.write(f'{{"step": {step}, "loss": {metrics[name]}}}\n')
 
     def post_step(self) -> None:
         if self.step == self.kill_after:
