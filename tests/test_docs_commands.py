@@ -17,7 +17,10 @@ command lines of ``docs/examples/*.py`` docstrings. Each must have a rule in
 * ``help``: a synopsis (``plitzer plan DATA --lanes ...``): its ``--help`` runs;
 * ``ci``: what .ci/run runs itself (the tests, lint, types), checked to be there;
 * ``install``: a ``pip install``: no network in tests, so the extras it names are
-  checked against pyproject.toml (an old release's pin is checked to name one).
+  checked against pyproject.toml (an old release's pin is checked to name one);
+* ``trainers``: a trainer's own command with plitzer as its data (docs/trainers/): the
+  trainers are not installed here; tests/trainers/ runs each from its own command line or
+  config on CPU, and .ci/run runs those in a venv with the trainers.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ BARE = ("mypy", "plitzer")  # commands of one word
 def documented_commands() -> list[tuple[str, str]]:
     """(file, command) for every command the docs show, continuation lines joined."""
     out: list[tuple[str, str]] = []
-    for f in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for f in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs").glob("*/*.md"))]:
         text = f.read_text()
         for m in re.finditer(r"```(?:sh|bash|console)\n(.*?)```", text, re.S):
             for raw in m.group(1).replace("\\\n", " ").splitlines():
@@ -71,7 +74,7 @@ class Rule:
     argv: str = ""  # what runs (scaled, help); empty: the command as written
 
 
-R, CI, INSTALL = Rule("run"), Rule("ci"), Rule("install")
+R, CI, INSTALL, TRAINERS = Rule("run"), Rule("ci"), Rule("install"), Rule("trainers")
 
 
 def scaled(argv: str) -> Rule:
@@ -95,6 +98,14 @@ RULES: dict[str, Rule] = {
     'pip install "plitzer[hf]"': INSTALL,
     'pip install "plitzer[http]"': INSTALL,
     'pip install "plitzer[grain]"': INSTALL,
+    'pip install "plitzer[torchtitan]"': INSTALL,
+    'pip install "plitzer[olmo-core]"': INSTALL,
+    'pip install "plitzer[litgpt]"': INSTALL,
+    # the trainers' commands (docs/trainers/): tests/trainers/ runs each trainer so, on CPU
+    "torchrun --nproc-per-node 8 -m torchtitan.train --module plitzer.integrations.torchtitan --config llama3_8b "
+    "--dataloader.source s3://bucket/fineweb-edu --dataloader.window 64 --validator.enable "
+    "--validator.dataloader.source s3://bucket/fineweb-edu-val": TRAINERS,
+    "litgpt pretrain --config pretrain.yaml --devices 8 --resume auto": TRAINERS,
     'pip install -c .ci/constraints.txt -e ".[baseline]"': INSTALL,
     'pip install -c .ci/constraints.txt -e ".[dev]"': CI,
     "pip install -e .": INSTALL,
@@ -104,10 +115,9 @@ RULES: dict[str, Rule] = {
     "ruff format --check .": CI,
     "python -m pytest -n auto": CI,
     "python -m pytest -n auto -m e2e": CI,
-    'python -m pytest -m "e2e or not e2e" tests/test_damaged.py tests/test_reliability.py tests/test_extremes.py '
-    "tests/test_index.py "
+    "python -m pytest tests/test_damaged.py tests/test_reliability.py tests/test_extremes.py tests/test_index.py "
     "tests/test_s3.py tests/test_shutdown.py tests/test_outage_endings.py tests/test_cli_errors.py "
-    "tests/test_soak.py": CI,
+    'tests/test_soak.py -m "e2e or not e2e"': CI,
     # the CLI, in the order the docs use it: the commands that write data first
     "plitzer demo": R,
     "python -c \"import pyarrow as pa, pyarrow.parquet as pq; pq.write_table(pa.table({'id': "
@@ -386,6 +396,9 @@ def test_installs_name_real_extras_and_ci_runs_the_rest() -> None:
             assert project["name"] == "plitzer" or "-e ." in command
         elif rule.kind == "ci":
             assert command.removeprefix("pip install ").split(" tests/")[0] in ci, command
+        elif rule.kind == "trainers":
+            trainer = "torchtitan" if "torchtitan" in command else command.split()[0]
+            assert (ROOT / "tests" / "trainers" / f"test_{trainer}.py").exists() and "tests/trainers" in ci, command
 
 
 def _user_folder(d: Path) -> Path:

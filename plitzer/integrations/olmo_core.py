@@ -1,0 +1,298 @@
+"""OLMo-core: plitzer as its data loader (docs/trainers/olmo-core.md).
+
+- :class:`PlitzerDataLoaderConfig` (registered as ``"plitzer"``): OLMo-core's
+  ``global_batch_size`` (tokens) and ``sequence_length`` give plitzer's ``lanes =
+  global_batch_size / sequence_length`` and ``seq_len``; every other plitzer setting is a
+  field. ``build(mesh=...)`` (or ``dp_process_group=``) takes the data-parallel rank and degree
+  from the mesh's ``dp`` dimensions, as OLMo-core's own loaders do.
+- :class:`PlitzerDataLoader` (a ``TextDataLoaderBase``): batches ``{"input_ids", "labels"}``,
+  int64, with plitzer's labels (``-100`` at a document's last token and on padding; rows stay
+  ``sequence_length`` tokens), and with ``generate_doc_lengths=True`` OLMo-core's
+  document-masking inputs ``doc_lens`` (each row's document lengths, padded with 0) and
+  ``max_doc_lens``. OLMo-core's epochs (from 1) are plitzer's (from 0) plus one;
+  ``total_batches`` is the steps of the current epoch (plitzer's epochs differ by a step or
+  so). Its ``state_dict`` is plitzer's global checkpoint, kept in OLMo-core's trainer state,
+  and resumes on any data-parallel degree.
+- :class:`PlitzerEvaluatorCallbackConfig`: an in-loop evaluation on a plitzer source, read in
+  storage order, one pass (``shuffle=False, epochs=1``), the same batches every time.
+
+This is the only module of plitzer that imports OLMo-core.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import field, make_dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from olmo_core.data.collator import DataCollator
+from olmo_core.data.data_loader import DataLoaderConfig, TextDataLoaderBase
+from olmo_core.distributed.parallel import get_dp_process_group
+from olmo_core.distributed.utils import get_rank, get_world_size
+from olmo_core.eval.lm_evaluator import LMEvaluator
+from olmo_core.train.callbacks.callback import Callback, CallbackConfig
+from olmo_core.train.callbacks.evaluator_callback import EvaluatorCallback
+from torch.distributed.device_mesh import DeviceMesh
+
+import plitzer.torch
+from planner.errors import ConfigError
+from plitzer.integrations.shared import (
+    SOURCE_FIELDS,
+    VALIDATION,
+    epoch_start,
+    labels_of,
+    open_dataset,
+    setting_fields,
+    steps_in_epoch,
+)
+
+__all__ = [
+    "PlitzerDataLoader",
+    "PlitzerDataLoaderConfig",
+    "PlitzerEvaluatorCallbackConfig",
+    "PlitzerLMEvaluator",
+    "batch_of",
+]
+
+IGNORE_INDEX = -100
+
+
+def batch_of(batch: plitzer.torch.Batch, *, doc_lengths: bool = False, labels: bool = True) -> dict[str, Any]:
+    """OLMo-core's batch of a plitzer batch: ``input_ids`` and ``labels`` (int64), ``doc_lens`` and ``max_doc_lens``."""
+    out: dict[str, Any] = {"input_ids": batch.tokens.long()}
+    if labels:
+        out["labels"] = labels_of(batch)
+    if doc_lengths:
+        lens = torch.nn.utils.rnn.pad_sequence(list(batch.doc_lengths), batch_first=True)
+        out["doc_lens"] = lens
+        out["max_doc_lens"] = lens.max(dim=1).values.tolist()
+    return out
+
+
+class PlitzerDataLoader(TextDataLoaderBase):
+    """A plitzer.torch.Dataset as OLMo-core's data loader (build it with :class:`PlitzerDataLoaderConfig`).
+
+    ``restart``: every epoch (``reshuffle``) starts at its first step, whatever was read of it:
+    an evaluation's loader, which gives the same batches every time.
+    """
+
+    _epoch: int | None  # OLMo-core's epoch (from 1), set by reshuffle
+
+    def __init__(
+        self,
+        dataset: plitzer.torch.Dataset,
+        *,
+        generate_doc_lengths: bool = False,
+        restart: bool = False,
+        labels: bool = True,
+        work_dir: str | None = None,
+        collator: DataCollator | None = None,
+    ) -> None:
+        loader = dataset.loader
+        super().__init__(
+            collator=collator or DataCollator(pad_token_id=int(loader.settings.pad_id)),
+            work_dir=work_dir or tempfile.gettempdir(),
+            global_batch_size=loader.lanes * loader.seq_len,
+            dp_world_size=dataset.world,
+            dp_rank=dataset.rank,
+        )
+        self.dataset = dataset
+        self.generate_doc_lengths = generate_doc_lengths
+        self.restart = restart
+        self.labels = labels
+
+    @property
+    def total_batches(self) -> int | None:
+        """The steps of the current epoch (None before ``reshuffle``)."""
+        return None if self._epoch is None else self.batches_in_epoch(self._epoch)
+
+    def batches_in_epoch(self, epoch: int) -> int:
+        """The steps of OLMo-core's epoch ``epoch`` (from 1): plitzer's ``epoch - 1``."""
+        return steps_in_epoch(self.dataset, epoch - 1)
+
+    def __len__(self) -> int:
+        return int(self.total_batches or 0)
+
+    def reshuffle(self, epoch: int | None = None, **kwargs: Any) -> None:
+        """Start OLMo-core's ``epoch`` (from 1): where the dataset is if inside it, else at its first step."""
+        del kwargs
+        epoch = (self._epoch or 0) + 1 if epoch is None else epoch
+        if epoch < 1:
+            msg = f"reshuffle(epoch={epoch}): OLMo-core counts epochs from 1"
+            raise ConfigError(msg)
+        self._epoch = epoch
+        first = epoch_start(self.dataset, epoch - 1)
+        if self.restart or self.dataset.epoch != epoch - 1:
+            self.dataset.loader.seek(first)
+        self.batches_processed = self.dataset.step - first
+        self.tokens_processed = self.batches_processed * self.global_batch_size
+
+    def _iter_batches(self) -> Iterable[dict[str, Any]]:
+        for batch in self.dataset:
+            yield batch_of(batch, doc_lengths=self.generate_doc_lengths, labels=self.labels)
+
+    def state_dict(self) -> dict[str, Any]:
+        """plitzer's global checkpoint (collective over the data-parallel group) and OLMo-core's epoch."""
+        return {"plitzer": self.dataset.state_dict()["checkpoint"], "epoch": self._epoch}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`, taken on any data-parallel degree."""
+        self.dataset.load_state_dict(state_dict["plitzer"])
+        self._epoch = state_dict.get("epoch")
+        if self._epoch is not None:
+            self.batches_processed = self.dataset.step - epoch_start(self.dataset, self._epoch - 1)
+            self.tokens_processed = self.batches_processed * self.global_batch_size
+
+    def get_mock_batch(self) -> dict[str, Any]:
+        """A batch of the right shape (token 0 everywhere; one document a row): the trainer's dry run."""
+        rows, seq_len = self.rank_batch_size // self.dataset.loader.seq_len, self.dataset.loader.seq_len
+        out: dict[str, Any] = {"input_ids": torch.zeros((rows, seq_len), dtype=torch.int64)}
+        if self.labels:
+            out["labels"] = torch.zeros((rows, seq_len), dtype=torch.int64)
+        if self.generate_doc_lengths:
+            out["doc_lens"] = torch.full((rows, 1), seq_len, dtype=torch.int64)
+            out["max_doc_lens"] = [seq_len] * rows
+        return out
+
+
+def _dp_group(mesh: DeviceMesh | None, group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
+    return get_dp_process_group(mesh) if group is None and mesh is not None else group
+
+
+def _lanes(global_batch_size: int, sequence_length: int, world: int) -> int:
+    lanes, rest = divmod(global_batch_size, sequence_length)
+    if rest or lanes < 1 or lanes % world:
+        msg = (
+            f"global_batch_size={global_batch_size} tokens is not a multiple of sequence_length={sequence_length} "
+            f"times the data-parallel degree {world}: plitzer's lanes are global_batch_size / sequence_length "
+            "sequences, dealt evenly to the ranks"
+        )
+        raise ConfigError(msg)
+    return lanes
+
+
+def _build(
+    self: Any, *, mesh: DeviceMesh | None = None, dp_process_group: dist.ProcessGroup | None = None
+) -> PlitzerDataLoader:
+    """The data loader of this config for this data-parallel rank (``mesh``'s ``dp`` dimensions, or the group)."""
+    group = _dp_group(mesh, dp_process_group)
+    world, rank = get_world_size(group), get_rank(group)
+    dataset = open_dataset(
+        self,
+        lanes=_lanes(self.global_batch_size, self.sequence_length, world),
+        seq_len=self.sequence_length,
+        rank=rank,
+        world=world,
+        group=group,
+    )
+    return PlitzerDataLoader(dataset, generate_doc_lengths=self.generate_doc_lengths, work_dir=self.work_dir)
+
+
+PlitzerDataLoaderConfig: Any = make_dataclass(
+    "PlitzerDataLoaderConfig",
+    [
+        ("global_batch_size", int, field(default=0)),
+        ("sequence_length", int, field(default=0)),
+        *SOURCE_FIELDS,
+        ("generate_doc_lengths", bool, field(default=False)),
+        ("work_dir", str | None, field(default=None)),
+        *setting_fields(),
+    ],
+    bases=(DataLoaderConfig,),
+    namespace={"build": _build, "__module__": __name__},
+)
+PlitzerDataLoaderConfig.__doc__ = (
+    "plitzer's data loader config for OLMo-core: global_batch_size (tokens) and sequence_length, the data "
+    "(source, or mixture: a mixture file), generate_doc_lengths (doc_lens and max_doc_lens for document "
+    "masking), and every plitzer parameter but lanes, seq_len, rank and world, which these and the mesh give."
+)
+DataLoaderConfig.register("plitzer")(PlitzerDataLoaderConfig)
+
+
+class PlitzerLMEvaluator(LMEvaluator):
+    """OLMo-core's LM evaluator (cross-entropy and perplexity) over a plitzer loader, scored on plitzer's labels.
+
+    OLMo-core's evaluator callback makes its labels by shifting ``input_ids`` within a row; this
+    evaluator keeps the losses where plitzer's label agrees (not at a document's last token nor
+    on padding), which leaves out only each row's last token, whose target another row holds.
+    """
+
+    def __init__(self, *, name: str, batches: PlitzerDataLoader, device: torch.device | None = None) -> None:
+        super().__init__(name=name, batches=batches, labels=[name], device=device, deterministic=True)
+        self._name = name
+        self._labels: torch.Tensor | None = None
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for batch in super().__iter__():
+            self._labels = batch.pop("plitzer_labels")
+            yield batch
+
+    def update_metrics(self, batch: dict[str, Any], ce_loss: torch.Tensor | None, logits: torch.Tensor | None) -> None:
+        if ce_loss is None or self._labels is None:
+            return
+        keep = self._labels != IGNORE_INDEX
+        keep[:, -1] = False
+        self.metrics[self._name].update(ce_loss[keep.to(ce_loss.device)])
+
+
+class _EvalLoader(PlitzerDataLoader):
+    """An evaluation's loader: plitzer's labels under a key the model is not given."""
+
+    def _iter_batches(self) -> Iterable[dict[str, Any]]:
+        for batch in self.dataset:
+            out = batch_of(batch, doc_lengths=self.generate_doc_lengths, labels=False)
+            out["plitzer_labels"] = labels_of(batch)
+            yield out
+
+
+def _build_evaluator(self: Any, trainer: Any) -> Callback | None:
+    """The evaluator callback: this config's data, as many sequences a step as the training loader's."""
+    if not self.enabled:
+        return None
+    train = trainer.data_loader
+    group = trainer.dp_process_group
+    world, rank = get_world_size(group), get_rank(group)
+    seq_len = self.sequence_length or train.dataset.loader.seq_len
+    lanes = self.lanes or train.dataset.loader.lanes
+    dataset = open_dataset(self, lanes=lanes, seq_len=seq_len, rank=rank, world=world, group=group)
+    loader = _EvalLoader(dataset, generate_doc_lengths=self.generate_doc_lengths, restart=True, labels=False)
+    return EvaluatorCallback(
+        evaluators=[PlitzerLMEvaluator(name=self.name, batches=loader, device=trainer.device)],
+        eval_interval=self.eval_interval,
+        eval_on_startup=self.eval_on_startup,
+        eval_on_finish=self.eval_on_finish,
+        log_interval=self.log_interval,
+    )
+
+
+def _eval_fields() -> list[tuple[str, Any, Any]]:
+    """The evaluation's settings: plitzer's with the validation defaults (storage order, one pass)."""
+    return [(n, t, field(default=VALIDATION[n])) if n in VALIDATION else (n, t, f) for n, t, f in setting_fields()]
+
+
+PlitzerEvaluatorCallbackConfig: Any = make_dataclass(
+    "PlitzerEvaluatorCallbackConfig",
+    [
+        ("name", str, field(default="plitzer")),
+        *SOURCE_FIELDS,
+        ("lanes", int, field(default=0)),
+        ("sequence_length", int, field(default=0)),
+        ("generate_doc_lengths", bool, field(default=False)),
+        ("eval_interval", int | None, field(default=1000)),
+        ("eval_on_startup", bool, field(default=False)),
+        ("eval_on_finish", bool, field(default=False)),
+        ("log_interval", int, field(default=5)),
+        ("enabled", bool, field(default=True)),
+        *_eval_fields(),
+    ],
+    bases=(CallbackConfig,),
+    namespace={"build": _build_evaluator, "__module__": __name__},
+)
+PlitzerEvaluatorCallbackConfig.__doc__ = (
+    "An in-loop evaluation on plitzer data for OLMo-core's trainer: name (the metrics' prefix), the data (source "
+    "or mixture), lanes and sequence_length (0: the training loader's), the evaluator callback's own settings, "
+    "and every plitzer parameter, shuffle=False and epochs=1 by default (SPEC section 17)."
+)

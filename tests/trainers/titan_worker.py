@@ -1,0 +1,91 @@
+"""One rank of a torchtitan run fed by plitzer: ``titan_worker.py OUT KILL_AFTER TORCHTITAN_ARGS...``.
+
+The config comes from torchtitan's own command line (``--module plitzer.integrations.torchtitan
+--config ...``). Every step's rows of this data-parallel rank and rank 0's loss are recorded
+in OUT (tests/trainers/harness.py); with KILL_AFTER > 0 the process SIGKILLs itself right after
+the checkpoint of that step is written (no clean-up, as a crashed job).
+"""
+# ruff: noqa: E402
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import types
+from pathlib import Path
+
+import torch
+import torch._utils
+
+# torchtitan trains on accelerators: it takes "cuda" where torch finds no accelerator. On
+# this CPU test it is told "cpu" before any of its modules reads the device, and given the
+# few memory queries torch.cpu lacks (its memory monitor's), answered with nothing.
+_CPU = types.SimpleNamespace(**{k: getattr(torch.cpu, k) for k in dir(torch.cpu) if not k.startswith("_")})
+_CPU.get_device_name = lambda device=None: "cpu"
+_CPU.get_device_properties = lambda device=None: types.SimpleNamespace(total_memory=1 << 30, name="cpu")
+_CPU.memory_stats = lambda device=None: {}
+_CPU.current_device = lambda: 0
+_CPU.reset_peak_memory_stats = _CPU.empty_cache = lambda device=None: None
+torch._utils._get_available_device_type = lambda: "cpu"
+torch._utils._get_device_module = lambda device_type=None: _CPU
+
+import torchtitan.distributed.utils
+from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.config import ConfigManager
+from torchtitan.tools.logging import init_logger
+
+import plitzer.integrations.torchtitan as titan
+from tests.trainers.harness import record_loss, record_rows
+
+if not hasattr(torch.distributed, "set_timeout"):
+    # torchtitan 0.3.0 shortens the process groups' timeouts after the first step with
+    # torch.distributed.set_timeout, which torch 2.13 lacks (a newer torch's): keep them.
+    torchtitan.distributed.utils.set_pg_timeouts = lambda timeout, parallel_dims: None
+
+
+def main() -> None:
+    out, kill_after, args = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+    init_logger()
+    config = ConfigManager().parse_args(args)
+
+    iterate = titan.PlitzerDataLoader.__iter__
+
+    def recorded(self: titan.PlitzerDataLoader):  # type: ignore[no-untyped-def]
+        for inputs, labels in iterate(self):
+            ds = self.dataset
+            if self is not trainer.dataloader:  # the validator's loader
+                yield inputs, labels
+                continue
+            record_rows(out, ds.step - 1, ds.rank, tokens=inputs["input"], positions=inputs["positions"], labels=labels)
+            yield inputs, labels
+
+    titan.PlitzerDataLoader.__iter__ = recorded  # type: ignore[method-assign]
+
+    log = MetricsProcessor.log
+
+    def logged(self, step, global_avg_loss, *a, **k):  # type: ignore[no-untyped-def]
+        if int(os.environ.get("RANK", "0")) == 0:
+            record_loss(out, step, global_avg_loss)
+        return log(self, step, global_avg_loss, *a, **k)
+
+    MetricsProcessor.log = logged  # type: ignore[method-assign]
+
+    trainer = config.build()
+    save = trainer.checkpointer.save
+
+    def saved(curr_step: int, last_step: bool = False) -> bool:
+        done = save(curr_step, last_step)
+        if curr_step == kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return done
+
+    trainer.checkpointer.save = saved  # type: ignore[method-assign]
+    trainer.train()
+    trainer.close()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
