@@ -34,7 +34,7 @@ from plitzer.sources import selection, text
 
 __all__ = ["KINDS", "Kind", "Opened", "index_of", "kind_of", "open"]
 
-KINDS = ("jobindex", "text", "parquet")
+KINDS = ("jobindex", "text", "arrow", "parquet")
 """The kinds of source, each a module of this package, in the order they are asked (the last claims the rest)."""
 
 
