@@ -17,7 +17,8 @@ from planner.mixing.mixture import Interleave, MixtureIndex, MixturePlan
 from planner.order.epoch import PlanSettings
 from planner.order.epoch_order import Permutation
 from plitzer.readpath.read import read_chunk
-from plitzer.state.settings import LoaderSettings, open_source
+from plitzer.sources import index_of
+from plitzer.state.settings import LoaderSettings
 from plitzer.state.settings import make_plan as loader_plan
 from tests.conftest import numbered_dataset
 
@@ -46,7 +47,7 @@ def test_planner_and_the_loader_settings_make_the_same_plan(two: dict[str, str],
     weights = {"a": 1, "b": 2} if kind == "mixture" else None
     direct = planner.plan(source, **CFG, weights=weights, seq_len=16)  # type: ignore[arg-type]
     s = LoaderSettings.of(**CFG, weights=weights, seq_len=16)
-    via_loader = loader_plan(open_source(source, s), s)  # type: ignore[arg-type]
+    via_loader = loader_plan(index_of(source, s), s)  # type: ignore[arg-type]
     assert type(direct) is type(via_loader)
     for x, y in zip(_tables(direct), _tables(via_loader), strict=True):
         assert x.equals(y)
@@ -90,7 +91,7 @@ def test_window_starts_are_the_run_tokens_before_each_unit(two: dict[str, str]) 
         assert [p.unit(*p.unit_epoch_window(u)) for u in range(n)] == list(range(n))
 
 
-def test_read_chunk_dispatches_on_the_index_type(two: dict[str, str]) -> None:
+def test_read_chunk_asks_the_source_holding_the_row_group(two: dict[str, str]) -> None:
     mix = open_index(two)
     assert isinstance(mix, MixtureIndex)
     b = planner.index(two["b"])

@@ -80,3 +80,55 @@ def test_no_private_name_is_imported_across_modules() -> None:
         if alias.name.startswith("_") and not alias.name.startswith("__")
     ]
     assert found == []
+
+
+INDEX_TYPES = {"Index", "TextIndex", "SelectedIndex", "DedupedIndex", "MixtureIndex", "ArrowIndex", "RowGroupIndex"}
+"""The index types: only ``plitzer.sources`` tells them apart; everything else asks the index."""
+
+PLANNER_DISPATCH = {"planner/api.py", "planner/mixing/mixindex.py", "planner/catalog/dataset.py"}
+"""planner's own dispatch of what it is given (a path, an index, a mixture): it cannot import plitzer."""
+
+
+def _type_tests(tree: ast.Module) -> list[int]:
+    """Lines that test an index's type: ``isinstance(x, T)`` or ``type(x) is T`` for an index type T."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance":
+            kinds = node.args[1] if len(node.args) > 1 else None
+            names = kinds.elts if isinstance(kinds, ast.Tuple) else [kinds]
+            if any(isinstance(n, ast.Name) and n.id in INDEX_TYPES for n in names):
+                lines.append(node.lineno)
+        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Call):
+            f = node.left.func
+            if isinstance(f, ast.Name) and f.id == "type":
+                seen = [c for c in node.comparators if isinstance(c, (ast.Name, ast.Tuple))]
+                flat = [e for c in seen for e in (c.elts if isinstance(c, ast.Tuple) else [c])]
+                if any(isinstance(e, ast.Name) and e.id in INDEX_TYPES for e in flat):
+                    lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_sources_package_tests_an_index_type() -> None:
+    bad = []
+    for path in _sources():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("plitzer/sources/") or rel in PLANNER_DISPATCH:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        bad += [f"{rel}:{line}" for line in _type_tests(tree)]
+    assert not bad, f"ask the index (capabilities, parts, part, unwrapped) instead of testing its type: {bad}"
+
+
+def test_the_type_test_check_finds_one() -> None:
+    tree = ast.parse("isinstance(ix, (Index, int))\ntype(ix) is SelectedIndex\nisinstance(x, str)\n")
+    assert _type_tests(tree) == [1, 2]
+
+
+def test_nothing_registers_a_reader_at_import() -> None:
+    """No singledispatch registry: a kind's index reads itself (``read_tokens``), planner's are read as Parquet."""
+    found = []
+    for path in _sources():
+        text = path.read_text(encoding="utf-8")
+        if "singledispatch" in text or ".register\n" in text:
+            found.append(path.relative_to(ROOT).as_posix())
+    assert not found, found

@@ -29,7 +29,7 @@ from planner.catalog import chunkmeta, footer
 from planner.catalog.chunkmeta import ColumnChunks
 from planner.catalog.column import TokenDtype, chunks_range
 from planner.catalog.files import FileEntry
-from planner.catalog.rowgroups import FrameTotals
+from planner.catalog.rowgroups import PARQUET, Capabilities, FrameTotals
 from planner.errors import DataError, PerformanceWarning
 from planner.stores.storage import FileStat, Storage
 
@@ -339,7 +339,33 @@ class Index(FrameTotals):
         where = self._files[file_index].stat.location
         return where if row_group is None else f"{where}, row group {row_group}"
 
-    # -- what a kind of index says of itself (docs/design.md, "One index protocol") --------
+    # -- what a kind of index says of itself (docs/design.md, "A source is one file") --------
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """A dataset of Parquet token columns: every pass reads it (a kind that is not overrides this)."""
+        return PARQUET
+
+    @property
+    def mixed(self) -> bool:
+        return False
+
+    @property
+    def parts(self) -> list[Index]:
+        """Itself: one source."""
+        return [self]
+
+    @property
+    def names(self) -> list[str]:
+        return [""]
+
+    def part(self, row_group: int) -> tuple[Index, int]:
+        """Itself and ``row_group``: one source holds every row group."""
+        return self, row_group
+
+    def unwrapped(self) -> Index:
+        """Itself: no deduplication made it (``plitzer.selection.dedupe.DedupedIndex`` says otherwise)."""
+        return self
 
     def config_fields(self) -> dict[str, Any]:
         """The checkpoint fields this kind of index adds (SPEC section 7): none for a dataset's.

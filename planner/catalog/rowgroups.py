@@ -1,31 +1,41 @@
 """What every row-group index is: the protocol that the plan, the runtime and the tools read.
 
-Three indexes satisfy :class:`RowGroupIndex`: a dataset's :class:`planner.catalog.datasetindex.Index`
-(token counts from footer statistics), a text dataset's ``plitzer.text.source.TextIndex`` (an
-``Index`` whose counts come from a tokenizer pass) and a mixture's
-:class:`planner.mixing.mixture.MixtureIndex` (its sources' indexes side by side). Code that
-only reads an index takes a ``RowGroupIndex`` and never asks which one it has: what
-differs between them (the rows a selection keeps, the checkpoint fields a kind of
-index adds) is a method of the protocol, so callers ask the index; the few places
-that must (where a chunk is read, where a plan is made) dispatch on the type once
-(docs/design.md, "One index protocol, one builder, one dispatch").
+The protocol is format-neutral: a frame of row groups (rows, tokens, a read's byte range), the
+files and their storages, and what the index can do (:class:`Capabilities`). Footers, codecs and
+a Parquet file's decoding belong to the Parquet kind (:class:`planner.catalog.datasetindex.Index`,
+``plitzer.sources.parquet``); each other kind is one file of ``plitzer.sources`` (text, a
+selection, an Arrow IPC dataset), and a mixture's :class:`planner.mixing.mixture.MixtureIndex`
+holds its sources' side by side. Code that only reads an index takes a ``RowGroupIndex`` and
+never asks which one it has: what differs between them (the rows a selection keeps, the
+checkpoint fields a kind adds, its sources, what it can do) is a method of the protocol, so
+callers ask the index (docs/design.md, "A source is one file").
 
 This module is a leaf of planner: it imports nothing of planner but the storage types.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import polars as pl
-import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from planner.catalog.column import TokenDtype
 from planner.stores.storage import FileStat, Storage
 
-__all__ = ["SELECTED_COLUMNS", "FrameTotals", "RowGroupIndex", "SelectedRows", "stream_counts", "with_selected"]
+__all__ = [
+    "PARQUET",
+    "SELECTED_COLUMNS",
+    "Capabilities",
+    "FrameTotals",
+    "RowGroupIndex",
+    "SelectedRows",
+    "stream_counts",
+    "with_selected",
+]
 
 SELECTED_COLUMNS: dict[str, str] = {
     "rows_selected": "rows",
@@ -33,6 +43,30 @@ SELECTED_COLUMNS: dict[str, str] = {
     "empty_docs_selected": "empty_docs",
 }
 """A selected index's columns (``where=``, ``plitzer.selection.select``) and the stored counts they select from."""
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a kind of index can do: what the runtime asks instead of asking its type.
+
+    ``kind`` names it in messages ("parquet", "text", "selection", "deduplication", "mixture",
+    "arrow-ipc"). ``selectable``: ``where=`` may select its rows (a plain token dataset, read
+    column by column). ``other_columns``: its other columns can be read (``where=``'s,
+    ``columns=``', ``dedupe=NAME``'s). ``column_runs``: a pass may read a run of its row groups'
+    token column through one footer (``plitzer.readpath.runs``). ``tokenizes``: its column is
+    text, tokenized as it is read. ``deduplicated``: a deduplication pass made it (over ``unwrapped()``).
+    """
+
+    kind: str
+    selectable: bool = False
+    other_columns: bool = True
+    column_runs: bool = False
+    tokenizes: bool = False
+    deduplicated: bool = False
+
+
+PARQUET = Capabilities("parquet", selectable=True, other_columns=True, column_runs=True)
+"""A dataset of Parquet token columns: every pass reads it."""
 
 
 def stream_counts(frame: pl.DataFrame) -> tuple[pl.Series, pl.Series, pl.Series]:
@@ -80,8 +114,38 @@ class FrameTotals:
 class RowGroupIndex(Protocol):
     """One row per row group (rows of ``frame``, the columns of ``planner.catalog.rowlists.INDEX_SCHEMA``).
 
-    Row-group ids are rows of ``frame``; files are numbered by ``frame["file_index"]``.
+    Row-group ids are rows of ``frame``; files are numbered by ``frame["file_index"]``. A row
+    group is a kind's unit of one read (a Parquet row group, an Arrow IPC record batch):
+    ``byte_offset`` and ``byte_length`` are that read's range in its file, whatever the format.
     """
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this kind of index can do (the runtime asks this, never the index's type)."""
+        ...
+
+    @property
+    def mixed(self) -> bool:
+        """Whether it holds several named sources (a mixture)."""
+        ...
+
+    @property
+    def parts(self) -> Sequence[Any]:
+        """Its sources' indexes in name order: itself alone where it is one source's."""
+        ...
+
+    @property
+    def names(self) -> Sequence[str]:
+        """Its sources' names, as ``parts`` (``[""]`` for one source's)."""
+        ...
+
+    def part(self, row_group: int) -> tuple[Any, int]:
+        """The source index holding ``row_group``, and its row there (itself and ``row_group`` for one source's)."""
+        ...
+
+    def unwrapped(self) -> Any:
+        """The index a deduplication pass was made over (itself where none was)."""
+        ...
 
     @property
     def frame(self) -> pl.DataFrame:
@@ -120,10 +184,6 @@ class RowGroupIndex(Protocol):
     def storage(self, file_index: int) -> Storage: ...
 
     def file(self, file_index: int) -> FileStat: ...
-
-    def metadata(self, file_index: int) -> pq.FileMetaData:
-        """The file's parsed footer."""
-        ...
 
     def location(self, file_index: int, row_group: int | None = None) -> str:
         """The file (and row group) for messages: ``path`` or ``path, row group g``."""

@@ -24,13 +24,16 @@ from planner.catalog.column import TokenDtype
 from planner.catalog.dataset import ensure_index
 from planner.catalog.datasetindex import Index
 from planner.catalog.footer import ChunkCounter
-from planner.catalog.rowgroups import FrameTotals, with_selected
+from planner.catalog.rowgroups import Capabilities, FrameTotals, with_selected
 from planner.errors import ConfigError
 from planner.mixing.sources import SourceSpec, source_specs
 from planner.parameters import Selection
 from planner.stores.storage import FileStat, Storage
 
-__all__ = ["MixtureIndex", "is_mixture", "mixture_index"]
+__all__ = ["MIXTURE", "MixtureIndex", "is_mixture", "mixture_index"]
+
+MIXTURE = Capabilities("mixture", selectable=False, other_columns=True, column_runs=False)
+"""A mixture's: a pass that reads data asks each of its sources (``parts``)."""
 
 
 def is_mixture(source: object) -> bool:
@@ -99,6 +102,22 @@ class MixtureIndex(FrameTotals):
     def _file(self, file_index: int) -> tuple[Index, int]:
         i = int(np.searchsorted(self._file_base, file_index, side="right")) - 1
         return self.parts[i], file_index - int(self._file_base[i])
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """A mixture's: each pass asks its sources' own (``parts``)."""
+        return MIXTURE
+
+    @property
+    def mixed(self) -> bool:
+        return True
+
+    def unwrapped(self) -> MixtureIndex:
+        """The mixture of its sources' indexes before deduplication (itself where none was deduplicated)."""
+        base = [p.unwrapped() for p in self.parts]
+        if all(b is p for b, p in zip(base, self.parts, strict=True)):
+            return self
+        return MixtureIndex(self.specs, base, given=self.given)
 
     def part(self, row_group: int) -> tuple[Index, int]:
         """The source index holding global row group ``row_group``, and its row there."""

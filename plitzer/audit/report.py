@@ -22,7 +22,8 @@ from plitzer.audit import pictures as pic
 from plitzer.audit import tables as tab
 from plitzer.audit.tables import Source
 from plitzer.selection.select import select_config
-from plitzer.state.settings import Keywords, LoaderSettings, make_plan, open_source
+from plitzer.sources import index_of
+from plitzer.state.settings import Keywords, LoaderSettings, make_plan
 from plitzer.tools.explain import document_pass
 
 if TYPE_CHECKING:
@@ -328,7 +329,7 @@ def audit(
     cfg = LoaderSettings.of(caller="plitzer.audit", own=_AUDIT_OWN, **settings)
     # The order's arithmetic counts the rule's units (tokens; best-fit's bins, one a row): so do these tables.
     lanes, seq_len = cfg.lanes, cfg.units_per_row
-    ix = open_source(source, cfg)
+    ix = index_of(source, cfg)
     plan = make_plan(ix, cfg)
     lengths = document_pass(ix, progress=progress)[0]
     total = plan.epoch_tokens

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -40,7 +40,6 @@ from planner.catalog.datasetindex import Index
 from planner.catalog.footer import schema_of
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError, DataError
-from planner.mixing.mixture import MixtureIndex
 from plitzer.readpath.packed import (
     ColumnBlock,
     PackedUnit,
@@ -176,9 +175,7 @@ class Columns:
 
 
 def _sources(index: RowGroupIndex) -> list[tuple[str | None, RowGroupIndex]]:
-    if isinstance(index, MixtureIndex):
-        return list(zip(index.names, index.parts, strict=True))
-    return [(None, index)]
+    return [(n or None, p) for n, p in zip(index.names, index.parts, strict=True)]
 
 
 def _is_text(ix: RowGroupIndex) -> bool:
@@ -187,8 +184,7 @@ def _is_text(ix: RowGroupIndex) -> bool:
 
 def _schema(ix: RowGroupIndex) -> pa.Schema:
     """The first file's schema: the job index's where it carries it (``--columns``), else the footer's."""
-    assert isinstance(ix, Index)
-    return ix.schema()
+    return cast("Index", ix).schema()
 
 
 def _candidates(schema: pa.Schema, token_column: str) -> list[str]:
@@ -327,7 +323,7 @@ def read_columns(cols: Columns, index: RowGroupIndex, rg: int, tokens: pa.Array)
     ``tokens`` is the row group's token chunk as read (its documents are the rows the stream
     takes); a source that lacks a column gives its fill. In the batch's dtype of each column.
     """
-    sub, local = index.part(rg) if isinstance(index, MixtureIndex) else (index, rg)
+    sub, local = index.part(rg)
     plan = cols.plans[id(sub)]
     lens = list_lengths(tokens)
     total = int(lens.sum())
@@ -335,8 +331,7 @@ def read_columns(cols: Columns, index: RowGroupIndex, rg: int, tokens: pa.Array)
     for n in cols.names:
         how, dt = plan[n], cols.dtypes[n]
         if how is _READ:
-            assert isinstance(sub, Index)
-            out[n] = _read_one(sub, local, n, dt, lens)
+            out[n] = _read_one(cast("Index", sub), local, n, dt, lens)
         else:
             out[n] = np.full(total, how, dt)
     return out

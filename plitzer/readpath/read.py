@@ -31,9 +31,8 @@ default.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -45,11 +44,11 @@ from planner.catalog.column import TokenDtype, token_range
 from planner.catalog.datasetindex import Index
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import DamagedChunkError, DataError, TokenRangeError, one_line
-from planner.mixing.mixture import MixtureIndex
 from planner.stores.storage import FileStat, Storage
 from plitzer.readpath.readers import thread_reader
 
 __all__ = [
+    "ReadsTokens",
     "check_decoded",
     "check_list_of_integers",
     "check_no_null_tokens",
@@ -59,6 +58,7 @@ __all__ = [
     "decode_column",
     "list_lengths",
     "numpy_view",
+    "parquet_tokens",
     "read_chunk",
     "read_column",
     "read_decoded",
@@ -294,23 +294,38 @@ def to_tokens(
         raise DataError(msg, file=file, row_group=row_group) from e
 
 
-@functools.singledispatch
+@runtime_checkable
+class ReadsTokens(Protocol):
+    """A source kind that reads its own row groups' tokens (text tokenizes, a selection drops rows, Arrow IPC)."""
+
+    def read_tokens(self, rg: int) -> pa.Array:
+        """Row group ``rg``'s documents, checked: what :func:`read_chunk` returns for it."""
+        ...
+
+
 def read_chunk(index: RowGroupIndex, rg: int) -> pa.Array:
     """Read, decode and check row group ``rg`` (a row of ``index.frame``): one ranged read.
 
     Returns a ``list<int32>`` (``list<uint32>`` when ``index.dtype`` is uint32)
     holding the row group's documents, or raises DataError naming file, row group
-    and (where one is at fault) row. The path is chosen by the index's type: a
-    dataset's :class:`~planner.catalog.datasetindex.Index` reads its token column, a mixture's
-    index asks the source holding ``rg``, and ``plitzer.text.source`` registers the text
-    index, which tokenizes as it reads.
+    and (where one is at fault) row. The source holding ``rg`` (``index.part``: a mixture's
+    source, else the index itself) reads it: a kind of ``plitzer.sources`` that reads its
+    own (:class:`ReadsTokens`: text tokenizes, a selection drops rows, Arrow IPC decodes a
+    record batch), else a Parquet dataset's token column (:func:`parquet_tokens`). Nothing is
+    registered: the index says how it is read.
     """
-    msg = f"read_chunk: no reader for a {type(index).__name__}; pass a planner.Index or a mixture's index"
-    raise TypeError(msg)
+    part = getattr(index, "part", None)
+    if part is None:
+        msg = f"read_chunk: no reader for a {type(index).__name__}; pass an index (plitzer.sources.open gives one)"
+        raise TypeError(msg)
+    sub, local = part(rg)
+    if isinstance(sub, ReadsTokens):
+        return sub.read_tokens(local)
+    return parquet_tokens(sub, local)
 
 
-@read_chunk.register
-def _read_token_chunk(index: Index, rg: int) -> pa.Array:
+def parquet_tokens(index: Index, rg: int) -> pa.Array:
+    """A Parquet dataset's row group ``rg``: its token column chunk read (one ranged read), checked, converted."""
     return checked_tokens(index, *read_column(index, rg))
 
 
@@ -324,12 +339,6 @@ def checked_tokens(index: Index, arr: pa.Array, row: Mapping[str, Any], where: s
     check_no_null_tokens(arr, where, file=file, row_group=g)
     check_decoded(arr, rows=row["rows"], tokens=row["tokens"], where=where, file=file, row_group=g)
     return to_tokens(arr, index.dtype, check=bool(row["needs_check"]), where=where, file=file, row_group=g)
-
-
-@read_chunk.register
-def _read_mixture_chunk(index: MixtureIndex, rg: int) -> pa.Array:
-    sub, local = index.part(rg)
-    return read_chunk(sub, local)
 
 
 def numpy_view(a: pa.Array) -> NDArray[Any]:

@@ -38,7 +38,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import polars as pl
@@ -47,7 +47,7 @@ from numpy.typing import NDArray
 
 from planner.arraytypes import I64
 from planner.catalog.datasetindex import Index
-from planner.catalog.rowgroups import RowGroupIndex, stream_counts, with_selected
+from planner.catalog.rowgroups import Capabilities, RowGroupIndex, stream_counts, with_selected
 from planner.errors import ConfigError, DataError
 from planner.mixing.mixindex import MixtureIndex
 from planner.parameters import Selection
@@ -134,6 +134,16 @@ class DedupedIndex(Index):
     length_column: str = ""
     """The column the pass took the dropped rows' token counts from (``length_column=``), if any."""
 
+    @property
+    def capabilities(self) -> Capabilities:
+        assert self.base is not None
+        c = self.base.capabilities
+        return Capabilities("deduplication", other_columns=c.other_columns, tokenizes=c.tokenizes, deduplicated=True)
+
+    def unwrapped(self) -> Index:
+        """The index the pass was made over."""
+        return self if self.base is None else self.base
+
     def config_fields(self) -> dict[str, Any]:
         assert self.base is not None
         out = dict(self.base.config_fields())
@@ -173,26 +183,18 @@ class DedupedIndex(Index):
         return kept_rows(self, rg, arr, self.stream_positions, self.length_column, ("kept", "deduplication", "dedupe"))
 
 
-@read_chunk.register
-def _read_deduped_chunk(index: DedupedIndex, rg: int) -> pa.Array:
-    return index.read_tokens(rg)
-
-
 # -- the whole pass ------------------------------------------------------------------
 
 
 def _parts_of(ix: RowGroupIndex, order: Sequence[str] | None) -> tuple[list[Index], list[int]]:
     """The sources' indexes in source order, and each one's position in ``ix``'s own (name) order."""
-    if isinstance(ix, MixtureIndex):
+    if ix.mixed:
         names = list(ix.names)
-        given = [n for n in (order or ix.given) if n in names]
+        given = [n for n in (order or cast("MixtureIndex", ix).given) if n in names]
         given += [n for n in names if n not in given]
         at = [names.index(n) for n in given]
         return [ix.parts[i] for i in at], at
-    if not isinstance(ix, Index):
-        msg = f"dedupe= and exclude= need a dataset's index, not a {type(ix).__name__}"
-        raise ConfigError(msg)
-    return [ix], [0]
+    return [cast("Index", ix)], [0]
 
 
 def _result_path(parts: Sequence[Index], key: str, excl: str, cols: str, lengths: Sequence[str | None]) -> Any:
@@ -252,9 +254,9 @@ def dedupe_index(
         return ix
     key = dedupe or ""
     parts, at = _parts_of(ix, order)
-    names = [ix.names[i] for i in at] if isinstance(ix, MixtureIndex) else [""]
+    names = [ix.names[i] for i in at]
     for part, name in zip(parts, names, strict=True):
-        if isinstance(part, DedupedIndex):
+        if part.capabilities.deduplicated:
             msg = "the index is deduplicated already; pass the dataset's own index (or its path)"
             raise ConfigError(msg)
         if key:
@@ -317,11 +319,12 @@ def dedupe_index(
                 Duplicates(held=np.asarray(cached[f"dups{p}"], np.int64).reshape(-1, 5)) for p in range(len(parts))
             ]
     out = [_build(part, cached, p, key, table, names, lengths[p], dropped[p]) for p, part in enumerate(parts)]
-    if not isinstance(ix, MixtureIndex):
+    if not ix.mixed:
         return _nonempty(out[0], key, exclude, "")
+    mix = cast("MixtureIndex", ix)
     by_pos = dict(zip(at, out, strict=True))
-    new_parts = [_nonempty(by_pos[i], key, exclude, ix.names[i]) for i in range(len(ix.parts))]
-    return MixtureIndex(ix.specs, new_parts, given=ix.given)
+    new_parts = [_nonempty(by_pos[i], key, exclude, mix.names[i]) for i in range(len(mix.parts))]
+    return MixtureIndex(mix.specs, new_parts, given=mix.given)
 
 
 def _counted_rows(counted: Counted) -> I64:

@@ -16,7 +16,6 @@ from numpy.typing import NDArray
 
 from planner.arraytypes import I64
 from planner.catalog.rowgroups import RowGroupIndex, with_selected
-from planner.mixing.mixindex import MixtureIndex
 from plitzer.selection.dedupe import DedupedIndex
 
 __all__ = ["base_of", "dedupe_table", "dropped_of", "split_targets"]
@@ -56,12 +55,8 @@ def dropped_of(ix: DedupedIndex, rg: int, row: int) -> tuple[str, tuple[str, int
 
 def base_of(ix: RowGroupIndex) -> RowGroupIndex:
     """The index a deduplication was made over (itself where none was)."""
-    if isinstance(ix, DedupedIndex) and ix.base is not None:
-        return ix.base
-    if isinstance(ix, MixtureIndex) and any(isinstance(p, DedupedIndex) for p in ix.parts):
-        return MixtureIndex(ix.specs, [p.base if isinstance(p, DedupedIndex) and p.base is not None else p
-                                       for p in ix.parts], given=ix.given)  # fmt: skip
-    return ix
+    out: RowGroupIndex = ix.unwrapped()
+    return out
 
 
 def dedupe_table(ix: RowGroupIndex) -> pl.DataFrame:
@@ -88,8 +83,8 @@ def split_targets(ix: RowGroupIndex, rgs: I64, ordinals: I64) -> tuple[I64, I64,
     """Documents given over :func:`base_of`'s stream: those kept (their ordinals in ``ix``'s stream),
     and a frame of those dropped: source, file, row_group, row, dropped (``duplicate`` or ``excluded``)
     and the kept document's kept_source, kept_file, kept_row_group, kept_row."""
-    parts = list(ix.parts) if isinstance(ix, MixtureIndex) else [ix]
-    names = list(ix.names) if isinstance(ix, MixtureIndex) else [""]
+    parts = list(ix.parts)
+    names = list(ix.names)
     starts = np.concatenate([[0], np.cumsum([p.row_groups for p in parts])]).astype(np.int64)
     keep_rg: list[int] = []
     keep_doc: list[int] = []
@@ -97,7 +92,7 @@ def split_targets(ix: RowGroupIndex, rgs: I64, ordinals: I64) -> tuple[I64, I64,
     for g, o in zip(np.asarray(rgs).tolist(), np.asarray(ordinals).tolist(), strict=True):
         i = int(np.searchsorted(starts, g, side="right")) - 1
         part, local = parts[i], g - int(starts[i])
-        if not isinstance(part, DedupedIndex) or part.base is None:
+        if part.unwrapped() is part:
             keep_rg.append(g)
             keep_doc.append(o)
             continue
@@ -124,7 +119,7 @@ def split_targets(ix: RowGroupIndex, rgs: I64, ordinals: I64) -> tuple[I64, I64,
         if why[1] is not None:
             kname, krg, kpos = why[1]
             kpart = parts[names.index(kname)] if kname else part
-            kbase = kpart.base if isinstance(kpart, DedupedIndex) and kpart.base is not None else kpart
+            kbase = kpart.unwrapped()
             entry.update(
                 kept_source=kname or None,
                 kept_file=kpart.frame["file"][krg],

@@ -19,7 +19,7 @@ import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -38,7 +38,6 @@ from plitzer.selection.evaluate import CHUNK, SelectionPass
 from plitzer.selection.exclude import Exclusion, load_exclusion
 from plitzer.selection.keys import Keys, hash_array, valid_rows
 from plitzer.selection.predicate import check_length_column
-from plitzer.selection.select import SelectedIndex
 
 __all__ = [
     "HASHED",
@@ -95,7 +94,7 @@ def token_run(ix: Index, first: int, end: int) -> ColumnRun | None:
 
     A dataset's index, or a selection of one (whose stream rows :func:`stream_tokens` takes).
     """
-    return ColumnRun(ix, first, end, ix.column) if type(ix) is Index or isinstance(ix, SelectedIndex) else None
+    return ColumnRun(ix, first, end, ix.column) if ix.capabilities.column_runs else None
 
 
 def stream_tokens(ix: Index, rg: int, run: ColumnRun | None) -> pa.Array:
@@ -347,8 +346,9 @@ def length_columns(
     """
     if key == TOKENS:
         return [None] * len(parts)
-    if isinstance(ix, MixtureIndex):
-        wanted = [part.length_source(ix.specs[i].selection.length_column) for part, i in zip(parts, at, strict=True)]
+    if ix.mixed:
+        specs = cast("MixtureIndex", ix).specs
+        wanted = [part.length_source(specs[i].selection.length_column) for part, i in zip(parts, at, strict=True)]
     else:
         wanted = [part.length_source(given) for part in parts]
         if given is not None and wanted[0] is None:
@@ -403,10 +403,10 @@ def dedupe_on_ray(
     ``selection``: its ``dedupe`` and ``exclude``, as :func:`dedupe_index` takes them (a str
     is the key alone).
     """
-    if type(ix) is not Index:
+    if not ix.capabilities.selectable:
         msg = (
-            f"the Ray engine keys a dataset of token columns, not a {type(ix).__name__}: run the pass on this "
-            "machine (--engine local), or tokenize first"
+            f"the Ray engine keys a Parquet dataset of token columns, not a {ix.capabilities.kind} source: run the "
+            "pass on this machine (--engine local), or tokenize first"
         )
         raise ConfigError(msg)
     import ray

@@ -49,7 +49,7 @@ import hashlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import polars as pl
@@ -58,12 +58,12 @@ from numpy.typing import NDArray
 
 from planner.arraytypes import I64
 from planner.catalog.datasetindex import Index
-from planner.catalog.rowgroups import RowGroupIndex
+from planner.catalog.rowgroups import Capabilities, RowGroupIndex
 from planner.errors import ConfigError, DataError, SelectionError
 from planner.mixing.sources import SourceSpec
 from planner.parameters import Selection
 from planner.stores.cache import cache_dir
-from plitzer.readpath.read import read_chunk
+from plitzer.readpath.read import parquet_tokens
 from plitzer.selection.evaluate import (
     CHUNK,
     Entry,
@@ -102,6 +102,10 @@ SELECT_DEFAULTS: dict[str, Any] = {"where": "", "length_column": ""}
 # -- the selected index -----------------------------------------------------------
 
 
+SELECTION = Capabilities("selection", selectable=False, other_columns=True, column_runs=True)
+"""A selection of a Parquet dataset's rows: its passes read the dataset's columns (a new where= is refused)."""
+
+
 @dataclass
 class SelectedIndex(Index):
     """An :class:`Index` of the rows ``where`` keeps: counts in ``*_selected``, rows in ``bits``.
@@ -117,6 +121,10 @@ class SelectedIndex(Index):
     length_column: str | None = None
     base_fingerprint: str = ""
     bits: RowBits = field(default_factory=lambda: RowBits.of([]), repr=False)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return SELECTION
 
     def config_fields(self) -> dict[str, Any]:
         """The checkpoint fields of a selection: the normalized predicate and the length column."""
@@ -136,7 +144,7 @@ class SelectedIndex(Index):
 
     def read_tokens(self, rg: int) -> pa.Array:
         """Row group ``rg``'s selected documents: the token chunk read and checked, then one ``take``."""
-        arr = read_chunk.dispatch(Index)(self, rg)
+        arr = parquet_tokens(self, rg)
         return kept_rows(self, rg, arr, self.selected_rows, self.length_column, ("selected", "selection", "select"))
 
 
@@ -165,11 +173,6 @@ def kept_rows(
         msg = f"{where}: the {rows_are} rows hold {got} tokens, but the {the_pass} pass counted {want}; {why}"
         raise DataError(msg, file=ix.file(row["file_index"]).location, row_group=row["row_group"])
     return arr
-
-
-@read_chunk.register
-def _read_selected_chunk(index: SelectedIndex, rg: int) -> pa.Array:
-    return index.read_tokens(rg)
 
 
 def source_rows(index: RowGroupIndex, rgs: I64, ordinals: I64) -> I64:
@@ -231,10 +234,14 @@ def select_index(
     """
     where, length_column = _predicate(selection)
     norm = _normalized(ix, where)
-    if isinstance(ix, SelectedIndex):
-        return _selected_already(ix, norm, length_column)
-    if not isinstance(ix, Index) or type(ix) is not Index:
-        msg = f"where= needs a dataset of token columns, not a {type(ix).__name__}; tokenize text sources first"
+    caps = ix.capabilities
+    if caps.kind == SELECTION.kind:
+        return _selected_already(cast("SelectedIndex", ix), norm, length_column)
+    if not caps.selectable:
+        msg = (
+            f"where= needs a Parquet dataset of token columns, not a {caps.kind} source; tokenize text sources "
+            "first (plitzer tokenize), and select before deduplicating"
+        )
         raise ConfigError(msg)
     columns = check_predicate(ix, norm, length_column)
     p = SelectionPass(ix=ix, where=norm, columns=columns, length_column=length_column)
@@ -257,8 +264,10 @@ def _predicate(selection: Selection | str) -> tuple[str, str | None]:
 
 def _normalized(ix: object, where: str) -> str:
     """``where`` normalized, its columns checked against the dataset's where ``ix`` is an index of token data."""
-    if isinstance(ix, Index) and type(ix) in (Index, SelectedIndex):
-        return normalize(where, [*available_columns(ix), ix.column])
+    caps = getattr(ix, "capabilities", None)
+    if caps is not None and caps.column_runs:  # a Parquet dataset's columns (selected or not)
+        pq_ix = cast("Index", ix)
+        return normalize(where, [*available_columns(pq_ix), pq_ix.column])
     return normalize(where)
 
 

@@ -34,7 +34,6 @@ import polars as pl
 
 from planner.arraytypes import I64
 from planner.catalog.rowgroups import RowGroupIndex
-from planner.mixing.mixindex import MixtureIndex
 from planner.rules import BEST_FIT, BINS, Binned, binned_rule
 from planner.stores.cache import cache_dir, digest, read_entry, write_entry
 from plitzer.readpath.read import list_lengths, read_chunk
@@ -77,7 +76,7 @@ def bin_index(
     A mixture's sources are counted (and cached) one at a time, so a source shared by two
     mixtures is counted once. ``split``: this process's ``(rank, world)``, where it starts (above).
     """
-    parts = ix.parts if isinstance(ix, MixtureIndex) else [ix]
+    parts = ix.parts
     counts = [bin_counts(part, spec, threads=threads, split=split, progress=progress) for part in parts]
     out = copy.copy(ix)
     out.frame = ix.frame.with_columns(pl.Series(BINS, np.concatenate(counts), pl.Int64))

@@ -20,7 +20,6 @@ import polars as pl
 from planner.arraytypes import I64
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError, DataError, PerformanceWarning
-from planner.mixing.mixture import MixtureIndex
 from planner.order.epoch import row_group_counts
 from planner.order.layout import Layout, LayoutStage
 from planner.order.plan import Plan
@@ -32,14 +31,15 @@ from plitzer.readpath.cost import budget_floor
 from plitzer.readpath.labels import LABEL_BYTES
 from plitzer.readpath.scan import Scanner
 from plitzer.selection.select import source_rows
-from plitzer.state.settings import LoaderSettings, Source, checkpoint_config, default_threads, make_plan, open_source
+from plitzer.sources import index_of
+from plitzer.state.settings import LoaderSettings, Source, checkpoint_config, default_threads, make_plan
 
 __all__ = ["Locator", "Parts", "check_layout", "held_counts", "make_config", "open_plan", "parts"]
 
 
 def open_plan(source: Source, settings: LoaderSettings) -> Plan:
     """The plan a loader of ``settings`` runs from: lists files and reads footers (the I/O)."""
-    return make_plan(open_source(source, settings), settings)
+    return make_plan(index_of(source, settings), settings)
 
 
 def held_counts(plan: Plan, settings: LoaderSettings) -> tuple[I64, I64, I64]:
@@ -133,7 +133,7 @@ class Locator:
             frame["file"].gather(at).to_list(),
             frame["row_group"].gather(at).to_numpy().astype(np.int64),
             source_rows(self.index, rg, (doc_ids - base[rg]).astype(np.int64)),
-            frame["source"].gather(at).to_list() if isinstance(self.index, MixtureIndex) else None,
+            frame["source"].gather(at).to_list() if self.index.mixed else None,
         )
 
 

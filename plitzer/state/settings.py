@@ -4,7 +4,7 @@ The parameters are defined once, in :data:`planner.parameters.PARAMETERS` (name,
 default, documentation, command-line help). Each entry point takes them as keywords
 (:class:`Keywords`), builds one :class:`LoaderSettings` from them (:meth:`LoaderSettings.of`;
 the runtime's checks are here, each naming the field and the fix), and opens its
-source and plan through :func:`open_source` and :func:`make_plan`, so a parameter
+source through :func:`plitzer.sources.index_of` and its plan through :func:`make_plan`, so a parameter
 added there (a mixture's ``weights``, a text source's ``tokenizer``) reaches all of
 them at once, documented (docs/design.md, "One definition of the parameters").
 
@@ -19,7 +19,6 @@ planner.errors.ConfigError: seq_len=0 must be >= 1; seq_len is the tokens per se
 
 from __future__ import annotations
 
-import functools
 import inspect
 import os
 from collections.abc import Mapping, Sequence
@@ -29,19 +28,16 @@ from typing import Any, TypedDict, Unpack
 import numpy as np
 
 from planner import api
-from planner.api import Source, open_index
-from planner.catalog.datasetindex import Index
+from planner.api import Source
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError
-from planner.mixing.sources import SourceSpec, Weights
+from planner.mixing.sources import Weights
 from planner.order.epoch import PlanSettings, Traversal, check_int
 from planner.order.layout import Layout
 from planner.order.plan import Plan
 from planner.parameters import PARAMETERS, POSITIONAL, Selection, TextSettings, take, unknown_keyword
 from planner.rules import CONCAT, Rule, check_packing, rule_named
 from planner.stores.storage import revisions
-from plitzer.readpath.read import count_chunk
-from plitzer.selection.dedupe import dedupe_index
 from plitzer.state.checkpoint import DATASET_FIELDS, SETTING_FIELDS
 
 __all__ = [
@@ -52,12 +48,10 @@ __all__ = [
     "Source",
     "Stages",
     "bind",
-    "dedupe_pass",
     "checkpoint_config",
     "default_threads",
     "keywords",
     "make_plan",
-    "open_source",
     "signature",
 ]
 
@@ -281,114 +275,6 @@ class LoaderSettings:
     @property
     def world(self) -> int:
         return self.plan.world
-
-
-def open_source(source: Source, settings: LoaderSettings, opened: Mapping[str, Index] | None = None) -> RowGroupIndex:
-    """The index of ``source``: token data, text (with a tokenizer), or a mixture (a dict).
-
-    The dispatch and its messages are :func:`planner.api.open_index`'s; this adds
-    the text step (``plitzer.text.source``) when a tokenizer is set, and the selection pass
-    (``plitzer.selection.select``, this rank's share of it) where a source has ``where``.
-    """
-    s = settings
-    text = None
-    if s.index is not None:
-        source = _job_index(source, s)
-    elif s.text.tokenizer is not None and _is_text_index(source):
-        source = _own_text_index(source, s)  # counted already (the ranks of a job shared the pass)
-    elif s.text.tokenizer is not None:
-        from plitzer.text.source import index_text
-
-        text = functools.partial(index_text, text=s.text, storage_options=s.storage_options)
-    from plitzer.selection.select import select_index
-
-    def select(ix: Index, spec: SourceSpec) -> Index:
-        return select_index(ix, spec.selection, rank=s.rank, world=s.world, threads=s.threads)
-
-    ix = open_index(
-        source,
-        column=s.column,
-        storage_options=s.storage_options,
-        weights=s.weights,
-        text=text,
-        selection=s.selection,
-        select=select,
-        text_source=_text_source,
-        opened=opened,
-        binned=s.rule.pads,
-        count=count_chunk,
-    )
-    if s.selection.dedupe is None and s.selection.exclude is None:
-        return ix
-    return dedupe_pass(ix, source, s, s.rank, s.world)
-
-
-def dedupe_pass(
-    ix: RowGroupIndex, source: Source, s: LoaderSettings, rank: int, world: int, **more: Any
-) -> RowGroupIndex:
-    """The deduplication and exclusion pass of ``s`` over ``ix`` (SPEC section 14), ``rank``'s share of ``world``.
-
-    ``more``: the pass's other keywords (a job's ``exchange``, ``plitzer.state.share``).
-    """
-    order = list(source) if isinstance(source, Mapping) else None
-    return dedupe_index(
-        ix,
-        s.selection,
-        storage_options=s.storage_options,
-        order=order,
-        rank=rank,
-        world=world,
-        threads=s.threads,
-        **more,
-    )
-
-
-def _is_text_index(source: Source) -> bool:
-    from plitzer.text.source import TextIndex
-
-    return isinstance(source, TextIndex)
-
-
-def _own_text_index(source: Source, s: LoaderSettings) -> Index:
-    """A text index given with ``tokenizer=``: taken when counted by this tokenizer, column and policy."""
-    from plitzer.text.job import check_text_index
-    from plitzer.text.source import TextIndex, text_counting
-
-    assert isinstance(source, TextIndex)
-    return check_text_index(source, text_counting(s.text))
-
-
-def _job_index(source: Source, s: LoaderSettings) -> Index:
-    """The index of ``source`` from the job index ``s.index`` (one listing, one read, no footer)."""
-    from planner.catalog.jobindex import load
-
-    assert s.index is not None
-    if isinstance(source, Mapping):
-        msg = (
-            f"index={s.index!r} needs one source, not a mixture: give each source its own job index, e.g. "
-            "{'web': {'path': 's3://bucket/web', 'index': 's3://bucket/web.index'}, ...}"
-        )
-        raise ConfigError(msg)
-    if not isinstance(source, (str, os.PathLike, list, tuple)):
-        msg = f"index={s.index!r} needs the source's path, URL or list of them, not {type(source).__name__}"
-        raise ConfigError(msg)
-    if s.text.tokenizer is not None:
-        from plitzer.text.job import load_text_index
-
-        return load_text_index(s.index, source, s.text, storage_options=s.storage_options, threads=s.threads)
-    return load(s.index, source, column=s.column, storage_options=s.storage_options)
-
-
-def _text_source(spec: SourceSpec) -> Index:
-    """A mixture's text source, counted with its own tokenizer (``plitzer.text.source``), or from its job index."""
-    from plitzer.text.source import index_text
-
-    text = TextSettings.of(spec.text or {})
-    if spec.index is not None:
-        from plitzer.text.job import load_text_index
-
-        return load_text_index(spec.index, spec.path, text, storage_options=spec.storage_options)
-    return index_text(spec.path, text, storage_options=spec.storage_options)
 
 
 def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:

@@ -29,7 +29,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from planner.catalog.datasetindex import Index
 from planner.errors import ConfigError
@@ -261,10 +261,10 @@ def share_index(source: Source, cfg: LoaderSettings, group: Collective) -> Sourc
             ix = opened[spec.name] = share_one(spec.path, spec.column, spec.storage_options, threads, group)
             if spec.selection.where is not None:
                 _select(ix, spec.selection, cfg.threads, group)
-        from plitzer.state.settings import open_source
+        from plitzer.sources import index_of
 
         # Deduplication is shared next (share_dedupe), over one exchange: not here.
-        return open_source(source, cfg.without_dedupe(), opened)
+        return index_of(source, cfg.without_dedupe(), opened)
     if not isinstance(source, (str, os.PathLike, list, tuple)):
         return source
     if cfg.text.tokenizer is not None:
@@ -303,8 +303,8 @@ def share_selection(source: Source, cfg: LoaderSettings, group: Collective) -> N
         ix = open_index(
             source, column=cfg.column, storage_options=cfg.storage_options, select=select_spec, count=count_chunk
         )
-    if isinstance(ix, Index) and type(ix) is Index:
-        _select(ix, cfg.selection, cfg.threads, group)
+    if ix.capabilities.selectable:
+        _select(cast("Index", ix), cfg.selection, cfg.threads, group)
 
 
 def share_source(source: Source, cfg: LoaderSettings, group: Collective) -> Source:
@@ -336,14 +336,15 @@ def share_dedupe(source: Source, cfg: LoaderSettings, group: Collective) -> None
     if cfg.selection.dedupe is None and cfg.selection.exclude is None:
         return
     from plitzer.selection.keying import Hashed
-    from plitzer.state.settings import dedupe_pass, open_source
+    from plitzer.sources import index_of
+    from plitzer.sources.selection import deduplicate
 
-    base = open_source(source, cfg.without_dedupe())
+    base = index_of(source, cfg.without_dedupe())
 
     def exchange(part: dict[int, Hashed]) -> list[dict[int, Hashed]]:
         return [p for p in all_or_raise(part, group) if p is not None]
 
-    dedupe_pass(base, source, cfg, group.rank, group.world, exchange=exchange)
+    deduplicate(base, source, cfg, group.rank, group.world, exchange=exchange)
 
 
 def join_parts(info: list[tuple[int, ...]], datas: list[bytes], world: int, processes: int) -> bytes:

@@ -57,12 +57,12 @@ from planner.catalog.column import TokenDtype, token_range
 from planner.catalog.counting import Counted
 from planner.catalog.datasetindex import Index
 from planner.catalog.files import FileEntry, list_files
-from planner.catalog.rowgroups import RowGroupIndex
+from planner.catalog.rowgroups import Capabilities, RowGroupIndex
 from planner.errors import ConfigError, DamagedChunkError, DataError, TokenizerChangedError, TokenRangeError, one_line
 from planner.parameters import DEFAULT_TEXT, TextSettings
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
 from planner.stores.storage import FileStat
-from plitzer.readpath.read import read_chunk, read_column
+from plitzer.readpath.read import read_column
 from plitzer.text.tokenizer import TextTokenizer, load_tokenizer
 
 __all__ = [
@@ -172,6 +172,10 @@ def tokens_array(
 # -- the index -----------------------------------------------------------------------
 
 
+TEXT = Capabilities("text", selectable=False, other_columns=True, column_runs=False, tokenizes=True)
+"""A text source's: tokenized as it is read, so no pass reads its token column through a footer."""
+
+
 @dataclass
 class TextIndex(Index):
     """An :class:`Index` of text whose row groups are tokenized as they are read."""
@@ -179,6 +183,10 @@ class TextIndex(Index):
     tokenizer: TextTokenizer | None = None
     add_bos: bool = False
     add_eos: bool = True
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return TEXT
 
     def config_fields(self) -> dict[str, Any]:
         """The checkpoint fields for text: the tokenizer's identity and the BOS/EOS policy."""
@@ -218,11 +226,6 @@ class TextIndex(Index):
             )
             raise TokenizerChangedError(msg, file=file, row_group=row["row_group"])
         return arr
-
-
-@read_chunk.register
-def _read_text_chunk(index: TextIndex, rg: int) -> pa.Array:
-    return index.read_tokens(rg)
 
 
 def text_config(ix: RowGroupIndex) -> dict[str, Any]:

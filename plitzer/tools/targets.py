@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import polars as pl
@@ -20,10 +20,8 @@ from planner.arraytypes import I64
 from planner.catalog.datasetindex import Index
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError, SelectionError, one_line
-from planner.mixing.mixture import MixtureIndex
 from plitzer.selection.evaluate import SelectionPass
 from plitzer.selection.predicate import available_columns, check_predicate, missing_column, normalize, predicate_columns
-from plitzer.text.source import TextIndex
 
 __all__ = ["Rows", "part_of", "target_documents"]
 
@@ -34,18 +32,15 @@ Rows = Sequence[tuple[Any, ...]] | pl.DataFrame
 
 def _parts(ix: RowGroupIndex) -> list[tuple[str | None, Index, int]]:
     """(source name, source index, first global row group) of every source."""
-    if isinstance(ix, MixtureIndex):
+    if ix.mixed:
         base = np.concatenate([[0], np.cumsum([p.row_groups for p in ix.parts])])
         return [(n, p, int(base[i])) for i, (n, p) in enumerate(zip(ix.names, ix.parts, strict=True))]
-    assert isinstance(ix, Index)
-    return [(None, ix, 0)]
+    return [(None, cast("Index", ix), 0)]
 
 
 def part_of(ix: RowGroupIndex, rg: int) -> tuple[Index, int]:
-    if isinstance(ix, MixtureIndex):
-        return ix.part(rg)
-    assert isinstance(ix, Index)
-    return ix, rg
+    sub, local = ix.part(rg)
+    return cast("Index", sub), local
 
 
 # -- the documents: a predicate, or rows given by file and row ------------------------
@@ -53,7 +48,7 @@ def part_of(ix: RowGroupIndex, rg: int) -> tuple[Index, int]:
 
 def _bind(part: Index, where: str) -> tuple[str, list[str]]:
     """The normalized predicate and the columns it reads; a SelectionError that lists the columns."""
-    if not isinstance(part, TextIndex):
+    if not part.capabilities.tokenizes:
         norm = normalize(where, [*available_columns(part), part.column])
         return norm, check_predicate(part, norm, None)
     # A text source: its text column may be searched too (a contamination audit's question).
@@ -235,8 +230,8 @@ def target_documents(
         try:
             norm, columns = _bind(part, where)
         except SelectionError as e:
-            bare = not isinstance(part, TextIndex) and not available_columns(part)  # the token column alone
-            if not isinstance(ix, MixtureIndex) or (e.column is None and not bare):
+            bare = not part.capabilities.tokenizes and not available_columns(part)  # the token column alone
+            if not ix.mixed or (e.column is None and not bare):
                 raise
             first_error = first_error or e
             continue  # this source lacks the column: it holds no such document

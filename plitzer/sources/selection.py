@@ -1,0 +1,60 @@
+"""A selection over another source: ``where=`` (SPEC section 10), ``dedupe=`` and ``exclude=`` (section 14).
+
+Whatever kind opened the source, these keep some of each row group's rows: the index they
+give wraps the source's (:class:`plitzer.selection.select.SelectedIndex`,
+:class:`plitzer.selection.dedupe.DedupedIndex`) and reads its row groups by reading the
+source's and dropping the rows it left out. ``where=`` needs a source whose capabilities say
+it is selectable (a Parquet dataset of token columns): another is a ConfigError naming its kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from planner.api import Selector, Source
+from planner.catalog.datasetindex import Index
+from planner.catalog.rowgroups import RowGroupIndex
+from planner.mixing.sources import SourceSpec
+
+__all__ = ["deduplicate", "deduplicated", "selector"]
+
+
+def selector(settings: Any) -> Selector:
+    """The selection pass of ``settings`` (``where=``): this rank's share of it, the rest from the cache."""
+    s = settings
+
+    def select(ix: Index, spec: SourceSpec) -> Index:
+        from plitzer.selection.select import select_index
+
+        return select_index(ix, spec.selection, rank=s.rank, world=s.world, threads=s.threads)
+
+    return select
+
+
+def deduplicated(ix: RowGroupIndex, source: Source, settings: Any) -> RowGroupIndex:
+    """``ix`` deduplicated and excluded as ``settings`` says (itself where it says neither)."""
+    s = settings
+    if s.selection.dedupe is None and s.selection.exclude is None:
+        return ix
+    return deduplicate(ix, source, s, s.rank, s.world)
+
+
+def deduplicate(ix: RowGroupIndex, source: Source, s: Any, rank: int, world: int, **more: Any) -> RowGroupIndex:
+    """The deduplication and exclusion pass of ``s`` over ``ix`` (SPEC section 14), ``rank``'s share of ``world``.
+
+    ``more``: the pass's other keywords (a job's ``exchange``, ``plitzer.state.share``).
+    """
+    from plitzer.selection.dedupe import dedupe_index
+
+    order = list(source) if isinstance(source, Mapping) else None
+    return dedupe_index(
+        ix,
+        s.selection,
+        storage_options=s.storage_options,
+        order=order,
+        rank=rank,
+        world=world,
+        threads=s.threads,
+        **more,
+    )

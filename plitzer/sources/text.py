@@ -1,0 +1,55 @@
+"""Text (``tokenizer=``): a Parquet text column, tokenized as it is read (SPEC section 9).
+
+The index is :class:`plitzer.text.source.TextIndex` (counts from one tokenizing pass, cached);
+it reads its own row groups (``read_tokens``: tokenized in the reader threads). A text index
+given with ``tokenizer=`` is taken when this tokenizer, column and policy counted it. A
+mixture's text source (one whose dict has a ``tokenizer``) is :func:`mixture_source`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from planner.api import Source
+from planner.catalog.datasetindex import Index
+from planner.mixing.sources import SourceSpec
+from planner.parameters import TextSettings
+
+__all__ = ["claims", "is_text_index", "mixture_source", "prepare"]
+
+
+def is_text_index(source: object) -> bool:
+    """Whether ``source`` is a text source's index (counted by a tokenizer)."""
+    from plitzer.text.source import TextIndex
+
+    return isinstance(source, TextIndex)
+
+
+def claims(source: Source, settings: Any) -> bool:
+    """Whether a tokenizer is given (``tokenizer=``)."""
+    return settings.text.tokenizer is not None
+
+
+def prepare(source: Source, settings: Any) -> tuple[Source, dict[str, Any]]:
+    """A text index given: checked against the tokenizer; a path: planner's text step (``text=``)."""
+    from plitzer.text.source import TextIndex, index_text, text_counting
+
+    s = settings
+    if isinstance(source, TextIndex):  # counted already (the ranks of a job shared the pass)
+        from plitzer.text.job import check_text_index
+
+        return check_text_index(source, text_counting(s.text)), {}
+    return source, {"text": functools.partial(index_text, text=s.text, storage_options=s.storage_options)}
+
+
+def mixture_source(spec: SourceSpec) -> Index:
+    """A mixture's text source, counted with its own tokenizer (``plitzer.text.source``), or from its job index."""
+    from plitzer.text.source import index_text
+
+    text = TextSettings.of(spec.text or {})
+    if spec.index is not None:
+        from plitzer.text.job import load_text_index
+
+        return load_text_index(spec.index, spec.path, text, storage_options=spec.storage_options)
+    return index_text(spec.path, text, storage_options=spec.storage_options)
