@@ -74,12 +74,14 @@ from __future__ import annotations
 import base64
 import sys
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any, Literal, Unpack
 
 import grain
 import numpy as np
 
+from planner.mixing.sources import Stage
 from planner.parameters import document
 from plitzer.adapt import checkpoint_entry
 from plitzer.errors import CheckpointError, ConfigError
@@ -128,15 +130,6 @@ def _jax_rank_world() -> tuple[int, int] | None:
 
 def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _replay(loader: Loader, calls: list[tuple[str, tuple[Any, ...]]]) -> None:
-    """Make a dataset's live calls (``set_weights``, ``set_layout``) on a new iterator's loader, in order."""
-    for kind, args in calls:
-        if kind == "weights":
-            loader.set_weights(*args)
-        else:
-            loader.set_layout(*args)
 
 
 def element_of(batch: Batch, *, boundaries: bool = True) -> Element:
@@ -254,8 +247,9 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
         self._num_epochs = num_epochs
         self._boundaries = bool(boundaries)
         self._iterators: weakref.WeakSet[DatasetIterator] = weakref.WeakSet()
-        # Live stages, for later iterators: ("weights", (weights, at_step)) or ("layout", (lanes, seq_len, at_step)).
-        self._stages: list[tuple[str, tuple[Any, ...]]] = []
+        # The dataset's run is that of its settings (layout stages included, live ones too) and of
+        # these weight stages, taken from a run (None: the settings' own, until a loader says them).
+        self._weights: tuple[Stage, ...] | None = None
 
     @property
     def settings(self) -> LoaderSettings:
@@ -270,11 +264,41 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
         return self._settings.world
 
     def __iter__(self) -> DatasetIterator:
-        loader = Loader.from_settings(self._source, self._settings)
-        _replay(loader, self._stages)
-        it = DatasetIterator(loader, num_epochs=self._num_epochs, boundaries=self._boundaries)
+        it = DatasetIterator(self._loader(), num_epochs=self._num_epochs, boundaries=self._boundaries)
         self._iterators.add(it)
         return it
+
+    def _loader(self) -> Loader:
+        """A loader of the dataset's run, at step 0: its settings, and its weight stages where they changed."""
+        loader = Loader.from_settings(self._source, self._settings)
+        if self._weights is None:
+            self._weights = loader.run.stages  # the settings' stages, as the run says them
+        elif loader.run.stages != self._weights:  # taken as a resume takes a checkpoint's: no call replayed
+            loader.take_stages(live.Reconciled(checkpoint={}, loader={}, stages=list(self._weights), added=[]))
+        return loader
+
+    def _change(
+        self, change: Callable[[Loader | DatasetIterator, int | None], int], at_step: int | None
+    ) -> tuple[Loader, int]:
+        """Make a live change in every open iterator: the loader that took it first, and its step.
+
+        The most advanced open iterator (or, none being open, a loader of the dataset's run
+        at step 0, closed after) takes it first, so an ``at_step`` left out is the earliest
+        it allows; every other iterator takes it at the same step. The caller records the
+        change in the dataset's run (its settings, its weight stages) for iterators made later.
+        """
+        its = sorted((it for it in self._iterators if not it.closed), key=lambda it: -it.loader.step)
+        probe = None if its else self._loader()
+        try:
+            first = its[0].loader if its else probe
+            assert first is not None
+            at = change(its[0] if its else first, at_step)
+            for it in its[1:]:
+                change(it, at)
+        finally:
+            if probe is not None:
+                probe.close()
+        return first, at
 
     def set_weights(self, weights: Mapping[str, Any] | None, at_step: int | None = None) -> int:
         """Append a stage to the mixture, in every iterator of this dataset and in those made later.
@@ -285,19 +309,10 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
         call at the same step: Grain has no collective to check it (docs/design.md,
         "Live stages").
         """
-        its = sorted((it for it in self._iterators if not it.closed), key=lambda it: -it.loader.step)
-        if at_step is None:
-            probe = its[0].loader if its else Loader.from_settings(self._source, self._settings)
-            try:
-                _replay(probe, [] if its else self._stages)
-                at_step = live.earliest_step(probe.plan, probe.step, self._settings.units_per_row)
-            finally:
-                if not its:
-                    probe.close()
-        for it in its:
-            it.set_weights(weights, at_step)
-        self._stages.append(("weights", (weights, at_step)))
-        return at_step
+        changed, at = self._change(lambda x, step: x.set_weights(weights, step), at_step)
+        assert self._weights is not None and changed.run.stages is not None  # a mixture's loader has said them
+        self._weights = (*self._weights, changed.run.stages[-1])  # the stage as the run has it, parsed once
+        return at
 
     def set_layout(self, lanes: int | None = None, seq_len: int | None = None, at_step: int | None = None) -> int:
         """Append a layout stage, in every iterator of this dataset and in those made later.
@@ -309,19 +324,12 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
         more; docs/grain.md). Every process must make the same call at the same step:
         Grain has no collective to check it.
         """
-        its = sorted((it for it in self._iterators if not it.closed), key=lambda it: -it.loader.step)
-        if at_step is None:
-            probe = its[0].loader if its else Loader.from_settings(self._source, self._settings)
-            try:
-                _replay(probe, [] if its else self._stages)
-                at_step = probe.earliest_layout_step()
-            finally:
-                if not its:
-                    probe.close()
-        for it in its:
-            it.set_layout(lanes, seq_len, at_step)
-        self._stages.append(("layout", (lanes, seq_len, at_step)))
-        return at_step
+        _, at = self._change(lambda x, step: x.set_layout(lanes, seq_len, step), at_step)
+        s = self._settings  # the stage in the dataset's layout (lanes and seq_len left out are those in force there)
+        self._settings = replace(
+            s, layout=s.stages.with_stage(live.layout_stage(s.stages, lanes, seq_len, at, at, s.world))
+        )
+        return at
 
     def mp_prefetch(self, *args: Any, **kwargs: Any) -> Any:
         """Refused at once: Grain's worker processes would each read the same steps again.

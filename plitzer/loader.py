@@ -1,35 +1,35 @@
 """The Loader: one rank's view of the global batch, step by step, resumable.
 
-Lanes run in lockstep: the cuts deal the run's tokens to lanes like cards (token
-``i`` of the run goes to lane ``i mod B``, docs/design.md "The order"), so lane
-``k``'s token ``P`` is run token ``P*B + k``, and at step ``t`` every lane takes its
-tokens ``[t*L, (t+1)*L)``. The step alone says where every lane is: there are no
-per-lane cursors. The scanner (``plitzer.readpath.scan``) packs each window step-major, so a
-step that lies wholly inside one window is a view of that window's block (no
-copy, no per-lane work); a step that straddles windows is assembled from their ends
-by one gather (``plitzer.readpath.packed.assemble``; both :mod:`plitzer.state.steps`). Units
-that every lane has left are released; the scanner reads the next ones ahead, within ``budget``.
+Lanes run in lockstep: the cuts deal the run's tokens to lanes like cards (token ``i`` of the run goes to
+lane ``i mod B``, docs/design.md "The order"), so lane ``k``'s token ``P`` is run token ``P*B + k``, and at
+step ``t`` every lane takes its tokens ``[t*L, (t+1)*L)``. The step alone says where every lane is: there
+are no per-lane cursors. The read pool (``plitzer.readpath.scan``) packs each window step-major, so a step
+that lies wholly inside one window is a view of that window's block (no copy, no per-lane work); a step
+that straddles windows is assembled from their ends by one gather (``plitzer.readpath.packed.assemble``;
+both :mod:`plitzer.readpath.steps`). Units that every lane has left are released; the schedule
+(``plitzer.readpath.schedule``) starts the next ones ahead, within ``budget``.
 
-The loader owns the step and delivers; every question about a step (the units it
-needs, where each lane is, the epoch label ``floor(X(t) / T)``, the
-layout stage) is asked of the run value (:class:`planner.run.Run`), which it and its
-scanner hold and swap together (:meth:`Loader._set_run`). ``checkpoint`` derives each
-lane's position from the step when it is called, and the positions do not depend
-on the number of ranks. The live changes (:meth:`Loader.set_weights`,
-:meth:`Loader.set_layout`) are methods here, their checks :mod:`plitzer.state.live`;
-construction and its checks are :mod:`plitzer.state.build`, the checks a resume makes
-:mod:`plitzer.state.resume`.
+The loader holds two things: the run value (:class:`planner.run.Run`, immutable, in
+:class:`plitzer.state.resume.Now`, swapped in one place, :meth:`Loader._set_run`) and a cursor (the next
+step, and what a resume left: :class:`plitzer.state.resume.Cursor`). Every question about a step (the
+units it needs, where each lane is, the epoch label ``floor(X(t) / T)``, the layout stage) is asked of the
+run; the plan, the settings' layout stages and the checkpoint config are derived from it, and the schedule
+and the batch assembly are given it with each call. ``checkpoint`` derives each lane's position from the
+step when it is called, and the positions do not depend on the number of ranks. The live changes
+(:meth:`Loader.set_weights`, :meth:`Loader.set_layout`) are methods here, their checks
+:mod:`plitzer.state.live`; construction and its checks are :mod:`plitzer.state.build`, the checks a
+resume makes :mod:`plitzer.state.resume`.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, Unpack
 
-from planner.arraytypes import I64
 from planner.errors import ConfigError, UsageError
 from planner.mixing.mixture import MixturePlan
 from planner.order.epoch import check_int
@@ -41,12 +41,12 @@ from plitzer.readpath.batch import Batch
 from plitzer.readpath.cost import budget_floor
 from plitzer.readpath.packed import PackedUnit
 from plitzer.readpath.scan import Stats
+from plitzer.readpath.steps import Steps
 from plitzer.state import checkpoint as ckpt
 from plitzer.state import live, resume
-from plitzer.state.build import check_layout, make_config, open_plan, parts
+from plitzer.state.build import check_layout, open_plan, parts
 from plitzer.state.settings import Keywords, LoaderSettings, Source, bind, signature
 from plitzer.state.share import job_source
-from plitzer.state.steps import Steps
 
 __all__ = ["Loader", "LoaderSettings", "budget_floor", "open_plan"]
 
@@ -125,38 +125,50 @@ class Loader:
         return loader
 
     def _build(self, plan: Plan, settings: LoaderSettings) -> None:
-        self.settings = settings
-        self.plan = plan
-        self.index = plan.dataset
-        self.tokens = plan.dataset.tokens  # the stream's tokens (plan.tokens counts the rule's units: bins, best-fit)
-        # T, in the rule's units; fewer for a mixture whose first stage weighs a source 0
-        self.epoch_tokens = plan.epoch_tokens
         got = parts(plan, settings)  # checked (plitzer.state.build)
-        self._run: Run = got.run
-        self._scanner = got.scanner
+        self.index = plan.dataset  # the source's, whatever the run's stages
+        self.tokens = plan.dataset.tokens  # the stream's tokens (plan.tokens counts the rule's units: bins, best-fit)
+        self.epoch_tokens = plan.epoch_tokens  # T, in the rule's units (a live stage never changes the first)
+        # The run in force, and the settings and config derived from it (states encoded later read them).
+        self._now = resume.Now(got.run, settings)
+        self._cursor = resume.Cursor()  # the next step, and what a resume left
+        self._schedule = got.schedule  # which units are read, over the read pool
         self._locate = got.locate
-        # What states encoded later record (the run and config in force; _set_run renews them).
-        self._now = resume.Now(got.run, make_config(settings, got.run))
-        self._steps = Steps(got.scanner, self._now, got.locate)  # the batches, the unit in use
+        after = functools.partial(resume.state_after, self._now)  # holds the run's holder, not the loader
+        self._steps = Steps(got.schedule, got.locate, after)  # the batches, the unit in use
         self._pid = os.getpid()
         self._lock = threading.RLock()
-        self._resumed: I64 | None = None  # a resume's positions, until the next batch
-        self._checks: resume.Checks = {}  # positions a resume left to check, per unit
         self._place(0)
 
     def _set_run(self, run: Run, unit: int) -> None:
         """Run ``run`` from now on, which differs from the last from ``unit`` on: the one place it is swapped.
 
-        The scanner drops what it read ahead from ``unit`` on; later states record the
-        new config (a weight or layout stage added live, or a checkpoint's).
+        The schedule drops what it read ahead from ``unit`` on; the plan, the settings and the config
+        later states record follow the run (a weight or layout stage added live, or a checkpoint's).
         """
-        if run.layout is not self._run.layout:
-            self.settings = self.settings.with_unit_layout(run.layout)
-        self._run = run
-        self.plan = run.plan  # a mixture's change is a new plan value
+        self._now.set(run)
         self._steps.forget(unit)
-        self._scanner.set_run(run, unit)
-        self._now.run, self._now.config = run, make_config(self.settings, run)
+        self._schedule.changed(run, unit)
+
+    # -- what the run says -------------------------------------------------------
+
+    @property
+    def _run(self) -> Run:
+        return self._now.run
+
+    @property
+    def _step(self) -> int:
+        return self._cursor.step
+
+    @property
+    def settings(self) -> LoaderSettings:
+        """The settings of the run in force (its layout stages, live ones included)."""
+        return self._now.settings
+
+    @property
+    def plan(self) -> Plan:
+        """The run's plan (a mixture's live stage is a new plan value)."""
+        return self._now.run.plan
 
     # -- live changes ------------------------------------------------------------
 
@@ -233,7 +245,7 @@ class Loader:
             check_layout(self.plan, self.settings, layout, [stage])
             units = layout.in_units(self.settings.rule.units_per_row)
             if stage.start == self._step:  # positions a resume left: in the old layout, no longer what comes
-                self._resumed, self._checks = None, {}
+                self._cursor.place(self._step)
             self._set_run(*self._run.with_layout(units))
             return stage.start
 
@@ -292,44 +304,44 @@ class Loader:
     @property
     def stats(self) -> Stats:
         """Bytes held (and by batches the caller still holds), peak, units in flight, reads, waits, retries."""
-        return self._scanner.stats
+        return self._schedule.stats
 
     @property
     def held_bytes(self) -> int:
         """Decoded bytes held now (prefetched and queued)."""
-        return self._scanner.held_bytes
+        return self._schedule.held_bytes
 
     @property
     def peak_bytes(self) -> int:
         """Most decoded bytes held at once since construction."""
-        return self._scanner.peak_bytes
+        return self._schedule.peak_bytes
 
     @property
     def reads(self) -> int:
         """Row groups read so far (one ranged read each)."""
-        return self._scanner.rows_read
+        return self._schedule.rows_read
 
     def _place(self, step: int) -> None:
         """Make ``step`` the next step: forget the units in use, start over from the footers."""
-        self._step = step
+        self._cursor.place(step)
         self._steps.forget()
-        self._resumed, self._checks = None, {}
-        self._scanner.reset(step)
+        self._schedule.reset(self._run, step)
 
     def _get(self, unit: int) -> PackedUnit:
         """The packed ``unit``, checking the positions a resume left to check there."""
-        u = self._scanner.get(unit)
-        check = self._checks.get(unit)
+        run, checks = self._run, self._cursor.checks
+        u = self._schedule.get(run, unit)
+        check = checks.get(unit)
         if check is not None:
-            resume.check_unit(u, check, self._step, self._scanner.rank_lanes.start)
-            del self._checks[unit]
+            resume.check_unit(u, check, self._step, self._schedule.rank_lanes(run).start)
+            del checks[unit]
         return u
 
     def checkpoint(self) -> bytes:
         """This rank's state: its lanes' positions before the next batch."""
         self._check_fork()
         with self._lock:
-            rows = self._resumed
+            rows = self._cursor.resumed
             if rows is None:
                 rows = self._run.checkpoint_rows(self._step, lambda u: self._get(u).slices)
             return ckpt.encode(ckpt.State(self._now.config, self._step, rows))
@@ -378,8 +390,7 @@ class Loader:
                     self._set_run(*self._run.with_stages(old.stages))
                 raise
             self._place(st.step)
-            self._resumed = rows
-            self._checks = checks
+            self._cursor.place(st.step, rows, checks)
 
     def fit(self, st: ckpt.State, what: str = "checkpoint") -> live.Reconciled:
         """How checkpoint ``st`` lines up with this loader; a mismatch is refused with every differing field.
@@ -397,7 +408,7 @@ class Loader:
     def take_stages(self, fit: live.Reconciled) -> None:
         """Run the stages a checkpoint brought (its live ones); place the loader (seek or resume) next.
 
-        The scanner is told (what it read ahead from the first changed window on is
+        The schedule is told (what it read ahead from the first changed window on is
         read again), so the loader is consistent after this call on its own.
         """
         with self._lock:
@@ -439,9 +450,9 @@ class Loader:
         if self.ended:
             msg = f"this run (epochs=) ended at step {self._step}: iter(loader) or seek(0) starts it again"
             raise UsageError(msg)
-        batch = self._steps.take(self._run, self._step, self._get)  # plitzer.state.steps
-        self._step = batch.step + 1
-        self._resumed = None
+        batch = self._steps.take(self._run, self._step, self._get)  # plitzer.readpath.steps
+        self._cursor.step = batch.step + 1
+        self._cursor.resumed = None
         return batch
 
     # -- lifecycle ---------------------------------------------------------------
@@ -457,7 +468,7 @@ class Loader:
 
     def close(self) -> None:
         """Stop the reader threads and free every buffer."""
-        self._scanner.close()
+        self._schedule.close()
         self._steps.forget()
 
     def __enter__(self) -> Loader:
@@ -471,9 +482,9 @@ class Loader:
         # process is ending anyway, so there is nothing to stop.
         if sys.is_finalizing():
             return
-        scanner = getattr(self, "_scanner", None)
-        if scanner is not None and getattr(self, "_pid", None) == os.getpid():
-            scanner.close()
+        schedule = getattr(self, "_schedule", None)
+        if schedule is not None and getattr(self, "_pid", None) == os.getpid():
+            schedule.close()
 
     def __repr__(self) -> str:
         s = self.settings

@@ -187,7 +187,7 @@ def test_prefetched_windows_are_read_again(three: dict[str, str]) -> None:
     """Windows read ahead past the change (a budget that prefetches far) are dropped, not delivered."""
     change = {"books": 5, "code": 0, "web": 1}
     with plitzer.Loader(three, weights=W0, **CFG) as ld:
-        ld._scanner.ahead = 6  # read well past the change
+        ld._schedule.ahead = 6  # read well past the change
         _steps([ld], 6)
         read = ld.reads
         at = ld.set_weights(change)

@@ -199,16 +199,16 @@ def test_interrupted_step_leaves_a_usable_checkpoint(data: Path, monkeypatch: py
     with plitzer.Loader(data, **CFG) as ld:
         for _ in range(5):
             ld.next_batch()
-        real = ld._scanner.get
+        real = ld._schedule.get
         calls = {"n": 0}
 
-        def flaky(unit: int) -> object:
+        def flaky(run: object, unit: int) -> object:
             calls["n"] += 1
             if calls["n"] == 1:
                 raise KeyboardInterrupt
-            return real(unit)
+            return real(run, unit)  # type: ignore[arg-type]
 
-        monkeypatch.setattr(ld._scanner, "get", flaky)
+        monkeypatch.setattr(ld._schedule, "get", flaky)
         hit = False
         for t in range(5, 60):
             try:

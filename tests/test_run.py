@@ -1,5 +1,5 @@
-"""The run value (planner.run.Run): immutable, replaced by a live stage, swapped into the loader and
-its scanner together; and a batch that keeps alive only what its views need."""
+"""The run value (planner.run.Run): immutable, replaced by a live stage, held by the loader alone (its
+schedule is given it with each call); and a batch that keeps alive only what its views need."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def test_a_run_is_immutable_and_a_stage_makes_a_new_one(three: dict[str, str]) -
         assert run.stages is not None and len(run.stages) == 1
         start = ld.set_weights(W1)
         new: Run = ld._run
-        assert new is not run and new is ld._scanner.run  # the loader and its scanner hold the same value
+        assert new is not run and ld.plan is new.plan  # the plan is the run's, derived, never a copy
+        assert not hasattr(ld._schedule, "run")  # the schedule holds no run: each call is given it
         assert run.stages is not None and len(run.stages) == 1  # the old value still says what it was
         assert new.stages is not None and new.stages[-1] == Stage(start, (5, 0, 1))
         _, unit = new.with_stages(new.stages)  # the same stages again: nothing changes before the end
@@ -62,7 +63,7 @@ def test_take_stages_alone_tells_the_scanner(three: dict[str, str]) -> None:
         state = plitzer.state.checkpoint.decode(a.checkpoint())
         want = [_tokens(a.next_batch()) for _ in range(30)]
     with plitzer.Loader(three, weights=W0, **CFG) as b:
-        b._scanner.ahead = 6  # read well past the change, under the old stages
+        b._schedule.ahead = 6  # read well past the change, under the old stages
         b.next_batch()
         b.next_batch()
         b.take_stages(b.fit(state))
@@ -109,3 +110,51 @@ def test_epochs_shorter_than_a_step_s_lanes(tmp_path: Path) -> None:
         with plitzer.Loader(sources, **cfg) as ld:
             ld.seek(step)
             assert np.array_equal(np.array(ld.next_batch().tokens), stepped[step])
+
+
+def test_what_follows_from_the_run_is_derived_from_it(three: dict[str, str]) -> None:
+    """The plan, the settings' layout stages and the config follow each swap of the run (no copy to renew)."""
+    with plitzer.Loader(three, weights=W0, **CFG) as ld:
+        before = ld.settings
+        for _ in range(3):
+            ld.next_batch()
+        at = ld.set_layout(lanes=4, seq_len=64)
+        assert ld.settings.stages.as_config() == ld.config["layout"] == [[0, 8, 32], [at, 4, 64]]
+        assert ld.settings.stages.in_units(ld.settings.rule.units_per_row) == ld.run.layout
+        assert before.stages.as_config() == [[0, 8, 32]]  # the settings built with are a value: untouched
+        start = ld.set_weights(W1)
+        assert ld.plan is ld.run.plan and ld.index is ld.run.plan.dataset
+        assert ld.config["stages"][-1] == [start, W1] and ld.config["layout"] == [[0, 8, 32], [at, 4, 64]]
+        state = ld.checkpoint()
+    with plitzer.Loader(three, weights=W0, **CFG) as other:
+        other.resume(state)  # the checkpoint's stages taken: the same derived values
+        decode = plitzer.state.checkpoint.decode
+        assert decode(other.checkpoint()).config == decode(state).config
+        assert other.settings.stages.as_config() == [[0, 8, 32], [at, 4, 64]]
+
+
+def test_grain_takes_the_runs_stages_and_keeps_no_log(three: dict[str, str]) -> None:
+    """A Grain dataset's live changes, with no iterator open and with one, reach the iterators made
+    later as the run's stages: they equal a loader built with those stages from the start."""
+    pytest.importorskip("grain")
+    import plitzer.grain
+
+    ds = plitzer.grain.Dataset(three, weights=W0, num_epochs=None, **CFG)
+    with pytest.raises(plitzer.ConfigError, match="earliest allowed at_step is 1"):
+        ds.set_weights(W1, at_step=0)  # refused at the call, and nothing kept of it
+    first = ds.set_weights(W1)  # none open: a loader of the dataset's run says the earliest step
+    it = iter(ds)
+    for _ in range(7):
+        next(it)
+    at = ds.set_layout(seq_len=64)  # the open iterator's next step; lanes stay those in force
+    last = ds.set_weights(W0)
+    assert (first, at) == (1, 7) and last >= at
+    it.close()
+    stages = [(0, W0), (first, W1), (last, W0)]
+    with plitzer.Loader(three, **{**CFG, "weights": stages, "seq_len": [(0, 32), (at, 64)]}) as ref:
+        want = [ref.next_batch() for _ in range(30)]
+        later = iter(ds)
+        assert later.loader.config == ref.config
+        for t in range(30):
+            np.testing.assert_array_equal(next(later)["tokens"], _tokens(want[t]), err_msg=f"step {t}")
+        later.close()

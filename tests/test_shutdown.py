@@ -162,7 +162,7 @@ def test_close_all_stops_and_joins_every_live_loader(tiny: Path) -> None:
     b = plitzer.Loader(tiny, **{**CFG, "seed": 2})
     a.next_batch()
     b.next_batch()
-    assert a._scanner in shutdown.live() and b._scanner in shutdown.live()
+    assert a._schedule.pool in shutdown.live() and b._schedule.pool in shutdown.live()
     shutdown.close_all()
     assert not [t for t in threading.enumerate() if t.name.startswith("plitzer-scan")]
     for ld in (a, b):
@@ -203,7 +203,7 @@ def test_registry_does_not_keep_loaders_alive(tiny: Path) -> None:
 
     ld = plitzer.Loader(tiny, **CFG)
     ld.next_batch()
-    ref = weakref.ref(ld._scanner)
+    ref = weakref.ref(ld._schedule.pool)
     del ld
     gc.collect()
     assert ref() is None

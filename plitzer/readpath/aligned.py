@@ -9,7 +9,7 @@ the sources that lack a column) names list columns that hold one value per token
   source unless a fill is given; a text source takes fills only. The batch's dtype of a
   column is its sources' (promoted where they differ), else the fill's;
 * read with one ranged read per planned row group and column (:func:`read_columns`, beside
-  the token column's read in the scanner's reader threads; through a footer of that row group
+  the token column's read in the read pool's threads; through a footer of that row group
   alone, :func:`plitzer.readpath.runs.read_other`), the rows a selection keeps
   taken, and checked: a row whose length differs from its token list is a
   :class:`DataError` naming file, row group, row and both lengths;

@@ -124,7 +124,7 @@ def pack_bins(
     p = reads.place
     docs = unit_documents(chunks, np.zeros(len(chunks), np.int64), reads.doc_base)
     rule = rows.rule
-    assert isinstance(rule, Binned), rule.name  # the scanner packs bins only for a binned rule
+    assert isinstance(rule, Binned), rule.name  # the read pool packs bins only for a binned rule
     items, gbin, per_chunk = _bin_chunks(rule, docs.length, docs.chunk, len(chunks), seq_len)
     if rows.bins is not None and len(chunks):
         want = rows.bins[p.row_groups]

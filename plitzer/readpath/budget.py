@@ -1,14 +1,14 @@
-"""The scanner's byte budget: what each unit is charged, what is held, the peak and the overruns.
+"""The loader's byte budget: what each unit is charged, what is held, the peak and the overruns.
 
 SPEC section 4: ``budget`` caps the bytes of decoded token data held (prefetched and
 queued). A unit is charged its estimate when its reads start (:meth:`Budget.charge`),
 what it really holds once packed (:meth:`Budget.settle`), and nothing once released
 (:meth:`Budget.release`), unless a batch view of its tokens is still alive: then it stays
 charged, as the caller's, until the view's memory is gone (:meth:`Budget.free`, run by a
-finalizer on any thread). :class:`plitzer.readpath.scan.Scanner` decides what to start;
-this class only counts.
+finalizer on any thread). :class:`plitzer.readpath.schedule.Schedule` decides what to start,
+:class:`plitzer.readpath.scan.ReadPool` settles and frees what its units hold; this class only counts.
 
-Not thread-safe on its own: every method runs under the scanner's lock (an RLock, since
+Not thread-safe on its own: every method runs under the read pool's lock (an RLock, since
 a finalizer can run inside a locked section).
 """
 
@@ -25,7 +25,7 @@ class Charge:
 
     nbytes: int
     tracked: bool = False  # uncharged by the finalizer of the unit's token memory
-    released: bool = False  # the scanner let go of the unit while views were alive
+    released: bool = False  # the schedule let go of the unit while views were alive
     freed: bool = False
 
 
@@ -68,7 +68,7 @@ class Budget:
         c.nbytes = nbytes
 
     def release(self, c: Charge) -> None:
-        """The scanner lets go of the unit: uncharge it, unless views of its tokens keep it charged."""
+        """The schedule lets go of the unit: uncharge it, unless views of its tokens keep it charged."""
         if c.tracked and not c.freed:
             c.released = True  # charged until its finalizer runs
             self.caller += c.nbytes
@@ -77,7 +77,7 @@ class Budget:
             c.nbytes = 0
 
     def free(self, c: Charge) -> None:
-        """The last view of a unit's tokens is gone (any thread, under the scanner's lock)."""
+        """The last view of a unit's tokens is gone (any thread, under the read pool's lock)."""
         self.held -= c.nbytes
         if c.released:
             self.caller -= c.nbytes

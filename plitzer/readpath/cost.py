@@ -1,7 +1,7 @@
 """The budget's cost model: the bytes a unit holds while it is read, packed and used.
 
 One module owns these numbers so that the construction-time floor
-(:func:`budget_floor`), the scanner's charge for a unit it starts
+(:func:`budget_floor`), the schedule's charge for a unit it starts
 (:func:`unit_estimate`) and what a packed unit reports it holds
 (``plitzer.readpath.packed.PackedUnit.nbytes``) agree. The contract counts decoded token
 data as 4 bytes per token and 8 per document; the packed copy a step's rows are

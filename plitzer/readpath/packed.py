@@ -4,9 +4,9 @@
 rank: the steps wholly inside the window as one ``(steps, rows, seq_len)`` block (a
 step's batch is a view of it), the sub-pieces of every step it gives tokens to, and
 the shuffled :class:`Slices` checkpoints need. :class:`Memory` owns the block's
-memory, so the scanner learns when the last view is gone. :func:`assemble` builds a
+memory, so the read pool learns when the last view is gone. :func:`assemble` builds a
 step that straddles windows from their ends, as a few strided NumPy copies (:class:`StepCopies`).
-:class:`UnitReads` is a unit's input to the packer: what the scanner read for it.
+:class:`UnitReads` is a unit's input to the packer: what the read pool read for it.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True, eq=False)
 class UnitReads:
-    """What the scanner read for one unit: the packer's whole input.
+    """What the read pool read for one unit: the packer's whole input.
 
     ``place``: the run's answers for the unit (its planned reads, cuts and lane
     positions, :meth:`planner.run.Run.place`); ``doc_base``: the running number of each
@@ -64,7 +64,7 @@ class Memory:
     """Owns the packed tokens of one unit; every batch view of them refers to it.
 
     NumPy views (``block[t]``), DLPack tensors and Arrow arrays made from them keep
-    this object alive, so the scanner learns that the last view is gone by a
+    this object alive, so the read pool learns that the last view is gone by a
     ``weakref.finalize`` on it, and only then stops counting its bytes against the
     budget (the allocator then reuses the memory for a later window).
     """

@@ -18,7 +18,7 @@ happening:
   in the pools (every window read ahead, which made an interrupted run finish
   its prefetch before exiting) and before ``atexit`` and finalization.
 
-Objects register themselves with :func:`register` (the scanner does, at
+Objects register themselves with :func:`register` (the read pool does, at
 construction); the registry holds them weakly, so a loader that is dropped is
 still collected (its finalizer closes it). ``close()`` must be idempotent and may
 be called from any thread.

@@ -1,4 +1,4 @@
-"""Building a loader: its plan, its run value, its scanner and its checkpoint config, checked.
+"""Building a loader: its plan, its run value, its schedule and read pool, and its checkpoint config, checked.
 
 What :class:`plitzer.Loader` is made of, apart from delivering: :func:`open_plan` (the
 I/O: listing and footers), :func:`check_layout` (layout stages the data or the budget
@@ -27,9 +27,11 @@ from planner.run import Run
 from plitzer.readpath.aligned import resolve
 from plitzer.readpath.batch import Located
 from plitzer.readpath.bins import Rows
+from plitzer.readpath.budget import Budget
 from plitzer.readpath.cost import budget_floor
 from plitzer.readpath.labels import LABEL_BYTES
-from plitzer.readpath.scan import Scanner
+from plitzer.readpath.scan import Packing, ReadPool
+from plitzer.readpath.schedule import Schedule
 from plitzer.selection.select import source_rows
 from plitzer.sources import index_of
 from plitzer.state.settings import LoaderSettings, Source, checkpoint_config, default_threads, make_plan
@@ -61,7 +63,7 @@ def check_layout(
 
     Returns the bytes that two windows in flight need (below them, a warning).
 
-    The floor is every stage's (the scanner packs one layout stage at a time; docs/design.md,
+    The floor is every stage's (the schedule packs one layout stage at a time; docs/design.md,
     "Layout stages"), named with the stage that needs the most.
     """
     s = settings
@@ -139,10 +141,10 @@ class Locator:
 
 @dataclass(frozen=True, slots=True)
 class Parts:
-    """What a loader is made of: its run value, its scanner and its locator."""
+    """What a loader is made of: its run value, its schedule (over its read pool) and its locator."""
 
     run: Run
-    scanner: Scanner
+    schedule: Schedule
     locate: Locator
 
 
@@ -170,5 +172,5 @@ def parts(plan: Plan, settings: LoaderSettings) -> Parts:
     run = Run(plan, s.unit_layout, s.world, s.rank)
     threads = s.threads or default_threads(plan.dataset)
     made = Rows(s.rule, s.seq_len, s.pad_id)  # how the rule makes rows (best-fit: padded bins)
-    scanner = Scanner(run, budget=s.budget, threads=threads, columns=columns, rows=made, labels=s.labels)
-    return Parts(run, scanner, Locator(plan.dataset))
+    pool = ReadPool(plan.dataset, Budget(s.budget), Packing.of(plan.dataset, columns, made, s.labels), threads=threads)
+    return Parts(run, Schedule(pool), Locator(plan.dataset))

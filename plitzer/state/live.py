@@ -14,7 +14,7 @@ step 3 (tokens 0..95 consumed) window 1 (70..149) is begun, so the earliest step
 70 // 32 + 1 = 3, whose stage starts at window 2 (150 >= 96).
 
 Windows read ahead past that window hold the old plan's row groups: they are
-dropped and read again (:meth:`plitzer.readpath.scan.Scanner.set_run`), so prefetch
+dropped and read again (:meth:`plitzer.readpath.schedule.Schedule.changed`), so prefetch
 never forbids a change.
 
 On resume, a checkpoint whose stages are the loader's followed by more (stages added

@@ -12,6 +12,7 @@ window is packed (:func:`check_unit`). Every refusal names the field or the lane
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,10 +24,13 @@ from planner.run import Run
 from plitzer.readpath.packed import PackedUnit, Slices
 from plitzer.state import checkpoint as ckpt
 from plitzer.state import live
+from plitzer.state.build import make_config
 from plitzer.state.checkpoint import CONFIG_FIELDS, OPTIONAL, layout_of
+from plitzer.state.settings import LoaderSettings
 
 __all__ = [
     "Checks",
+    "Cursor",
     "Now",
     "check_positions",
     "check_unit",
@@ -42,17 +46,44 @@ Checks = dict[int, tuple[I64, I64, I64, I64]]  # per unit: rank lanes, pieces, o
 
 
 class Now:
-    """The run value and checkpoint config in force: what states encoded later record.
+    """The run in force and what follows from it: the loader's one holder of the run.
 
-    The loader swaps both in :meth:`plitzer.Loader._set_run`; a batch's
-    :meth:`~plitzer.readpath.batch.Batch.state_after` reads them when called (a stage added after
-    the batch starts after it, so the state records it).
+    :class:`planner.run.Run` is immutable; a live stage or a checkpoint's stages give a new
+    one, which :meth:`set` puts in force (the one place, called by
+    :meth:`plitzer.Loader._set_run`). The settings (their layout stages the run's, in tokens)
+    and the checkpoint config are derived from it there, never kept apart. A batch's
+    :meth:`~plitzer.readpath.batch.Batch.state_after` reads them when called (a stage added
+    after the batch starts after it, so the state records it): batches hold this, not the loader.
     """
 
-    __slots__ = ("config", "run")
+    __slots__ = ("_base", "_first", "config", "run", "settings")
 
-    def __init__(self, run: Run, config: dict[str, Any]) -> None:
-        self.run, self.config = run, config
+    def __init__(self, run: Run, settings: LoaderSettings) -> None:
+        self._base, self._first = settings, run.layout  # the settings the loader was built with, and their layout
+        self.set(run)
+
+    def set(self, run: Run) -> None:
+        """Put ``run`` in force: the settings and the config follow it."""
+        self.run = run
+        self.settings = self._base if run.layout is self._first else self._base.with_unit_layout(run.layout)
+        self.config = make_config(self.settings, run)
+
+
+@dataclass(slots=True)
+class Cursor:
+    """Where a loader is: the next step, and what a resume left until it is passed.
+
+    ``resumed``: the checkpoint's rows for this rank, the state until the next batch;
+    ``checks``: positions inside slices still to check, per unit (:func:`check_unit`).
+    """
+
+    step: int = 0
+    resumed: I64 | None = None
+    checks: Checks = field(default_factory=dict)
+
+    def place(self, step: int, resumed: I64 | None = None, checks: Checks | None = None) -> None:
+        """``step`` is the next step (after a seek, a resume: its rows and checks)."""
+        self.step, self.resumed, self.checks = step, resumed, {} if checks is None else checks
 
 
 def state_after(now: Now, step: int, units: dict[int, Slices]) -> Callable[[], bytes]:
