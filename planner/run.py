@@ -22,8 +22,8 @@ A :class:`Run` is never changed: a live weight stage or a layout change is
 unit the change can touch. Its caches (window ends per epoch, layout segments) live on
 the value and go with it. A mixture's change is a new plan as well
 (:meth:`planner.mixing.mixture.MixturePlan.with_stages`), so the run replaced still answers as
-it did; one dataset's plan only records the layout stages for its tables. The run's
-holders (the loader and its scanner) swap the new one in together.
+it did; one dataset's plan only records the layout stages for its tables. The loader holds
+the run (``plitzer.state.resume.Now``) and swaps it in one place; the read path is given it.
 """
 
 from __future__ import annotations
