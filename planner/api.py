@@ -34,7 +34,7 @@ from planner.order.epoch import PlanSettings, Traversal
 from planner.order.layout import Layout, LayoutStage
 from planner.order.plan import Plan
 from planner.parameters import PLAN_PARAMETERS, Selection, check_keywords, document
-from planner.rules import rule_named
+from planner.rules import Rule, rule_named
 from planner.runtime import BINS, COLUMNS, COUNT, DEDUPE, SELECT, runtime_pass
 
 __all__ = [
@@ -268,34 +268,8 @@ def make_plan(
     return out
 
 
-@check_keywords("plan")
-@document(PLAN_PARAMETERS)
-def plan(
-    source: Source,
-    seed: int = 0,
-    lanes: Any = 512,
-    window: int = 64,
-    world: int = 1,
-    *,
-    column: str | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    weights: Any = None,
-    shuffle: bool = True,
-    epochs: int | None = None,
-    seq_len: Any = None,
-    where: str | None = None,
-    length_column: str | None = None,
-    dedupe: str | None = None,
-    exclude: str | os.PathLike[str] | None = None,
-    columns: Any = None,
-    packing: str = "concat",
-    pad_id: int = 0,
-    selector: Selector | None = None,
-    deduper: Deduper | None = None,
-    count: ChunkCounter | None = None,
-    binner: Binner | None = None,
-) -> Plan:
-    """The plan of ``source`` (a path, URL, list, an :class:`~planner.Index`, or a dict of named sources).
+# planner.plan's docstring, which with its signature would pass the 60 lines of a def (tests/test_structure.py)
+_PLAN_DOC = """The plan of ``source`` (a path, URL, list, an :class:`~planner.Index`, or a dict of named sources).
 
     A dict of named sources is a mixture (:mod:`planner.mixing.mixture`): ``weights`` are its
     shares of tokens, a dict or stages ``[(step, dict), ...]`` (stages need ``seq_len``
@@ -336,21 +310,43 @@ def plan(
     >>> sorted(p.reads(0)["rank"].unique().to_list())
     [0, 1]
     """
-    layout = None
-    if seq_len is None and isinstance(lanes, (list, tuple)):
-        msg = "lanes in stages start at global steps: give seq_len= too, to place them (tokens per step)"
-        raise ConfigError(msg)
-    if seq_len is not None:
-        layout = Layout.of(lanes=lanes, seq_len=seq_len)
-        lanes, seq_len = layout.first.lanes, layout.first.seq_len
-        check_layout(layout.stages[1:], world)  # the first stage's lanes: PlanSettings checks them
+
+
+@check_keywords("plan")
+@document(PLAN_PARAMETERS, doc=_PLAN_DOC)
+def plan(
+    source: Source,
+    seed: int = 0,
+    lanes: Any = 512,
+    window: int = 64,
+    world: int = 1,
+    *,
+    column: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    weights: Any = None,
+    shuffle: bool = True,
+    epochs: int | None = None,
+    seq_len: Any = None,
+    where: str | None = None,
+    length_column: str | None = None,
+    dedupe: str | None = None,
+    exclude: str | os.PathLike[str] | None = None,
+    columns: Any = None,
+    packing: str = "concat",
+    pad_id: int = 0,
+    selector: Selector | None = None,
+    deduper: Deduper | None = None,
+    count: ChunkCounter | None = None,
+    binner: Binner | None = None,
+) -> Plan:
+    layout, lanes, seq_len = _layout_of(lanes, seq_len, world)
     traversal = Traversal(shuffle=shuffle, epochs=epochs)
     settings = PlanSettings(seed=seed, lanes=lanes, window=window, world=world, traversal=traversal)
     selector = runtime_pass(selector, SELECT)  # plitzer.plan is this function (SPEC section 6)
-    deduper = runtime_pass(deduper, DEDUPE)
     count = runtime_pass(count, COUNT)
     exclude = None if exclude is None else os.fspath(exclude)
     selection = Selection(where=where, length_column=length_column, dedupe=dedupe, exclude=exclude)
+    rule = rule_named(packing)
     ix = open_index(
         source,
         column=column,
@@ -359,32 +355,62 @@ def plan(
         selection=selection,
         select=selector,
         count=count,
-        binned=rule_named(packing).pads,
+        binned=rule.pads,
     )
-    if selection.dedupe is not None or selection.exclude is not None:  # SPEC section 14: the runtime's pass
-        if deduper is None:
-            raise ConfigError(NO_DEDUPER)
-        order = [str(n) for n in source] if isinstance(source, Mapping) else None
-        ix = deduper(ix, selection, storage_options=storage_options, order=order)
+    ix = _deduped(ix, source, selection, deduper, storage_options)
     check = runtime_pass(None, COLUMNS) if columns else None
     if check is not None:  # a column the data lacks is refused here as the loader would refuse it
         check(ix, columns)
-    rule = rule_named(packing)
     tokens_a_row = layout.first.seq_len if layout is not None else 0
     if rule.pads:  # SPEC section 15: the plan cuts bins, which the runtime's pass counts at seq_len
-        if seq_len is None or layout is None:
-            msg = f"packing={packing!r} bins documents at seq_len: give seq_len= too (the tokens of a row)"
-            raise ConfigError(msg)
-        binner = runtime_pass(binner, BINS)
-        if binner is None:
-            raise ConfigError(NO_BINNER)
-        ix = binner(ix, tokens_a_row, length_column=length_column, packing=rule.name)
-        layout = layout.in_units(rule.units_per_row)
-        seq_len = rule.units_per_row(seq_len)
+        ix, layout, seq_len = _binned(ix, rule, packing, layout, length_column, binner)
     p = make_plan(ix, settings, weights=weights, seq_len=seq_len, layout=layout)
     p.columns = columns_of(columns)
     p.packing = (rule.name, int(pad_id), tokens_a_row)
     return p
+
+
+def _layout_of(lanes: Any, seq_len: Any, world: int) -> tuple[Layout | None, Any, Any]:
+    """The layout stages of ``lanes`` and ``seq_len`` (None without seq_len), and its first stage's lanes, seq_len."""
+    if seq_len is None and isinstance(lanes, (list, tuple)):
+        msg = "lanes in stages start at global steps: give seq_len= too, to place them (tokens per step)"
+        raise ConfigError(msg)
+    if seq_len is None:
+        return None, lanes, seq_len
+    layout = Layout.of(lanes=lanes, seq_len=seq_len)
+    check_layout(layout.stages[1:], world)  # the first stage's lanes: PlanSettings checks them
+    return layout, layout.first.lanes, layout.first.seq_len
+
+
+def _deduped(
+    ix: RowGroupIndex,
+    source: Source,
+    selection: Selection,
+    deduper: Deduper | None,
+    storage_options: Mapping[str, Any] | None,
+) -> RowGroupIndex:
+    """``ix`` through the runtime's ``dedupe=`` and ``exclude=`` pass where either is given (SPEC section 14)."""
+    if selection.dedupe is None and selection.exclude is None:
+        return ix
+    deduper = runtime_pass(deduper, DEDUPE)
+    if deduper is None:
+        raise ConfigError(NO_DEDUPER)
+    order = [str(n) for n in source] if isinstance(source, Mapping) else None
+    return deduper(ix, selection, storage_options=storage_options, order=order)
+
+
+def _binned(
+    ix: RowGroupIndex, rule: Rule, packing: str, layout: Layout | None, length_column: str | None, binner: Binner | None
+) -> tuple[RowGroupIndex, Layout, int]:
+    """``ix`` with each row group's bins (the runtime's pass, at seq_len), and the layout and seq_len in bins."""
+    if layout is None:
+        msg = f"packing={packing!r} bins documents at seq_len: give seq_len= too (the tokens of a row)"
+        raise ConfigError(msg)
+    binner = runtime_pass(binner, BINS)
+    if binner is None:
+        raise ConfigError(NO_BINNER)
+    ix = binner(ix, layout.first.seq_len, length_column=length_column, packing=rule.name)
+    return ix, layout.in_units(rule.units_per_row), rule.units_per_row(layout.first.seq_len)
 
 
 def columns_of(columns: Any) -> list[list[Any]]:

@@ -104,16 +104,7 @@ def cut_documents(
     if not len(start) or n <= 0:
         z = np.zeros(0, np.int64)
         return Parts(z, z, z, z)
-    first: Any  # each document's first cut on the axis (0 for one row)
-    if rows == 1:  # the loader's call, one window: no axis to build
-        flat, first, ds = table[0], 0, start
-    else:
-        # One axis for every row: row * span + position, with a gap between rows, so that
-        # one sorted array holds every row's cuts and one binary search finds a lane.
-        assert row is not None
-        span = max(int(table.max()), int((start + length).max())) + 1
-        flat = ((np.arange(rows, dtype=np.int64) * span)[:, None] + table).reshape(-1)
-        first, ds = row * width, row * span + start
+    flat, first, ds = _axis(table, start, length, row)
     de = ds + length
     full = length > 0
     k_s = np.searchsorted(flat, ds, side="right") - 1 - first  # max{k : c_k <= s}: < 0 below c_0
@@ -143,6 +134,22 @@ def cut_documents(
         return Parts(doc=doc, start=p_start, end=p_end, lane=np.minimum(at, cap))
     at0 = ds[doc] - start[doc]  # the row's place on the axis
     return Parts(doc=doc, start=p_start - at0, end=p_end - at0, lane=np.minimum(at - first[doc], cap))
+
+
+def _axis(table: I64, start: I64, length: I64, row: I64 | None) -> tuple[I64, Any, I64]:
+    """The cuts on one sorted axis, each document's first cut on it (0 for one row) and its start there.
+
+    One row (the loader's call, one window) is its own axis. Several: row * span + position,
+    with a gap between rows, so that one sorted array holds every row's cuts and one binary
+    search finds a lane.
+    """
+    rows, width = table.shape
+    if rows == 1:
+        return table[0], 0, start
+    assert row is not None
+    span = max(int(table.max()), int((start + length).max())) + 1
+    flat = ((np.arange(rows, dtype=np.int64) * span)[:, None] + table).reshape(-1)
+    return flat, row * width, row * span + start
 
 
 def slice_keys(seed: int | None, epoch: int, window: Any, lane: Any) -> U64 | None:

@@ -425,19 +425,19 @@ def render(names: Iterable[str], defaults: Mapping[str, Any] | None = None) -> s
     return "\n".join(p.render(given.get(p.name, ...)) for p in PARAMETERS if p.name in wanted)
 
 
-def document(names: Sequence[str] | None = None, *, exclude: Iterable[str] = ()) -> Callable[[F], F]:
+def document(names: Sequence[str] | None = None, *, exclude: Iterable[str] = (), doc: str = "") -> Callable[[F], F]:
     """Replace the :data:`MARKER` line of the decorated object's docstring with the parameters' entries.
 
-    ``names``: the parameters (default: all of :data:`PARAMETERS`), less ``exclude`` (those the
-    entry point documents itself). The entries take the marker line's indentation. A
-    :data:`SOURCE_MARKER` line, where there is one, becomes :data:`SOURCE_ENTRY`, likewise indented.
+    ``names``: the parameters (default: all of :data:`PARAMETERS`), less ``exclude`` (those the entry point documents
+    itself); the entries take the marker line's indentation. A :data:`SOURCE_MARKER` line becomes :data:`SOURCE_ENTRY`,
+    likewise indented. ``doc``: the docstring, where the def's own would pass 60 lines.
     """
     skip = set(exclude)
     chosen = [p.name for p in PARAMETERS if (names is None or p.name in names) and p.name not in skip]
 
     def wrap(obj: F) -> F:
-        doc = obj.__doc__ or ""
-        lines = doc.splitlines()
+        text = doc or obj.__doc__ or ""
+        lines = text.splitlines()
         at = [i for i, line in enumerate(lines) if line.strip() == MARKER]
         if len(at) != 1:
             msg = f"{obj.__qualname__}'s docstring needs one {MARKER!r} line for its parameters, has {len(at)}"
@@ -451,7 +451,7 @@ def document(names: Sequence[str] | None = None, *, exclude: Iterable[str] = ())
             own = {}
         defaults = {n: own[n].default for n in chosen if n in own and own[n].default is not inspect.Parameter.empty}
         block = textwrap.indent(render(chosen, defaults), pad)
-        obj.__doc__ = "\n".join([*lines[: at[0]], block, *lines[at[0] + 1 :]]) + ("\n" if doc.endswith("\n") else "")
+        obj.__doc__ = "\n".join([*lines[: at[0]], block, *lines[at[0] + 1 :]]) + ("\n" if text.endswith("\n") else "")
         return obj
 
     return wrap

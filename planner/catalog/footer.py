@@ -262,42 +262,14 @@ def row_groups(
     ``checked=False``: ``md`` was parsed without the level-histogram check, so the token
     column's chunks are checked here (from ``raw``) before any of them is touched.
     """
-    try:
-        schema = schema_of(md).to_arrow_schema()
-    except (pa.ArrowException, ValueError) as e:
-        msg = f"{st.location}: unreadable schema ({one_line(e)}); the footer is damaged"
-        raise DataError(msg) from e
-    name, dtype = token_column_of(schema, column, st.location)
+    name, dtype, j = _token_leaf(md, column, st.location)
     delivered = delivered_dtype(dtype)
     narrowing = narrows(dtype)
-    pschema = schema_of(md)
-    leaf = [j for j in range(md.num_columns) if pschema.column(j).path.split(".")[0] == name]
-    if len(leaf) != 1:
-        msg = f"{st.location}: token column {name!r} is nested ({len(leaf)} leaves); it must be a flat list"
-        raise DataError(msg)
-    j = leaf[0]
-    col = pschema.column(j)
+    col = schema_of(md).column(j)
     physical = col.physical_type
     if raw is not None:
-        # One pass over the footer's bytes in C (planner.catalog.onepass), checked against
-        # this function's own rows for the first and last row groups; None where the
-        # layout is not certain, and then every row group below.
-        try:
-            fast = onepass.rows(
-                raw,
-                md,
-                j,
-                col.path,
-                physical,
-                delivered,
-                narrowing,
-                '"isSigned":false' in col.logical_type.to_json(),
-                st.size,
-                (col.max_repetition_level, col.max_definition_level),
-            )
-        except (ValueError, pa.ArrowException):  # a damaged footer: the per-row-group path's error
-            fast = None
-        if fast is not None and _agrees(fast, storage, st, md, j, name, physical, delivered, narrowing):
+        fast = _one_pass(raw, storage, st, md, j, col, name, delivered, narrowing)
+        if fast is not None:
             return fast, name, dtype
     if not checked:
         if raw is None:
@@ -309,6 +281,59 @@ def row_groups(
     for g in range(md.num_row_groups):
         rows[g] = _row(storage, st, md, g, j, name, physical, delivered, narrowing, count)
     return rows, name, dtype
+
+
+def _token_leaf(md: pq.FileMetaData, column: str | None, where: str) -> tuple[str, pa.DataType, int]:
+    """The token column's name and type, and its one leaf's number in the footer (a DataError if nested)."""
+    try:
+        schema = schema_of(md).to_arrow_schema()
+    except (pa.ArrowException, ValueError) as e:
+        msg = f"{where}: unreadable schema ({one_line(e)}); the footer is damaged"
+        raise DataError(msg) from e
+    name, dtype = token_column_of(schema, column, where)
+    pschema = schema_of(md)
+    leaf = [j for j in range(md.num_columns) if pschema.column(j).path.split(".")[0] == name]
+    if len(leaf) != 1:
+        msg = f"{where}: token column {name!r} is nested ({len(leaf)} leaves); it must be a flat list"
+        raise DataError(msg)
+    return name, dtype, leaf[0]
+
+
+def _one_pass(
+    raw: bytes,
+    storage: Storage,
+    st: FileStat,
+    md: pq.FileMetaData,
+    j: int,
+    col: pq.ColumnSchema,
+    name: str,
+    delivered: TokenDtype,
+    narrowing: bool,
+) -> NDArray[np.int64] | None:
+    """The rows from one pass over the footer's bytes (:mod:`planner.catalog.onepass`), or None where not certain.
+
+    One pass in C over the token column ``col`` (leaf ``j``), checked against :func:`_row`'s rows
+    for the first and last row groups; None where the layout is not certain (the caller then
+    takes every row group itself).
+    """
+    try:
+        fast = onepass.rows(
+            raw,
+            md,
+            j,
+            col.path,
+            col.physical_type,
+            delivered,
+            narrowing,
+            '"isSigned":false' in col.logical_type.to_json(),
+            st.size,
+            (col.max_repetition_level, col.max_definition_level),
+        )
+    except (ValueError, pa.ArrowException):  # a damaged footer: the per-row-group path's error
+        return None
+    if fast is not None and _agrees(fast, storage, st, md, j, name, col.physical_type, delivered, narrowing):
+        return fast
+    return None
 
 
 def _agrees(

@@ -193,12 +193,21 @@ _CHUNK_FIELDS = {4: 6, 5: 5, 6: 6, 7: 5}  # ColumnChunk's page index offsets (i6
 def _learn(body: bytes, pos: int, last_column: bool) -> _Layout:
     """The layout of the fields after the path, from the first row group's chunk at ``pos``."""
     out = _Layout()
+    pos = _column_meta(body, pos, out)
+    pos = _chunk_rest(body, pos, out)
+    if last_column:
+        _row_group_rest(body, pos, out)
+    return out
+
+
+def _column_meta(body: bytes, pos: int, out: _Layout) -> int:
+    """``ColumnMetaData`` after its path (field 3): its integers, statistics, encoding stats, size statistics."""
     last = 3
-    while True:  # ColumnMetaData, after its path (field 3)
+    while True:
         b, fid, typ, pos = _header(body, pos, last)
         if b == 0:
             out.literal(b"\x00")
-            break
+            return pos
         last = fid
         if fid in _META_FIELDS and typ == _META_FIELDS[fid][1]:
             out.literal(bytes([b]))
@@ -211,29 +220,39 @@ def _learn(body: bytes, pos: int, last_column: bool) -> _Layout:
         elif fid == 13 and typ == 9:
             out.literal(bytes([b]))
             out.value(None, _ENCODING_STATS)
-            h = body[pos]
-            if h >> 4 in (0, 15) or h & 0x0F != 12:
-                raise _Unknown
-            pos += 1
-            for _ in range(h >> 4):
-                for _ in range(3):
-                    if body[pos] != 0x15:
-                        raise _Unknown
-                    pos = _uvarint_end(body, pos + 1)
-                if body[pos] != 0:
-                    raise _Unknown
-                pos += 1
+            pos = _encoding_stats_end(body, pos)
         elif fid == 16 and typ == 12:
             out.literal(bytes([b]))
             pos = _size_statistics(body, pos, out)
         else:
             raise _Unknown  # key_value_metadata, geospatial statistics, anything newer
+
+
+def _encoding_stats_end(body: bytes, pos: int) -> int:
+    """The position after ``encoding_stats``: 1-14 structs of three i32 fields (as :data:`_ENCODING_STATS`)."""
+    h = body[pos]
+    if h >> 4 in (0, 15) or h & 0x0F != 12:
+        raise _Unknown
+    pos += 1
+    for _ in range(h >> 4):
+        for _ in range(3):
+            if body[pos] != 0x15:
+                raise _Unknown
+            pos = _uvarint_end(body, pos + 1)
+        if body[pos] != 0:
+            raise _Unknown
+        pos += 1
+    return pos
+
+
+def _chunk_rest(body: bytes, pos: int, out: _Layout) -> int:
+    """The rest of the ``ColumnChunk``: the page index's offsets and lengths."""
     last = 3
-    while True:  # the rest of the ColumnChunk: the page index's offsets and lengths
+    while True:
         b, fid, typ, pos = _header(body, pos, last)
         if b == 0:
             out.literal(b"\x00")
-            break
+            return pos
         last = fid
         if _CHUNK_FIELDS.get(fid) == typ:
             out.literal(bytes([b]))
@@ -241,17 +260,19 @@ def _learn(body: bytes, pos: int, last_column: bool) -> _Layout:
             pos = _uvarint_end(body, pos)
         else:
             raise _Unknown  # encryption
-    if last_column:  # then the RowGroup's total_byte_size (2) and num_rows (3)
-        if body[pos : pos + 1] != b"\x16":
-            raise _Unknown
-        pos = _uvarint_end(body, pos + 1)
-        if body[pos : pos + 1] != b"\x16":
-            raise _Unknown
-        out.literal(b"\x16")
-        out.value(None)
-        out.literal(b"\x16")
-        out.value("num_rows")
-    return out
+
+
+def _row_group_rest(body: bytes, pos: int, out: _Layout) -> None:
+    """After the last column's chunk: the ``RowGroup``'s total_byte_size (2) and num_rows (3), captured."""
+    if body[pos : pos + 1] != b"\x16":
+        raise _Unknown
+    pos = _uvarint_end(body, pos + 1)
+    if body[pos : pos + 1] != b"\x16":
+        raise _Unknown
+    out.literal(b"\x16")
+    out.value(None)
+    out.literal(b"\x16")
+    out.value("num_rows")
 
 
 @functools.lru_cache(maxsize=64)
@@ -329,16 +350,9 @@ def rows(  # noqa: PLR0911 (each return None is a layout the per-row-group path 
     anchor = b"\x19" + list_header(len(parts), 8) + b"".join(varint(len(p)) + p for p in parts)
     if body.count(anchor) != n:
         return None
-    try:
-        layout = _learn(body, body.find(anchor) + len(anchor), last_column=j == md.num_columns - 1)
-    except (_Unknown, IndexError):
+    layout = _certain_layout(body, body.find(anchor) + len(anchor), j == md.num_columns - 1, levels)
+    if layout is None:
         return None
-    if not layout.has_stats or "null_count" not in layout.groups:
-        return None  # counted by reading the chunk: the per-row-group path
-    want = (levels[0] + 1, levels[1] + 1)
-    rep, dfn = layout.histograms
-    if rep not in (None, 0, want[0]) or dfn not in (None, 0, want[1]):
-        return None  # the per-row-group path's check names the row group
     # Every occurrence of the path anchors one match: matches do not overlap and each holds
     # the path right after its prefix, so n matches at n occurrences leave none without one.
     # ColumnChunk.meta_data's header (after file_offset), the type, the encodings: a literal
@@ -358,7 +372,22 @@ def rows(  # noqa: PLR0911 (each return None is a layout the per-row-group path 
     return _rows(md, got, cols, layout, delivered, narrowing, unsigned, phys, size, body)
 
 
-def _rows(  # noqa: PLR0911 (each return None is a layout the per-row-group path takes)
+def _certain_layout(body: bytes, pos: int, last_column: bool, levels: tuple[int, int]) -> _Layout | None:
+    """Row group 0's layout (:func:`_learn`) where this module reads it: a null count, histograms of ``levels``."""
+    try:
+        layout = _learn(body, pos, last_column=last_column)
+    except (_Unknown, IndexError):
+        return None
+    if not layout.has_stats or "null_count" not in layout.groups:
+        return None  # counted by reading the chunk: the per-row-group path
+    want = (levels[0] + 1, levels[1] + 1)
+    rep, dfn = layout.histograms
+    if rep not in (None, 0, want[0]) or dfn not in (None, 0, want[1]):
+        return None  # the per-row-group path's check names the row group
+    return layout
+
+
+def _rows(
     md: pq.FileMetaData,
     got: dict[str, NDArray[np.int64]],
     cols: dict[str, Any],
@@ -370,6 +399,7 @@ def _rows(  # noqa: PLR0911 (each return None is a layout the per-row-group path
     size: int,
     body: bytes,
 ) -> NDArray[np.int64] | None:
+    """The index rows from the decoded fields, as arrays (:func:`rows`), or None where one is not certain."""
     n = md.num_row_groups
     if "data_page" not in got or "length" not in got or "num_values" not in got or "codec" not in got:
         return None
@@ -393,24 +423,11 @@ def _rows(  # noqa: PLR0911 (each return None is a layout the per-row-group path
     codec = got["codec"]
     if not np.isin(codec, _CODECS).all():
         return None
-    check = np.zeros(n, bool)
+    check: NDArray[np.bool_] | None = np.zeros(n, bool)
     if narrowing:
-        # pyarrow reads min_value/max_value (5, 6) under TYPE_ORDER, else the deprecated
-        # min/max (2, 1); a footer whose column orders are not plainly that is not certain.
-        if not _type_defined_order(body, md.num_columns):
-            return None
-        if "min_value" in cols and "max_value" in cols:
-            width = _WIDTH[phys]
-            lo_raw, hi_raw = b"".join(cols["min_value"]), b"".join(cols["max_value"])
-            if len(lo_raw) != n * width or len(hi_raw) != n * width:
-                return None  # a binary of another width: pyarrow's decode says what it is
-            kind = ("<u" if unsigned else "<i") + str(width)
-            lo_v, hi_v = np.frombuffer(lo_raw, kind), np.frombuffer(hi_raw, kind)
-            a, b = token_range(delivered)
-            fits = (lo_v >= lo_v.dtype.type(a)) & (hi_v <= hi_v.dtype.type(b))
-            check = (tokens > 0) & ~fits
-        else:
-            check = tokens > 0  # no min/max for pyarrow: every value is checked
+        check = _narrowing_check(cols, tokens, body, md.num_columns, phys, unsigned, delivered)
+    if check is None:
+        return None
     out = np.empty((n, 9), np.int64)
     out[:, 0] = np.arange(n)
     out[:, 1] = num_rows
@@ -422,3 +439,31 @@ def _rows(  # noqa: PLR0911 (each return None is a layout the per-row-group path
     out[:, 7] = codec
     out[:, 8] = values
     return out
+
+
+def _narrowing_check(
+    cols: dict[str, Any],
+    tokens: NDArray[np.int64],
+    body: bytes,
+    columns: int,
+    phys: int,
+    unsigned: bool,
+    delivered: TokenDtype,
+) -> NDArray[np.bool_] | None:
+    """Which row groups' tokens are checked as they narrow (min/max not within ``delivered``), or None if uncertain."""
+    # pyarrow reads min_value/max_value (5, 6) under TYPE_ORDER, else the deprecated
+    # min/max (2, 1); a footer whose column orders are not plainly that is not certain.
+    if not _type_defined_order(body, columns):
+        return None
+    if "min_value" not in cols or "max_value" not in cols:
+        return tokens > 0  # no min/max for pyarrow: every value is checked
+    n = len(tokens)
+    width = _WIDTH[phys]
+    lo_raw, hi_raw = b"".join(cols["min_value"]), b"".join(cols["max_value"])
+    if len(lo_raw) != n * width or len(hi_raw) != n * width:
+        return None  # a binary of another width: pyarrow's decode says what it is
+    kind = ("<u" if unsigned else "<i") + str(width)
+    lo_v, hi_v = np.frombuffer(lo_raw, kind), np.frombuffer(hi_raw, kind)
+    a, b = token_range(delivered)
+    fits: NDArray[np.bool_] = (lo_v >= lo_v.dtype.type(a)) & (hi_v <= hi_v.dtype.type(b))
+    return (tokens > 0) & ~fits

@@ -209,9 +209,11 @@ def skip_value(data: bytes, pos: int, typ: int, depth: int = 0) -> int:  # noqa:
     """The position after a value of Thrift type ``typ`` at ``pos``: :meth:`Reader.skip` without objects.
 
     The hot loop of a footer's walk (a FineWeb-Edu footer's column chunks hold some 60
-    fields each), so one function of local variables. Bounded as :class:`Reader` is:
-    a position past the end, nesting past :data:`MAX_DEPTH` or an unknown type is a
-    :class:`ThriftError` (a caller checks the final position against the length).
+    fields each), so functions of local variables: the scalars here, a container's
+    elements in its own (:func:`_skip_list`, :func:`_skip_map`, :func:`_skip_struct`).
+    Bounded as :class:`Reader` is: a position past the end, nesting past :data:`MAX_DEPTH`
+    or an unknown type is a :class:`ThriftError` (a caller checks the final position
+    against the length).
     """
     if depth > MAX_DEPTH:
         msg = "nesting too deep"
@@ -233,40 +235,55 @@ def skip_value(data: bytes, pos: int, typ: int, depth: int = 0) -> int:  # noqa:
                 msg = "a length runs past the footer"
                 raise ThriftError(msg)
             return pos + size
-        if typ in (9, 10):
-            b = data[pos]
-            pos += 1
-            size, et = b >> 4, b & 0x0F
-            if size == 15:
-                size, pos = uvarint(data, pos)
-            if size > len(data) - pos:  # every element takes at least one byte
-                msg = "a list longer than the footer"
-                raise ThriftError(msg)
-            if et in (1, 2, 3):
-                return pos + size
-            for _ in range(size):
-                pos = skip_value(data, pos, et, depth + 1)
-            return pos
-        if typ == 11:
-            size, pos = uvarint(data, pos)
-            if size:
-                kv = data[pos]
-                pos += 1
-                for _ in range(size):
-                    pos = skip_value(data, pos, kv >> 4, depth + 1)
-                    pos = skip_value(data, pos, kv & 0x0F, depth + 1)
-            return pos
         if typ == 12:
-            while True:
-                b = data[pos]
-                pos += 1
-                if b == 0:
-                    return pos
-                if not b >> 4:  # a long field header: the id follows
-                    _, pos = uvarint(data, pos)
-                pos = skip_value(data, pos, b & 0x0F, depth + 1)
+            return _skip_struct(data, pos, depth)
+        if typ in (9, 10):
+            return _skip_list(data, pos, depth)
+        if typ == 11:
+            return _skip_map(data, pos, depth)
     except IndexError as e:
         msg = "the footer ends inside a field"
         raise ThriftError(msg) from e
     msg = f"unknown Thrift type {typ}"
     raise ThriftError(msg)
+
+
+def _skip_struct(data: bytes, pos: int, depth: int) -> int:
+    """The position after a struct's fields and its stop byte (an IndexError past the end)."""
+    while True:
+        b = data[pos]
+        pos += 1
+        if b == 0:
+            return pos
+        if not b >> 4:  # a long field header: the id follows
+            _, pos = uvarint(data, pos)
+        pos = skip_value(data, pos, b & 0x0F, depth + 1)
+
+
+def _skip_list(data: bytes, pos: int, depth: int) -> int:
+    """The position after a list's or set's header and elements (bytes and booleans skipped at once)."""
+    b = data[pos]
+    pos += 1
+    size, et = b >> 4, b & 0x0F
+    if size == 15:
+        size, pos = uvarint(data, pos)
+    if size > len(data) - pos:  # every element takes at least one byte
+        msg = "a list longer than the footer"
+        raise ThriftError(msg)
+    if et in (1, 2, 3):
+        return pos + size
+    for _ in range(size):
+        pos = skip_value(data, pos, et, depth + 1)
+    return pos
+
+
+def _skip_map(data: bytes, pos: int, depth: int) -> int:
+    """The position after a map's size, its key and value types, and its pairs."""
+    size, pos = uvarint(data, pos)
+    if size:
+        kv = data[pos]
+        pos += 1
+        for _ in range(size):
+            pos = skip_value(data, pos, kv >> 4, depth + 1)
+            pos = skip_value(data, pos, kv & 0x0F, depth + 1)
+    return pos

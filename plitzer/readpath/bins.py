@@ -36,16 +36,17 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from numpy.typing import NDArray
 
 from planner.arraytypes import I64
 from planner.errors import DataError
 from planner.rules import Binned, Rule
-from planner.rules.binned import item_lengths
+from planner.rules.binned import Items, item_lengths
 from plitzer.readpath.aligned import aligned_chunks, storage_dtype
 from plitzer.readpath.labels import LABEL_DTYPE, LABEL_FILL, label_chunks
 from plitzer.readpath.pack import ColumnChunks, chunk_lists, gather_layout
-from plitzer.readpath.packed import ColumnBlock, PackedUnit, StepRange, UnitReads, arrow_ints
-from plitzer.readpath.pieces import unit_documents
+from plitzer.readpath.packed import ColumnBlock, Memory, PackedUnit, StepRange, UnitReads, arrow_ints
+from plitzer.readpath.pieces import Documents, unit_documents
 
 __all__ = ["Rows", "pack_bins"]
 
@@ -69,11 +70,40 @@ class Rows:
 
 @dataclass(frozen=True, slots=True)
 class _Bins:
-    """A unit's bins: each one's items (indexes into the unit's non-empty items, in storage order) and fill."""
+    """A unit's bins: each one's items (indexes into the unit's non-empty items, in storage order), count and fill."""
 
     first: I64  # bin j's items are items[first[j]:first[j + 1]]
     items: I64
+    count: I64  # bin j holds count[j] items
     fill: I64
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """The unit's rows as sub-pieces in layout order (each bin's items, then its padding), and their one gather."""
+
+    rep: I64  # each sub-piece's bin (its unit sub-piece), in layout order
+    length: I64
+    doc: I64  # -1 on the padding
+    offset: I64
+    steps: StepRange
+    list_of: I64  # each sub-piece's list: an item's, or the item count plus its padding's number
+    block_at: tuple[int, int, int, int, int]
+    item_chunk: I64
+    item_value: I64
+    item_length: I64
+    pad_ends: I64  # the paddings' bounds in their buffer
+
+    def gather(
+        self, arrays: list[pa.Array], fill: Any, dt: np.dtype[Any]
+    ) -> tuple[Memory | None, NDArray[Any], pa.Array, I64]:
+        """Gather the items' values of ``arrays`` and ``fill`` on the padding into the layout (gather_layout's four)."""
+        typ = pa.from_numpy_dtype(dt)
+        filler = pa.LargeListArray.from_arrays(
+            arrow_ints(self.pad_ends, pa.int64()), arrow_ints(np.full(int(self.pad_ends[-1]), fill, dt), typ)
+        )
+        lists = [*chunk_lists(arrays, self.item_chunk, self.item_value, self.item_length), filler]
+        return gather_layout(lists, self.list_of, self.length, dt, self.block_at)
 
 
 def _bin_chunks(rule: Binned, docs_length: I64, docs_chunk: I64, n_chunks: int, seq_len: int) -> tuple[Any, I64, I64]:
@@ -120,37 +150,66 @@ def pack_bins(
     :func:`~plitzer.readpath.recut.pack_rest` for a window cut again). ``labels``: the labels
     (:mod:`plitzer.readpath.labels`) gathered by the items' lists too, ``-100`` on the padding.
     """
-    seq_len = rows.seq_len
     p = reads.place
     docs = unit_documents(chunks, np.zeros(len(chunks), np.int64), reads.doc_base)
     rule = rows.rule
     assert isinstance(rule, Binned), rule.name  # the read pool packs bins only for a binned rule
-    items, gbin, per_chunk = _bin_chunks(rule, docs.length, docs.chunk, len(chunks), seq_len)
+    items, gbin, per_chunk = _bin_chunks(rule, docs.length, docs.chunk, len(chunks), rows.seq_len)
     if rows.bins is not None and len(chunks):
-        want = rows.bins[p.row_groups]
-        bad = np.flatnonzero(want != per_chunk)
-        if len(bad):
-            g = int(p.row_groups[bad[0]])
-            msg = (
-                f"row group {g} (a row of the index) packs into {int(per_chunk[bad[0]])} bins, but the bins pass "
-                f"counted {int(want[bad[0]])}: the data changed since it ran; delete the cache folder's bins "
-                "entries (PLITZER_CACHE) and start again"
-            )
-            raise DataError(msg)
+        _check_counted(rows.bins[p.row_groups], p.row_groups, per_chunk)
     # 1. Units: the concat packer over one unit a bin (rows of one unit): its tables, nothing gathered.
     bases = np.cumsum(per_chunk) - per_chunk
     units = pack(_unit_chunks(per_chunk), UnitReads(p, bases, 0, np.dtype(np.int64)), None, gather=False)
-    # The unit's bins: their non-empty items in storage order (empty documents give no sub-piece).
-    nbins = int(per_chunk.sum())
+    # 2. Rows: each bin of the layout its items, then its padding.
+    lay = _layout(units, _unit_bins(items, gbin, int(per_chunk.sum())), items, docs, rows.seq_len)
+    memory, block, edges, start = lay.gather(docs.arrays, rows.pad_id, reads.dtype)
+    # The unit's own (its place, steps whole in it, slices) stay; the rows are the bins expanded.
+    return replace(
+        units,
+        seq_len=rows.seq_len,
+        memory=memory,
+        block=block,
+        edges=edges,
+        steps=lay.steps,
+        row=units.row[lay.rep],
+        length=lay.length.astype(np.int64, copy=False),
+        doc=lay.doc.astype(np.int64, copy=False),
+        offset=lay.offset.astype(np.int64, copy=False),
+        start=start,
+        columns=_columns(lay, docs.arrays, columns, rows.fills, memory),
+        labels=_column(lay, label_chunks(docs.arrays), LABEL_FILL, LABEL_DTYPE, memory) if labels else None,
+    )
+
+
+def _check_counted(want: I64, row_groups: I64, per_chunk: I64) -> None:
+    """Refuse row groups that pack into other bin counts than the bins pass counted (the data changed)."""
+    bad = np.flatnonzero(want != per_chunk)
+    if len(bad):
+        g = int(row_groups[bad[0]])
+        msg = (
+            f"row group {g} (a row of the index) packs into {int(per_chunk[bad[0]])} bins, but the bins pass "
+            f"counted {int(want[bad[0]])}: the data changed since it ran; delete the cache folder's bins "
+            "entries (PLITZER_CACHE) and start again"
+        )
+        raise DataError(msg)
+
+
+def _unit_bins(items: Items, gbin: I64, nbins: int) -> _Bins:
+    """The unit's ``nbins`` bins: their non-empty items in storage order (empty documents give no sub-piece)."""
     live = np.flatnonzero(items.length > 0)
     order = live[np.argsort(gbin[live], kind="stable")]
     count = np.bincount(gbin[live], minlength=nbins).astype(np.int64)
-    bins = _Bins(
+    return _Bins(
         first=np.concatenate([[0], np.cumsum(count)]).astype(np.int64),
         items=order,
+        count=count,
         fill=np.bincount(gbin[live], weights=items.length[live], minlength=nbins).astype(np.int64),
     )
-    # 2. Rows: each bin of the layout its items, then its padding.
+
+
+def _layout(units: PackedUnit, bins: _Bins, items: Items, docs: Documents, seq_len: int) -> _Layout:
+    """Each bin of the units' layout (step, lane) as its items' sub-pieces, then its padding up to ``seq_len``."""
+    count = bins.count
     j = units.doc  # the bin of each unit sub-piece, in layout order
     per = count[j] + (bins.fill[j] < seq_len)
     rep = np.repeat(np.arange(len(j), dtype=np.int64), per)
@@ -160,10 +219,7 @@ def pack_bins(
     it = bins.items[np.minimum(bins.first[jr] + k, max(len(bins.items) - 1, 0))] if len(bins.items) else rep * 0
     pad_len = np.where(is_pad, seq_len - bins.fill[jr], 0)
     n_items = len(items.length)
-    length = np.where(is_pad, pad_len, items.length[it] if n_items else 0)
     d = items.doc[it] if n_items else rep * 0
-    doc = np.where(is_pad, -1, docs.id[d] if len(docs.id) else 0)
-    offset = np.where(is_pad, 0, items.offset[it] if n_items else 0)
     # Every item of the unit is one list over its row group's values (they tile them, in storage
     # order), every padding one list over a buffer of pad values: one gather lays them out.
     pads = np.flatnonzero(is_pad)
@@ -171,48 +227,42 @@ def pack_bins(
     list_of[pads] = n_items + np.arange(len(pads), dtype=np.int64)
     bounds = np.concatenate([[0], np.cumsum(per)]).astype(np.int64)[units.steps.bounds]
     t0, t1 = units.t0, units.t1
-    nl = units.rows
     steps = StepRange(units.steps.first, bounds)
     first, stop = (steps.of(t0)[0], steps.of(t1 - 1)[1]) if t1 > t0 else (0, 0)
-    block_at = (first, stop, t1 - t0, nl, seq_len)
-    item_value = docs.value[items.doc] + items.offset if n_items else items.offset
-    item_chunk = docs.chunk[items.doc] if n_items else items.offset
-    pad_ends = np.concatenate([[0], np.cumsum(pad_len[pads])]).astype(np.int64)
-
-    def gather(arrays: list[pa.Array], fill: Any, dt: np.dtype[Any]) -> Any:
-        typ = pa.from_numpy_dtype(dt)
-        filler = pa.LargeListArray.from_arrays(
-            arrow_ints(pad_ends, pa.int64()), arrow_ints(np.full(int(pad_ends[-1]), fill, dt), typ)
-        )
-        lists = [*chunk_lists(arrays, item_chunk, item_value, items.length), filler]
-        return gather_layout(lists, list_of, length, dt, block_at)
-
-    memory, block, edges, start = gather(docs.arrays, rows.pad_id, reads.dtype)
-
-    def column(lists: list[pa.Array], raw: Any, cdt: np.dtype[Any]) -> ColumnBlock:
-        c_mem, c_block, c_edges, _ = gather(lists, raw, storage_dtype(cdt))
-        if c_mem is not None:
-            c_mem.keep_alive(memory)
-        return ColumnBlock(c_mem, c_block, c_edges, cdt)
-
-    packed_columns = {}
-    for name, (values, cdt) in (columns or {}).items():
-        fill = (rows.fills or {}).get(name)
-        raw = np.array(0 if fill is None else fill, cdt).reshape(1).view(storage_dtype(cdt))[0]
-        packed_columns[name] = column(aligned_chunks(docs.arrays, values, cdt), raw, cdt)
-    # The unit's own (its place, steps whole in it, slices) stay; the rows are the bins expanded.
-    return replace(
-        units,
-        seq_len=seq_len,
-        memory=memory,
-        block=block,
-        edges=edges,
+    return _Layout(
+        rep=rep,
+        length=np.where(is_pad, pad_len, items.length[it] if n_items else 0),
+        doc=np.where(is_pad, -1, docs.id[d] if len(docs.id) else 0),
+        offset=np.where(is_pad, 0, items.offset[it] if n_items else 0),
         steps=steps,
-        row=units.row[rep],
-        length=length.astype(np.int64, copy=False),
-        doc=doc.astype(np.int64, copy=False),
-        offset=offset.astype(np.int64, copy=False),
-        start=start,
-        columns=packed_columns,
-        labels=column(label_chunks(docs.arrays), LABEL_FILL, LABEL_DTYPE) if labels else None,
+        list_of=list_of,
+        block_at=(first, stop, t1 - t0, units.rows, seq_len),
+        item_chunk=docs.chunk[items.doc] if n_items else items.offset,
+        item_value=docs.value[items.doc] + items.offset if n_items else items.offset,
+        item_length=items.length,
+        pad_ends=np.concatenate([[0], np.cumsum(pad_len[pads])]).astype(np.int64),
     )
+
+
+def _column(lay: _Layout, lists: list[pa.Array], raw: Any, cdt: np.dtype[Any], memory: Memory | None) -> ColumnBlock:
+    """One column (or the labels) gathered into the layout, its memory kept alive with the tokens'."""
+    c_mem, c_block, c_edges, _ = lay.gather(lists, raw, storage_dtype(cdt))
+    if c_mem is not None:
+        c_mem.keep_alive(memory)
+    return ColumnBlock(c_mem, c_block, c_edges, cdt)
+
+
+def _columns(
+    lay: _Layout,
+    arrays: list[pa.Array],
+    columns: ColumnChunks | None,
+    fills: dict[str, Any] | None,
+    memory: Memory | None,
+) -> dict[str, ColumnBlock]:
+    """The ``columns=`` gathered like the tokens, each one's fill (or 0) on the padding."""
+    out = {}
+    for name, (values, cdt) in (columns or {}).items():
+        fill = (fills or {}).get(name)
+        raw = np.array(0 if fill is None else fill, cdt).reshape(1).view(storage_dtype(cdt))[0]
+        out[name] = _column(lay, aligned_chunks(arrays, values, cdt), raw, cdt, memory)
+    return out

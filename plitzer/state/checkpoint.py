@@ -198,6 +198,15 @@ def _int(v: object, name: str, low: int = 0) -> int:
 
 def decode(data: bytes | bytearray | memoryview) -> State:
     """Parse and check checkpoint bytes; any problem raises CheckpointError."""
+    doc = _document(data)
+    config = _config(doc["config"])
+    step = _int(doc["step"], "step")
+    positions = _positions(doc["lanes"], lanes_at(config, step))
+    return State(config=config, step=step, positions=positions)
+
+
+def _document(data: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """The checked envelope's JSON document (magic, version, length, checksum, its three keys)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         msg = f"a checkpoint is bytes, got {type(data).__name__}; pass what checkpoint() returned"
         raise CheckpointError(msg)
@@ -212,20 +221,7 @@ def decode(data: bytes | bytearray | memoryview) -> State:
         why = "missing the PLTZCKPT magic (truncated, or another file)"
         raise _fail(why)
     _, version, length = _HEADER.unpack_from(data)
-    if version > FORMAT_VERSION:
-        msg = (
-            f"checkpoint format version {version} is newer than format {FORMAT_VERSION} of this plitzer "
-            f"{package_version()}; upgrade plitzer to resume it"
-        )
-        raise CheckpointError(msg)
-    if version < FORMAT_VERSION:
-        what = _OLDER.get(version, "an older plitzer")
-        msg = (
-            f"checkpoint format version {version} ({what}) cannot be resumed by format {FORMAT_VERSION} of this "
-            f"plitzer {package_version()}: the order changed, so the positions would be misread. Finish that run "
-            "with the plitzer that wrote it, or start this one from step 0 (CHANGELOG.md, docs/compatibility.md)"
-        )
-        raise CheckpointError(msg)
+    _check_version(version)
     if _HEADER.size + length + 32 != len(data):
         why = f"length field says {length} bytes but {len(data) - _HEADER.size - 32} are present (truncated?)"
         raise _fail(why)
@@ -241,46 +237,38 @@ def decode(data: bytes | bytearray | memoryview) -> State:
     if not isinstance(doc, dict) or set(doc) != {"config", "step", "lanes"}:
         why = "document must have exactly config, step and lanes"
         raise _fail(why)
-    config = doc["config"]
+    return doc
+
+
+def _check_version(version: int) -> None:
+    """Refuse a format this plitzer cannot resume, newer or older, with both versions named."""
+    if version > FORMAT_VERSION:
+        msg = (
+            f"checkpoint format version {version} is newer than format {FORMAT_VERSION} of this plitzer "
+            f"{package_version()}; upgrade plitzer to resume it"
+        )
+        raise CheckpointError(msg)
+    if version < FORMAT_VERSION:
+        what = _OLDER.get(version, "an older plitzer")
+        msg = (
+            f"checkpoint format version {version} ({what}) cannot be resumed by format {FORMAT_VERSION} of this "
+            f"plitzer {package_version()}: the order changed, so the positions would be misread. Finish that run "
+            "with the plitzer that wrote it, or start this one from step 0 (CHANGELOG.md, docs/compatibility.md)"
+        )
+        raise CheckpointError(msg)
+
+
+def _config(config: object) -> dict[str, Any]:
+    """The document's config, every field type- and range-checked, text sources' defaults filled in."""
     if not isinstance(config, dict) or not (set(CONFIG_FIELDS) - set(OPTIONAL) <= set(config) <= set(CONFIG_FIELDS)):
         why = f"config must have exactly {list(CONFIG_FIELDS)} (those of text sources may be left out)"
         raise _fail(why)
     config = {**OPTIONAL, **config}
-    if not isinstance(config["tokenizer"], str):
-        why = f"tokenizer is {config['tokenizer']!r}, expected a string"
-        raise _fail(why)
-    for k in ("add_bos", "add_eos"):
-        if not isinstance(config[k], bool):
-            why = f"{k} is {config[k]!r}, expected true or false"
-            raise _fail(why)
+    _check_text(config)
     _check_mixture(config)
     _check_layout(config)
-    for k in ("dedupe", "exclude"):
-        if not isinstance(config[k], str):
-            why = f"{k} is {config[k]!r}, expected a string"
-            raise _fail(why)
-    for k in ("where", "length_column"):
-        v = config[k]
-        pairs = isinstance(v, list) and all(
-            isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) for y in x) for x in v
-        )
-        if not isinstance(v, str) and not pairs:
-            why = f"{k} is {v!r}, expected a string or [source, string] pairs"
-            raise _fail(why)
-    cols = config["columns"]
-    if not isinstance(cols, list) or not all(
-        isinstance(x, list)
-        and len(x) == 2
-        and isinstance(x[0], str)
-        and (x[1] is None or isinstance(x[1], (bool, int, float)))
-        for x in cols
-    ):
-        why = "columns must list [name, fill or null] pairs"
-        raise _fail(why)
-    if not isinstance(config["packing"], str):
-        why = f"packing is {config['packing']!r}, expected a rule's name"
-        raise _fail(why)
-    _int(config["pad_id"], "pad_id")
+    _check_selection(config)
+    _check_rows(config)
     if not isinstance(config["shuffle"], bool):
         why = f"shuffle is {config['shuffle']!r}, expected true or false"
         raise _fail(why)
@@ -298,9 +286,56 @@ def decode(data: bytes | bytearray | memoryview) -> State:
         if not isinstance(config[k], str):
             why = f"{k} is {config[k]!r}, expected a string"
             raise _fail(why)
-    step = _int(doc["step"], "step")
-    rows = doc["lanes"]
-    b = lanes_at(config, step)
+    return config
+
+
+def _check_text(config: Mapping[str, Any]) -> None:
+    """Check the text sources' fields: the tokenizer's name, add_bos and add_eos."""
+    if not isinstance(config["tokenizer"], str):
+        why = f"tokenizer is {config['tokenizer']!r}, expected a string"
+        raise _fail(why)
+    for k in ("add_bos", "add_eos"):
+        if not isinstance(config[k], bool):
+            why = f"{k} is {config[k]!r}, expected true or false"
+            raise _fail(why)
+
+
+def _check_selection(config: Mapping[str, Any]) -> None:
+    """Check the fields that choose documents: dedupe, exclude, where and length_column."""
+    for k in ("dedupe", "exclude"):
+        if not isinstance(config[k], str):
+            why = f"{k} is {config[k]!r}, expected a string"
+            raise _fail(why)
+    for k in ("where", "length_column"):
+        v = config[k]
+        pairs = isinstance(v, list) and all(
+            isinstance(x, list) and len(x) == 2 and all(isinstance(y, str) for y in x) for x in v
+        )
+        if not isinstance(v, str) and not pairs:
+            why = f"{k} is {v!r}, expected a string or [source, string] pairs"
+            raise _fail(why)
+
+
+def _check_rows(config: Mapping[str, Any]) -> None:
+    """Check the fields that shape a batch's rows: columns, packing and pad_id."""
+    cols = config["columns"]
+    if not isinstance(cols, list) or not all(
+        isinstance(x, list)
+        and len(x) == 2
+        and isinstance(x[0], str)
+        and (x[1] is None or isinstance(x[1], (bool, int, float)))
+        for x in cols
+    ):
+        why = "columns must list [name, fill or null] pairs"
+        raise _fail(why)
+    if not isinstance(config["packing"], str):
+        why = f"packing is {config['packing']!r}, expected a rule's name"
+        raise _fail(why)
+    _int(config["pad_id"], "pad_id")
+
+
+def _positions(rows: object, b: int) -> NDArray[np.int64]:
+    """The lane positions, [lane, epoch, window, piece, offset] rows, checked against ``b`` lanes."""
     if not isinstance(rows, list) or not rows or len(rows) > b:
         why = f"lanes must list 1..{b} lane positions"
         raise _fail(why)
@@ -315,7 +350,7 @@ def decode(data: bytes | bytearray | memoryview) -> State:
     if np.any(np.diff(lanes) <= 0) or lanes[-1] >= b:
         why = "lane numbers must be increasing and below lanes"
         raise _fail(why)
-    return State(config=config, step=step, positions=positions)
+    return positions
 
 
 def _check_mixture(config: Mapping[str, Any]) -> None:

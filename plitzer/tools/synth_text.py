@@ -114,6 +114,59 @@ def default_tokenizer() -> str:
     return str(models[-1])
 
 
+def _pass_texts(roots: list[Path] | None, seen: list[Path], n: int) -> Iterator[str]:
+    """Pass ``n``'s texts: the files found on the first (remembered in ``seen``), then ``seen`` in a new order."""
+    if n == 1:
+        return _remembering(_text_files(roots), seen)
+    order = np.random.default_rng(n).permutation(len(seen))  # a new order for each pass
+    return (seen[i].read_text(encoding="utf-8") for i in order)
+
+
+class _Shards:
+    """Documents into zstd shards under ``folder``: a row group every ``row_group_tokens``, files of ``per_file``."""
+
+    def __init__(self, folder: Path, dtype: pa.DataType, row_group_tokens: int, per_file: int) -> None:
+        self.folder, self.dtype = folder, dtype
+        self.schema = pa.schema([("input_ids", pa.list_(dtype))])
+        self.row_group_tokens, self.per_file = row_group_tokens, per_file
+        self.files: list[Path] = []
+        self.rows: list[np.ndarray] = []
+        self.in_group = 0
+        self.writer: pq.ParquetWriter | None = None
+        self.groups_in_file = 0
+
+    def add(self, arr: np.ndarray) -> None:
+        """One document, a row of the row group held, which is written once it holds ``row_group_tokens``."""
+        self.rows.append(arr)
+        self.in_group += len(arr)
+        if self.in_group >= self.row_group_tokens:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the rows held as one row group (in a new file where none is open; a full file closed)."""
+        if not self.rows:
+            return
+        if self.writer is None:
+            path = self.folder / f"part-{len(self.files):05d}.parquet"
+            self.files.append(path)
+            self.writer = pq.ParquetWriter(path, self.schema, compression="zstd", write_page_checksum=True)
+        lengths = np.array([len(r) for r in self.rows], dtype=np.int32)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        values = pa.array(np.concatenate(self.rows).astype(self.dtype.to_pandas_dtype()), self.dtype)
+        self.writer.write_table(pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets), values)}))
+        self.rows, self.in_group = [], 0
+        self.groups_in_file += 1
+        if self.groups_in_file >= self.per_file:
+            self.writer.close()
+            self.writer, self.groups_in_file = None, 0
+
+    def close(self) -> None:
+        """Write the rows held and close the last file."""
+        self.flush()
+        if self.writer is not None:
+            self.writer.close()
+
+
 def write_text(
     out: str | os.PathLike[str],
     tokens: int,
@@ -134,64 +187,32 @@ def write_text(
 
     tok = load_tokenizer(tokenizer if tokenizer is not None else default_tokenizer())
     eos = tok.eos_id
-    dtype = pa.uint32() if tok.dtype == "uint32" else pa.int32()
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    schema = pa.schema([("input_ids", pa.list_(dtype))])
+    shards = _Shards(
+        folder, pa.uint32() if tok.dtype == "uint32" else pa.int32(), row_group_tokens, row_groups_per_file
+    )
     written, passes = 0, 0
-    files: list[Path] = []
-    rows: list[np.ndarray] = []
-    in_group = 0
-    writer: pq.ParquetWriter | None = None
-    groups_in_file = 0
     bar = tqdm(
         total=tokens, unit="tok", unit_scale=True, disable=not progress_enabled(progress, tokens), desc="synth --text"
     )
-
-    def flush() -> None:
-        nonlocal rows, in_group, writer, groups_in_file
-        if not rows:
-            return
-        if writer is None:
-            path = folder / f"part-{len(files):05d}.parquet"
-            files.append(path)
-            writer = pq.ParquetWriter(path, schema, compression="zstd", write_page_checksum=True)
-        lengths = np.array([len(r) for r in rows], dtype=np.int32)
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-        values = pa.array(np.concatenate(rows).astype(dtype.to_pandas_dtype()), dtype)
-        writer.write_table(pa.table({"input_ids": pa.ListArray.from_arrays(pa.array(offsets), values)}))
-        rows, in_group = [], 0
-        groups_in_file += 1
-        if groups_in_file >= row_groups_per_file:
-            writer.close()
-            writer, groups_in_file = None, 0
-
     n_threads = threads or os.cpu_count() or 2
     with ThreadPoolExecutor(n_threads) as pool:
         seen: list[Path] = []  # the first pass's files, read again in a new order by later passes
         while written < tokens:
             passes += 1
-            if passes == 1:
-                texts = _remembering(_text_files(roots), seen)
-            else:
-                order = np.random.default_rng(passes).permutation(len(seen))  # a new order for each pass
-                texts = (seen[i].read_text(encoding="utf-8") for i in order)
+            texts = _pass_texts(roots, seen, passes)
             for ids in map_ahead(pool, lambda b: encode_texts(tok, b), _batches(texts, 64), 2 * n_threads):
                 for doc in ids:
                     arr = np.asarray(doc + ([eos] if eos is not None else []), dtype=np.int64)
-                    rows.append(arr)
-                    in_group += len(arr)
+                    shards.add(arr)
                     written += len(arr)
                     bar.update(len(arr))
-                    if in_group >= row_group_tokens:
-                        flush()
                 if written >= tokens:
                     break
             if passes == 1 and not seen:
                 msg = "no text files found under site-packages; pass roots= with folders of text"
                 raise ConfigError(msg)
-        flush()
-        if writer is not None:
-            writer.close()
+        shards.close()
     bar.close()
-    return files, passes
+    return shards.files, passes

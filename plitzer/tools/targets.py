@@ -139,56 +139,12 @@ def _rows_frame(rows: Rows) -> pl.DataFrame:
 def _resolve_rows(ix: RowGroupIndex, rows: Rows) -> tuple[I64, I64]:
     """Global row groups and stream ordinals of the documents ``rows`` names (unselected ones dropped)."""
     parts = _parts(ix)
-    by_name = {n: i for i, (n, _, _) in enumerate(parts)}
     files = [set(p.frame["file"].to_list()) for _, p, _ in parts]
     out_rg: list[int] = []
     out_doc: list[int] = []
     for source, file, row_group, row in _rows_frame(rows).iter_rows():
-        if source is not None:
-            if source not in by_name:
-                msg = f"rows=: source {source!r} is not one of the mixture's sources {sorted(map(str, by_name))}"
-                raise ConfigError(msg)
-            where = [by_name[source]]
-        else:
-            where = [i for i, names in enumerate(files) if file in names]
-        if not where:
-            known = sorted(set().union(*files))
-            msg = (
-                f"rows=: file {file!r} is not a file of {ix.source!r}; name it as batch.documents() does "
-                f"(its path under the source), e.g. {known[:3]}"
-            )
-            raise ConfigError(msg)
-        if len(where) > 1:
-            names = [parts[i][0] for i in where]
-            msg = f"rows=: file {file!r} is in sources {names}; pass a frame with a source column to say which"
-            raise ConfigError(msg)
-        _, part, base = parts[where[0]]
-        f = part.frame.with_row_index("rg").filter(pl.col("file") == file)
-        if f.is_empty():
-            msg = f"rows=: file {file!r} is not a file of source {source!r}"
-            raise ConfigError(msg)
-        counts = f["rows"].to_numpy().astype(np.int64)
-        if row_group is None:
-            total = int(counts.sum())
-            if row is None or not 0 <= row < total:
-                msg = f"rows=: row {row} is outside {file!r}, which has {total} rows (0..{total - 1}); give a row in it"
-                raise ConfigError(msg)
-            ends = np.cumsum(counts)
-            i = int(np.searchsorted(ends, row, side="right"))
-            local, in_rg = int(f["rg"][i]), row - int(ends[i] - counts[i])
-        else:
-            hit = f.filter(pl.col("row_group") == row_group)
-            if hit.is_empty():
-                msg = (
-                    f"rows=: row group {row_group} is outside {file!r}, which has {f.height} row groups "
-                    f"(0..{f.height - 1})"
-                )
-                raise ConfigError(msg)
-            n = int(hit["rows"][0])
-            if row is None or not 0 <= row < n:
-                msg = f"rows=: row {row} is outside {file!r} row group {row_group}, which has {n} rows (0..{n - 1})"
-                raise ConfigError(msg)
-            local, in_rg = int(hit["rg"][0]), int(row)
+        _, part, base = parts[_source_holding(ix, parts, files, source, file)]
+        local, in_rg = _place(part, source, file, row_group, row)
         ordinal = in_rg
         kept = part.selected_rows(local)
         if kept is not None:
@@ -199,6 +155,58 @@ def _resolve_rows(ix: RowGroupIndex, rows: Rows) -> tuple[I64, I64]:
         out_rg.append(base + local)
         out_doc.append(ordinal)
     return np.array(out_rg, np.int64), np.array(out_doc, np.int64)
+
+
+def _source_holding(
+    ix: RowGroupIndex, parts: list[tuple[str | None, Index, int]], files: list[set[str]], source: Any, file: str
+) -> int:
+    """The part (of :func:`_parts`) holding ``file``: the one ``source`` names, else the one source with the file."""
+    if source is not None:
+        by_name = {n: i for i, (n, _, _) in enumerate(parts)}
+        if source not in by_name:
+            msg = f"rows=: source {source!r} is not one of the mixture's sources {sorted(map(str, by_name))}"
+            raise ConfigError(msg)
+        where = [by_name[source]]
+    else:
+        where = [i for i, names in enumerate(files) if file in names]
+    if not where:
+        known = sorted(set().union(*files))
+        msg = (
+            f"rows=: file {file!r} is not a file of {ix.source!r}; name it as batch.documents() does "
+            f"(its path under the source), e.g. {known[:3]}"
+        )
+        raise ConfigError(msg)
+    if len(where) > 1:
+        names = [parts[i][0] for i in where]
+        msg = f"rows=: file {file!r} is in sources {names}; pass a frame with a source column to say which"
+        raise ConfigError(msg)
+    return where[0]
+
+
+def _place(part: Index, source: Any, file: str, row_group: int | None, row: int | None) -> tuple[int, int]:
+    """The row group of ``part`` (its own numbering) and the row in it of ``file``'s ``row`` (in ``row_group``)."""
+    f = part.frame.with_row_index("rg").filter(pl.col("file") == file)
+    if f.is_empty():
+        msg = f"rows=: file {file!r} is not a file of source {source!r}"
+        raise ConfigError(msg)
+    counts = f["rows"].to_numpy().astype(np.int64)
+    if row_group is None:
+        total = int(counts.sum())
+        if row is None or not 0 <= row < total:
+            msg = f"rows=: row {row} is outside {file!r}, which has {total} rows (0..{total - 1}); give a row in it"
+            raise ConfigError(msg)
+        ends = np.cumsum(counts)
+        i = int(np.searchsorted(ends, row, side="right"))
+        return int(f["rg"][i]), row - int(ends[i] - counts[i])
+    hit = f.filter(pl.col("row_group") == row_group)
+    if hit.is_empty():
+        msg = f"rows=: row group {row_group} is outside {file!r}, which has {f.height} row groups (0..{f.height - 1})"
+        raise ConfigError(msg)
+    n = int(hit["rows"][0])
+    if row is None or not 0 <= row < n:
+        msg = f"rows=: row {row} is outside {file!r} row group {row_group}, which has {n} rows (0..{n - 1})"
+        raise ConfigError(msg)
+    return int(hit["rg"][0]), int(row)
 
 
 def target_documents(
