@@ -699,6 +699,41 @@ def test_keys_tell_lists_apart_by_order_length_and_value() -> None:
     assert tuple(s[0]) == tuple(s[2]) and len({tuple(r) for r in s.tolist()}) == 4
 
 
+def _reference_key(row: np.ndarray) -> tuple[int, int]:
+    """A row's two lanes by the formula of plitzer.selection.keys, written again on its own (NumPy, uint64)."""
+
+    def mix(x: np.ndarray) -> np.ndarray:
+        x = x.copy()
+        with np.errstate(over="ignore"):
+            x ^= x >> np.uint64(30)
+            x *= np.uint64(0xBF58476D1CE4E5B9)
+            x ^= x >> np.uint64(27)
+            x *= np.uint64(0x94D049BB133111EB)
+            x ^= x >> np.uint64(31)
+        return x
+
+    out = []
+    for seed in (0x9E3779B97F4A7C15, 0xD1B54A32D192ED03):
+        s, n = np.uint64(seed), len(row)
+        with np.errstate(over="ignore"):
+            terms = mix(row.astype(np.int64).view(np.uint64) ^ mix(np.arange(n, dtype=np.uint64) + s))
+            total = terms.sum(dtype=np.uint64) + mix(np.array([n], np.uint64) + s)[0]
+        out.append(int(mix(np.array([total], np.uint64))[0]))
+    return out[0], out[1]
+
+
+def test_keys_of_documents_longer_than_the_kept_positions_follow_the_formula() -> None:
+    # Positions' terms are kept for documents of up to 2**20 tokens; a longer one's are made
+    # for the call: its key is the same, before and after the kept table, and kept small.
+    rng = np.random.default_rng(5)
+    long = rng.integers(0, 1 << 17, (1 << 20) + 5).astype(np.int32)
+    rows = [np.array([3, 1, 2], np.int32), long, np.array([], np.int32), long[:70_000]]
+    arr = pa.array([r.tolist() for r in rows], pa.list_(pa.int32()))
+    first = hash_array(arr)
+    assert [tuple(k) for k in first.tolist()] == [_reference_key(r) for r in rows]
+    assert np.array_equal(hash_array(arr[::-1]), first[::-1])
+
+
 def test_first_occurrences_with_equal_first_lanes() -> None:
     keys = np.array([[5, 1], [5, 2], [5, 1], [7, 0], [5, 2], [5, 3]], np.uint64)
     drop, kept = firsts.first_occurrences(keys)

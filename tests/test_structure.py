@@ -136,17 +136,6 @@ def test_nothing_registers_a_reader_at_import() -> None:
 
 MAX_FUNCTION_LINES = 60
 
-# Functions still over MAX_FUNCTION_LINES in modules being split apart elsewhere: each is
-# allowed only while it is still over (one that got shorter, moved or went away fails the
-# test below, so this set cannot go stale). Empty it once those splits land.
-PENDING = {
-    ("plitzer/readpath/aligned.py", "resolve"),
-    ("plitzer/selection/dedupe.py", "dedupe_index"),
-    ("plitzer/selection/evaluate.py", "run_pass"),
-    ("plitzer/text/tokenize.py", "tokenize"),
-    ("plitzer/text/tokenizer.py", "load_tokenizer"),
-}
-
 
 def _long_functions(text: str) -> dict[str, int]:
     """Every function (methods and nested ones too) over MAX_FUNCTION_LINES, def to last line, docstring included."""
@@ -182,6 +171,106 @@ def test_no_function_over_60_lines() -> None:
         if bench not in p.parents
         for name, lines in _long_functions(p.read_text()).items()
     }
-    assert {k: v for k, v in long.items() if k not in PENDING} == {}
-    stale = sorted(PENDING - set(long))
-    assert stale == [], f"{stale} are no longer over {MAX_FUNCTION_LINES} lines: take them out of PENDING"
+    assert long == {}
+
+
+# -- every in-memory cache is a Bounded ------------------------------------------------------
+
+_CONTAINERS = {"dict", "list", "set", "defaultdict", "OrderedDict", "deque", "Counter", "WeakValueDictionary"}
+"""Calls that make a mutable container (a module-level one of these, empty or filled by its module, is a cache)."""
+
+_MUTATORS = {"add", "append", "extend", "insert", "update", "setdefault", "pop", "popitem", "discard", "remove"}
+
+NOT_CACHES = {
+    # Each a set of what this process has already warned about (or found unwritable), so a
+    # warning is said once: one entry a cache folder, a damaged entry or a job index and
+    # column; what it holds is the warnings a user was shown, not values made again.
+    "planner/catalog/datasetindex.py:_warned",
+    "planner/stores/cache.py:_unwritable",
+    "planner/stores/cache.py:_warned",
+    # The allocator settings applied at import: one entry an allocator (two), written once.
+    "plitzer/readpath/allocators.py:applied",
+    # The empty dict Held.keep hands back in place of a chunk it stored (never filled).
+    "plitzer/selection/held.py:_KEPT",
+}
+"""Module-level containers that are not caches, each with why (keep it short: anything else is a Bounded)."""
+
+
+def _container(value: ast.expr | None) -> bool:
+    """Whether ``value`` makes a mutable container: a literal, a comprehension or a call of one of ``_CONTAINERS``."""
+    if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)):
+        return True
+    if isinstance(value, ast.Call):
+        f = value.func
+        return (f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else "") in _CONTAINERS
+    return False
+
+
+def _empty(value: ast.expr) -> bool:
+    if isinstance(value, (ast.Dict, ast.List, ast.Set)):
+        return not (value.keys if isinstance(value, ast.Dict) else value.elts)
+    if not isinstance(value, ast.Call):
+        return False
+    f = value.func
+    if (f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else "") == "defaultdict":
+        return len(value.args) <= 1  # defaultdict(list): its argument is the factory, not entries
+    return not value.args and not value.keywords
+
+
+def _mutated(tree: ast.Module) -> set[str]:
+    """Names this module fills or changes: ``name[k] = v``, ``del name[k]``, ``name.add(...)`` and the like."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            if isinstance(node.value, ast.Name):
+                out.add(node.value.id)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _MUTATORS
+            and isinstance(node.func.value, ast.Name)
+        ):
+            out.add(node.func.value.id)
+    return out
+
+
+def _module_caches(tree: ast.Module) -> list[str]:
+    """Module-level names bound to a mutable container that starts empty or that the module changes."""
+    changed = _mutated(tree)
+    found = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        if not _container(value):
+            continue
+        names = [t.id for t in targets if isinstance(t, ast.Name) and t.id != "__all__"]
+        found += [n for n in names if _empty(value) or n in changed]
+    return found
+
+
+def test_every_module_level_cache_is_a_bounded() -> None:
+    # planner/bounded.py is the one policy of the in-memory caches (at most n entries, the
+    # least recently used dropped first): a module-level dict, list or set that the module
+    # fills grows for as long as the process lives. A constant table (filled where it is
+    # written, never changed) is not one; the few that are not caches are NOT_CACHES.
+    found = {
+        f"{p.relative_to(ROOT).as_posix()}:{name}"
+        for p in _sources()
+        for name in _module_caches(ast.parse(p.read_text(encoding="utf-8")))
+    }
+    assert found - NOT_CACHES == set(), (
+        f"make each a planner.bounded.Bounded (a size, and why): {sorted(found - NOT_CACHES)}"
+    )
+    assert NOT_CACHES - found == set(), f"no longer there, drop from NOT_CACHES: {sorted(NOT_CACHES - found)}"
+
+
+def test_the_cache_check_finds_one() -> None:
+    tree = ast.parse(
+        "A = {}\nB: dict[int, int] = dict()\nC = {'x': 1}\nD = {'y': 2}\nD['z'] = 3\nE = Bounded(4)\n"
+        "F = [1, 2]\ndef f():\n    F.append(3)\nG = defaultdict(list)\nH = (1, 2)\n"
+    )
+    assert _module_caches(tree) == ["A", "B", "D", "F", "G"]

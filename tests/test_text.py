@@ -310,6 +310,21 @@ def _tree(d: Path) -> dict[str, bytes]:
     return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
 
 
+def test_a_worker_tokenizes_each_run_with_its_own_tokenizer(tmp_path: Path) -> None:
+    """A Ray worker process serves run after run: the second run's tokenizer is used, not the first's kept."""
+    import plitzer.text.tokenize as tk
+
+    pq.write_table(pa.table({"text": ["ab", "cde"]}), tmp_path / "a.parquet")
+    got = []
+    for n, value in enumerate((7, 9)):
+        tok = load_tokenizer(lambda texts, v=value: [[v] * len(t) for t in texts], name=f"fill-{value}", eos_id=0)
+        dst = tmp_path / f"out{n}.parquet"
+        job = tk._Job(str(tmp_path / "a.parquet"), str(dst), "a.parquet", "text", "ids", False, True, 0, 1, version="0")
+        tk._ray_job(tok.identity, tok.spec, job)  # in this process, as a Ray worker runs it
+        got.append(pq.read_table(dst)["ids"].to_pylist())
+    assert got == [[[7, 7, 0], [7, 7, 7, 0]], [[9, 9, 0], [9, 9, 9, 0]]]
+
+
 def test_tokenize_killed_and_rerun(bpe: Any, tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()

@@ -195,56 +195,61 @@ def _named(src: str | None, ix: RowGroupIndex) -> str:
     return f"source {src!r} ({ix.source})" if src is not None else f"{ix.source}"
 
 
-def resolve(index: RowGroupIndex, value: Any) -> Columns | None:
-    """The run's aligned columns (``columns=``) checked against every source of ``index``; None for none."""
-    got = parse_columns(value)
-    if got is None:
-        return None
-    names, fills = got
-    plans: dict[int, dict[str, Any]] = {}
-    found: dict[str, list[np.dtype[Any]]] = {n: [] for n in names}
-    srcs = _sources(index)
-    for src, ix in srcs:
-        plan: dict[str, Any] = {}
-        if _is_text(ix):
-            for n in names:
-                if fills[n] is None:
-                    msg = (
-                        f"{_named(src, ix)} is text, tokenized as it is read: it has no aligned column {n!r}, and "
-                        f"text sources take fills only: give one, e.g. columns={{{n!r}: 0}}"
-                    )
-                    raise ConfigError(msg)
-                plan[n] = fills[n]
-            plans[id(ix)] = plan
-            continue
-        schema = _schema(ix)
-        token_column = getattr(ix, "column", "")
-        cands = _candidates(schema, token_column)
-        for n in names:
-            if n == token_column:
-                msg = f"columns=: {n!r} is the token column; name the per-token columns beside it ({cands or 'none'})"
-                raise ConfigError(msg)
-            if schema.get_field_index(n) < 0:
-                if fills[n] is None:
-                    what = "a mixture" if src is not None else "the dataset"
-                    msg = (
-                        f"{_named(src, ix)} has no column {n!r} (its aligned candidates: {cands or 'none'}); "
-                        f"columns= as a list needs every source of {what} to have every column: give a fill "
-                        f"for the sources that lack it, e.g. columns={{{n!r}: 0}}"
-                    )
-                    raise ConfigError(msg)
-                plan[n] = fills[n]
-                continue
-            t = schema.field(n).type
-            if not _aligned_type(t):
+def _text_plan(src: str | None, ix: RowGroupIndex, names: Sequence[str], fills: Mapping[str, Any]) -> dict[str, Any]:
+    """A text source's plan: every column its fill (a text source has no aligned column to read)."""
+    for n in names:
+        if fills[n] is None:
+            msg = (
+                f"{_named(src, ix)} is text, tokenized as it is read: it has no aligned column {n!r}, and "
+                f"text sources take fills only: give one, e.g. columns={{{n!r}: 0}}"
+            )
+            raise ConfigError(msg)
+    return {n: fills[n] for n in names}
+
+
+def _parquet_plan(
+    src: str | None,
+    ix: RowGroupIndex,
+    names: Sequence[str],
+    fills: Mapping[str, Any],
+    found: dict[str, list[np.dtype[Any]]],
+) -> dict[str, Any]:
+    """A Parquet source's plan: each column read (its value dtype added to ``found``) or its fill."""
+    schema = _schema(ix)
+    token_column = getattr(ix, "column", "")
+    cands = _candidates(schema, token_column)
+    plan: dict[str, Any] = {}
+    for n in names:
+        if n == token_column:
+            msg = f"columns=: {n!r} is the token column; name the per-token columns beside it ({cands or 'none'})"
+            raise ConfigError(msg)
+        if schema.get_field_index(n) < 0:
+            if fills[n] is None:
+                what = "a mixture" if src is not None else "the dataset"
                 msg = (
-                    f"{_named(src, ix)}: column {n!r} is {t}, not a list of bool, integer or float; "
-                    f"aligned columns are list columns of one value per token: candidates {cands or 'none'}"
+                    f"{_named(src, ix)} has no column {n!r} (its aligned candidates: {cands or 'none'}); "
+                    f"columns= as a list needs every source of {what} to have every column: give a fill "
+                    f"for the sources that lack it, e.g. columns={{{n!r}: 0}}"
                 )
                 raise ConfigError(msg)
-            found[n].append(_value_dtype(t))
-            plan[n] = _READ
-        plans[id(ix)] = plan
+            plan[n] = fills[n]
+            continue
+        t = schema.field(n).type
+        if not _aligned_type(t):
+            msg = (
+                f"{_named(src, ix)}: column {n!r} is {t}, not a list of bool, integer or float; "
+                f"aligned columns are list columns of one value per token: candidates {cands or 'none'}"
+            )
+            raise ConfigError(msg)
+        found[n].append(_value_dtype(t))
+        plan[n] = _READ
+    return plan
+
+
+def _dtypes(
+    names: Sequence[str], fills: Mapping[str, Any], found: dict[str, list[np.dtype[Any]]]
+) -> dict[str, np.dtype[Any]]:
+    """Each column's dtype: its sources' values' in common, else its fill's; a fill that does not fit refused."""
     dtypes: dict[str, np.dtype[Any]] = {}
     for n in names:
         fill = fills[n]
@@ -255,11 +260,26 @@ def resolve(index: RowGroupIndex, value: Any) -> Columns | None:
             dt = np.asarray(fill).dtype
         dtypes[n] = np.dtype(dt)
         if fill is not None:
-            cast = np.asarray(fill).astype(dt)
-            if cast.item() != fill:
+            fitted = np.asarray(fill).astype(dt)
+            if fitted.item() != fill:
                 msg = f"columns={{{n!r}: {fill!r}}}: the fill does not fit the column's dtype {dt}; use a value of it"
                 raise ConfigError(msg)
-    return Columns(names, dict(fills), dtypes, plans, [ix for _, ix in srcs])
+    return dtypes
+
+
+def resolve(index: RowGroupIndex, value: Any) -> Columns | None:
+    """The run's aligned columns (``columns=``) checked against every source of ``index``; None for none."""
+    got = parse_columns(value)
+    if got is None:
+        return None
+    names, fills = got
+    found: dict[str, list[np.dtype[Any]]] = {n: [] for n in names}
+    srcs = _sources(index)
+    plans: dict[int, dict[str, Any]] = {
+        id(ix): _text_plan(src, ix, names, fills) if _is_text(ix) else _parquet_plan(src, ix, names, fills, found)
+        for src, ix in srcs
+    }
+    return Columns(names, dict(fills), _dtypes(names, fills, found), plans, [ix for _, ix in srcs])
 
 
 def _missing(ix: Index, rg: int, column: str) -> ConfigError:

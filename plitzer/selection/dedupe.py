@@ -55,7 +55,7 @@ from planner.stores.cache import cache_dir, digest
 from plitzer.readpath.read import read_chunk
 from plitzer.selection import firsts
 from plitzer.selection.exclude import Exclusion, load_exclusion
-from plitzer.selection.firsts import Exchange, Spill, resolve, resolve_shared, resolve_spilled
+from plitzer.selection.firsts import Exchange, Resolved, Spill, resolve, resolve_shared, resolve_spilled
 from plitzer.selection.held import CachedLengths, Held
 from plitzer.selection.keying import (
     KeyPass,
@@ -246,85 +246,145 @@ def dedupe_index(
     (4, 3, 1, 6)
     """
     sel = selection if isinstance(selection, Selection) else Selection(dedupe=selection)
-    dedupe, exclude = sel.dedupe, sel.exclude
-    if dedupe is not None and (not isinstance(dedupe, str) or not dedupe):
-        msg = f"dedupe={dedupe!r} must be 'tokens' (equal token lists) or the name of a column (e.g. 'url')"
-        raise ConfigError(msg)
+    dedupe, exclude = _check_dedupe(sel.dedupe), sel.exclude
     if not dedupe and exclude is None:
         return ix
     key = dedupe or ""
     parts, at = _parts_of(ix, order)
     names = [ix.names[i] for i in at]
-    for part, name in zip(parts, names, strict=True):
-        if part.capabilities.deduplicated:
-            msg = "the index is deduplicated already; pass the dataset's own index (or its path)"
-            raise ConfigError(msg)
-        if key:
-            check_key(part, key, name)
-    table = load_exclusion(exclude, storage_options) if exclude is not None else None
-    exclusions = [None if table is None else table.check(arrow_schema(p), p.source, _token_column(p)) for p in parts]
-    excl_digest = table.digest if table is not None else ""
-    cols = ",".join(table.columns) if table is not None else ""
+    _check_parts(parts, names, key)
+    table, exclusions, excl_digest, cols = _exclusions(exclude, storage_options, parts)
     lengths = length_columns(ix, parts, at, sel.length_column, key)
     result = _result_path(parts, key, excl_digest, cols, lengths)
     dropped = [Duplicates(result, f"dups{p}") for p in range(len(parts))]
-    names_out = ["rg_dup", "rg_excl", "pos_dup", "pos_excl", "tok", "empty"]  # each part's dups: when asked
-    cached = load_arrays(result, [f"{n}{p}" for p in range(len(parts)) for n in names_out])
+    cached = load_arrays(result, [f"{n}{p}" for p in range(len(parts)) for n in _RESULT])
     if cached is None:
         ps = KeyPass(parts=parts, key=key, exclusions=exclusions, length_columns=lengths)
-        chunks = key_chunks(parts)
-        paths = [chunk_path(parts[p], (p, a, b), key, excl_digest, cols, lengths[p]) for p, a, b in chunks]
-        n = len(chunks)
-        workers = threads or os.cpu_count() or 2
-        if exchange is not None and world > 1:
-            mine = [c for c in range(n) if c * world // n == rank]
-            try:
-                done = run_chunks(ps, chunks, mine, paths, shared=False, threads=workers, progress=progress)
-            except Exception as e:  # sent to every rank, raised there: no rank waits in the next exchange
-                resolve_shared(parts, chunks, e, exchange, rank, world)
-                raise
-            res = resolve_shared(parts, chunks, done, exchange, rank, world)
-            # Each rank counts the dropped tokens of its own chunks' row groups; one more exchange shares them.
-            counted = dropped_tokens(parts, chunks, res, workers, done.get, mine)
-            del done
-            shared = exchange({rank: {"t": _counted_rows(counted)}})
-            for part in shared:
-                for h in part.values():
-                    p_, rg_, t_, e_ = np.asarray(h["t"], np.int64).reshape(-1, 4).T
-                    for p in np.unique(p_).tolist():
-                        of = p_ == p
-                        counted[p][0][rg_[of]], counted[p][1][rg_[of]] = t_[of], e_[of]
-        else:
-            start = rank * n // world if world > 1 else 0
-            seq = [(start + i) % n for i in range(n)]
-            rows = sum(int(stream_counts(ix.frame)[1].sum()) for ix in parts)
-            if rows <= firsts.SPILL_KEYS:  # read when called: a test or benchmark lowers it
-                held = Held(n, sum(ix.row_groups for ix in parts), rows)  # a few arrays, not a dict of arrays a chunk
-                run_chunks(ps, chunks, seq, paths, shared=world > 1, threads=workers, progress=progress, keep=held.keep)
-                res = resolve(parts, chunks, held)
-                counted = dropped_tokens(parts, chunks, res, workers, held.get, None)
-                del held
-            else:  # more keys than memory should hold: spilled by bucket, resolved one bucket at a time
-                with tempfile.TemporaryDirectory(prefix="plitzer-dedupe-") as tmp:
-                    spill = Spill(Path(tmp), -(-rows // firsts.SPILL_KEYS) * 4)
-                    meta = run_chunks(
-                        ps, chunks, seq, paths, shared=world > 1, threads=workers, progress=progress, keep=spill.keep
-                    )
-                    res = resolve_spilled(parts, chunks, meta, spill)
-                counted = dropped_tokens(parts, chunks, res, workers, CachedLengths(paths), None)
+        run = _Run.of(ps, excl_digest, cols, threads or os.cpu_count() or 2, progress, rank, world)
+        res, counted = _in_job(run, exchange) if exchange is not None and world > 1 else _alone(run)
         cached = result_arrays(parts, res, counted)
-        save_arrays(result, cached, compress=True)
-        if not result.exists():  # a cache folder that cannot be written: the tables stay in memory
-            dropped = [
-                Duplicates(held=np.asarray(cached[f"dups{p}"], np.int64).reshape(-1, 5)) for p in range(len(parts))
-            ]
+        dropped = _saved(result, cached, dropped)
     out = [_build(part, cached, p, key, table, names, lengths[p], dropped[p]) for p, part in enumerate(parts)]
+    return _deduped(ix, out, at, key, exclude)
+
+
+def _saved(result: Path, arrays: dict[str, np.ndarray], dropped: list[Duplicates]) -> list[Duplicates]:
+    """Keep the pass's ``arrays`` at ``result``; where the cache cannot, the parts' dropped tables held in memory."""
+    save_arrays(result, arrays, compress=True)
+    if result.exists():
+        return dropped
+    return [Duplicates(held=np.asarray(arrays[f"dups{p}"], np.int64).reshape(-1, 5)) for p in range(len(dropped))]
+
+
+def _deduped(ix: RowGroupIndex, out: list[DedupedIndex], at: list[int], key: str, exclude: Any) -> RowGroupIndex:
+    """The deduplicated parts in ``ix``'s place: the one part, or a mixture of them (each keeps a token)."""
     if not ix.mixed:
         return _nonempty(out[0], key, exclude, "")
     mix = cast("MixtureIndex", ix)
     by_pos = dict(zip(at, out, strict=True))
     new_parts = [_nonempty(by_pos[i], key, exclude, mix.names[i]) for i in range(len(mix.parts))]
     return MixtureIndex(mix.specs, new_parts, given=mix.given)
+
+
+_RESULT = ("rg_dup", "rg_excl", "pos_dup", "pos_excl", "tok", "empty")
+"""The arrays of each part in the pass's result read to build it (its table of duplicates is read when asked)."""
+
+
+def _check_dedupe(dedupe: Any) -> str | None:
+    """``dedupe=`` as given, refused unless unset or a non-empty name."""
+    if dedupe is not None and (not isinstance(dedupe, str) or not dedupe):
+        msg = f"dedupe={dedupe!r} must be 'tokens' (equal token lists) or the name of a column (e.g. 'url')"
+        raise ConfigError(msg)
+    return dedupe
+
+
+def _exclusions(
+    exclude: Any, storage_options: Mapping[str, Any] | None, parts: Sequence[Index]
+) -> tuple[Exclusion | None, list[Exclusion | None], str, str]:
+    """The ``exclude=`` table (None: none), as each part's types, its digest and its columns (both "" for none)."""
+    table = load_exclusion(exclude, storage_options) if exclude is not None else None
+    exclusions = [None if table is None else table.check(arrow_schema(p), p.source, _token_column(p)) for p in parts]
+    excl_digest = table.digest if table is not None else ""
+    cols = ",".join(table.columns) if table is not None else ""
+    return table, exclusions, excl_digest, cols
+
+
+def _check_parts(parts: Sequence[Index], names: Sequence[str], key: str) -> None:
+    """Refuse a part deduplicated already, or one the key cannot be read from (``check_key``)."""
+    for part, name in zip(parts, names, strict=True):
+        if part.capabilities.deduplicated:
+            msg = "the index is deduplicated already; pass the dataset's own index (or its path)"
+            raise ConfigError(msg)
+        if key:
+            check_key(part, key, name)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """The pass as this rank runs it: phase 1's keying, its chunks and their cache entries, threads, rank."""
+
+    ps: KeyPass
+    chunks: list[tuple[int, int, int]]
+    paths: list[Path]
+    workers: int
+    progress: bool | None
+    rank: int
+    world: int
+
+    @classmethod
+    def of(cls, ps: KeyPass, excl: str, cols: str, workers: int, progress: bool | None, rank: int, world: int) -> _Run:
+        """The run of ``ps``: its chunks, each with its cache entry (keyed by the table's digest and columns)."""
+        chunks = key_chunks(ps.parts)
+        lengths = ps.length_columns
+        paths = [chunk_path(ps.parts[p], (p, a, b), ps.key, excl, cols, lengths[p]) for p, a, b in chunks]
+        return cls(ps, chunks, paths, workers, progress, rank, world)
+
+
+def _in_job(run: _Run, exchange: Exchange) -> tuple[Resolved, Counted]:
+    """Phase 1 on this rank's share of the chunks, phase 2 and the dropped tokens shared over ``exchange``."""
+    parts, chunks, rank, world, n = run.ps.parts, run.chunks, run.rank, run.world, len(run.chunks)
+    mine = [c for c in range(n) if c * world // n == rank]
+    try:
+        done = run_chunks(run.ps, chunks, mine, run.paths, shared=False, threads=run.workers, progress=run.progress)
+    except Exception as e:  # sent to every rank, raised there: no rank waits in the next exchange
+        resolve_shared(parts, chunks, e, exchange, rank, world)
+        raise
+    res = resolve_shared(parts, chunks, done, exchange, rank, world)
+    # Each rank counts the dropped tokens of its own chunks' row groups; one more exchange shares them.
+    counted = dropped_tokens(parts, chunks, res, run.workers, done.get, mine)
+    del done
+    shared = exchange({rank: {"t": _counted_rows(counted)}})
+    for part in shared:
+        for h in part.values():
+            p_, rg_, t_, e_ = np.asarray(h["t"], np.int64).reshape(-1, 4).T
+            for p in np.unique(p_).tolist():
+                of = p_ == p
+                counted[p][0][rg_[of]], counted[p][1][rg_[of]] = t_[of], e_[of]
+    return res, counted
+
+
+def _alone(run: _Run) -> tuple[Resolved, Counted]:
+    """Phases 1 and 2 in this process (other ranks, if any, share its chunks' cache), in memory or spilled."""
+    parts, chunks, n = run.ps.parts, run.chunks, len(run.chunks)
+    start = run.rank * n // run.world if run.world > 1 else 0
+    seq = [(start + i) % n for i in range(n)]
+    rows = sum(int(stream_counts(ix.frame)[1].sum()) for ix in parts)
+    shared = run.world > 1
+    if rows <= firsts.SPILL_KEYS:  # read when called: a test or benchmark lowers it
+        held = Held(n, sum(ix.row_groups for ix in parts), rows)  # a few arrays, not a dict of arrays a chunk
+        run_chunks(
+            run.ps, chunks, seq, run.paths, shared=shared, threads=run.workers, progress=run.progress, keep=held.keep
+        )
+        res = resolve(parts, chunks, held)
+        return res, dropped_tokens(parts, chunks, res, run.workers, held.get, None)
+    # More keys than memory should hold: spilled by bucket, resolved one bucket at a time.
+    with tempfile.TemporaryDirectory(prefix="plitzer-dedupe-") as tmp:
+        spill = Spill(Path(tmp), -(-rows // firsts.SPILL_KEYS) * 4)
+        meta = run_chunks(
+            run.ps, chunks, seq, run.paths, shared=shared, threads=run.workers, progress=run.progress, keep=spill.keep
+        )
+        res = resolve_spilled(parts, chunks, meta, spill)
+    return res, dropped_tokens(parts, chunks, res, run.workers, CachedLengths(run.paths), None)
 
 
 def _counted_rows(counted: Counted) -> I64:

@@ -303,22 +303,37 @@ def run_pass(
     ``shared``: other ranks work on the same chunks at the same time, so a chunk is
     looked up again just before it is evaluated.
     """
-
-    def path(c: int) -> Path:  # made when needed: a dict of every chunk's was ~20 B a row group
-        return entry_path(p.ix, chunks[c], p.where, p.length_column)
-
     done: Part = {}
     for c in order:
-        got = load_entry(path(c), chunks[c][1] - chunks[c][0])
+        got = load_entry(_path(p, chunks[c]), chunks[c][1] - chunks[c][0])
         if got is not None:
             done[c] = got
+    todo = [c for c in order if c not in done]
+    if todo:
+        _evaluate(p, chunks, todo, done, shared=shared, threads=threads, progress=progress)
+    return done
+
+
+def _path(p: SelectionPass, chunk: tuple[int, int]) -> Path:
+    """A chunk's cache entry (made when needed: a dict of every chunk's was ~20 B a row group)."""
+    return entry_path(p.ix, chunk, p.where, p.length_column)
+
+
+def _evaluate(
+    p: SelectionPass,
+    chunks: list[tuple[int, int]],
+    todo: list[int],
+    done: Part,
+    *,
+    shared: bool,
+    threads: int,
+    progress: bool | None,
+) -> None:
+    """Evaluate the chunks ``todo`` in a pool of ``threads``, each entry saved and put in ``done`` as it ends."""
     # Streamed, bytes a row group (docs/design.md, "Bytes a row group"): the pool takes the
     # chunks as they come and each chunk is packed (its row groups' masks let go) as soon as
     # it is in, not after the whole pass; a chunk is the unit of work, so the predicate runs
     # once over its row groups (SelectionPass.evaluate_many), not once a row group.
-    todo = [c for c in order if c not in done]
-    if not todo:
-        return done
     lock = threading.Lock()
 
     def work(c: int) -> tuple[int, list[Result] | None]:
@@ -327,7 +342,7 @@ def run_pass(
             if c in done:
                 return c, None
         if shared:
-            got = load_entry(path(c), n)
+            got = load_entry(_path(p, chunks[c]), n)
             if got is not None:
                 with lock:
                     done.setdefault(c, got)
@@ -357,8 +372,7 @@ def run_pass(
                 # Packed here, not in the reader threads: what the pass keeps is then allocated
                 # apart from the threads' transient buffers, whose memory goes back when freed.
                 entry = pack_entry(results)
-                save_entry(path(c), entry)
+                save_entry(_path(p, chunks[c]), entry)
                 with lock:
                     done[c] = entry
             bar.update(chunks[c][1] - chunks[c][0])
-    return done

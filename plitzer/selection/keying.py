@@ -32,6 +32,7 @@ from planner.errors import ConfigError, DataError, SelectionError
 from planner.mixing.mixindex import MixtureIndex
 from planner.parameters import Selection
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
+from plitzer.readpath.rayrun import run_tasks
 from plitzer.readpath.read import list_lengths, read_chunk
 from plitzer.readpath.runs import ColumnRun
 from plitzer.selection.evaluate import CHUNK, SelectionPass
@@ -409,8 +410,6 @@ def dedupe_on_ray(
             "pass on this machine (--engine local), or tokenize first"
         )
         raise ConfigError(msg)
-    import ray
-
     sel = selection if isinstance(selection, Selection) else Selection(dedupe=selection)
     key, exclude = sel.dedupe or "", sel.exclude
     if key:
@@ -424,22 +423,10 @@ def dedupe_on_ray(
     chunks = key_chunks([ix])
     paths = [chunk_path(ix, c, key, excl, cols, lc) for c in chunks]
     todo = [i for i, c in enumerate(chunks) if load_arrays(paths[i], HASHED) is None]
-    if not todo:
-        return 0
-    if not ray.is_initialized():
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-    task = ray.remote(_ray_chunk)
     by_first = {chunks[i][1]: i for i in todo}
-    refs = [task.remote(source, ix.column, storage_options, key, exclude, chunks[i][1], chunks[i][2], lc) for i in todo]
-    from tqdm import tqdm
+    calls = [(source, ix.column, storage_options, key, exclude, chunks[i][1], chunks[i][2], lc) for i in todo]
 
-    from planner.progress import progress_enabled
+    def got(result: tuple[int, Hashed]) -> None:
+        save_arrays(paths[by_first[result[0]]], result[1])
 
-    hide = not progress_enabled(progress, len(refs))
-    with tqdm(total=len(refs), desc="keying rows (ray)", unit="chunk", disable=hide, leave=False) as bar:
-        while refs:
-            ready, refs = ray.wait(refs, num_returns=1)
-            first, h = ray.get(ready[0])
-            save_arrays(paths[by_first[first]], h)
-            bar.update(1)
-    return len(todo)
+    return run_tasks(_ray_chunk, calls, got, address=address, progress=progress, desc="keying rows (ray)")

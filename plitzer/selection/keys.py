@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from planner.arraytypes import U64
+from planner.bounded import Bounded
 from planner.errors import ConfigError
 
 __all__ = ["Keys", "combine", "hash_array", "hash_lists", "valid_rows"]
@@ -55,17 +56,24 @@ def _mix(x: U64, tmp: U64 | None = None) -> U64:
         return x
 
 
-_POS: dict[int, U64] = {}
+_KEPT = 1 << 20
+"""The longest table of positions kept (8 MiB a lane): longer documents' tables are made for the call."""
+
+# Each lane's table of position terms, grown as needed, shared by every call: one entry a
+# lane (two), each at most _KEPT long, so 16 MiB at most however long the documents are.
+_POS = Bounded[int, U64](len(_SEEDS))
 
 
 def _positions(lane: int, n: int) -> U64:
-    """``mix(j + seed)`` for j < n (grown as needed, shared by every call)."""
+    """``mix(j + seed)`` for j < n (grown as needed up to ``_KEPT``, shared by every call)."""
     have = _POS.get(lane)
     if have is None or len(have) < n:
         size = max(n, 1 << 16, 2 * (0 if have is None else len(have)))
+        size = n if n > _KEPT else min(size, _KEPT)
         with np.errstate(over="ignore"):
             have = _mix(np.arange(size, dtype=np.uint64) + _SEEDS[lane])
-        _POS[lane] = have
+        if size <= _KEPT:
+            _POS.put(lane, have)
     return have
 
 

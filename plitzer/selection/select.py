@@ -63,6 +63,7 @@ from planner.errors import ConfigError, DataError, SelectionError
 from planner.mixing.sources import SourceSpec
 from planner.parameters import Selection
 from planner.stores.cache import cache_dir
+from plitzer.readpath.rayrun import run_tasks
 from plitzer.readpath.read import parquet_tokens
 from plitzer.selection.evaluate import (
     CHUNK,
@@ -378,36 +379,20 @@ def select_on_ray(
     follows (or a job whose ranks share this cache folder) finds the whole pass.
     ``selection`` as :func:`select_index` takes it.
     """
-    import ray
-
     where, length_column = _predicate(selection)
     norm = normalize(where, [*available_columns(ix), ix.column])
     columns = check_predicate(ix, norm, length_column)
     chunks = chunks_of(ix)
     paths = [entry_path(ix, c, norm, length_column) for c in chunks]
     todo = [i for i, c in enumerate(chunks) if load_entry(paths[i], c[1] - c[0]) is None]
-    if not todo:
-        return 0
-    if not ray.is_initialized():
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-    task = ray.remote(_ray_chunk)
     by_first = {chunks[i][0]: i for i in todo}
     normalized = Selection(where=norm, length_column=length_column)
-    refs = [
-        task.remote(source, ix.column, storage_options, normalized, columns, chunks[i][0], chunks[i][1]) for i in todo
-    ]
-    from tqdm import tqdm
+    calls = [(source, ix.column, storage_options, normalized, columns, chunks[i][0], chunks[i][1]) for i in todo]
 
-    from planner.progress import progress_enabled
+    def got(result: tuple[int, Entry]) -> None:
+        save_entry(paths[by_first[result[0]]], result[1])
 
-    hide = not progress_enabled(progress, len(refs))
-    with tqdm(total=len(refs), desc="selecting rows (ray)", unit="chunk", disable=hide, leave=False) as bar:
-        while refs:
-            ready, refs = ray.wait(refs, num_returns=1)
-            first, entry = ray.get(ready[0])
-            save_entry(paths[by_first[first]], entry)
-            bar.update(1)
-    return len(todo)
+    return run_tasks(_ray_chunk, calls, got, address=address, progress=progress, desc="selecting rows (ray)")
 
 
 def select_spec(ix: Index, spec: SourceSpec) -> Index:

@@ -36,6 +36,7 @@ from planner.arraytypes import I64
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.rules import BEST_FIT, BINS, Binned, binned_rule
 from planner.stores.cache import cache_dir, digest, read_entry, write_entry
+from plitzer.readpath.rayrun import run_tasks
 from plitzer.readpath.read import list_lengths, read_chunk
 from plitzer.selection.evaluate import SelectionPass
 
@@ -199,25 +200,13 @@ def bins_on_ray(
     cache folder) finds the whole pass. For a dataset of pre-tokenized Parquet (a selection
     or a text source counts on the ranks).
     """
-    import ray
-    from tqdm import tqdm
-
-    from planner.progress import progress_enabled
-
     chunks = _chunks(ix.row_groups)
     todo = [c for c in chunks if _load(_path(ix, spec, *c), c[1] - c[0]) is None]
-    if not todo:
-        return 0
-    if not ray.is_initialized():
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-    task = ray.remote(_ray_chunk)
     ends = dict(todo)
-    refs = [task.remote(source, ix.column, storage_options, spec, c) for c in todo]
-    hide = not progress_enabled(progress, len(refs))
-    with tqdm(total=len(refs), desc="binning (ray)", unit="chunk", disable=hide, leave=False) as bar:
-        while refs:
-            ready, refs = ray.wait(refs, num_returns=1)
-            first, got = ray.get(ready[0])
-            write_entry(_path(ix, spec, first, ends[first]), got.tobytes())
-            bar.update(1)
-    return len(todo)
+    calls = [(source, ix.column, storage_options, spec, c) for c in todo]
+
+    def got(result: tuple[int, I64]) -> None:
+        first, counts = result
+        write_entry(_path(ix, spec, first, ends[first]), counts.tobytes())
+
+    return run_tasks(_ray_chunk, calls, got, address=address, progress=progress, desc="binning (ray)")

@@ -38,7 +38,7 @@ generation (``source_version``) where a local one holds its mtime.
 
 Engines: ``local`` converts files in a pool of processes (one per core, or as many
 as there are files; each tokenizes its file's row groups on the cores left over);
-``ray`` runs the same per-file work as Ray Data tasks (``ray.init(address=...)``), for
+``ray`` runs the same per-file work as Ray tasks, one a file (``ray.init(address=...)``), for
 corpora one machine cannot tokenize in time. Local sources and destinations must
 then be paths every worker sees (a shared filesystem); object stores need nothing
 shared.
@@ -53,10 +53,10 @@ import shutil
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +64,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from planner.bounded import Bounded
 from planner.errors import ConfigError, DataError, StorageError, one_line
 from planner.parameters import DEFAULT_TEXT
 from planner.stores.backends import open_storages
 from planner.stores.storage import FileStat, Storage
+from plitzer.readpath.rayrun import run_tasks
 from plitzer.readpath.read import list_lengths
 from plitzer.text.source import encode_texts, texts_of, tokens_array
 from plitzer.text.tokenizer import TextTokenizer, load_tokenizer, rebuild
@@ -114,16 +116,20 @@ def _remote(location: str) -> bool:
 
 
 # Storages opened in this process, by (root, options): a worker reopens each source once.
-_STORAGES: dict[tuple[str, str], Storage] = {}
+# A run opens two (its source and its destination); eight keep a few runs' in a process
+# that runs many, and one dropped is only opened again.
+_STORAGES = Bounded[tuple[str, str], Storage](8)
 _STORAGES_LOCK = threading.Lock()
 
 
 def _storage(root: str, options: Mapping[str, Any] | None) -> Storage:
     key = (root, json.dumps(dict(options or {}), sort_keys=True, default=repr))
-    with _STORAGES_LOCK:
-        if key not in _STORAGES:
-            (_STORAGES[key],) = open_storages(root, options)
-        return _STORAGES[key]
+    with _STORAGES_LOCK:  # held while opening: one storage a key, even with threads
+        got = _STORAGES.get(key)
+        if got is None:
+            (got,) = open_storages(root, options)
+            _STORAGES.put(key, got)
+        return got
 
 
 def _dst_fs(job: _Job) -> Any:
@@ -301,25 +307,29 @@ def _write(
     return rows, tokens, text_bytes
 
 
-_WORKER: dict[str, TextTokenizer] = {}
+# A worker process's tokenizer, by its identity: a run uses one; a Ray worker that served
+# an earlier run with another tokenizer rebuilds it rather than use that one's.
+_WORKER = Bounded[str, TextTokenizer](1)
 
 
-def _init_worker(spec: Any) -> None:
+def _init_worker(identity: str, spec: Any) -> None:
     # One process per core: the tokenizer's own thread pool would oversubscribe them.
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _WORKER["tok"] = rebuild(spec)
+    _WORKER.put(identity, rebuild(spec))
 
 
-def _run_job(job: _Job) -> tuple[str, int, int, int]:
-    rows, tokens, nbytes = convert_file(job, _WORKER["tok"])
+def _run_job(identity: str, job: _Job) -> tuple[str, int, int, int]:
+    tok = _WORKER.get(identity)
+    assert tok is not None, "the worker's tokenizer is made first (_init_worker)"
+    rows, tokens, nbytes = convert_file(job, tok)
     return job.rel, rows, tokens, nbytes
 
 
-def _ray_job(spec: Any, job: _Job) -> tuple[str, int, int, int]:
-    if "tok" not in _WORKER:
-        _init_worker(spec)
-    return _run_job(job)
+def _ray_job(identity: str, spec: Any, job: _Job) -> tuple[str, int, int, int]:
+    if identity not in _WORKER:
+        _init_worker(identity, spec)
+    return _run_job(identity, job)
 
 
 def _list(src: str, options: Mapping[str, Any] | None) -> list[FileStat]:
@@ -338,29 +348,10 @@ def _join(root: str, rel: str) -> str:
 def _run_on_ray(
     todo: list[_Job], tok: TextTokenizer, address: str | None, done: Callable[[tuple[str, int, int, int]], None]
 ) -> None:
-    import ray
-    import ray.data
-
-    if not ray.is_initialized():
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-    # Ray Data: one row (and one block, so one task) per file; each task converts
-    # its file exactly as a local worker does, and yields what it wrote.
-    spec = tok.spec
-    # Rows carry each job's position only: a job's storage options may hold values
-    # Arrow cannot store, so the jobs travel in the function Ray ships to its workers.
-    jobs_of = list(todo)
-    items = [{"job": i} for i in range(len(jobs_of))]
-
-    def convert(row: dict[str, Any]) -> dict[str, Any]:
-        rel, n_rows, n_tokens, n_bytes = _ray_job(spec, jobs_of[int(row["job"])])
-        return {"rel": rel, "rows": n_rows, "tokens": n_tokens, "bytes": n_bytes}
-
-    with warnings.catch_warnings():
-        # Ray Data's own context warns about its own deprecated settings.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        ds = ray.data.from_items(items, override_num_blocks=len(items))
-        for out in ds.map(convert).iter_rows():
-            done((out["rel"], out["rows"], out["tokens"], out["bytes"]))
+    # One Ray task a file: each converts its file exactly as a local worker does (the
+    # tokenizer rebuilt once a Ray worker process), and returns what it wrote.
+    calls = [(tok.identity, tok.spec, j) for j in todo]
+    run_tasks(_ray_job, calls, done, address=address, progress=False, desc="tokenize (ray)")
 
 
 def _run_local(
@@ -374,10 +365,52 @@ def _run_local(
     import multiprocessing as mp
 
     with ProcessPoolExecutor(
-        max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(tok.spec,)
+        max_workers=workers,
+        mp_context=mp.get_context("spawn"),
+        initializer=_init_worker,
+        initargs=(tok.identity, tok.spec),
     ) as pool:
-        for r in pool.map(_run_job, todo):
+        for r in pool.map(partial(_run_job, tok.identity), todo):
             done(r)
+
+
+def _check(engine: str, row_group_tokens: Any) -> None:
+    """Refuse an unknown engine or a row group size that is not an integer >= 0, naming the fix."""
+    if engine not in ("local", "ray"):
+        msg = f"engine={engine!r}: use 'local' or 'ray'"
+        raise ConfigError(msg)
+    if not isinstance(row_group_tokens, int) or row_group_tokens < 0:
+        msg = f"row_group_tokens={row_group_tokens!r} must be an integer >= 0 (0 keeps the input's row groups)"
+        raise ConfigError(msg)
+
+
+def _convert(
+    todo: list[_Job], tok: TextTokenizer, engine: str, workers: int, address: str | None, progress: bool | None
+) -> tuple[int, int, int]:
+    """Convert the files of ``todo`` on ``engine``, with a bar of files; (rows, tokens, text bytes) written."""
+    from tqdm import tqdm
+
+    from planner.progress import progress_enabled
+
+    rows = tokens = nbytes = 0
+    bar = tqdm(total=len(todo), desc="tokenize", unit="file", disable=not progress_enabled(progress, len(todo)))
+
+    def done(r: tuple[str, int, int, int]) -> None:
+        nonlocal rows, tokens, nbytes
+        rows, tokens, nbytes = rows + r[1], tokens + r[2], nbytes + r[3]
+        bar.set_postfix(tokens=f"{tokens:,}", refresh=False)
+        bar.update(1)
+
+    try:
+        if not todo:
+            pass
+        elif engine == "ray":
+            _run_on_ray(todo, tok, address, done)
+        else:
+            _run_local(todo, tok, workers, done)
+    finally:
+        bar.close()
+    return rows, tokens, nbytes
 
 
 def tokenize(
@@ -407,12 +440,7 @@ def tokenize(
     See the module's documentation for row groups, resuming and engines.
     """
     t0 = time.perf_counter()
-    if engine not in ("local", "ray"):
-        msg = f"engine={engine!r}: use 'local' or 'ray'"
-        raise ConfigError(msg)
-    if not isinstance(row_group_tokens, int) or row_group_tokens < 0:
-        msg = f"row_group_tokens={row_group_tokens!r} must be an integer >= 0 (0 keeps the input's row groups)"
-        raise ConfigError(msg)
+    _check(engine, row_group_tokens)
     tok = load_tokenizer(tokenizer)
     tok.special(add_bos, add_eos)
     srcs, dsts = os.fspath(src), os.fspath(dst)
@@ -422,58 +450,20 @@ def tokenize(
     if not files:
         msg = f"SRC {srcs!r} holds no *.parquet file"
         raise ConfigError(msg)
-    cores = os.cpu_count() or 2
+    base = _Job("", "", "", text_column, token_column, add_bos, add_eos, row_group_tokens, 1, src_root=srcs,
+                dst_root=dsts, src_options=storage_options, dst_options=dst_storage_options)  # fmt: skip
     all_jobs = [
-        _Job(
-            f.location,
-            _join(dsts, f.name),
-            f.name,
-            text_column,
-            token_column,
-            add_bos,
-            add_eos,
-            row_group_tokens,
-            1,
-            size=f.size,
-            version=f.version,
-            src_root=srcs,
-            dst_root=dsts,
-            src_options=storage_options,
-            dst_options=dst_storage_options,
-        )
+        replace(base, src=f.location, dst=_join(dsts, f.name), rel=f.name, size=f.size, version=f.version)
         for f in files
     ]
     todo = [j for j in all_jobs if not _complete(j, _record(j, tok))]
-    skipped = len(all_jobs) - len(todo)
+    cores = os.cpu_count() or 2
     workers = max(1, min(jobs or cores, len(todo)))
-    threads = max(1, cores // workers)
-    todo = [replace(j, threads=threads) for j in todo]
-    rows = tokens = nbytes = 0
-
-    from tqdm import tqdm
-
-    from planner.progress import progress_enabled
-
-    bar = tqdm(total=len(todo), desc="tokenize", unit="file", disable=not progress_enabled(progress, len(todo)))
-
-    def done(r: tuple[str, int, int, int]) -> None:
-        nonlocal rows, tokens, nbytes
-        rows, tokens, nbytes = rows + r[1], tokens + r[2], nbytes + r[3]
-        bar.set_postfix(tokens=f"{tokens:,}", refresh=False)
-        bar.update(1)
-
-    try:
-        if not todo:
-            pass
-        elif engine == "ray":
-            _run_on_ray(todo, tok, address, done)
-        else:
-            _run_local(todo, tok, workers, done)
-    finally:
-        bar.close()
+    todo = [replace(j, threads=max(1, cores // workers)) for j in todo]
+    rows, tokens, nbytes = _convert(todo, tok, engine, workers, address, progress)
     return TokenizeResult(
         written=len(todo),
-        skipped=skipped,
+        skipped=len(all_jobs) - len(todo),
         rows=rows,
         tokens=tokens,
         text_bytes=nbytes,

@@ -160,6 +160,42 @@ def _from_bytes(blob: bytes, where: str, eos_id: int | None, bos_id: int | None)
         raise ConfigError(msg) from e
 
 
+def _from_file(path: str, eos_id: int | None, bos_id: int | None) -> TextTokenizer:
+    """The tokenizer in the file at ``path`` (SentencePiece, tokenizers JSON or Tekken)."""
+    try:
+        blob = Path(path).read_bytes()
+    except OSError as e:
+        msg = f"tokenizer={path!r}: cannot read it ({one_line(e)}); pass a tokenizer file that exists"
+        raise ConfigError(msg) from e
+    return _from_bytes(blob, path, eos_id, bos_id)
+
+
+def _callable_tokenizer(
+    tokenizer: Any, eos_id: int | None, bos_id: int | None, name: str | None, vocab_size: int | None
+) -> TextTokenizer:
+    """A callable as a tokenizer: named by ``name`` (or its ``tokenizer_id``), refused without one."""
+    ident = name if name is not None else getattr(tokenizer, "tokenizer_id", None)
+    if not isinstance(ident, str) or not ident:
+        msg = (
+            f"tokenizer={tokenizer!r} is a callable, whose vocabulary plitzer cannot hash: name it, "
+            "plitzer.text.source.load_tokenizer(fn, name='my-tokenizer-v1', eos_id=...), or give it a "
+            "tokenizer_id attribute; the name goes into checkpoints, so change it with the vocabulary"
+        )
+        raise ConfigError(msg)
+    eos = eos_id if eos_id is not None else getattr(tokenizer, "eos_id", None)
+    bos = bos_id if bos_id is not None else getattr(tokenizer, "bos_id", None)
+    vocab = vocab_size if vocab_size is not None else getattr(tokenizer, "vocab_size", None)
+    return TextTokenizer(
+        kind="callable",
+        identity=_sha("callable", ident, eos, bos),
+        encode=tokenizer,
+        eos_id=None if eos is None else int(eos),
+        bos_id=None if bos is None else int(bos),
+        vocab_size=None if vocab is None else int(vocab),
+        spec=("callable", tokenizer, eos, bos, ident, vocab),
+    )
+
+
 def load_tokenizer(
     tokenizer: Any,
     *,
@@ -189,39 +225,14 @@ def load_tokenizer(
     if isinstance(tokenizer, TextTokenizer):
         return tokenizer
     if isinstance(tokenizer, (str, os.PathLike)):
-        path = os.fspath(tokenizer)
-        try:
-            blob = Path(path).read_bytes()
-        except OSError as e:
-            msg = f"tokenizer={path!r}: cannot read it ({one_line(e)}); pass a tokenizer file that exists"
-            raise ConfigError(msg) from e
-        return _from_bytes(blob, path, eos_id, bos_id)
+        return _from_file(os.fspath(tokenizer), eos_id, bos_id)
     cls = type(tokenizer)
     if cls.__module__.startswith("tokenizers") and hasattr(tokenizer, "to_str"):
         return _tokenizers_tokenizer(tokenizer, tokenizer.to_str().encode(), eos_id, bos_id)
     if cls.__module__.startswith("sentencepiece") and hasattr(tokenizer, "serialized_model_proto"):
         return _sentencepiece_tokenizer(tokenizer.serialized_model_proto(), eos_id, bos_id)
     if callable(tokenizer):
-        ident = name if name is not None else getattr(tokenizer, "tokenizer_id", None)
-        if not isinstance(ident, str) or not ident:
-            msg = (
-                f"tokenizer={tokenizer!r} is a callable, whose vocabulary plitzer cannot hash: name it, "
-                "plitzer.text.source.load_tokenizer(fn, name='my-tokenizer-v1', eos_id=...), or give it a "
-                "tokenizer_id attribute; the name goes into checkpoints, so change it with the vocabulary"
-            )
-            raise ConfigError(msg)
-        eos = eos_id if eos_id is not None else getattr(tokenizer, "eos_id", None)
-        bos = bos_id if bos_id is not None else getattr(tokenizer, "bos_id", None)
-        vocab = vocab_size if vocab_size is not None else getattr(tokenizer, "vocab_size", None)
-        return TextTokenizer(
-            kind="callable",
-            identity=_sha("callable", ident, eos, bos),
-            encode=tokenizer,
-            eos_id=None if eos is None else int(eos),
-            bos_id=None if bos is None else int(bos),
-            vocab_size=None if vocab is None else int(vocab),
-            spec=("callable", tokenizer, eos, bos, ident, vocab),
-        )
+        return _callable_tokenizer(tokenizer, eos_id, bos_id, name, vocab_size)
     msg = (
         f"tokenizer={tokenizer!r} is not a tokenizer plitzer knows: pass a SentencePiece .model file, a "
         "tokenizers JSON file, a tokenizers.Tokenizer, or a callable from a list of strings to lists of ids"
