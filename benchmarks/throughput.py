@@ -259,7 +259,7 @@ PARTS = {
     "read and decode (read_chunk)": ("plitzer.readpath.scan", "read_chunk"),
     "pack": ("plitzer.readpath.scan", "pack_unit"),
     "pack: the gather": ("plitzer.readpath.pack", "gather_lists"),
-    "straddling steps (assemble)": ("plitzer.state.steps", "assemble"),
+    "straddling steps (assemble)": ("plitzer.readpath.steps", "assemble"),
 }
 """The parts ``--parts`` times: each one's name, and the module and function wrapped for it (as the caller
 looks it up)."""
