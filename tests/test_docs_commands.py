@@ -275,6 +275,9 @@ RULES: dict[str, Rule] = {
     "python benchmarks/cluster.py --shapes": scaled(
         "python benchmarks/cluster.py --shapes --shapes-row-groups 200 --per-file 10 --ranks 2 --rank-files 20"
     ),
+    "python benchmarks/cluster.py --shapes --shapes-row-groups 800 --rank-files 300 --ranks 2": scaled(
+        "python benchmarks/cluster.py --shapes --shapes-row-groups 20 --per-file 10 --ranks 2 --rank-files 4"
+    ),
     "python benchmarks/cluster.py --shapes --packing best-fit --shapes-row-groups 120000 --ranks 1": scaled(
         "python benchmarks/cluster.py --shapes --packing best-fit --shapes-row-groups 200 --per-file 10 --ranks 1"
     ),
