@@ -250,7 +250,7 @@ def test_a_text_sources_counting_pass_is_bytes_a_row_group(shaped: tuple[Path, P
     assert _growth(big, small) <= TEXT_RSS_PER_ROW_GROUP, (big, small)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_selection_pass_is_bytes_a_row_group(shaped: tuple[Path, Path], tmp_path: Path) -> None:
     # where= reads a column the index does not hold: each footer is read once, for that column's
     # chunks alone, and each run of 16 row groups decoded through a footer made for it.
@@ -270,7 +270,7 @@ row of the duplicates' table (which row was kept for it: 7 integers while resolv
 hold thousands of rows, of which a few are dropped; here every row of the copies is, 2 a row group."""
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("key", ["url", "tokens"])
 def test_a_dedupe_pass_is_bytes_a_row_group(shaped: tuple[Path, Path], tmp_path: Path, key: str) -> None:
     # dedupe= keys every row group: each chunk of 16 read through a footer made for it (the
