@@ -406,6 +406,13 @@ def _binned(
     if layout is None:
         msg = f"packing={packing!r} bins documents at seq_len: give seq_len= too (the tokens of a row)"
         raise ConfigError(msg)
+    if len({s.seq_len for s in layout.stages}) > 1:
+        msg = (
+            f"plan tables of seq_len stages under packing={packing!r} are not in this release (the rest of a window "
+            "is binned again at the change, from its documents' lengths); the Loader runs them. Plan each "
+            "seq_len on its own, or change lanes only"
+        )
+        raise ConfigError(msg)
     binner = runtime_pass(binner, BINS)
     if binner is None:
         raise ConfigError(NO_BINNER)

@@ -15,7 +15,7 @@ module is the one place that turns a step into windows, lanes and positions:
 - epoch labels and edges (:meth:`Run.epoch_of`, :meth:`Run.epoch_end`, :meth:`Run.steps_in_epoch`),
   and a finite run's end (:attr:`Run.steps`, :attr:`Run.last_unit`);
 - the layout stage in force at a step and where it began (:meth:`Run.segment`);
-- the earliest step a live weight stage may start at (:func:`earliest_stage_step`).
+- the earliest step a live weight stage may start at (:func:`earliest_stage_step`, a mixture's).
 
 A :class:`Run` is never changed: a live weight stage or a layout change is
 :meth:`Run.with_stages` / :meth:`Run.with_layout`, which return a new run and the first
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -38,12 +38,15 @@ from numpy.typing import NDArray
 from planner.arraytypes import I64
 from planner.errors import ConfigError
 from planner.lanes import piece_range
-from planner.mixing.mixture import Interleave, MixturePlan
+from planner.mixing.mixture import Interleave, MixturePlan, earliest_stage_step
 from planner.mixing.sources import Stage
 from planner.order import runsteps
 from planner.order.layout import Layout
 from planner.order.plan import LanesPlan, Plan
-from planner.packing import stage_tokens
+from planner.order.positions import lane_base, lane_positions
+from planner.order.rebin import CurrencyPlan, Rebinned, Rebinner
+from planner.packing import slice_keys
+from planner.rules.rebin import RestBins, rest_bins
 
 __all__ = [
     "NEVER",
@@ -63,10 +66,15 @@ NEVER = 1 << 62  # the first unit a change touches, when it touches none
 
 @dataclass(frozen=True, slots=True)
 class Recut:
-    """A layout change inside a window: from run token ``begin`` on, the rest is cut into ``lanes``."""
+    """A layout change inside a window: from run token ``begin`` on, the rest is cut into ``lanes``.
+
+    ``tokens``: the rows' tokens from there on under a rule of bins (0 under concat); where it
+    differs from the last, the rest is binned again (:mod:`planner.rules.rebin`).
+    """
 
     lanes: int
     begin: int
+    tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +85,8 @@ class Segment:
     before it. ``rest_unit``: the window holding run token ``begin_run`` strictly inside
     it, cut again at the change (-1: none, the stage began at a window's edge), first
     into ``base_lanes`` and then by ``recuts`` (every change inside that window, this
-    one last; :func:`plitzer.readpath.recut.pack_rest`).
+    one last; :func:`plitzer.readpath.recut.pack_rest`). ``base_tokens``: the rows' tokens
+    when that window began, under a rule of bins (0 under concat).
     """
 
     lanes: int
@@ -87,106 +96,18 @@ class Segment:
     rest_unit: int = -1
     base_lanes: int = 0
     recuts: tuple[Recut, ...] = ()
+    base_tokens: int = 0
 
-
-class _Epochs(Protocol):
-    """What :func:`lane_positions` needs of a plan (``planner.order.plan.Plan`` has it)."""
-
-    def epoch_of_run(self, run: int) -> int: ...
-
-    def run_before(self, epoch: int) -> int: ...
-
-    def epoch(self, epoch: int) -> Any: ...
+    def changes(self) -> list[tuple[int, int, int]]:
+        """The changes inside the rest's window, ``(lanes, begin, tokens)``, as :func:`planner.rules.rebin.rest_bins`
+        takes them."""
+        return [(rc.lanes, rc.begin, rc.tokens) for rc in self.recuts]
 
 
 class _Slices(Protocol):
     """A window's shuffled slices (``plitzer.readpath.packed.Slices``): offsets into them as pieces."""
 
     def positions(self, lanes: I64, offsets: I64) -> tuple[I64, I64]: ...
-
-
-def lane_positions(
-    plan: _Epochs, step: int, seq_len: int, lanes: int, rank_lanes: range, begin_step: int = 0, begin_run: int = 0
-) -> I64:
-    """Where ``rank_lanes`` are before global step ``step``, from the windows' tokens alone.
-
-    Rows ``[lane, epoch, window, -1, offset in the lane's slice]``. The cuts deal the
-    run's tokens like cards, so lane ``k``'s next token is run token ``X(step) + k``
-    (:meth:`planner.order.layout.Layout.run_at`, here one stage from step 0); its window
-    is found by one ``searchsorted`` over the epoch's window tokens, and lane ``k`` has
-    received ``ceil((R - k) / B)`` tokens once the run has ``R``. (The piece ordinal
-    needs the window's documents: the loader resolves it once the window is packed.)
-
-    Under a layout stage that began at step ``begin_step``, run token ``begin_run``
-    (:mod:`planner.order.layout`), the cards start there: lane ``k``'s next token is the run
-    token ``begin_run + ((k - begin_run) mod B) + p * B`` with ``p = (step - begin_step)
-    * seq_len`` its tokens of the stage, and the window holding ``begin_run`` (the one
-    cut again at the change) is counted from ``begin_run``.
-    """
-    ks = np.arange(rank_lanes.start, rank_lanes.stop, dtype=np.int64)
-    p = (step - begin_step) * seq_len
-    run = begin_run + (ks - begin_run) % lanes + p * lanes
-    lo, hi = plan.epoch_of_run(int(run.min())), plan.epoch_of_run(int(run.max()))
-    if hi - lo <= 1:
-        epoch = np.where(run >= plan.run_before(hi), hi, lo)
-    else:  # epochs of fewer tokens than a step's lanes: the lanes' next tokens span several
-        epoch = np.array([plan.epoch_of_run(int(x)) for x in run.tolist()], np.int64)
-    rows = np.zeros((len(ks), 5), np.int64)
-    rows[:, 0] = ks
-    rows[:, 3] = -1
-    for e in np.unique(epoch).tolist():
-        sel = epoch == e
-        window_tokens = plan.epoch(int(e)).window_tokens
-        ends = np.cumsum(window_tokens)
-        start = plan.run_before(int(e))
-        w = np.searchsorted(ends, run[sel] - start, side="right")
-        before = np.maximum(start + (ends[w] - window_tokens[w]), begin_run)
-        got = stage_tokens(before, ks[sel], lanes, begin_run)
-        rows[sel, 1] = e
-        rows[sel, 2] = w
-        rows[sel, 4] = p - got
-    return rows
-
-
-def lane_base(plan: Plan, unit: int, rank_lanes: range, segment: Segment | None = None) -> I64:
-    """Stream positions of ``rank_lanes`` before ``unit``: ``ceil((R - k) / B)`` after R run tokens.
-
-    The cards rule (docs/design.md, "The order"): lane ``k`` gets run tokens ``k, k + B,
-    k + 2B, ...``, so its slice of the unit is its stream positions from here on. Under a
-    layout stage (``segment``), the cards begin at the stage's first run token, and
-    positions count from the stage's first step times its ``seq_len`` (so that position
-    ``p`` is in step ``p // seq_len``).
-    """
-    epoch, window = plan.unit_epoch_window(unit)
-    ep = plan.epoch(epoch)
-    lanes = plan.settings.lanes
-    run = plan.run_before(epoch) + int(ep.window_tokens[:window].sum())
-    ks = np.arange(rank_lanes.start, rank_lanes.stop, dtype=np.int64)
-    if segment is None or segment.begin_run == 0:
-        return stage_tokens(run, ks, lanes, 0)
-    got = stage_tokens(max(run, segment.begin_run), ks, lanes, segment.begin_run)
-    out = segment.begin_step * segment.seq_len + got
-    return out
-
-
-def earliest_stage_step(plan: MixturePlan, step: int, seq_len: int) -> int:
-    """The earliest step a weight stage may start at when the next batch is ``step``.
-
-    A stage that starts at step ``s`` starts at the first window whose first token is at
-    or after run token ``X(s)``; it is allowed only where that window is one no lane has
-    begun: with ``x`` the first token of the last window begun, the earliest step is the
-    first step past the one holding ``x`` (:meth:`planner.order.layout.Layout.step_at_run`
-    of ``x + 1``), and after the last stage's step (docs/design.md, "Live stages").
-    """
-    order = plan.order
-    if not isinstance(order, Interleave):
-        msg = "set_weights() needs a mixture of two or more named sources: one dataset has no weights to change"
-        raise ConfigError(msg)
-    unbegun = order.first_window_at(order.run_at(step))
-    last = 0 if unbegun == 0 else order.window_start(unbegun - 1)  # the last window begun
-    layout = order.layout_stages if order.layout_stages is not None else Layout.one(plan.settings.lanes, seq_len)
-    begun = 0 if unbegun == 0 else layout.step_at_run(last + 1)
-    return max(begun, plan.stages[-1].start + 1)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -219,7 +140,8 @@ class UnitPlace:
     window, mod ``lanes``; ``lane_base``: the tokens each rank lane received before it;
     ``keep``: the rank's lanes that need it (None: all); ``from_step``: the first step
     packed; ``rest``: a window cut again at a layout change, ``(run tokens before it,
-    base lanes, recuts)`` (:class:`Segment`).
+    base lanes, recuts, base tokens)`` (:class:`Segment`); ``row_tokens``: a row's tokens
+    under a rule of bins (``seq_len`` counts units there; 0 under concat).
     """
 
     unit: int
@@ -236,7 +158,8 @@ class UnitPlace:
     seed: int | None  # the slices' shuffle seed (None: stream order, shuffle=False)
     keep: NDArray[np.bool_] | None = None
     from_step: int = 0
-    rest: tuple[int, int, tuple[Recut, ...]] | None = None
+    rest: tuple[int, int, tuple[Recut, ...], int] | None = None
+    row_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -251,14 +174,23 @@ class Run:
     layout: Layout
     world: int
     rank: int
+    rebin: Rebinner | None = None  # what a seq_len change under a rule of bins asks the runtime
     stages: tuple[Stage, ...] | None = field(init=False)  # a mixture's weight stages (None: one dataset)
-    _ends: dict[int, I64] = field(default_factory=dict, repr=False)
+    _ends: dict[tuple[int, int], I64] = field(default_factory=dict, repr=False)
     _segs: dict[int, tuple[Plan, Segment]] = field(default_factory=dict, repr=False)
+    _began: dict[int, Segment] = field(default_factory=dict, repr=False)
+    _cur: dict[int, Plan] = field(default_factory=dict, repr=False)
     _end: dict[str, int] = field(default_factory=dict, repr=False)  # a finite run's end (last_unit)
 
     def __post_init__(self) -> None:
         # The weight stages this run was made with (a mixture's; None for one dataset).
         object.__setattr__(self, "stages", self.plan.stages if isinstance(self.plan, MixturePlan) else None)
+        if self.layout.changes_tokens and (self.rebin is None or self.stages is not None):
+            msg = (
+                "seq_len stages under packing='best-fit' are for one dataset in this release (a mixture's "
+                "interleave balances bins of one length); keep one seq_len for a mixture, or change lanes only"
+            )
+            raise ConfigError(msg)
 
     # -- layout stages ---------------------------------------------------------------------
 
@@ -282,25 +214,69 @@ class Run:
     def segment(self, i: int) -> tuple[Plan, Segment]:
         """Layout stage ``i``: the plan cut into its lanes, and where it began (docs/design.md, "Layout stages")."""
         got = self._segs.get(i)
+        if got is None:
+            st, cur = self.layout.stages[i], self.currency(i)
+            got = (cur if st.lanes == cur.settings.lanes else LanesPlan(cur, st.lanes), self.began(i))
+            self._segs[i] = got
+        return got
+
+    def began(self, i: int) -> Segment:
+        """Where layout stage ``i`` began, and the window it cut again (counted in the stage before's units)."""
+        got = self._began.get(i)
         if got is not None:
             return got
-        st = self.layout.stages[i]
-        plan = self.plan if st.lanes == self.plan.settings.lanes else LanesPlan(self.plan, st.lanes)
+        stages = self.layout.stages
+        st = stages[i]
         if i == 0:
-            seg = Segment(st.lanes, st.seq_len)
+            got = Segment(st.lanes, st.seq_len)
         else:
             begins = self.layout.begins()
             x = begins[i]
-            unit, start = self.window_at(x)
+            unit, start = self._window_at(self.currency(i - 1), x)
             if start == x:  # at a window's edge: nothing to cut again
-                seg = Segment(st.lanes, st.seq_len, st.start, x)
+                got = Segment(st.lanes, st.seq_len, st.start, x)
             else:  # cut first as the stage in force at the window's start did, then by every change inside it
                 j = max(m for m in range(i + 1) if begins[m] <= start)
-                recuts = tuple(Recut(self.layout.stages[m].lanes, begins[m]) for m in range(j + 1, i + 1))
-                seg = Segment(st.lanes, st.seq_len, st.start, x, unit, self.layout.stages[j].lanes, recuts)
-        got = (plan, seg)
-        self._segs[i] = got
+                recuts = tuple(Recut(stages[m].lanes, begins[m], stages[m].tokens) for m in range(j + 1, i + 1))
+                got = Segment(st.lanes, st.seq_len, st.start, x, unit, stages[j].lanes, recuts, stages[j].tokens)
+        self._began[i] = got
         return got
+
+    def currency(self, i: int) -> Plan:
+        """The plan whose units layout stage ``i`` counts: the run's, or after a ``seq_len`` change under a rule
+        of bins, the plan binned at the new ``seq_len`` over the run's units so far (:mod:`planner.order.rebin`)."""
+        if i == 0 or not self.layout.changes_tokens:
+            return self.plan
+        got = self._cur.get(i)
+        if got is None:
+            before = self.currency(i - 1)
+            same = self.layout.stages[i].tokens == self.layout.stages[i - 1].tokens
+            got = before if same else self._rebinned(i, before)
+            self._cur[i] = got
+        return got
+
+    def _rebinned(self, i: int, before: Plan) -> Plan:
+        """The currency of stage ``i``, whose ``seq_len`` differs from the stage before's."""
+        assert self.rebin is not None  # __post_init__ refused a run without one
+        g = self.began(i)
+        after = self.rebin.plan_at(self.layout.stages[i].tokens)
+        if g.rest_unit < 0:  # at a window's edge: the window before it ends there, nothing binned again
+            e, w = before.unit_epoch_window(self._window_at(before, g.begin_run)[0] - 1)
+            start, m = g.begin_run - int(before.epoch(e).window_tokens[w]), 0
+        else:
+            e, w = before.unit_epoch_window(g.rest_unit)
+            start = self._window_at(before, g.begin_run)[1]
+            m = self.rest_of(before, g, start).count
+        return CurrencyPlan(Rebinned(before.order, before.counts[0], after, (e, w), start, g.begin_run, m))
+
+    def rest_of(self, plan: Plan, g: Segment, start: int) -> RestBins:
+        """The rest of ``g``'s window after its changes (:func:`planner.rules.rebin.rest_bins`), from its lengths."""
+        assert self.rebin is not None
+        e, w = plan.unit_epoch_window(g.rest_unit)
+        ep = plan.epoch(e)
+        keys = slice_keys(plan.settings.slice_seed, e, w, np.arange(g.base_lanes))
+        lengths = self.rebin.lengths(ep.order[ep.window == w])
+        return rest_bins(self.rebin.rule, lengths, g.base_tokens, g.base_lanes, start, keys, g.changes())
 
     # -- steps, epochs and units -----------------------------------------------------------
 
@@ -309,21 +285,27 @@ class Run:
 
         A finite run's labels stop at its last epoch, ``epochs - 1`` (SPEC section 17).
         """
-        label, n = self.layout.run_at(step) // self.plan.epoch_tokens, self.plan.settings.epochs
+        label, n = self.labels.label_of(self.layout.run_at(step)), self.plan.settings.epochs
         return label if n is None else min(label, n - 1)
+
+    @property
+    def labels(self) -> Plan:
+        """The plan that labels epochs: the last stage's currency (:meth:`currency`; the run's plan, but after a
+        ``seq_len`` change under a rule of bins, whose epochs then count each epoch's own units)."""
+        return self.currency(len(self.layout) - 1)
 
     def epoch_end(self, epoch: int) -> int:
         """The first step of epoch label ``epoch + 1`` (a finite run's steps, past its last epoch)."""
-        return runsteps.epoch_start(self.plan, self.layout, epoch + 1)
+        return runsteps.epoch_start(self.labels, self.layout, epoch + 1)
 
     def steps_in_epoch(self, epoch: int) -> int:
         """The steps whose epoch label is ``epoch`` (:func:`planner.order.runsteps.steps_in_epoch`)."""
-        return runsteps.steps_in_epoch(self.plan, self.layout, epoch)
+        return runsteps.steps_in_epoch(self.labels, self.layout, epoch)
 
     @property
     def steps(self) -> int | None:
         """A finite run's steps (``epochs``, SPEC section 17); None: the run never ends."""
-        return runsteps.run_steps(self.plan, self.layout)
+        return runsteps.run_steps(self.labels, self.layout)
 
     @property
     def last_unit(self) -> int:
@@ -333,38 +315,43 @@ class Run:
             self._end["unit"] = NEVER if n is None else self.plan.unit(n, 0) - 1
         return self._end["unit"]
 
-    def _window_ends(self, epoch: int) -> I64:
-        ends = self._ends.get(epoch)
+    def _window_ends(self, plan: Plan, epoch: int) -> I64:
+        ends = self._ends.get((id(plan), epoch))
         if ends is None:
-            ends = np.cumsum(self.plan.epoch(epoch).window_tokens)
+            ends = np.cumsum(plan.epoch(epoch).window_tokens)
             if len(self._ends) > 4:
                 self._ends.clear()
-            self._ends[epoch] = ends
+            self._ends[(id(plan), epoch)] = ends
         return ends
 
     def window_at(self, run: int) -> tuple[int, int]:
-        """The unit holding run token ``run``, and the run's tokens before that unit."""
-        e = self.plan.epoch_of_run(run)
-        ends = self._window_ends(e)
-        start = self.plan.run_before(e)
+        """The unit holding run token ``run``, and the run's tokens before that unit (in the first stage's units)."""
+        return self._window_at(self.plan, run)
+
+    def _window_at(self, plan: Plan, run: int) -> tuple[int, int]:
+        """:meth:`window_at` in ``plan``'s units (a stage's :meth:`currency`)."""
+        e = plan.epoch_of_run(run)
+        ends = self._window_ends(plan, e)
+        start = plan.run_before(e)
         w = int(np.searchsorted(ends, run - start, side="right"))
         wt = int(ends[w] - (ends[w - 1] if w else 0))
-        return self.plan.unit(e, w), start + int(ends[w]) - wt
+        return plan.unit(e, w), start + int(ends[w]) - wt
 
     def units_of_step(self, step: int) -> tuple[int, int]:
         """The first and last unit step ``step`` takes tokens from, for this rank's lanes.
 
         Every lane has left the units before the first: they may be released. None past :attr:`last_unit`.
         """
-        _, g = self.at(step)
+        i = self.stage_of(step)
+        g, cur = self.began(i), self.currency(i)
         b, n = g.lanes, g.seq_len
         # Lane k's token p of the stage is run token begin + ((k - begin) mod B) + p * B.
         mine = self.rank_lanes(b)
         ks = np.arange(mine.start, mine.stop, dtype=np.int64)
         off = (ks - g.begin_run) % b
         p = (step - g.begin_step) * n
-        first, _ = self.window_at(g.begin_run + int(off.min()) + p * b)
-        last, _ = self.window_at(g.begin_run + int(off.max()) + (p + n - 1) * b)
+        first, _ = self._window_at(cur, g.begin_run + int(off.min()) + p * b)
+        last, _ = self._window_at(cur, g.begin_run + int(off.max()) + (p + n - 1) * b)
         return first, min(last, self.last_unit)  # a finite run reads nothing past its end
 
     def positions(self, step: int, stage: int | None = None) -> I64:
@@ -425,7 +412,7 @@ class Run:
         if unit == g.rest_unit:  # cut again at the layout change: every row group of the window
             positions = np.flatnonzero(ep.window == window).astype(np.int64)
             before = plan.run_before(epoch) + int(ep.window_tokens[:window].sum())
-            rest = (before, g.base_lanes, g.recuts)
+            rest = (before, g.base_lanes, g.recuts, g.base_tokens)
         else:
             positions = ep.reads_of(window, self.rank)
             if unit < start.last:
@@ -446,6 +433,7 @@ class Run:
             keep=start.needed(unit),
             from_step=start.step if unit <= start.last else g.begin_step,
             rest=rest,
+            row_tokens=self.layout.stages[stage].tokens,
         )
 
     def _needed_reads(self, plan: Plan, g: Segment, unit: int, positions: I64, start: Start) -> NDArray[np.bool_]:
@@ -479,7 +467,7 @@ class Run:
             msg = f"a stage at step {stage.start} must start after the last one, at step {mix.stages[-1].start}"
             raise ConfigError(msg)
         plan, unit = mix.with_stages((*mix.stages, stage))
-        return Run(plan, self.layout, self.world, self.rank), unit
+        return Run(plan, self.layout, self.world, self.rank, self.rebin), unit
 
     def with_stages(self, stages: Sequence[Stage]) -> tuple[Run, int]:
         """This run with the weight stages ``stages`` (same first one; a resume's); the first unit they change."""
@@ -487,7 +475,7 @@ class Run:
         if not isinstance(mix.order, Interleave):
             return self, NEVER
         plan, unit = mix.with_stages(stages)
-        return Run(plan, self.layout, self.world, self.rank), unit
+        return Run(plan, self.layout, self.world, self.rank, self.rebin), unit
 
     def with_layout(self, layout: Layout) -> tuple[Run, int]:
         """This run with the layout stages ``layout`` (a live ``set_layout``, a resume's); the first unit touched.
@@ -497,4 +485,4 @@ class Run:
         (:data:`NEVER`).
         """
         plan, unit = self.plan.with_layout(layout)  # one dataset's windows stay (NEVER); a mixture's may move
-        return Run(plan, layout, self.world, self.rank), unit
+        return Run(plan, layout, self.world, self.rank, self.rebin), unit

@@ -242,7 +242,7 @@ class Loader:
         with self._lock:
             stage = live.layout_stage(self.layout, lanes, seq_len, at_step, self._step, self.settings.world)
             layout = self.layout.with_stage(stage)
-            check_layout(self.plan, self.settings, layout, [stage])
+            check_layout(self.plan, self.settings, layout, [stage], rebin=self._run.rebin)
             units = layout.in_units(self.settings.rule.units_per_row)
             if stage.start == self._step:  # positions a resume left: in the old layout, no longer what comes
                 self._cursor.place(self._step)
@@ -414,7 +414,7 @@ class Loader:
         with self._lock:
             if fit.layout:
                 layout = Layout.from_config(fit.layout)
-                check_layout(self.plan, self.settings, layout, layout.stages)
+                check_layout(self.plan, self.settings, layout, layout.stages, rebin=self._run.rebin)
                 self._set_run(*self._run.with_layout(layout.in_units(self.settings.rule.units_per_row)))
             if fit.stages:
                 self._set_run(*self._run.with_stages(fit.stages))

@@ -153,3 +153,96 @@ def mixture_rows(
         if min(len(x) for x in rows) >= steps:
             break
     return rows
+
+
+def layout_rows(
+    rg_docs: list[list[list[int]]], seed: int, window: int, stages: list[tuple[int, int, int]], steps: int
+) -> tuple[list[list[Bin]], list[int]]:
+    """Rule 9 in general (``seq_len`` changes too): per step, every lane's bin, and each step's epoch label.
+
+    ``stages``: ``(first step, lanes, L)`` from step 0. Windows are dealt to the lanes when a
+    lane runs dry, each one's bins at the ``L`` in force. At a change before step ``t`` the
+    lanes have consumed ``x`` units: the window holding unit ``x`` strictly inside it gives
+    its unconsumed bins (lane 0's first, each lane's in packed order); at another ``L`` their
+    items, in that order (one longer than the new ``L`` split every ``L`` tokens), are binned
+    again by best-fit decreasing as one group; the rest is cut into the new lanes with
+    ``z = x mod B'``, no shuffle. Windows dealt past ``x`` are dealt again. A step's epoch
+    label is the epoch of the window holding the run's unit ``x`` before it.
+    """
+    wins: list[tuple[int, int, list[int]]] = []
+
+    def win(i: int) -> tuple[int, int, list[int]]:
+        while len(wins) <= i:
+            e = wins[-1][0] + 1 if wins else 0
+            wins.extend((e, w, g) for w, g in enumerate(epoch_windows(len(rg_docs), seed, window, e)))
+        return wins[i]
+
+    queues: list[list[tuple[Bin, int]]] = []
+    span: dict[int, list[int]] = {}  # window -> [first unit, end]
+    state = {"next": 0, "run": 0}
+
+    def deal(lanes: int, seq_len: int) -> None:
+        i = state["next"]
+        e, w, group = win(i)
+        stream = [b for g in group for b in bins_of(rg_docs[g], g, seq_len)]
+        c = cuts(len(stream), lanes, state["run"] % lanes)
+        for k in range(lanes):
+            sl = stream[c[k] : c[k + 1]]
+            queues[k].extend((sl[j], i) for j in permutation(len(sl), key(seed, e, w, k, 2)))
+        span[i] = [state["run"], state["run"] + len(stream)]
+        state["run"] += len(stream)
+        state["next"] = i + 1
+
+    out: list[list[Bin]] = []
+    labels: list[int] = []
+    x = 0
+    lanes, seq_len = stages[0][1], stages[0][2]
+    queues = [[] for _ in range(lanes)]
+    for t in range(steps):
+        change = [s for s in stages[1:] if s[0] == t]
+        if change:
+            _, new_lanes, new_len = change[0]
+            begun = [i for i, (a, b) in span.items() if a < x < b]
+            rest = [bn for k in range(lanes) for bn, i in queues[k] if begun and i == begun[0]]
+            later = [i for i, (a, _) in span.items() if a >= x]
+            if later:
+                state["next"] = min(later)
+                for i in later:
+                    del span[i]
+            if new_len != seq_len:
+                items = [
+                    (g, r, o + j, min(new_len, n - j))
+                    for bn in rest
+                    for g, r, o, n in bn
+                    for j in range(0, n or 1, new_len)
+                ]
+                rest = _best_fit(items, new_len)
+            lanes, seq_len = new_lanes, new_len
+            c = cuts(len(rest), lanes, x % lanes)
+            queues = [[(bn, begun[0]) for bn in rest[c[k] : c[k + 1]]] for k in range(lanes)]
+            state["run"] = x + len(rest)
+            if begun:
+                span[begun[0]][1] = state["run"]
+        while any(not q for q in queues):
+            deal(lanes, seq_len)
+        out.append([q.pop(0)[0] for q in queues])
+        labels.append(x)
+        x += lanes
+    at = [next(win(i)[0] for i, (a, b) in span.items() if a <= u < b) for u in labels]
+    return out, at
+
+
+def _best_fit(items: list[Item], seq_len: int) -> list[Bin]:
+    """Rule 2 over a list of items (one group): bins in order of opening, each one's items in the list's order."""
+    fill: list[int] = []
+    content: list[list[int]] = []
+    for i in sorted(range(len(items)), key=lambda i: (-items[i][3], i)):
+        n = items[i][3]
+        fits = [b for b in range(len(fill)) if seq_len - fill[b] >= n]
+        b = min(fits, key=lambda b: (seq_len - fill[b], b)) if fits else len(fill)
+        if b == len(fill):
+            fill.append(0)
+            content.append([])
+        fill[b] += n
+        content[b].append(i)
+    return [[items[i] for i in sorted(c)] for c in content]

@@ -49,6 +49,7 @@ __all__ = [
     "Interleave",
     "MixtureIndex",
     "MixturePlan",
+    "earliest_stage_step",
     "finish_keys",
     "interleave_demo",
     "is_mixture",
@@ -217,3 +218,23 @@ class MixturePlan(Plan):
 
     def _extra_tables(self) -> dict[str, pl.DataFrame]:
         return {"sources": self.sources(), "stages": self.stages_table(), **super()._extra_tables()}
+
+
+def earliest_stage_step(plan: MixturePlan, step: int, seq_len: int) -> int:
+    """The earliest step a weight stage may start at when the next batch is ``step``.
+
+    A stage that starts at step ``s`` starts at the first window whose first token is at
+    or after run token ``X(s)``; it is allowed only where that window is one no lane has
+    begun: with ``x`` the first token of the last window begun, the earliest step is the
+    first step past the one holding ``x`` (:meth:`planner.order.layout.Layout.step_at_run`
+    of ``x + 1``), and after the last stage's step (docs/design.md, "Live stages").
+    """
+    order = plan.order
+    if not isinstance(order, Interleave):
+        msg = "set_weights() needs a mixture of two or more named sources: one dataset has no weights to change"
+        raise ConfigError(msg)
+    unbegun = order.first_window_at(order.run_at(step))
+    last = 0 if unbegun == 0 else order.window_start(unbegun - 1)  # the last window begun
+    layout = order.layout_stages if order.layout_stages is not None else Layout.one(plan.settings.lanes, seq_len)
+    begun = 0 if unbegun == 0 else layout.step_at_run(last + 1)
+    return max(begun, plan.stages[-1].start + 1)

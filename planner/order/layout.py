@@ -34,7 +34,7 @@ of one ``lanes`` and one ``seq_len`` is a layout of one stage (:meth:`Layout.one
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -48,11 +48,16 @@ __all__ = ["Layout", "LayoutStage", "parse_values", "stage_tokens"]
 
 @dataclass(frozen=True, slots=True)
 class LayoutStage:
-    """From global step ``start`` on: ``lanes`` sequences of ``seq_len`` tokens a step."""
+    """From global step ``start`` on: ``lanes`` sequences of ``seq_len`` tokens a step.
+
+    In a packing rule's units (:meth:`Layout.in_units`), ``seq_len`` counts units a row and
+    ``tokens`` the tokens of a row (0: the units are tokens).
+    """
 
     start: int
     lanes: int
     seq_len: int
+    tokens: int = field(default=0, repr=False)
 
     @property
     def per_step(self) -> int:
@@ -130,26 +135,23 @@ class Layout:
     def in_units(self, units_per_row: Callable[[int], int]) -> Layout:
         """These stages in a packing rule's units (:mod:`planner.rules`): each row ``units_per_row(seq_len)`` units.
 
-        Concat's units are tokens (the same layout); best-fit's are bins, one a row. A
-        ``seq_len`` stage under a rule whose units are not tokens would bin the rest of the
-        windows begun again (SPEC section 15 rule 9): refused in this release, with the fix.
+        Concat's units are tokens (the same layout); best-fit's are bins, one a row, and each
+        stage keeps its rows' tokens (``tokens``): a ``seq_len`` change there bins the rest of
+        the window begun again (SPEC section 15 rule 9; :mod:`planner.order.rebin`).
         """
         units = tuple(LayoutStage(s.start, s.lanes, units_per_row(s.seq_len)) for s in self.stages)
         if all(u.seq_len == s.seq_len for u, s in zip(units, self.stages, strict=True)):
             return self
-        lens = sorted({s.seq_len for s in self.stages})
-        if len(lens) > 1:
-            msg = (
-                f"seq_len stages {lens} under packing='best-fit' are not supported in this release (the rest of "
-                "the windows begun would be binned again at the new length); keep one seq_len, change lanes "
-                "only, or use packing='concat'"
-            )
-            raise ConfigError(msg)
-        return Layout(units)
+        return Layout(tuple(LayoutStage(s.start, s.lanes, units_per_row(s.seq_len), s.seq_len) for s in self.stages))
 
     def in_tokens(self, seq_len: int) -> Layout:
-        """The inverse of :meth:`in_units` for a rule of one unit a row: every stage's rows ``seq_len`` tokens."""
-        return Layout(tuple(LayoutStage(s.start, s.lanes, seq_len) for s in self.stages))
+        """The inverse of :meth:`in_units`: every stage's rows its ``tokens`` (``seq_len`` where it has none)."""
+        return Layout(tuple(LayoutStage(s.start, s.lanes, s.tokens or seq_len) for s in self.stages))
+
+    @property
+    def changes_tokens(self) -> bool:
+        """Stages in a rule's units whose rows' tokens differ (a ``seq_len`` change under best-fit)."""
+        return len({s.tokens for s in self.stages}) > 1
 
     @property
     def first(self) -> LayoutStage:

@@ -146,6 +146,14 @@ class Plan:
         joins the run later moves no epoch; docs/design.md, "Epochs of a mixture")."""
         return int(self.order.total)
 
+    def label_of(self, run: int) -> int:
+        """The epoch label of a step whose run units before it are ``run``: ``floor(run / T)``."""
+        return run // self.epoch_tokens
+
+    def label_start(self, epoch: int) -> int:
+        """The run's units from which steps are labelled ``epoch``: ``epoch * T``."""
+        return epoch * self.epoch_tokens
+
     @property
     def windows(self) -> int:
         """Windows of epoch 0 (of every epoch of one source; a mixture's may differ by a window or two)."""

@@ -45,6 +45,8 @@ class _Epochs(Protocol):
 
     def run_before(self, epoch: int) -> int: ...
 
+    def label_start(self, epoch: int) -> int: ...
+
 
 def steps_layout(plan: _Epochs, layout: Layout | None = None) -> Layout:
     """``layout``, else the plan's (given with ``seq_len``): a plan without one has no steps, refused."""
@@ -69,7 +71,7 @@ def run_steps(plan: _Epochs, layout: Layout) -> int | None:
 
 def epoch_start(plan: _Epochs, layout: Layout, epoch: int) -> int:
     """The first step whose epoch label is ``epoch`` or later; a finite run's steps past its last epoch."""
-    first = layout.step_at_run(epoch * plan.epoch_tokens)
+    first = layout.step_at_run(plan.label_start(epoch))
     n, epochs = run_steps(plan, layout), plan.settings.epochs
     if n is None or epochs is None:
         return first

@@ -40,8 +40,10 @@ from numpy.typing import NDArray
 
 from planner.arraytypes import I64
 from planner.errors import DataError
+from planner.packing import slice_keys
 from planner.rules import Binned, Rule
 from planner.rules.binned import Items, item_lengths
+from planner.rules.rebin import rest_bins
 from plitzer.readpath.aligned import aligned_chunks, storage_dtype
 from plitzer.readpath.labels import LABEL_DTYPE, LABEL_FILL, label_chunks
 from plitzer.readpath.pack import ColumnChunks, chunk_lists, gather_layout
@@ -149,24 +151,33 @@ def pack_bins(
     packer of the unit (:func:`~plitzer.readpath.pack.pack_unit`, or
     :func:`~plitzer.readpath.recut.pack_rest` for a window cut again). ``labels``: the labels
     (:mod:`plitzer.readpath.labels`) gathered by the items' lists too, ``-100`` on the padding.
+    A row is the layout stage's tokens (``place.row_tokens``; ``rows.seq_len`` where it has none).
     """
     p = reads.place
+    seq_len = p.row_tokens or rows.seq_len
     docs = unit_documents(chunks, np.zeros(len(chunks), np.int64), reads.doc_base)
     rule = rows.rule
     assert isinstance(rule, Binned), rule.name  # the read pool packs bins only for a binned rule
-    items, gbin, per_chunk = _bin_chunks(rule, docs.length, docs.chunk, len(chunks), rows.seq_len)
-    if rows.bins is not None and len(chunks):
-        _check_counted(rows.bins[p.row_groups], p.row_groups, per_chunk)
-    # 1. Units: the concat packer over one unit a bin (rows of one unit): its tables, nothing gathered.
-    bases = np.cumsum(per_chunk) - per_chunk
-    units = pack(_unit_chunks(per_chunk), UnitReads(p, bases, 0, np.dtype(np.int64)), None, gather=False)
+    rebinned = p.rest is not None and any(rc.tokens != p.rest[3] for rc in p.rest[2])
+    if rebinned:
+        units, items, gbin, nbins = _rebinned_units(chunks, reads, rule, docs, pack)
+    else:
+        items, gbin, per_chunk = _bin_chunks(rule, docs.length, docs.chunk, len(chunks), seq_len)
+        if rows.bins is not None and len(chunks) and seq_len == rows.seq_len:
+            _check_counted(rows.bins[p.row_groups], p.row_groups, per_chunk)
+        # 1. Units: the concat packer over one unit a bin (rows of one unit): its tables, nothing gathered.
+        bases = np.cumsum(per_chunk) - per_chunk
+        units = pack(_unit_chunks(per_chunk), UnitReads(p, bases, 0, np.dtype(np.int64)), None, gather=False)
+        nbins = int(per_chunk.sum())
     # 2. Rows: each bin of the layout its items, then its padding.
-    lay = _layout(units, _unit_bins(items, gbin, int(per_chunk.sum())), items, docs, rows.seq_len)
+    lay = _layout(units, _unit_bins(items, gbin, nbins), items, docs, seq_len)
+    if rebinned:  # a rest binned again: its items come in its order, with consumed items between them
+        lay = _tiled(lay)
     memory, block, edges, start = lay.gather(docs.arrays, rows.pad_id, reads.dtype)
     # The unit's own (its place, steps whole in it, slices) stay; the rows are the bins expanded.
     return replace(
         units,
-        seq_len=rows.seq_len,
+        seq_len=seq_len,
         memory=memory,
         block=block,
         edges=edges,
@@ -178,6 +189,68 @@ def pack_bins(
         start=start,
         columns=_columns(lay, docs.arrays, columns, rows.fills, memory),
         labels=_column(lay, label_chunks(docs.arrays), LABEL_FILL, LABEL_DTYPE, memory) if labels else None,
+    )
+
+
+def _rebinned_units(
+    chunks: list[pa.Array], reads: UnitReads, rule: Binned, docs: Documents, pack: Packer
+) -> tuple[PackedUnit, Items, I64, int]:
+    """A window whose rest was binned again at a ``seq_len`` change (SPEC section 15 rule 9): its units and bins.
+
+    The rest's bins as of its last ``seq_len`` change (:func:`planner.rules.rebin.rest_bins`, the
+    run's count of them too) are one unit chunk, cut at that change into its lanes with no
+    shuffle and then by the ``lanes`` changes after it, as the concat packer cuts a window again.
+    """
+    p = reads.place
+    assert p.rest is not None
+    window_start, b0, recuts, base_tokens = p.rest
+    lengths = np.split(docs.length, np.searchsorted(docs.chunk, np.arange(1, len(chunks))))
+    keys = slice_keys(p.seed, p.epoch, p.window, np.arange(b0))
+    changes = [(rc.lanes, rc.begin, rc.tokens) for rc in recuts]
+    rest = rest_bins(rule, lengths, base_tokens, b0, window_start, keys, changes)
+    m = rest.count
+    place = replace(
+        p,
+        token_start=np.zeros(1, np.int64),
+        window_tokens=m,
+        seed=None,
+        rest=(rest.begin, rest.lanes, recuts[rest.applied :], 0),
+    )
+    units = pack(
+        _unit_chunks(np.array([m], np.int64)),
+        UnitReads(place, np.zeros(1, np.int64), 0, np.dtype(np.int64)),
+        None,
+        gather=False,
+    )
+    items = Items(doc=rest.doc, offset=rest.offset, length=rest.length)
+    return units, items, rest.bin_of_items(), m
+
+
+def _tiled(lay: _Layout) -> _Layout:
+    """``lay`` with lists that tile their row groups' values, as :func:`~plitzer.readpath.pack.chunk_lists` takes them.
+
+    A window cut again holds only its unconsumed items, in the rest's order: they are
+    sorted into storage order (an empty item before one that starts where it does), a
+    list is put over each gap between two of a row group (the tokens consumed before the
+    change, gathered by no sub-piece), and the sub-pieces' lists numbered again.
+    """
+    n = len(lay.item_length)
+    order = np.lexsort((lay.item_length, lay.item_value, lay.item_chunk))
+    c, v, ln = lay.item_chunk[order], lay.item_value[order], lay.item_length[order]
+    end = v + ln
+    gap = np.flatnonzero((c[1:] == c[:-1]) & (v[1:] > end[:-1]))  # a list over the gap after sorted item gap[i]
+    where = np.empty(n, np.int64)
+    where[order] = np.arange(n, dtype=np.int64) + np.searchsorted(gap, np.arange(n), side="left")
+    list_of = lay.list_of.copy()
+    item = list_of < n
+    list_of[item] = where[list_of[item]]
+    list_of[~item] += len(gap)
+    return replace(
+        lay,
+        list_of=list_of,
+        item_chunk=np.insert(c, gap + 1, c[gap]),
+        item_value=np.insert(v, gap + 1, end[gap]),
+        item_length=np.insert(ln, gap + 1, v[gap + 1] - end[gap]),
     )
 
 

@@ -23,6 +23,7 @@ from planner.errors import ConfigError, DataError, PerformanceWarning
 from planner.order.epoch import row_group_counts
 from planner.order.layout import Layout, LayoutStage
 from planner.order.plan import Plan
+from planner.order.rebin import Rebinner
 from planner.run import Run
 from plitzer.readpath.aligned import resolve
 from plitzer.readpath.batch import Located
@@ -34,9 +35,10 @@ from plitzer.readpath.scan import Packing, ReadPool
 from plitzer.readpath.schedule import Schedule
 from plitzer.selection.select import source_rows
 from plitzer.sources import index_of
+from plitzer.state.bins import BinSpec, Rebin
 from plitzer.state.settings import LoaderSettings, Source, checkpoint_config, default_threads, make_plan
 
-__all__ = ["Locator", "Parts", "check_layout", "held_counts", "make_config", "open_plan", "parts"]
+__all__ = ["Locator", "Parts", "check_layout", "held_counts", "make_config", "open_plan", "parts", "rebin"]
 
 
 def open_plan(source: Source, settings: LoaderSettings) -> Plan:
@@ -58,6 +60,7 @@ def check_layout(
     tok: I64 | None = None,
     rows: I64 | None = None,
     column_bytes: int | None = None,
+    rebin: Rebinner | None = None,
 ) -> int:
     """Refuse stages ``new`` of ``layout`` that the data or the budget cannot hold.
 
@@ -73,13 +76,15 @@ def check_layout(
         cols = resolve(plan.dataset, s.columns) if s.columns is not None else None
         column_bytes = (cols.itemsize if cols is not None else 0) + LABEL_BYTES * s.labels
     cb = column_bytes
-    big = max(new, key=lambda st: st.lanes)
-    if plan.tokens < big.lanes:
-        msg = (
-            f"lanes={big.lanes} exceeds the dataset's {plan.tokens} {s.rule.unit}s: some lanes could never "
-            "receive a document. Lower lanes (or use more data)"
-        )
-        raise ConfigError(msg)
+    for st in new:  # a binned rule's units at another seq_len are that seq_len's bins (the bins pass's)
+        units = plan.tokens if rebin is None or st.seq_len == s.seq_len else rebin.plan_at(st.seq_len).tokens
+        if units < st.lanes:
+            at = f" at seq_len={st.seq_len}" if s.stages.staged and s.rule.pads else ""
+            msg = (
+                f"lanes={st.lanes} exceeds the dataset's {units} {s.rule.unit}s{at}: some lanes could never "
+                "receive a document. Lower lanes (or use more data)"
+            )
+            raise ConfigError(msg)
     floors = [
         (budget_floor(tok, rows, lanes=st.lanes, window=s.window, seq_len=st.seq_len, column_bytes=cb), st)
         for st in new
@@ -101,6 +106,19 @@ def check_layout(
         tok, rows, lanes=worst.lanes, window=s.window, seq_len=worst.seq_len, ahead=1, column_bytes=cb
     )
     return int(inflight)
+
+
+def rebin(plan: Plan, settings: LoaderSettings) -> Rebin | None:
+    """What the run asks at a ``seq_len`` change under a rule of bins (None under concat); each ``seq_len`` of the
+    layout binned now, so the bins passes all run before the first batch (split between the ranks)."""
+    s = settings
+    if not s.rule.pads:
+        return None
+    spec = BinSpec(s.seq_len, s.rule.name, s.selection.length_column)
+    got = Rebin(plan, spec, threads=s.threads, split=(s.rank, s.world))
+    for st in s.stages.stages:
+        got.plan_at(st.seq_len)
+    return got
 
 
 def make_config(settings: LoaderSettings, run: Run) -> dict[str, Any]:
@@ -158,7 +176,8 @@ def parts(plan: Plan, settings: LoaderSettings) -> Parts:
     tok, rows, _ = held_counts(plan, s)  # the selected ones where selected
     columns = resolve(plan.dataset, s.columns)  # aligned columns, checked against every source
     column_bytes = (columns.itemsize if columns else 0) + LABEL_BYTES * s.labels  # labels: 8 B a token more
-    inflight = check_layout(plan, s, layout, layout.stages, tok, rows, column_bytes)
+    binned = rebin(plan, s)
+    inflight = check_layout(plan, s, layout, layout.stages, tok, rows, column_bytes, binned)
     if s.budget < inflight:
         # Works, but the next window is read only once the current one is released:
         # decoding and training take turns instead of overlapping.
@@ -169,7 +188,7 @@ def parts(plan: Plan, settings: LoaderSettings) -> Parts:
             PerformanceWarning,
             stacklevel=5,
         )
-    run = Run(plan, s.unit_layout, s.world, s.rank)
+    run = Run(plan, s.unit_layout, s.world, s.rank, binned)
     threads = s.threads or default_threads(plan.dataset)
     made = Rows(s.rule, s.seq_len, s.pad_id)  # how the rule makes rows (best-fit: padded bins)
     pool = ReadPool(plan.dataset, Budget(s.budget), Packing.of(plan.dataset, columns, made, s.labels), threads=threads)
