@@ -213,3 +213,55 @@ def _passes(ix: Any, sel: Selection) -> Any:
         return dedupe_index(out, sel) if sel.dedupe else out
     except (ConfigError, plitzer.errors.SelectionError) as e:
         return type(e).__name__
+
+
+_GLOO_WORKER = """
+import json, sys
+import numpy as np
+import torch.distributed as dist
+import plitzer
+import plitzer.selection.evaluate as ev
+from plitzer.sources import arrow
+
+rank, world, port, data, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+walked, evaluated = [], []
+walk, evaluate = arrow._walk, ev.SelectionPass.evaluate_many
+arrow._walk = lambda path, column: (walked.append(path.name), walk(path, column))[1]
+ev.SelectionPass.evaluate_many = lambda self, rgs: (evaluated.extend(rgs), evaluate(self, rgs))[1]
+kw = {"seed": 7, "lanes": 4, "window": 2, "seq_len": 48, "threads": 1}
+with plitzer.Loader(data, rank=rank, world=world, where="score >= 1", dedupe="url", **kw) as ld:
+    tokens = [np.from_dlpack(ld.next_batch().tokens).tolist() for _ in range(3)]
+json.dump({"walked": walked, "evaluated": evaluated, "tokens": tokens}, open(out, "w"))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(180)
+def test_two_gloo_ranks_share_the_framing_and_the_passes(tmp_path: Path) -> None:
+    """Each rank (its own cache folder) walks the framing of half the files and runs its share of the selection
+    pass; their rows make world 1's batches."""
+    pytest.importorskip("torch")
+    from plitzer.selection.evaluate import chunks_of
+    from tests.share_fixtures import gloo_ranks
+
+    n = 6000
+    docs = _docs(n, 9)
+    d = datasets.Dataset.from_dict(
+        {"input_ids": docs, "score": [i % 4 for i in range(n)], "url": [f"u{i % 5000}" for i in range(n)]}
+    )
+    d.save_to_disk(str(tmp_path / "saved"), num_shards=4)
+    files = arrow.arrow_files(tmp_path / "saved")
+    assert files is not None and len(files) == 4
+    got = gloo_ranks(_GLOO_WORKER, tmp_path / "saved", tmp_path)
+    assert sorted(got[0]["walked"] + got[1]["walked"]) == sorted(p.name for p in files)  # each file once
+    assert got[0]["walked"] and got[1]["walked"]
+    chunks = chunks_of(arrow.arrow_index(tmp_path / "saved"))
+    for r in range(2):
+        share = [rg for c, (a, b) in enumerate(chunks) if c * 2 // len(chunks) == r for rg in range(a, b)]
+        assert sorted(got[r]["evaluated"]) == share
+    kw = {"seed": 7, "lanes": 4, "window": 2, "seq_len": 48}
+    with plitzer.Loader(tmp_path / "saved", where="score >= 1", dedupe="url", **kw) as ref:
+        for t in range(3):
+            want = np.from_dlpack(ref.next_batch().tokens)
+            np.testing.assert_array_equal(np.concatenate([np.array(g["tokens"][t]) for g in got]), want)
