@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -21,7 +21,26 @@ from planner.errors import ConfigError
 from planner.stores.backends import open_storages
 from planner.stores.storage import FileStat, Storage
 
-__all__ = ["FileEntry", "list_files"]
+__all__ = ["BatchReader", "FileEntry", "list_files"]
+
+
+class BatchReader(Protocol):
+    """A file's own reader of its row groups, where the file is not Parquet (``FileEntry.reader``).
+
+    An Arrow IPC file's record batches (``plitzer.sources.arrow``): a row group of the index is
+    one message of the file, at the frame's ``byte_offset`` and ``byte_length``, decoded with
+    every column. Every index over the file's entries (its own, a selection's, a
+    deduplication's) reads a column through it, so no pass asks which kind of index it has.
+    """
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The file's Arrow schema."""
+        ...
+
+    def read(self, offset: int, length: int, where: str) -> pa.RecordBatch:
+        """The row group at ``offset`` (``length`` bytes), every column, every stored row; ``where`` for messages."""
+        ...
 
 
 @dataclass
@@ -40,6 +59,9 @@ class FileEntry:
     """The file's Arrow schema where a job index carries it (the first file's, with ``--columns``)."""
     job_index: str | None = None
     """The job index the entry was read from (for the message that it lacks a column), else None."""
+    reader: BatchReader | None = None
+    """The file's own reader of its row groups where it is not Parquet (an Arrow IPC file); None: Parquet,
+    decoded through footers."""
 
 
 def list_files(

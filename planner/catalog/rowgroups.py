@@ -50,10 +50,11 @@ class Capabilities:
     """What a kind of index can do: what the runtime asks instead of asking its type.
 
     ``kind`` names it in messages ("parquet", "text", "selection", "deduplication", "mixture",
-    "arrow-ipc"). ``selectable``: ``where=`` may select its rows (a plain token dataset, read
-    column by column). ``other_columns``: its other columns can be read (``where=``'s,
+    "arrow-ipc"). ``selectable``: ``where=`` may select its rows (a plain token dataset, Parquet or
+    Arrow IPC, read column by column). ``other_columns``: its other columns can be read (``where=``'s,
     ``columns=``', ``dedupe=NAME``'s). ``column_runs``: a pass may read a run of its row groups'
-    token column through one footer (``plitzer.readpath.runs``). ``tokenizes``: its column is
+    token column as stored (``plitzer.readpath.runs``: through one footer, or the files' own reader,
+    ``planner.catalog.files.FileEntry.reader``). ``tokenizes``: its column is
     text, tokenized as it is read. ``deduplicated``: a deduplication pass made it (over ``unwrapped()``).
     """
 

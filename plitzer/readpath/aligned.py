@@ -285,7 +285,8 @@ def resolve(index: RowGroupIndex, value: Any) -> Columns | None:
 def _missing(ix: Index, rg: int, column: str) -> ConfigError:
     """A file of the source lacks an aligned column it is read for."""
     fi, g = int(ix.frame["file_index"][rg]), int(ix.frame["row_group"][rg])
-    schema = schema_of(ix.metadata(fi)).to_arrow_schema()
+    reader = ix.entries[fi].reader  # a file that reads its own row groups (Arrow IPC) has no footer
+    schema = reader.schema if reader is not None else schema_of(ix.metadata(fi)).to_arrow_schema()
     msg = (
         f"{ix.location(fi, g)}: no column {column!r} (aligned candidates: {_candidates(schema, '') or 'none'}); every "
         f"file of a source must have the aligned columns it is read for, or give a fill: columns={{{column!r}: 0}}"

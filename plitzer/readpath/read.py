@@ -58,6 +58,7 @@ __all__ = [
     "decode_column",
     "list_lengths",
     "numpy_view",
+    "own_column",
     "parquet_tokens",
     "read_chunk",
     "read_column",
@@ -186,10 +187,25 @@ def read_column(
     fi, g = row["file_index"], row["row_group"]
     st = index.file(fi)
     where = index.location(fi, g)
-    # The index's decoding footer (the file's, kept, on a small index; else the row group's own,
-    # as its row group 0), unless the caller keeps whole files' footers.
-    md, at = index.decoding_footer(rg) if footers is None else (footers(fi), g)
-    arr = read_decoded(
+    if index.entries[fi].reader is not None:  # a file of another format (an Arrow IPC file): its own reader
+        got = own_column(index, rg, index.column)
+        assert got is not None  # the index's own column
+        arr = got
+    else:
+        # The index's decoding footer (the file's, kept, on a small index; else the row group's own,
+        # as its row group 0), unless the caller keeps whole files' footers.
+        md, at = index.decoding_footer(rg) if footers is None else (footers(fi), g)
+        arr = _read_parquet(index, st, md, row, at, where, what)
+    if what == "token":
+        check_list_of_integers(arr, where, file=st.location, row_group=g)
+    return arr, row, where
+
+
+def _read_parquet(
+    index: Index, st: FileStat, md: pq.FileMetaData, row: Mapping[str, Any], at: int, where: str, what: str
+) -> pa.Array:
+    fi, g = row["file_index"], row["row_group"]
+    return read_decoded(
         index.storage(fi),
         st,
         md,
@@ -201,9 +217,21 @@ def read_column(
         where=where,
         what=what,
     )
-    if what == "token":
-        check_list_of_integers(arr, where, file=st.location, row_group=g)
-    return arr, row, where
+
+
+def own_column(index: Index, rg: int, column: str) -> pa.Array | None:
+    """Row group ``rg``'s ``column`` (every stored row) read by its file's own reader; None where it has no such column.
+
+    For a file that is not Parquet (:attr:`planner.catalog.files.FileEntry.reader`: an Arrow IPC
+    file's record batch, decoded from a memory map, so only the pages of the columns used are read).
+    """
+    row = index.frame.row(rg, named=True)
+    fi, g = int(row["file_index"]), int(row["row_group"])
+    reader = index.entries[fi].reader
+    assert reader is not None  # a file of another format than Parquet
+    batch = reader.read(int(row["byte_offset"]), int(row["byte_length"]), index.location(fi, g))
+    k = batch.schema.get_field_index(column)
+    return None if k < 0 else batch.column(k)
 
 
 def _values(arr: pa.Array) -> pa.Array:
@@ -325,7 +353,11 @@ def read_chunk(index: RowGroupIndex, rg: int) -> pa.Array:
 
 
 def parquet_tokens(index: Index, rg: int) -> pa.Array:
-    """A Parquet dataset's row group ``rg``: its token column chunk read (one ranged read), checked, converted."""
+    """A dataset's row group ``rg``: its token column chunk read (one ranged read), checked, converted.
+
+    A Parquet file's chunk decoded through the index's footer; a file that reads its own row
+    groups (``FileEntry.reader``: an Arrow IPC file's record batch) through that reader.
+    """
     return checked_tokens(index, *read_column(index, rg))
 
 

@@ -6,7 +6,10 @@ at a time. Each :class:`ColumnRun` decodes its row groups through one footer tha
 them alone (:meth:`planner.catalog.datasetindex.Index.span_source`: a few hundred bytes a row group
 from the index, the job index or the file's footer parsed once), and is dropped with the
 run, so a pass over many files keeps no file's footer and no whole-file minimal footer
-(320 KB each, parsed, on FineWeb-Edu's shape): docs/design.md, "Bytes a row group".
+(320 KB each, parsed, on FineWeb-Edu's shape): docs/design.md, "Bytes a row group". A file that
+reads its own row groups (``FileEntry.reader``: an Arrow IPC file's record batches) is read
+through that reader instead, whichever index is over it (the dataset's, a selection's, a
+deduplication's): the passes never ask which kind of index they have.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from planner.catalog.datasetindex import Index
-from plitzer.readpath.read import check_list_of_integers, checked_tokens, read_decoded
+from plitzer.readpath.read import check_list_of_integers, checked_tokens, own_column, read_decoded
 
 __all__ = ["ColumnRun", "read_other"]
 
@@ -31,7 +34,9 @@ class ColumnRun:
 
     def __init__(self, ix: Index, first: int, end: int, column: str, also: Sequence[str] = ()) -> None:
         self.ix, self.first, self.column = ix, first, column
-        self.source = ix.span_source(first, end, column, also)
+        self.own = ix.entries[int(ix.frame["file_index"][first])].reader is not None
+        """Whether the file reads its own row groups (an Arrow IPC file's record batches: no footer)."""
+        self.source = None if self.own else ix.span_source(first, end, column, also)
         self.token_ids = column == ix.column and "tokenizer" not in ix.config_fields()
         """Whether the column is the index's token ids (not a text source's text): a list of integers."""
 
@@ -42,10 +47,15 @@ class ColumnRun:
         large string, a time zone) is cast to the first file's, as the real footer gives it.
         """
         src = self.source
+        fi, g = int(self.ix.frame["file_index"][rg]), int(self.ix.frame["row_group"][rg])
+        if self.own:
+            got = own_column(self.ix, rg, self.column)
+            if got is not None and self.token_ids:
+                check_list_of_integers(got, self.ix.location(fi, g), file=self.ix.file(fi).location, row_group=g)
+            return got
         if src is None:
             return None
         i = rg - self.first
-        fi, g = int(self.ix.frame["file_index"][rg]), int(self.ix.frame["row_group"][rg])
         arr = read_decoded(self.ix.storage(fi), self.ix.file(fi), src.metadata, row_group=int(src.groups[i]),
                            column=self.column, offset=int(src.offsets[i]), length=int(src.lengths[i]),
                            where=self.ix.location(fi, g), what=repr(self.column))  # fmt: skip

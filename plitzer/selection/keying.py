@@ -27,7 +27,7 @@ from numpy.typing import NDArray
 
 from planner.arraytypes import I64
 from planner.catalog.datasetindex import Index
-from planner.catalog.rowgroups import RowGroupIndex
+from planner.catalog.rowgroups import PARQUET, RowGroupIndex
 from planner.errors import ConfigError, DataError, SelectionError
 from planner.mixing.mixindex import MixtureIndex
 from planner.parameters import Selection
@@ -404,7 +404,7 @@ def dedupe_on_ray(
     ``selection``: its ``dedupe`` and ``exclude``, as :func:`dedupe_index` takes them (a str
     is the key alone).
     """
-    if not ix.capabilities.selectable:
+    if ix.capabilities.kind != PARQUET.kind:  # each task opens the source again, as Parquet
         msg = (
             f"the Ray engine keys a Parquet dataset of token columns, not a {ix.capabilities.kind} source: run the "
             "pass on this machine (--engine local), or tokenize first"

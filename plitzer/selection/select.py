@@ -58,7 +58,7 @@ from numpy.typing import NDArray
 
 from planner.arraytypes import I64
 from planner.catalog.datasetindex import Index
-from planner.catalog.rowgroups import Capabilities, RowGroupIndex
+from planner.catalog.rowgroups import PARQUET, Capabilities, RowGroupIndex
 from planner.errors import ConfigError, DataError, SelectionError
 from planner.mixing.sources import SourceSpec
 from planner.parameters import Selection
@@ -104,7 +104,8 @@ SELECT_DEFAULTS: dict[str, Any] = {"where": "", "length_column": ""}
 
 
 SELECTION = Capabilities("selection", selectable=False, other_columns=True, column_runs=True)
-"""A selection of a Parquet dataset's rows: its passes read the dataset's columns (a new where= is refused)."""
+"""A selection of a dataset's rows (Parquet or Arrow IPC): its passes read the dataset's columns, through the
+files' footers or their own reader (:class:`plitzer.readpath.runs.ColumnRun`); a new where= is refused."""
 
 
 @dataclass
@@ -240,8 +241,8 @@ def select_index(
         return _selected_already(cast("SelectedIndex", ix), norm, length_column)
     if not caps.selectable:
         msg = (
-            f"where= needs a Parquet dataset of token columns, not a {caps.kind} source; tokenize text sources "
-            "first (plitzer tokenize), and select before deduplicating"
+            f"where= needs a dataset of token columns (Parquet, Arrow IPC), not a {caps.kind} source; tokenize "
+            "text sources first (plitzer tokenize), and select before deduplicating"
         )
         raise ConfigError(msg)
     columns = check_predicate(ix, norm, length_column)
@@ -379,6 +380,10 @@ def select_on_ray(
     follows (or a job whose ranks share this cache folder) finds the whole pass.
     ``selection`` as :func:`select_index` takes it.
     """
+    if ix.capabilities.kind != PARQUET.kind:  # each task opens the source again, as Parquet
+        msg = f"the Ray engine selects a Parquet dataset of token columns, not a {ix.capabilities.kind} source: run "
+        msg += "the pass on this machine (select_index, or --engine local)"
+        raise ConfigError(msg)
     where, length_column = _predicate(selection)
     norm = normalize(where, [*available_columns(ix), ix.column])
     columns = check_predicate(ix, norm, length_column)

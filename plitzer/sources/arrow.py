@@ -17,11 +17,17 @@ memory-mapped and only the framing and the offsets' pages are read). That pass i
 one ranged read of one batch's message, decoded by ``pyarrow.ipc`` against the file's schema
 (its first message, read once and kept).
 
-Capabilities: the order, resume, world sizes, layout stages and best-fit (lengths from the
-tokens) are the index's arithmetic and need nothing more. ``where=``, ``columns=``,
-``length_column=``, ``dedupe=`` and ``exclude=`` read other columns through Parquet footers, so
-they are a ConfigError here, which says to write the dataset as Parquet
-(``Dataset.to_parquet``) for them.
+Capabilities: every pass (:data:`ARROW_IPC`). The order, resume, world sizes, layout stages and
+best-fit (lengths from the tokens) are the index's arithmetic. The passes that read other columns
+(``where=``, ``length_column=``, ``dedupe=``, ``exclude=``, aligned ``columns=``) read them
+through each file's :class:`BatchFile` (its :class:`~planner.catalog.files.FileEntry`'s
+``reader``): a record batch decoded from a memory map of the file, so only the pages of the
+columns a pass uses are read, and every index over the files (this one, a selection's, a
+deduplication's) reads them alike. The batches are those of the same data written as Parquet
+with one row group a record batch (``tests/test_sources_arrow.py``).
+
+A job's ranks share the framing pass (:func:`count_files`: each rank walks its share of the
+files, ``plitzer.state.share`` gathers them), as they share a Parquet dataset's footers.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -49,14 +55,13 @@ from planner.stores.cache import cache_dir, digest, read_entry, write_entry
 from planner.stores.storage import FileStat, LocalStorage
 from plitzer.readpath.read import check_decoded, check_list_of_integers, check_no_null_tokens, list_lengths, to_tokens
 
-__all__ = ["ARROW_IPC", "ArrowIndex", "arrow_files", "arrow_index", "claims", "prepare"]
+__all__ = ["ARROW_IPC", "ArrowIndex", "BatchFile", "arrow_files", "arrow_index", "claims", "count_files", "prepare"]
 
-ARROW_IPC = Capabilities("arrow-ipc", selectable=False, other_columns=False, column_runs=False)
-"""An Arrow IPC dataset's: the token column only, a record batch a read."""
+ARROW_IPC = Capabilities("arrow-ipc", selectable=True, other_columns=True, column_runs=True)
+"""An Arrow IPC dataset's: every pass, a record batch a read (its columns through :class:`BatchFile`)."""
 
 _NAMES = ("input_ids", "tokens", "token_ids")
 _FIELDS = 5  # rows, tokens, empty documents, byte offset, byte length: a batch's cached row
-_REFUSED = ("where", "length_column", "dedupe", "exclude")
 
 
 def arrow_files(source: object) -> list[Path] | None:
@@ -86,45 +91,53 @@ def claims(source: Source, settings: Any) -> bool:
 
 
 def prepare(source: Source, settings: Any) -> tuple[Source, dict[str, Any]]:
-    """The Arrow IPC index of ``source``; a keyword that reads other columns is refused."""
-    sel = settings.selection
-    given = [k for k in _REFUSED if getattr(sel, k) is not None]
-    given += ["columns"] if settings.columns else []
-    if given:
-        names = ", ".join(f"{k}=" for k in given)
-        msg = (
-            f"{names} with an Arrow IPC source ({source}): these read other columns through Parquet footers, "
-            "and an Arrow IPC dataset gives its token column only; write it as Parquet first "
-            "(datasets.Dataset.to_parquet, or datasets.load_from_disk(path).to_parquet('data/x.parquet'))"
-        )
-        raise ConfigError(msg)
+    """The Arrow IPC index of ``source``: planner then selects, and :mod:`plitzer.sources.selection` deduplicates."""
     return arrow_index(cast("str", source), column=settings.column), {}
+
+
+@dataclass(frozen=True)
+class BatchFile:
+    """One Arrow IPC file's own reader of its record batches (a :class:`~planner.catalog.files.BatchReader`).
+
+    A batch is decoded from a memory map of the file: its buffers are the map's pages, so a
+    pass that uses one column reads that column's pages only. Picklable (a path and a schema).
+    """
+
+    path: str
+    schema: pa.Schema
+
+    def read(self, offset: int, length: int, where: str) -> pa.RecordBatch:
+        """The record batch whose message is ``length`` bytes at ``offset``, every column."""
+        try:
+            with pa.memory_map(self.path) as f:
+                if offset + length > f.size():
+                    msg = f"the batch ends at byte {offset + length}, the file at {f.size()}"
+                    raise ValueError(msg)
+                f.seek(offset)
+                return pa.ipc.read_record_batch(pa.ipc.read_message(f), self.schema)
+        except (pa.ArrowException, OSError, ValueError) as e:
+            msg = (
+                f"{where}: cannot decode the record batch ({type(e).__name__}: {one_line(e)}); the file is damaged "
+                f"or changed since it was indexed: restore it, or clear {cache_dir() / 'arrow'} to index it again"
+            )
+            raise DataError(msg, file=self.path) from e
 
 
 @dataclass
 class ArrowIndex(Index):
     """An :class:`~planner.catalog.datasetindex.Index` of Arrow IPC files: a row group is a record batch."""
 
-    schemas: dict[int, pa.Schema] = field(default_factory=dict, repr=False)
-
     @property
     def capabilities(self) -> Capabilities:
         return ARROW_IPC
-
-    def length_source(self, given: str | None) -> str | None:
-        """None: an Arrow IPC source's lengths come from its token lists."""
-        return None
 
     def schema(self) -> pa.Schema:
         return self._schema(0)
 
     def _schema(self, fi: int) -> pa.Schema:
-        got = self.schemas.get(fi)
-        if got is None:
-            first = int(self.frame.filter(pl.col("file_index") == fi)["byte_offset"].min())  # type: ignore[arg-type]
-            head = self.storage(fi).read_range(self.file(fi), 0, first)
-            got = self.schemas[fi] = _schema_of(head, self.file(fi).location)
-        return got
+        reader = self.entries[fi].reader
+        assert reader is not None  # every file of the index has its BatchFile
+        return reader.schema
 
     def read_tokens(self, rg: int) -> pa.Array:
         """Record batch ``rg``: one ranged read of its message, decoded, checked, as ``list<dtype>``."""
@@ -148,17 +161,6 @@ class ArrowIndex(Index):
         return where if row_group is None else f"{where}, record batch {row_group}"
 
 
-def _schema_of(head: bytes, where: str) -> pa.Schema:
-    """The schema of an IPC file whose first bytes (up to its first record batch) are ``head``."""
-    buf = pa.py_buffer(head)
-    start = 8 if head[:6] == b"ARROW1" else 0
-    try:
-        return pa.ipc.read_schema(pa.ipc.read_message(buf.slice(start)))
-    except (pa.ArrowException, ValueError) as e:
-        msg = f"{where}: not an Arrow IPC file ({one_line(e)}); pass a datasets save_to_disk folder or .arrow files"
-        raise DataError(msg, file=where) from e
-
-
 def _column(schema: pa.Schema, given: str | None, where: str) -> str:
     """The token column: ``given``, else input_ids, tokens or token_ids, else the one list of integers."""
     lists = [f.name for f in schema if _int_list(f.type)]
@@ -178,8 +180,8 @@ def _int_list(t: pa.DataType) -> bool:
     return bool(pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(t.value_type)
 
 
-def _walk(path: Path, column: str) -> tuple[pa.Schema, np.ndarray]:
-    """One pass over a file's framing: its schema and each record batch's (rows, tokens, empty, offset, length)."""
+def _walk(path: Path, column: str) -> np.ndarray:
+    """One pass over a file's framing: each record batch's (rows, tokens, empty documents, offset, length)."""
     out: list[tuple[int, int, int, int, int]] = []
     with pa.memory_map(str(path)) as f:
         if f.read(6) != b"ARROW1":
@@ -202,44 +204,81 @@ def _walk(path: Path, column: str) -> tuple[pa.Schema, np.ndarray]:
             arr = pa.ipc.read_record_batch(msg, schema).column(column)
             lens = list_lengths(arr)
             out.append((len(arr), int(lens.sum()), int((lens == 0).sum()), at, f.tell() - at))
-    return schema, np.asarray(out, np.int64).reshape(-1, _FIELDS)
+    return np.asarray(out, np.int64).reshape(-1, _FIELDS)
 
 
-def _batches(path: Path, stat: FileStat, column: str) -> tuple[np.ndarray, pa.Schema | None]:
+def _batches(path: Path, stat: FileStat, column: str) -> np.ndarray:
     """The file's batches' rows, from the cache (keyed by path, size, mtime and column), else by :func:`_walk`."""
     entry = cache_dir() / "arrow" / f"{digest(stat.location, stat.size, stat.version, column)}.bin"
     got = read_entry(entry)
     if got is not None and len(got) % (8 * _FIELDS) == 0:
-        return np.frombuffer(got, np.int64).reshape(-1, _FIELDS).copy(), None
-    schema, rows = _walk(path, column)
+        return np.frombuffer(got, np.int64).reshape(-1, _FIELDS).copy()
+    rows = _walk(path, column)
     write_entry(entry, rows.tobytes())
-    return rows, schema
+    return rows
 
 
-def arrow_index(source: str | os.PathLike[str], *, column: str | None = None) -> ArrowIndex:
-    """The index of an Arrow IPC source: a row a record batch, counted from the list offsets (cached)."""
+def _file_schema(path: Path) -> pa.Schema:
+    """The schema of an IPC file (its first message), read from a memory map: no batch is touched."""
+    with pa.memory_map(str(path)) as f:
+        head = f.read(min(f.size(), 8))
+        f.seek(8 if head[:6] == b"ARROW1" else 0)
+        try:
+            return pa.ipc.read_schema(pa.ipc.read_message(f))
+        except (pa.ArrowException, ValueError, OSError) as e:
+            msg = f"{path}: not an Arrow IPC file ({one_line(e)}); pass a datasets save_to_disk folder or .arrow files"
+            raise DataError(msg, file=str(path)) from e
+
+
+def _stats(source: str | os.PathLike[str]) -> tuple[Path, list[Path], list[FileStat]]:
+    """The source's folder (or file), its files and their stats."""
     paths = arrow_files(source)
     if not paths:
         msg = f"source {source!r} holds no Arrow IPC file; pass a datasets save_to_disk folder or .arrow files"
         raise ConfigError(msg)
     base = Path(os.fspath(source)).expanduser()
-    storage = LocalStorage(base)
-    first = paths[0].read_bytes()[: 1 << 16] if paths[0].stat().st_size else b""
-    col = _column(_schema_of(first, str(paths[0])), column, str(paths[0]))
-    entries, parts, schemas = [], [], {}
-    for i, p in enumerate(paths):
+    stats = []
+    for p in paths:
         st = p.stat()
         name = p.name if base.is_file() else p.relative_to(base).as_posix()
-        stat = FileStat(name=name, location=str(p), size=st.st_size, version=str(st.st_mtime_ns))
-        rows, schema = _batches(p, stat, col)
-        if schema is not None:
-            schemas[i] = schema
-        entries.append(FileEntry(stat=stat, storage=storage))
-        parts.append(rows)
+        stats.append(FileStat(name=name, location=str(p), size=st.st_size, version=str(st.st_mtime_ns)))
+    return base, paths, stats
+
+
+def count_files(
+    source: str | os.PathLike[str], column: str | None, rank: int = 0, world: int = 1
+) -> dict[int, np.ndarray]:
+    """The framing pass of files ``rank, rank + world, ...`` of ``source`` (its cache's, else walked): a job's
+    share, which :func:`arrow_index` takes gathered (``counted``)."""
+    _, paths, stats = _stats(source)
+    col = _column(_file_schema(paths[0]), column, str(paths[0]))
+    return {i: _batches(paths[i], stats[i], col) for i in range(rank, len(paths), world)}
+
+
+def arrow_index(
+    source: str | os.PathLike[str], *, column: str | None = None, counted: Mapping[int, np.ndarray] | None = None
+) -> ArrowIndex:
+    """The index of an Arrow IPC source: a row a record batch, counted from the list offsets (cached).
+
+    ``counted``: files' batches counted already (a job's ranks' shares, :func:`count_files`).
+    """
+    base, paths, stats = _stats(source)
+    storage = LocalStorage(base)
+    schemas = [_file_schema(p) for p in paths]
+    col = _column(schemas[0], column, str(paths[0]))
+    entries, parts = [], []
+    for i, p in enumerate(paths):
+        if col not in schemas[i].names:
+            msg = f"{p}: no column {col!r} (its columns: {schemas[i].names}); every file must hold the token column"
+            raise ConfigError(msg)
+        got = counted.get(i) if counted is not None else None
+        parts.append(got if got is not None else _batches(p, stats[i], col))
+        reader = BatchFile(str(p), schemas[i])
+        entries.append(FileEntry(stat=stats[i], storage=storage, schema=schemas[i], reader=reader))
     rows_all = np.concatenate(parts) if parts else np.zeros((0, _FIELDS), np.int64)
     per = [len(r) for r in parts]
     file_index = np.repeat(np.arange(len(paths), dtype=np.int64), per)
-    value = (schemas.get(0) or _schema_of(first, str(paths[0]))).field(col).type.value_type
+    value = schemas[0].field(col).type.value_type
     dtype: TokenDtype = "uint32" if value in (pa.uint32(), pa.uint64()) else "int32"
     cols: Mapping[str, Any] = {
         "file": [entries[f].stat.name for f in file_index.tolist()],
@@ -256,11 +295,5 @@ def arrow_index(source: str | os.PathLike[str], *, column: str | None = None) ->
     }
     frame = pl.DataFrame(dict(cols)).select(pl.col(k).cast(v) for k, v in INDEX_SCHEMA.items())
     return ArrowIndex(
-        frame=frame,
-        column=col,
-        dtype=dtype,
-        fingerprint=fingerprint_of(frame),
-        source=str(base),
-        _files=entries,
-        schemas=schemas,
+        frame=frame, column=col, dtype=dtype, fingerprint=fingerprint_of(frame), source=str(base), _files=entries
     )

@@ -4,7 +4,11 @@ Whatever kind opened the source, these keep some of each row group's rows: the i
 give wraps the source's (:class:`plitzer.selection.select.SelectedIndex`,
 :class:`plitzer.selection.dedupe.DedupedIndex`) and reads its row groups by reading the
 source's and dropping the rows it left out. ``where=`` needs a source whose capabilities say
-it is selectable (a Parquet dataset of token columns): another is a ConfigError naming its kind.
+it is selectable (a dataset of token columns: Parquet, Arrow IPC): another is a ConfigError
+naming its kind. The passes read a row group's other columns through
+:class:`plitzer.readpath.runs.ColumnRun`, which reads a Parquet file's chunks through footers
+and a file that reads its own row groups (``FileEntry.reader``: an Arrow IPC file) through its
+reader, so a selection works over any kind whose files say how they are read.
 """
 
 from __future__ import annotations

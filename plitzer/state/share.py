@@ -10,7 +10,9 @@ imported it); a user of another launcher passes their own to ``Loader.in_group``
 - :func:`share_index`: for one dataset, rank 0 lists and broadcasts the files; unless
   every rank's cache already holds the finished index, each rank reads the footers of
   files ``rank, rank + world, ...`` (its cache's, else one GET each) and an all-gather
-  gives every rank all of them (kept in its cache).
+  gives every rank all of them (kept in its cache). An Arrow IPC source
+  (:func:`share_arrow`): each rank walks the framing of its share of the files, and an
+  all-gather gives every rank all of them.
 - A text source (``tokenizer=``): the same for the listing and the footers, then each
   rank runs ``1/world`` of the counting pass and the all-gather shares the counts
   (:mod:`plitzer.text.job`), which land in each rank's cache.
@@ -46,6 +48,7 @@ __all__ = [
     "job_group",
     "job_source",
     "join_parts",
+    "share_arrow",
     "share_dedupe",
     "share_index",
     "share_one",
@@ -270,7 +273,26 @@ def share_index(source: Source, cfg: LoaderSettings, group: Collective) -> Sourc
     if cfg.text.tokenizer is not None:
         out: Source = share_text(source, cfg.text, cfg.storage_options, threads, group)
         return out
+    from plitzer.sources import arrow
+
+    if arrow.claims(source, cfg):
+        return share_arrow(source, cfg.column, group)
     return share_one(source, cfg.column, cfg.storage_options, threads, group)
+
+
+def share_arrow(source: Source, column: str | None, group: Collective) -> Index:
+    """An Arrow IPC source's index for the whole group: each rank walks the framing of its share of the files.
+
+    Files ``rank, rank + world, ...`` (its cache's, else one pass over each file's framing:
+    :func:`plitzer.sources.arrow.count_files`); an all-gather gives every rank every file's
+    batches, as :func:`share_one` shares a Parquet dataset's footers. The files are local to
+    each rank (a shared file system): no listing to broadcast.
+    """
+    from plitzer.sources import arrow
+
+    path = cast("str", source)
+    shares = all_or_raise(attempt(arrow.count_files, path, column, group.rank, group.world), group)
+    return arrow.arrow_index(path, column=column, counted={i: rows for part in shares for i, rows in part.items()})
 
 
 def _select(ix: Index, selection: Selection, threads: int | None, group: Collective) -> None:
