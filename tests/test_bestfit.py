@@ -390,10 +390,22 @@ def test_plan_tables_and_audit_show_bins_and_padding(tmp_path: Path) -> None:
     got = rg.sort("row_group")
     assert got["bins"].to_list() == want_bins
     assert (got["padding"] == got["bins"] * 64 - got["tokens"]).all()
-    assert p.lanes(0).columns[-2:] == ["bin_start", "bin_end"]
-    assert int(p.lanes(0).select((pl_col("bin_end") - pl_col("bin_start")).sum()).item()) == sum(want_bins)
+    lanes = p.lanes(0)
+    assert lanes.columns[-3:] == ["bin_start", "bin_end", "padding"]
+    assert int(lanes.select((pl_col("bin_end") - pl_col("bin_start")).sum()).item()) == sum(want_bins)
+    # Each lane's padding: L less each bin's tokens over its cut of the window's bin stream (the reference's bins).
+    fills = [[sum(n for *_, n in b) for b in bins_of([[1] * int(n) for n in row], 0, 64)] for row in lens]
+    stream = {w: [] for w in range(p.windows)}
+    for w, g in rg.sort("position").select("window_index", "row_group").iter_rows():
+        stream[w] += fills[g]
+    want_pad = [
+        sum(64 - f for f in stream[w][a:b])
+        for w, a, b in lanes.select("window_index", "bin_start", "bin_end").iter_rows()
+    ]
+    assert lanes["padding"].to_list() == want_pad and sum(want_pad) == int(got["padding"].sum())
     total = p.sql("select sum(padding) as p, sum(bins) as b from row_groups").row(0)
     assert total == (int(got["padding"].sum()), sum(want_bins))
+    assert p.sql("select sum(padding) as p from lanes").row(0) == (int(got["padding"].sum()),)
     report = audit(tmp_path, lanes=4, window=2, seq_len=64, packing="best-fit")
     pad = report.tables["padding"].row(0, named=True)
     assert pad["bins"] == sum(want_bins) and pad["padding"] == int(got["padding"].sum())

@@ -35,6 +35,7 @@ from planner.catalog.footer import give_back_memory
 from planner.catalog.rowgroups import RowGroupIndex, with_selected
 from planner.errors import ConfigError
 from planner.lanes import window_cuts
+from planner.lookup.padding import lane_padding
 from planner.order import runsteps
 from planner.order.epoch import EpochPlan, PlanSettings, check_int, cut_epoch, unit_counts
 from planner.order.epoch_order import EpochOrder, Permutation
@@ -274,8 +275,11 @@ class Plan:
             parts.append(pl.DataFrame(frame))
         out = pl.concat(parts) if parts else pl.DataFrame(parts)
         start, end = self.cut_columns
-        if start != "token_start" and parts:  # best-fit: the cuts are bins, a lane's rows
-            out = out.rename({"token_start": start, "token_end": end})
+        if start != "token_start" and parts:  # best-fit: the cuts are bins, a lane's rows; each lane's padding
+            cols = [out[c].to_numpy() for c in ("window_index", "token_start", "token_end")]
+            out = out.rename({"token_start": start, "token_end": end}).with_columns(
+                padding=lane_padding(self, ep, *cols)
+            )
         return out
 
     @property
@@ -405,7 +409,6 @@ class Plan:
         tables: dict[str, pl.DataFrame] = {
             "index": self.index,
             "row_groups": _over(self.row_groups, eps),
-            "lanes": _over(self.lanes, eps),
             "reads": _over(self.reads, eps),
         }
         tables.update(self._extra_tables())
@@ -415,7 +418,8 @@ class Plan:
 
             return pieces_reader(self, eps, seq_len)
 
-        makers: dict[str, Callable[[], Any]] = {"pieces": pieces}
+        # lanes only where named: under best-fit its padding reads the row groups a cut falls inside
+        makers: dict[str, Callable[[], Any]] = {"pieces": pieces, "lanes": lambda: _over(self.lanes, eps)}
         if self.layout is not None:
             makers["steps"] = lambda: _over(self.steps, eps)
         return run_query(query, tables, makers=makers, dataset=self.dataset, external_access=external_access)
