@@ -175,3 +175,22 @@ def test_plan_tables_and_locate_refuse_a_seq_len_stage_under_best_fit(tmp_path: 
         plitzer.plan(tmp_path, **staged)
     with pytest.raises(ConfigError, match="locate under seq_len stages"):
         plitzer.locate(tmp_path, "true", steps=4, **staged)
+
+
+def test_where_and_labels_through_seq_len_changes(tmp_path: Path) -> None:
+    rng = np.random.default_rng(8)
+    files = [[[list(rng.integers(0, 99, int(n))) for n in rng.integers(0, 40, 12)] for _ in range(6)]]
+    write_dataset(tmp_path, files)
+    kept = [[[d for r, d in enumerate(rg) if r % 3 != 1] for rg in f] for f in files]
+    rg_docs = docs_by_row_group(kept)
+    stages = [(0, 4, 24), (4, 2, 48), (8, 4, 16)]
+    want, labels = layout_rows(rg_docs, 7, 2, stages, 16)
+    with plitzer.Loader(tmp_path, seed=7, where="n % 3 != 1", labels=True, **_staged(stages), **KW) as loader:
+        for t in range(16):
+            batch = loader.next_batch()
+            _check(batch, rg_docs, want[t], labels[t], range(len(want[t])))
+            got = np.asarray(batch.labels)
+            for k, bn in enumerate(want[t]):  # each real token's next token in its document, -100 at its end
+                d = [(rg_docs[g][r], o + i) for g, r, o, n in bn for i in range(n)]
+                exp = [doc[j + 1] if j + 1 < len(doc) else -100 for doc, j in d]
+                assert got[k].tolist() == exp + [-100] * (got.shape[1] - len(exp)), (t, k)
