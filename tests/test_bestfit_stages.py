@@ -168,13 +168,35 @@ def test_a_finite_run_with_a_seq_len_stage_ends_after_its_epochs(tmp_path: Path)
     assert [b.epoch for b in batches] == sorted(b.epoch for b in batches)
 
 
-def test_plan_tables_and_locate_refuse_a_seq_len_stage_under_best_fit(tmp_path: Path) -> None:
+def test_plan_tables_refuse_a_seq_len_stage_under_best_fit(tmp_path: Path) -> None:
     write_dataset(tmp_path, [[[[1] * 7, [2] * 3, [3] * 12], [[4] * 5, [5] * 9]]])
     staged = {"lanes": 2, "window": 2, "seq_len": [(0, 8), (3, 16)], "packing": "best-fit"}
     with pytest.raises(ConfigError, match="plan tables of seq_len stages"):
         plitzer.plan(tmp_path, **staged)
-    with pytest.raises(ConfigError, match="locate under seq_len stages"):
-        plitzer.locate(tmp_path, "true", steps=4, **staged)
+
+
+@pytest.mark.parametrize(
+    "stages",
+    [
+        [(0, 4, 32), (5, 2, 64)],  # longer rows inside a window
+        [(0, 4, 32), (5, 4, 16), (7, 2, 16), (12, 4, 48)],  # shorter, lanes alone in the same window, longer
+    ],
+)
+def test_locate_answers_across_seq_len_stages(tmp_path: Path, stages) -> None:
+    rng = np.random.default_rng(6)
+    files = [[[list(rng.integers(0, 99, int(n))) for n in rng.integers(0, 50, 20)] for _ in range(6)]]
+    write_dataset(tmp_path, files)
+    cfg = {"seed": 1, **_staged(stages), **KW}
+    with plitzer.Loader(tmp_path, **cfg) as loader:
+        run = [loader.next_batch().documents().with_columns(step=pl.lit(t, pl.Int64)) for t in range(40)]
+    seen = pl.concat(run)
+    found = plitzer.locate(tmp_path, "n in (3, 11, 16)", steps=40, **cfg)
+    want = seen.filter(pl.col("row").is_in([3, 11, 16]))
+    cols = ["step", "lane", "start", "length", "row_group", "row", "token_offset", "epoch", "window_index"]
+    assert found.height == want.height > 0
+    assert found.select(cols).sort(cols).equals(want.select(cols).sort(cols))
+    mine = plitzer.locate(tmp_path, "n in (3, 11, 16)", steps=40, world=2, rank=1, **cfg)
+    assert mine.height and set(mine["rank"].to_list()) == {1}
 
 
 def test_where_and_labels_through_seq_len_changes(tmp_path: Path) -> None:
@@ -194,3 +216,21 @@ def test_where_and_labels_through_seq_len_changes(tmp_path: Path) -> None:
                 d = [(rg_docs[g][r], o + i) for g, r, o, n in bn for i in range(n)]
                 exp = [doc[j + 1] if j + 1 < len(doc) else -100 for doc, j in d]
                 assert got[k].tolist() == exp + [-100] * (got.shape[1] - len(exp)), (t, k)
+
+
+@given(files=dataset_st, seed=st.integers(0, 1000), layout=stages_st)
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_locate_finds_what_the_loader_delivers(tmp_path_factory: pytest.TempPathFactory, files, seed, layout) -> None:
+    rg_docs = docs_by_row_group(files)
+    stages = _layout(layout)
+    assume(sum(len(d) for g in rg_docs for d in g) > 0)
+    assume(all(sum(len(bins_of(d, g, n)) for g, d in enumerate(rg_docs)) >= b for _, b, n in stages))
+    root = tmp_path_factory.mktemp("bfloc")
+    write_dataset(root, files)
+    steps = stages[-1][0] + 5
+    cfg = {"seed": seed, **_staged(stages), **KW}
+    with plitzer.Loader(root, **cfg) as loader:
+        seen = pl.concat([loader.next_batch().documents().with_columns(step=pl.lit(t, pl.Int64)) for t in range(steps)])
+    cols = ["step", "lane", "start", "length", "row_group", "row", "token_offset", "epoch", "window_index"]
+    found = plitzer.locate(root, "n % 2 = 0", steps=steps, **cfg).select(cols).sort(cols)
+    assert found.equals(seen.filter(pl.col("row") % 2 == 0).select(cols).sort(cols))

@@ -19,11 +19,14 @@ import numpy as np
 import polars as pl
 
 from planner.arraytypes import I64
+from planner.lanes import window_cuts
 from planner.lookup.cut import Pieces
 from planner.lookup.lengths import Lengths
+from planner.packing import Items, cut_again_at, slice_keys
 from planner.rules.binned import Binned, item_lengths
+from planner.rules.rebin import rest_bins
 
-__all__ = ["BinItems", "BinnedLengths", "rows_of_bins"]
+__all__ = ["BinItems", "BinnedLengths", "RestWindow", "rebinned_rest_pieces", "rows_of_bins"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,4 +140,68 @@ def rows_of_bins(bins: Pieces, binned: BinnedLengths, row_groups: I64, docs: I64
         token_offset=col("offset"),
         epoch=col("epoch"),
         window=col("window"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RestWindow:
+    """A window cut again by layout changes of which one changes ``seq_len`` (``planner.run.Segment``'s rest).
+
+    ``row_groups`` and ``positions``: its row groups in stream order and their positions in
+    the epoch; ``start``: the run's units before it; ``tokens`` and ``lanes``: the layout
+    when it began; ``changes``: ``(lanes, begin, tokens)`` of each change inside it, up to
+    the stage asked about, which began at step ``step``.
+    """
+
+    epoch: int
+    window: int
+    row_groups: I64
+    positions: I64
+    start: int
+    tokens: int
+    lanes: int
+    changes: list[tuple[int, int, int]]
+    step: int
+
+
+def rebinned_rest_pieces(rule: Binned, lengths: Lengths, rest: RestWindow, seed: int | None) -> Pieces:
+    """The pieces of the rest of a window binned again at a ``seq_len`` change, as the stage after it delivers them.
+
+    :func:`planner.rules.rebin.rest_bins` (the packer's and the run's statement of it) gives
+    the rest's bins as of its last ``seq_len`` change; they are cut into that change's lanes
+    with no shuffle and then by the ``lanes`` changes after it; a bin's step is the stage's
+    first step plus its place in its lane, and each of its items one piece, in the bin's order.
+    """
+    lens = [np.asarray(x, np.int64) for x in lengths(rest.row_groups)]
+    keys = slice_keys(seed, rest.epoch, rest.window, np.arange(rest.lanes))
+    got = rest_bins(rule, lens, rest.tokens, rest.lanes, rest.start, keys, rest.changes)
+    m, b = got.count, got.lanes
+    cuts = window_cuts(np.arange(b + 1, dtype=np.int64), m, got.begin % b, b)
+    src = np.arange(m, dtype=np.int64)
+    lane = np.searchsorted(cuts, src, side="right").astype(np.int64) - 1
+    units = Items(src, np.zeros(m, np.int64), np.ones(m, np.int64), lane, src - cuts[lane])
+    later = [(lanes, begin) for lanes, begin, _ in rest.changes[got.applied :]]
+    units = cut_again_at(units, b, got.begin, got.begin + m, later)
+    bin_of = got.bin_of_items()
+    step = np.full(m, -1, np.int64)
+    lane_of = np.full(m, -1, np.int64)
+    step[units.src], lane_of[units.src] = rest.step + units.pos, units.lane
+    before = np.cumsum(got.length) - got.length
+    in_row = before - before[got.first[bin_of]]  # the bin's earlier items' tokens
+    keep = np.flatnonzero((got.length > 0) & (step[bin_of] >= 0))
+    sizes = np.array([len(x) for x in lens], np.int64)
+    base = np.cumsum(sizes) - sizes  # each row group's first document in the window's numbering
+    r = np.searchsorted(base, got.doc[keep], side="right") - 1
+    n = len(keep)
+    return Pieces(
+        step=step[bin_of[keep]],
+        lane=lane_of[bin_of[keep]],
+        start=in_row[keep],
+        length=got.length[keep],
+        position=rest.positions[r],
+        row_group=rest.row_groups[r],
+        doc=got.doc[keep] - base[r],
+        token_offset=got.offset[keep],
+        epoch=np.full(n, rest.epoch, np.int64),
+        window=np.full(n, rest.window, np.int64),
     )

@@ -46,7 +46,7 @@ from planner.lookup.lengths import Lengths
 from planner.lookup.pieces import LayoutView, PlanBacked, Positions, locate_pieces, windows_meeting
 from planner.packing import Items, cut_again_at
 
-__all__ = ["LanesView", "rest_pieces", "staged_pieces"]
+__all__ = ["LanesView", "rest_pieces", "stage_pieces", "stage_steps", "staged_pieces"]
 
 
 class LanesView(PlanBacked):
@@ -139,38 +139,63 @@ def staged_pieces(
     window cut again where it holds one of them); ``steps``: only steps ``[start, stop)``.
     Stage ``i`` delivers the run's tokens ``[X(s_i), X(s_{i+1}))`` (``layout.run_at``).
     """
-    parts: list[Pieces] = []
-    target_rgs = None if targets is None else np.unique(targets[0])
-    ep = plan.epoch(epoch)
-    begins = layout.begins()
-    for i, st in enumerate(layout.stages):
-        end = layout.end_of(i)
-        s_lo, s_hi = int(st.start), None if end is None else end[0]
-        if steps is not None:
-            s_lo, s_hi = max(s_lo, steps[0]), steps[1] if s_hi is None else min(s_hi, steps[1])
-        if s_hi is not None and s_lo >= s_hi:
-            continue
-        wins = windows_meeting(plan, epoch, layout.run_at(s_lo), None if s_hi is None else layout.run_at(s_hi))
-        if windows is not None:
-            wins = wins[np.isin(wins, windows)]
-        if not len(wins):
-            continue
-        rest = _rest_window(plan, epoch, begins[i]) if i > 0 else None
-        normal = wins[wins != rest] if rest is not None else wins
-        view = LanesView(plan, int(st.lanes))
-        stage = (int(st.start), int(begins[i]))
-        if targets is not None:
-            got = locate_pieces(view, epoch, *targets, lengths, int(st.seq_len), windows=normal, stage=stage)
-        else:
-            got = window_pieces(view, epoch, normal, lengths, int(st.seq_len), stage=stage)
-        parts.append(_steps_of(got, s_lo, s_hi))
-        if rest is None or rest not in wins:
-            continue
-        if target_rgs is not None and not np.isin(ep.order[ep.window == rest], target_rgs).any():
-            continue  # none of the documents is in the window cut again
-        got = _steps_of(rest_pieces(plan, layout, i, epoch, rest, lengths), s_lo, s_hi)
-        if targets is not None and len(got):
-            want = np.unique((np.asarray(targets[0], np.int64) << 32) | np.asarray(targets[1], np.int64))
-            got = got.take(np.flatnonzero(np.isin((got.row_group << 32) | got.doc, want)))
-        parts.append(got)
+    parts = [
+        stage_pieces(plan, layout, i, epoch, lengths, windows=windows, targets=targets, steps=steps)
+        for i in range(len(layout.stages))
+    ]
+    return Pieces.concat(parts)
+
+
+def stage_steps(layout: LayoutView, i: int, steps: tuple[int, int] | None) -> tuple[int, int | None] | None:
+    """The steps of stage ``i`` of ``layout`` within ``steps`` (None: none)."""
+    st, end = layout.stages[i], layout.end_of(i)
+    s_lo, s_hi = int(st.start), None if end is None else end[0]
+    if steps is not None:
+        s_lo, s_hi = max(s_lo, steps[0]), steps[1] if s_hi is None else min(s_hi, steps[1])
+    return None if s_hi is not None and s_lo >= s_hi else (s_lo, s_hi)
+
+
+def stage_pieces(
+    plan: PlanView,
+    layout: LayoutView,
+    i: int,
+    epoch: int,
+    lengths: Lengths,
+    *,
+    windows: I64 | None = None,
+    targets: tuple[I64, I64] | None = None,
+    steps: tuple[int, int] | None = None,
+    rest: bool = True,
+) -> Pieces:
+    """The pieces stage ``i`` of ``layout`` delivers of ``epoch`` (:func:`staged_pieces`' for one stage).
+
+    ``plan``: the stage's view of the run (its units); ``rest``: with the window it cuts again.
+    """
+    span = stage_steps(layout, i, steps)
+    if span is None:
+        return Pieces.empty()
+    s_lo, s_hi = span
+    st, begins = layout.stages[i], layout.begins()
+    wins = windows_meeting(plan, epoch, layout.run_at(s_lo), None if s_hi is None else layout.run_at(s_hi))
+    if windows is not None:
+        wins = wins[np.isin(wins, windows)]
+    if not len(wins):
+        return Pieces.empty()
+    rw = _rest_window(plan, epoch, begins[i]) if i > 0 else None
+    normal = wins[wins != rw] if rw is not None else wins
+    view = LanesView(plan, int(st.lanes))
+    stage = (int(st.start), int(begins[i]))
+    if targets is not None:
+        got = locate_pieces(view, epoch, *targets, lengths, int(st.seq_len), windows=normal, stage=stage)
+    else:
+        got = window_pieces(view, epoch, normal, lengths, int(st.seq_len), stage=stage)
+    parts = [_steps_of(got, s_lo, s_hi)]
+    if rest and rw is not None and rw in wins:
+        ep = plan.epoch(epoch)
+        if targets is None or np.isin(ep.order[ep.window == rw], np.unique(targets[0])).any():
+            got = _steps_of(rest_pieces(plan, layout, i, epoch, rw, lengths), s_lo, s_hi)
+            if targets is not None and len(got):
+                want = np.unique((np.asarray(targets[0], np.int64) << 32) | np.asarray(targets[1], np.int64))
+                got = got.take(np.flatnonzero(np.isin((got.row_group << 32) | got.doc, want)))
+            parts.append(got)
     return Pieces.concat(parts)

@@ -37,19 +37,20 @@ import polars as pl
 from planner.arraytypes import I64
 from planner.catalog.rowgroups import RowGroupIndex, stream_counts
 from planner.errors import ConfigError, DataError
-from planner.lookup.bins import BinnedLengths, rows_of_bins
+from planner.lookup.bins import BinnedLengths, RestWindow, rebinned_rest_pieces, rows_of_bins
 from planner.lookup.pieces import Lengths, OneSource, Pieces, epochs_of_steps, lengths_from_array
-from planner.lookup.staged import staged_pieces
+from planner.lookup.staged import stage_pieces, stage_steps, staged_pieces
 from planner.order.epoch import check_int, unit_counts
 from planner.order.epoch_order import Permutation
 from planner.order.layout import Layout
 from planner.order.plan import Plan
 from planner.parameters import document
 from planner.rules import Binned, rule_named
+from planner.run import Run
 from plitzer.loader import open_plan
 from plitzer.selection.dropped import base_of, split_targets
 from plitzer.selection.select import source_rows
-from plitzer.state.bins import document_lengths
+from plitzer.state.bins import BinSpec, Rebin, document_lengths
 from plitzer.state.settings import KeywordsOfLocate, LoaderSettings
 from plitzer.state.settings import Source as AnySource
 from plitzer.tools.targets import Rows, part_of, target_documents
@@ -186,6 +187,7 @@ def locate_in_plan(
     steps: tuple[int, int] | None = None,
     rank: int | None = None,
     layout: Layout | None = None,
+    length_column: str | None = None,
 ) -> pl.DataFrame:
     """The pieces of the given documents in ``plan``'s run, as :func:`locate` returns them.
 
@@ -200,15 +202,17 @@ def locate_in_plan(
     if isinstance(
         rule, Binned
     ):  # best-fit: the bins' places are concat's over units (one a bin); the items' are the bins'
+        raw, layout = lengths, layout.in_units(rule.units_per_row)
         binned = BinnedLengths(lengths, seq_len, rule)
         lengths, targets = binned, binned.targets(row_groups, docs)
-        layout = layout.in_units(rule.units_per_row)
-        if layout.changes_tokens:
-            msg = (
-                "locate under seq_len stages with packing='best-fit' is not in this release (the rest of a window "
-                "is binned again at the change); locate with the first seq_len for the steps before it"
+        if layout.changes_tokens:  # each stage in its own bins, a window binned again as the loader bins it
+            run = Run(plan, layout, plan.settings.world, 0, Rebin(plan, BinSpec(seq_len, rule.name, length_column)))
+            if epochs is None:
+                epochs = list(epochs_of_steps(run.labels, layout, steps)) if steps is not None else [0]
+            got = Pieces.concat(
+                p for e in epochs for p in _across_seq_lens(run, rule, raw, (row_groups, docs), e, steps)
             )
-            raise ConfigError(msg)
+            return _answer(plan, layout, got, rank)
     # One source: its epochs are permutations of the index, laid out without the reads.
     view: Any = OneSource(plan, unit_counts(plan.dataset)[0]) if isinstance(plan.order, Permutation) else plan
     if epochs is None:
@@ -217,12 +221,49 @@ def locate_in_plan(
     got = Pieces.concat(parts)
     if binned is not None:
         got = rows_of_bins(got, binned, row_groups, docs)
+    return _answer(plan, layout, got, rank)
+
+
+def _answer(plan: Plan, layout: Layout, got: Pieces, rank: int | None) -> pl.DataFrame:
+    """The pieces found, sorted, each with its rank (only ``rank``'s where given), as a frame."""
     got = got.sorted()
     ranks = got.lane // (layout.lanes_at(got.step) // plan.settings.world)
     if rank is not None:
         mine = np.flatnonzero(ranks == rank)
         got, ranks = got.take(mine), ranks[mine]
     return _frame(plan.dataset, got, ranks)
+
+
+def _across_seq_lens(
+    run: Run, rule: Binned, lengths: Lengths, targets: tuple[I64, I64], epoch: int, steps: tuple[int, int] | None
+) -> Iterable[Pieces]:
+    """The pieces of ``epoch`` under best-fit stages of several ``seq_len``: each stage over its own bins.
+
+    A stage's windows are cut as :func:`planner.lookup.staged.stage_pieces` cuts them, over the
+    stage's units (:meth:`planner.run.Run.currency`) and its ``seq_len``'s bins; a window binned
+    again at a change is :func:`planner.lookup.bins.rebinned_rest_pieces`'s.
+    """
+    layout = run.layout
+    want = np.unique((np.asarray(targets[0], np.int64) << 32) | np.asarray(targets[1], np.int64))
+    for i, st in enumerate(layout.stages):
+        cur, g = run.currency(i), run.began(i)
+        binned = BinnedLengths(lengths, st.tokens, rule)
+        again = g.rest_unit >= 0 and any(rc.tokens != g.base_tokens for rc in g.recuts)
+        got = stage_pieces(cur, layout, i, epoch, binned, targets=binned.targets(*targets), steps=steps, rest=not again)
+        yield rows_of_bins(got, binned, *targets)
+        span = stage_steps(layout, i, steps)
+        if not again or span is None or cur.unit_epoch_window(g.rest_unit)[0] != epoch:
+            continue
+        w = cur.unit_epoch_window(g.rest_unit)[1]
+        ep = cur.epoch(epoch)
+        at = np.flatnonzero(ep.window == w).astype(np.int64)
+        start = cur.run_before(epoch) + int(ep.window_tokens[:w].sum())
+        rest = RestWindow(epoch, w, ep.order[at], at, start, g.base_tokens, g.base_lanes, g.changes(), g.begin_step)
+        got = rebinned_rest_pieces(rule, lengths, rest, cur.settings.slice_seed)
+        hit = np.isin((got.row_group << 32) | got.doc, want) & (got.step >= span[0])
+        if span[1] is not None:
+            hit &= got.step < span[1]
+        yield got.take(np.flatnonzero(hit))
 
 
 _LOCATE_OWN = ("where", "rows", "epochs", "steps", "selection", "progress")  # besides the run's parameters
@@ -309,7 +350,18 @@ def locate(
         rgs, docs, dropped = split_targets(plan.dataset, rgs, docs)
     lengths = RowLengths(plan.dataset, length_column=length_column, threads=s.threads)
     rank = s.rank if rank_given else None
-    out = locate_in_plan(plan, rgs, docs, lengths, s.seq_len, epochs=eps, steps=span, rank=rank, layout=s.stages)
+    out = locate_in_plan(
+        plan,
+        rgs,
+        docs,
+        lengths,
+        s.seq_len,
+        epochs=eps,
+        steps=span,
+        rank=rank,
+        layout=s.stages,
+        length_column=s.selection.length_column,
+    )
     if dropped is None:
         return out
     # A document dedupe= or exclude= dropped has no piece: one row says so (and which document was kept).
