@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import ast
+import collections.abc
+import inspect
+import typing
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -274,3 +278,50 @@ def test_the_cache_check_finds_one() -> None:
         "F = [1, 2]\ndef f():\n    F.append(3)\nG = defaultdict(list)\nH = (1, 2)\n"
     )
     assert _module_caches(tree) == ["A", "B", "D", "F", "G"]
+
+
+# -- what the runtime gives planner to open a source is one value ------------------------------
+
+
+def _callable_type(hint: object) -> bool:
+    """Whether ``hint`` is, or holds (a union, an alias), a callable type: ``Callable[...]`` or a callable protocol."""
+    if hint is collections.abc.Callable or typing.get_origin(hint) is collections.abc.Callable:
+        return True
+    if isinstance(hint, type) and getattr(hint, "_is_protocol", False) and "__call__" in vars(hint):
+        return True
+    return any(_callable_type(a) for a in typing.get_args(hint) if not isinstance(a, list))
+
+
+def _callable_parameters(fn: Callable[..., object], names: dict[str, object] | None = None) -> list[str]:
+    """The parameters of ``fn`` annotated with a callable type (through aliases and unions; ``names``: local ones)."""
+    hints = typing.get_type_hints(fn, localns=names)
+    return [n for n in inspect.signature(fn).parameters if _callable_type(hints.get(n))]
+
+
+def test_open_index_takes_its_passes_in_one_value() -> None:
+    # planner.api.open_index takes what the runtime gives it to open a source (the selection
+    # pass, the count, a text source's index) as one Opening, never as a callback each:
+    # plitzer builds that value in one place, plitzer.sources.opening.
+    from planner.api import Opening, open_index
+
+    assert _callable_parameters(open_index) == []
+    hints = typing.get_type_hints(open_index)
+    assert [n for n, h in hints.items() if Opening in typing.get_args(h) or h is Opening] == ["opening"]
+    built = [
+        f"{p.relative_to(ROOT).as_posix()}:{node.lineno}"
+        for p in (ROOT / "plitzer").rglob("*.py")
+        if p != ROOT / "plitzer" / "sources" / "__init__.py"
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute))
+        if (node.func.id if isinstance(node.func, ast.Name) else node.func.attr) == "Opening"
+    ]
+    assert built == [], f"ask plitzer.sources.opening() instead of building an Opening: {built}"
+
+
+def test_the_callable_parameter_check_finds_them() -> None:
+    from planner.catalog.footer import ChunkCounter
+    from planner.mixing.sources import Opening
+
+    def f(a: int, b: Callable[[int], int] | None, c: ChunkCounter | None, d: Opening, e: list[int]) -> None: ...
+
+    assert _callable_parameters(f, {"ChunkCounter": ChunkCounter, "Opening": Opening}) == ["b", "c"]
