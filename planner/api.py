@@ -2,8 +2,8 @@
 
 A source is a path, an ``s3://`` URL, a list of them, an index already built, or a
 dict of named sources (a mixture, :mod:`planner.mixing.mixture`). :func:`open_index` turns
-it into its :class:`~planner.catalog.rowgroups.RowGroupIndex`, :func:`make_plan` turns an
-index into its :class:`~planner.order.plan.Plan`. The planner's checks of how the keywords
+it into its :class:`~planner.catalog.rowgroups.RowGroupIndex`, :func:`make_plan` makes an
+index's :class:`~planner.order.plan.Plan`. The planner's checks of how the keywords
 go together are here (:func:`check_source`, :func:`check_layout`), each a ConfigError
 naming the field and the fix; those of one value are its own type's
 (:class:`~planner.order.plan.PlanSettings`, :class:`~planner.order.layout.Layout`,

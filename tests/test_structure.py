@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import collections.abc
 import inspect
+import re
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -325,3 +326,36 @@ def test_the_callable_parameter_check_finds_them() -> None:
     def f(a: int, b: Callable[[int], int] | None, c: ChunkCounter | None, d: Opening, e: list[int]) -> None: ...
 
     assert _callable_parameters(f, {"ChunkCounter": ChunkCounter, "Opening": Opening}) == ["b", "c"]
+
+
+# -- "index" names one thing a word (docs/glossary.md, "What "index" names") -----------------
+
+INDEX_MISNOMERS = re.compile(
+    r"\bvalue index(es)?\b|\bsource index(es)?\b|\bind(ex|ices|exes) into\b|\bjob's index\b", re.I
+)
+"""Phrases that say "index" for another thing: a position (value position, a position into an
+array), a source's row-group index, the row-group index a job's ranks count together."""
+
+INDEX_MISNOMERS_LEFT = {"planner/order/epoch.py", "planner/lookup/cut.py", "plitzer/readpath/bins.py"}
+"""Modules a concurrent 0.6 change rewrites, whose wording it takes over (drop each once it says position)."""
+
+
+def _index_misnomers(text: str) -> list[int]:
+    return [n for n, line in enumerate(text.splitlines(), 1) if INDEX_MISNOMERS.search(line)]
+
+
+def test_index_names_one_thing_a_word() -> None:
+    found = {
+        f"{p.relative_to(ROOT).as_posix()}:{n}"
+        for p in _sources()
+        if p.relative_to(ROOT).as_posix() not in INDEX_MISNOMERS_LEFT
+        for n in _index_misnomers(p.read_text(encoding="utf-8"))
+    }
+    assert found == set(), f"say position, row-group index or row groups (docs/glossary.md): {sorted(found)}"
+
+
+def test_the_index_misnomer_check_finds_them() -> None:
+    text = (
+        "a value index\nthe source index of\nindexes into the order\nsource_index\nthe job's index\nrow-group index\n"
+    )
+    assert _index_misnomers(text) == [1, 2, 3, 5]

@@ -119,7 +119,7 @@ class MixtureIndex(FrameTotals):
         return MixtureIndex(self.specs, base, given=self.given)
 
     def part(self, row_group: int) -> tuple[Index, int]:
-        """The source index holding global row group ``row_group``, and its row there."""
+        """The row-group index of the source holding global row group ``row_group``, and its row there."""
         i = int(np.searchsorted(self.rg_base, row_group, side="right")) - 1
         return self.parts[i], row_group - int(self.rg_base[i])
 
