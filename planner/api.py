@@ -2,8 +2,8 @@
 
 A source is a path, an ``s3://`` URL, a list of them, an index already built, or a
 dict of named sources (a mixture, :mod:`planner.mixing.mixture`). :func:`open_index` turns
-it into its :class:`~planner.catalog.rowgroups.RowGroupIndex`, :func:`make_plan` turns an
-index into its :class:`~planner.order.plan.Plan`. The planner's checks of how the keywords
+it into its :class:`~planner.catalog.rowgroups.RowGroupIndex`, :func:`make_plan` makes an
+index's :class:`~planner.order.plan.Plan`. The planner's checks of how the keywords
 go together are here (:func:`check_source`, :func:`check_layout`), each a ConfigError
 naming the field and the fix; those of one value are its own type's
 (:class:`~planner.order.plan.PlanSettings`, :class:`~planner.order.layout.Layout`,
@@ -11,7 +11,8 @@ naming the field and the fix; those of one value are its own type's
 docs/design.md, "Where settings are checked").
 
 The selection pass (``where=``) reads data, so planner does not run one of its own:
-the caller passes it (``selector=``, ``select=``), as plitzer does.
+the caller passes it (``selector=``; :func:`open_index` takes it in its
+:class:`~planner.mixing.sources.Opening`), as plitzer does.
 
 This module is the top of planner: it imports the modules it dispatches to, and none
 of them imports it.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal, cast
 
 from planner.catalog.dataset import ensure_index
@@ -29,7 +31,7 @@ from planner.catalog.footer import ChunkCounter
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError
 from planner.mixing.mixture import MixtureIndex, MixturePlan, mixture_index
-from planner.mixing.sources import SourceSpec, Weights, parse_stages
+from planner.mixing.sources import Opening, SourceSpec, Weights, parse_stages
 from planner.order.epoch import PlanSettings, Traversal
 from planner.order.layout import Layout, LayoutStage
 from planner.order.plan import Plan
@@ -39,6 +41,7 @@ from planner.runtime import BINS, COLUMNS, COUNT, DEDUPE, SELECT, runtime_pass
 
 __all__ = [
     "Deduper",
+    "Opening",
     "PathSource",
     "Selector",
     "Source",
@@ -192,56 +195,55 @@ def open_index(
     column: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
     weights: Weights = None,
-    text: Callable[[PathSource], Index] | None = None,
     selection: Selection | None = None,
-    select: Selector | None = None,
-    text_source: Callable[[SourceSpec], Index] | None = None,
+    opening: Opening | None = None,
     opened: Mapping[str, Index] | None = None,
-    count: ChunkCounter | None = None,
     binned: bool = False,
 ) -> RowGroupIndex:
     """The index of ``source``: a mixture's for a dict, the given one for an index, else a dataset's.
 
-    ``weights`` belong to named sources only. ``text`` indexes a text source (plitzer
-    passes its tokenizer's ``text_index`` here); it takes a path source only.
-    ``selection``'s ``where`` (and ``length_column``) select rows by a DuckDB predicate
-    through ``select``, the runtime's selection pass (``plitzer.selector``; without it,
-    see :data:`NO_SELECTOR`); a mixture's sources may each have their own, and ``where``
-    here is the default of those without. Its ``dedupe`` and ``exclude`` are the
-    caller's next pass (``deduper``, :func:`plan`). ``text_source`` indexes a mixture's text
-    source (one whose dict has a ``tokenizer``). ``opened``: a mixture's sources opened
-    already, by name (:func:`planner.mixing.mixindex.mixture_index`). ``count``: what counts
-    a row group whose footer has no statistics (the runtime's, :func:`planner.index`).
-    ``binned``: best-fit's bins pass follows (``selection``'s ``length_column`` serves it too).
+    ``weights`` belong to named sources only. ``opening`` is what the runtime gives to open
+    a source (:class:`~planner.mixing.sources.Opening`, plitzer's ``plitzer.sources.opening``;
+    None: nothing): its ``text`` indexes a text source (plitzer passes its tokenizer's
+    ``text_index`` here), which takes a path source only; ``selection``'s ``where`` (and
+    ``length_column``) select rows by a DuckDB predicate through its ``select``, the
+    runtime's selection pass (``plitzer.selector``; without it, see :data:`NO_SELECTOR`); a
+    mixture's sources may each have their own, and ``where`` here is the default of those
+    without. Its ``text_source`` indexes a mixture's text source (one whose dict has a
+    ``tokenizer``) and its ``count`` counts a row group whose footer has no statistics
+    (:func:`planner.index`). ``selection``'s ``dedupe`` and ``exclude`` are the caller's next
+    pass (``deduper``, :func:`plan`). ``opened``: a mixture's sources opened already, by name
+    (:func:`planner.mixing.mixindex.mixture_index`). ``binned``: best-fit's bins pass follows
+    (``selection``'s ``length_column`` serves it too).
     """
     kind = source_kind(source)
+    given = Opening() if opening is None else opening
     where, length_column = (None, None) if selection is None else (selection.where, selection.length_column)
     passes = binned or (selection is not None and (selection.dedupe is not None or selection.exclude is not None))
-    check_source(kind, weights=weights, text=text is not None, where=where, length_column=length_column, dedupe=passes)
+    text = given.text is not None
+    check_source(kind, weights=weights, text=text, where=where, length_column=length_column, dedupe=passes)
     if kind in ("dict", "mixture index"):
         return mixture_index(
             cast("Mapping[str, Any] | MixtureIndex", source),  # what source_kind found
             column=column,
             storage_options=storage_options,
             selection=selection,
-            select=_selector(select),
-            text=text_source,
+            opening=replace(given, select=_selector(given.select)),
             opened=opened,
-            count=count,
         )
     if kind == "index":
         ix = ensure_index(cast("Index", source), column=column)  # what source_kind found
     else:
         paths = _paths(source)
-        if text is not None:  # text in (plitzer.text.source): tokenized as read, counted once
-            return text(paths)
-        ix = ensure_index(paths, column=column, storage_options=storage_options, count=count)
+        if given.text is not None:  # text in (plitzer.text.source): tokenized as read, counted once
+            return given.text(paths)
+        ix = ensure_index(paths, column=column, storage_options=storage_options, count=given.count)
     if where is None:
         return ix
     spec = SourceSpec(
         name="", path=ix.source, column=ix.column, selection=Selection(where=where, length_column=length_column)
     )
-    return _selector(select)(ix, spec)
+    return _selector(given.select)(ix, spec)
 
 
 def make_plan(
@@ -353,8 +355,7 @@ def plan(
         storage_options=storage_options,
         weights=weights,
         selection=selection,
-        select=selector,
-        count=count,
+        opening=Opening(select=selector, count=count),
         binned=rule.pads,
     )
     ix = _deduped(ix, source, selection, deduper, storage_options)

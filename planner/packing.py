@@ -66,7 +66,7 @@ __all__ = [
 
 
 def concat_ranges(starts: I64, counts: I64) -> tuple[I64, I64]:
-    """``concat(arange(s, s + c))`` and the index of the range each element comes from."""
+    """``concat(arange(s, s + c))`` and the position of the range each element comes from."""
     rep = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
     j = np.arange(len(rep), dtype=np.int64) - (np.cumsum(counts) - counts)[rep]
     return starts[rep] + j, rep
@@ -76,7 +76,7 @@ def concat_ranges(starts: I64, counts: I64) -> tuple[I64, I64]:
 class Parts:
     """Pieces in stream order (:func:`cut_documents`): each one's document, token range and lane."""
 
-    doc: I64  # index of its document among those given
+    doc: I64  # position of its document among those given
     start: I64  # first token in the window's stream
     end: I64
     lane: I64  # lane among the cut table's, 0 .. n-1
@@ -166,7 +166,7 @@ def slice_keys(seed: int | None, epoch: int, window: Any, lane: Any) -> U64 | No
 
 
 def _ordinals(slice_: I64) -> I64:
-    """Each element's index in its run of equal ``slice_`` values (``slice_`` grouped, as sorted)."""
+    """Each element's position in its run of equal ``slice_`` values (``slice_`` grouped, as sorted)."""
     i = np.arange(len(slice_), dtype=np.int64)
     new = np.ones(len(slice_), bool)
     new[1:] = slice_[1:] != slice_[:-1]
@@ -175,7 +175,7 @@ def _ordinals(slice_: I64) -> I64:
 
 
 def packed_order(slice_: I64, keys: U64 | None) -> I64:
-    """Packed order: the pieces' indexes slice after slice, each slice's shuffled.
+    """Packed order: the pieces' positions slice after slice, each slice's shuffled.
 
     ``slice_`` names each piece's slice (non-decreasing: pieces in stream order, slices
     numbered in lane order, as :func:`cut_documents` gives them), ``keys`` each piece's
@@ -200,7 +200,7 @@ def slice_starts(length: I64) -> I64:
 
 
 def slice_offsets(order: I64, length: I64, slice_: I64) -> I64:
-    """Each piece's first token in its slice after the shuffle, by piece index (0 for those not in ``order``)."""
+    """Each piece's first token in its slice after the shuffle, by piece position (0 for those not in ``order``)."""
     cum = slice_starts(length[order])
     s = slice_[order]
     new = np.ones(len(s), bool)

@@ -12,12 +12,12 @@ import pytest
 
 import planner
 import plitzer
-from planner.api import make_plan, open_index
+from planner.api import NO_SELECTOR, Opening, make_plan, open_index
 from planner.mixing.mixture import Interleave, MixtureIndex, MixturePlan
 from planner.order.epoch import PlanSettings
 from planner.order.epoch_order import Permutation
 from plitzer.readpath.read import read_chunk
-from plitzer.sources import index_of
+from plitzer.sources import index_of, opening
 from plitzer.state.settings import LoaderSettings
 from plitzer.state.settings import make_plan as loader_plan
 from tests.conftest import numbered_dataset
@@ -60,11 +60,50 @@ def test_every_entry_point_raises_the_same_messages(two: dict[str, str]) -> None
         plitzer.Loader(two["a"], weights={"a": 1}, seq_len=16, **CFG)
     assert str(a.value) == str(b.value)
     with pytest.raises(plitzer.ConfigError, match="tokenizer= with a mixture"):
-        open_index(two, text=planner.index)
+        open_index(two, opening=Opening(text=planner.index))
     with pytest.raises(plitzer.ConfigError, match="tokenizer= needs the text source, not an Index"):
-        open_index(planner.index(two["a"]), text=planner.index)
+        open_index(planner.index(two["a"]), opening=Opening(text=planner.index))
     with pytest.raises(TypeError, match="is not a path"):
         open_index(42)  # type: ignore[arg-type]
+
+
+def test_open_index_runs_the_passes_its_opening_gives_and_refuses_those_it_lacks(two: dict[str, str]) -> None:
+    # What the runtime gives planner to open a source is one value: each pass in it is run, a pass
+    # not in it is refused with the message that says what to give.
+    seen: list[str] = []
+
+    def select(ix: Any, spec: Any) -> Any:
+        seen.append(spec.selection.where)
+        return plitzer.selector(ix, spec)
+
+    where = planner.parameters.Selection(where="n % 2 = 0")
+    with pytest.raises(plitzer.ConfigError) as e:
+        open_index(two["a"], selection=where, opening=Opening())
+    assert str(e.value) == NO_SELECTOR
+    with pytest.raises(plitzer.ConfigError) as e:
+        open_index({"a": two["a"]}, selection=where)
+    assert str(e.value) == f"source 'a': {NO_SELECTOR}"
+    picked = open_index(two["a"], selection=where, opening=Opening(select=select))
+    assert seen == [where.where]
+    assert 0 < picked.tokens < planner.index(two["a"]).tokens
+    mixed = open_index(two, selection=where, opening=Opening(select=select))
+    assert seen == [where.where] * 3 and isinstance(mixed, MixtureIndex)
+    assert mixed.parts[0].tokens == picked.tokens
+    texts: list[Any] = []
+    opened = open_index(two["b"], opening=Opening(text=lambda paths: texts.append(paths) or planner.index(paths)))
+    assert texts == [two["b"]] and opened.tokens == planner.index(two["b"]).tokens
+
+
+def test_plitzer_builds_its_opening_in_one_place() -> None:
+    # plitzer.sources.opening is what every plitzer caller of open_index gives: the whole selection
+    # pass without settings, a rank's share of it with them; the count and a mixture's text sources.
+    alone = opening()
+    assert alone.select is plitzer.selection.select.select_spec
+    assert alone.count is plitzer.readpath.read.count_chunk
+    assert alone.text_source is plitzer.sources.text.mixture_source and alone.text is None
+    ranked = opening(LoaderSettings.of(**CFG))
+    assert ranked.select is not None and ranked.select is not alone.select
+    assert ranked.count is alone.count and ranked.text_source is alone.text_source
 
 
 def test_a_plan_composes_its_epoch_order(two: dict[str, str]) -> None:

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import ast
+import collections.abc
+import inspect
+import re
+import typing
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -274,3 +279,83 @@ def test_the_cache_check_finds_one() -> None:
         "F = [1, 2]\ndef f():\n    F.append(3)\nG = defaultdict(list)\nH = (1, 2)\n"
     )
     assert _module_caches(tree) == ["A", "B", "D", "F", "G"]
+
+
+# -- what the runtime gives planner to open a source is one value ------------------------------
+
+
+def _callable_type(hint: object) -> bool:
+    """Whether ``hint`` is, or holds (a union, an alias), a callable type: ``Callable[...]`` or a callable protocol."""
+    if hint is collections.abc.Callable or typing.get_origin(hint) is collections.abc.Callable:
+        return True
+    if isinstance(hint, type) and getattr(hint, "_is_protocol", False) and "__call__" in vars(hint):
+        return True
+    return any(_callable_type(a) for a in typing.get_args(hint) if not isinstance(a, list))
+
+
+def _callable_parameters(fn: Callable[..., object], names: dict[str, object] | None = None) -> list[str]:
+    """The parameters of ``fn`` annotated with a callable type (through aliases and unions; ``names``: local ones)."""
+    hints = typing.get_type_hints(fn, localns=names)
+    return [n for n in inspect.signature(fn).parameters if _callable_type(hints.get(n))]
+
+
+def test_open_index_takes_its_passes_in_one_value() -> None:
+    # planner.api.open_index takes what the runtime gives it to open a source (the selection
+    # pass, the count, a text source's index) as one Opening, never as a callback each:
+    # plitzer builds that value in one place, plitzer.sources.opening.
+    from planner.api import Opening, open_index
+
+    assert _callable_parameters(open_index) == []
+    hints = typing.get_type_hints(open_index)
+    assert [n for n, h in hints.items() if Opening in typing.get_args(h) or h is Opening] == ["opening"]
+    built = [
+        f"{p.relative_to(ROOT).as_posix()}:{node.lineno}"
+        for p in (ROOT / "plitzer").rglob("*.py")
+        if p != ROOT / "plitzer" / "sources" / "__init__.py"
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute))
+        if (node.func.id if isinstance(node.func, ast.Name) else node.func.attr) == "Opening"
+    ]
+    assert built == [], f"ask plitzer.sources.opening() instead of building an Opening: {built}"
+
+
+def test_the_callable_parameter_check_finds_them() -> None:
+    from planner.catalog.footer import ChunkCounter
+    from planner.mixing.sources import Opening
+
+    def f(a: int, b: Callable[[int], int] | None, c: ChunkCounter | None, d: Opening, e: list[int]) -> None: ...
+
+    assert _callable_parameters(f, {"ChunkCounter": ChunkCounter, "Opening": Opening}) == ["b", "c"]
+
+
+# -- "index" names one thing a word (docs/glossary.md, "What "index" names") -----------------
+
+INDEX_MISNOMERS = re.compile(
+    r"\bvalue index(es)?\b|\bsource index(es)?\b|\bind(ex|ices|exes) into\b|\bjob's index\b", re.I
+)
+"""Phrases that say "index" for another thing: a position (value position, a position into an
+array), a source's row-group index, the row-group index a job's ranks count together."""
+
+INDEX_MISNOMERS_LEFT = {"planner/order/epoch.py", "planner/lookup/cut.py", "plitzer/readpath/bins.py"}
+"""Modules a concurrent 0.6 change rewrites, whose wording it takes over (drop each once it says position)."""
+
+
+def _index_misnomers(text: str) -> list[int]:
+    return [n for n, line in enumerate(text.splitlines(), 1) if INDEX_MISNOMERS.search(line)]
+
+
+def test_index_names_one_thing_a_word() -> None:
+    found = {
+        f"{p.relative_to(ROOT).as_posix()}:{n}"
+        for p in _sources()
+        if p.relative_to(ROOT).as_posix() not in INDEX_MISNOMERS_LEFT
+        for n in _index_misnomers(p.read_text(encoding="utf-8"))
+    }
+    assert found == set(), f"say position, row-group index or row groups (docs/glossary.md): {sorted(found)}"
+
+
+def test_the_index_misnomer_check_finds_them() -> None:
+    text = (
+        "a value index\nthe source index of\nindexes into the order\nsource_index\nthe job's index\nrow-group index\n"
+    )
+    assert _index_misnomers(text) == [1, 2, 3, 5]

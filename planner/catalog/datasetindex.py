@@ -219,7 +219,7 @@ class Index(FrameTotals):
         return bool(self._files) and all(column in e.columns for e in self._files)
 
     def span_source(self, first: int, end: int, column: str, also: Sequence[str] = ()) -> SpanSource | None:
-        """What reading ``column`` of index rows ``[first, end)`` (row groups of one file) needs; None: no such column.
+        """What reading ``column`` of row groups ``[first, end)`` (of one file) needs; None: no such column.
 
         A pass that walks the dataset a run at a time (a selection's, a dedupe key's, an
         exclusion's) decodes each run through a footer made for those row groups alone, and the

@@ -1,4 +1,4 @@
-"""One index per job without a job index file: the ranks of a process group share the listing and the footers.
+"""One row-group index per job without a job index: the ranks of a process group share the listing and the footers.
 
 :func:`listing` on one rank, :func:`entries_of` on every rank from that listing,
 :func:`count_share` (each rank indexes its share of the files) and :func:`take_counted`
@@ -77,7 +77,8 @@ def has_cached_index(entries: Sequence[FileEntry], column: str | None) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class CountedShare:
-    """One rank's share of a job's index: the rows and templates of files ``rank, rank + world, ...``.
+    """One rank's share of the row-group index a job's ranks count together: the rows and templates of files
+    ``rank, rank + world, ...``.
 
     What the ranks exchange (bytes a row group: the rows, a field at a time, zstd-compressed
     in one buffer; a template a file), never footers. An object all-gather copies its
@@ -158,7 +159,7 @@ def take_counted(
     parts: Sequence[CountedShare],
     counting: Counting | None = None,
 ) -> Index:
-    """The job's index from every rank's :func:`count_share` (no footer read), cached on this machine.
+    """The row-group index the job's ranks counted, from every rank's :func:`count_share` (no footer read), cached here.
 
     ``counting``: the one the shares were made with (its fingerprint, cache and wrapping).
     """

@@ -141,7 +141,10 @@ class RowGroupIndex(Protocol):
         ...
 
     def part(self, row_group: int) -> tuple[Any, int]:
-        """The source index holding ``row_group``, and its row there (itself and ``row_group`` for one source's)."""
+        """The row-group index of the source holding ``row_group``, and its row there.
+
+        One source's index answers itself and ``row_group``.
+        """
         ...
 
     def unwrapped(self) -> Any:

@@ -11,7 +11,7 @@ like one source's; :mod:`planner.mixing.mixture` plans it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,10 +23,9 @@ from planner.catalog import jobindex
 from planner.catalog.column import TokenDtype
 from planner.catalog.dataset import ensure_index
 from planner.catalog.datasetindex import Index
-from planner.catalog.footer import ChunkCounter
 from planner.catalog.rowgroups import Capabilities, FrameTotals, with_selected
 from planner.errors import ConfigError
-from planner.mixing.sources import SourceSpec, source_specs
+from planner.mixing.sources import Opening, SourceSpec, source_specs
 from planner.parameters import Selection
 from planner.stores.storage import FileStat, Storage
 
@@ -120,7 +119,7 @@ class MixtureIndex(FrameTotals):
         return MixtureIndex(self.specs, base, given=self.given)
 
     def part(self, row_group: int) -> tuple[Index, int]:
-        """The source index holding global row group ``row_group``, and its row there."""
+        """The row-group index of the source holding global row group ``row_group``, and its row there."""
         i = int(np.searchsorted(self.rg_base, row_group, side="right")) - 1
         return self.parts[i], row_group - int(self.rg_base[i])
 
@@ -184,25 +183,26 @@ def mixture_index(
     column: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
     selection: Selection | None = None,
-    select: Callable[[Index, SourceSpec], Index] | None = None,
-    text: Callable[[SourceSpec], Index] | None = None,
+    opening: Opening | None = None,
     opened: Mapping[str, Index] | None = None,
-    count: ChunkCounter | None = None,
 ) -> MixtureIndex:
     """Index every source of a dict of named sources (footers only, cached).
 
     A source with a ``where`` (its own, else ``selection``'s) is selected by
-    ``select`` (the runtime's selection pass, ``plitzer.selection.select``), and a text source
-    (one with a ``tokenizer``) is indexed by ``text`` (its counting pass tokenizes):
-    plitzer passes both, planner runs neither, and without them such a source is a
-    ConfigError. ``opened``: sources' indexes opened already, by name (a job's ranks
-    shared their listing and footers, and a text source's count: ``plitzer.state.share``),
-    taken instead of listing them again; a selection still runs on them (from the cache
-    the ranks' shared pass filled).
+    ``opening.select`` (the runtime's selection pass, ``plitzer.selection.select``), and a text
+    source (one with a ``tokenizer``) is indexed by ``opening.text_source`` (its counting pass
+    tokenizes); ``opening.count`` counts a row group whose footer has no statistics:
+    plitzer gives them (:class:`~planner.mixing.sources.Opening`), planner runs none, and
+    without them such a source is a ConfigError. ``opened``: sources' indexes opened already,
+    by name (a job's ranks shared their listing and footers, and a text source's count:
+    ``plitzer.state.share``), taken instead of listing them again; a selection still runs on
+    them (from the cache the ranks' shared pass filled).
     """
     if isinstance(sources, MixtureIndex):
         return sources
     specs = source_specs(sources, column=column, storage_options=storage_options, selection=selection)
+    passes = Opening() if opening is None else opening
+    select, text, count = passes.select, passes.text_source, passes.count
     parts = []
     for s in specs:
         if opened is not None and s.name in opened:

@@ -6,24 +6,27 @@ dict with ``path`` and optionally ``column``, ``storage_options``, ``where`` and
 ``add_eos`` and ``add_bos`` (section 9); they are ordered by name. Weights are a dict
 (one stage from step 0), a list of ``(step, dict)`` stages, or None (each source weighs
 its tokens). Every mistake is a ConfigError naming the field and the fix.
-:mod:`planner.mixing.mixture` interleaves what this describes.
+:mod:`planner.mixing.mixture` interleaves what this describes. :class:`Opening` is what the
+runtime gives planner to open a source (its passes that read data; planner reads footers only).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
+from planner.catalog.datasetindex import Index
+from planner.catalog.footer import ChunkCounter
 from planner.errors import ConfigError
 from planner.parameters import Selection, TextSettings, names_of
 
-__all__ = ["SourceSpec", "Stage", "Weights", "parse_stages", "source_specs"]
+__all__ = ["Opening", "SourceSpec", "Stage", "Weights", "parse_stages", "source_specs"]
 
 Weights = Mapping[str, Any] | Sequence[tuple[int, Mapping[str, Any]]] | None
 _TEXT_KEYS = names_of(TextSettings)
@@ -51,6 +54,25 @@ class SourceSpec:
     text: Mapping[str, Any] | None = None
     index: str | None = None
     """The source's job index (``plitzer index PATH --out URL``), read instead of its footers."""
+
+
+@dataclass(frozen=True, slots=True)
+class Opening:
+    """What the runtime gives planner to open a source: the passes that read data, each None where not given.
+
+    planner reads footers only (:func:`planner.api.open_index`, :func:`planner.mixing.mixindex.mixture_index`);
+    plitzer builds this value in one place (``plitzer.sources.opening``). A source that needs a
+    pass not given is a ConfigError naming what to pass.
+    """
+
+    select: Callable[[Index, SourceSpec], Index] | None = None
+    """The selection pass (``where=``): an index and its source's spec in, the selected index out."""
+    count: ChunkCounter | None = None
+    """Counts a row group whose footer has no statistics (``plitzer.readpath.read.count_chunk``)."""
+    text: Callable[[Any], Index] | None = None
+    """Indexes a text source given as paths (``tokenizer=``: its counting pass tokenizes)."""
+    text_source: Callable[[SourceSpec], Index] | None = None
+    """Indexes a mixture's text source (one whose dict has a ``tokenizer``)."""
 
 
 _SPEC_KEYS = tuple(k for k in names_of(SourceSpec) if k not in ("name", "path", "selection", "text"))

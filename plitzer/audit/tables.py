@@ -19,8 +19,7 @@ from planner.mixing.mixture import MixturePlan
 from planner.order.epoch import PlanSettings
 from planner.order.layout import Layout
 from planner.order.plan import Plan
-from plitzer.readpath.read import count_chunk
-from plitzer.selection.select import select_spec
+from plitzer.sources import opening
 from plitzer.tools.explain import document_table
 
 __all__ = [
@@ -219,7 +218,7 @@ def read_amplification(
     ``1 + (world-1)/window``; ``bound`` is ``1 + windows * (world-1) / row_groups``,
     the same bound counted per window, which a short last window makes slightly larger.
     """
-    ix = source.dataset if isinstance(source, Plan) else open_index(source, select=select_spec, count=count_chunk)
+    ix = source.dataset if isinstance(source, Plan) else open_index(source, opening=opening())
     g = ix.row_groups
     if windows is None:
         windows = sorted({w for w in (1, 2, 4, 8, 16, 32, 64, 128, 256) if w <= max(1, g)} | {max(1, g)})

@@ -141,8 +141,8 @@ class Columns:
     """The aligned columns of a run, resolved against its sources.
 
     ``names`` in the order given; ``fills`` name -> fill (None: none given); ``dtypes`` the
-    batch's dtype of each; ``plans`` for each source index (by ``id``): name -> the fill to
-    use, or ``_READ``. ``indexes`` keeps the source indexes alive (their ids are the keys).
+    batch's dtype of each; ``plans`` for each source's row-group index (by ``id``): name -> the fill
+    to use, or ``_READ``. ``indexes`` keeps those indexes alive (their ids are the keys).
     """
 
     names: tuple[str, ...]
@@ -359,7 +359,7 @@ def read_columns(cols: Columns, index: RowGroupIndex, rg: int, tokens: pa.Array)
 
 
 def aligned_chunks(arrays: list[pa.Array], values: list[NDArray[Any]], dtype: np.dtype[Any]) -> list[pa.Array]:
-    """The column's values as list arrays over the same value indexes as the token chunks ``arrays``.
+    """The column's values as list arrays over the same value positions as the token chunks ``arrays``.
 
     ``arrays`` are the packer's token chunks (whose documents' values are contiguous from
     ``offsets[0]``); ``values`` each chunk's column values end to end. The packer only reads

@@ -2,10 +2,10 @@
 
 ``labels=True`` gives ``batch.labels``, ``(rows, seq_len)`` int64: what
 ``torch.nn.functional.cross_entropy(logits.view(-1, V), labels.view(-1), ignore_index=-100)``
-takes. A document lies whole in one row group, so the label of the token at value index ``i``
+takes. A document lies whole in one row group, so the label of the token at value position ``i``
 of a decoded row group is the value at ``i + 1`` when that is still inside the same document,
 else :data:`IGNORE_INDEX`. Each row group's labels are therefore one array of the token
-column's value indexes (:func:`label_chunks`: a shifted copy, ``-100`` at every document's
+column's value positions (:func:`label_chunks`: a shifted copy, ``-100`` at every document's
 last token), and the packer gathers it through the very lists, sub-pieces and layout it
 gathers the tokens by (:func:`plitzer.readpath.pack.finish_unit`, best-fit's
 :func:`plitzer.readpath.bins.pack_bins`): the label of a piece's last token is the token that
@@ -61,7 +61,7 @@ LABEL_BYTES = LABEL_DTYPE.itemsize
 
 
 def label_values(arr: pa.Array) -> NDArray[np.int64]:
-    """The labels of a decoded token chunk at its value indexes: the next value, -100 at each document's end.
+    """The labels of a decoded token chunk at its value positions: the next value, -100 at each document's end.
 
     ``arr`` is a list chunk whose documents' values are contiguous (the packer's chunks,
     :func:`plitzer.readpath.pieces.unit_documents`); values outside its documents get labels
@@ -81,7 +81,7 @@ def label_values(arr: pa.Array) -> NDArray[np.int64]:
 
 
 def label_chunks(arrays: list[pa.Array]) -> list[pa.Array]:
-    """The labels of the packer's token chunks as list arrays over the same value indexes (as an aligned column's)."""
+    """The labels of the packer's token chunks as list arrays over the same value positions (as an aligned column's)."""
     return aligned_chunks(arrays, [label_values(a) for a in arrays], LABEL_DTYPE)
 
 

@@ -79,7 +79,7 @@ class _Layout:
     """A window's sub-pieces (pieces cut where rows end), as the gather needs them.
 
     In stream order (``*_s``: they tile the decoded values where the pieces do, as the
-    gather's lists need), each one's chunk, first value index and length; in layout
+    gather's lists need), each one's chunk, first value position and length; in layout
     order, (step, lane, position) from ``from_step`` on, each one's stream-order id,
     step, row (rank lane), first position in the lane's stream, length, document and
     offset in it.

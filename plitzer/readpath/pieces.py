@@ -26,7 +26,7 @@ __all__ = ["Documents", "Pieces", "cut_pieces", "documents_of", "shuffle_pieces"
 
 
 def documents_of(arr: pa.Array) -> tuple[pa.Array, I64, I64]:
-    """A list chunk, its documents' lengths and the value index of each document's start.
+    """A list chunk, its documents' lengths and the value position of each document's start.
 
     A null list is an empty document. Arrow lets a null slot span values; the
     Parquet reader never writes one, but if one comes, the chunk is rebuilt so that
@@ -82,7 +82,7 @@ def unit_documents(chunks: list[pa.Array], token_start: I64, doc_base: I64) -> D
     value = o[inner]
     length = o[1:][inner[:-1]] - value
     chunk = np.repeat(np.arange(nc, dtype=np.int64), sizes)
-    base = np.asarray(token_start, np.int64) - o[head]  # stream position - value index, per chunk
+    base = np.asarray(token_start, np.int64) - o[head]  # stream position - value position, per chunk
     first = np.cumsum(sizes) - sizes
     doc_id = np.arange(len(value), dtype=np.int64) + np.repeat(np.asarray(doc_base, np.int64) - first, sizes)
     return Documents(arrays, value + base[chunk], length, doc_id, chunk, value)

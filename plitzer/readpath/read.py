@@ -242,9 +242,9 @@ def _values(arr: pa.Array) -> pa.Array:
     return arr.values.slice(first, last - first)
 
 
-def _row_of(arr: pa.Array, value_index: int) -> int:
+def _row_of(arr: pa.Array, value_position: int) -> int:
     offsets = arr.offsets.to_numpy()
-    return int(np.searchsorted(offsets, value_index + offsets[0], side="right")) - 1
+    return int(np.searchsorted(offsets, value_position + offsets[0], side="right")) - 1
 
 
 def check_decoded(

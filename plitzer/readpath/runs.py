@@ -26,7 +26,7 @@ __all__ = ["ColumnRun", "read_other"]
 
 
 class ColumnRun:
-    """``column`` of index rows ``[first, end)`` (row groups of one file), read a row group at a time.
+    """``column`` of row groups ``[first, end)`` (of one file), read a row group at a time.
 
     ``also``: the other columns the pass reads, whose chunk numbers the same parse of the
     file's footer then gives (one parse a file for every column).

@@ -93,7 +93,7 @@ class SelectionPass:
     _local: threading.local = field(default_factory=threading.local, repr=False)
 
     def runs(self, first: int, end: int) -> Runs:
-        """The columns the pass reads of index rows ``[first, end)`` (row groups of one file), one footer parse."""
+        """The columns the pass reads of row groups ``[first, end)`` (of one file), one footer parse."""
         names = [*self.columns, self.length_column or self.ix.column]
         return {c: ColumnRun(self.ix, first, end, c, names) for c in dict.fromkeys(names)}
 

@@ -103,10 +103,10 @@ BUCKET_ROWS = 1 << 22
 
 
 def first_occurrences(keys: Keys, bucket_rows: int = BUCKET_ROWS) -> tuple[I64, I64]:
-    """Rows (indices into ``keys``, in source order) whose key an earlier row has, and that first row.
+    """Rows (positions in ``keys``, in source order) whose key an earlier row has, and that first row.
 
     Bucket by bucket (equal keys share a bucket): a sort of the bucket's keys puts each
-    key's copies together, and the smallest index of each run (the first in source order)
+    key's copies together, and the smallest position of each run (the first in source order)
     is kept. Memory beyond ``keys``: a bucket's (about 40 bytes a row of it) and 2 bytes a row.
     """
     n = len(keys)

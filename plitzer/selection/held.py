@@ -34,7 +34,7 @@ class _Grown:
         self.size = 0
 
     def add(self, a: np.ndarray) -> int:
-        """Append ``a``; its first index."""
+        """Append ``a``; the position of its first row."""
         at, n = self.size, len(a)
         if at + n > len(self.buf):
             grown = np.zeros((max(2 * len(self.buf), at + n), *self.shape), self.buf.dtype)

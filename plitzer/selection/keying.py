@@ -91,7 +91,7 @@ def read_column(ix: Index, rg: int, column: str, runs: Runs) -> pa.Array:
 
 
 def token_run(ix: Index, first: int, end: int) -> ColumnRun | None:
-    """The token column of index rows ``[first, end)`` as one run; None for a text source (tokenized as read).
+    """The token column of row groups ``[first, end)`` as one run; None for a text source (tokenized as read).
 
     A dataset's index, or a selection of one (whose stream rows :func:`stream_tokens` takes).
     """

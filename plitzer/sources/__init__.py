@@ -2,11 +2,14 @@
 
 A kind is a module of this package with two functions: ``claims(source, settings)`` (whether
 the source is of this kind) and ``prepare(source, settings)`` (the index it opens to, or the
-source itself for planner's own dispatch of paths, indexes and mixtures, and the keywords it
-adds to :func:`planner.api.open_index`). :data:`KINDS` lists them, the first that claims a
-source opens it: a job index (``index=``), text (``tokenizer=``), then the other formats, then
-Parquet token columns, which claims the rest. A selection over another source (``where=``, ``dedupe=``, ``exclude=``) is
-:mod:`plitzer.sources.selection`, applied to whatever the kind opened.
+source itself for planner's own dispatch of paths, indexes and mixtures, and the passes it
+adds to :func:`opening`'s, by field of :class:`planner.api.Opening`: a text source's ``text``).
+:data:`KINDS` lists them, the first that claims a source opens it: a job index (``index=``),
+text (``tokenizer=``), then the other formats, then Parquet token columns, which claims the
+rest. A selection over another source (``where=``, ``dedupe=``, ``exclude=``) is
+:mod:`plitzer.sources.selection`, applied to whatever the kind opened. :func:`opening` is the
+one place plitzer builds what it gives planner's :func:`~planner.api.open_index` to open a
+source (its passes that read data: every caller asks for it).
 
 What the rest of the code needs of an opened source is :class:`Opened`: the index (the
 planner's format-neutral :class:`~planner.catalog.rowgroups.RowGroupIndex`), a reader of a row
@@ -21,18 +24,18 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
 
 import pyarrow as pa
 
-from planner.api import Source, open_index
+from planner.api import Opening, Source, open_index
 from planner.catalog.datasetindex import Index
 from planner.catalog.rowgroups import Capabilities, RowGroupIndex
 from plitzer.readpath.read import count_chunk, read_chunk
 from plitzer.sources import selection, text
 
-__all__ = ["KINDS", "Kind", "Opened", "index_of", "kind_of", "open"]
+__all__ = ["KINDS", "Kind", "Opened", "index_of", "kind_of", "open", "opening"]
 
 KINDS = ("jobindex", "text", "arrow", "parquet")
 """The kinds of source, each a module of this package, in the order they are asked (the last claims the rest)."""
@@ -43,7 +46,9 @@ class Kind(Protocol):
 
     def claims(self, source: Source, settings: Any) -> bool: ...
 
-    def prepare(self, source: Source, settings: Any) -> tuple[Source, dict[str, Any]]: ...
+    def prepare(self, source: Source, settings: Any) -> tuple[Source, dict[str, Any]]:
+        """The source planner opens, and the passes the kind adds to :func:`opening`'s (fields of its ``Opening``)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,17 @@ def kind_of(source: Source, settings: Any) -> Kind:
     raise AssertionError(msg)
 
 
+def opening(settings: Any = None) -> Opening:
+    """What plitzer gives planner to open a source (:func:`planner.api.open_index`): its passes that read data.
+
+    The selection pass (``where=``; ``settings``, a ``plitzer.state.settings.LoaderSettings``,
+    splits it over its rank's world; None: this process runs the whole pass), the count of a row
+    group whose footer has no statistics, and the index of a mixture's text source. A text
+    source given as paths is its kind's (:func:`plitzer.sources.text.prepare` adds ``text``).
+    """
+    return Opening(select=selection.selector(settings), count=count_chunk, text_source=text.mixture_source)
+
+
 def index_of(source: Source, settings: Any, opened: Mapping[str, Index] | None = None) -> RowGroupIndex:
     """The index of ``source`` under ``settings`` (a ``plitzer.state.settings.LoaderSettings``).
 
@@ -81,12 +97,9 @@ def index_of(source: Source, settings: Any, opened: Mapping[str, Index] | None =
         storage_options=s.storage_options,
         weights=s.weights,
         selection=s.selection,
-        select=selection.selector(s),
-        text_source=text.mixture_source,
+        opening=replace(opening(s), **more),
         opened=opened,
         binned=s.rule.pads,
-        count=count_chunk,
-        **more,
     )
     return selection.deduplicated(ix, source, s)
 

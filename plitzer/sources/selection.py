@@ -24,9 +24,16 @@ from planner.mixing.sources import SourceSpec
 __all__ = ["deduplicate", "deduplicated", "selector"]
 
 
-def selector(settings: Any) -> Selector:
-    """The selection pass of ``settings`` (``where=``): this rank's share of it, the rest from the cache."""
+def selector(settings: Any = None) -> Selector:
+    """The selection pass of ``settings`` (``where=``): this rank's share of it, the rest from the cache.
+
+    None: this process runs the whole pass (:func:`plitzer.selection.select.select_spec`).
+    """
     s = settings
+    if s is None:
+        from plitzer.selection.select import select_spec
+
+        return select_spec
 
     def select(ix: Index, spec: SourceSpec) -> Index:
         from plitzer.selection.select import select_index

@@ -32,7 +32,7 @@ def claims(source: Source, settings: Any) -> bool:
 
 
 def prepare(source: Source, settings: Any) -> tuple[Source, dict[str, Any]]:
-    """A text index given: checked against the tokenizer; a path: planner's text step (``text=``)."""
+    """A text index given: checked against the tokenizer; a path: planner's text step (the opening's ``text``)."""
     from plitzer.text.source import TextIndex, index_text, text_counting
 
     s = settings

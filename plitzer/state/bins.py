@@ -189,9 +189,9 @@ def _ray_chunk(
     source: Any, column: str | None, storage_options: Mapping[str, Any] | None, spec: BinSpec, chunk: tuple[int, int]
 ) -> tuple[int, I64]:
     """A Ray task: the bins of one chunk, the index opened where the task runs (footers from its cache)."""
-    from planner import index as open_index
+    from planner import index
 
-    ix = open_index(source, column=column, storage_options=storage_options, progress=False)
+    ix = index(source, column=column, storage_options=storage_options, progress=False)
     return chunk[0], count_chunk(ix, spec, *chunk)
 
 

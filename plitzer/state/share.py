@@ -313,7 +313,7 @@ def share_selection(source: Source, cfg: LoaderSettings, group: Collective) -> N
     selections are shared by :func:`share_index`.
     """
     from planner.api import open_index
-    from plitzer.selection.select import select_spec
+    from plitzer.sources import opening
 
     if cfg.selection.where is None or isinstance(source, Mapping) or cfg.text.tokenizer is not None:
         return
@@ -322,9 +322,7 @@ def share_selection(source: Source, cfg: LoaderSettings, group: Collective) -> N
 
         ix: Any = load(cfg.index, source, column=cfg.column, storage_options=cfg.storage_options)
     else:
-        ix = open_index(
-            source, column=cfg.column, storage_options=cfg.storage_options, select=select_spec, count=count_chunk
-        )
+        ix = open_index(source, column=cfg.column, storage_options=cfg.storage_options, opening=opening())
     if ix.capabilities.selectable:
         _select(cast("Index", ix), cfg.selection, cfg.threads, group)
 

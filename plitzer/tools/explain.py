@@ -49,8 +49,9 @@ from planner.order.epoch import check_int
 from planner.parameters import document
 from planner.stores.cache import cache_dir, digest, discard, read_entry, write_entry
 from plitzer.loader import Loader
-from plitzer.readpath.read import count_chunk, list_lengths, read_chunk
-from plitzer.selection.select import select_spec, source_rows
+from plitzer.readpath.read import list_lengths, read_chunk
+from plitzer.selection.select import source_rows
+from plitzer.sources import opening
 from plitzer.state.settings import Keywords, LoaderSettings
 from plitzer.state.settings import Source as AnySource
 
@@ -176,7 +177,7 @@ def document_lengths(
     >>> int(n.sum()) == plitzer.index(d).tokens
     True
     """
-    ix = open_index(source, column=column, storage_options=storage_options, select=select_spec, count=count_chunk)
+    ix = open_index(source, column=column, storage_options=storage_options, opening=opening())
     return document_pass(ix, progress=progress, threads=threads)[0]
 
 
@@ -193,7 +194,7 @@ def document_table(
     ``doc`` is the document's running number over the dataset; ``hash`` is a 64-bit
     content hash (equal documents have equal hashes), for finding duplicates.
     """
-    ix = open_index(source, column=column, storage_options=storage_options, select=select_spec, count=count_chunk)
+    ix = open_index(source, column=column, storage_options=storage_options, opening=opening())
     lengths, hashes = document_pass(ix, progress=progress, threads=threads)
     f = ix.frame
     rows = stream_counts(f)[1].to_numpy().astype(np.int64)

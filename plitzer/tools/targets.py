@@ -31,7 +31,7 @@ Rows = Sequence[tuple[Any, ...]] | pl.DataFrame
 
 
 def _parts(ix: RowGroupIndex) -> list[tuple[str | None, Index, int]]:
-    """(source name, source index, first global row group) of every source."""
+    """(source name, its row-group index, its first global row group) of every source."""
     if ix.mixed:
         base = np.concatenate([[0], np.cumsum([p.row_groups for p in ix.parts])])
         return [(n, p, int(base[i])) for i, (n, p) in enumerate(zip(ix.names, ix.parts, strict=True))]
