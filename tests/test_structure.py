@@ -336,9 +336,6 @@ INDEX_MISNOMERS = re.compile(
 """Phrases that say "index" for another thing: a position (value position, a position into an
 array), a source's row-group index, the row-group index a job's ranks count together."""
 
-INDEX_MISNOMERS_LEFT = {"planner/order/epoch.py", "planner/lookup/cut.py", "plitzer/readpath/bins.py"}
-"""Modules a concurrent 0.6 change rewrites, whose wording it takes over (drop each once it says position)."""
-
 
 def _index_misnomers(text: str) -> list[int]:
     return [n for n, line in enumerate(text.splitlines(), 1) if INDEX_MISNOMERS.search(line)]
@@ -348,7 +345,6 @@ def test_index_names_one_thing_a_word() -> None:
     found = {
         f"{p.relative_to(ROOT).as_posix()}:{n}"
         for p in _sources()
-        if p.relative_to(ROOT).as_posix() not in INDEX_MISNOMERS_LEFT
         for n in _index_misnomers(p.read_text(encoding="utf-8"))
     }
     assert found == set(), f"say position, row-group index or row groups (docs/glossary.md): {sorted(found)}"

@@ -132,7 +132,7 @@ class Cut:
     start: I64
     end: I64
     lane: I64
-    doc: I64  # index into the :class:`Docs`
+    doc: I64  # its position in the :class:`Docs`
     window: I64
 
 

@@ -132,7 +132,7 @@ class PlanSettings:
 
 @dataclass(frozen=True, slots=True)
 class EpochPlan:
-    """One epoch's plan as arrays (positions are indexes into the epoch order)."""
+    """One epoch's plan as arrays (a position is a place in the epoch order)."""
 
     epoch: int
     order: I64  # row-group id (row of the index) at each position

@@ -72,7 +72,7 @@ class Rows:
 
 @dataclass(frozen=True, slots=True)
 class _Bins:
-    """A unit's bins: each one's items (indexes into the unit's non-empty items, in storage order), count and fill."""
+    """A unit's bins: each one's items (positions among its non-empty items, in storage order), count and fill."""
 
     first: I64  # bin j's items are items[first[j]:first[j + 1]]
     items: I64
