@@ -281,6 +281,10 @@ RULES: dict[str, Rule] = {
     "python benchmarks/cluster.py --shapes --packing best-fit --shapes-row-groups 120000 --ranks 1": scaled(
         "python benchmarks/cluster.py --shapes --packing best-fit --shapes-row-groups 200 --per-file 10 --ranks 1"
     ),
+    # the same run at 10^6 row groups (its scaled run is the line above's): the options it names exist
+    "python benchmarks/cluster.py --shapes --packing best-fit --shapes-row-groups 1000000 --ranks 1": synopsis(
+        "python benchmarks/cluster.py --help"
+    ),
     "python benchmarks/cluster.py --shapes --index-only --rounds 3": scaled(
         "python benchmarks/cluster.py --shapes --index-only --shapes-row-groups 200 --per-file 10 --rounds 1"
     ),
