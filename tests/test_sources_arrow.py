@@ -23,12 +23,13 @@ from plitzer.sources import arrow
 datasets = pytest.importorskip("datasets")
 
 
-def _docs(n: int, seed: int) -> list[list[int]]:
+def docs_of(n: int, seed: int, longest: int = 90) -> list[list[int]]:
+    """``n`` documents of random ids, up to ``longest`` tokens each (empty ones too)."""
     rng = np.random.default_rng(seed)
-    return [rng.integers(0, 50_000, int(rng.integers(0, 90))).tolist() for _ in range(n)]
+    return [rng.integers(0, 50_000, int(rng.integers(0, longest))).tolist() for _ in range(n)]
 
 
-def _parquet_copy(files: list[Path], out: Path) -> Path:
+def parquet_copy(files: list[Path], out: Path) -> Path:
     """Each IPC file as a Parquet file of the same name stem, one row group a record batch."""
     out.mkdir()
     for p in files:
@@ -44,11 +45,11 @@ def _parquet_copy(files: list[Path], out: Path) -> Path:
 def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A save_to_disk folder of 3 shards of 2 record batches or more each, and its Parquet copy."""
     root = tmp_path_factory.mktemp("ipc")
-    d = datasets.Dataset.from_dict({"input_ids": _docs(7000, 0), "score": list(range(7000))})
+    d = datasets.Dataset.from_dict({"input_ids": docs_of(7000, 0), "score": list(range(7000))})
     d.save_to_disk(str(root / "saved"), num_shards=3)
     files = arrow.arrow_files(root / "saved")
     assert files is not None
-    return root / "saved", _parquet_copy(files, root / "pq")
+    return root / "saved", parquet_copy(files, root / "pq")
 
 
 def _batches(src: Path, n: int, **kw: Any) -> list[np.ndarray]:
@@ -113,12 +114,12 @@ def test_a_map_cache_folder_is_a_source(tmp_path: Path) -> None:
     d = datasets.Dataset.from_dict({"text": [str(i) for i in range(3000)]})
     cache = tmp_path / "cache"
     cache.mkdir()
-    docs = _docs(3000, 1)
+    docs = docs_of(3000, 1)
     mapped = d.map(lambda r, i: {"input_ids": docs[i]}, with_indices=True, cache_file_name=str(cache / "cache-a.arrow"))
     assert len(mapped) == 3000
     files = arrow.arrow_files(cache)
     assert files is not None and [p.name for p in files] == ["cache-a.arrow"]
-    ref = _parquet_copy(files, tmp_path / "pq")
+    ref = parquet_copy(files, tmp_path / "pq")
     kw = {"seed": 4, "lanes": 4, "window": 2, "seq_len": 48}
     for g, w in zip(_batches(cache, 20, **kw), _batches(ref, 20, **kw), strict=True):
         np.testing.assert_array_equal(g, w)

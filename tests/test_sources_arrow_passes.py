@@ -27,25 +27,9 @@ from plitzer.readpath.runs import read_other
 from plitzer.selection.dedupe import dedupe_index
 from plitzer.selection.select import select_index, select_on_ray
 from plitzer.sources import arrow
+from tests.test_sources_arrow import docs_of, parquet_copy
 
 datasets = pytest.importorskip("datasets")
-
-
-def _docs(n: int, seed: int) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, 50_000, int(rng.integers(0, 70))).tolist() for _ in range(n)]
-
-
-def _parquet_copy(files: list[Path], out: Path) -> Path:
-    """Each IPC file as a Parquet file of the same name stem, one row group a record batch."""
-    out.mkdir()
-    for p in files:
-        with pa.memory_map(str(p)) as f:
-            r = pa.ipc.open_stream(f)
-            with pq.ParquetWriter(out / (p.stem + ".parquet"), r.schema) as w:
-                for b in r:
-                    w.write_batch(b, row_group_size=len(b))
-    return out
 
 
 Saved = tuple[Path, Path, Path]
@@ -58,7 +42,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
     seed, shards = request.param
     root = tmp_path_factory.mktemp(f"ipc{seed}")
     n = 4000
-    docs = _docs(n, seed)
+    docs = docs_of(n, seed, 70)
     docs[5] = list(docs[17]) or [1, 2, 3]
     docs[17] = list(docs[5])
     d = datasets.Dataset.from_dict(
@@ -74,7 +58,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
     files = arrow.arrow_files(root / "saved")
     assert files is not None
     pq.write_table(pa.table({"url": ["u3", "u44", "u2000"]}), root / "exclude.parquet")
-    return root / "saved", _parquet_copy(files, root / "pq"), root / "exclude.parquet"
+    return root / "saved", parquet_copy(files, root / "pq"), root / "exclude.parquet"
 
 
 def _run(src: Path, n: int, **kw: Any) -> tuple[list[np.ndarray], list[dict[str, np.ndarray]], Any]:
@@ -147,7 +131,7 @@ def test_other_columns_are_the_record_batches_read_from_a_memory_map(
 
 
 def test_a_file_changed_since_indexing_is_a_data_error(tmp_path: Path) -> None:
-    d = datasets.Dataset.from_dict({"input_ids": _docs(3000, 4), "score": list(range(3000))})
+    d = datasets.Dataset.from_dict({"input_ids": docs_of(3000, 4, 70), "score": list(range(3000))})
     d.save_to_disk(str(tmp_path / "s"))
     ix = arrow.arrow_index(tmp_path / "s")
     files = arrow.arrow_files(tmp_path / "s")
@@ -194,7 +178,7 @@ def test_selection_and_dedupe_equal_the_parquet_copys(
             at += k
     files = arrow.arrow_files(root / "ipc")
     assert files is not None
-    a, b = arrow.arrow_index(root / "ipc"), plitzer.index(_parquet_copy(files, root / "pq"))
+    a, b = arrow.arrow_index(root / "ipc"), plitzer.index(parquet_copy(files, root / "pq"))
     for sel in (Selection(where=where), Selection(dedupe="tokens"), Selection(where=where, dedupe="tokens")):
         got, want = _passes(a, sel), _passes(b, sel)
         if isinstance(want, str):  # nothing left (every document empty, or none selected): the same refusal
@@ -246,7 +230,7 @@ def test_two_gloo_ranks_share_the_framing_and_the_passes(tmp_path: Path) -> None
     from tests.share_fixtures import gloo_ranks
 
     n = 6000
-    docs = _docs(n, 9)
+    docs = docs_of(n, 9, 70)
     d = datasets.Dataset.from_dict(
         {"input_ids": docs, "score": [i % 4 for i in range(n)], "url": [f"u{i % 5000}" for i in range(n)]}
     )
