@@ -234,3 +234,45 @@ def test_locate_finds_what_the_loader_delivers(tmp_path_factory: pytest.TempPath
     cols = ["step", "lane", "start", "length", "row_group", "row", "token_offset", "epoch", "window_index"]
     found = plitzer.locate(root, "n % 2 = 0", steps=steps, **cfg).select(cols).sort(cols)
     assert found.equals(seen.filter(pl.col("row") % 2 == 0).select(cols).sort(cols))
+
+
+def test_aligned_columns_and_storage_order_through_a_seq_len_change(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(9)
+    docs = [list(range(1, int(n) + 1)) for n in rng.integers(1, 30, 60)]
+    mask = [[i % 2 == 0 for i in range(len(d))] for d in docs]
+    table = pa.table(
+        {"tokens": pa.array(docs, pa.list_(pa.int32())), "loss_mask": pa.array(mask, pa.list_(pa.bool_()))}
+    )
+    pq.write_table(table, tmp_path / "a.parquet", row_group_size=10)
+    stages = {"lanes": [(0, 2), (3, 4)], "seq_len": [(0, 32), (3, 16)]}
+    for shuffle in (True, False):
+        with plitzer.Loader(
+            tmp_path, shuffle=shuffle, pad_id=0, columns={"loss_mask": False}, **stages, **KW
+        ) as loader:
+            for _ in range(14):
+                b = loader.next_batch()
+                tokens, m, col = np.from_dlpack(b.tokens), b.mask, b.columns["loss_mask"]
+                # every document's token t is t (1-based), its mask t odd: the column follows the tokens
+                np.testing.assert_array_equal(col, m & (tokens % 2 == 1))
+                assert (tokens[~m] == 0).all() and (tokens[m] > 0).all()
+
+
+def test_grain_takes_a_seq_len_stage_live_under_best_fit(tmp_path: Path) -> None:
+    grain = pytest.importorskip("grain")  # noqa: F841
+    import plitzer.grain as pg
+
+    rng = np.random.default_rng(3)
+    write_dataset(tmp_path, [[[list(rng.integers(1, 99, int(n))) for n in rng.integers(1, 40, 12)] for _ in range(6)]])
+    kw = {"seed": 2, **KW}
+    with plitzer.Loader(tmp_path, lanes=[(0, 2), (4, 2)], seq_len=[(0, 24), (4, 48)], **kw) as loader:
+        want = [np.from_dlpack(loader.next_batch().tokens).copy() for _ in range(10)]
+    ds = pg.Dataset(tmp_path, lanes=2, seq_len=24, **kw)
+    it = iter(ds)
+    got = [np.asarray(next(it)["tokens"]) for _ in range(4)]
+    assert ds.set_layout(seq_len=48) == 4
+    got += [np.asarray(next(it)["tokens"]) for _ in range(6)]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
