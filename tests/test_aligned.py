@@ -569,3 +569,24 @@ def test_long_documents_take_the_direct_gather(tmp_path: Path) -> None:
         for step in run_ranks(tmp_path, 6, world, **kw):
             for b in step:
                 check_batch(b, ids, docs)
+
+
+def test_explain_and_the_audit_index_a_mixtures_text_source_as_the_loader_does(mix: dict[str, Path]) -> None:
+    import polars as pl
+
+    from plitzer.audit import audit
+    from tests.share_fixtures import char_tokenizer
+
+    tok = char_tokenizer()
+    sources = {"chat": str(mix["chat"]), "prose": {"path": str(mix["prose"]), "tokenizer": tok}}
+    cfg = {"lanes": 2, "window": 2, "seq_len": 8, "seed": 3}
+    with plitzer.Loader(sources, **cfg) as ld:
+        run = [ld.next_batch().documents() for _ in range(6)]
+    for t in (0, 5):
+        got = plitzer.explain(sources, t, **cfg)
+        assert got.drop("step").equals(run[t].drop("batch_row")), t
+    report = audit(sources, **cfg)
+    srcs = report.tables["sources"]
+    assert srcs["name"].to_list() == ["chat", "prose"]
+    texts = ["hello world", "a b c d", "aligned columns"] * 10  # the prose source, counted by its tokenizer
+    assert srcs.filter(pl.col("name") == "prose")["tokens"].item() == sum(len(t) + 1 for t in texts)  # chars + EOS
