@@ -267,7 +267,7 @@ class Run:
             e, w = before.unit_epoch_window(g.rest_unit)
             start = self._window_at(before, g.begin_run)[1]
             m = self.rest_of(before, g, start).count
-        return CurrencyPlan(Rebinned(before.order, before.counts[0], after, (e, w), start, g.begin_run, m))
+        return CurrencyPlan(Rebinned(before, after, (e, w), start, g.begin_run, m))
 
     def rest_of(self, plan: Plan, g: Segment, start: int) -> RestBins:
         """The rest of ``g``'s window after its changes (:func:`planner.rules.rebin.rest_bins`), from its lengths."""

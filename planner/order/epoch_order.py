@@ -16,7 +16,7 @@ import numpy as np
 from planner.arraytypes import I64
 from planner.order.epoch import EpochPlan, PlanSettings, plan_epoch
 
-__all__ = ["EpochOrder", "Permutation"]
+__all__ = ["EpochOrder", "Permutation", "window_starts"]
 
 
 class EpochOrder(Protocol):
@@ -100,10 +100,18 @@ class Permutation:
         return np.full(len(self._tokens), epoch, np.int64)
 
     def window_starts(self, windows: int) -> I64:
-        out = np.zeros(windows, np.int64)
-        for u in range(0, windows, max(1, self.windows)):
-            e = u // max(1, self.windows)
-            wt = self.layout(e).window_tokens
-            n = min(len(wt), windows - u)
-            out[u : u + n] = self.run_before(e) + (np.cumsum(wt) - wt)[:n]
-        return out
+        return window_starts(self, windows)
+
+
+def window_starts(order: EpochOrder, windows: int) -> I64:
+    """The run's tokens before each of the first ``windows`` units of ``order``, epoch after epoch."""
+    out = np.zeros(windows, np.int64)
+    u = e = 0
+    while u < windows:
+        wt = order.layout(e).window_tokens
+        if not len(wt):
+            break
+        n = min(len(wt), windows - u)
+        out[u : u + n] = order.run_before(e) + (np.cumsum(wt) - wt)[:n]
+        u, e = u + n, e + 1
+    return out

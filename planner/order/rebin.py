@@ -31,7 +31,7 @@ import numpy as np
 
 from planner.arraytypes import I64
 from planner.order.epoch import EpochPlan, cut_epoch
-from planner.order.epoch_order import EpochOrder
+from planner.order.epoch_order import window_starts
 from planner.order.plan import Plan
 from planner.rules.binned import Binned
 
@@ -56,20 +56,17 @@ class Rebinner(Protocol):
 class Rebinned:
     """The epoch order after a ``seq_len`` change inside ``(epoch, window)`` (the module's docstring).
 
-    ``before``: the order in force at the change (its units the old bins; ``before_counts``
-    each row group's); ``after``: the plan binned at the new ``seq_len``; ``start``: the
-    run's units before the window; ``x``: before the change; ``m``: the rest's new bins.
+    ``before``: the plan in force at the change (its units the old bins); ``after``: the plan
+    binned at the new ``seq_len``; ``start``: the run's units before the window; ``x``: before
+    the change; ``m``: the rest's new bins. Both plans' epochs are read through their caches.
     """
 
-    def __init__(
-        self, before: EpochOrder, before_counts: I64, after: Plan, at: tuple[int, int], start: int, x: int, m: int
-    ) -> None:
+    def __init__(self, before: Plan, after: Plan, at: tuple[int, int], start: int, x: int, m: int) -> None:
         self.before, self.after = before, after
         self.epoch, self.window = at
-        self._before_counts = before_counts
         self.x, self.m, self.start = x, m, start
         self.total = after.order.total
-        tail = int(after.order.layout(self.epoch).window_tokens[self.window + 1 :].sum())
+        tail = int(after.epoch(self.epoch).window_tokens[self.window + 1 :].sum())
         self._next = x + m + tail  # the run's units before epoch + 1
         self._shift = self._next - after.order.run_before(self.epoch + 1)
 
@@ -101,17 +98,17 @@ class Rebinned:
 
     def layout(self, epoch: int) -> EpochPlan:
         if epoch < self.epoch:
-            return self.before.layout(epoch)
-        new = self.after.order.layout(epoch)
+            return self.before.epoch(epoch)
+        new = self.after.epoch(epoch)
         counts, tokens, start = self.after.counts, new.window_tokens, new.token_start
         if epoch == self.epoch:  # the windows up to the change in the old units, the rest's M, then the new
-            old = self.before.layout(epoch)
+            old = self.before.epoch(epoch)
             w = self.window
             done = new.window <= w
             tokens = np.concatenate([old.window_tokens[:w], [self.x - self.start + self.m], tokens[w + 1 :]])
             start = np.where(done, old.token_start, start)
             hybrid = counts[0].copy()
-            hybrid[new.order[done]] = self._before_counts[new.order[done]]
+            hybrid[new.order[done]] = self.before.counts[0][new.order[done]]
             counts = (hybrid, counts[1], counts[2])
         s = self.after.settings
         return cut_epoch(
@@ -127,16 +124,7 @@ class Rebinned:
         )
 
     def window_starts(self, windows: int) -> I64:
-        out = np.zeros(windows, np.int64)
-        u = 0
-        for e in range(windows):
-            if u >= windows:
-                break
-            wt = self.layout(e).window_tokens
-            n = min(len(wt), windows - u)
-            out[u : u + n] = self.run_before(e) + (np.cumsum(wt) - wt)[:n]
-            u += n
-        return out
+        return window_starts(self, windows)
 
 
 class CurrencyPlan(Plan):

@@ -17,7 +17,7 @@ import polars as pl
 from planner.arraytypes import I64
 from planner.catalog.rowgroups import stream_counts
 
-__all__ = ["BINS", "Binned", "Items", "item_lengths"]
+__all__ = ["BINS", "Binned", "Items", "item_lengths", "row_group_bins"]
 
 BINS = "bins"
 """The index frame's column of each row group's bins (``n_g`` at the run's ``seq_len``)."""
@@ -73,3 +73,24 @@ class Binned:
         """A packed row group's tokens with its padding: ``n_g * L``."""
         out: I64 = self.counts(frame)[0] * seq_len
         return out
+
+
+def row_group_bins(rule: Binned, lengths: I64, group: I64, groups: int, seq_len: int) -> tuple[Items, I64, I64]:
+    """Documents of ``groups`` row groups binned by ``rule``, each row group apart (rule 2: bins never cross one).
+
+    ``lengths``: every document's tokens, row group after row group; ``group``: each one's row
+    group (non-decreasing). Returns the items (rule 1; ``doc`` numbers the documents given),
+    each item's bin (numbered on from the row group before's) and each row group's bins.
+    """
+    items = item_lengths(lengths, seq_len)
+    item_group = group[items.doc]
+    bounds = np.searchsorted(item_group, np.arange(groups + 1), side="left")
+    local = np.empty(len(items.length), np.int64)
+    per_group = np.zeros(groups, np.int64)
+    for c in range(groups):
+        a, b = int(bounds[c]), int(bounds[c + 1])
+        if b > a:
+            local[a:b] = rule.assign(items.length[a:b], seq_len)
+            per_group[c] = int(local[a:b].max()) + 1
+    base = np.cumsum(per_group) - per_group
+    return items, local + base[item_group], per_group

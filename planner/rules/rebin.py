@@ -36,7 +36,7 @@ import numpy as np
 from planner.arraytypes import I64, U64
 from planner.lanes import window_cuts
 from planner.packing import Items, cut_again_at, packed_order, stage_tokens
-from planner.rules.binned import Binned, item_lengths
+from planner.rules.binned import Binned, item_lengths, row_group_bins
 
 __all__ = ["RestBins", "rest_bins", "window_bins"]
 
@@ -79,19 +79,11 @@ def _grouped(doc: I64, offset: I64, length: I64, bins: I64, count: int) -> tuple
 
 def window_bins(rule: Binned, lengths: Sequence[I64], seq_len: int) -> tuple[I64, I64, I64, I64]:
     """A window's bins at ``seq_len`` (rules 1-2, row group by row group): ``(first, doc, offset, length)``."""
-    parts: list[tuple[I64, I64, I64, I64]] = []
-    base = nbins = 0
-    for g_lengths in lengths:
-        items = item_lengths(np.asarray(g_lengths, np.int64), seq_len)
-        if len(items.length):  # bins never cross a row group (rule 2): numbered on from the last one's
-            b = rule.assign(items.length, seq_len) + nbins
-            parts.append((items.doc + base, items.offset, items.length, b))
-            nbins = int(b.max()) + 1
-        base += len(g_lengths)
-    if not parts:
-        return np.zeros(1, np.int64), *(np.zeros(0, np.int64) for _ in range(3))  # type: ignore[return-value]
-    doc, offset, length, bins = (np.concatenate(x) for x in zip(*parts, strict=True))
-    return _grouped(doc, offset, length, bins, nbins)
+    sizes = np.array([len(x) for x in lengths], np.int64)
+    flat = np.concatenate([np.asarray(x, np.int64) for x in lengths]) if len(sizes) else np.zeros(0, np.int64)
+    group = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+    items, bins, per_group = row_group_bins(rule, flat, group, len(sizes), seq_len)
+    return _grouped(items.doc, items.offset, items.length, bins, int(per_group.sum()))
 
 
 def _items_of(first: I64, bins: I64) -> I64:

@@ -42,7 +42,7 @@ from planner.arraytypes import I64
 from planner.errors import DataError
 from planner.packing import slice_keys
 from planner.rules import Binned, Rule
-from planner.rules.binned import Items, item_lengths
+from planner.rules.binned import Items, row_group_bins
 from planner.rules.rebin import rest_bins
 from plitzer.readpath.aligned import aligned_chunks, storage_dtype
 from plitzer.readpath.labels import LABEL_DTYPE, LABEL_FILL, label_chunks
@@ -108,22 +108,6 @@ class _Layout:
         return gather_layout(lists, self.list_of, self.length, dt, self.block_at)
 
 
-def _bin_chunks(rule: Binned, docs_length: I64, docs_chunk: I64, n_chunks: int, seq_len: int) -> tuple[Any, I64, I64]:
-    """Items of the unit's documents, each one's bin in the unit, and each chunk's bins."""
-    items = item_lengths(docs_length, seq_len)
-    item_chunk = docs_chunk[items.doc]
-    bounds = np.searchsorted(item_chunk, np.arange(n_chunks + 1), side="left")
-    local = np.empty(len(items.length), np.int64)
-    per_chunk = np.zeros(n_chunks, np.int64)
-    for c in range(n_chunks):  # bins never cross a row group (rule 2)
-        a, b = int(bounds[c]), int(bounds[c + 1])
-        if b > a:
-            local[a:b] = rule.assign(items.length[a:b], seq_len)
-            per_chunk[c] = int(local[a:b].max()) + 1
-    base = np.cumsum(per_chunk) - per_chunk
-    return items, local + base[item_chunk], per_chunk
-
-
 def _unit_chunks(per_chunk: I64) -> list[pa.Array]:
     """Each row group as a unit chunk: one list of one value a bin, the bin's number in the unit."""
     out = []
@@ -162,7 +146,7 @@ def pack_bins(
     if rebinned:
         units, items, gbin, nbins = _rebinned_units(chunks, reads, rule, docs, pack)
     else:
-        items, gbin, per_chunk = _bin_chunks(rule, docs.length, docs.chunk, len(chunks), seq_len)
+        items, gbin, per_chunk = row_group_bins(rule, docs.length, docs.chunk, len(chunks), seq_len)
         if rows.bins is not None and len(chunks) and seq_len == rows.seq_len:
             _check_counted(rows.bins[p.row_groups], p.row_groups, per_chunk)
         # 1. Units: the concat packer over one unit a bin (rows of one unit): its tables, nothing gathered.
