@@ -44,6 +44,8 @@ __all__ = [
     "unknown_keyword",
 ]
 
+from planner.keywords import check_keywords, unknown_keyword
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 MARKER = "<settings>"
@@ -311,6 +313,23 @@ PARAMETERS: tuple[Parameter, ...] = (
         "of the batch, not of the configuration: no token, order or checkpoint changes.",
     ),
     Parameter(
+        "balance",
+        False,
+        "bool",
+        "Deal each step's rows to the data-parallel ranks by attention cost (docs/usage.md, \"Balanced steps and "
+        "model-parallel groups\"; SPEC section 18): a row's cost is the sum of its segments' squared lengths, the "
+        "costliest row goes to the least-loaded rank with room. The global batch is unchanged; ``batch.lanes`` "
+        "names each row's lane and ``batch.cost`` the rank's cost a microbatch. At world > 1 it needs a group "
+        "(``Loader.in_group``, ``plitzer.torch.Dataset(group=)``). Not configuration: no checkpoint byte changes.",
+    ),
+    Parameter(
+        "microbatches",
+        1,
+        "int",
+        "With ``balance=True``: the microbatches a rank's rows are dealt into by cost, the same way (SPEC section "
+        "18); must divide ``lanes / world`` in every layout stage. ``batch.cost`` has one entry a microbatch.",
+    ),
+    Parameter(
         "packing",
         "concat",
         "str",
@@ -453,48 +472,5 @@ def document(names: Sequence[str] | None = None, *, exclude: Iterable[str] = (),
         block = textwrap.indent(render(chosen, defaults), pad)
         obj.__doc__ = "\n".join([*lines[: at[0]], block, *lines[at[0] + 1 :]]) + ("\n" if text.endswith("\n") else "")
         return obj
-
-    return wrap
-
-
-def unknown_keyword(caller: str, name: str, known: Iterable[str]) -> TypeError:
-    """The TypeError for keyword ``name``, which ``caller`` does not take: the closest known name suggested.
-
-    >>> print(unknown_keyword("Loader", "seqlen", [p.name for p in PARAMETERS]))
-    Loader() got an unexpected keyword argument 'seqlen'; did you mean seq_len?
-    >>> print(unknown_keyword("plan", "colour", ["seed", "lanes"]))
-    plan() got an unexpected keyword argument 'colour'; it takes seed, lanes
-    """
-    import difflib
-
-    names = list(dict.fromkeys(known))
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-    if not close:  # a prefix or a word of it (``len`` for ``seq_len``, ``deadline`` for ``retry_deadline``)
-        close = [k for k in names if name and (k.startswith(name) or name in k.split("_"))][:1]
-    hint = f"did you mean {close[0]}?" if close else f"it takes {', '.join(names)}"
-    return TypeError(f"{caller}() got an unexpected keyword argument {name!r}; {hint}")
-
-
-def check_keywords(caller: str) -> Callable[[F], F]:
-    """Decorate a function so that an unknown keyword is :func:`unknown_keyword`'s TypeError naming ``caller``.
-
-    For functions with an explicit signature (``planner.plan``); those taking
-    ``**settings`` check them where they are read (``plitzer.state.settings.keywords``).
-    """
-    import functools
-
-    def wrap(fn: F) -> F:
-        params = inspect.signature(fn).parameters
-        names = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-        allowed = frozenset(names)
-
-        @functools.wraps(fn)
-        def checked(*args: Any, **kwargs: Any) -> Any:
-            for k in kwargs:
-                if k not in allowed:
-                    raise unknown_keyword(caller, k, names)
-            return fn(*args, **kwargs)
-
-        return checked  # type: ignore[return-value]
 
     return wrap

@@ -16,8 +16,8 @@ units it needs, where each lane is, the epoch label ``floor(X(t) / T)``, the lay
 run; the plan, the settings' layout stages and the checkpoint config are derived from it, and the schedule
 and the batch assembly are given it with each call. ``checkpoint`` derives each lane's position from the
 step when it is called, and the positions do not depend on the number of ranks. The live changes
-(:meth:`Loader.set_weights`, :meth:`Loader.set_layout`) are methods here, their checks
-:mod:`plitzer.state.live`; construction and its checks are :mod:`plitzer.state.build`, the checks a
+(:meth:`Loader.set_weights`, :meth:`Loader.set_layout`) are :class:`plitzer.state.live.LiveChanges`'
+methods, mixed in, beside their checks; construction and its checks are :mod:`plitzer.state.build`, the checks a
 resume makes :mod:`plitzer.state.resume`.
 """
 
@@ -27,9 +27,11 @@ import functools
 import os
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any, Unpack
 
+from planner.balance import check_microbatches
 from planner.errors import ConfigError, UsageError
 from planner.mixing.mixture import MixturePlan
 from planner.order.epoch import check_int
@@ -37,6 +39,8 @@ from planner.order.layout import Layout
 from planner.order.plan import Plan
 from planner.parameters import document
 from planner.run import Run
+from plitzer.readpath import balance
+from plitzer.readpath.balance import Ahead
 from plitzer.readpath.batch import Batch
 from plitzer.readpath.cost import budget_floor
 from plitzer.readpath.packed import PackedUnit
@@ -45,6 +49,7 @@ from plitzer.readpath.steps import Steps
 from plitzer.state import checkpoint as ckpt
 from plitzer.state import live, resume
 from plitzer.state.build import check_layout, open_plan, parts
+from plitzer.state.groups import balancer_of
 from plitzer.state.settings import Keywords, LoaderSettings, Source, bind, signature
 from plitzer.state.share import job_source
 
@@ -52,7 +57,7 @@ __all__ = ["Loader", "LoaderSettings", "budget_floor", "open_plan"]
 
 
 @document()
-class Loader:
+class Loader(live.LiveChanges):
     """Deterministic, resumable batches of full sequences for one rank.
 
     In a job of several processes that has initialised ``torch.distributed``, a loader
@@ -91,6 +96,8 @@ class Loader:
 
     def __init__(self, source: Source, *args: Any, **settings: Unpack[Keywords]) -> None:
         cfg = LoaderSettings.of(caller="Loader", **bind("Loader", args, settings))
+        if cfg.balance and cfg.world > 1:
+            raise ConfigError(balance.NEEDS_GROUP.format(world=cfg.world))
         self._build(open_plan(job_source(source, cfg), cfg), cfg)
 
     @classmethod
@@ -106,25 +113,26 @@ class Loader:
         :class:`Loader`'s.
         """
         cfg = LoaderSettings.of(caller="Loader.in_group", **bind("Loader.in_group", args, settings))
-        return cls.from_plan(open_plan(job_source(source, cfg, group), cfg), cfg)
+        return cls.from_plan(open_plan(job_source(source, cfg, group), cfg), cfg, group=group)
 
     @classmethod
-    def from_settings(cls, source: Source, settings: LoaderSettings) -> Loader:
+    def from_settings(cls, source: Source, settings: LoaderSettings, group: Any = None) -> Loader:
         """A Loader of already-built settings (what torch.Dataset, explain and the CLI use)."""
-        return cls.from_plan(open_plan(source, settings), settings)
+        return cls.from_plan(open_plan(source, settings), settings, group=group)
 
     @classmethod
-    def from_plan(cls, plan: Plan, settings: LoaderSettings) -> Loader:
+    def from_plan(cls, plan: Plan, settings: LoaderSettings, group: Any = None) -> Loader:
         """A Loader that runs ``plan`` (no I/O: the footers are in the plan's index).
 
         ``plan`` must have been made for ``settings`` (:func:`open_plan`); no thread
-        starts before the first batch.
+        starts before the first batch. ``group``: the group a ``balance=True`` loader deals
+        its steps over (SPEC section 18; a process group or a Collective; collective then).
         """
         loader = cls.__new__(cls)
-        loader._build(plan, settings)
+        loader._build(plan, settings, group)
         return loader
 
-    def _build(self, plan: Plan, settings: LoaderSettings) -> None:
+    def _build(self, plan: Plan, settings: LoaderSettings, group: Any = None) -> None:
         got = parts(plan, settings)  # checked (plitzer.state.build)
         self.index = plan.dataset  # the source's, whatever the run's stages
         self.tokens = plan.dataset.tokens  # the stream's tokens (plan.tokens counts the rule's units: bins, best-fit)
@@ -138,6 +146,9 @@ class Loader:
         self._steps = Steps(got.schedule, got.locate, after)  # the batches, the unit in use
         self._pid = os.getpid()
         self._lock = threading.RLock()
+        # Balanced steps (SPEC section 18): the deal, and at world > 1 its exchange a step ahead.
+        self._balancer = balancer_of(settings, group)
+        self._ahead = None if self._balancer is None or self._balancer.exchange is None else Ahead(self._dealt)
         self._place(0)
 
     def _set_run(self, run: Run, unit: int) -> None:
@@ -179,75 +190,6 @@ class Loader:
         The run counts steps in its packing rule's units (``self.run.layout``: one a row under best-fit).
         """
         return self.settings.stages
-
-    def set_weights(self, weights: Mapping[str, Any] | None, at_step: int | None = None) -> int:
-        """Append a stage of ``weights`` from global step ``at_step``; the step it starts at.
-
-        A live change of the mixture (docs/design.md, "Live stages"): the run is the one
-        made with this stage in the list of stages from the start, and the stage is in
-        every later checkpoint, the plan tables and the audit. ``at_step`` defaults to
-        the earliest allowed, the first step whose window no lane has begun to consume
-        (windows read ahead past it are read again); an earlier one is a ConfigError
-        naming it. Every rank must make the same call at the same step
-        (:meth:`plitzer.torch.Dataset.set_weights` checks it).
-
-        Examples
-        --------
-        >>> import plitzer, plitzer.synth, tempfile
-        >>> a, b = tempfile.mkdtemp(), tempfile.mkdtemp()
-        >>> _ = plitzer.synth.write(a, tokens=60_000, seed=1); _ = plitzer.synth.write(b, tokens=60_000, seed=2)
-        >>> loader = plitzer.Loader({"a": a, "b": b}, weights={"a": 1, "b": 1}, lanes=4, window=2, seq_len=64)
-        >>> _ = [loader.next_batch() for _ in range(3)]
-        >>> start = loader.set_weights({"a": 3, "b": 1})
-        >>> start >= loader.step - 3, loader.config["stages"][-1] == [start, {"a": 3, "b": 1}]
-        (True, True)
-        >>> loader.close()
-        """
-        self._check_fork()
-        with self._lock:
-            stage = live.live_stage(self.plan, weights, at_step, self._step, self.settings.units_per_row)
-            self._set_run(*self._run.with_stage(stage))
-            return stage.start
-
-    def earliest_layout_step(self) -> int:
-        """The earliest step :meth:`set_layout` may start a stage at: the next batch's, after the last stage."""
-        return live.earliest_layout_step(self.layout, self._step)
-
-    def set_layout(self, lanes: int | None = None, seq_len: int | None = None, at_step: int | None = None) -> int:
-        """Append a layout stage: ``lanes`` rows of ``seq_len`` tokens from global step ``at_step``; the step.
-
-        A live change of the layout (docs/design.md, "Layout stages"): the run is the one
-        made with this stage in ``lanes=``/``seq_len=`` from the start (the rule of SPEC
-        section 12 applies at the step exactly, so no window needs to be unbegun), and the
-        stage is in every later checkpoint and the plan. ``lanes`` and ``seq_len`` default
-        to those in force; ``at_step`` to the earliest allowed, the next batch's step (and
-        after the last stage's); an earlier one is a ConfigError naming it. ``lanes`` must
-        be a multiple of the world size, and the budget must hold the new layout's floor.
-        Every rank must make the same call at the same step
-        (:meth:`plitzer.torch.Dataset.set_layout` checks it).
-
-        Examples
-        --------
-        >>> import plitzer, plitzer.synth, tempfile
-        >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=60_000, seed=1)
-        >>> loader = plitzer.Loader(d, lanes=4, window=2, seq_len=64)
-        >>> _ = [loader.next_batch() for _ in range(3)]
-        >>> loader.set_layout(lanes=2, seq_len=256)
-        3
-        >>> loader.next_batch().tokens.shape, loader.config["layout"]
-        ((2, 256), [[0, 4, 64], [3, 2, 256]])
-        >>> loader.close()
-        """
-        self._check_fork()
-        with self._lock:
-            stage = live.layout_stage(self.layout, lanes, seq_len, at_step, self._step, self.settings.world)
-            layout = self.layout.with_stage(stage)
-            check_layout(self.plan, self.settings, layout, [stage], rebin=self._run.rebin)
-            units = layout.in_units(self.settings.rule.units_per_row)
-            if stage.start == self._step:  # positions a resume left: in the old layout, no longer what comes
-                self._cursor.place(self._step)
-            self._set_run(*self._run.with_layout(units))
-            return stage.start
 
     # -- state -----------------------------------------------------------------
 
@@ -303,8 +245,15 @@ class Loader:
 
     @property
     def stats(self) -> Stats:
-        """Bytes held (and by batches the caller still holds), peak, units in flight, reads, waits, retries."""
-        return self._schedule.stats
+        """Bytes held (and by batches the caller still holds), peak, units in flight, reads, waits, retries.
+
+        With ``balance=True`` also the running imbalance (the slowest rank's cost over the mean, dealt
+        and as section 4 assigns the rows), the rows and bytes this rank sent, and the exchange's time.
+        """
+        stats = self._schedule.stats
+        if self._balancer is None:
+            return stats
+        return replace(stats, **self._balancer.stats.figures())
 
     @property
     def held_bytes(self) -> int:
@@ -363,6 +312,7 @@ class Loader:
         if self._run.steps is not None and step > self._run.steps:
             msg = f"step={step} is past this run's end (epochs=): seek a step in 0..{self._run.steps}"
             raise ConfigError(msg)
+        self._settle()
         with self._lock:
             self._place(step)
 
@@ -377,6 +327,7 @@ class Loader:
         st = ckpt.decode(state)
         fit = self.fit(st)
         rows = resume.rank_rows(st, self.lanes_after(fit, st.step), self.settings.rank)
+        self._settle()
         with self._lock:
             old = self._run
             self.take_stages(fit)
@@ -411,10 +362,14 @@ class Loader:
         The schedule is told (what it read ahead from the first changed window on is
         read again), so the loader is consistent after this call on its own.
         """
+        self._settle()
         with self._lock:
             if fit.layout:
                 layout = Layout.from_config(fit.layout)
                 check_layout(self.plan, self.settings, layout, layout.stages, rebin=self._run.rebin)
+                s = self.settings
+                for stage in layout.stages:
+                    check_microbatches(s.microbatches, stage.lanes, s.world, s.balance)
                 self._set_run(*self._run.with_layout(layout.in_units(self.settings.rule.units_per_row)))
             if fit.stages:
                 self._set_run(*self._run.with_stages(fit.stages))
@@ -443,17 +398,53 @@ class Loader:
         batch that was not delivered and a retry resumes cleanly.
         """
         self._check_fork()
+        if self._ahead is not None:
+            return self._next_dealt()
         with self._lock:
             return self._next_batch()
 
-    def _next_batch(self) -> Batch:
+    def _check_end(self) -> None:
         if self.ended:
             msg = f"this run (epochs=) ended at step {self._step}: iter(loader) or seek(0) starts it again"
             raise UsageError(msg)
+
+    def _next_batch(self) -> Batch:
+        self._check_end()
         batch = self._steps.take(self._run, self._step, self._get)  # plitzer.readpath.steps
+        if self._balancer is not None:  # world 1: the rank's own rows in microbatches
+            batch = self._balancer.balance(batch)
         self._cursor.step = batch.step + 1
         self._cursor.resumed = None
         return batch
+
+    # -- balanced steps at world > 1 (plitzer.readpath.balance) ------------------
+
+    def _dealt(self, step: int) -> Batch:
+        """On the read-ahead's thread: ``step``'s own rows (under the lock), then dealt over the group."""
+        with self._lock:
+            raw = self._steps.take(self._run, step, self._get, release=False)
+        assert self._balancer is not None
+        return self._balancer.balance(raw)
+
+    def _next_dealt(self) -> Batch:
+        """The next step, dealt: made ahead while the caller trained on the last one; the one after started."""
+        assert self._ahead is not None
+        with self._lock:
+            self._check_end()
+            t = self._step
+        batch = self._ahead.take(t)
+        with self._lock:
+            self._steps.release_after(self._run, t)
+            self._cursor.step = t + 1
+            self._cursor.resumed = None
+            if not self.ended:
+                self._ahead.start(t + 1)  # every rank starts the same steps: the collectives line up
+        return batch
+
+    def _settle(self) -> None:
+        """Finish and drop the step being dealt ahead (a seek, resume, live stage or close makes it stale)."""
+        if self._ahead is not None:
+            self._ahead.settle()
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -468,6 +459,9 @@ class Loader:
 
     def close(self) -> None:
         """Stop the reader threads and free every buffer."""
+        ahead = getattr(self, "_ahead", None)
+        if ahead is not None:
+            ahead.settle(timeout=balance.CLOSE_WAIT_S)
         self._schedule.close()
         self._steps.forget()
 

@@ -34,7 +34,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Unpack
 
-import numpy as np
 import polars as pl
 import torch
 import torch.distributed as dist
@@ -49,8 +48,9 @@ from plitzer.errors import CheckpointError, ConfigError
 from plitzer.loader import Loader
 from plitzer.readpath.batch import Batch as PlitzerBatch
 from plitzer.state import checkpoint as ckpt
+from plitzer.state.groups import TorchGroup, torch_ready
 from plitzer.state.settings import Keywords, LoaderSettings, Source
-from plitzer.state.share import TorchGroup, join_parts, share_source, torch_ready
+from plitzer.state.share import share_source
 
 __all__ = ["Batch", "Dataset"]
 
@@ -87,8 +87,9 @@ class Batch:
         Global step of this batch (from 0 over the whole run).
     epoch : int
         Epoch label of this batch.
-    lanes : range
-        The global lane of each row.
+    lanes, cost : torch.Tensor
+        ``(rows,)`` int64: each row's global lane; with ``balance=True`` (SPEC section 18) the deal's,
+        and ``cost`` ``(microbatches,)`` int64, the rank's cost a microbatch (else None). On the host.
     state_after : bytes
         This rank's checkpoint part right after this batch: resuming from it gives the batch
         that follows. Encoded when read. ``Dataset.state_dict(after=batch)`` gathers it.
@@ -115,11 +116,12 @@ class Batch:
     pieces_per_row: torch.Tensor
     step: int
     epoch: int
-    lanes: range
+    lanes: torch.Tensor
     source: PlitzerBatch
     columns: dict[str, torch.Tensor] = field(default_factory=dict)
     mask: torch.Tensor = field(default_factory=lambda: torch.ones((), dtype=torch.bool))
     labels: torch.Tensor | None = None
+    cost: torch.Tensor | None = None
     _owner: Callable[[], Dataset | None] | None = field(default=None, repr=False, compare=False)
     """A weak reference to the Dataset that gave this batch (to give refused steps back)."""
 
@@ -143,11 +145,12 @@ class Batch:
             pieces_per_row=torch.from_numpy(batch.pieces_per_row),
             step=batch.step,
             epoch=batch.epoch,
-            lanes=batch.lanes,
+            lanes=torch.from_numpy(batch.lanes),
             source=batch,
             columns={n: from_dlpack(c) for n, c in batch.columns.items()},
             mask=(torch.from_numpy(batch.mask) if batch.padded else _TRUE.expand(tuple(batch.tokens.shape))),
             labels=None if batch.labels is None else from_dlpack(batch.labels),
+            cost=None if batch.cost is None else torch.from_numpy(batch.cost),
             _owner=owner,
         )
 
@@ -190,7 +193,7 @@ class Batch:
     def __repr__(self) -> str:
         return (
             f"plitzer.torch.Batch(step={self.step}, epoch={self.epoch}, tokens={tuple(self.tokens.shape)} "
-            f"{self.tokens.dtype}, lanes={self.lanes.start}..{self.lanes.stop - 1}, pieces={len(self.cu_seqlens) - 1})"
+            f"{self.tokens.dtype}, lanes={self.lanes.tolist()}, pieces={len(self.cu_seqlens) - 1})"
         )
 
 
@@ -203,18 +206,6 @@ def _can_pin() -> bool:
     if accelerator is not None:
         return bool(accelerator.is_available())
     return torch.cuda.is_available()
-
-
-def _collective_device(group: Any) -> torch.device:
-    """CPU for gloo and mpi groups; otherwise the current accelerator (nccl needs it)."""
-    backend = str(dist.get_backend(group)).lower()
-    if "gloo" in backend or "mpi" in backend or not _can_pin():
-        return torch.device("cpu")
-    accelerator = getattr(torch, "accelerator", None)
-    if accelerator is not None:
-        kind = accelerator.current_accelerator()
-        return torch.device(kind.type, accelerator.current_device_index())
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 @document(exclude=("rank", "world"))
@@ -234,9 +225,9 @@ class Dataset(IterableDataset[Batch]):
         Yield tensors in pinned memory (one copy per step). Without an
         accelerator this warns once and yields ordinary tensors.
     group : torch.distributed.ProcessGroup, optional
-        The group to read rank and world from and to gather checkpoints over
-        (default: the whole world). Ranks of the group that share a data rank
-        (tensor or pipeline parallel replicas) must be at the same position.
+        The group to read rank and world from, gather checkpoints and (``balance=True``, on a gloo
+        group of the loader's own) deal steps over (default: the whole world). Ranks of the group that
+        share a data rank (tensor or pipeline parallel replicas) must be at the same position.
 
     Iteration
     ---------
@@ -284,9 +275,11 @@ class Dataset(IterableDataset[Batch]):
             world=1 if world is None else world,
             **kw,
         )
-        if _dist_ready() and dist.get_world_size(group) > 1:
-            source = share_source(source, cfg, TorchGroup(group))
-        self._loader = Loader.from_settings(source, cfg)
+        shared = TorchGroup(group) if _dist_ready() and dist.get_world_size(group) > 1 else None
+        if shared is not None:
+            source = share_source(source, cfg, shared)
+        # balance=True deals each step over the group (on a gloo group of the loader's own).
+        self._loader = Loader.from_settings(source, cfg, group=shared)
         self._pin = bool(pin_memory)
         if self._pin and not _can_pin():
             warnings.warn(adapt.NOT_PINNED, UserWarning, stacklevel=2)
@@ -411,11 +404,7 @@ class Dataset(IterableDataset[Batch]):
 
     def _all_gather_ints(self, values: list[int]) -> list[tuple[int, ...]]:
         """Every rank's ``values`` (int64, the same length on each), in rank order."""
-        group = self._group
-        mine = torch.tensor(values, dtype=torch.int64, device=_collective_device(group))
-        calls = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(calls, mine, group=group)
-        return [tuple(int(v) for v in c.cpu().tolist()) for c in calls]
+        return TorchGroup(self._group).ints_of_all(values)
 
     def load_state_dict(self, state: Mapping[str, Any] | bytes | bytearray | memoryview | torch.Tensor) -> None:
         """Resume from a ``state_dict()`` (or its bytes) taken at any world size."""
@@ -427,20 +416,7 @@ class Dataset(IterableDataset[Batch]):
             return part
         if not _dist_ready():
             raise ConfigError(adapt.no_gather(world))
-        group = self._group
-        n = dist.get_world_size(group)
-        dev = _collective_device(group)
-        meta = torch.tensor([self.rank, world, len(part)], dtype=torch.int64, device=dev)
-        metas = [torch.empty_like(meta) for _ in range(n)]
-        dist.all_gather(metas, meta, group=group)
-        info = [tuple(int(v) for v in m.cpu().tolist()) for m in metas]
-        size = max(length for _, _, length in info)
-        buf = torch.zeros(size, dtype=torch.uint8, device=dev)
-        buf[: len(part)] = torch.from_numpy(np.frombuffer(part, dtype=np.uint8).copy()).to(dev)
-        bufs = [torch.empty_like(buf) for _ in range(n)]
-        dist.all_gather(bufs, buf, group=group)
-        datas = [bytes(b[:length].cpu().numpy()) for (_, _, length), b in zip(info, bufs, strict=True)]
-        return join_parts(info, datas, world, n)
+        return TorchGroup(self._group).merge_parts(part, self.rank, world)
 
     # -- lifecycle ---------------------------------------------------------------
 

@@ -398,7 +398,7 @@ def test_documents_and_boundaries_follow_the_new_shape(data: tuple[Path, list[li
             b = ld.next_batch()
             rows, n = (2, 8) if t < 5 else (1, 32)
             assert tokens_of(b).shape == (rows, n) and b.step == t
-            assert b.lanes == (range(2, 4) if t < 5 else range(1, 2))
+            assert b.lanes.tolist() == ([2, 3] if t < 5 else [1])
             assert b.position_ids.shape == (rows, n) and int(b.cu_seqlens[-1]) == rows * n
             assert [int(x.sum()) for x in b.doc_lengths] == [n] * rows
             tok = tokens_of(b)

@@ -71,6 +71,13 @@ class Tokens(np.ndarray):
         return pa.FixedSizeListArray.from_arrays(flat, a.shape[1]).__arrow_c_array__(requested_schema)  # type: ignore[no-any-return]
 
 
+def _lanes_text(lanes: NDArray[np.int64]) -> str:
+    """``2..5`` for consecutive lanes, else the list (a balanced step's)."""
+    if len(lanes) and (np.diff(lanes) == 1).all():
+        return f"{int(lanes[0])}..{int(lanes[-1])}"
+    return str(np.asarray(lanes).tolist())
+
+
 @dataclass(eq=False)
 class Batch:
     """One step's rows for one rank.
@@ -83,8 +90,12 @@ class Batch:
         Global step (counted from 0 over the whole run).
     epoch : int
         Epoch label: ``floor(X(step) / dataset_tokens)``, ``X(step)`` the run's tokens before the step.
-    lanes : range
-        The global lane of each row.
+    lanes : array
+        ``(rows,)`` int64: the global lane of each row. Without ``balance`` the rank's own lanes
+        in order (section 4); with it, the lanes the deal gave this rank (SPEC section 18).
+    cost : array or None
+        With ``balance=True``: ``(microbatches,)`` int64, this rank's attention cost (the sum of
+        its rows' squared segment lengths) in each microbatch; None without.
     columns : dict of str to array
         The aligned columns named by ``columns=`` (SPEC section 13), each shaped and cut like
         ``tokens``, of the column's own dtype (bool stays bool); empty when none are named.
@@ -99,7 +110,7 @@ class Batch:
     tokens: Tokens
     step: int
     epoch: int
-    lanes: range
+    lanes: NDArray[np.int64]
     _segments: Segments | Callable[[], Segments] = field(repr=False)
     _locate: Locate = field(repr=False)
     _after: Callable[[], bytes] = field(repr=False)
@@ -109,13 +120,15 @@ class Batch:
     """Whether the run's rule pads rows (best-fit): ``mask`` can then be False."""
     labels: Tokens | None = None
     """``labels=True`` (SPEC section 16): each token's next in its document, -100 at a document's end and on padding."""
+    cost: NDArray[np.int64] | None = None
+    """``balance=True`` (SPEC section 18): this rank's cost in each microbatch; None without."""
 
     def __repr__(self) -> str:
         rows, width = self.tokens.shape
         cols = "".join(f", {n}={c.dtype}" for n, c in self.columns.items())
         cols += ", labels=int64" if self.labels is not None else ""
         return (
-            f"Batch(step={self.step}, epoch={self.epoch}, lanes={self.lanes.start}..{self.lanes.stop - 1}, "
+            f"Batch(step={self.step}, epoch={self.epoch}, lanes={_lanes_text(self.lanes)}, "
             f"tokens={rows}x{width} {self.tokens.dtype}{cols})"
         )
 
@@ -226,10 +239,9 @@ class Batch:
                 a[real] for a in (rows, start, length, ids, offset, epoch, window)
             )
         files, row_group, row, sources = self._locate(ids)
-        lanes = np.arange(self.lanes.start, self.lanes.stop, dtype=np.int64)
         columns: dict[str, Any] = {
             "batch_row": rows,
-            "lane": lanes[rows],
+            "lane": np.asarray(self.lanes, np.int64)[rows],
             "start": start,
             "length": length,
         }

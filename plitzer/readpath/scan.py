@@ -92,6 +92,20 @@ class Stats:
     wait_seconds: float
     retries: int
     storage_wait_seconds: float = 0.0
+    balanced_steps: int = 0
+    """``balance=True`` (SPEC section 18): the steps dealt so far; the fields below are theirs."""
+    imbalance: float | None = None
+    """The mean over dealt steps of the slowest rank's cost over the mean rank's (1.0: even); None without balance."""
+    imbalance_assigned: float | None = None
+    """The same as section 4 assigns the rows (what balance saved)."""
+    last_imbalance: float | None = None
+    last_imbalance_assigned: float | None = None
+    rows_moved: int = 0
+    """Rows this rank sent to other ranks (those the deal moved)."""
+    exchange_bytes: int = 0
+    """Bytes this rank sent to other ranks."""
+    exchange_seconds: float = 0.0
+    """Time spent dealing and exchanging (on the read-ahead's thread at world > 1, not the consumer's wait)."""
 
 
 @dataclass(eq=False)

@@ -48,21 +48,26 @@ class Steps:
         if self._cur is not None and self._cur.unit >= unit:
             self._cur = None
 
-    def take(self, run: Run, t: int, get: Callable[[int], PackedUnit]) -> Batch:
-        """The batch of step ``t`` of ``run``; ``get`` gives a packed unit (checked where a resume left checks)."""
+    def take(self, run: Run, t: int, get: Callable[[int], PackedUnit], *, release: bool = True) -> Batch:
+        """The batch of step ``t`` of ``run``; ``get`` gives a packed unit (checked where a resume left checks).
+
+        ``release=False``: keep what step ``t + 1`` does not need until :meth:`release_after` (a
+        balanced loader takes a step ahead of its cursor, and a checkpoint at the cursor may still
+        need the units of the step before).
+        """
         sched = self._schedule
         if sched.stage != run.stage_of(t):  # a layout stage begins: the schedule packs its lanes
             self._cur = None
             sched.reset(run, t)
         cur = self._cur
         if cur is not None and cur.t0 <= t < cur.t1:  # the common case: a view of the block
-            return self._view(run, cur, t)
+            return self._view(run, cur, t, release)
         first, last = run.units_of_step(t)
         if first == last:
             u = get(first)
             if u.t0 <= t < u.t1:
                 self._cur = u
-                return self._view(run, u, t)
+                return self._view(run, u, t, release)
         units = [get(x) for x in range(first, last + 1)]
         rows, seq_len = len(sched.rank_lanes(run)), sched.seq_len(run)
         end = run.steps is not None and t + 1 >= run.steps  # a finite run's last step: rows padded at its end
@@ -72,12 +77,14 @@ class Steps:
         columns = assemble_columns(units, t, rows, seq_len, packing.columns if end else None)
         self._cur = None
         labels = assemble_labels(units, t, rows, seq_len, packing.labels if end else None)
-        return self._deliver(run, t, tokens, segments, units, columns, labels)
+        return self._deliver(run, t, tokens, segments, units, columns, labels, release=release)
 
-    def _view(self, run: Run, u: PackedUnit, t: int) -> Batch:
+    def _view(self, run: Run, u: PackedUnit, t: int, release: bool = True) -> Batch:
         """Step ``t`` as a view of the block of ``u``, the unit in use."""
         segments = functools.partial(u.segments, t)
-        return self._deliver(run, t, u.block[t - u.t0], segments, [u], unit_columns(u, t), unit_labels(u, t))
+        return self._deliver(
+            run, t, u.block[t - u.t0], segments, [u], unit_columns(u, t), unit_labels(u, t), release=release
+        )
 
     def _deliver(
         self,
@@ -88,21 +95,19 @@ class Steps:
         units: list[PackedUnit],
         columns: dict[str, NDArray[Any]] | None = None,
         labels: NDArray[Any] | None = None,
+        *,
+        release: bool = True,
     ) -> Batch:
         """Step ``t``'s batch (it took tokens from ``units``); release what no lane needs after it."""
         after = self._after(t, {u.unit: u.slices for u in units})
         sched = self._schedule
-        cur = self._cur
-        if (cur is None or not (cur.t0 <= t + 1 < cur.t1)) and run.stage_of(t + 1) == sched.stage:
-            nxt, _ = run.units_of_step(t + 1)
-            if cur is not None and cur.unit < nxt:
-                self._cur = None
-            sched.release_before(run, nxt)
+        if release:
+            self.release_after(run, t)
         return Batch(
             tokens=tokens.view(Tokens),
             step=t,
             epoch=run.epoch_of(t),
-            lanes=sched.rank_lanes(run),
+            lanes=np.arange(sched.rank_lanes(run).start, sched.rank_lanes(run).stop, dtype=np.int64),
             _segments=segments,
             _locate=self._locate,
             _after=after,
@@ -110,3 +115,13 @@ class Steps:
             padded=sched.pool.packing.rows is not None or run.steps is not None,
             labels=None if labels is None else labels.view(Tokens),
         )
+
+    def release_after(self, run: Run, t: int) -> None:
+        """Step ``t`` was delivered: release the units no lane needs from step ``t + 1`` on."""
+        sched = self._schedule
+        cur = self._cur
+        if (cur is None or not (cur.t0 <= t + 1 < cur.t1)) and run.stage_of(t + 1) == sched.stage:
+            nxt, _ = run.units_of_step(t + 1)
+            if cur is not None and cur.unit < nxt:
+                self._cur = None
+            sched.release_before(run, nxt)

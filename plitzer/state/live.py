@@ -26,27 +26,36 @@ until it weighs something, and the mixture's epoch counts only the sources the f
 stage weighs, so no window moves or changes its (epoch, window) label.
 
 The changes themselves are the Loader's methods (:meth:`plitzer.Loader.set_weights`,
-:meth:`~plitzer.Loader.set_layout`); this module holds what they and a resume ask of
+:meth:`~plitzer.Loader.set_layout`), written here in :class:`LiveChanges`, which the Loader
+mixes in; this module also holds what they and a resume ask of
 plain values: the checked stage (:func:`live_stage`, :func:`layout_stage`), the earliest
 step, and how a checkpoint's stages line up with a loader's (:func:`reconcile`).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from planner.balance import check_microbatches
 from planner.errors import CheckpointError, ConfigError
 from planner.mixing.mixture import Interleave, MixturePlan
 from planner.mixing.sources import Stage, parse_stages
 from planner.order.epoch import check_int
 from planner.order.layout import Layout, LayoutStage
 from planner.order.plan import Plan
-from planner.run import earliest_stage_step
+from planner.run import Run, earliest_stage_step
+from plitzer.state.build import check_layout
 from plitzer.state.checkpoint import layout_of
 
+if TYPE_CHECKING:
+    from plitzer.state.resume import Cursor
+    from plitzer.state.settings import LoaderSettings
+
 __all__ = [
+    "LiveChanges",
     "Reconciled",
     "earliest_layout_step",
     "earliest_step",
@@ -238,3 +247,103 @@ def reconcile(checkpoint: Mapping[str, Any], loader: Mapping[str, Any], step: in
         mine["stages"] = list(theirs)
     stages = [Stage(int(s), tuple(int(w[n]) for n in names)) for s, w in mine["stages"]]
     return Reconciled(ck, mine, stages, added, reconcile_layout(ck, mine, step))
+
+
+class LiveChanges:
+    """The live changes of :class:`plitzer.Loader` (mixed into it): a weight stage and a layout stage, from now on.
+
+    Methods of the loader, kept here beside their checks; what they use of the loader is
+    declared below (its lock, cursor, run and the one place the run is swapped).
+    """
+
+    if TYPE_CHECKING:
+        _lock: threading.RLock
+        _cursor: Cursor
+
+        @property
+        def _step(self) -> int: ...
+        @property
+        def _run(self) -> Run: ...
+        @property
+        def plan(self) -> Plan: ...
+        @property
+        def settings(self) -> LoaderSettings: ...
+        @property
+        def layout(self) -> Layout: ...
+
+        def _check_fork(self) -> None: ...
+        def _settle(self) -> None: ...
+        def _set_run(self, run: Run, unit: int) -> None: ...
+
+    def set_weights(self, weights: Mapping[str, Any] | None, at_step: int | None = None) -> int:
+        """Append a stage of ``weights`` from global step ``at_step``; the step it starts at.
+
+        A live change of the mixture (docs/design.md, "Live stages"): the run is the one
+        made with this stage in the list of stages from the start, and the stage is in
+        every later checkpoint, the plan tables and the audit. ``at_step`` defaults to
+        the earliest allowed, the first step whose window no lane has begun to consume
+        (windows read ahead past it are read again); an earlier one is a ConfigError
+        naming it. Every rank must make the same call at the same step
+        (:meth:`plitzer.torch.Dataset.set_weights` checks it).
+
+        Examples
+        --------
+        >>> import plitzer, plitzer.synth, tempfile
+        >>> a, b = tempfile.mkdtemp(), tempfile.mkdtemp()
+        >>> _ = plitzer.synth.write(a, tokens=60_000, seed=1); _ = plitzer.synth.write(b, tokens=60_000, seed=2)
+        >>> loader = plitzer.Loader({"a": a, "b": b}, weights={"a": 1, "b": 1}, lanes=4, window=2, seq_len=64)
+        >>> _ = [loader.next_batch() for _ in range(3)]
+        >>> start = loader.set_weights({"a": 3, "b": 1})
+        >>> start >= loader.step - 3, loader.config["stages"][-1] == [start, {"a": 3, "b": 1}]
+        (True, True)
+        >>> loader.close()
+        """
+        self._check_fork()
+        self._settle()
+        with self._lock:
+            stage = live_stage(self.plan, weights, at_step, self._step, self.settings.units_per_row)
+            self._set_run(*self._run.with_stage(stage))
+            return stage.start
+
+    def earliest_layout_step(self) -> int:
+        """The earliest step :meth:`set_layout` may start a stage at: the next batch's, after the last stage."""
+        return earliest_layout_step(self.layout, self._step)
+
+    def set_layout(self, lanes: int | None = None, seq_len: int | None = None, at_step: int | None = None) -> int:
+        """Append a layout stage: ``lanes`` rows of ``seq_len`` tokens from global step ``at_step``; the step.
+
+        A live change of the layout (docs/design.md, "Layout stages"): the run is the one
+        made with this stage in ``lanes=``/``seq_len=`` from the start (the rule of SPEC
+        section 12 applies at the step exactly, so no window needs to be unbegun), and the
+        stage is in every later checkpoint and the plan. ``lanes`` and ``seq_len`` default
+        to those in force; ``at_step`` to the earliest allowed, the next batch's step (and
+        after the last stage's); an earlier one is a ConfigError naming it. ``lanes`` must
+        be a multiple of the world size, and the budget must hold the new layout's floor.
+        Every rank must make the same call at the same step
+        (:meth:`plitzer.torch.Dataset.set_layout` checks it).
+
+        Examples
+        --------
+        >>> import plitzer, plitzer.synth, tempfile
+        >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=60_000, seed=1)
+        >>> loader = plitzer.Loader(d, lanes=4, window=2, seq_len=64)
+        >>> _ = [loader.next_batch() for _ in range(3)]
+        >>> loader.set_layout(lanes=2, seq_len=256)
+        3
+        >>> loader.next_batch().tokens.shape, loader.config["layout"]
+        ((2, 256), [[0, 4, 64], [3, 2, 256]])
+        >>> loader.close()
+        """
+        self._check_fork()
+        self._settle()
+        with self._lock:
+            stage = layout_stage(self.layout, lanes, seq_len, at_step, self._step, self.settings.world)
+            s = self.settings
+            check_microbatches(s.microbatches, stage.lanes, s.world, s.balance)
+            layout = self.layout.with_stage(stage)
+            check_layout(self.plan, self.settings, layout, [stage], rebin=self._run.rebin)
+            units = layout.in_units(self.settings.rule.units_per_row)
+            if stage.start == self._step:  # positions a resume left: in the old layout, no longer what comes
+                self._cursor.place(self._step)
+            self._set_run(*self._run.with_layout(units))
+            return stage.start

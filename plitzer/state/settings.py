@@ -29,6 +29,7 @@ import numpy as np
 
 from planner import api
 from planner.api import Source
+from planner.balance import check_microbatches
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError
 from planner.mixing.sources import Weights
@@ -84,6 +85,8 @@ class KeywordsOfLocate(TypedDict, total=False):
     index: str | None
     columns: Sequence[str] | Mapping[str, Any] | None
     labels: bool
+    balance: bool
+    microbatches: int
     packing: str
     pad_id: int
 
@@ -171,6 +174,10 @@ class LoaderSettings:
     """Aligned columns (``plitzer.readpath.aligned``): names, or name -> fill value."""
     labels: bool = False
     """``batch.labels`` (``plitzer.readpath.labels``): part of the batch, not of the checkpoint's configuration."""
+    balance: bool = False
+    """Steps dealt by cost (SPEC section 18, ``plitzer.readpath.balance``): not configuration."""
+    microbatches: int = 1
+    """With ``balance``: the microbatches a rank's rows are dealt into (SPEC section 18)."""
     packing: str = CONCAT
     """The packing rule's name (:mod:`planner.rules`)."""
     pad_id: int = 0
@@ -197,6 +204,12 @@ class LoaderSettings:
             msg = f"labels={self.labels!r} must be True or False (True: batch.labels, each token's next token)"
             raise ConfigError(msg)
         object.__setattr__(self, "labels", bool(self.labels))
+        if not isinstance(self.balance, (bool, np.bool_)):
+            msg = f"balance={self.balance!r} must be True or False (True: each step's rows dealt to ranks by cost)"
+            raise ConfigError(msg)
+        object.__setattr__(self, "balance", bool(self.balance))
+        for stage in self.stages.stages:
+            check_microbatches(self.microbatches, stage.lanes, self.plan.world, self.balance)
         if self.columns is not None:
             from plitzer.readpath.aligned import parse_columns
 

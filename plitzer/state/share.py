@@ -1,11 +1,11 @@
 """Work a job shares across its ranks: its index's footers, its selection pass, its checkpoint's parts.
 
-Collective, whatever the framework: the functions here take a :class:`Collective`
-(this rank, the world, a broadcast from rank 0 and an all-gather of objects).
-:class:`TorchGroup` is one over a ``torch.distributed`` process group, which it finds
-in ``sys.modules`` (this module imports no framework: a process that uses one has
-imported it); a user of another launcher passes their own to ``Loader.in_group``.
-:func:`job_group` says which a loader shares over (docs/design.md, "One index per job").
+Collective, whatever the framework: the functions here take a
+:class:`~plitzer.state.groups.Collective` (this rank, the world, a broadcast from rank 0
+and an all-gather of objects); :mod:`plitzer.state.groups` holds the groups themselves
+(:class:`~plitzer.state.groups.TorchGroup`, :func:`~plitzer.state.groups.job_group`, which
+says which a loader shares over: docs/design.md, "One index per job"), and this module
+re-exports them.
 
 - :func:`share_index`: for one dataset, rank 0 lists and broadcasts the files; unless
   every rank's cache already holds the finished index, each rank reads the footers of
@@ -21,22 +21,19 @@ imported it); a user of another launcher passes their own to ``Loader.in_group``
 
 A rank whose step fails sends its exception instead, and every rank raises the first
 one (:func:`all_or_raise`), so no rank waits on a collective the others left
-(docs/design.md, "One index per job"). :func:`join_parts` checks and merges the
-checkpoint parts an adapter gathered.
+(docs/design.md, "One index per job").
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from planner.catalog.datasetindex import Index
-from planner.errors import ConfigError
 from planner.parameters import Selection, TextSettings
 from plitzer.readpath.read import count_chunk
+from plitzer.state.groups import AUTO, Collective, TorchGroup, job_group, join_parts, torch_ready
 from plitzer.state.settings import LoaderSettings, Source
 
 __all__ = [
@@ -57,106 +54,6 @@ __all__ = [
     "share_text",
     "torch_ready",
 ]
-
-
-class Collective(Protocol):
-    """A process group as the sharing needs it."""
-
-    @property
-    def rank(self) -> int:
-        """This process's rank in the group."""
-        ...
-
-    @property
-    def world(self) -> int:
-        """The processes of the group."""
-        ...
-
-    def broadcast(self, value: Any) -> Any:
-        """Rank 0's ``value`` on every rank (the others pass None)."""
-        ...
-
-    def all_gather(self, value: Any) -> list[Any]:
-        """Every rank's ``value``, in rank order."""
-        ...
-
-
-def _dist() -> Any:
-    """``torch.distributed`` where this process imported it, else None (never imported here)."""
-    return sys.modules.get("torch.distributed")
-
-
-def torch_ready() -> bool:
-    """Whether this process has imported and initialised ``torch.distributed``."""
-    dist = _dist()
-    return dist is not None and bool(dist.is_available()) and bool(dist.is_initialized())
-
-
-@dataclass(frozen=True, slots=True)
-class TorchGroup:
-    """A ``torch.distributed`` process group as a :class:`Collective` (``group=None``: the whole world)."""
-
-    group: Any = None
-
-    @property
-    def rank(self) -> int:
-        return int(_dist().get_rank(self.group))
-
-    @property
-    def world(self) -> int:
-        return int(_dist().get_world_size(self.group))
-
-    def broadcast(self, value: Any) -> Any:
-        dist = _dist()
-        box: list[Any] = [value]
-        src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
-        dist.broadcast_object_list(box, src=src, group=self.group)
-        return box[0]
-
-    def all_gather(self, value: Any) -> list[Any]:
-        out: list[Any] = [None] * self.world
-        _dist().all_gather_object(out, value, group=self.group)
-        return out
-
-
-def _is_collective(value: object) -> bool:
-    return all(hasattr(value, a) for a in ("rank", "world", "broadcast", "all_gather"))
-
-
-AUTO = "auto"
-"""``job_group``'s default: over ``torch.distributed``'s world where it fits (see :func:`job_group`)."""
-
-
-def job_group(group: Any, settings: LoaderSettings) -> Collective | None:
-    """The group a :class:`plitzer.Loader` shares its listing, footers and passes over, or None.
-
-    ``group``: :data:`AUTO` shares over the whole ``torch.distributed`` world when this
-    process has imported and initialised it with more than one process and the loader's
-    ``rank`` and ``world`` are the process's (every rank then builds its loader: a
-    collective call); None never shares; a :class:`Collective` or a
-    ``torch.distributed.ProcessGroup`` shares over it (every process of it builds its
-    loader at the same point). A group of one process shares nothing.
-    """
-    if group is None:
-        return None
-    if isinstance(group, str) and group == AUTO:
-        dist = _dist()
-        if not torch_ready() or dist.get_world_size() <= 1:
-            return None
-        if (dist.get_rank(), dist.get_world_size()) != (settings.rank, settings.world):
-            return None  # another data-parallel layout (tensor parallel, a reference loader): Loader.in_group
-        return TorchGroup(None)
-    if _is_collective(group):
-        out: Collective = group
-    elif torch_ready() and isinstance(group, _dist().ProcessGroup):
-        out = TorchGroup(group)
-    else:
-        msg = (
-            f"group={type(group).__name__}: give a torch.distributed ProcessGroup (initialised), an object with "
-            "rank, world, broadcast and all_gather (plitzer.state.share.Collective), or None (share nothing)"
-        )
-        raise ConfigError(msg)
-    return out if out.world > 1 else None
 
 
 def all_or_raise(value: Any, group: Collective) -> list[Any]:
@@ -365,38 +262,3 @@ def share_dedupe(source: Source, cfg: LoaderSettings, group: Collective) -> None
         return [p for p in all_or_raise(part, group) if p is not None]
 
     deduplicate(base, source, cfg, group.rank, group.world, exchange=exchange)
-
-
-def join_parts(info: list[tuple[int, ...]], datas: list[bytes], world: int, processes: int) -> bytes:
-    """One global checkpoint from every process's part: ``info`` is each process's (data rank, world, bytes).
-
-    Refuses processes that disagree on ``world``, two processes of one data rank at different
-    positions, and a data rank no process gave.
-    """
-    from plitzer.errors import CheckpointError, ConfigError
-    from plitzer.state import checkpoint as ckpt
-
-    worlds = sorted({w for _, w, _ in info})
-    if worlds != [world]:
-        msg = f"ranks disagree on world: {worlds}; every rank's Dataset needs the same world (and lanes)"
-        raise ConfigError(msg)
-    parts: dict[int, bytes] = {}
-    for (r, _, _), data in zip(info, datas, strict=True):
-        if parts.setdefault(r, data) != data:
-            msg = (
-                f"two processes with data rank {r} are at different positions; processes that "
-                "share a data rank must consume the same batches"
-            )
-            raise CheckpointError(msg)
-    missing = sorted(set(range(world)) - set(parts))
-    if missing:
-        msg = (
-            f"state_dict() gathered no part from data ranks {missing} of world={world}: the process "
-            f"group has {processes} processes; pass group= a group that holds every data rank"
-        )
-        raise ConfigError(msg)
-    try:
-        return ckpt.merge(parts[r] for r in range(world))
-    except CheckpointError as e:
-        msg = f"{e}. Call state_dict() on every rank at the same step"
-        raise CheckpointError(msg) from e
