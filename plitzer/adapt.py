@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -26,6 +27,7 @@ __all__ = [
     "NOT_PINNED",
     "checkpoint_entry",
     "in_worker",
+    "jax_rank_world",
     "no_gather",
     "refuse_collate",
     "run_length",
@@ -149,3 +151,27 @@ def checkpoint_entry(state: object, what: str) -> object:
         msg = f"{what} has a 'checkpoint' entry; got keys {sorted(map(str, state))}"
         raise CheckpointError(msg)
     return state["checkpoint"]
+
+
+def jax_rank_world() -> tuple[int, int] | None:
+    """(process_index, process_count) where JAX is imported and initialised, else None.
+
+    Only asks JAX when it is already in this process and its distributed runtime or
+    its backends are up: calling ``jax.process_count()`` earlier would start the
+    backends, after which ``jax.distributed.initialize()`` can no longer be called.
+    """
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return None
+    ready = False
+    distributed = getattr(jax, "distributed", None)
+    is_initialized = getattr(distributed, "is_initialized", None)
+    if callable(is_initialized):
+        ready = bool(is_initialized())
+    if not ready:
+        bridge = sys.modules.get("jax._src.xla_bridge")
+        up = getattr(bridge, "backends_are_initialized", None)
+        ready = bool(up()) if callable(up) else False
+    if not ready:
+        return None
+    return int(jax.process_index()), int(jax.process_count())

@@ -72,7 +72,6 @@ True
 from __future__ import annotations
 
 import base64
-import sys
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
@@ -83,7 +82,7 @@ import numpy as np
 
 from planner.mixing.sources import Stage
 from planner.parameters import document
-from plitzer.adapt import checkpoint_entry
+from plitzer.adapt import checkpoint_entry, jax_rank_world
 from plitzer.errors import CheckpointError, ConfigError
 from plitzer.loader import Loader
 from plitzer.readpath.batch import Batch
@@ -102,30 +101,6 @@ _WORKERS = (
     "plitzer already reads and decodes in its own threads (threads=...): use the dataset without "
     "mp_prefetch, or with grain.experimental.ThreadPrefetchIterDataset to overlap with training"
 )
-
-
-def _jax_rank_world() -> tuple[int, int] | None:
-    """(process_index, process_count) where JAX is imported and initialised, else None.
-
-    Only asks JAX when it is already in this process and its distributed runtime or
-    its backends are up: calling ``jax.process_count()`` earlier would start the
-    backends, after which ``jax.distributed.initialize()`` can no longer be called.
-    """
-    jax = sys.modules.get("jax")
-    if jax is None:
-        return None
-    ready = False
-    distributed = getattr(jax, "distributed", None)
-    is_initialized = getattr(distributed, "is_initialized", None)
-    if callable(is_initialized):
-        ready = bool(is_initialized())
-    if not ready:
-        bridge = sys.modules.get("jax._src.xla_bridge")
-        up = getattr(bridge, "backends_are_initialized", None)
-        ready = bool(up()) if callable(up) else False
-    if not ready:
-        return None
-    return int(jax.process_index()), int(jax.process_count())
 
 
 def _positive_int(value: object) -> bool:
@@ -164,7 +139,14 @@ def element_of(batch: Batch, *, boundaries: bool = True) -> Element:
 
 
 def _with_columns(element: Element, batch: Batch) -> Element:
-    """The labels and the aligned columns as element keys of their own names (the batch's memory, not a copy)."""
+    """The labels and the aligned columns as element keys of their own names (the batch's memory, not a copy).
+
+    A balanced step (``balance=True``, SPEC section 18) also gives ``lanes`` (each row's lane) and
+    ``cost`` (the rank's cost a microbatch).
+    """
+    if batch.cost is not None:
+        element["lanes"] = batch.lanes
+        element["cost"] = batch.cost
     if batch.labels is not None:
         element["labels"] = batch.labels.numpy()
     for n, c in batch.columns.items():
@@ -206,6 +188,11 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
         (default). ``False`` leaves them out, for a model that does not mask
         at document edges: they are computed per step from the packer's
         bookkeeping and cost about as much as the loading itself.
+    group : Collective, optional
+        With ``balance=True`` at world > 1: the data-parallel processes' group
+        (:class:`plitzer.state.groups.Collective`: ``rank``, ``world``, ``broadcast``,
+        ``all_gather``, and optionally ``all_to_all``) that each step's rows are dealt over,
+        from the iterator's read-ahead thread, one iterator at a time (SPEC section 18).
 
     Notes
     -----
@@ -220,13 +207,14 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
         *,
         num_epochs: int | Literal["current"] | None = "current",
         boundaries: bool = True,
+        group: Any = None,
         **settings: Unpack[Keywords],
     ) -> None:
         super().__init__()
         kw: dict[str, Any] = dict(settings)
         rank, world = kw.pop("rank", None), kw.pop("world", None)
         if rank is None or world is None:
-            got = _jax_rank_world()
+            got = jax_rank_world()
             if got is not None:
                 rank = got[0] if rank is None else rank
                 world = got[1] if world is None else world
@@ -237,9 +225,10 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
             )
             raise ConfigError(msg)
         self._source = source
+        self._group = group
         self._settings = LoaderSettings.of(
             caller="plitzer.grain.Dataset",
-            own=("num_epochs", "boundaries"),
+            own=("num_epochs", "boundaries", "group"),
             rank=0 if rank is None else rank,
             world=1 if world is None else world,
             **kw,
@@ -270,7 +259,7 @@ class Dataset(grain.IterDataset):  # type: ignore[misc]
 
     def _loader(self) -> Loader:
         """A loader of the dataset's run, at step 0: its settings, and its weight stages where they changed."""
-        loader = Loader.from_settings(self._source, self._settings)
+        loader = Loader.from_settings(self._source, self._settings, group=self._group)
         if self._weights is None:
             self._weights = loader.run.stages  # the settings' stages, as the run says them
         elif loader.run.stages != self._weights:  # taken as a resume takes a checkpoint's: no call replayed

@@ -144,7 +144,7 @@ def _check_step(want: dict[str, Any], got: list[Any], world: int, micro: int) ->
     assert sorted(seen) == list(range(len(costs)))
 
 
-@pytest.mark.parametrize(("world", "micro"), [(1, 2), (2, 1), (4, 2)])
+@pytest.mark.parametrize(("world", "micro"), [(1, 2), (2, 1), (2, 2), (4, 2)])
 def test_ranks_deal_the_global_batch(data: Path, world: int, micro: int) -> None:
     steps = 7
     want = _global(data, steps)
@@ -263,3 +263,28 @@ def test_refusals(data: Path) -> None:
     with plitzer.Loader(data, **CFG) as plain:
         b = plain.next_batch()
         assert b.cost is None and b.lanes.tolist() == list(range(8)) and b.lanes.dtype == np.int64
+
+
+def test_grain_deals_over_a_collective(data: Path) -> None:
+    grain_ds = pytest.importorskip("plitzer.grain")
+    want = _global(data, 4)
+    group = ThreadGroup(2)
+
+    def rank(r: int) -> list[Any]:
+        ds = grain_ds.Dataset(data, group=group.member(r), rank=r, world=2, balance=True, microbatches=2, **CFG)
+        it = iter(ds)
+        try:
+            return [next(it) for _ in range(4)]
+        finally:
+            it.close()
+
+    got = run_ranks(2, rank)
+    for t in range(4):
+        costs = [ref.cost_of_row(x) for x in want[t]["doc_lengths"]]
+        dealt = ref.deal(costs, 2, 2)
+        for r in range(2):
+            e = got[r][t]
+            assert e["lanes"].tolist() == [k for mb in dealt[r] for k in mb]
+            assert e["cost"].tolist() == [sum(costs[k] for k in mb) for mb in dealt[r]]
+            assert np.array_equal(e["tokens"], want[t]["tokens"][e["lanes"]])
+            assert np.array_equal(e["position_ids"], want[t]["position_ids"][e["lanes"]])

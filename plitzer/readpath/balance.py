@@ -327,7 +327,7 @@ class Balancer:
                 where = np.full(rows, -1, np.int64)
             else:
                 got, s = received[s_rank]
-                k = np.arange(len(at))
+                k = np.argsort(np.argsort(mine[at], kind="stable"), kind="stable")  # they arrive in lane order
                 where = np.full(len(at), -1, np.int64)
             for o, a in zip(out, got, strict=True):
                 o[at] = a[k]
