@@ -48,6 +48,25 @@ def test_report_folder_and_single_page(data: Path, tmp_path: Path) -> None:
     assert report.tables["tokens_per_file"]["tokens"].sum() == ix.tokens
 
 
+def test_balanced_steps_are_drawn_from_plan_costs(data: Path, tmp_path: Path) -> None:
+    # SPEC section 18 rule 5: each sampled step's slowest rank over the mean rank, as assigned and balanced.
+    report = au.audit(data, lanes=8, window=4, world=2, seq_len=96, windows=[1])
+    page = report.write(tmp_path / "one.html").read_text()
+    assert "<h2>Balanced steps</h2>" in page and "alt='step_balance'" in page
+    got = report.tables["step_balance"]
+    assert got.columns == ["step", "assigned", "balanced"] and got.height == 64  # 8 stretches of 8 steps
+    assert got["step"].max() > 200  # spread over the epoch, not its first steps alone
+    p = plitzer.plan(data, lanes=8, window=4, world=2, seq_len=96)
+    for t, assigned, balanced in got.rows()[::9]:
+        c = p.costs(t, t)
+        assert assigned == pytest.approx(c["assigned"].max() / c["assigned"].mean())
+        assert balanced == pytest.approx(c["balanced"].max() / c["balanced"].mean())
+    summary = report.tables["step_balance_summary"]
+    assert summary["rows"].to_list() == ["assigned", "balanced"] and summary["steps"].to_list() == [64, 64]
+    assert 1 <= summary["median"][1] < summary["median"][0]  # dealing by cost evens the ranks out
+    assert "step_balance" not in au.audit(data, lanes=8, window=4, world=1, seq_len=96, windows=[1]).figures
+
+
 def test_duplicate_finder_finds_planted_duplicates(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     unique = [rng.integers(0, 50_000, int(n)).tolist() for n in rng.integers(1, 300, 60)]

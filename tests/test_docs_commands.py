@@ -253,6 +253,10 @@ RULES: dict[str, Rule] = {
         "--spilled 100000"
     ),
     "python benchmarks/drift.py": scaled("python benchmarks/drift.py --max-windows 200 --new-rule-windows 200"),
+    "python benchmarks/balance.py": scaled(
+        "python benchmarks/balance.py --text-tokens 300000 --row-group-tokens 50000 --fineweb-tokens 400000 "
+        "--steps 4 --configs 2048:16:4,1024:8:2"
+    ),
     "python benchmarks/memory.py": scaled(
         f"python benchmarks/memory.py --tokens 2000000 --limit 0.5 --budgets floor,512 --lanes 8 --window 4 "
         f"--seq-len 256 {OUT}"

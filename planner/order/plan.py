@@ -36,6 +36,7 @@ from planner.catalog.rowgroups import RowGroupIndex, with_selected
 from planner.errors import ConfigError
 from planner.lanes import window_cuts
 from planner.lookup.padding import lane_padding
+from planner.lookup.pieces import OneSource
 from planner.order import runsteps
 from planner.order.epoch import EpochPlan, PlanSettings, check_int, cut_epoch, unit_counts
 from planner.order.epoch_order import EpochOrder, Permutation
@@ -304,32 +305,7 @@ class Plan:
         ``recut_window_index`` name the window its first step cuts again (null at a
         window's edge). A plan made without ``seq_len`` has no steps to place: refused.
         """
-        lay = self.layout
-        if lay is None:
-            msg = "the plan has no layout: give seq_len= (and lanes= in stages, if any) to planner.plan"
-            raise ConfigError(msg)
-        begins = lay.begins()
-        ep_of, win_of = [], []
-        for x in begins:
-            e = self.epoch_of_run(x)
-            wt = self.epoch(e).window_tokens
-            ends = np.cumsum(wt)
-            w = int(np.searchsorted(ends, x - self.run_before(e), side="right"))
-            inside = x > 0 and self.run_before(e) + int(ends[w] - wt[w]) < x
-            ep_of.append(e if inside else None)
-            win_of.append(w if inside else None)
-        return pl.DataFrame(
-            {
-                "layout_stage": list(range(len(lay))),
-                "start_step": [s.start for s in lay.stages],
-                "lanes": [s.lanes for s in lay.stages],
-                "seq_len": [s.seq_len for s in lay.stages],
-                "tokens_per_step": [s.per_step for s in lay.stages],
-                "start_token": begins,
-                "recut_epoch": pl.Series(ep_of, dtype=pl.Int64),
-                "recut_window_index": pl.Series(win_of, dtype=pl.Int64),
-            }
-        )
+        return runsteps.layout_table(self, runsteps.steps_layout(self))
 
     def steps(self, epoch: int) -> pl.DataFrame:
         """One row per global step labelled ``epoch``: step, epoch, layout_stage, lanes, seq_len, tokens, token_start.
@@ -381,6 +357,19 @@ class Plan:
 
         return pieces_frame(self, epoch, seq_len, lengths)
 
+    def costs(self, first_step: int, last_step: int, microbatches: int = 1, *, lengths: Any = None) -> pl.DataFrame:
+        """One row per (step, rank, microbatch) of steps ``first_step..last_step`` (both included), SPEC 18 rule 5.
+
+        Columns step, rank, microbatch, balanced, assigned (Int64): the rank's attention cost (the sum of
+        ``n * n`` over its rows' segments) with the step's rows dealt by :func:`planner.balance.deal`, and as
+        section 4 assigns them. Read from the documents' lengths alone (:mod:`planner.lookup.costs`;
+        ``lengths`` as :meth:`pieces` takes them).
+        """
+        from planner.lookup.costs import step_costs
+
+        view = OneSource(self, self._tokens) if isinstance(self.order, Permutation) else self
+        return step_costs(self, view, (first_step, last_step), microbatches, lengths)
+
     def sql(
         self, query: str, epochs: Iterable[int] = (0,), *, external_access: bool = False, seq_len: int | None = None
     ) -> pl.DataFrame:
@@ -393,7 +382,8 @@ class Plan:
         ``external_access=True``: then ``read_parquet`` of the dataset's own files
         works too, through the same storages (credentials included), so pass it
         only for queries you wrote. A query that names ``pieces`` (needs ``seq_len``)
-        streams :meth:`pieces` of those epochs, read once (:mod:`planner.order.sql`).
+        streams :meth:`pieces` of those epochs, read once (:mod:`planner.order.sql`); one that names
+        ``costs`` has :meth:`costs` of the steps labelled with those epochs (one microbatch).
 
         Examples
         --------
@@ -422,7 +412,17 @@ class Plan:
         makers: dict[str, Callable[[], Any]] = {"pieces": pieces, "lanes": lambda: _over(self.lanes, eps)}
         if self.layout is not None:
             makers["steps"] = lambda: _over(self.steps, eps)
+            makers["costs"] = lambda: _over(self._epoch_costs, eps)
         return run_query(query, tables, makers=makers, dataset=self.dataset, external_access=external_access)
+
+    def _epoch_costs(self, epoch: int) -> pl.DataFrame:
+        """:meth:`costs` of the steps labelled ``epoch`` (none: no row)."""
+        from planner.lookup.costs import COST_COLUMNS
+
+        step = self.steps(epoch)["step"]
+        if not len(step):
+            return pl.DataFrame(schema=dict.fromkeys(COST_COLUMNS, pl.Int64))
+        return self.costs(int(step[0]), int(step[-1]))
 
     def scan(self, epoch: int, rank: int = 0) -> pl.LazyFrame:
         """A LazyFrame of exactly the rows (documents) that ``rank`` reads in ``epoch``.

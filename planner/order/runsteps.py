@@ -31,7 +31,7 @@ from planner.errors import ConfigError
 from planner.order.epoch import check_int
 from planner.order.layout import Layout
 
-__all__ = ["epoch_start", "run_end", "run_steps", "steps_in_epoch", "steps_table", "steps_layout"]
+__all__ = ["epoch_start", "layout_table", "run_end", "run_steps", "steps_in_epoch", "steps_table", "steps_layout"]
 
 
 class _Epochs(Protocol):
@@ -103,5 +103,31 @@ def steps_table(plan: _Epochs, layout: Layout, epoch: int) -> pl.DataFrame:
             "seq_len": layout.seq_lens_at(step),
             "tokens": np.diff(token_start),
             "token_start": token_start[:-1],
+        }
+    )
+
+
+def layout_table(plan: Any, layout: Layout) -> pl.DataFrame:
+    """:meth:`planner.order.plan.Plan.layout_table`: each stage, and the window its first step cuts again."""
+    begins = layout.begins()
+    ep_of, win_of = [], []
+    for x in begins:
+        e = plan.epoch_of_run(x)
+        wt = plan.epoch(e).window_tokens
+        ends = np.cumsum(wt)
+        w = int(np.searchsorted(ends, x - plan.run_before(e), side="right"))
+        inside = x > 0 and plan.run_before(e) + int(ends[w] - wt[w]) < x
+        ep_of.append(e if inside else None)
+        win_of.append(w if inside else None)
+    return pl.DataFrame(
+        {
+            "layout_stage": list(range(len(layout))),
+            "start_step": [s.start for s in layout.stages],
+            "lanes": [s.lanes for s in layout.stages],
+            "seq_len": [s.seq_len for s in layout.stages],
+            "tokens_per_step": [s.per_step for s in layout.stages],
+            "start_token": begins,
+            "recut_epoch": pl.Series(ep_of, dtype=pl.Int64),
+            "recut_window_index": pl.Series(win_of, dtype=pl.Int64),
         }
     )

@@ -14,6 +14,8 @@ return Polars frames, so a notebook can call them one by one:
   ``1 + (world - 1) * windows / G``, about ``1 + (world - 1) / window`` (docs/design.md,
   "Reads and read amplification").
 - :func:`epochs_covered`: how many epochs a number of steps covers.
+- :func:`step_balance`: per step, the slowest rank's attention work over the mean rank's,
+  as section 4 assigns the rows and dealt by cost (SPEC section 18, from ``plan.costs``).
 
 :func:`audit` runs them all and returns a :class:`Report`, whose ``write`` puts an
 HTML page with PNG pictures (matplotlib, Agg, no display needed) in a file or a
@@ -34,6 +36,7 @@ from plitzer.audit.pictures import (
     plot_lockstep,
     plot_mixture,
     plot_reads_per_rank,
+    plot_step_balance,
     plot_tokens_per_file,
     plot_tokens_per_row_group,
 )
@@ -50,6 +53,7 @@ from plitzer.audit.tables import (
     read_amplification,
     reads_per_rank,
     source_repetitions,
+    step_balance,
 )
 
 __all__ = [
@@ -69,9 +73,11 @@ __all__ = [
     "plot_lockstep",
     "plot_mixture",
     "plot_reads_per_rank",
+    "plot_step_balance",
     "plot_tokens_per_file",
     "plot_tokens_per_row_group",
     "read_amplification",
     "reads_per_rank",
     "source_repetitions",
+    "step_balance",
 ]

@@ -32,6 +32,7 @@ __all__ = [
     "plot_padding",
     "plot_padding_per_source",
     "plot_reads_per_rank",
+    "plot_step_balance",
     "plot_tokens_per_file",
     "plot_tokens_per_row_group",
 ]
@@ -245,4 +246,18 @@ def plot_padding_per_source(per_source: pl.DataFrame, ax: Axes | None = None) ->
     ax.set_xticks(x, names)
     ax.legend(loc="upper right")
     _names(ax, "source", "padding (% of row tokens)", "best-fit padding per source, epoch 0")
+    return fig
+
+
+def plot_step_balance(balance: pl.DataFrame, ax: Axes | None = None) -> Figure:
+    """Each sampled step's slowest rank against the mean rank (attention cost), as assigned and balanced."""
+    fig, ax = _axes(ax)
+    x = balance["step"].to_numpy()
+    ax.plot(x, balance["assigned"].to_numpy(), ".", color="#cc6677", label="as assigned (a block of lanes a rank)")
+    ax.plot(x, balance["balanced"].to_numpy(), ".", color="#4477aa", label="balanced (rows dealt by cost)")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_ylim(bottom=min(0.95, ax.get_ylim()[0]))
+    ax.legend(loc="upper right", fontsize="small")
+    _whole(ax)
+    _names(ax, "step", "slowest rank / mean rank", "attention work per step: imbalance between ranks")
     return fig

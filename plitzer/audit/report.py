@@ -17,6 +17,7 @@ from planner.catalog.rowgroups import RowGroupIndex
 from planner.mixing.mixture import MixturePlan
 from planner.order.layout import Layout
 from planner.order.plan import Plan
+from planner.order.runsteps import run_steps
 from planner.parameters import keywords_of
 from plitzer.audit import pictures as pic
 from plitzer.audit import tables as tab
@@ -104,6 +105,7 @@ _SECTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("padding", "padding_per_window", "padding_per_source"),
         ("padding", "padding_per_source"),
     ),
+    "Balanced steps": (("step_balance_summary", "step_balance"), ("step_balance",)),
     "Epochs": (("epochs_covered", "epoch_starts"), ()),
     "Layout stages": (("layout",), ("layout",)),
 }
@@ -312,6 +314,37 @@ def _padding_section(plan: Plan, out: _Sections) -> None:
     )
 
 
+BALANCE_STEPS = 64
+"""The most steps whose imbalance the audit draws: every step audited, else stretches of 8 spread over them."""
+
+
+def _balance_section(plan: Plan, steps: int, out: _Sections) -> None:
+    """Balanced steps (SPEC section 18): each sampled step's slowest rank over the mean rank, both ways."""
+    tables, figures, notes = out
+    end = run_steps(plan, plan.layout) if plan.layout is not None else None  # a finite run's steps
+    sample = tab.step_sample(steps if end is None else min(steps, end), BALANCE_STEPS)
+    balance = tab.step_balance(plan, sample)
+    tables["step_balance"] = balance
+    tables["step_balance_summary"] = pl.concat(
+        balance.select(
+            pl.lit(c).alias("rows"),
+            pl.len().alias("steps"),
+            pl.col(c).median().alias("median"),
+            pl.col(c).quantile(0.95, "linear").alias("p95"),
+            pl.col(c).max().alias("max"),
+        )
+        for c in ("assigned", "balanced")
+    )
+    figures["step_balance"] = pic.plot_step_balance(balance)
+    notes["Balanced steps"] = (
+        "Under document masking a row's attention work is the sum of n * n over its documents (its "
+        "doc_lengths), so ranks holding long documents are slower. Per step, the slowest of the "
+        f"{plan.settings.world} ranks' work over the mean rank's: with each rank its block of lanes "
+        "(assigned) and with the step's rows dealt by cost (balanced, balance=True). "
+        f"{balance.height} steps in {len(sample)} stretches, from plan.costs (document lengths only)."
+    )
+
+
 def audit(
     source: Source,
     *,
@@ -351,6 +384,8 @@ def audit(
     _duplicates_section(ix, out)
     if cfg.rule.pads:
         _padding_section(plan, out)
+    if cfg.world > 1 and plan.layout is not None and not plan.layout.changes_tokens:
+        _balance_section(plan, steps, out)
     tables, figures, notes = out
     covered = layout.run_at(steps) // total + 1
     tables["epochs_covered"] = tab.epochs_covered(total, lanes, seq_len, steps, layout=layout)

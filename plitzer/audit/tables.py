@@ -37,6 +37,8 @@ __all__ = [
     "read_amplification",
     "reads_per_rank",
     "source_repetitions",
+    "step_balance",
+    "step_sample",
 ]
 
 Source = RowGroupIndex | PathSource
@@ -374,4 +376,38 @@ def padding(plan: Plan, epoch: int = 0, by: str = "window_index") -> pl.DataFram
         )
         .drop("floor")
         .sort(by)
+    )
+
+
+def step_sample(steps: int, most: int = 64, stretch: int = 8) -> list[tuple[int, int]]:
+    """Stretches ``(first, last)`` of consecutive steps among ``steps``: all of them up to ``most``, else
+    ``most // stretch`` stretches of ``stretch`` steps spread evenly from the first step to the last.
+
+    >>> step_sample(20), step_sample(1000, most=16)
+    ([(0, 19)], [(0, 7), (992, 999)])
+    """
+    if steps <= most:
+        return [(0, steps - 1)] if steps > 0 else []
+    starts = np.linspace(0, steps - stretch, most // stretch).astype(np.int64)
+    return [(int(a), int(a) + stretch - 1) for a in np.unique(starts)]
+
+
+def step_balance(plan: Plan, stretches: Sequence[tuple[int, int]]) -> pl.DataFrame:
+    """Each step's imbalance: its slowest rank's attention cost over the mean rank's (SPEC section 18).
+
+    Columns: step, assigned (the rows as section 4 assigns them: each rank its block of lanes),
+    balanced (dealt by cost, ``balance=True``). From :meth:`planner.order.plan.Plan.costs` of the
+    steps of ``stretches`` (``(first, last)`` each): document lengths only.
+    """
+    parts = [plan.costs(a, b) for a, b in stretches]
+    costs = (
+        pl.concat(parts) if parts else pl.DataFrame(schema=dict.fromkeys(("step", "assigned", "balanced"), pl.Int64))
+    )
+    return (
+        costs.group_by("step")
+        .agg(
+            (pl.col("assigned").max() / pl.col("assigned").mean()).alias("assigned"),
+            (pl.col("balanced").max() / pl.col("balanced").mean()).alias("balanced"),
+        )
+        .sort("step")
     )
