@@ -48,6 +48,7 @@ from plitzer.errors import CheckpointError, ConfigError
 from plitzer.loader import Loader
 from plitzer.readpath.batch import Batch as PlitzerBatch
 from plitzer.state import checkpoint as ckpt
+from plitzer.state import replica
 from plitzer.state.groups import TorchGroup, torch_ready
 from plitzer.state.settings import Keywords, LoaderSettings, Source
 from plitzer.state.share import share_source
@@ -224,6 +225,13 @@ class Dataset(IterableDataset[Batch]):
     pin_memory : bool
         Yield tensors in pinned memory (one copy per step). Without an
         accelerator this warns once and yields ordinary tensors.
+    replicas : torch.distributed.ProcessGroup, optional
+        This rank's model-parallel peers (tensor, context, pipeline): the group's rank 0 reads,
+        packs and balances, and sends each step to the others, which read nothing (SPEC section
+        19); ``group`` is then the data-parallel group. Not configuration.
+    mesh, dp : DeviceMesh and str or tuple of str, optional
+        ``group`` and ``replicas`` from a ``DeviceMesh``: ``dp`` names its data-parallel
+        dimensions (e.g. ``("dp_replicate", "dp_shard")``), the others are the replica's.
     group : torch.distributed.ProcessGroup, optional
         The group to read rank and world from, gather checkpoints and (``balance=True``, on a gloo
         group of the loader's own) deal steps over (default: the whole world). Ranks of the group that
@@ -256,9 +264,14 @@ class Dataset(IterableDataset[Batch]):
         *,
         pin_memory: bool = False,
         group: dist.ProcessGroup | None = None,
+        replicas: dist.ProcessGroup | None = None,
+        mesh: Any = None,
+        dp: str | Sequence[str] | None = None,
         **settings: Unpack[Keywords],
     ) -> None:
         super().__init__()
+        if mesh is not None or dp is not None:  # SPEC section 19: the groups from the trainer's mesh
+            group, replicas = replica.groups_of_mesh(mesh, dp, group, replicas)
         self._group = group
         kw: dict[str, Any] = dict(settings)
         rank, world = kw.pop("rank", None), kw.pop("world", None)
@@ -270,16 +283,22 @@ class Dataset(IterableDataset[Batch]):
             raise ConfigError(msg)
         cfg = LoaderSettings.of(
             caller="plitzer.torch.Dataset",
-            own=("pin_memory", "group"),
+            own=("pin_memory", "group", "replicas", "mesh", "dp"),
             rank=0 if rank is None else rank,
             world=1 if world is None else world,
             **kw,
         )
-        shared = TorchGroup(group) if _dist_ready() and dist.get_world_size(group) > 1 else None
-        if shared is not None:
-            source = share_source(source, cfg, shared)
-        # balance=True deals each step over the group (on a gloo group of the loader's own).
-        self._loader = Loader.from_settings(source, cfg, group=shared)
+        link = replica.Link(replicas) if replicas is not None and dist.get_world_size(replicas) > 1 else None
+        self._loader: Loader | replica.Reader | replica.Follower
+        if link is not None and link.rank > 0:  # a replica's other rank: its reader sends each step
+            self._loader = replica.Follower(link, cfg)
+        else:
+            shared = TorchGroup(group) if _dist_ready() and dist.get_world_size(group) > 1 else None
+            if shared is not None:
+                source = share_source(source, cfg, shared)
+            # balance=True deals each step over the group (on a gloo group of the loader's own).
+            loader = Loader.from_settings(source, cfg, group=shared)
+            self._loader = loader if link is None else replica.Reader(link, loader)
         self._pin = bool(pin_memory)
         if self._pin and not _can_pin():
             warnings.warn(adapt.NOT_PINNED, UserWarning, stacklevel=2)
@@ -288,8 +307,13 @@ class Dataset(IterableDataset[Batch]):
     # -- the loader's view --------------------------------------------------------
 
     @property
-    def loader(self) -> Loader:
-        """The underlying :class:`plitzer.Loader` (settings, plan, held_bytes, reads)."""
+    def loader(self) -> Any:
+        """The underlying :class:`plitzer.Loader` (settings, plan, held_bytes, reads).
+
+        With ``replicas=``: on the reader, its loader as :class:`plitzer.state.replica.Reader`
+        (the loader's attributes); elsewhere a :class:`~plitzer.state.replica.Follower`, which
+        answers a loader's position questions from what the reader sent.
+        """
         return self._loader
 
     @property
