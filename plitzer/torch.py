@@ -49,7 +49,7 @@ from plitzer.loader import Loader
 from plitzer.readpath.batch import Batch as PlitzerBatch
 from plitzer.state import checkpoint as ckpt
 from plitzer.state import replica
-from plitzer.state.groups import TorchGroup, torch_ready
+from plitzer.state.groups import TorchGroup, groups_of_mesh, torch_ready
 from plitzer.state.settings import Keywords, LoaderSettings, Source
 from plitzer.state.share import share_source
 
@@ -271,7 +271,7 @@ class Dataset(IterableDataset[Batch]):
     ) -> None:
         super().__init__()
         if mesh is not None or dp is not None:  # SPEC section 19: the groups from the trainer's mesh
-            group, replicas = replica.groups_of_mesh(mesh, dp, group, replicas)
+            group, replicas = groups_of_mesh(mesh, dp, group, replicas)
         self._group = group
         kw: dict[str, Any] = dict(settings)
         rank, world = kw.pop("rank", None), kw.pop("world", None)

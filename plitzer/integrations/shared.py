@@ -28,6 +28,7 @@ import torch
 
 from planner.errors import ConfigError
 from planner.parameters import PARAMETERS, Parameter, by_name
+from plitzer.state.groups import groups_of_ranks
 from plitzer.tools.mixfile import mixture_columns, mixture_settings, read_mixture
 from plitzer.torch import Batch, Dataset
 
@@ -37,6 +38,7 @@ __all__ = [
     "SOURCE_FIELDS",
     "TRAINER_DECIDES",
     "VALIDATION",
+    "data_groups",
     "epoch_start",
     "labels_of",
     "lanes_of",
@@ -80,8 +82,10 @@ given as files instead: ``mixture`` (weights and stages) and a tokenizer's path.
 SOURCE_FIELDS: list[tuple[str, Any, Any]] = [
     ("source", str, field(default="")),
     ("mixture", str | None, field(default=None)),
+    ("replicas", bool, field(default=False)),
 ]
-"""The data of a config: ``source`` (folders, files or URLs, comma-separated) or ``mixture`` (a TOML file)."""
+"""The data of a config: ``source`` (folders, files or URLs, comma-separated) or ``mixture`` (a TOML file);
+and ``replicas`` (SPEC section 19): a model-parallel group reads once, its lowest rank sending each step."""
 
 
 def setting_type(p: Parameter) -> Any:
@@ -184,7 +188,30 @@ def open_dataset(
         if kw.get(k) == by_name(k).default:
             kw[k] = v
     kw.update(given)
-    return Dataset(data, lanes=lanes, seq_len=seq_len, rank=rank, world=world, group=group, **ALWAYS, **kw)
+    group, replicas = data_groups(rank, world, group, bool(getattr(config, "replicas", False)), bool(kw["balance"]))
+    return Dataset(
+        data, lanes=lanes, seq_len=seq_len, rank=rank, world=world, group=group, replicas=replicas, **ALWAYS, **kw
+    )
+
+
+def data_groups(rank: int, world: int, group: Any, replicas: bool, balance: bool) -> tuple[Any, Any]:
+    """The data-parallel group (``group`` where the trainer gave one) and the replica group (with ``replicas``).
+
+    Where the trainer's processes outnumber its data-parallel degree (tensor, context or pipeline
+    parallel), they are derived from each process's data-parallel rank
+    (:func:`plitzer.state.groups.groups_of_ranks`), which the trainer's mesh gives; so is the
+    group of a balanced loader. Elsewhere nothing changes: ``group``, and no replicas.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return group, None
+    if dist.get_world_size() == world and group is None and not balance:
+        return None, None  # plain data parallel: the whole world, as before
+    if dist.get_world_size() == world and not replicas:
+        return group, None
+    dp_group, rep_group = groups_of_ranks(rank, world)
+    return (dp_group if group is None else group), (rep_group if replicas else None)
 
 
 def labels_of(batch: Batch) -> torch.Tensor:

@@ -7,7 +7,9 @@ that uses one has imported it); a user of another launcher passes their own to
 ``Loader.in_group``. :func:`job_group` says which a loader shares over (docs/design.md, "One
 index per job"); :func:`balancer_of` makes a ``balance=True`` loader's deal over it, on a gloo
 group of the loader's own (:class:`TorchExchange`, SPEC section 18 rule 4); :func:`join_parts`
-checks and merges the checkpoint parts an adapter gathered (:meth:`TorchGroup.merge_parts`).
+checks and merges the checkpoint parts an adapter gathered (:meth:`TorchGroup.merge_parts`);
+:func:`groups_of_mesh` and :func:`groups_of_ranks` give a rank's data-parallel and replica groups
+(SPEC section 19) from a ``DeviceMesh``, or from every process's data-parallel rank.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
+from planner.bounded import Bounded
 from planner.errors import ConfigError
 from plitzer.readpath.balance import NEEDS_GROUP, Balancer, Exchange, ObjectExchange
 from plitzer.state.settings import LoaderSettings
@@ -26,6 +31,8 @@ __all__ = [
     "TorchExchange",
     "TorchGroup",
     "balancer_of",
+    "groups_of_mesh",
+    "groups_of_ranks",
     "job_group",
     "join_parts",
     "torch_ready",
@@ -276,3 +283,79 @@ def join_parts(info: list[tuple[int, ...]], datas: list[bytes], world: int, proc
     except CheckpointError as e:
         msg = f"{e}. Call state_dict() on every rank at the same step"
         raise CheckpointError(msg) from e
+
+
+def groups_of_mesh(mesh: Any, dp: Any, group: Any, replicas: Any) -> tuple[Any, Any]:
+    """The data-parallel group and the replica group of this rank, from a ``DeviceMesh`` (SPEC section 19 rule 3).
+
+    ``dp``: the name or names of the mesh's data-parallel dimensions; the data-parallel group
+    runs over them in that order (``("dp_replicate", "dp_shard")``: replicate-major), the replica
+    over every other dimension (None where there is none). Made with the default backend, by
+    the group's own ranks only (``use_local_synchronization``).
+    """
+    if mesh is None or dp is None:
+        msg = 'mesh= and dp= go together: mesh=device_mesh, dp=("dp_replicate", "dp_shard") (its data-parallel dims)'
+        raise ConfigError(msg)
+    if group is not None or replicas is not None:
+        msg = "give mesh= and dp= (the groups come from the mesh), or group= and replicas=, not both"
+        raise ConfigError(msg)
+    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
+    dims = (dp,) if isinstance(dp, str) else tuple(dp)
+    unknown = [d for d in dims if d not in names]
+    if unknown or not dims:
+        msg = f"dp={dp!r} names no dimension of the mesh {list(names)}: give its data-parallel dimensions' names"
+        raise ConfigError(msg)
+    ranks = np.asarray(mesh.mesh.cpu().tolist(), dtype=np.int64).reshape(mesh.mesh.shape)
+    coord = mesh.get_coordinate()
+    if coord is None:
+        msg = "this rank is not in the mesh given as mesh=: pass the mesh this rank trains in"
+        raise ConfigError(msg)
+    axes = [names.index(d) for d in dims]
+    held = tuple(slice(None) if i in axes else coord[i] for i in range(ranks.ndim))
+    dp_ranks = ranks[held].transpose([sorted(axes).index(a) for a in axes]).reshape(-1).tolist()
+    mine = tuple(coord[i] if i in axes else slice(None) for i in range(ranks.ndim))
+    rep_ranks = np.asarray(ranks[mine]).reshape(-1).tolist()
+    dist = _dist()
+    dp_group = dist.new_group(dp_ranks, use_local_synchronization=True)
+    rep_group = dist.new_group(rep_ranks, use_local_synchronization=True) if len(rep_ranks) > 1 else None
+    return dp_group, rep_group
+
+
+_GROUPS: Bounded[tuple[int, int, int, int], tuple[Any, Any]] = Bounded(8)
+"""The groups :func:`groups_of_ranks` made, by (default group, data rank, data world, processes): made once a job."""
+
+
+def groups_of_ranks(dp_rank: int, dp_world: int) -> tuple[Any, Any]:
+    """The data-parallel group and the replica group (None: one process a replica) of this process.
+
+    For a trainer that gives its data-parallel rank and degree rather than a mesh (the
+    trainers' adapters): the processes of equal data rank are a replica (tensor, context,
+    pipeline peers), its lowest global rank its reader; a data-parallel group holds the
+    ``i``-th process of each replica. Collective over the default group: one all-gather of
+    the data ranks (every process calls it at the same point), then each group made by its
+    own ranks only.
+    """
+    dist = _dist()
+    default = dist.distributed_c10d._get_default_group()
+    key = (id(default), dp_rank, dp_world, dist.get_world_size())
+
+    def make() -> tuple[Any, Any]:
+        ranks: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, dp_rank)
+        replicas: dict[int, list[int]] = {}
+        for g, d in enumerate(ranks):
+            replicas.setdefault(int(d), []).append(g)
+        sizes = {len(v) for v in replicas.values()}
+        if sorted(replicas) != list(range(dp_world)) or len(sizes) != 1:
+            msg = (
+                f"the processes' data-parallel ranks {ranks} do not make {dp_world} replicas of one size: "
+                "every data rank 0..world-1 needs the same number of processes"
+            )
+            raise ConfigError(msg)
+        mine = replicas[dp_rank]
+        at = mine.index(dist.get_rank())
+        dp_group = dist.new_group([replicas[d][at] for d in range(dp_world)], use_local_synchronization=True)
+        rep_group = dist.new_group(mine, use_local_synchronization=True) if len(mine) > 1 else None
+        return dp_group, rep_group
+
+    return _GROUPS.get_or_make(key, make)

@@ -38,7 +38,7 @@ from plitzer.readpath.batch import Batch, Located, Tokens
 from plitzer.readpath.packed import Segments
 from plitzer.state.settings import LoaderSettings
 
-__all__ = ["Follower", "Link", "Reader", "Status", "decode", "encode", "groups_of_mesh"]
+__all__ = ["Follower", "Link", "Reader", "Status", "decode", "encode"]
 
 _SEGMENTS = ("row", "length", "doc", "offset", "epoch", "window")
 
@@ -427,39 +427,3 @@ class Reader:
     def close(self) -> None:
         self._ahead.settle(timeout=60.0)
         self.loader.close()
-
-
-def groups_of_mesh(mesh: Any, dp: Any, group: Any, replicas: Any) -> tuple[Any, Any]:
-    """The data-parallel group and the replica group of this rank, from a ``DeviceMesh`` (SPEC section 19 rule 3).
-
-    ``dp``: the name or names of the mesh's data-parallel dimensions; the data-parallel group
-    runs over them in that order (``("dp_replicate", "dp_shard")``: replicate-major), the replica
-    over every other dimension (None where there is none). Made with the default backend, by
-    the group's own ranks only (``use_local_synchronization``).
-    """
-    if mesh is None or dp is None:
-        msg = 'mesh= and dp= go together: mesh=device_mesh, dp=("dp_replicate", "dp_shard") (its data-parallel dims)'
-        raise ConfigError(msg)
-    if group is not None or replicas is not None:
-        msg = "give mesh= and dp= (the groups come from the mesh), or group= and replicas=, not both"
-        raise ConfigError(msg)
-    names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
-    dims = (dp,) if isinstance(dp, str) else tuple(dp)
-    unknown = [d for d in dims if d not in names]
-    if unknown or not dims:
-        msg = f"dp={dp!r} names no dimension of the mesh {list(names)}: give its data-parallel dimensions' names"
-        raise ConfigError(msg)
-    ranks = np.asarray(mesh.mesh.cpu().tolist(), dtype=np.int64).reshape(mesh.mesh.shape)
-    coord = mesh.get_coordinate()
-    if coord is None:
-        msg = "this rank is not in the mesh given as mesh=: pass the mesh this rank trains in"
-        raise ConfigError(msg)
-    axes = [names.index(d) for d in dims]
-    held = tuple(slice(None) if i in axes else coord[i] for i in range(ranks.ndim))
-    dp_ranks = ranks[held].transpose([sorted(axes).index(a) for a in axes]).reshape(-1).tolist()
-    mine = tuple(coord[i] if i in axes else slice(None) for i in range(ranks.ndim))
-    rep_ranks = np.asarray(ranks[mine]).reshape(-1).tolist()
-    dist = _dist()
-    dp_group = dist.new_group(dp_ranks, use_local_synchronization=True)
-    rep_group = dist.new_group(rep_ranks, use_local_synchronization=True) if len(rep_ranks) > 1 else None
-    return dp_group, rep_group
