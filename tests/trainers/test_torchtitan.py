@@ -69,3 +69,32 @@ def test_kill_on_two_ranks_resume_on_one(tmp_path: Path) -> None:
     assert sorted(loss_cut) == sorted(loss_full) == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):
         assert loss_cut[step] == pytest.approx(loss_full[step], rel=LOSS_RTOL), step
+
+
+def test_tensor_parallel_2_reads_once_a_replica_and_resumes(tmp_path: Path) -> None:
+    """TP 2 (one data-parallel rank) with ``--dataloader.replicas --dataloader.balance``: rank 0 reads, rank 1 receives.
+
+    Both train the same rows (those of a one-process run); killed after the step-3 checkpoint
+    and resumed at TP 2, the run continues the same global batches.
+    """
+    data = write_data(tmp_path / "data")
+    plitzer.synth.write(tmp_path / "val", 20_000, seed=8, mean_length=60, vocab=VOCAB, docs_per_row_group=100)
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    one = _args(data, full, 1)
+    assert run_ranks("titan_worker.py", 1, ["0", *one], full) == 0, log_of(full, "titan_worker.py")
+    tp = [
+        *_args(data, cut, 1), "--parallelism.tensor_parallel_degree", "2",
+        "--dataloader.replicas", "--dataloader.balance",
+    ]  # fmt: skip
+    assert run_ranks("titan_worker.py", 2, [str(KILL), *tp], cut) != 0  # killed after its step-3 checkpoint
+    assert (cut / "ckpt" / f"step-{KILL}").is_dir(), log_of(cut, "titan_worker.py")
+    assert run_ranks("titan_worker.py", 2, ["0", *tp], cut) == 0, log_of(cut, "titan_worker.py")
+    assert (cut / "p0" / "reads.txt").read_text() == "Reader" and (cut / "p1" / "reads.txt").read_text() == "Follower"
+    want, got = global_rows(full), global_rows(cut)
+    assert sorted(got) == list(range(STEPS))
+    each = [global_rows(cut / f"p{r}") for r in range(2)]
+    for step in range(STEPS):
+        for name in ("tokens", "positions", "labels"):
+            np.testing.assert_array_equal(got[step][name], want[step][name], err_msg=f"{name} of step {step}")
+            for rows in each:
+                np.testing.assert_array_equal(rows[step][name], want[step][name], err_msg=f"{name} of step {step}")

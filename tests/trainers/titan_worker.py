@@ -44,6 +44,14 @@ if not hasattr(torch.distributed, "set_timeout"):
     torchtitan.distributed.utils.set_pg_timeouts = lambda timeout, parallel_dims: None
 
 
+def _replica(ds: object) -> list[int]:
+    """The global ranks of this process's replica (itself alone without replicas=)."""
+    link = getattr(ds.loader, "link", None)  # type: ignore[attr-defined]
+    if link is None:
+        return [int(os.environ.get("RANK", "0"))]
+    return [int(r) for r in torch.distributed.get_process_group_ranks(link.group)]
+
+
 def main() -> None:
     out, kill_after, args = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
     init_logger()
@@ -57,7 +65,14 @@ def main() -> None:
             if self is not trainer.dataloader:  # the validator's loader
                 yield inputs, labels
                 continue
-            record_rows(out, ds.step - 1, ds.rank, tokens=inputs["input"], positions=inputs["positions"], labels=labels)
+            rows = {"tokens": inputs["input"], "positions": inputs["positions"], "labels": labels}
+            # Each process's rows too (out/p<RANK>): the ranks of a model-parallel group train the same rows.
+            mine = out / f"p{os.environ.get('RANK', '0')}"
+            mine.mkdir(exist_ok=True)
+            (mine / "reads.txt").write_text(type(ds.loader).__name__)
+            record_rows(mine, ds.step - 1, ds.rank, **rows)
+            if int(os.environ.get("RANK", "0")) == min(_replica(ds)):
+                record_rows(out, ds.step - 1, ds.rank, **rows)
             yield inputs, labels
 
     titan.PlitzerDataLoader.__iter__ = recorded  # type: ignore[method-assign]
