@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -38,7 +38,7 @@ from plitzer.readpath.batch import Batch, Located, Tokens
 from plitzer.readpath.packed import Segments
 from plitzer.state.settings import LoaderSettings
 
-__all__ = ["Follower", "Link", "Reader", "Status", "decode", "encode"]
+__all__ = ["Follower", "Link", "Reader", "ReplicaStats", "Status", "decode", "encode"]
 
 _SEGMENTS = ("row", "length", "doc", "offset", "epoch", "window")
 
@@ -58,7 +58,7 @@ class Link:
         self.rank = int(dist.get_rank(group))
         self.size = len(ranks)
         self.bytes_sent = 0
-        self.wait_seconds = 0.0
+        self.bytes_received = 0
 
     def send(self, data: bytes) -> None:
         torch = sys.modules["torch"]
@@ -68,17 +68,23 @@ class Link:
         self.bytes_sent += len(data)
 
     def receive(self) -> bytes:
-        import time
-
         torch = sys.modules["torch"]
         dist = _dist()
-        t = time.perf_counter()
         size = torch.empty(1, dtype=torch.int64)
         dist.broadcast(size, src=self.src, group=self.group)
         buf = torch.empty(int(size.item()), dtype=torch.uint8)
         dist.broadcast(buf, src=self.src, group=self.group)
-        self.wait_seconds += time.perf_counter() - t
+        self.bytes_received += len(buf)
         return bytes(buf.numpy().tobytes())
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStats:
+    """A follower's figures: ``steps`` received, ``bytes_received``, ``wait_seconds`` its consumer waited for them."""
+
+    steps: int
+    bytes_received: int
+    wait_seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,8 +257,8 @@ class Follower:
     def __init__(self, link: Link, settings: LoaderSettings) -> None:
         self.link = link
         self.settings = settings
-        self._lock = threading.Lock()
         self._ahead = Ahead(self._receive)
+        self._steps, self._waited = 0, 0.0
         _, self.status, self.part, _ = decode(link.receive())  # the reader's position at construction
         self.run = _Run(self)
 
@@ -288,12 +294,20 @@ class Follower:
             raise UsageError(_UNKNOWN.format(what=f"the steps of epoch {epoch}"))
         return got
 
+    @property
+    def stats(self) -> ReplicaStats:
+        """What this rank received: steps, bytes, and how long its consumer waited for a step (SPEC section 19)."""
+        return ReplicaStats(self._steps, self.link.bytes_received, self._waited)
+
     def next_batch(self) -> Batch:
         if self.ended:
             msg = f"this run (epochs=) ended at step {self.step}: iter(loader) or seek(0) starts it again"
             raise UsageError(msg)
         t = self.step
+        t0 = time.perf_counter()
         batch = self._ahead.take(t)
+        self._waited += time.perf_counter() - t0
+        self._steps += 1
         self.status, self.part = self._pending
         if not self.ended:
             self._ahead.start(t + 1)
