@@ -288,3 +288,10 @@ def test_grain_deals_over_a_collective(data: Path) -> None:
             assert e["cost"].tolist() == [sum(costs[k] for k in mb) for mb in dealt[r]]
             assert np.array_equal(e["tokens"], want[t]["tokens"][e["lanes"]])
             assert np.array_equal(e["position_ids"], want[t]["position_ids"][e["lanes"]])
+
+
+def test_the_worked_example_of_the_design() -> None:
+    """docs/design.md, "Balanced steps": the deal of costs [9, 1, 4, 4, 16, 0, 2, 3] to 2 ranks of 2 microbatches."""
+    d = deal([9, 1, 4, 4, 16, 0, 2, 3], world=2, microbatches=2)
+    assert (d.lanes_of(0).tolist(), d.lanes_of(1).tolist()) == ([4, 5, 1, 7], [0, 6, 2, 3])
+    assert d.cost.tolist() == [[16, 4], [11, 8]] and d.rank_cost.tolist() == [20, 19]
