@@ -165,11 +165,19 @@ def test_best_fit_labels_and_columns_follow_their_rows(bestfit_data: Path) -> No
 
 def test_mixture_where_and_a_layout_stage(data: Path, bestfit_data: Path) -> None:
     src = {"a": data, "b": {"path": bestfit_data, "column": "input_ids"}}
-    kw = {"weights": {"a": 2, "b": 1}, "lanes": [(0, 8), (3, 4)], "seq_len": [(0, 256), (3, 512)], "where": None}
+    kw = {"weights": {"a": 2, "b": 1}, "lanes": [(0, 8), (3, 4)], "seq_len": [(0, 256), (3, 512)]}
     want = _global(src, 6, **kw)
     got = _dealt(src, 2, 6, **kw)
     for t in range(6):
         _check_step(want[t], [got[r][t] for r in range(2)], 2, 1)
+
+
+def test_where_and_dedupe(data: Path) -> None:
+    kw = {"where": "int_score >= 2", "dedupe": "tokens"}
+    want = _global(data, 5, **kw)
+    got = _dealt(data, 4, 5, 2, **kw)
+    for t in range(5):
+        _check_step(want[t], [got[r][t] for r in range(4)], 4, 2)
 
 
 def test_checkpoints_are_the_same_bytes_and_resume_anywhere(data: Path) -> None:
@@ -295,3 +303,32 @@ def test_the_worked_example_of_the_design() -> None:
     d = deal([9, 1, 4, 4, 16, 0, 2, 3], world=2, microbatches=2)
     assert (d.lanes_of(0).tolist(), d.lanes_of(1).tolist()) == ([4, 5, 1, 7], [0, 6, 2, 3])
     assert d.cost.tolist() == [[16, 4], [11, 8]] and d.rank_cost.tolist() == [20, 19]
+
+
+def test_live_changes_while_a_step_is_dealt_ahead(data: Path, bestfit_data: Path) -> None:
+    """set_layout and set_weights settle the step being exchanged ahead, then the run is the one with the stages."""
+    src = {"a": data, "b": {"path": bestfit_data, "column": "input_ids"}}
+    kw: dict[str, Any] = {"weights": {"a": 1, "b": 1}}
+
+    def steps(ld: Any) -> list[Any]:
+        out = [ld.next_batch() for _ in range(3)]
+        ld.set_layout(lanes=4)
+        out += [ld.next_batch() for _ in range(3)]
+        ld.set_weights({"a": 1, "b": 3})
+        return out + [ld.next_batch() for _ in range(4)]
+
+    with plitzer.Loader(src, **CFG, **kw) as one:
+        want = [(np.asarray(b.tokens).copy(), [x.tolist() for x in b.doc_lengths]) for b in steps(one)]
+    group = ThreadGroup(2)
+
+    def rank(r: int) -> list[Any]:
+        with plitzer.Loader.in_group(group.member(r), src, rank=r, world=2, balance=True, **CFG, **kw) as ld:
+            return [(b.lanes.copy(), np.asarray(b.tokens).copy()) for b in steps(ld)]
+
+    got = run_ranks(2, rank)
+    for t, (tokens, lengths) in enumerate(want):
+        dealt = ref.deal([ref.cost_of_row(x) for x in lengths], 2)
+        for r in range(2):
+            lanes, rows = got[r][t]
+            assert lanes.tolist() == dealt[r][0], f"step {t} rank {r}"
+            assert np.array_equal(rows, tokens[lanes])
