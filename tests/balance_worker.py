@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from tests.net import join_gloo
@@ -32,6 +33,7 @@ def main() -> None:
     p.add_argument("--microbatches", type=int, default=1)
     p.add_argument("--balance", type=int, default=1)
     p.add_argument("--resume", default="")
+    p.add_argument("--die-at", type=int, default=-1)
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
     join_gloo(a.port)
@@ -41,6 +43,16 @@ def main() -> None:
         if a.resume:
             ds.load_state_dict(bytes.fromhex(a.resume))
         for i in range(a.steps):
+            if i == a.die_at:
+                if dist.get_rank() == 1:  # a rank that dies mid-run: its peer must not hang
+                    os._exit(3)
+                try:
+                    ds.next_batch()
+                    ds.next_batch()
+                except plitzer.PlitzerError as e:
+                    out["error"] = f"{type(e).__name__}: {e}"
+                a.out.write_text(json.dumps(out))
+                os._exit(0)
             if i == a.state_at:
                 out["state"] = ds.state_dict()["checkpoint"].hex()
             b = ds.next_batch()

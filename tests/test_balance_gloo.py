@@ -80,3 +80,32 @@ def test_worlds_2_and_4_deal_the_global_batch_and_resume(data: Path, tmp_path: P
                 for lane, row in zip(two[r]["steps"][s]["lanes"], two[r]["steps"][s]["tokens"], strict=True)
             }
             np.testing.assert_array_equal(np.asarray(b.tokens), np.array([rows[k] for k in range(8)]))
+
+
+def test_a_rank_that_dies_ends_its_peers_wait_with_an_error(data: Path, tmp_path: Path) -> None:
+    """Rank 1 exits mid-run: rank 0's next exchange raises, naming the step, instead of waiting for ever."""
+    import json
+    import subprocess
+    import sys
+
+    from tests import prefork
+    from tests.net import free_port, gloo_env
+
+    env, port = gloo_env(2), free_port()
+    script = Path(__file__).resolve().parent / "balance_worker.py"
+    procs = []
+    for rank in range(2):
+        out = tmp_path / f"die.{rank}.json"
+        cmd = [sys.executable, str(script), "--data", str(data), "--steps", "6", "--die-at", "3"]
+        cmd += ["--port", str(port), "--out", str(out)]
+        procs.append(prefork.Popen(cmd, env={**env, "RANK": str(rank)}, stderr=subprocess.PIPE))
+    try:
+        errs = [p.communicate(timeout=120)[1].decode(errors="replace") for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert procs[1].returncode == 3 and procs[0].returncode == 0, errs[0][-3000:]
+    got = json.loads((tmp_path / "die.0.json").read_text())
+    assert got["error"].startswith("ExchangeError: step ") and "rank 0 of 2" in got["error"], got

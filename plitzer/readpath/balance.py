@@ -52,6 +52,8 @@ NEEDS_GROUP = (
 )
 """The ConfigError of a plain Loader with ``balance=True`` at world > 1 (SPEC section 18 rule 4)."""
 
+_PEER = "a peer stopped, died or took other steps; the transport's error names its address"
+
 CLOSE_WAIT_S = 60.0
 """How long ``close()`` waits for a step being exchanged (its peers may be gone) before leaving it."""
 
@@ -225,7 +227,7 @@ class Balancer:
             return ex.all_gather_ints(values)
         except Exception as e:
             who = f"rank {ex.rank} of {ex.world}"
-            msg = f"step {step}: gathering the rows' costs over the loader's group failed ({who}): {e}"
+            msg = f"step {step}: gathering the rows' costs over the loader's group failed ({who}; {_PEER}): {e}"
             raise ExchangeError(msg) from e
 
     @staticmethod
@@ -246,7 +248,7 @@ class Balancer:
             return ex.all_to_all_bytes(parts, sizes)
         except Exception as e:
             who = f"rank {ex.rank} of {ex.world}"
-            msg = f"step {step}: moving the dealt rows over the loader's group failed ({who}): {e}"
+            msg = f"step {step}: moving the dealt rows over the loader's group failed ({who}; {_PEER}): {e}"
             raise ExchangeError(msg) from e
 
     @staticmethod
