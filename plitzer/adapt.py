@@ -4,18 +4,19 @@ The checks that every rank makes the same live call (``set_weights``, ``set_layo
 at the same step, given the adapter's all-gather of a few int64, and the torch adapter's
 refusals: DataLoader's automatic batching (its collate of whole steps), its worker
 processes, a copy to another process, pinning without an accelerator, and a gather of
-checkpoint parts without ``torch.distributed``; and the checkpoint inside a state
-either framework hands back.
+checkpoint parts without ``torch.distributed``; the checkpoint inside a state
+either framework hands back; and the tensors a torch batch's ``to`` and ``pin_memory`` carry.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -23,11 +24,15 @@ from plitzer.errors import CheckpointError, ConfigError
 
 __all__ = [
     "BATCH_SIZE_NONE",
+    "CARRIED",
+    "Carrier",
     "NOT_COPIED",
     "NOT_PINNED",
+    "carried_like",
     "checkpoint_entry",
     "in_worker",
     "jax_rank_world",
+    "map_tensors",
     "no_gather",
     "refuse_collate",
     "run_length",
@@ -40,6 +45,35 @@ BATCH_SIZE_NONE = (
     "DataLoader's default batch_size=1 would wrap each step in a batch of one step and collate it, "
     "and a batch_size of k would join k steps: the global batch is already lanes x seq_len"
 )
+
+
+CARRIED = ("tokens", "position_ids", "cu_seqlens", "piece_lengths", "pieces_per_row", "mask", "labels", "_source_ids")
+"""The tensors of a ``plitzer.torch.Batch`` that ``to`` and ``pin_memory`` carry, besides its aligned columns
+(``lanes``, ``cost`` and the per-source counts stay on the host; ``_source_ids`` once read)."""
+
+
+class Carrier(Protocol):
+    """What :func:`map_tensors` takes: a frozen dataclass of tensors and ``columns`` (``plitzer.torch.Batch``)."""
+
+    @property
+    def columns(self) -> dict[str, Any]: ...
+
+
+B = TypeVar("B", bound=Carrier)
+
+
+def map_tensors(batch: B, move: Callable[[Any], Any]) -> B:
+    """``batch`` with ``move`` applied to each :data:`CARRIED` tensor and aligned column (None stays None)."""
+    moved = {n: move(t) for n in CARRIED if (t := getattr(batch, n)) is not None}
+    columns = {n: move(c) for n, c in batch.columns.items()}
+    return dataclasses.replace(batch, columns=columns, **moved)  # type: ignore[type-var]  # a dataclass
+
+
+def carried_like(tensor: Any, like: Any) -> Any:
+    """``tensor`` (made on the host) where ``like`` is: on its device, or pinned where it is pinned."""
+    if like.device.type != "cpu":
+        return tensor.to(like.device)
+    return tensor.pin_memory() if like.is_pinned() else tensor
 
 
 def refuse_collate(batch: Any, *, collate_fn_map: Any = None) -> Any:

@@ -30,6 +30,10 @@ element is one step of this process's lanes, a dict of NumPy arrays that JAX
 each aligned column (``columns=``, SPEC section 13)
     ``(lanes // world, seq_len)`` of the column's dtype, under its own name (``loss_mask``):
     the loader's array, cut as ``tokens``.
+``source_ids``, ``source_tokens`` (a mixture only: a dict of named sources, one included)
+    ``(lanes // world, seq_len)`` int16, each token's source number (``loader.sources``), -1 on
+    padding, and ``(sources,)`` int64, the real tokens per source (SPEC section 20); with
+    ``labels=True`` also ``source_targets``, ``(sources,)`` int64, the targets per source.
 
 An element is already a batch: do not add ``.batch()`` (it would stack steps,
 with a copy). ``iter(dataset)`` starts at step 0 and gives the rest of the
@@ -107,17 +111,19 @@ def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def element_of(batch: Batch, *, boundaries: bool = True) -> Element:
+def element_of(batch: Batch, *, boundaries: bool = True, sources: bool = False) -> Element:
     """A loader batch as a Grain element (the tokens are the batch's memory, not a copy).
 
     Without ``boundaries`` the element has no ``segment_ids``, ``position_ids``
-    and ``cu_seqlens`` (they cost about 20 ns per token here: docs/grain.md).
+    and ``cu_seqlens`` (they cost about 20 ns per token here: docs/grain.md). With
+    ``sources`` (a mixture's iterators) it has ``source_ids`` and ``source_tokens`` (and
+    ``source_targets`` with labels).
     """
     if not boundaries:
         out = {"tokens": batch.tokens.numpy(), "step": np.int64(batch.step), "epoch": np.int64(batch.epoch)}
         if batch.padded:
             out["mask"] = batch.mask
-        return _with_columns(out, batch)
+        return _with_columns(out, batch, sources)
     positions = batch.position_ids
     # A piece starts where its position is 0 (empty documents take no position), so the
     # running count of starts along a row numbers the pieces from 1.
@@ -135,20 +141,25 @@ def element_of(batch: Batch, *, boundaries: bool = True) -> Element:
     }
     if batch.padded:
         out["mask"] = mask
-    return _with_columns(out, batch)
+    return _with_columns(out, batch, sources)
 
 
-def _with_columns(element: Element, batch: Batch) -> Element:
+def _with_columns(element: Element, batch: Batch, sources: bool) -> Element:
     """The labels and the aligned columns as element keys of their own names (the batch's memory, not a copy).
 
     A balanced step (``balance=True``, SPEC section 18) also gives ``lanes`` (each row's lane) and
-    ``cost`` (the rank's cost a microbatch).
+    ``cost`` (the rank's cost a microbatch); ``sources``, the per-source signals (SPEC section 20).
     """
     if batch.cost is not None:
         element["lanes"] = batch.lanes
         element["cost"] = batch.cost
     if batch.labels is not None:
         element["labels"] = batch.labels.numpy()
+    if sources:
+        element["source_ids"] = batch.source_ids
+        element["source_tokens"] = batch.source_tokens
+        if batch.labels is not None:
+            element["source_targets"] = batch.source_targets
     for n, c in batch.columns.items():
         if n in element:
             msg = (
@@ -370,7 +381,7 @@ class DatasetIterator(grain.DatasetIterator):  # type: ignore[misc]
         self._assert_not_closed()
         if (self._end is not None and self._loader.epoch >= self._end) or self._loader.ended:  # or a finite run's end
             raise StopIteration
-        return element_of(self._loader.next_batch(), boundaries=self._boundaries)
+        return element_of(self._loader.next_batch(), boundaries=self._boundaries, sources=self._loader.index.mixed)
 
     def get_state(self) -> dict[str, Any]:
         """``{"checkpoint": str, "step": int, "epoch": int, "rank": int, "world": int}`` of the next step.

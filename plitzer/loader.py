@@ -40,7 +40,7 @@ from planner.order.plan import Plan
 from planner.parameters import document
 from planner.run import Run
 from plitzer.readpath import balance
-from plitzer.readpath.balance import Ahead
+from plitzer.readpath.ahead import Ahead
 from plitzer.readpath.batch import Batch
 from plitzer.readpath.cost import budget_floor
 from plitzer.readpath.packed import PackedUnit
@@ -49,6 +49,7 @@ from plitzer.readpath.steps import Steps
 from plitzer.state import checkpoint as ckpt
 from plitzer.state import live, resume
 from plitzer.state.build import check_layout, open_plan, parts
+from plitzer.state.dealt import DealtSteps
 from plitzer.state.groups import balancer_of
 from plitzer.state.settings import Keywords, LoaderSettings, Source, bind, signature
 from plitzer.state.share import job_source
@@ -57,7 +58,7 @@ __all__ = ["Loader", "LoaderSettings", "budget_floor", "open_plan"]
 
 
 @document()
-class Loader(live.LiveChanges):
+class Loader(live.LiveChanges, DealtSteps):
     """Deterministic, resumable batches of full sequences for one rank.
 
     In a job of several processes that has initialised ``torch.distributed``, a loader
@@ -142,13 +143,17 @@ class Loader(live.LiveChanges):
         self._cursor = resume.Cursor()  # the next step, and what a resume left
         self._schedule = got.schedule  # which units are read, over the read pool
         self._locate = got.locate
+        self._totals = got.totals  # loader.stats' per-source totals (SPEC section 20)
         after = functools.partial(resume.state_after, self._now)  # holds the run's holder, not the loader
-        self._steps = Steps(got.schedule, got.locate, after)  # the batches, the unit in use
+        self._steps = Steps(got.schedule, got.locate, after, got.totals.sources)  # the batches, the unit in use
         self._pid = os.getpid()
         self._lock = threading.RLock()
         # Balanced steps (SPEC section 18): the deal, and at world > 1 its exchange a step ahead.
         self._balancer = balancer_of(settings, group)
-        self._ahead = None if self._balancer is None or self._balancer.exchange is None else Ahead(self._dealt)
+        self._ahead: Ahead[Batch] | None = None
+        if self._balancer is not None and self._balancer.exchange is not None:
+            self._ahead = Ahead(self._dealt, balance.DEAL_AHEAD, self._may_deal)
+            self._balancer.stats.consumer_wait = 0.0
         self._place(0)
 
     def _set_run(self, run: Run, unit: int) -> None:
@@ -244,16 +249,20 @@ class Loader(live.LiveChanges):
         return self._run.at(self._step)[1].lanes
 
     @property
+    def sources(self) -> list[str]:
+        """The source names in source-number order (``batch.source_ids``): a mixture's as given, a path's ``[""]``."""
+        return list(self._totals.sources.names)
+
+    @property
     def stats(self) -> Stats:
         """Bytes held (and by batches the caller still holds), peak, units in flight, reads, waits, retries.
 
+        The batches handed out: real tokens per source (and targets, with ``labels=True``) and padding.
         With ``balance=True`` also the running imbalance (the slowest rank's cost over the mean, dealt
         and as section 4 assigns the rows), the rows and bytes this rank sent, and the exchange's time.
         """
-        stats = self._schedule.stats
-        if self._balancer is None:
-            return stats
-        return replace(stats, **self._balancer.stats.figures())
+        balanced = {} if self._balancer is None else self._balancer.stats.figures()
+        return replace(self._schedule.stats, **self._totals.figures(), **balanced)
 
     @property
     def held_bytes(self) -> int:
@@ -415,36 +424,8 @@ class Loader(live.LiveChanges):
             batch = self._balancer.balance(batch)
         self._cursor.step = batch.step + 1
         self._cursor.resumed = None
+        self._totals.add(batch)
         return batch
-
-    # -- balanced steps at world > 1 (plitzer.readpath.balance) ------------------
-
-    def _dealt(self, step: int) -> Batch:
-        """On the read-ahead's thread: ``step``'s own rows (under the lock), then dealt over the group."""
-        with self._lock:
-            raw = self._steps.take(self._run, step, self._get, release=False)
-        assert self._balancer is not None
-        return self._balancer.balance(raw)
-
-    def _next_dealt(self) -> Batch:
-        """The next step, dealt: made ahead while the caller trained on the last one; the one after started."""
-        assert self._ahead is not None
-        with self._lock:
-            self._check_end()
-            t = self._step
-        batch = self._ahead.take(t)
-        with self._lock:
-            self._steps.release_after(self._run, t)
-            self._cursor.step = t + 1
-            self._cursor.resumed = None
-            if not self.ended:
-                self._ahead.start(t + 1)  # every rank starts the same steps: the collectives line up
-        return batch
-
-    def _settle(self) -> None:
-        """Finish and drop the step being dealt ahead (a seek, resume, live stage or close makes it stale)."""
-        if self._ahead is not None:
-            self._ahead.settle()
 
     # -- lifecycle ---------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Unpack
 
 import polars as pl
@@ -107,6 +107,10 @@ class Batch:
         With ``labels=True`` (SPEC section 16): ``(lanes // world, seq_len)`` int64, each token's
         next token in its own document, -100 at a document's last token and on padding: what
         ``cross_entropy(logits.view(-1, V), labels.view(-1), ignore_index=-100)`` takes. None without.
+    source_ids, source_tokens, source_targets : torch.Tensor
+        ``(lanes // world, seq_len)`` int16, each token's source number (``loader.sources``), -1 on padding
+        (SPEC section 20), made when first read where ``tokens`` are (``to``, ``pin_memory`` carry it then);
+        ``(sources,)`` int64 on the host: real tokens per source, and with ``labels=True`` targets (else None).
     """
 
     tokens: torch.Tensor
@@ -125,6 +129,24 @@ class Batch:
     cost: torch.Tensor | None = None
     _owner: Callable[[], Dataset | None] | None = field(default=None, repr=False, compare=False)
     """A weak reference to the Dataset that gave this batch (to give refused steps back)."""
+    _source_ids: torch.Tensor | None = field(default=None, repr=False, compare=False)  # source_ids, once read
+
+    @property
+    def source_ids(self) -> torch.Tensor:
+        got = self._source_ids
+        if got is None:  # made once, where the tokens are (a frozen batch caches it)
+            got = adapt.carried_like(torch.from_numpy(self.source.source_ids), self.tokens)
+            object.__setattr__(self, "_source_ids", got)
+        return got
+
+    @property
+    def source_tokens(self) -> torch.Tensor:
+        return torch.from_numpy(self.source.source_tokens)
+
+    @property
+    def source_targets(self) -> torch.Tensor | None:
+        got = self.source.source_targets
+        return None if got is None else torch.from_numpy(got)
 
     @property
     def doc_lengths(self) -> tuple[torch.Tensor, ...]:
@@ -160,18 +182,8 @@ class Batch:
         return self.source.documents()
 
     def to(self, device: torch.device | str | int, *, non_blocking: bool = False) -> Batch:
-        """The same batch with every tensor on ``device``."""
-        return replace(
-            self,
-            tokens=self.tokens.to(device, non_blocking=non_blocking),
-            position_ids=self.position_ids.to(device, non_blocking=non_blocking),
-            cu_seqlens=self.cu_seqlens.to(device, non_blocking=non_blocking),
-            piece_lengths=self.piece_lengths.to(device, non_blocking=non_blocking),
-            pieces_per_row=self.pieces_per_row.to(device, non_blocking=non_blocking),
-            columns={n: c.to(device, non_blocking=non_blocking) for n, c in self.columns.items()},
-            mask=self.mask.to(device, non_blocking=non_blocking),
-            labels=None if self.labels is None else self.labels.to(device, non_blocking=non_blocking),
-        )
+        """The same batch with every tensor on ``device`` (``lanes``, ``cost`` and the per-source counts stay)."""
+        return adapt.map_tensors(self, lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> Batch:
         """A copy with every tensor in pinned (page-locked) host memory.
@@ -179,27 +191,13 @@ class Batch:
         ``DataLoader(pin_memory=True)`` calls this. It needs an accelerator:
         without one torch raises, as it does for a tensor.
         """
-        return replace(
-            self,
-            tokens=self.tokens.pin_memory(),
-            position_ids=self.position_ids.pin_memory(),
-            cu_seqlens=self.cu_seqlens.pin_memory(),
-            piece_lengths=self.piece_lengths.pin_memory(),
-            pieces_per_row=self.pieces_per_row.pin_memory(),
-            columns={n: c.pin_memory() for n, c in self.columns.items()},
-            mask=self.mask.contiguous().pin_memory(),
-            labels=None if self.labels is None else self.labels.pin_memory(),
-        )
+        return adapt.map_tensors(self, lambda t: t.contiguous().pin_memory())  # a concat mask is a broadcast view
 
     def __repr__(self) -> str:
         return (
             f"plitzer.torch.Batch(step={self.step}, epoch={self.epoch}, tokens={tuple(self.tokens.shape)} "
             f"{self.tokens.dtype}, lanes={self.lanes.tolist()}, pieces={len(self.cu_seqlens) - 1})"
         )
-
-
-def _dist_ready() -> bool:
-    return torch_ready()
 
 
 def _can_pin() -> bool:
@@ -275,7 +273,7 @@ class Dataset(IterableDataset[Batch]):
         self._group = group
         kw: dict[str, Any] = dict(settings)
         rank, world = kw.pop("rank", None), kw.pop("world", None)
-        if _dist_ready():
+        if torch_ready():
             rank = dist.get_rank(group) if rank is None else rank
             world = dist.get_world_size(group) if world is None else world
         elif group is not None:
@@ -293,7 +291,7 @@ class Dataset(IterableDataset[Batch]):
         if link is not None and link.rank > 0:  # a replica's other rank: its reader sends each step
             self._loader = replica.Follower(link, cfg)
         else:
-            shared = TorchGroup(group) if _dist_ready() and dist.get_world_size(group) > 1 else None
+            shared = TorchGroup(group) if torch_ready() and dist.get_world_size(group) > 1 else None
             if shared is not None:
                 source = share_source(source, cfg, shared)
             # balance=True deals each step over the group (on a gloo group of the loader's own).
@@ -409,7 +407,7 @@ class Dataset(IterableDataset[Batch]):
         ConfigError on every rank naming what each rank asked for, and no rank changes
         its mixture.
         """
-        if self.world > 1 and _dist_ready():
+        if self.world > 1 and torch_ready():
             same_weights_call(self.step, weights, at_step, self._all_gather_ints)
         return self._loader.set_weights(weights, at_step)
 
@@ -422,7 +420,7 @@ class Dataset(IterableDataset[Batch]):
         same step; a mismatch is a ConfigError on every rank naming each rank's call, and no
         rank changes its layout.
         """
-        if self.world > 1 and _dist_ready():
+        if self.world > 1 and torch_ready():
             same_layout_call(self.step, lanes, seq_len, at_step, self._all_gather_ints)
         return self._loader.set_layout(lanes, seq_len, at_step)
 
@@ -438,7 +436,7 @@ class Dataset(IterableDataset[Batch]):
         world = self.world
         if world == 1:
             return part
-        if not _dist_ready():
+        if not torch_ready():
             raise ConfigError(adapt.no_gather(world))
         return TorchGroup(self._group).merge_parts(part, self.rank, world)
 

@@ -72,6 +72,8 @@ def main() -> None:
                     "tokens": b.tokens.tolist(),
                     "labels": b.labels.tolist() if b.labels is not None else None,
                     "mask": b.mask.tolist(),
+                    "source_ids": b.source_ids.tolist(),
+                    "source_tokens": b.source_tokens.tolist(),
                     "cu_seqlens": b.cu_seqlens.tolist(),
                     "doc_lengths": [x.tolist() for x in b.doc_lengths],
                     "documents": docs.select("lane", "file", "row_group", "row", "token_offset").rows(),

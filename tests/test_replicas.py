@@ -29,7 +29,20 @@ pytest.importorskip("torch")
 pytestmark = pytest.mark.slow  # real processes and gloo (the checkout run of .ci/run runs it)
 __all__ = ["s3"]  # the fixture, imported for pytest
 
-FIELDS = ("step", "epoch", "lanes", "cost", "tokens", "labels", "mask", "cu_seqlens", "doc_lengths", "documents")
+FIELDS = (
+    "step",
+    "epoch",
+    "lanes",
+    "cost",
+    "tokens",
+    "labels",
+    "mask",
+    "source_ids",
+    "source_tokens",
+    "cu_seqlens",
+    "doc_lengths",
+    "documents",
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +64,8 @@ def test_a_replica_yields_its_readers_batches_and_resumes_at_other_sizes(data: P
     for reader, follower in ((got[0], got[1]), (got[2], got[3])):
         for a, b in zip(reader["steps"], follower["steps"], strict=True):
             assert {f: a[f] for f in FIELDS} == {f: b[f] for f in FIELDS}
+            ids = np.array(a["source_ids"])  # one source: 0 on its tokens, -1 on padding
+            assert ((ids == 0) == np.array(a["mask"])).all() and a["source_tokens"] == [int((ids == 0).sum())]
         assert reader["next"] == follower["next"]
     assert len({g["state"] for g in got}) == 1
     with plitzer.Loader(data, **SETTINGS) as ld:

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -31,11 +29,13 @@ from numpy.typing import NDArray
 from planner.arraytypes import I64
 from planner.balance import Deal, deal, row_costs
 from planner.errors import PlitzerError
+from plitzer.readpath.ahead import Ahead
 from plitzer.readpath.batch import Batch, Tokens
 from plitzer.readpath.packed import Segments
 
 __all__ = [
     "CLOSE_WAIT_S",
+    "DEAL_AHEAD",
     "NEEDS_GROUP",
     "Ahead",
     "BalanceStats",
@@ -55,6 +55,11 @@ NEEDS_GROUP = (
 _PEER = "a peer stopped, died or took other steps; the transport's error names its address"
 
 CLOSE_WAIT_S = 60.0
+
+DEAL_AHEAD = 3
+"""Steps a balanced loader deals ahead of its consumer (:class:`plitzer.readpath.ahead.Ahead`'s depth):
+a deal slowed by the next window's decoding (up to 27 ms at world 2 on 2 cores, docs/benchmarks.md)
+is absorbed by the steps already dealt."""
 """How long ``close()`` waits for a step being exchanged (its peers may be gone) before leaving it."""
 
 _SEGMENT_FIELDS = ("length", "doc", "offset", "epoch", "window")
@@ -125,8 +130,10 @@ class BalanceStats:
     steps of the slowest rank's cost over the mean rank's, dealt and as section 4 assigns
     the rows; ``last_imbalance``, ``last_imbalance_assigned``: the last step's;
     ``rows_moved`` and ``bytes_sent``: this rank's rows and bytes sent to other ranks;
-    ``exchange_seconds``: time spent gathering costs, dealing and moving rows (in the
-    read-ahead, not the consumer's wait).
+    ``exchange_seconds``: wall time spent gathering costs, dealing and moving rows (in the
+    read-ahead, waiting for peers included; not the consumer's wait). At world > 1 the loader's
+    ``wait_seconds`` is the consumer's wait for its dealt steps (``consumer_wait``): the reads
+    are waited for on the read-ahead's thread.
     """
 
     steps: int = 0
@@ -137,6 +144,7 @@ class BalanceStats:
     rows_moved: int = 0
     bytes_sent: int = 0
     exchange_seconds: float = 0.0
+    consumer_wait: float | None = None  # at world > 1: the consumer's wait for dealt steps (Ahead.waited)
 
     def add(self, d: Deal, assigned: I64) -> None:
         mean = float(d.rank_cost.mean()) if len(d.rank_cost) else 0.0
@@ -158,7 +166,7 @@ class BalanceStats:
             "rows_moved": self.rows_moved,
             "exchange_bytes": self.bytes_sent,
             "exchange_seconds": self.exchange_seconds,
-        }
+        } | ({} if self.consumer_wait is None else {"wait_seconds": self.consumer_wait})
 
 
 def _row_arrays(batch: Batch) -> list[NDArray[Any]]:
@@ -347,72 +355,3 @@ class Balancer:
         labels = out[1].view(Tokens) if has_labels else None
         cols = {n: out[1 + has_labels + j].view(Tokens) for j, n in enumerate(names)}
         return replace(batch, tokens=tokens, labels=labels, columns=cols, lanes=mine.copy(), _segments=new_segs)
-
-
-class Ahead:
-    """The next step's balanced batch, made on a thread of its own while the consumer trains on this one.
-
-    ``make(step)`` is the whole work of a step (the raw batch taken under the loader's lock,
-    then dealt and exchanged); :meth:`start` runs it for a step on the thread, :meth:`take`
-    waits for it. Every rank starts the same steps in the same order (the consumer's
-    calls are the same on every rank), so the collectives line up. :meth:`settle` waits for
-    the step in flight and drops it: a seek, a resume, a live stage or a close make it
-    stale, and a collective once started must be finished on every rank.
-    """
-
-    def __init__(self, make: Callable[[int], Batch]) -> None:
-        self._make = make
-        self._step: int | None = None
-        self._future: Future[Batch] | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self, step: int) -> None:
-        """Make ``step``'s batch on the thread (one step at a time)."""
-        self.settle()
-        fut: Future[Batch] = Future()
-        self._step, self._future = step, fut
-
-        def run() -> None:
-            try:
-                fut.set_result(self._make(step))
-            except BaseException as e:  # handed to the consumer, which raises it
-                fut.set_exception(e)
-
-        self._thread = threading.Thread(target=run, name="plitzer-balance", daemon=True)
-        self._thread.start()
-
-    def take(self, step: int) -> Batch:
-        """``step``'s batch: the one made ahead, else made now (on the thread, waited for)."""
-        if self._step != step or self._future is None:
-            self.start(step)
-        fut = self._future
-        assert fut is not None
-        try:
-            while True:
-                try:
-                    return fut.result(timeout=0.1)  # in slices: Ctrl-C reaches a waiting consumer
-                except TimeoutError:
-                    continue
-        finally:
-            self._step, self._future = None, None
-            self._join()
-
-    def settle(self, timeout: float | None = None) -> None:
-        """Wait for the step in flight, if any, and drop it (its error too: it would be made again).
-
-        ``timeout``: give up waiting after that many seconds (``close()``: a peer that is gone
-        leaves the thread in its collective until the group's own timeout ends it).
-        """
-        if self._future is not None:
-            try:
-                self._future.exception(timeout=timeout)
-            except TimeoutError:
-                pass
-            finally:
-                self._step, self._future = None, None
-        self._join(timeout)
-
-    def _join(self, timeout: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None

@@ -20,6 +20,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from plitzer.readpath.packed import Segments
+from plitzer.readpath.signals import SourceMap
 
 __all__ = ["Batch", "Located", "Tokens"]
 
@@ -105,6 +106,10 @@ class Batch:
         With ``labels=True``: ``(rows, seq_len)`` int64, each token's next token in its own
         source document, -100 at a document's last token and on padding (SPEC section 16);
         None without.
+    source_ids, source_tokens, source_targets : array
+        Per-source signals (SPEC section 20), computed when read: each token's source number
+        (int16, -1 on padding), the real tokens per source, and with ``labels=True`` the
+        targets per source (else None). ``sources`` names the source numbers.
     """
 
     tokens: Tokens
@@ -122,6 +127,8 @@ class Batch:
     """``labels=True`` (SPEC section 16): each token's next in its document, -100 at a document's end and on padding."""
     cost: NDArray[np.int64] | None = None
     """``balance=True`` (SPEC section 18): this rank's cost in each microbatch; None without."""
+    _sources: SourceMap = field(default_factory=SourceMap.lone, repr=False)
+    """Document numbers to source numbers (SPEC section 20): the loader's, or a follower's from what it received."""
 
     def __repr__(self) -> str:
         rows, width = self.tokens.shape
@@ -166,6 +173,40 @@ class Batch:
         segs = self._segs()
         out: NDArray[np.bool_] = np.repeat(segs.doc >= 0, segs.length).reshape(self.tokens.shape)
         return out
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The source names, in source-number order (``loader.sources``; a path's one source is ``""``)."""
+        return self._sources.names
+
+    @property
+    def source_ids(self) -> NDArray[np.int16]:
+        """``(rows, seq_len)`` int16: each token's source number (``sources``), -1 on padding (SPEC section 20).
+
+        A lone source's tokens are all 0. Computed when asked, from the pieces (one
+        ``searchsorted`` over the sources' first document numbers, one ``repeat``), so a run
+        that never asks pays nothing; a per-source loss is one ``bincount`` over it.
+
+        >>> import plitzer, tempfile
+        >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=50_000, seed=4)
+        >>> with plitzer.Loader({"web": d}, lanes=4, window=2, seq_len=64) as loader:
+        ...     batch = loader.next_batch()
+        >>> batch.sources, batch.source_ids.dtype, batch.source_ids.shape, batch.source_tokens.tolist()
+        (('web',), dtype('int16'), (4, 64), [256])
+        """
+        return self._sources.ids(self._segs(), self.tokens.shape)
+
+    @property
+    def source_tokens(self) -> NDArray[np.int64]:
+        """``(sources,)`` int64: the real tokens (padding aside) of each source in this rank's rows."""
+        return self._sources.tokens(self._segs())
+
+    @property
+    def source_targets(self) -> NDArray[np.int64] | None:
+        """With ``labels=True``: ``(sources,)`` int64, the labels other than -100 of each source; None without."""
+        if self.labels is None:
+            return None
+        return self._sources.targets(self._segs(), self.labels)
 
     @property
     def piece_lengths(self) -> NDArray[np.int64]:

@@ -106,6 +106,14 @@ class Stats:
     """Bytes this rank sent to other ranks."""
     exchange_seconds: float = 0.0
     """Time spent dealing and exchanging (on the read-ahead's thread at world > 1, not the consumer's wait)."""
+    sources: tuple[str, ...] = ()
+    """The source names in source-number order (``loader.sources``), as the totals below are (SPEC section 20)."""
+    source_tokens: tuple[int, ...] = ()
+    """Real tokens per source of the batches handed out so far (this rank's rows)."""
+    source_targets: tuple[int, ...] | None = None
+    """With ``labels=True``: targets (labels other than -100) per source of the batches handed out; None without."""
+    padding_tokens: int = 0
+    """Padding tokens of the batches handed out (best-fit's, a finite run's end)."""
 
 
 @dataclass(eq=False)

@@ -25,6 +25,7 @@ from plitzer.readpath.batch import Batch, Locate, Tokens
 from plitzer.readpath.labels import assemble_labels, unit_labels
 from plitzer.readpath.packed import PackedUnit, Segments, Slices, assemble
 from plitzer.readpath.schedule import Schedule
+from plitzer.readpath.signals import SourceMap
 
 __all__ = ["After", "Steps"]
 
@@ -35,11 +36,12 @@ After = Callable[[int, dict[int, Slices]], Callable[[], bytes]]
 class Steps:
     """The batches of a loader's steps, from its schedule's packed units (the unit in use kept)."""
 
-    __slots__ = ("_after", "_cur", "_locate", "_schedule")
+    __slots__ = ("_after", "_cur", "_locate", "_schedule", "_sources")
 
-    def __init__(self, schedule: Schedule, locate: Locate, after: After) -> None:
+    def __init__(self, schedule: Schedule, locate: Locate, after: After, sources: SourceMap) -> None:
         self._schedule = schedule
         self._locate = locate
+        self._sources = sources  # a batch's document numbers to source numbers
         self._after = after  # what the states of later steps record
         self._cur: PackedUnit | None = None  # the unit whose block the steps are views of
 
@@ -114,6 +116,7 @@ class Steps:
             columns={n: c.view(Tokens) for n, c in (columns or {}).items()},
             padded=sched.pool.packing.rows is not None or run.steps is not None,
             labels=None if labels is None else labels.view(Tokens),
+            _sources=self._sources,
         )
 
     def release_after(self, run: Run, t: int) -> None:

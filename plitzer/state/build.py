@@ -33,6 +33,7 @@ from plitzer.readpath.cost import budget_floor
 from plitzer.readpath.labels import LABEL_BYTES
 from plitzer.readpath.scan import Packing, ReadPool
 from plitzer.readpath.schedule import Schedule
+from plitzer.readpath.signals import SourceMap, SourceTotals
 from plitzer.selection.select import source_rows
 from plitzer.sources import index_of
 from plitzer.state.bins import BinSpec, Rebin
@@ -159,11 +160,12 @@ class Locator:
 
 @dataclass(frozen=True, slots=True)
 class Parts:
-    """What a loader is made of: its run value, its schedule (over its read pool) and its locator."""
+    """What a loader is made of: its run value, its schedule (over its read pool), its locator, its source totals."""
 
     run: Run
     schedule: Schedule
     locate: Locator
+    totals: SourceTotals  # and their map of document numbers to sources (SPEC section 20)
 
 
 def parts(plan: Plan, settings: LoaderSettings) -> Parts:
@@ -192,4 +194,4 @@ def parts(plan: Plan, settings: LoaderSettings) -> Parts:
     threads = s.threads or default_threads(plan.dataset)
     made = Rows(s.rule, s.seq_len, s.pad_id)  # how the rule makes rows (best-fit: padded bins)
     pool = ReadPool(plan.dataset, Budget(s.budget), Packing.of(plan.dataset, columns, made, s.labels), threads=threads)
-    return Parts(run, Schedule(pool), Locator(plan.dataset))
+    return Parts(run, Schedule(pool), Locator(plan.dataset), SourceTotals(SourceMap.of(plan.dataset), s.labels))

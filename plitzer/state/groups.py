@@ -148,9 +148,10 @@ class TorchExchange:
 
         torch = sys.modules["torch"]
         mine = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
-        out = torch.empty(self.world * len(mine), dtype=torch.int64)  # gloo: a flat output
-        _dist().all_gather_into_tensor(out, mine, group=self.group)
-        return out.numpy().reshape(self.world, -1)
+        # A list of tensors: all_gather_into_tensor warns of its deprecation in torch 2.13.
+        out = [torch.empty_like(mine) for _ in range(self.world)]
+        _dist().all_gather(out, mine, group=self.group)
+        return torch.stack(out).numpy()
 
     def all_to_all_bytes(self, parts: list[bytes], sizes: list[int]) -> list[bytes]:
         import numpy as np

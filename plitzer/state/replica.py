@@ -33,9 +33,10 @@ from numpy.typing import NDArray
 
 from planner.errors import ConfigError, PlitzerError, UsageError
 from plitzer import errors as plitzer_errors
-from plitzer.readpath.balance import Ahead
+from plitzer.readpath.ahead import Ahead
 from plitzer.readpath.batch import Batch, Located, Tokens
 from plitzer.readpath.packed import Segments
+from plitzer.readpath.signals import SourceMap
 from plitzer.state.settings import LoaderSettings
 
 __all__ = ["Follower", "Link", "Reader", "ReplicaStats", "Status", "decode", "encode"]
@@ -92,7 +93,8 @@ class Status:
     """Where the replica stands before its next step: what a follower answers without the run.
 
     ``epoch_start`` and ``epoch_end``: the first step of the next step's epoch and the first of
-    the epoch after it (``Run.epoch_end``); ``steps``: a finite run's steps, else None.
+    the epoch after it (``Run.epoch_end``); ``steps``: a finite run's steps, else None; ``sources``:
+    the source names in source-number order (``loader.sources``).
     """
 
     step: int
@@ -103,6 +105,7 @@ class Status:
     epoch_start: int
     epoch_end: int
     epochs: dict[str, int]  # steps_in_epoch of the next step's epoch and the one after
+    sources: list[str]
 
     @classmethod
     def of(cls, loader: Any, step: int) -> Status:
@@ -120,6 +123,7 @@ class Status:
             start,
             run.epoch_end(epoch),
             {str(e): run.steps_in_epoch(e) for e in (epoch, epoch + 1)},
+            list(loader.sources),
         )
 
     @property
@@ -187,6 +191,7 @@ def decode(data: bytes) -> tuple[Batch | None, Status, bytes, dict[str, Any]]:
         arrays["loc:row"],
         [head["sources"][i] for i in arrays["loc:source"].tolist()] if "sources" in head else None,
     )
+    segments = Segments(**{f: arrays[f"seg:{f}"] for f in _SEGMENTS})
 
     def locate(ids: NDArray[np.int64]) -> Located:
         if len(ids) != len(located[1]):  # documents() asks for every real piece's document, in order
@@ -199,15 +204,26 @@ def decode(data: bytes) -> tuple[Batch | None, Status, bytes, dict[str, Any]]:
         step=int(head["step"]),
         epoch=int(head["epoch"]),
         lanes=arrays["lanes"],
-        _segments=Segments(**{f: arrays[f"seg:{f}"] for f in _SEGMENTS}),
+        _segments=segments,
         _locate=locate,
         _after=lambda: part,
         columns={k.split(":", 1)[1]: v.view(Tokens) for k, v in arrays.items() if k.startswith("column:")},
         padded=bool(head["padded"]),
         labels=arrays["labels"].view(Tokens) if "labels" in arrays else None,
         cost=arrays.get("cost"),
+        _sources=_sources_of(head, arrays, segments, status),
     )
     return batch, status, part, head["extra"]
+
+
+def _sources_of(head: dict[str, Any], arrays: dict[str, NDArray[Any]], segs: Segments, status: Status) -> SourceMap:
+    """The source number of each real piece's document, from where the reader located it (no index here)."""
+    names = tuple(status.sources)
+    docs = segs.doc[segs.doc >= 0]  # the located documents, in order
+    if "sources" not in head:  # one source: every document is source 0
+        return SourceMap.of_documents(names, docs, np.zeros(len(docs), np.int64), mixed=False)
+    number = np.array([names.index(n) for n in head["sources"]], np.int64)
+    return SourceMap.of_documents(names, docs, number[arrays["loc:source"]], mixed=True)
 
 
 def _error_of(extra: Mapping[str, Any]) -> BaseException | None:
@@ -257,7 +273,7 @@ class Follower:
     def __init__(self, link: Link, settings: LoaderSettings) -> None:
         self.link = link
         self.settings = settings
-        self._ahead = Ahead(self._receive)
+        self._ahead: Ahead[Batch] = Ahead(self._receive)
         self._steps, self._waited = 0, 0.0
         _, self.status, self.part, _ = decode(link.receive())  # the reader's position at construction
         self.run = _Run(self)
@@ -293,6 +309,11 @@ class Follower:
         if got is None:
             raise UsageError(_UNKNOWN.format(what=f"the steps of epoch {epoch}"))
         return got
+
+    @property
+    def sources(self) -> list[str]:
+        """The source names in source-number order (the reader's ``loader.sources``)."""
+        return list(self.status.sources)
 
     @property
     def stats(self) -> ReplicaStats:
@@ -351,7 +372,7 @@ class Reader:
     def __init__(self, link: Link, loader: Any) -> None:
         self.link = link
         self.loader = loader
-        self._ahead = Ahead(self._send)
+        self._ahead: Ahead[Batch] = Ahead(self._send)
         self._next: int = int(loader.step)
         self.part: bytes = bytes(loader.checkpoint())
         self._pending: bytes = b""
