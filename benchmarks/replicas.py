@@ -166,7 +166,7 @@ def main() -> None:
             url = "s3://bench/synth"
             rows: dict[tuple[str, float], list[list[dict[str, Any]]]] = {}
             for _ in range(a.repeat):  # alternated: each mode once a round
-                for consumer in (a.consumer_ms, 0.0):
+                for consumer in dict.fromkeys((a.consumer_ms, 0.0)):  # --consumer-ms 0: flat out only
                     for mode in ("each", "replicas"):
                         rows.setdefault((mode, consumer), []).append(job(mode, url, server, a, consumer, tmp))
             _report(rows, a)

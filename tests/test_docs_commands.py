@@ -261,6 +261,10 @@ RULES: dict[str, Rule] = {
         "python benchmarks/balance.py --exchange --text-tokens 300000 --row-group-tokens 50000 --lanes 8 "
         "--seq-len 256 --steps 4 --pairs 1 --warmup 1 --timed-steps 4 --work-ms 1 --exchange-configs 256:2,256:4"
     ),
+    "python benchmarks/replicas.py --tokens 4000000 --repeat 2": scaled(
+        "python benchmarks/replicas.py --tokens 200000 --repeat 1 --lanes 8 --seq-len 256 --window 2 --skip 2 "
+        "--consumer-ms 0"
+    ),
     "python benchmarks/memory.py": scaled(
         f"python benchmarks/memory.py --tokens 2000000 --limit 0.5 --budgets floor,512 --lanes 8 --window 4 "
         f"--seq-len 256 {OUT}"
