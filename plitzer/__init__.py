@@ -32,7 +32,7 @@ from planner import index, plan
 from planner.parameters import Selection
 from plitzer.state.checkpoint import load_checkpoint, merge, save_checkpoint
 
-__version__ = "0.6.0.dev0"  # the one source of the version: pyproject.toml reads it from here
+__version__ = "0.7.0.dev0"  # the one source of the version: pyproject.toml reads it from here
 
 __all__ = [
     "Batch",

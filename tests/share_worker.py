@@ -55,7 +55,7 @@ def main() -> int:
                 got = [ld.next_batch() for _ in range(a.steps)]
                 lanes = got[0].lanes
                 tokens = np.stack([np.from_dlpack(b.tokens).copy() for b in got])
-        np.savez(a.out / f"rank{rank}.npz", tokens=tokens, lanes=np.array([lanes.start, lanes.stop]), texts=texts)
+        np.savez(a.out / f"rank{rank}.npz", tokens=tokens, lanes=np.array([lanes[0], lanes[-1] + 1]), texts=texts)
         dist.barrier()
     finally:
         dist.destroy_process_group()

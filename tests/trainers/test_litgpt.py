@@ -1,5 +1,7 @@
 """litgpt pretrains on plitzer's data (CPU, gloo): kill a 2-device run after its checkpoint, resume on 1 device.
 
+The 2-device leg has ``balance: true`` (SPEC section 18): its rows are dealt by cost over the two.
+
 ``litgpt pretrain`` runs from its own command line with a YAML config whose data is
 ``class_path: plitzer.integrations.litgpt.Plitzer`` (tests/trainers/litgpt_worker.py), a
 2-layer model of 64 channels, 4 sequences of 64 tokens a step. Several devices train with DDP
@@ -60,23 +62,35 @@ def _run(config: Path, out: Path, world: int, kill: int, *more: str) -> int:
     )
 
 
+def _by_row(rows: np.ndarray) -> np.ndarray:
+    """A step's rows in one order whatever rank trained which (balance deals them by cost)."""
+    return rows[np.lexsort(rows.T[::-1])]
+
+
 def test_kill_on_two_devices_resume_on_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 2-device leg deals its steps by cost (``balance: true``): the same global batch, other ranks' rows."""
     monkeypatch.setenv("TORCH_COMPILE_DISABLE", "1")  # litgpt compiles the model: minutes of C++ on a CPU
     data, val = write_data(tmp_path / "data"), tmp_path / "val"
     plitzer.synth.write(val, 20_000, seed=8, mean_length=60, vocab=VOCAB, docs_per_row_group=100)
-    config = tmp_path / "pretrain.yaml"
+    config, balanced = tmp_path / "pretrain.yaml", tmp_path / "balanced.yaml"
     config.write_text(CONFIG.replace("DATA", str(data)).replace("VAL", str(val)))
+    balanced.write_text(config.read_text().replace("window: 2}", "window: 2, balance: true}"))
     full, cut, worker = tmp_path / "full", tmp_path / "cut", "litgpt_worker.py"
     assert _run(config, full, 1, 0) == 0, log_of(full, worker)
-    assert _run(config, cut, 2, KILL) != 0  # SIGKILLed after its step-3 checkpoint
+    assert _run(balanced, cut, 2, KILL) != 0  # SIGKILLed after its step-3 checkpoint
     assert (cut / "run" / f"step-{KILL:08d}" / "lit_model.pth").is_file(), log_of(cut, worker)
     assert _run(config, cut, 1, 0, "--resume", "true") == 0, log_of(cut, worker)
 
     want, got = global_rows(full), global_rows(cut)
     # litgpt's loop takes one batch past its last step before it stops: the steps trained are all there
     assert set(range(STEPS)) <= set(want) and set(range(STEPS)) <= set(got)
+    # the deal moved rows: some step's ranks held other rows than section 4's blocks
+    assert any(not np.array_equal(got[s]["rows"], want[s]["rows"]) for s in range(KILL))
     for step in range(STEPS):
-        np.testing.assert_array_equal(got[step]["rows"], want[step]["rows"], err_msg=f"step {step}")
+        mine, theirs = got[step]["rows"], want[step]["rows"]
+        if step < KILL:  # dealt over 2 devices: the same rows, another order
+            mine, theirs = _by_row(mine), _by_row(theirs)
+        np.testing.assert_array_equal(mine, theirs, err_msg=f"step {step}")
     for rows in want.values():
         batch, labels = rows["rows"], rows["labels"]
         assert batch.dtype == np.int64 and batch.shape == (4, SEQ + 1) and labels.shape == (4, SEQ)
