@@ -79,9 +79,15 @@ def test_tensor_parallel_2_reads_once_a_replica_and_resumes(tmp_path: Path) -> N
     """
     data = write_data(tmp_path / "data")
     plitzer.synth.write(tmp_path / "val", 20_000, seed=8, mean_length=60, vocab=VOCAB, docs_per_row_group=100)
-    full, cut = tmp_path / "full", tmp_path / "cut"
-    one = _args(data, full, 1)
-    assert run_ranks("titan_worker.py", 1, ["0", *one], full) == 0, log_of(full, "titan_worker.py")
+    cut = tmp_path / "cut"
+    # A one-process run's rows are plitzer's own (the first test checks the adapter gives them): the loader's.
+    with plitzer.Loader(data, lanes=4, seq_len=64, window=2, labels=True) as ld:
+        batches = [ld.next_batch() for _ in range(STEPS)]
+        want = {
+            b.step: {"tokens": b.tokens.astype(np.int64), "positions": b.position_ids.astype(np.int64)} for b in batches
+        }
+        for b in batches:
+            want[b.step]["labels"] = np.asarray(b.labels)
     tp = [
         *_args(data, cut, 1), "--parallelism.tensor_parallel_degree", "2",
         "--dataloader.replicas", "--dataloader.balance",
@@ -90,7 +96,7 @@ def test_tensor_parallel_2_reads_once_a_replica_and_resumes(tmp_path: Path) -> N
     assert (cut / "ckpt" / f"step-{KILL}").is_dir(), log_of(cut, "titan_worker.py")
     assert run_ranks("titan_worker.py", 2, ["0", *tp], cut) == 0, log_of(cut, "titan_worker.py")
     assert (cut / "p0" / "reads.txt").read_text() == "Reader" and (cut / "p1" / "reads.txt").read_text() == "Follower"
-    want, got = global_rows(full), global_rows(cut)
+    got = global_rows(cut)
     assert sorted(got) == list(range(STEPS))
     each = [global_rows(cut / f"p{r}") for r in range(2)]
     for step in range(STEPS):
