@@ -127,8 +127,12 @@ def deal(costs: Sequence[int] | I64, world: int, microbatches: int = 1) -> Deal:
     return Deal(rank, micro, order, rank_cost, cost.reshape(world, microbatches))
 
 
-def check_microbatches(microbatches: int, lanes: int, world: int, balance: bool) -> None:
-    """``microbatches`` must divide ``lanes / world``, and needs ``balance``: a ConfigError naming the fix."""
+def check_microbatches(microbatches: object, lanes: int, world: int, balance: bool, start: int | None = None) -> int:
+    """``microbatches`` must divide ``lanes / world``, and needs ``balance``: a ConfigError naming the fix.
+
+    ``start``: the step the layout stage of ``lanes`` starts at, named in the message where given.
+    Returns ``microbatches`` as an int.
+    """
     if isinstance(microbatches, bool) or not isinstance(microbatches, (int, np.integer)) or microbatches < 1:
         msg = f"microbatches={microbatches!r} must be an integer >= 1 (the microbatches a rank's batch is dealt into)"
         raise ConfigError(msg)
@@ -143,6 +147,7 @@ def check_microbatches(microbatches: int, lanes: int, world: int, balance: bool)
         ok = [m for m in range(1, per_rank + 1) if per_rank % m == 0]
         msg = (
             f"microbatches={microbatches} must divide the {per_rank} rows a rank holds "
-            f"(lanes={lanes} / world={world}); use one of {ok}"
+            f"(lanes={lanes} / world={world}{'' if start is None else f', from step {start}'}); use one of {ok}"
         )
         raise ConfigError(msg)
+    return int(microbatches)

@@ -36,7 +36,7 @@ import numpy as np
 import polars as pl
 
 from planner.arraytypes import I64
-from planner.balance import deal
+from planner.balance import check_microbatches, deal
 from planner.errors import ConfigError
 from planner.lookup.bins import BinnedLengths
 from planner.lookup.cut import Pieces
@@ -92,20 +92,11 @@ def _check(plan: Any, layout: Any, steps: tuple[object, object], microbatches: o
                 f"use last_step <= {n - 1}"
             )
             raise ConfigError(msg)
-    if isinstance(microbatches, bool) or not isinstance(microbatches, (int, np.integer)) or microbatches < 1:
-        msg = f"microbatches={microbatches!r} must be an integer >= 1 (the microbatches a rank's rows are dealt into)"
-        raise ConfigError(msg)
-    world = int(plan.settings.world)
+    world, checked = int(plan.settings.world), 1
     for i in range(layout.index_at(first), layout.index_at(last) + 1):  # the stages the steps meet
-        per = layout.stages[i].lanes // world
-        if per % microbatches:
-            ok = [m for m in range(1, per + 1) if per % m == 0]
-            msg = (
-                f"microbatches={microbatches} must divide the {per} rows a rank holds (lanes={layout.stages[i].lanes} "
-                f"/ world={world}, from step {layout.stages[i].start}); use one of {ok}"
-            )
-            raise ConfigError(msg)
-    return first, last, int(microbatches)
+        stage = layout.stages[i]
+        checked = check_microbatches(microbatches, stage.lanes, world, True, start=stage.start)
+    return first, last, checked
 
 
 def _bin_costs(binned: BinnedLengths, pieces: Pieces) -> tuple[I64, I64]:
