@@ -186,6 +186,7 @@ class Balancer:
         self.microbatches = microbatches
         self.stats = BalanceStats()
         self._lock = threading.Lock()
+        self._pending: dict[int, tuple[Deal, I64, int, int, float]] = {}  # dealt, not yet handed out
 
     def balance(self, batch: Batch) -> Batch:
         """``batch`` (this rank's own lanes of a step) as the deal gives this rank's rows of it."""
@@ -220,12 +221,30 @@ class Balancer:
                 if src != rank and got[src]:
                     received[src] = self._decode(got[src], d, src, rank, rows, pieces_all, arrays)
         out = self._assemble(batch, mine, first, rows, segs, arrays, received)
-        with self._lock:
-            self.stats.add(d, np.bincount(np.arange(len(costs_all)) // rows, weights=costs_all, minlength=world))
-            self.stats.rows_moved += int(((d.rank[first : first + rows]) != rank).sum())
-            self.stats.bytes_sent += sent
-            self.stats.exchange_seconds += time.perf_counter() - t0
+        assigned = np.bincount(np.arange(len(costs_all)) // rows, weights=costs_all, minlength=world)
+        moved = int(((d.rank[first : first + rows]) != rank).sum())
+        with self._lock:  # counted when the step is handed out (:meth:`handed`), not when dealt ahead
+            self._pending[batch.step] = (d, assigned, moved, sent, time.perf_counter() - t0)
+        if ex is None:
+            self.handed(batch.step)
         return replace(out, cost=d.cost[rank].copy())
+
+    def handed(self, step: int) -> None:
+        """Step ``step`` was handed out: its figures join ``stats``."""
+        with self._lock:
+            got = self._pending.pop(step, None)
+            if got is None:
+                return
+            d, assigned, moved, sent, seconds = got
+            self.stats.add(d, assigned)
+            self.stats.rows_moved += moved
+            self.stats.bytes_sent += sent
+            self.stats.exchange_seconds += seconds
+
+    def drop_pending(self) -> None:
+        """Forget the figures of steps dealt ahead and dropped (a seek, resume, live stage)."""
+        with self._lock:
+            self._pending.clear()
 
     # -- the exchange ------------------------------------------------------------------
 

@@ -63,6 +63,7 @@ class DealtSteps:
         batch = self._ahead.take(t)
         assert self._balancer is not None
         self._balancer.stats.consumer_wait = self._ahead.waited
+        self._balancer.handed(t)
         with self._lock:
             self._steps.release_after(self._run, t)
             self._cursor.step = t + 1
@@ -83,3 +84,5 @@ class DealtSteps:
         """Finish and drop the step being dealt ahead (a seek, resume, live stage or close makes it stale)."""
         if self._ahead is not None:
             self._ahead.settle()
+            if self._balancer is not None:
+                self._balancer.drop_pending()
