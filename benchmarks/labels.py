@@ -8,9 +8,16 @@ copy to the device would, and so are its tokens, in both runs.
 
     python benchmarks/labels.py --tokens 8000000 --threads 2 --repeat 5
 
-``--parts`` splits the labelled run's CPU instead: the thread CPU inside the shifted copy of
-each row group (``label_values``), the labels' gather and the tokens' (``gather_layout``), and
-the consumer's sums, in ns per delivered token, with labels and without:
+``--data DIR`` reads a folder of Parquet files instead (real text: its ``input_ids`` column,
+or ``--column``), e.g. at a trainer's shape:
+
+    python benchmarks/labels.py --data data/balance-text-64000000-1000000 --threads 2 \
+        --lanes 128 --seq-len 2048 --window 16 --epochs 3 --repeat 5
+
+``--parts`` splits the labelled run's CPU instead: the thread CPU inside the packer's labels of
+each sub-piece's last token (``end_labels``), each step's labels made from its tokens as it is
+handed out (``step_labels``), the tokens' gather (``gather_layout``), and the consumer's sums, in
+ns per delivered token, with labels and without:
 
     python benchmarks/labels.py --parts --tokens 8000000 --threads 2
 
@@ -27,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+from pathlib import Path
 from typing import Any
 
 from _common import Timing, timed, warm_page_cache
@@ -55,31 +63,30 @@ def steady(ix: Any, settings: dict[str, Any], epochs: int, labels: bool) -> tupl
 
 
 def parts(ix: Any, settings: dict[str, Any], epochs: int) -> None:
-    """Thread CPU inside each part of the labels' cost, in ns per delivered token (concat's direct gather)."""
+    """Thread CPU inside each part of the labels' cost, in ns per delivered token."""
     import time
 
     import numpy as np
 
     import plitzer
     import plitzer.readpath.labels as lab
-    from plitzer.readpath import pack
+    from plitzer.readpath import bins, pack
 
-    acc = {"label_values": 0.0, "labels' gather": 0.0, "tokens' gather": 0.0, "consumer's sums": 0.0}
-    label_values, gather_layout = lab.label_values, pack.gather_layout
+    acc = {"end_labels": 0.0, "step_labels": 0.0, "tokens' gather": 0.0, "consumer's sums": 0.0}
+    end_labels, step_labels, gather_layout = lab.end_labels, lab.step_labels, pack.gather_layout
 
-    def timed_values(arr: Any) -> Any:
-        t = time.thread_time()
-        out = label_values(arr)
-        acc["label_values"] += time.thread_time() - t
-        return out
+    def timing(name: str, f: Any) -> Any:
+        def run(*a: Any, **kw: Any) -> Any:
+            t = time.thread_time()
+            out = f(*a, **kw)
+            acc[name] += time.thread_time() - t
+            return out
 
-    def timed_gather(lists: Any, list_of: Any, length: Any, dtype: Any, block_at: Any) -> Any:
-        t = time.thread_time()
-        out = gather_layout(lists, list_of, length, dtype, block_at)
-        acc["labels' gather" if dtype == lab.LABEL_STORAGE else "tokens' gather"] += time.thread_time() - t
-        return out
+        return run
 
-    lab.label_values, pack.gather_layout = timed_values, timed_gather
+    pack.end_labels = bins.end_labels = timing("end_labels", end_labels)  # the packer's: each sub-piece's last
+    lab.step_labels = timing("step_labels", step_labels)  # each step's, as it is handed out
+    pack.gather_layout = bins.gather_layout = timing("tokens' gather", gather_layout)  # type: ignore[attr-defined]
     for labels in (False, True):
         with plitzer.Loader(ix, **settings, labels=labels) as loader:
             for _ in loader:
@@ -99,8 +106,18 @@ def parts(ix: Any, settings: dict[str, Any], epochs: int) -> None:
         print(f"labels={labels!s:<6} CPU {cpu:.2f} ns/token; of it {shown}")
 
 
+def _token_column(d: Any) -> str:
+    """The token column of real data: ``input_ids`` where the files have one, else ``tokens``."""
+    import pyarrow.parquet as pq
+
+    names = pq.read_schema(sorted(d.glob("*.parquet"))[0]).names
+    return "input_ids" if "input_ids" in names else "tokens"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default=None, help="a folder of Parquet files to read instead of the synthetic data")
+    ap.add_argument("--column", default=None, help="the token column of --data (default: tokens, or input_ids)")
     ap.add_argument("--tokens", type=int, default=8_000_000)
     ap.add_argument("--docs-per-row-group", type=int, default=800)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
@@ -118,11 +135,12 @@ def main() -> None:
 
     import plitzer
 
-    d = fineweb_shaped(args.tokens, docs=args.docs_per_row_group)
+    d = Path(args.data) if args.data else fineweb_shaped(args.tokens, docs=args.docs_per_row_group)
     warm_page_cache(d)
     pa.set_cpu_count(args.threads)
     pa.set_io_thread_count(args.threads)
-    ix = plitzer.index(d, column="tokens")
+    column = args.column or ("tokens" if args.data is None else _token_column(d))
+    ix = plitzer.index(d, column=column)
     settings = {
         "seed": 0,
         "lanes": args.lanes,
@@ -147,10 +165,13 @@ def main() -> None:
         cpu = statistics.median(t.cpu / n * 1e9 for t, n in runs[k])
         wall = statistics.median(t.wall / n * 1e9 for t, n in runs[k])
         med[k] = cpu, wall
-        print(f"labels={k!s:<6} CPU {cpu:7.2f} ns/token   wall {wall:7.2f} ns/token")
+        print(f"labels={k!s:<6} CPU {cpu:7.2f} ns/token   wall {wall:7.2f} ns/token   {1e3 / wall:6.1f} Mtok/s")
     if not args.without:
         (c0, w0), (c1, w1) = med[False], med[True]
-        print(f"labels=True against labels=False: CPU x{c1 / c0:.2f} (+{c1 - c0:.2f} ns/token), wall x{w1 / w0:.2f}")
+        print(
+            f"labels=True against labels=False: tokens/s x{w0 / w1:.2f}, CPU a token x{c1 / c0:.2f} "
+            f"(+{c1 - c0:.2f} ns/token), wall a token x{w1 / w0:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from planner.rules import Binned, Rule
 from planner.rules.binned import Items, row_group_bins
 from planner.rules.rebin import rest_bins
 from plitzer.readpath.aligned import aligned_chunks, storage_dtype
-from plitzer.readpath.labels import LABEL_DTYPE, LABEL_FILL, label_chunks
+from plitzer.readpath.labels import IGNORE_INDEX, end_labels
 from plitzer.readpath.pack import ColumnChunks, chunk_lists, gather_layout
 from plitzer.readpath.packed import ColumnBlock, Memory, PackedUnit, StepRange, UnitReads, arrow_ints
 from plitzer.readpath.pieces import Documents, unit_documents
@@ -134,7 +134,7 @@ def pack_bins(
     ``reads.place``, whose positions and lane bases count bins); ``pack``: the concat
     packer of the unit (:func:`~plitzer.readpath.pack.pack_unit`, or
     :func:`~plitzer.readpath.recut.pack_rest` for a window cut again). ``labels``: the labels
-    (:mod:`plitzer.readpath.labels`) gathered by the items' lists too, ``-100`` on the padding.
+    (:mod:`plitzer.readpath.labels`) of each item's last token, ``-100`` on the padding.
     A row is the layout stage's tokens (``place.row_tokens``; ``rows.seq_len`` where it has none).
     """
     p = reads.place
@@ -155,6 +155,7 @@ def pack_bins(
         nbins = int(per_chunk.sum())
     # 2. Rows: each bin of the layout its items, then its padding.
     lay = _layout(units, _unit_bins(items, gbin, nbins), items, docs, seq_len)
+    ends = _end_labels(lay, docs.arrays) if labels else None
     if rebinned:  # a rest binned again: its items come in its order, with consumed items between them
         lay = _tiled(lay)
     memory, block, edges, start = lay.gather(docs.arrays, rows.pad_id, reads.dtype)
@@ -172,8 +173,18 @@ def pack_bins(
         offset=lay.offset.astype(np.int64, copy=False),
         start=start,
         columns=_columns(lay, docs.arrays, columns, rows.fills, memory),
-        labels=_column(lay, label_chunks(docs.arrays), LABEL_FILL, LABEL_DTYPE, memory) if labels else None,
+        labels=ends,
     )
+
+
+def _end_labels(lay: _Layout, arrays: list[pa.Array]) -> I64:
+    """Each sub-piece's last label (:mod:`plitzer.readpath.labels`): an item is one sub-piece, padding -100."""
+    n = len(lay.item_length)
+    item = np.flatnonzero(lay.list_of < n)
+    it = lay.list_of[item]
+    out = np.full(len(lay.list_of), IGNORE_INDEX, np.int64)
+    out[item] = end_labels(arrays, lay.item_chunk[it], lay.item_value[it] + lay.item_length[it] - 1)
+    return out
 
 
 def _rebinned_units(
@@ -302,7 +313,7 @@ def _layout(units: PackedUnit, bins: _Bins, items: Items, docs: Documents, seq_l
 
 
 def _column(lay: _Layout, lists: list[pa.Array], raw: Any, cdt: np.dtype[Any], memory: Memory | None) -> ColumnBlock:
-    """One column (or the labels) gathered into the layout, its memory kept alive with the tokens'."""
+    """One column gathered into the layout, its memory kept alive with the tokens'."""
     c_mem, c_block, c_edges, _ = lay.gather(lists, raw, storage_dtype(cdt))
     if c_mem is not None:
         c_mem.keep_alive(memory)

@@ -13,6 +13,9 @@ row boundary (one per ``seq_len`` tokens of a lane) inside a piece:
     packed    4 * tokens + PIECE_BYTES * pieces + LANE_BYTES * (lanes + 1)
     pieces   <= documents + lanes + tokens // seq_len + lanes, and <= documents + tokens + lanes
 
+Labels (``labels=True``) add ``LABEL_BYTES`` a piece (the label of its last token), nothing a
+token: a step's labels are made from its tokens when it is handed out (plitzer.readpath.labels).
+
 >>> decoded_bytes(1000, 10), packed_bytes(1000, 10, lanes=4, seq_len=100)
 (4080, 5240)
 """
@@ -24,13 +27,24 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["LANE_BYTES", "PIECE_BYTES", "budget_floor", "decoded_bytes", "max_pieces", "packed_bytes", "unit_estimate"]
+__all__ = [
+    "LABEL_BYTES",
+    "LANE_BYTES",
+    "PIECE_BYTES",
+    "budget_floor",
+    "decoded_bytes",
+    "max_pieces",
+    "packed_bytes",
+    "unit_estimate",
+]
 
 # Per piece of the step-major table (row, length, document, offset: int64) and of the
 # shuffled slices (end: int64) that checkpoints read.
 PIECE_BYTES = 40
 # Per lane: where its slice starts, and its first piece (int64 each).
 LANE_BYTES = 16
+# Per piece with labels=True: the label of its last token (int64).
+LABEL_BYTES = 8
 
 
 def decoded_bytes(tokens: Any, rows: Any) -> Any:
@@ -52,18 +66,23 @@ def max_pieces(tokens: Any, rows: Any, lanes: int, seq_len: int) -> Any:
     return np.minimum(most, each) if isinstance(most, np.ndarray) else int(min(most, each))
 
 
-def packed_bytes(tokens: Any, rows: Any, *, lanes: int, seq_len: int) -> Any:
-    """An upper bound of what a packed unit holds: its step-major copy and its tables."""
-    return 4 * tokens + PIECE_BYTES * max_pieces(tokens, rows, lanes, seq_len) + LANE_BYTES * (lanes + 1)
+def packed_bytes(tokens: Any, rows: Any, *, lanes: int, seq_len: int, labels: bool = False) -> Any:
+    """An upper bound of what a packed unit holds: its step-major copy and its tables (``labels``: theirs too)."""
+    per_piece = PIECE_BYTES + LABEL_BYTES * labels
+    return 4 * tokens + per_piece * max_pieces(tokens, rows, lanes, seq_len) + LANE_BYTES * (lanes + 1)
 
 
-def unit_estimate(tokens: Any, rows: Any, *, lanes: int, seq_len: int, column_bytes: int = 0) -> Any:
+def unit_estimate(
+    tokens: Any, rows: Any, *, lanes: int, seq_len: int, column_bytes: int = 0, labels: bool = False
+) -> Any:
     """Bytes charged while a unit is read and packed: decoded and packed at once (the gather's peak).
 
-    ``column_bytes``: the aligned columns' bytes per token (plitzer.readpath.aligned), decoded and packed too.
+    ``column_bytes``: the aligned columns' bytes per token (plitzer.readpath.aligned), decoded and packed too;
+    ``labels``: ``LABEL_BYTES`` a piece.
     """
     extra = 2 * column_bytes * tokens
-    return decoded_bytes(tokens, rows) + packed_bytes(tokens, rows, lanes=lanes, seq_len=seq_len) + extra
+    packed = packed_bytes(tokens, rows, lanes=lanes, seq_len=seq_len, labels=labels)
+    return decoded_bytes(tokens, rows) + packed + extra
 
 
 def budget_floor(
@@ -75,6 +94,7 @@ def budget_floor(
     seq_len: int,
     ahead: int = 0,
     column_bytes: int = 0,
+    labels: bool = False,
 ) -> tuple[int, int]:
     """Bytes the units of one step can hold at most, and how many units that is.
 
@@ -89,12 +109,14 @@ def budget_floor(
     together, so the bound takes the largest row groups for each unit, each charged
     :func:`unit_estimate` (all lanes of the dataset: a bound for every rank). Checked
     once at construction, it means no step ever starts a read past the budget.
-    ``column_bytes``: the aligned columns' bytes per token, decoded and packed (0 without).
+    ``column_bytes``: the aligned columns' bytes per token, decoded and packed (0 without);
+    ``labels``: ``LABEL_BYTES`` a piece more.
     """
     tok = np.asarray(tokens, dtype=np.int64)
     n = np.asarray(rows, dtype=np.int64)
+    piece = PIECE_BYTES + LABEL_BYTES * labels
     # Per row group: decoded and packed at once; the per-unit terms are added below.
-    est = decoded_bytes(tok, n) + 4 * tok + PIECE_BYTES * (n + tok // max(seq_len, 1)) + 2 * column_bytes * tok
+    est = decoded_bytes(tok, n) + 4 * tok + piece * (n + tok // max(seq_len, 1)) + 2 * column_bytes * tok
     est = np.sort(est)[::-1]
     g, total = len(tok), int(tok.sum())
     if g == 0:
@@ -116,7 +138,7 @@ def budget_floor(
     costly = min(2 + _inside_with_data(asc, tok, n, window, x, inside_full), base)
     count = (costly + ahead) * window + inside_short * short
     whole, part = divmod(count, g)
-    per_unit = PIECE_BYTES * (2 * lanes + 2) + LANE_BYTES * (lanes + 1)
+    per_unit = piece * (2 * lanes + 2) + LANE_BYTES * (lanes + 1)
     with_data = min(costly + ahead + inside_short, units)
     lane_table = LANE_BYTES * (lanes + 1)
     need = whole * int(est.sum()) + int(est[:part].sum()) + with_data * per_unit + (units - with_data) * lane_table

@@ -53,7 +53,7 @@ from planner.lanes import window_cuts
 from planner.packing import row_cuts, slice_keys, slice_offsets
 from planner.run import UnitPlace
 from plitzer.readpath.aligned import aligned_chunks, storage_dtype
-from plitzer.readpath.labels import LABEL_DTYPE, empty_labels, label_chunks
+from plitzer.readpath.labels import end_labels
 from plitzer.readpath.packed import (
     ColumnBlock,
     Memory,
@@ -300,7 +300,7 @@ def pack_unit(
     lane) leaves out lanes that will never read this window, and ``from_step`` the
     steps before it (after a resume). ``columns``: each aligned column's values of every
     chunk and its dtype (:func:`plitzer.readpath.aligned.read_columns`), packed alike, and
-    ``labels`` the labels (:mod:`plitzer.readpath.labels`). ``gather=False``: the layout's
+    ``labels`` each sub-piece's last label (:mod:`plitzer.readpath.labels`). ``gather=False``: the layout's
     tables and slices only, no token copied (best-fit's units, :mod:`plitzer.readpath.bins`).
     """
     p = reads.place
@@ -344,7 +344,7 @@ def _empty_unit(reads: UnitReads, columns: ColumnChunks | None, labels: bool) ->
     unit = _unit(
         p, (t0, t0), (None, block, edges, z), StepRange(t0, np.zeros(1, np.int64)), lay, slices, packed_columns
     )
-    return replace(unit, labels=empty_labels(nl, p.seq_len)) if labels else unit
+    return replace(unit, labels=z) if labels else unit
 
 
 def _unit(
@@ -442,7 +442,7 @@ def finish_unit(
 
     gathered = gathered_as(arrays, dtype)
 
-    # Aligned columns and labels: the same pieces, row cuts and layout, one more gather each.
+    # Aligned columns: the same pieces, row cuts and layout, one more gather each.
     def column(lists: list[pa.Array], cdt: np.dtype[Any]) -> ColumnBlock:
         c_mem, c_block, c_edges, _ = gathered_as(lists, storage_dtype(cdt))
         if c_mem is not None:
@@ -452,7 +452,16 @@ def finish_unit(
     packed_columns = {n: column(aligned_chunks(arrays, v, cdt), cdt) for n, (v, cdt) in (columns or {}).items()}
     slices = Slices(lane_start.astype(np.int64, copy=False), lane_piece, piece_end)
     unit = _unit(p, (t0, t1), gathered, StepRange(s_first, step_bounds), lay, slices, packed_columns)
-    return replace(unit, labels=column(label_chunks(arrays), LABEL_DTYPE)) if labels else unit
+    return replace(unit, labels=_end_labels(arrays, lay)) if labels else unit
+
+
+def _end_labels(arrays: list[pa.Array], lay: _Layout) -> I64:
+    """The label of each sub-piece's last token, in layout order (:func:`plitzer.readpath.labels.end_labels`).
+
+    The labels kept with a unit: every other token's label is the token after it in its row.
+    """
+    sid = lay.sid
+    return end_labels(arrays, lay.chunk_s[sid], lay.value_s[sid] + lay.length_s[sid] - 1)
 
 
 def _scattered(arrays: list[pa.Array], chunk: I64, value: I64, length: I64) -> tuple[list[pa.Array], I64]:

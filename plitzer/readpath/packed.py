@@ -225,7 +225,7 @@ class PackedUnit:
     start: I64
     slices: Slices
     columns: dict[str, ColumnBlock] = field(default_factory=dict)  # aligned columns, packed with the tokens
-    labels: ColumnBlock | None = None  # labels=True: each token's next in its document (plitzer.readpath.labels)
+    labels: I64 | None = None  # labels=True: the label of each sub-piece's last token (plitzer.readpath.labels)
 
     def segments(self, step: int) -> Segments:
         """The sub-pieces of ``step`` in this unit (views of the tables)."""
@@ -245,7 +245,7 @@ class PackedUnit:
         """Bytes held: the packed tokens and the tables (the cost model's ``packed_bytes``)."""
         shared = self.memory is not None and self.memory._owner is self.edges
         tokens = self.edges.nbytes if shared else self.block.nbytes + self.edges.nbytes
-        columns = sum(c.nbytes for c in (*self.columns.values(), *([self.labels] if self.labels else [])))
+        columns = sum(c.nbytes for c in self.columns.values()) + (self.labels.nbytes if self.labels is not None else 0)
         return int(tokens + columns + PIECE_BYTES * len(self.row) + LANE_BYTES * len(self.slices.lane_start))
 
 
@@ -313,6 +313,7 @@ class StepCopies:
     rows: list[int]
     width: list[int]
     segments: Callable[[], Segments]
+    dest: I64  # each sub-piece's first token in the step's rows (flat), unit after unit, each unit's in order
 
     @classmethod
     def of(cls, units: list[PackedUnit], step: int, seq_len: int) -> StepCopies:
@@ -361,6 +362,7 @@ class StepCopies:
             rows=b_rows.tolist(),
             width=r_len[b_head].tolist(),
             segments=segs,
+            dest=dest,
         )
 
     def copy(self, edges: list[NDArray[Any]], out: NDArray[Any], full: bool = True) -> NDArray[Any]:

@@ -42,7 +42,6 @@ from plitzer.readpath import shutdown
 from plitzer.readpath.aligned import Columns, read_columns
 from plitzer.readpath.bins import Rows, pack_bins
 from plitzer.readpath.budget import Budget, Charge
-from plitzer.readpath.labels import LABEL_BYTES
 from plitzer.readpath.pack import pack_unit
 from plitzer.readpath.packed import PackedUnit, UnitReads
 from plitzer.readpath.read import read_chunk
@@ -170,8 +169,8 @@ class Packing:
 
     @property
     def column_bytes(self) -> int:
-        """The bytes a token's aligned columns and labels add."""
-        return (self.columns.itemsize if self.columns is not None else 0) + LABEL_BYTES * self.labels
+        """The bytes a token's aligned columns add (labels add none a token: plitzer.readpath.cost.LABEL_BYTES)."""
+        return self.columns.itemsize if self.columns is not None else 0
 
 
 class ReadPool:

@@ -164,6 +164,7 @@ class Schedule:
             lanes=len(place.rank_lanes),
             seq_len=self.seq_len(run),
             column_bytes=self.pool.packing.column_bytes,
+            labels=self.pool.packing.labels,
         )
         got = UnitReads(place, self._doc_base[rgs], int(est), self._dtype)
         self._reads[unit] = got

@@ -78,14 +78,15 @@ class Steps:
         tokens, segments = assemble(units, t, rows, seq_len, pad)
         columns = assemble_columns(units, t, rows, seq_len, packing.columns if end else None)
         self._cur = None
-        labels = assemble_labels(units, t, rows, seq_len, packing.labels if end else None)
+        labels = assemble_labels(units, t, tokens, packing.labels if end else None)
         return self._deliver(run, t, tokens, segments, units, columns, labels, release=release)
 
     def _view(self, run: Run, u: PackedUnit, t: int, release: bool = True) -> Batch:
         """Step ``t`` as a view of the block of ``u``, the unit in use."""
         segments = functools.partial(u.segments, t)
+        tokens = u.block[t - u.t0]
         return self._deliver(
-            run, t, u.block[t - u.t0], segments, [u], unit_columns(u, t), unit_labels(u, t), release=release
+            run, t, tokens, segments, [u], unit_columns(u, t), unit_labels(u, t, tokens), release=release
         )
 
     def _deliver(

@@ -30,7 +30,6 @@ from plitzer.readpath.batch import Located
 from plitzer.readpath.bins import Rows
 from plitzer.readpath.budget import Budget
 from plitzer.readpath.cost import budget_floor
-from plitzer.readpath.labels import LABEL_BYTES
 from plitzer.readpath.scan import Packing, ReadPool
 from plitzer.readpath.schedule import Schedule
 from plitzer.readpath.signals import SourceMap, SourceTotals
@@ -75,8 +74,8 @@ def check_layout(
         tok, rows, _ = held_counts(plan, s)
     if column_bytes is None:
         cols = resolve(plan.dataset, s.columns) if s.columns is not None else None
-        column_bytes = (cols.itemsize if cols is not None else 0) + LABEL_BYTES * s.labels
-    cb = column_bytes
+        column_bytes = cols.itemsize if cols is not None else 0
+    cb, lb = column_bytes, s.labels  # labels: a piece's 8 bytes (plitzer.readpath.cost.LABEL_BYTES)
     for st in new:  # a binned rule's units at another seq_len are that seq_len's bins (the bins pass's)
         units = plan.tokens if rebin is None or st.seq_len == s.seq_len else rebin.plan_at(st.seq_len).tokens
         if units < st.lanes:
@@ -87,7 +86,7 @@ def check_layout(
             )
             raise ConfigError(msg)
     floors = [
-        (budget_floor(tok, rows, lanes=st.lanes, window=s.window, seq_len=st.seq_len, column_bytes=cb), st)
+        (budget_floor(tok, rows, lanes=st.lanes, window=s.window, seq_len=st.seq_len, column_bytes=cb, labels=lb), st)
         for st in new
     ]
     (need, units), worst = max(floors, key=lambda f: f[0][0])
@@ -104,7 +103,7 @@ def check_layout(
         )
         raise ConfigError(msg)
     inflight, _ = budget_floor(
-        tok, rows, lanes=worst.lanes, window=s.window, seq_len=worst.seq_len, ahead=1, column_bytes=cb
+        tok, rows, lanes=worst.lanes, window=s.window, seq_len=worst.seq_len, ahead=1, column_bytes=cb, labels=lb
     )
     return int(inflight)
 
@@ -177,7 +176,7 @@ def parts(plan: Plan, settings: LoaderSettings) -> Parts:
     layout = s.stages
     tok, rows, _ = held_counts(plan, s)  # the selected ones where selected
     columns = resolve(plan.dataset, s.columns)  # aligned columns, checked against every source
-    column_bytes = (columns.itemsize if columns else 0) + LABEL_BYTES * s.labels  # labels: 8 B a token more
+    column_bytes = columns.itemsize if columns else 0  # labels add none a token (a piece's 8 B: check_layout)
     binned = rebin(plan, s)
     inflight = check_layout(plan, s, layout, layout.stages, tok, rows, column_bytes, binned)
     if s.budget < inflight:
