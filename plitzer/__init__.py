@@ -8,7 +8,7 @@
 # First: allocator defaults that must be in place before Polars and pyarrow load.
 from plitzer.readpath import allocators  # noqa: F401, I001
 
-from plitzer import synth
+from plitzer import mixing, synth
 from plitzer.readpath.batch import Batch, Tokens
 from plitzer.errors import (
     CacheWarning,
@@ -58,6 +58,7 @@ __all__ = [
     "load_checkpoint",
     "locate",
     "merge",
+    "mixing",
     "plan",
     "save_checkpoint",
     "selector",

@@ -53,6 +53,7 @@ from plitzer.state.dealt import DealtSteps
 from plitzer.state.groups import balancer_of
 from plitzer.state.settings import Keywords, LoaderSettings, Source, bind, signature
 from plitzer.state.share import job_source
+from plitzer.state.steering import Slot
 
 __all__ = ["Loader", "LoaderSettings", "budget_floor", "open_plan"]
 
@@ -249,6 +250,20 @@ class Loader(live.LiveChanges, DealtSteps):
         return self._run.at(self._step)[1].lanes
 
     @property
+    def stages(self) -> list[tuple[int, dict[str, int]]]:
+        """A mixture's weight stages ``[(start_step, {name: weight}), ...]``, live ones too, as ``weights=`` takes.
+
+        A Loader built with ``weights=`` these (of a steered run's checkpoint: ``plitzer.mixing``)
+        gives that run's batches step for step. A lone source has none: ``[]``.
+        """
+        return [(int(start), dict(w)) for start, w in self._now.config.get("stages", [])]
+
+    @property
+    def steering(self) -> Slot:
+        """Where a steering controller (:class:`plitzer.mixing.Online`) keeps the state checkpoints carry."""
+        return self._now.steering
+
+    @property
     def sources(self) -> list[str]:
         """The source names in source-number order (``batch.source_ids``): a mixture's as given, a path's ``[""]``."""
         return list(self._totals.sources.names)
@@ -302,7 +317,7 @@ class Loader(live.LiveChanges, DealtSteps):
             rows = self._cursor.resumed
             if rows is None:
                 rows = self._run.checkpoint_rows(self._step, lambda u: self._get(u).slices)
-            return ckpt.encode(ckpt.State(self._now.config, self._step, rows))
+            return ckpt.encode(ckpt.State(self._now.config, self._step, rows, self._now.steering.state()))
 
     # -- seek and resume ---------------------------------------------------------
 
@@ -351,6 +366,7 @@ class Loader(live.LiveChanges, DealtSteps):
                 raise
             self._place(st.step)
             self._cursor.place(st.step, rows, checks)
+        self._now.steering.resumed(None if st.steering is None else dict(st.steering), st.step)
 
     def fit(self, st: ckpt.State, what: str = "checkpoint") -> live.Reconciled:
         """How checkpoint ``st`` lines up with this loader; a mismatch is refused with every differing field.

@@ -42,6 +42,7 @@ from numpy.typing import NDArray
 
 from planner.errors import CheckpointError
 from planner.stores.cache import write_atomic
+from plitzer.state import steering as steer
 
 __all__ = [
     "CONFIG_FIELDS",
@@ -67,6 +68,7 @@ FORMAT_VERSION = 2
 _OLDER = {1: "plitzer 0.1, whose lanes took whole documents; 0.2 cuts lanes at exact token positions"}
 MAX_BYTES = 64 << 20
 _HEADER = struct.Struct("<8sIQ")
+_KEYS = frozenset(("config", "step", "lanes"))  # a document's keys; a steered run's adds "steering"
 _SETTING = object()
 _DATASET = object()
 # The configuration's fields, in the order a checkpoint writes them, each with the value it is
@@ -160,6 +162,7 @@ class State:
     config: Mapping[str, Any]
     step: int
     positions: NDArray[np.int64]  # (n, 5): the fields of Position, one row per lane, sorted by lane
+    steering: Mapping[str, Any] | None = None  # a steering controller's state (plitzer.state.steering), if any
 
     @property
     def lanes(self) -> NDArray[np.int64]:
@@ -180,6 +183,7 @@ def encode(state: State) -> bytes:
         "step": int(state.step),
         "lanes": [[int(x) for x in row] for row in state.positions],
     }
+    doc |= {} if state.steering is None else {"steering": dict(state.steering)}  # other checkpoints: same bytes
     payload = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
     head = _HEADER.pack(MAGIC, FORMAT_VERSION, len(payload)) + payload
     return head + hashlib.sha256(head).digest()
@@ -202,7 +206,8 @@ def decode(data: bytes | bytearray | memoryview) -> State:
     config = _config(doc["config"])
     step = _int(doc["step"], "step")
     positions = _positions(doc["lanes"], lanes_at(config, step))
-    return State(config=config, step=step, positions=positions)
+    steering = steer.check(doc["steering"], step) if "steering" in doc else None
+    return State(config=config, step=step, positions=positions, steering=steering)
 
 
 def _document(data: bytes | bytearray | memoryview) -> dict[str, Any]:
@@ -234,8 +239,8 @@ def _document(data: bytes | bytearray | memoryview) -> dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         why = f"unreadable document ({e})"
         raise _fail(why) from e
-    if not isinstance(doc, dict) or set(doc) != {"config", "step", "lanes"}:
-        why = "document must have exactly config, step and lanes"
+    if not isinstance(doc, dict) or not _KEYS <= set(doc) <= {*_KEYS, "steering"}:
+        why = "document must have exactly config, step and lanes (and steering, from a steered run)"
         raise _fail(why)
     return doc
 
@@ -437,6 +442,8 @@ def merge(parts: Iterable[bytes]) -> bytes:
         ]
         if s.step != first.step:
             diffs.append(f"step: part 0 {first.step}, part {i} {s.step}")
+        if s.steering != first.steering:
+            diffs.append(f"steering: part 0 {first.steering!r}, part {i} {s.steering!r}")
         if diffs:
             msg = "checkpoint parts disagree, so they are not from one run at one step: " + "; ".join(diffs)
             raise CheckpointError(msg)
@@ -455,7 +462,7 @@ def merge(parts: Iterable[bytes]) -> bytes:
             f"({len(missing)} of {b}); pass the parts of every rank"
         )
         raise CheckpointError(msg)
-    return encode(State(config=first.config, step=first.step, positions=positions))
+    return encode(State(first.config, first.step, positions, first.steering))
 
 
 def save_checkpoint(path: str | os.PathLike[str], state: bytes) -> None:

@@ -27,6 +27,7 @@ from plitzer.state import live
 from plitzer.state.build import make_config
 from plitzer.state.checkpoint import CONFIG_FIELDS, OPTIONAL, layout_of
 from plitzer.state.settings import LoaderSettings
+from plitzer.state.steering import Slot
 
 __all__ = [
     "Checks",
@@ -56,10 +57,11 @@ class Now:
     after the batch starts after it, so the state records it): batches hold this, not the loader.
     """
 
-    __slots__ = ("_base", "_first", "config", "run", "settings")
+    __slots__ = ("_base", "_first", "config", "run", "settings", "steering")
 
     def __init__(self, run: Run, settings: LoaderSettings) -> None:
         self._base, self._first = settings, run.layout  # the settings the loader was built with, and their layout
+        self.steering = Slot()  # a steering controller's state rides in every state encoded (SPEC section 20)
         self.set(run)
 
     def set(self, run: Run) -> None:
@@ -95,7 +97,7 @@ def state_after(now: Now, step: int, units: dict[int, Slices]) -> Callable[[], b
 
     def encode() -> bytes:  # holds the run value and small tables, not the loader
         rows = now.run.checkpoint_rows(step + 1, units.__getitem__)
-        return ckpt.encode(ckpt.State(now.config, step + 1, rows))
+        return ckpt.encode(ckpt.State(now.config, step + 1, rows, now.steering.state()))
 
     return encode
 
