@@ -225,9 +225,9 @@ RULES: dict[str, Rule] = {
         "--time-limit 0.5 --repeat 1 --no-resume --work {scratch}/bench-work",
     ),
     "python -m plitzer.bench.baseline data/synth-300M --loaders plitzer,mosaic,hf,hf-stream --batch 64 --workers 2 "
-    "--setup": scaled(
-        "python -m plitzer.bench.baseline data/synth-300M --loaders plitzer --batch 8 "
-        "--workers 1 --time-limit 0.5 --repeat 1 --work {scratch}/bench-work",
+    "--setup": scaled(  # the same run as the text commands' (one harness run: 31 s of a worker each)
+        "python -m plitzer.bench.baseline data/text --loaders plitzer --batch 8 --workers 1 "
+        "--time-limit 0.5 --repeat 1 --no-resume --work {scratch}/bench-work",
     ),
     # the examples, as their docstrings give them (torchrun where they use torchrun)
     "python docs/examples/train_tiny.py": R,
@@ -280,21 +280,23 @@ RULES: dict[str, Rule] = {
     "python benchmarks/mixture.py --tokens 20000000 --row-groups 30000 --epochs 100": scaled(
         "python benchmarks/mixture.py --tokens 1000000 --row-groups 300 --epochs 3 --repeat 1 --data {scratch}/mix",
     ),
+    # The --shapes runs at 20 row groups a file (at 200 each took 43-45 s of a worker): the two
+    # two-rank commands scale to one run.
     "python benchmarks/cluster.py --shapes": scaled(
-        "python benchmarks/cluster.py --shapes --shapes-row-groups 200 --per-file 10 --ranks 2 --rank-files 20"
+        "python benchmarks/cluster.py --shapes --shapes-row-groups 20 --per-file 10 --ranks 2 --rank-files 4"
     ),
     "python benchmarks/cluster.py --shapes --shapes-row-groups 800 --rank-files 300 --ranks 2": scaled(
         "python benchmarks/cluster.py --shapes --shapes-row-groups 20 --per-file 10 --ranks 2 --rank-files 4"
     ),
     "python benchmarks/cluster.py --shapes --packing best-fit --shapes-row-groups 120000 --ranks 1": scaled(
-        "python benchmarks/cluster.py --shapes --packing best-fit --shapes-row-groups 200 --per-file 10 --ranks 1"
+        "python benchmarks/cluster.py --shapes --packing best-fit --shapes-row-groups 20 --per-file 10 --ranks 1"
     ),
     # the same run at 10^6 row groups (its scaled run is the line above's): the options it names exist
     "python benchmarks/cluster.py --shapes --packing best-fit --shapes-row-groups 1000000 --ranks 1": synopsis(
         "python benchmarks/cluster.py --help"
     ),
     "python benchmarks/cluster.py --shapes --index-only --rounds 3": scaled(
-        "python benchmarks/cluster.py --shapes --index-only --shapes-row-groups 200 --per-file 10 --rounds 1"
+        "python benchmarks/cluster.py --shapes --index-only --shapes-row-groups 20 --per-file 10 --rounds 1"
     ),
     "python benchmarks/plan_scale.py": scaled("python benchmarks/plan_scale.py --row-groups 2000 --files 10"),
     "python benchmarks/seek_far.py": R,

@@ -8,7 +8,7 @@ the same settings; the source and mixture are checked.
 from __future__ import annotations
 
 import typing
-from dataclasses import fields, make_dataclass
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -17,26 +17,35 @@ import pytest
 pytest.importorskip("torch")
 
 import plitzer.torch
-from planner.errors import ConfigError
+from planner.errors import CheckpointError, ConfigError
 from planner.parameters import PARAMETERS
 from plitzer.integrations import shared
+from plitzer.integrations.settings import Settings
 
 NAMES = [p.name for p in PARAMETERS]
 
 
 def test_every_parameter_but_the_trainers_is_a_typed_field() -> None:
-    got = {name: typ for name, typ, _ in shared.setting_fields()}
-    assert list(got) == [n for n in NAMES if n not in shared.TRAINER_DECIDES and n not in shared.ALWAYS]
-    for name, typ in got.items():
-        assert typ is not typing.Any, f"{name}: give its kind a type in plitzer.integrations.shared.KIND_TYPES"
-    assert set(shared.TRAINER_DECIDES) | set(shared.ALWAYS) | set(got) == set(NAMES)
-    renamed = [n for n, _, _ in shared.setting_fields({"tokenizer": "text_tokenizer"})]
-    assert "text_tokenizer" in renamed and "tokenizer" not in renamed
+    hints = typing.get_type_hints(Settings)
+    got = [f.name for f in fields(Settings)]
+    assert got[:3] == ["source", "mixture", "replicas"]
+    assert sorted(got[3:]) == sorted(n for n in NAMES if n not in shared.TRAINER_DECIDES and n not in shared.ALWAYS)
+    assert got[-1] == "tokenizer"  # BaseSettings has all but a text source's tokenizer (torchtitan's config)
+    for name in got:
+        assert hints[name] is not typing.Any, f"{name}: give its kind a type in plitzer.integrations.shared.KIND_TYPES"
+    assert set(shared.TRAINER_DECIDES) | set(shared.ALWAYS) | set(got[3:]) == set(NAMES)
+    defaults = {f.name: f.default for f in fields(Settings)}
+    assert all(defaults[p.name] == p.default for p in PARAMETERS if p.name in defaults)
+
+
+def test_the_settings_module_is_what_the_parameters_generate() -> None:
+    """plitzer/integrations/settings.py is written out from PARAMETERS: regenerate it after changing one."""
+    written = (Path(shared.__file__).with_name("settings.py")).read_text()
+    assert written == shared.settings_source(), "run: python -m plitzer.integrations.shared"
 
 
 def _config(**values: object) -> object:
-    cls = make_dataclass("Config", [*shared.SOURCE_FIELDS, *shared.setting_fields()], kw_only=True)
-    return cls(**values)
+    return Settings(**values)  # type: ignore[arg-type]
 
 
 def test_a_config_opens_the_datasets_batches(synth_dataset, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -64,3 +73,40 @@ def test_the_source_is_checked(tmp_path: Path) -> None:
     assert shared.source_of(_config(source="a"), "v")[0] == "v"
     with pytest.raises(ConfigError, match="micro_batch_size=0 must be >= 1"):
         shared.lanes_of(0, 2, "micro_batch_size")
+
+
+def test_the_feed_counts_real_tokens_from_the_run(synth_dataset) -> None:  # type: ignore[no-untyped-def]
+    """Concat: a step's slots, X(t+1) - X(t), through a layout stage; best-fit: the rows' real tokens."""
+    from plitzer.integrations.feed import Feed
+
+    data = synth_dataset(40_000, seed=3, mean_length=50, docs_per_row_group=40)
+    with plitzer.torch.Dataset(data, lanes=4, seq_len=32, window=2, **shared.ALWAYS) as ds:
+        feed = Feed(ds)
+        first = ds.next_batch()
+        assert feed.step_tokens(first) == 4 * 32 == feed.slots(0, 1)
+        ds.set_layout(lanes=2, seq_len=128)
+        later = ds.next_batch()
+        assert feed.step_tokens(later) == 2 * 128 == later.tokens.numel()
+        assert feed.slots(0, 2) == 4 * 32 + 2 * 128
+    with plitzer.torch.Dataset(data, lanes=4, seq_len=64, window=2, packing="best-fit", **shared.ALWAYS) as ds:
+        feed = Feed(ds)
+        padded = 0
+        for _ in range(6):
+            batch = ds.next_batch()
+            real = int(batch.mask.sum()) if batch.mask.dim() else batch.tokens.numel()
+            assert feed.step_tokens(batch) == real <= feed.slots(batch.step, batch.step + 1) == 4 * 64
+            padded += real < 4 * 64
+        assert padded  # best-fit pads some row of some step here
+
+
+def test_a_checkpoint_of_another_batch_is_refused_in_the_trainers_terms(synth_dataset) -> None:  # type: ignore[no-untyped-def]
+    data = synth_dataset(40_000, seed=3, mean_length=50, docs_per_row_group=40)
+    with plitzer.torch.Dataset(data, lanes=4, seq_len=32, window=2, **shared.ALWAYS) as ds:
+        ds.next_batch()
+        state = ds.state_dict()
+    with plitzer.torch.Dataset(data, lanes=2, seq_len=32, window=2, **shared.ALWAYS) as ds:
+        with pytest.raises(CheckpointError) as e:
+            shared.resume(ds, state, batch="micro_batch_size", seq_len="max_seq_length")
+    text = str(e.value)
+    assert "lanes" not in text and "the checkpoint's run took 4 sequences a step, this one takes 2" in text
+    assert "set micro_batch_size to 4" in text

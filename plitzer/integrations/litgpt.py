@@ -33,7 +33,7 @@ This is the only module of plitzer that imports litgpt.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import field, make_dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,14 +44,32 @@ from torch.utils.data import DataLoader
 
 import plitzer.torch
 from planner.errors import ConfigError
-from plitzer.integrations.shared import SOURCE_FIELDS, VALIDATION, labels_of, lanes_of, open_dataset, setting_fields
+from plitzer.integrations.feed import Feed
+from plitzer.integrations.settings import Settings
+from plitzer.integrations.shared import VALIDATION, labels_of, lanes_of, open_dataset, resume
 
-__all__ = ["Plitzer", "PlitzerDataLoader", "rows_of"]
+__all__ = ["BEST_FIT_REFUSED", "Plitzer", "PlitzerDataLoader", "rows_of"]
 
 
 def rows_of(batch: plitzer.torch.Batch) -> torch.Tensor:
-    """litgpt's batch of a plitzer batch: ``(rows, L + 1)`` int64, the tokens and each row's last label."""
-    return torch.cat([batch.tokens.long(), labels_of(batch)[:, -1:]], dim=1)
+    """litgpt's batch of a plitzer batch: ``(rows, L + 1)`` int64, the tokens and each row's last label.
+
+    litgpt cannot mask a target, so a row holding padding (a finite run's last step) is left
+    out: padding never becomes a target (the rows kept may be none).
+    """
+    out = torch.cat([batch.tokens.long(), labels_of(batch)[:, -1:]], dim=1)
+    if batch.mask.dim():  # padded: keep the whole rows
+        out = out[batch.mask.all(dim=1)]
+    return out
+
+
+BEST_FIT_REFUSED = (
+    "litgpt's pretraining shifts one (rows, L + 1) tensor to make its targets and cannot mask one, so under "
+    "packing='best-fit' the padding and the token after each document's last would be targets: use "
+    "packing: concat (litgpt's own format: documents run on), or a trainer that takes plitzer's labels "
+    "(torchtitan, OLMo-core) to keep documents whole"
+)
+"""Why the litgpt adapter refuses best-fit packing (docs/trainers/litgpt.md)."""
 
 
 class PlitzerDataLoader(DataLoader[Any]):
@@ -64,6 +82,7 @@ class PlitzerDataLoader(DataLoader[Any]):
     def __init__(self, dataset: plitzer.torch.Dataset, *, restart: bool = False) -> None:
         super().__init__(dataset, batch_size=None, num_workers=0, collate_fn=self.rows)  # type: ignore[arg-type]
         self.plitzer = dataset
+        self.feed = Feed(dataset, restart=restart)
         self.restart = restart
 
     def rows(self, batch: plitzer.torch.Batch) -> torch.Tensor:
@@ -72,8 +91,8 @@ class PlitzerDataLoader(DataLoader[Any]):
 
     def __iter__(self) -> Iterator[torch.Tensor]:  # type: ignore[override]
         if self.restart:
-            self.plitzer.loader.seek(0)
-        return super().__iter__()  # type: ignore[return-value]
+            self.feed.start_epoch(0)
+        return (rows for rows in super().__iter__() if len(rows))  # a last step all padding: none
 
     def __len__(self) -> int:
         """The run's steps, when it is finite (``epochs``: the validation loader)."""
@@ -85,64 +104,55 @@ class PlitzerDataLoader(DataLoader[Any]):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`, taken on any number of devices."""
-        self.plitzer.load_state_dict(state_dict)
+        resume(self.plitzer, state_dict, batch="micro_batch_size", seq_len="max_seq_length")
 
 
-def _post_init(self: Any) -> None:
-    DataModule.__init__(self)
-    self.batch_size = 1
-    self.seq_len = None  # connect() sets it
+@dataclass(kw_only=True)
+class Plitzer(Settings, DataModule):
+    """plitzer as litgpt's data (class_path: plitzer.integrations.litgpt.Plitzer): source (or mixture, a mixture
+    file), val_source (the validation data), and every plitzer parameter but lanes, seq_len, rank and world,
+    which litgpt's micro_batch_size, the model's sequence length and torch.distributed give."""
 
+    val_source: str = ""
+    """The validation data (a folder, file or URL), read in storage order, one pass, at every evaluation."""
 
-def _connect(
-    self: Any, tokenizer: Tokenizer | None = None, batch_size: int = 1, max_seq_length: int | None = None
-) -> None:
-    """litgpt's call before the loaders: the micro-batch size and the model's sequence length (no tokenizer)."""
-    del tokenizer
-    self.batch_size, self.seq_len = batch_size, max_seq_length
+    def __post_init__(self) -> None:
+        # Settings comes first: LightningDataModule.__init__ calls super().__init__() down its
+        # bases, which would run Settings' __init__ again with every default.
+        DataModule.__init__(self)
+        self.batch_size = 1
+        self.seq_len: int | None = None  # connect() sets it
 
+    def connect(
+        self, tokenizer: Tokenizer | None = None, batch_size: int = 1, max_seq_length: int | None = None
+    ) -> None:
+        """litgpt's call before the loaders: the micro-batch size and the model's sequence length (no tokenizer)."""
+        del tokenizer
+        self.batch_size, self.seq_len = batch_size, max_seq_length
 
-def _open(self: Any, source: str | None = None, **given: Any) -> plitzer.torch.Dataset:
-    """The dataset of this rank (``torch.distributed``'s, which Fabric initialises), with ``source`` if given."""
-    if self.seq_len is None:
-        msg = "plitzer.integrations.litgpt.Plitzer: call connect(batch_size=, max_seq_length=) first (litgpt does)"
-        raise ConfigError(msg)
-    ready = dist.is_available() and dist.is_initialized()
-    world, rank = (dist.get_world_size(), dist.get_rank()) if ready else (1, 0)
-    lanes = lanes_of(self.batch_size, world, "micro_batch_size")
-    return open_dataset(self, lanes=lanes, seq_len=self.seq_len, rank=rank, world=world, source=source, **given)
+    def _open(self, source: str | None = None, **given: Any) -> plitzer.torch.Dataset:
+        """The dataset of this rank (``torch.distributed``'s, which Fabric initialises), with ``source`` if given."""
+        if self.seq_len is None:
+            msg = "plitzer.integrations.litgpt.Plitzer: call connect(batch_size=, max_seq_length=) first (litgpt does)"
+            raise ConfigError(msg)
+        ready = dist.is_available() and dist.is_initialized()
+        world, rank = (dist.get_world_size(), dist.get_rank()) if ready else (1, 0)
+        lanes = lanes_of(self.batch_size, world, "micro_batch_size")
+        if self.packing != "concat":
+            msg = f"packing={self.packing!r}: {BEST_FIT_REFUSED}"
+            raise ConfigError(msg)
+        return open_dataset(self, lanes=lanes, seq_len=self.seq_len, rank=rank, world=world, source=source, **given)
 
+    def train_dataloader(self) -> PlitzerDataLoader:
+        """The training loader: every epoch of ``source`` (or ``mixture``), one step a ``next``."""
+        return PlitzerDataLoader(self._open())
 
-def _train_dataloader(self: Any) -> PlitzerDataLoader:
-    """The training loader: every epoch of ``source`` (or ``mixture``), one step a ``next``."""
-    return PlitzerDataLoader(_open(self))
-
-
-def _val_dataloader(self: Any) -> PlitzerDataLoader:
-    """The validation loader: ``val_source`` in storage order, one pass (SPEC section 17), else the same settings."""
-    if not self.val_source:
-        msg = (
-            "litgpt's pretraining validates before it trains and at every eval.interval: set val_source "
-            "(the validation data: a folder, file or URL) in the data's init_args"
-        )
-        raise ConfigError(msg)
-    return PlitzerDataLoader(_open(self, self.val_source, **VALIDATION), restart=True)
-
-
-Plitzer: Any = make_dataclass(
-    "Plitzer",
-    [*SOURCE_FIELDS, ("val_source", str, field(default="")), *setting_fields()],
-    bases=(DataModule,),
-    namespace={
-        "__module__": __name__,
-        "__post_init__": _post_init,
-        "connect": _connect,
-        "train_dataloader": _train_dataloader,
-        "val_dataloader": _val_dataloader,
-    },
-)
-Plitzer.__doc__ = (
-    "plitzer as litgpt's data (class_path: plitzer.integrations.litgpt.Plitzer): source (or mixture, a mixture "
-    "file), val_source (the validation data), and every plitzer parameter but lanes, seq_len, rank and world, "
-    "which litgpt's micro_batch_size, the model's sequence length and torch.distributed give."
-)
+    def val_dataloader(self) -> PlitzerDataLoader:
+        """The validation loader: ``val_source`` in storage order, one pass (SPEC section 17), else as trained."""
+        if not self.val_source:
+            msg = (
+                "litgpt's pretraining validates before it trains and at every eval.interval: set val_source "
+                "(the validation data: a folder, file or URL) in the data's init_args"
+            )
+            raise ConfigError(msg)
+        return PlitzerDataLoader(self._open(self.val_source, **VALIDATION), restart=True)

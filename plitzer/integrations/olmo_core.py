@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterable, Iterator
-from dataclasses import field, make_dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,15 +39,10 @@ from torch.distributed.device_mesh import DeviceMesh
 
 import plitzer.torch
 from planner.errors import ConfigError
-from plitzer.integrations.shared import (
-    SOURCE_FIELDS,
-    VALIDATION,
-    epoch_start,
-    labels_of,
-    open_dataset,
-    setting_fields,
-    steps_in_epoch,
-)
+from plitzer.integrations.feed import Feed
+from plitzer.integrations.settings import Settings
+from plitzer.integrations.shared import VALIDATION, labels_of, open_dataset, resume
+from plitzer.readpath.labels import IGNORE_INDEX
 
 __all__ = [
     "PlitzerDataLoader",
@@ -56,8 +51,6 @@ __all__ = [
     "PlitzerLMEvaluator",
     "batch_of",
 ]
-
-IGNORE_INDEX = -100
 
 
 def batch_of(batch: plitzer.torch.Batch, *, doc_lengths: bool = False, labels: bool = True) -> dict[str, Any]:
@@ -76,7 +69,9 @@ class PlitzerDataLoader(TextDataLoaderBase):
     """A plitzer.torch.Dataset as OLMo-core's data loader (build it with :class:`PlitzerDataLoaderConfig`).
 
     ``restart``: every epoch (``reshuffle``) starts at its first step, whatever was read of it:
-    an evaluation's loader, which gives the same batches every time.
+    an evaluation's loader, which gives the same batches every time. ``tokens_processed`` and
+    the trainer's tokens seen are the run's real tokens (:class:`plitzer.integrations.feed.Feed`:
+    no padding under best-fit, every layout stage's own size).
     """
 
     _epoch: int | None  # OLMo-core's epoch (from 1), set by reshuffle
@@ -100,9 +95,12 @@ class PlitzerDataLoader(TextDataLoaderBase):
             dp_rank=dataset.rank,
         )
         self.dataset = dataset
+        self.feed = Feed(dataset, restart=restart)
         self.generate_doc_lengths = generate_doc_lengths
         self.restart = restart
         self.labels = labels
+        self.last: plitzer.torch.Batch | None = None  # the batch handed out last (the metrics callback's)
+        self._last_tokens: int | None = None
 
     @property
     def total_batches(self) -> int | None:
@@ -111,7 +109,7 @@ class PlitzerDataLoader(TextDataLoaderBase):
 
     def batches_in_epoch(self, epoch: int) -> int:
         """The steps of OLMo-core's epoch ``epoch`` (from 1): plitzer's ``epoch - 1``."""
-        return steps_in_epoch(self.dataset, epoch - 1)
+        return self.feed.steps_in_epoch(epoch - 1)
 
     def __len__(self) -> int:
         return int(self.total_batches or 0)
@@ -123,28 +121,65 @@ class PlitzerDataLoader(TextDataLoaderBase):
         if epoch < 1:
             msg = f"reshuffle(epoch={epoch}): OLMo-core counts epochs from 1"
             raise ConfigError(msg)
+        resumed = self._epoch == epoch and not self.restart  # load_state_dict set the epoch's tokens
         self._epoch = epoch
-        first = epoch_start(self.dataset, epoch - 1)
-        if self.restart or self.dataset.epoch != epoch - 1:
-            self.dataset.loader.seek(first)
-        self.batches_processed = self.dataset.step - first
-        self.tokens_processed = self.batches_processed * self.global_batch_size
+        self.batches_processed = self.feed.start_epoch(epoch - 1)
+        if not resumed:
+            first = self.dataset.step - self.batches_processed
+            self.tokens_processed = 0 if self.feed.pads else self.feed.slots(first, self.dataset.step)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """The local batches (OLMo-core's ``DataLoaderBase.__iter__``: not its text loader's fixed-size count)."""
+        for batch in self._iter_batches():
+            self.batches_processed += 1
+            yield batch
 
     def _iter_batches(self) -> Iterable[dict[str, Any]]:
-        for batch in self.dataset:
-            yield batch_of(batch, doc_lengths=self.generate_doc_lengths, labels=self.labels)
+        """Each step's batch; its real tokens are counted (``tokens_processed``, the trainer's tokens seen)."""
+        for batch in self.feed:
+            rows, seq_len = batch.tokens.shape
+            if rows * seq_len != self.rank_batch_size:
+                raise ConfigError(_fixed_size(self.rank_batch_size, rows, seq_len, batch.step))
+            self._last_tokens = self.feed.step_tokens(batch)
+            self.tokens_processed += self._last_tokens
+            self.last = batch
+            yield self._batch(batch)
+
+    def _batch(self, batch: plitzer.torch.Batch) -> dict[str, Any]:
+        return batch_of(batch, doc_lengths=self.generate_doc_lengths, labels=self.labels)
+
+    def global_num_tokens_in_batch(self, batch: dict[str, Any]) -> int | None:
+        """The real tokens of the global batch handed out last (no padding): the trainer's tokens seen."""
+        del batch
+        return self._last_tokens
+
+    def set_layout(self, lanes: int | None = None, seq_len: int | None = None, at_step: int | None = None) -> int:
+        """A layout stage that keeps OLMo-core's tokens a step (``global_batch_size``): half the rows, twice as long.
+
+        OLMo-core fixes the tokens of a step when it builds its train module; another size is
+        refused here, before any rank changes its layout.
+        """
+        last = self.dataset.loader.layout.stages[-1]
+        b, n = last.lanes if lanes is None else lanes, last.seq_len if seq_len is None else seq_len
+        if b * n != self.global_batch_size:
+            raise ConfigError(_fixed_size(self.global_batch_size, b, n, at_step, per="global"))
+        return self.dataset.set_layout(lanes, seq_len, at_step)
 
     def state_dict(self) -> dict[str, Any]:
-        """plitzer's global checkpoint (collective over the data-parallel group) and OLMo-core's epoch."""
-        return {"plitzer": self.dataset.state_dict()["checkpoint"], "epoch": self._epoch}
+        """plitzer's global checkpoint (collective over the data-parallel group), OLMo-core's epoch, tokens seen."""
+        ck = self.dataset.state_dict()["checkpoint"]
+        return {"plitzer": ck, "epoch": self._epoch, "tokens_processed": self.tokens_processed}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`, taken on any data-parallel degree."""
-        self.dataset.load_state_dict(state_dict["plitzer"])
+        L = self.dataset.loader.seq_len
+        resume(self.dataset, state_dict["plitzer"], batch="global_batch_size", seq_len="sequence_length", unit=L)
         self._epoch = state_dict.get("epoch")
         if self._epoch is not None:
-            self.batches_processed = self.dataset.step - epoch_start(self.dataset, self._epoch - 1)
-            self.tokens_processed = self.batches_processed * self.global_batch_size
+            first = self.feed.epoch_start(self._epoch - 1)
+            self.batches_processed = self.dataset.step - first
+            slots = self.feed.slots(first, self.dataset.step)
+            self.tokens_processed = int(state_dict.get("tokens_processed", slots))
 
     def get_mock_batch(self) -> dict[str, Any]:
         """A batch of the right shape (token 0 everywhere; one document a row): the trainer's dry run."""
@@ -156,6 +191,16 @@ class PlitzerDataLoader(TextDataLoaderBase):
             out["doc_lens"] = torch.full((rows, 1), seq_len, dtype=torch.int64)
             out["max_doc_lens"] = [seq_len] * rows
         return out
+
+
+def _fixed_size(want: int, rows: int, seq_len: int, step: int | None, per: str = "rank") -> str:
+    at = "" if step is None else f" at step {step}"
+    return (
+        f"OLMo-core fixes the tokens of a step when it builds the trainer ({want:,d} a {per}), and a layout stage"
+        f"{at} gives {rows} sequences of {seq_len} tokens ({rows * seq_len:,d}): change sequence_length with "
+        "global_batch_size so that their product stays the same (e.g. half the sequences, twice as long), "
+        "or start a new run for another size"
+    )
 
 
 def _dp_group(mesh: DeviceMesh | None, group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
@@ -174,42 +219,37 @@ def _lanes(global_batch_size: int, sequence_length: int, world: int) -> int:
     return lanes
 
 
-def _build(
-    self: Any, *, mesh: DeviceMesh | None = None, dp_process_group: dist.ProcessGroup | None = None
-) -> PlitzerDataLoader:
-    """The data loader of this config for this data-parallel rank (``mesh``'s ``dp`` dimensions, or the group)."""
-    group = _dp_group(mesh, dp_process_group)
-    world, rank = get_world_size(group), get_rank(group)
-    dataset = open_dataset(
-        self,
-        lanes=_lanes(self.global_batch_size, self.sequence_length, world),
-        seq_len=self.sequence_length,
-        rank=rank,
-        world=world,
-        group=group,
-    )
-    return PlitzerDataLoader(dataset, generate_doc_lengths=self.generate_doc_lengths, work_dir=self.work_dir)
+@DataLoaderConfig.register("plitzer")
+@dataclass(kw_only=True)
+class PlitzerDataLoaderConfig(DataLoaderConfig, Settings):
+    """plitzer's data loader config for OLMo-core: global_batch_size (tokens) and sequence_length, the data
+    (source, or mixture: a mixture file), generate_doc_lengths (doc_lens and max_doc_lens for document
+    masking), and every plitzer parameter but lanes, seq_len, rank and world, which these and the mesh give."""
 
+    global_batch_size: int = 0
+    """Tokens a global step: plitzer's lanes are global_batch_size / sequence_length."""
+    sequence_length: int = 0
+    """Tokens a sequence (plitzer's seq_len); at most the model's."""
+    generate_doc_lengths: bool = False
+    """Give doc_lens and max_doc_lens (intra-document masking)."""
+    work_dir: str | None = None
+    """OLMo-core's work folder (default: the system's temporary folder)."""
 
-PlitzerDataLoaderConfig: Any = make_dataclass(
-    "PlitzerDataLoaderConfig",
-    [
-        ("global_batch_size", int, field(default=0)),
-        ("sequence_length", int, field(default=0)),
-        *SOURCE_FIELDS,
-        ("generate_doc_lengths", bool, field(default=False)),
-        ("work_dir", str | None, field(default=None)),
-        *setting_fields(),
-    ],
-    bases=(DataLoaderConfig,),
-    namespace={"build": _build, "__module__": __name__},
-)
-PlitzerDataLoaderConfig.__doc__ = (
-    "plitzer's data loader config for OLMo-core: global_batch_size (tokens) and sequence_length, the data "
-    "(source, or mixture: a mixture file), generate_doc_lengths (doc_lens and max_doc_lens for document "
-    "masking), and every plitzer parameter but lanes, seq_len, rank and world, which these and the mesh give."
-)
-DataLoaderConfig.register("plitzer")(PlitzerDataLoaderConfig)
+    def build(
+        self, *, mesh: DeviceMesh | None = None, dp_process_group: dist.ProcessGroup | None = None
+    ) -> PlitzerDataLoader:
+        """The data loader of this config for this data-parallel rank (``mesh``'s ``dp`` dimensions, or the group)."""
+        group = _dp_group(mesh, dp_process_group)
+        world, rank = get_world_size(group), get_rank(group)
+        dataset = open_dataset(
+            self,
+            lanes=_lanes(self.global_batch_size, self.sequence_length, world),
+            seq_len=self.sequence_length,
+            rank=rank,
+            world=world,
+            group=group,
+        )
+        return PlitzerDataLoader(dataset, generate_doc_lengths=self.generate_doc_lengths, work_dir=self.work_dir)
 
 
 class PlitzerLMEvaluator(LMEvaluator):
@@ -241,58 +281,51 @@ class PlitzerLMEvaluator(LMEvaluator):
 class _EvalLoader(PlitzerDataLoader):
     """An evaluation's loader: plitzer's labels under a key the model is not given."""
 
-    def _iter_batches(self) -> Iterable[dict[str, Any]]:
-        for batch in self.dataset:
-            out = batch_of(batch, doc_lengths=self.generate_doc_lengths, labels=False)
-            out["plitzer_labels"] = labels_of(batch)
-            yield out
+    def _batch(self, batch: plitzer.torch.Batch) -> dict[str, Any]:
+        out = batch_of(batch, doc_lengths=self.generate_doc_lengths, labels=False)
+        out["plitzer_labels"] = labels_of(batch)
+        return out
 
 
-def _build_evaluator(self: Any, trainer: Any) -> Callback | None:
-    """The evaluator callback: this config's data, as many sequences a step as the training loader's."""
-    if not self.enabled:
-        return None
-    train = trainer.data_loader
-    group = trainer.dp_process_group
-    world, rank = get_world_size(group), get_rank(group)
-    seq_len = self.sequence_length or train.dataset.loader.seq_len
-    lanes = self.lanes or train.dataset.loader.lanes
-    dataset = open_dataset(self, lanes=lanes, seq_len=seq_len, rank=rank, world=world, group=group)
-    loader = _EvalLoader(dataset, generate_doc_lengths=self.generate_doc_lengths, restart=True, labels=False)
-    return EvaluatorCallback(
-        evaluators=[PlitzerLMEvaluator(name=self.name, batches=loader, device=trainer.device)],
-        eval_interval=self.eval_interval,
-        eval_on_startup=self.eval_on_startup,
-        eval_on_finish=self.eval_on_finish,
-        log_interval=self.log_interval,
-    )
+@dataclass(kw_only=True)
+class PlitzerEvaluatorCallbackConfig(CallbackConfig, Settings):
+    """An in-loop evaluation on plitzer data for OLMo-core's trainer: name (the metrics' prefix), the data (source
+    or mixture), lanes and sequence_length (0: the training loader's), the evaluator callback's own settings,
+    and every plitzer parameter, shuffle=False and epochs=1 by default (SPEC section 17)."""
 
+    name: str = "plitzer"
+    """The metrics' prefix."""
+    lanes: int = 0
+    """Sequences a global step (0: the training loader's)."""
+    sequence_length: int = 0
+    """Tokens a sequence (0: the training loader's)."""
+    generate_doc_lengths: bool = False
+    """Give doc_lens and max_doc_lens (intra-document masking)."""
+    eval_interval: int | None = 1000
+    eval_on_startup: bool = False
+    eval_on_finish: bool = False
+    log_interval: int = 5
+    enabled: bool = True
+    shuffle: bool = VALIDATION["shuffle"]
+    """Storage order (SPEC section 17): the same batches at every evaluation."""
+    epochs: int | None = VALIDATION["epochs"]
+    """One pass."""
 
-def _eval_fields() -> list[tuple[str, Any, Any]]:
-    """The evaluation's settings: plitzer's with the validation defaults (storage order, one pass)."""
-    return [(n, t, field(default=VALIDATION[n])) if n in VALIDATION else (n, t, f) for n, t, f in setting_fields()]
-
-
-PlitzerEvaluatorCallbackConfig: Any = make_dataclass(
-    "PlitzerEvaluatorCallbackConfig",
-    [
-        ("name", str, field(default="plitzer")),
-        *SOURCE_FIELDS,
-        ("lanes", int, field(default=0)),
-        ("sequence_length", int, field(default=0)),
-        ("generate_doc_lengths", bool, field(default=False)),
-        ("eval_interval", int | None, field(default=1000)),
-        ("eval_on_startup", bool, field(default=False)),
-        ("eval_on_finish", bool, field(default=False)),
-        ("log_interval", int, field(default=5)),
-        ("enabled", bool, field(default=True)),
-        *_eval_fields(),
-    ],
-    bases=(CallbackConfig,),
-    namespace={"build": _build_evaluator, "__module__": __name__},
-)
-PlitzerEvaluatorCallbackConfig.__doc__ = (
-    "An in-loop evaluation on plitzer data for OLMo-core's trainer: name (the metrics' prefix), the data (source "
-    "or mixture), lanes and sequence_length (0: the training loader's), the evaluator callback's own settings, "
-    "and every plitzer parameter, shuffle=False and epochs=1 by default (SPEC section 17)."
-)
+    def build(self, trainer: Any) -> Callback | None:
+        """The evaluator callback: this config's data, as many sequences a step as the training loader's."""
+        if not self.enabled:
+            return None
+        train = trainer.data_loader
+        group = trainer.dp_process_group
+        world, rank = get_world_size(group), get_rank(group)
+        seq_len = self.sequence_length or train.dataset.loader.seq_len
+        lanes = self.lanes or train.dataset.loader.lanes
+        dataset = open_dataset(self, lanes=lanes, seq_len=seq_len, rank=rank, world=world, group=group)
+        loader = _EvalLoader(dataset, generate_doc_lengths=self.generate_doc_lengths, restart=True, labels=False)
+        return EvaluatorCallback(
+            evaluators=[PlitzerLMEvaluator(name=self.name, batches=loader, device=trainer.device)],
+            eval_interval=self.eval_interval,
+            eval_on_startup=self.eval_on_startup,
+            eval_on_finish=self.eval_on_finish,
+            log_interval=self.log_interval,
+        )

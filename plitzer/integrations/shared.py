@@ -3,30 +3,34 @@
 A trainer decides four of plitzer's settings itself (:data:`TRAINER_DECIDES`): ``lanes``
 and ``seq_len`` from its batch size and sequence length, ``rank`` and ``world`` from its
 data-parallel rank and degree; and the adapters always ask for ``labels``. Every other
-parameter of :data:`planner.parameters.PARAMETERS` is a field of the adapter's config
-dataclass (:func:`setting_fields`), with a type that the trainers' config parsers read
-(tyro for torchtitan's command line, OmegaConf for OLMo-core's overrides, jsonargparse
-for litgpt's YAML), so a parameter added there reaches the three trainers at once.
+parameter of :data:`planner.parameters.PARAMETERS` is a field of one dataclass,
+:class:`plitzer.integrations.settings.Settings` (written out by :func:`settings_source`),
+with a type that the trainers' config parsers read (tyro for torchtitan's command line,
+OmegaConf for OLMo-core's overrides, jsonargparse for litgpt's YAML); each adapter's config
+is an ordinary class that inherits it beside its trainer's own config class, so a parameter
+added there reaches the three trainers at once.
 
 The data is ``source`` (a folder, file or URL; several separated by commas) or
 ``mixture`` (a mixture file, TOML, as ``plitzer plan --mixture`` reads: its sources,
 weights and settings).
 
->>> [name for name, _, _ in setting_fields()][:3]
-['seed', 'window', 'budget']
+>>> setting_names()[:3]
+('seed', 'window', 'budget')
 >>> setting_type(by_name("window")), setting_type(by_name("column"))
 (<class 'int'>, str | None)
 """
 
 from __future__ import annotations
 
+import re
+import textwrap
 from collections.abc import Mapping, Sequence
-from dataclasses import Field, field
+from dataclasses import field
 from typing import Any
 
 import torch
 
-from planner.errors import ConfigError
+from planner.errors import CheckpointError, ConfigError
 from planner.parameters import PARAMETERS, Parameter, by_name
 from plitzer.state.groups import groups_of_ranks
 from plitzer.tools.mixfile import mixture_columns, mixture_settings, read_mixture
@@ -39,16 +43,16 @@ __all__ = [
     "TRAINER_DECIDES",
     "VALIDATION",
     "data_groups",
-    "epoch_start",
+    "in_trainer_terms",
     "labels_of",
     "lanes_of",
     "open_dataset",
-    "setting_fields",
+    "resume",
     "setting_names",
     "setting_type",
     "settings_of",
+    "settings_source",
     "source_of",
-    "steps_in_epoch",
 ]
 
 TRAINER_DECIDES = ("lanes", "seq_len", "rank", "world")
@@ -103,14 +107,65 @@ def setting_names() -> tuple[str, ...]:
     return tuple(p.name for p in PARAMETERS if p.name not in TRAINER_DECIDES and p.name not in ALWAYS)
 
 
-def setting_fields(renamed: Mapping[str, str] | None = None) -> list[tuple[str, Any, Field[Any]]]:
-    """``(name, type, field)`` of each of :func:`setting_names`, its default that of PARAMETERS (``make_dataclass``).
+def _annotation(t: Any) -> str:
+    """A type as source text: ``int``, ``str | None``, ``dict[str, float] | None``."""
+    return t.__name__ if isinstance(t, type) and not getattr(t, "__args__", None) else str(t)
 
-    ``renamed``: a field's name where a trainer's own use of a parameter's name clashes
-    (torchtitan passes ``tokenizer`` to every data loader it builds).
+
+_DATA_DOCS = {
+    "source": "The data: a folder, file or URL; several separated by commas.",
+    "mixture": "A mixture file (TOML: sources, weights, settings), in place of source.",
+    "replicas": "One read a model-parallel group: its lowest rank reads and sends each step (SPEC section 19).",
+}
+
+_SETTINGS_HEAD = '''"""plitzer's settings as one dataclass, which each trainer adapter's config class inherits.
+
+Generated from planner.parameters.PARAMETERS by ``python -m plitzer.integrations.shared``
+(tests/test_integrations.py checks it is current): the data (``source`` or ``mixture``),
+``replicas``, and every parameter but those a trainer decides (lanes, seq_len, rank, world)
+and labels, which the adapters always ask for. Do not edit by hand.
+"""
+
+from dataclasses import dataclass
+
+__all__ = ["BaseSettings", "Settings"]
+
+
+@dataclass(kw_only=True)
+class BaseSettings:
+    """plitzer's settings in a trainer's config but a text source's ``tokenizer``: the data, then one field a
+    parameter (docs/api.md). torchtitan's config inherits this one: it passes its own ``tokenizer`` to every data
+    loader's ``build`` and refuses a config field of that name, so plitzer's is ``text_tokenizer`` there."""
+'''
+
+_SETTINGS_TAIL = '''
+
+@dataclass(kw_only=True)
+class Settings(BaseSettings):
+    """plitzer's settings in a trainer's config: :class:`BaseSettings` and a text source's ``tokenizer``."""
+'''
+
+
+def settings_source() -> str:
+    """The text of :mod:`plitzer.integrations.settings`: ``Settings``, one field a setting (and the data's).
+
+    Written out rather than made at import (``make_dataclass``), so that an editor, mypy and
+    the trainers' parsers (tyro reads a field's docstring from the source) see an ordinary
+    class; tests/test_integrations.py checks the file equals this text, and
+    ``python -m plitzer.integrations.shared`` writes it.
     """
-    names = renamed or {}
-    return [(names.get(n, n), setting_type(by_name(n)), field(default=by_name(n).default)) for n in setting_names()]
+    rows = [(n, t, f.default, _DATA_DOCS[n]) for n, t, f in SOURCE_FIELDS]
+    for name in setting_names():
+        p = by_name(name)
+        rows.append((name, setting_type(p), p.default, " ".join(p.doc.split()).split(". ")[0].rstrip(".") + "."))
+    body = []
+    for name, typ, default, doc in rows:
+        value = f'"{default}"' if isinstance(default, str) else repr(default)
+        text = textwrap.fill(doc.replace("\\", "\\\\"), width=110, initial_indent="    ", subsequent_indent="    ")
+        close = "\n    " if "\n" in text else ""
+        body.append((name, f'\n    {name}: {_annotation(typ)} = {value}\n    """{text[4:]}{close}"""\n'))
+    tokenizer = "".join(b for n, b in body if n == "tokenizer")
+    return _SETTINGS_HEAD + "".join(b for n, b in body if n != "tokenizer") + _SETTINGS_TAIL + tokenizer
 
 
 def _plain(value: Any) -> Any:
@@ -122,10 +177,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def settings_of(config: Any, renamed: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The plitzer settings a config holds, as keywords (its fields named after the parameters, or ``renamed``)."""
-    names = renamed or {}
-    return {n: _plain(getattr(config, names.get(n, n))) for n in setting_names()}
+def settings_of(config: Any) -> dict[str, Any]:
+    """The plitzer settings a config holds (a :class:`~plitzer.integrations.settings.Settings`), as keywords.
+
+    A config of :class:`~plitzer.integrations.settings.BaseSettings` (torchtitan's) gives its
+    ``text_tokenizer`` as ``tokenizer``.
+    """
+    got = {n: _plain(getattr(config, n)) for n in setting_names() if hasattr(config, n)}
+    if "tokenizer" not in got:
+        got["tokenizer"] = getattr(config, "text_tokenizer", None)
+    return got
 
 
 def source_of(config: Any, source: str | None = None) -> tuple[Any, dict[str, Any]]:
@@ -172,18 +233,17 @@ def open_dataset(
     rank: int,
     world: int,
     group: Any = None,
-    renamed: Mapping[str, str] | None = None,
     source: str | None = None,
     **given: Any,
 ) -> Dataset:
     """The plitzer.torch.Dataset of ``config`` for this data-parallel rank, with labels.
 
     ``given``: settings that win over the config's (a validation loader's ``shuffle``);
-    ``renamed``: as for :func:`setting_fields`; ``source``: data in place of the config's (:func:`source_of`).
+    ``source``: data in place of the config's (:func:`source_of`).
     A mixture file's settings apply where the config leaves the default.
     """
     data, from_file = source_of(config, source)
-    kw = settings_of(config, renamed)
+    kw = settings_of(config)
     for k, v in from_file.items():
         if kw.get(k) == by_name(k).default:
             kw[k] = v
@@ -214,6 +274,43 @@ def data_groups(rank: int, world: int, group: Any, replicas: bool, balance: bool
     return (dp_group if group is None else group), (rep_group if replicas else None)
 
 
+def resume(dataset: Dataset, state: Any, *, batch: str, seq_len: str, unit: int = 1) -> None:
+    """``dataset.load_state_dict(state)``, a checkpoint of another batch size or length refused in the trainer's terms.
+
+    plitzer names ``lanes`` and ``seq_len``; a trainer's user set ``batch`` (sequences a rank,
+    or ``unit`` = tokens a sequence where the trainer counts tokens) and ``seq_len``.
+    """
+    try:
+        dataset.load_state_dict(state)
+    except CheckpointError as e:
+        raise CheckpointError(in_trainer_terms(str(e), dataset.world, batch=batch, seq_len=seq_len, unit=unit)) from e
+
+
+def in_trainer_terms(msg: str, world: int, *, batch: str, seq_len: str, unit: int = 1) -> str:
+    """plitzer's ``lanes: checkpoint A, loader B`` (and ``seq_len``) as the trainer's settings a user changes.
+
+    >>> print(in_trainer_terms("checkpoint does not match this loader: lanes: checkpoint 4, loader 2", 2,
+    ...                        batch="micro_batch_size", seq_len="max_seq_length"))  # doctest: +NORMALIZE_WHITESPACE
+    checkpoint does not match this loader: micro_batch_size x data-parallel degree: the checkpoint's run took
+    4 sequences a step, this one takes 2 (micro_batch_size 1 x 2): set micro_batch_size to 2 at this degree
+    """
+
+    def lanes(m: re.Match[str]) -> str:
+        was, now = int(m[1]), int(m[2])
+        head, size = (
+            (batch, "")
+            if world == 1
+            else (f"{batch} x data-parallel degree", f" ({batch} {now * unit // world} x {world})")
+        )
+        fix = f"set {batch} to {was * unit // world}" if was % world == 0 else f"use a degree dividing {was}"
+        return f"{head}: the checkpoint's run took {was} sequences a step, this one takes {now}{size}: {fix}" + (
+            "" if world == 1 else " at this degree"
+        )
+
+    msg = re.sub(r"lanes: checkpoint (\d+), loader (\d+)", lanes, msg)
+    return re.sub(r"seq_len: checkpoint (\d+), loader (\d+)", rf"{seq_len}: checkpoint \1, this run \2", msg)
+
+
 def labels_of(batch: Batch) -> torch.Tensor:
     """The batch's labels (int64), which every adapter's dataset gives (:data:`ALWAYS`)."""
     if batch.labels is None:
@@ -222,11 +319,7 @@ def labels_of(batch: Batch) -> torch.Tensor:
     return batch.labels
 
 
-def epoch_start(dataset: Dataset, epoch: int) -> int:
-    """The first step of epoch label ``epoch`` (0-based, plitzer's)."""
-    return 0 if epoch <= 0 else dataset.loader.run.epoch_end(epoch - 1)
+if __name__ == "__main__":  # python -m plitzer.integrations.shared: write plitzer/integrations/settings.py
+    from pathlib import Path
 
-
-def steps_in_epoch(dataset: Dataset, epoch: int) -> int:
-    """The steps whose epoch label is ``epoch`` (0-based): plitzer's epochs differ by a step or so."""
-    return dataset.steps_in_epoch(epoch)
+    Path(__file__).with_name("settings.py").write_text(settings_source())

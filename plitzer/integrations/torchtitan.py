@@ -29,45 +29,27 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, make_dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torchtitan.models
 from torchtitan.components.dataloader import BaseDataLoader
-from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.trainer import Trainer
 
 import plitzer.torch
 from planner.errors import ConfigError
-from plitzer.integrations.shared import SOURCE_FIELDS, VALIDATION, labels_of, lanes_of, open_dataset, setting_fields
+from plitzer.integrations.feed import Feed
+from plitzer.integrations.settings import BaseSettings
+from plitzer.integrations.shared import VALIDATION, labels_of, lanes_of, open_dataset, resume
 
-__all__ = ["IGNORE_INDEX", "RENAMED", "NullTokenizer", "PlitzerDataLoader", "batch_of", "with_plitzer"]
+__all__ = ["NullTokenizer", "PlitzerDataLoader", "batch_of", "with_plitzer"]
 
 
 def batch_of(batch: plitzer.torch.Batch) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """torchtitan's item of a plitzer batch: ``({"input": tokens, "positions": position_ids}, labels)``, int64."""
     return {"input": batch.tokens.long(), "positions": batch.position_ids.long()}, labels_of(batch)
-
-
-RENAMED = {"tokenizer": "text_tokenizer"}
-"""plitzer's ``tokenizer`` (a text source's) is ``--dataloader.text_tokenizer``: torchtitan passes its own."""
-
-
-def _config_class() -> type:
-    """:class:`PlitzerDataLoader`'s Config: the data, ``infinite``, and every plitzer setting (from PARAMETERS)."""
-    own = [*SOURCE_FIELDS, ("infinite", bool, field(default=True))]
-    cls = make_dataclass(
-        "Config", [*own, *setting_fields(RENAMED)], bases=(BaseDataLoader.Config,), kw_only=True, slots=True
-    )
-    cls.__module__, cls.__qualname__ = __name__, "PlitzerDataLoader.Config"
-    cls.__doc__ = (
-        "plitzer's settings as torchtitan config fields (--dataloader.NAME): the data (source, or mixture: a "
-        "mixture file), infinite (False: one pass, the validator's) and every plitzer parameter but lanes, "
-        "seq_len, rank and world, which the trainer decides."
-    )
-    return cls
 
 
 class PlitzerDataLoader(BaseDataLoader):
@@ -78,7 +60,16 @@ class PlitzerDataLoader(BaseDataLoader):
     group (DCP calls it on every rank) and is the same on every rank.
     """
 
-    Config = _config_class()
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseDataLoader.Config, BaseSettings):
+        """plitzer's settings as torchtitan config fields (--dataloader.NAME): the data (source, or mixture: a
+        mixture file), infinite (False: one pass, the validator's) and every plitzer parameter but lanes,
+        seq_len, rank and world, which the trainer decides."""
+
+        infinite: bool = True
+        """Every epoch, one after the other (False: one pass, the validator's)."""
+        text_tokenizer: str | None = None
+        """A text source's tokenizer (plitzer's ``tokenizer``: torchtitan passes its own to every loader)."""
 
     def __init__(
         self,
@@ -99,13 +90,13 @@ class PlitzerDataLoader(BaseDataLoader):
             seq_len=seq_len,
             rank=dp_rank,
             world=dp_world_size,
-            renamed=RENAMED,
         )
+        self.feed = Feed(self.dataset)
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         """Every step from the dataset's position on; with ``infinite=False`` the rest of its epoch only."""
         while True:
-            for batch in self.dataset:
+            for batch in self.feed:
                 yield batch_of(batch)
             if not self.config.infinite:
                 return
@@ -121,7 +112,7 @@ class PlitzerDataLoader(BaseDataLoader):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict` taken at any data-parallel degree (an empty state: nothing saved)."""
         if state_dict:
-            self.dataset.load_state_dict(state_dict)
+            resume(self.dataset, state_dict, batch="training.local_batch_size", seq_len="training.seq_len")
 
     def close(self) -> None:
         self.dataset.close()

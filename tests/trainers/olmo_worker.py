@@ -59,6 +59,9 @@ def main() -> None:
 
     def recorded(self: olmo.PlitzerDataLoader) -> Any:
         for batch in iterate(self):
+            if "doc_lens" not in batch:  # the evaluator's loader
+                yield batch
+                continue
             ds = self.dataset
             docs = batch["doc_lens"]  # padded with 0 to the rank's most documents in a row: to SEQ here
             docs = torch.nn.functional.pad(docs, (0, SEQ - docs.shape[1]))

@@ -100,3 +100,24 @@ def test_kill_on_two_devices_resume_on_one(tmp_path: Path, monkeypatch: pytest.M
     for step in range(KILL + 1, STEPS + 1):
         assert loss_cut[step] == pytest.approx(loss_full[step], rel=LOSS_RTOL), step
     assert "val loss" in log_of(full, worker)  # the validation loader ran (initial and every 2 steps)
+
+
+def test_padding_never_becomes_a_target(tmp_path: Path) -> None:
+    """litgpt cannot mask a target: best-fit is refused, naming the fix; a validation pass's padded rows left out."""
+    from planner.errors import ConfigError
+    from plitzer.integrations.litgpt import Plitzer
+
+    data = tmp_path / "data"
+    plitzer.synth.write(data, 3_000, seed=8, mean_length=60, vocab=VOCAB, docs_per_row_group=20)
+    module = Plitzer(source=str(data), val_source=str(data), window=2, packing="best-fit")
+    module.connect(batch_size=4, max_seq_length=SEQ)
+    with pytest.raises(ConfigError, match="packing: concat"):
+        module.train_dataloader()
+    module = Plitzer(source=str(data), val_source=str(data), window=2)
+    module.connect(batch_size=4, max_seq_length=SEQ)
+    val = module.val_dataloader()
+    steps = list(val)
+    assert steps and all(rows.shape[1] == SEQ + 1 for rows in steps)
+    assert sum(len(rows) for rows in steps) < 4 * len(val)  # the last, padded step's partial rows are left out
+    assert [len(rows) for rows in steps][:-1] == [4] * (len(steps) - 1)
+    assert next(iter(val)).equal(steps[0])  # every pass from the first step
