@@ -25,16 +25,15 @@ from numpy.typing import NDArray
 from planner.arraytypes import I64
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.order.epoch import row_group_counts
+from plitzer.readpath.labels import IGNORE_INDEX
 from plitzer.readpath.packed import Segments
 
 if TYPE_CHECKING:
     from planner.mixing.mixindex import MixtureIndex
     from plitzer.readpath.batch import Batch
 
-__all__ = ["FOLD", "IGNORE", "SourceMap", "SourceTotals", "piece_targets"]
+__all__ = ["FOLD", "SourceMap", "SourceTotals", "piece_targets"]
 
-IGNORE = -100
-"""The label of a token that is no target (a document's last token, padding): PyTorch's ``ignore_index``."""
 
 FOLD = 64
 """Steps whose pieces :class:`SourceTotals` holds before adding them up (and at most: a few units' piece tables)."""
@@ -115,7 +114,7 @@ def piece_targets(segs: Segments, labels: NDArray[Any]) -> I64:
     length = np.asarray(segs.length, np.int64)
     last = np.maximum(np.cumsum(length) - 1, 0)  # the pieces tile the rows, in row order
     width = labels.shape[1]
-    ends = (length > 0) & (np.asarray(labels)[last // width, last % width] == IGNORE)
+    ends = (length > 0) & (np.asarray(labels)[last // width, last % width] == IGNORE_INDEX)
     out: I64 = length - ends
     return out
 
