@@ -192,6 +192,11 @@ def _loader_of(target: Any) -> Any:
 class Online:
     """A mixture steered by a rule from per-source losses: a live stage every ``every`` steps.
 
+    The controller registers with the loader (one a loader): its state is in every later
+    checkpoint and a resume gives it back, whether the controller was built before or
+    after the resume. Take checkpoints after the last observed batch's ``observe``
+    (``loader.checkpoint()`` then, or ``batch.state_after()`` of that batch).
+
     Parameters
     ----------
     loader : plitzer.Loader or plitzer.torch.Dataset
@@ -203,11 +208,6 @@ class Online:
         one has been observed.
     rule : "exp3" or Rule
         :class:`Exp3` (Online Data Mixing), or a rule of one's own (:class:`Rule`).
-
-    The controller registers with the loader (one a loader): its state is in every later
-    checkpoint and a resume gives it back, whether the controller was built before or
-    after the resume. Take checkpoints after the last observed batch's ``observe``
-    (``loader.checkpoint()`` then, or ``batch.state_after()`` of that batch).
     """
 
     def __init__(self, loader: Any, every: int, rule: str | Rule = "exp3") -> None:

@@ -265,3 +265,62 @@ def test_train_tiny_example(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ok: the resumed run equals the uninterrupted one" in done.stdout
     assert (tmp_path / "ckpt.pt").exists()
+
+
+def test_steering_guide_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/steering.md's blocks run as pasted: EXP3 steers through the Dataset, its state in state_dict."""
+    import re
+
+    from plitzer.state import checkpoint as ckpt
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "steering.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+    assert len(blocks) == 2
+    monkeypatch.chdir(tmp_path)
+    ns: dict[str, object] = {}
+    exec(compile(blocks[0], "docs/steering.md", "exec"), ns)
+    stages = ns["dataset"].loader.stages  # type: ignore[attr-defined]
+    assert len(stages) > 3 and ns["mixer"].rule.name == "exp3(alpha=0.9)"  # type: ignore[attr-defined]
+    doc = ckpt.decode(ns["state"]["checkpoint"])  # type: ignore[index]
+    assert doc.step == 100 and doc.steering is not None and doc.steering["next"] == 100
+    # The stages then, a prefix of the run's (a later change may start below step 100: at a window not begun).
+    assert [list(s) for s in stages][: len(doc.config["stages"])] == doc.config["stages"]
+    exec(compile(blocks[1], "docs/steering.md", "exec"), ns)  # a rule of one's own, on a new dataset
+    assert ns["mixer"].rule.name.startswith("follow-the-loss")  # type: ignore[attr-defined]
+
+
+def test_steering_through_the_dataset_resumes_exactly(tmp_path: Path) -> None:
+    """Online(dataset): resumed from state_dict(after=batch), controller built after, the same run; and its stages."""
+    import plitzer.mixing
+
+    srcs = {}
+    for i, name in enumerate(("web", "code", "books")):
+        plitzer.synth.write(tmp_path / name, tokens=8_000 * (i + 1), seed=i, vocab=1_000, docs_per_row_group=10)
+        srcs[name] = str(tmp_path / name)
+    kw = {"weights": {"web": 1, "code": 1, "books": 1}, "labels": True, "seed": 0, "lanes": 4, "window": 2}
+
+    def run(resume: object, steps: int, save_at: int = -1) -> tuple[list[np.ndarray], list[object], object, bytes]:
+        out, saved = [], None
+        with plitzer.torch.Dataset(srcs, seq_len=32, **kw) as ds:
+            if resume is not None:
+                ds.load_state_dict(resume)  # type: ignore[arg-type]
+            mixer = plitzer.mixing.Online(ds, every=5)
+            while ds.step < steps:
+                b = ds.next_batch()
+                ids = b.source_ids.long().flatten()
+                loss = (b.tokens.long().flatten() % 11).double()  # a stand-in model's loss: exact sums
+                per = torch.stack([torch.bincount(ids[ids >= 0], weights=loss[ids >= 0], minlength=3), b.source_tokens])
+                mixer.observe(b.step, per[0] / per[1])
+                out.append(b.tokens.numpy().copy())
+                if b.step == save_at:
+                    saved = ds.state_dict(after=b)
+            return out, ds.loader.stages, saved, ds.state_dict()["checkpoint"]
+
+    whole, stages, saved, last = run(None, 30, save_at=11)
+    again, stages2, _, last2 = run(saved, 30)
+    assert len(stages) > 3 and stages2 == stages and last2 == last
+    for a, b in zip(whole[12:], again, strict=True):
+        np.testing.assert_array_equal(a, b)
+    with plitzer.Loader(srcs, seq_len=32, **{**kw, "weights": stages}) as replay:
+        for a in whole:
+            np.testing.assert_array_equal(np.asarray(replay.next_batch().tokens), a)
