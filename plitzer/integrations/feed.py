@@ -12,11 +12,22 @@ rows' padding only).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
+import torch
+
+from planner.errors import ConfigError
+from plitzer.mixing import Online
+from plitzer.readpath.labels import IGNORE_INDEX
 from plitzer.torch import Batch, Dataset
 
-__all__ = ["Feed"]
+__all__ = ["Feed", "metric_names"]
+
+
+def metric_names(sources: Sequence[str]) -> list[str]:
+    """The metrics' names of the sources: their names, ``data`` for a lone unnamed one."""
+    return [n or "data" for n in sources] if len(sources) > 1 or sources[0] else ["data"]
 
 
 class Feed:
@@ -26,9 +37,58 @@ class Feed:
     evaluation's feed: the same batches every time).
     """
 
-    def __init__(self, dataset: Dataset, *, restart: bool = False) -> None:
+    def __init__(self, dataset: Dataset, *, restart: bool = False, steer: int = 0, rule: str = "exp3") -> None:
         self.dataset = dataset
         self.restart = restart
+        self.mixer = Online(dataset, every=steer, rule=rule) if steer else None
+        self._seen: dict[str, float] = {}  # the running totals at the last metrics() call
+
+    def metrics(self) -> dict[str, float]:
+        """This rank's figures since the last call, by name (the trainer sums them over ranks, maxes the wait).
+
+        ``plitzer/tokens/NAME`` and ``plitzer/targets/NAME`` (real tokens and targets of each
+        source, ``loader.sources`` order), ``plitzer/padding`` and ``plitzer/wait_s`` (the
+        consumer's wait for batches): differences of ``loader.stats``' running totals.
+        """
+        st = self.dataset.loader.stats
+        names = metric_names(st.sources)
+        now = {f"plitzer/tokens/{n}": float(t) for n, t in zip(names, st.source_tokens, strict=True)}
+        if st.source_targets is not None:
+            now |= {f"plitzer/targets/{n}": float(t) for n, t in zip(names, st.source_targets, strict=True)}
+        now |= {"plitzer/padding": float(st.padding_tokens), "plitzer/wait_s": float(st.wait_seconds)}
+        out = {k: v - self._seen.get(k, 0.0) for k, v in now.items()}
+        self._seen = now
+        return out
+
+    def source_losses(self, batch: Batch, losses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each source's summed loss and target count in ``batch``, from its per-token ``losses`` (rows x seq_len).
+
+        One ``bincount`` each over ``batch.source_ids`` where the labels are targets (a token's
+        label is the next token of its own document, so of its source). float64 and int64, on
+        the losses' device; all-reduce both over the data-parallel group for the step's means.
+        """
+        labels = batch.labels
+        if labels is None:
+            msg = "source_losses: the batch has no labels (the adapters open their dataset with labels=True)"
+            raise ConfigError(msg)
+        device = losses.device
+        keep = labels.to(device).reshape(-1) != IGNORE_INDEX
+        ids = batch.source_ids.to(device).reshape(-1)[keep].long()
+        k = len(self.dataset.loader.sources)
+        sums = torch.bincount(ids, weights=losses.detach().reshape(-1)[keep].double(), minlength=k)
+        return sums, torch.bincount(ids, minlength=k)
+
+    def observe(self, step: int, sums: Any, counts: Any) -> int | None:
+        """Step ``step``'s per-source loss sums and counts, reduced over the ranks, to the steering controller.
+
+        The means (NaN for a source with no target in the step) go to :meth:`plitzer.mixing.Online.observe`;
+        without ``steer`` nothing happens. Returns the step a new stage starts at, if one was set.
+        """
+        if self.mixer is None:
+            return None
+        s, c = torch.as_tensor(sums, dtype=torch.float64).cpu(), torch.as_tensor(counts).cpu()
+        means = torch.where(c > 0, s / c.clamp(min=1), torch.full_like(s, float("nan")))
+        return self.mixer.observe(step, means.tolist())
 
     @property
     def pads(self) -> bool:

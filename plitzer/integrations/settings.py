@@ -26,6 +26,14 @@ class BaseSettings:
     replicas: bool = False
     """One read a model-parallel group: its lowest rank reads and sends each step (SPEC section 19)."""
 
+    steer: int = 0
+    """Steer the mixture every this many global steps from the trainer's per-source loss (plitzer.mixing.Online,
+    SPEC section 20; docs/steering.md); 0: off. A mixture, where the trainer gives per-token losses.
+    """
+
+    steer_rule: str = "exp3"
+    """The steering rule: exp3 (Online Data Mixing, Albalak et al. 2023)."""
+
     seed: int = 0
     """Seed of the order: the same seed, data and settings give the same batches on every machine (SPEC section
     3).

@@ -87,9 +87,12 @@ SOURCE_FIELDS: list[tuple[str, Any, Any]] = [
     ("source", str, field(default="")),
     ("mixture", str | None, field(default=None)),
     ("replicas", bool, field(default=False)),
+    ("steer", int, field(default=0)),
+    ("steer_rule", str, field(default="exp3")),
 ]
 """The data of a config: ``source`` (folders, files or URLs, comma-separated) or ``mixture`` (a TOML file);
-and ``replicas`` (SPEC section 19): a model-parallel group reads once, its lowest rank sending each step."""
+``replicas`` (SPEC section 19): a model-parallel group reads once, its lowest rank sending each step; and
+``steer`` (SPEC section 20): the mixture steered from the trainer's per-source loss every this many steps."""
 
 
 def setting_type(p: Parameter) -> Any:
@@ -116,6 +119,11 @@ _DATA_DOCS = {
     "source": "The data: a folder, file or URL; several separated by commas.",
     "mixture": "A mixture file (TOML: sources, weights, settings), in place of source.",
     "replicas": "One read a model-parallel group: its lowest rank reads and sends each step (SPEC section 19).",
+    "steer": (
+        "Steer the mixture every this many global steps from the trainer's per-source loss (plitzer.mixing.Online, "
+        "SPEC section 20; docs/steering.md); 0: off. A mixture, where the trainer gives per-token losses."
+    ),
+    "steer_rule": "The steering rule: exp3 (Online Data Mixing, Albalak et al. 2023).",
 }
 
 _SETTINGS_HEAD = '''"""plitzer's settings as one dataclass, which each trainer adapter's config class inherits.
