@@ -379,6 +379,27 @@ RULES: dict[str, Rule] = {
     "--repeat 7 --epochs 2": scaled(
         "python benchmarks/labels.py --packing best-fit --tokens 1000000 --threads 2 --repeat 1 --epochs 1"
     ),
+    # labels at the trainers' shape on real text (docs/benchmarks.md): the same flags on the sample
+    "python benchmarks/labels.py --data data/balance-text-64000000-1000000 --threads 2 --lanes 128 --seq-len 2048 "
+    "--window 16 --epochs 3 --repeat 5": scaled(
+        "python benchmarks/labels.py --data data/sample --threads 2 --lanes 8 --seq-len 256 --window 2 --epochs 1 "
+        "--repeat 1"
+    ),
+    "python benchmarks/labels.py --data data/balance-text-64000000-1000000 --threads 2 --lanes 128 --seq-len 2048 "
+    "--window 16 --epochs 2 --repeat 9": scaled(
+        "python benchmarks/labels.py --data data/sample --threads 2 --lanes 8 --seq-len 256 --window 2 --epochs 1 "
+        "--repeat 1"
+    ),
+    "python benchmarks/labels.py --packing best-fit --data data/balance-text-64000000-1000000 --threads 2 "
+    "--lanes 128 --seq-len 2048 --window 16 --epochs 2 --repeat 7": scaled(
+        "python benchmarks/labels.py --packing best-fit --data data/sample --threads 2 --lanes 8 --seq-len 256 "
+        "--window 2 --epochs 1 --repeat 1"
+    ),
+    "python benchmarks/labels.py --parts --data data/balance-text-64000000-1000000 --threads 2 --lanes 128 "
+    "--seq-len 2048 --window 16 --epochs 3": scaled(
+        "python benchmarks/labels.py --parts --data data/sample --threads 2 --lanes 8 --seq-len 256 --window 2 "
+        "--epochs 1"
+    ),
     "python benchmarks/labels.py --parts --tokens 8000000 --threads 2": scaled(
         "python benchmarks/labels.py --parts --tokens 1000000 --threads 2 --epochs 1"
     ),
