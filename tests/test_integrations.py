@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("torch")
 
@@ -28,12 +29,14 @@ NAMES = [p.name for p in PARAMETERS]
 def test_every_parameter_but_the_trainers_is_a_typed_field() -> None:
     hints = typing.get_type_hints(Settings)
     got = [f.name for f in fields(Settings)]
-    assert got[:3] == ["source", "mixture", "replicas"]
-    assert sorted(got[3:]) == sorted(n for n in NAMES if n not in shared.TRAINER_DECIDES and n not in shared.ALWAYS)
-    assert got[-1] == "tokenizer"  # BaseSettings has all but a text source's tokenizer (torchtitan's config)
+    own = [name for name, _, _ in shared.SOURCE_FIELDS]  # the data, replicas, steering: first
+    assert own[:3] == ["source", "mixture", "replicas"] and got[: len(own)] == own
+    params = got[len(own) :]
+    assert sorted(params) == sorted(n for n in NAMES if n not in shared.TRAINER_DECIDES and n not in shared.ALWAYS)
+    assert params[-1] == "tokenizer"  # BaseSettings has all but a text source's tokenizer (torchtitan's config)
     for name in got:
         assert hints[name] is not typing.Any, f"{name}: give its kind a type in plitzer.integrations.shared.KIND_TYPES"
-    assert set(shared.TRAINER_DECIDES) | set(shared.ALWAYS) | set(got[3:]) == set(NAMES)
+    assert set(shared.TRAINER_DECIDES) | set(shared.ALWAYS) | set(params) == set(NAMES)
     defaults = {f.name: f.default for f in fields(Settings)}
     assert all(defaults[p.name] == p.default for p in PARAMETERS if p.name in defaults)
 
@@ -110,3 +113,38 @@ def test_a_checkpoint_of_another_batch_is_refused_in_the_trainers_terms(synth_da
     text = str(e.value)
     assert "lanes" not in text and "the checkpoint's run took 4 sequences a step, this one takes 2" in text
     assert "set micro_batch_size to 4" in text
+
+
+def test_the_feed_gives_each_sources_figures_and_steers(tmp_path: Path) -> None:
+    """Metrics against the batches' source ids; per-source losses against a loop over the tokens; steer= sets a stage."""
+    import plitzer.synth
+    from plitzer.integrations.feed import Feed
+
+    dirs = {}
+    for i, name in enumerate(("a", "b")):
+        dirs[name] = tmp_path / name
+        plitzer.synth.write(dirs[name], tokens=40_000, seed=i, vocab=500, mean_length=40)
+    with plitzer.torch.Dataset(
+        {n: str(d) for n, d in dirs.items()}, weights={"a": 1, "b": 1}, lanes=4, window=2, seq_len=64, **shared.ALWAYS
+    ) as ds:
+        feed = Feed(ds, steer=3)
+        feed.metrics()
+        want = np.zeros(2, np.int64)
+        for _ in range(4):
+            batch = ds.next_batch()
+            ids = batch.source_ids.numpy()
+            want += np.bincount(ids[ids >= 0], minlength=2)
+            losses = torch.arange(batch.tokens.numel(), dtype=torch.float32).reshape(batch.tokens.shape)
+            sums, counts = feed.source_losses(batch, losses)
+            keep = batch.labels.numpy() != -100
+            for s in (0, 1):
+                sel = keep & (ids == s)
+                assert counts[s] == sel.sum() and sums[s] == pytest.approx(losses.numpy()[sel].sum())
+            feed.observe(batch.step, sums, counts)
+        got = feed.metrics()
+        assert [got["plitzer/tokens/a"], got["plitzer/tokens/b"]] == want.tolist()
+        assert got["plitzer/padding"] == 0 and got["plitzer/wait_s"] >= 0
+        assert len(ds.loader.stages) == 2  # the first stage and the one steering set after step 2
+    with plitzer.torch.Dataset(dirs["a"], lanes=4, seq_len=64, **shared.ALWAYS) as lone:
+        with pytest.raises(ConfigError, match="two or more named sources"):
+            Feed(lone, steer=3)
