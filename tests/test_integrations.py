@@ -116,7 +116,7 @@ def test_a_checkpoint_of_another_batch_is_refused_in_the_trainers_terms(synth_da
 
 
 def test_the_feed_gives_each_sources_figures_and_steers(tmp_path: Path) -> None:
-    """Metrics against the batches' source ids; per-source losses against a loop over the tokens; steer= sets a stage."""
+    """Metrics against the batches' source ids; per-source losses against the tokens'; steer= sets a stage."""
     import plitzer.synth
     from plitzer.integrations.feed import Feed
 
