@@ -85,6 +85,15 @@ class PlitzerDataLoader(DataLoader[Any]):
         self.feed = Feed(dataset, restart=restart)
         self.restart = restart
 
+    def metrics(self) -> dict[str, float]:
+        """This rank's per-source tokens and targets, padding and wait since the last call (``Feed.metrics``).
+
+        litgpt's pretraining logs its own fixed figures and gives a data module no hook into
+        Fabric's ``log_dict``: a loop of one's own logs these with
+        ``fabric.log_dict(loader.metrics(), step=...)`` (summed over ranks where it matters).
+        """
+        return self.feed.metrics()
+
     def rows(self, batch: plitzer.torch.Batch) -> torch.Tensor:
         """The step's tensor (:func:`rows_of`)."""
         return rows_of(batch)
@@ -138,6 +147,12 @@ class Plitzer(Settings, DataModule):
         ready = dist.is_available() and dist.is_initialized()
         world, rank = (dist.get_world_size(), dist.get_rank()) if ready else (1, 0)
         lanes = lanes_of(self.batch_size, world, "micro_batch_size")
+        if self.steer:
+            msg = (
+                f"steer={self.steer}: litgpt's pretraining gives its data module neither the loss nor a hook into "
+                "its loop, so nothing could feed the controller; steer in a loop of your own (docs/steering.md)"
+            )
+            raise ConfigError(msg)
         if self.packing != "concat":
             msg = f"packing={self.packing!r}: {BEST_FIT_REFUSED}"
             raise ConfigError(msg)

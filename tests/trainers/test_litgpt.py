@@ -113,8 +113,16 @@ def test_padding_never_becomes_a_target(tmp_path: Path) -> None:
     module.connect(batch_size=4, max_seq_length=SEQ)
     with pytest.raises(ConfigError, match="packing: concat"):
         module.train_dataloader()
+    module = Plitzer(source=str(data), val_source=str(data), window=2, steer=10)
+    module.connect(batch_size=4, max_seq_length=SEQ)
+    with pytest.raises(ConfigError, match="loop of your own"):
+        module.train_dataloader()
     module = Plitzer(source=str(data), val_source=str(data), window=2)
     module.connect(batch_size=4, max_seq_length=SEQ)
+    train = module.train_dataloader()
+    rows = next(iter(train))
+    got = train.metrics()  # this rank's figures since the loader began: the rows handed out
+    assert got["plitzer/tokens/data"] == rows[:, :SEQ].numel() and got["plitzer/padding"] == 0
     val = module.val_dataloader()
     steps = list(val)
     assert steps and all(rows.shape[1] == SEQ + 1 for rows in steps)
