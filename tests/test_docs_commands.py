@@ -106,6 +106,9 @@ RULES: dict[str, Rule] = {
     "--dataloader.source s3://bucket/fineweb-edu --dataloader.window 64 --validator.enable "
     "--validator.dataloader.source s3://bucket/fineweb-edu-val": TRAINERS,
     "litgpt pretrain --config pretrain.yaml --devices 8 --resume auto": TRAINERS,
+    # torchtitan on a laptop: tests/trainers/test_laptop.py runs it as the page writes it
+    "python -m plitzer.integrations.torchtitan_cpu --module plitzer.integrations.torchtitan --config llama3_debugmodel "
+    "--dataloader.source data/small --training.local_batch_size 2 --training.seq_len 128 --training.steps 10": TRAINERS,
     'pip install -c .ci/constraints.txt -e ".[baseline]"': INSTALL,
     'pip install -c .ci/constraints.txt -e ".[dev]"': CI,
     "pip install -e .": INSTALL,
@@ -137,6 +140,7 @@ RULES: dict[str, Rule] = {
         "'--length-column', 'token_count'], check=True)\""
     ),
     "plitzer synth data/sample --tokens 300000": R,
+    "plitzer synth data/small --tokens 200000 --vocab 2000": R,
     "plitzer synth --text data/text --tokens 200000000": scaled("plitzer synth --text data/text --tokens 200000"),
     "plitzer synth data/synth-300M --tokens 300000000": scaled("plitzer synth data/synth-300M --tokens 2000000"),
     "plitzer --version": R,
