@@ -36,7 +36,7 @@ from planner.order.epoch import PlanSettings, Traversal
 from planner.order.layout import Layout, LayoutStage
 from planner.order.plan import Plan
 from planner.parameters import PLAN_PARAMETERS, Selection, check_keywords, document
-from planner.rules import Rule, rule_named
+from planner.rules import Rule, check_pad_id, rule_named
 from planner.runtime import BINS, COLUMNS, COUNT, DEDUPE, SELECT, runtime_pass
 
 __all__ = [
@@ -349,6 +349,7 @@ def plan(
     exclude = None if exclude is None else os.fspath(exclude)
     selection = Selection(where=where, length_column=length_column, dedupe=dedupe, exclude=exclude)
     rule = rule_named(packing)
+    check_pad_id(pad_id)
     ix = open_index(
         source,
         column=column,
@@ -358,6 +359,7 @@ def plan(
         opening=Opening(select=selector, count=count),
         binned=rule.pads,
     )
+    check_pad_id(pad_id, ix.dtype, ix.column, ix.source)  # the batches' dtype: as the loader checks it
     ix = _deduped(ix, source, selection, deduper, storage_options)
     check = runtime_pass(None, COLUMNS) if columns else None
     if check is not None:  # a column the data lacks is refused here as the loader would refuse it

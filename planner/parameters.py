@@ -168,7 +168,8 @@ PARAMETERS: tuple[Parameter, ...] = (
         "str, optional",
         "Token column (default: the one integer-list column named ``input_ids``, ``tokens`` or "
         "``token_ids``, else the one integer-list column).",
-        "token column (default: the one list<int32|uint32> column)",
+        "token column (default: the one integer-list column named input_ids, tokens or token_ids, else the only "
+        "integer-list column)",
         positional=True,
         plan=True,
     ),

@@ -13,11 +13,19 @@ Beside the tokens each document has FineWeb-Edu's metadata, for selections
 come from their own random stream, so the tokens are those of ``(tokens, seed)``
 with or without them (``metadata=False`` leaves them out).
 
+The token column is ``tokens`` (``column=`` names it otherwise, e.g. ``input_ids`` as most
+tokenized corpora and ``plitzer tokenize`` name it); the loader finds either without
+``column=``. The name is kept from earlier releases: checkpoints record the column, and the
+benchmarks' recorded commands and many documented queries name it (docs/design.md, "The
+sample data's token column").
+
 >>> import tempfile, pyarrow.parquet as pq
 >>> paths = write(tempfile.mkdtemp(), tokens=30_000, seed=0, docs_per_row_group=10)
 >>> t = pq.read_table(paths[0])
 >>> t.column_names
 ['id', 'tokens', 'score', 'int_score', 'language', 'token_count']
+>>> pq.read_table(write(tempfile.mkdtemp(), tokens=30_000, column="input_ids")[0]).column_names[1]
+'input_ids'
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ __all__ = ["FINEWEB_COLUMNS", "write", "write_fineweb_shaped"]
 
 _LANGUAGES = ("en", "de", "fr", "es", "zh")
 _SHARES = (0.7, 0.1, 0.08, 0.07, 0.05)
+_METADATA = ("score", "int_score", "language", "token_count")
 
 
 def write(
@@ -48,14 +57,14 @@ def write(
     dtype: str = "int32",
     compression: str = "zstd",
     metadata: bool = True,
+    column: str = "tokens",
 ) -> list[Path]:
-    """Write at least ``tokens`` tokens as Parquet files into folder ``out``.
+    """Write at least ``tokens`` tokens as Parquet files into folder ``out``, in token column ``column``.
 
-    Returns the written paths (``part-00000.parquet``, ...).
+    Returns the written paths (``part-00000.parquet``, ...). The tokens are those of
+    ``(tokens, seed)`` whatever the column's name.
     """
-    if tokens < 1:
-        msg = f"tokens={tokens} must be >= 1"
-        raise ValueError(msg)
+    _check(tokens, column)
     rng = np.random.default_rng(seed)
     meta = np.random.default_rng([seed, 27])  # its own stream: the tokens do not depend on it
     outdir = Path(out)
@@ -80,14 +89,10 @@ def write(
         offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
         columns: dict[str, pa.Array] = {
             "id": pa.array(np.arange(doc_id, doc_id + n_docs, dtype=np.int64)),
-            "tokens": pa.ListArray.from_arrays(offsets, values),
+            column: pa.ListArray.from_arrays(offsets, values),
         }
         if metadata:
-            score = np.round(meta.beta(2.0, 3.0, n_docs) * 5, 3)
-            columns["score"] = pa.array(score)
-            columns["int_score"] = pa.array(np.round(score).astype(np.int64))
-            columns["language"] = pa.array(np.array(_LANGUAGES)[meta.choice(len(_LANGUAGES), n_docs, p=_SHARES)])
-            columns["token_count"] = pa.array(lengths.astype(np.int64))
+            columns.update(_metadata(meta, lengths))
         table = pa.table(columns)
         path = outdir / f"part-{len(paths):05d}.parquet"
         pq.write_table(table, path, row_group_size=docs_per_row_group, compression=compression)
@@ -95,6 +100,27 @@ def write(
         written += total
         doc_id += n_docs
     return paths
+
+
+def _check(tokens: int, column: str) -> None:
+    if tokens < 1:
+        msg = f"tokens={tokens} must be >= 1"
+        raise ValueError(msg)
+    if column in ("id", *_METADATA):
+        msg = f"column={column!r} is one of the metadata columns; name the token column otherwise (e.g. input_ids)"
+        raise ValueError(msg)
+
+
+def _metadata(meta: np.random.Generator, lengths: np.ndarray) -> dict[str, pa.Array]:
+    """FineWeb-Edu's metadata of documents of ``lengths`` tokens, from ``meta``'s own stream."""
+    n_docs = len(lengths)
+    score = np.round(meta.beta(2.0, 3.0, n_docs) * 5, 3)
+    return {
+        "score": pa.array(score),
+        "int_score": pa.array(np.round(score).astype(np.int64)),
+        "language": pa.array(np.array(_LANGUAGES)[meta.choice(len(_LANGUAGES), n_docs, p=_SHARES)]),
+        "token_count": pa.array(lengths.astype(np.int64)),
+    }
 
 
 FINEWEB_COLUMNS = (

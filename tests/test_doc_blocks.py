@@ -2,11 +2,12 @@
 
 A reader copies one block, not the page: a block that uses ``plitzer`` (or ``np``,
 ``torch``, ...) imported only by an earlier block fails with a ``NameError`` where it
-lands. Variables may come from the page's earlier blocks (a block that goes on with the
-``loader`` of the one before reads as a continuation), imports may not. The guides'
-blocks also run end to end where they need only local data: docs/usage.md's in
-tests/test_audit.py, docs/grain.md's in tests/test_first_hour.py, and the README's that
-read the sample datasets below.
+lands. In the guides variables may come from the page's earlier blocks (a block that goes
+on with the ``loader`` of the one before reads as a continuation), imports may not; the
+README's blocks are each whole, every name they use their own (the first page read, a
+block at a time). The guides' blocks also run end to end where they need only local data:
+docs/usage.md's in tests/test_audit.py, docs/grain.md's in tests/test_first_hour.py, and
+the README's that read the sample datasets below, each alone in a fresh namespace.
 """
 
 from __future__ import annotations
@@ -85,6 +86,31 @@ def test_the_check_finds_a_block_that_lacks_its_import(tmp_path: Path) -> None:
     assert missing_imports(page) == ["block 2: plitzer"]
 
 
+def free_names(page: Path) -> list[str]:
+    """``block i: name`` for every name a block uses without binding it (an import, an assignment, ...)."""
+    out = []
+    for i, code in enumerate(blocks(page)):
+        tree = ast.parse(code)
+        imported, other = _bound(tree)
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        out += [f"block {i}: {n}" for n in sorted(used - imported - other - set(dir(builtins)))]
+    return out
+
+
+def test_every_readme_block_binds_what_it_uses() -> None:
+    """No README block goes on with an earlier block's variables (0.6's mixture blocks used ``sources``)."""
+    assert free_names(ROOT / "README.md") == []
+
+
+def test_the_check_finds_a_block_that_goes_on_from_another(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```python\nimport plitzer\nloader = plitzer.Loader('d')\n```\n"
+        "```python\nfor batch in loader:\n    print(batch)\n```\n"
+    )
+    assert free_names(page) == ["block 1: loader"]
+
+
 def _readme(name: str) -> str:
     """The README's block that holds ``name``."""
     found = [b for b in blocks(ROOT / "README.md") if name in b]
@@ -117,3 +143,22 @@ def test_the_readme_blocks_on_local_data_run_as_pasted(tmp_path: Path, monkeypat
     ):
         exec(compile(code, "README.md", "exec"), {})
     exec(compile(_readme('packing="best-fit"'), "README.md", "exec"), {})
+
+
+def test_the_readme_mixture_blocks_run_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Mixtures section's blocks, each alone in a fresh namespace, on two sources as it names them.
+
+    ``data/code`` holds ``input_ids`` (``plitzer synth --column input_ids``), ``data/web``
+    synth's own ``tokens``: the loader finds either column by itself.
+    """
+    monkeypatch.chdir(tmp_path)
+    plitzer.synth.write("data/web", tokens=120_000, seed=2, docs_per_row_group=40, mean_length=300)
+    plitzer.synth.write("data/code", tokens=40_000, seed=3, docs_per_row_group=40, mean_length=300, column="input_ids")
+    mixture = [
+        _readme("(20_000, {"),  # the sources, and stages
+        _readme("any_value(s.target_share)"),  # the plan's delivered shares
+        _readme("loader.set_weights("),  # a live stage
+        _readme("plitzer.mixing.Online("),  # steered from the losses
+    ]
+    for code in mixture:
+        exec(compile(code, "README.md", "exec"), {})

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
 import polars as pl
 
 from planner.arraytypes import I64
+from planner.catalog.column import TokenDtype, token_range
 from planner.errors import ConfigError
 from planner.rules.bestfit import NAME as BEST_FIT
 from planner.rules.bestfit import BestFit
@@ -52,6 +54,7 @@ __all__ = [
     "Rule",
     "binned_rule",
     "check_packing",
+    "check_pad_id",
     "rule_named",
     "rule_of",
 ]
@@ -85,6 +88,34 @@ def check_packing(packing: object) -> str:
         )
         raise ConfigError(msg)
     return str(packing)
+
+
+def check_pad_id(pad_id: object, dtype: TokenDtype | None = None, column: str = "", source: str = "") -> int:
+    """``pad_id=`` checked: a token id, ``0 <= pad_id <=`` the largest token of the batches' ``dtype``.
+
+    The one check of every entry point (docs/design.md, "The pad token"): without ``dtype``
+    (before the data is opened) the integer and its sign, with it (the index's batch dtype,
+    of ``column`` in ``source``) also its upper end, so a pad token the batches cannot hold
+    is refused where the run is set up, not at its first padded row.
+    """
+    fix = "e.g. the tokenizer's pad or EOS id"
+    if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)):
+        msg = f"pad_id={pad_id!r} must be a token id, an integer >= 0 ({fix})"
+        raise ConfigError(msg)
+    if pad_id < 0:
+        msg = (
+            f"pad_id={pad_id} is negative: a pad token is a token id, 0..{2**31 - 1} for int32 token batches "
+            f"(0..{2**32 - 1} for uint32 ones); give one ({fix})"
+        )
+        raise ConfigError(msg)
+    high = token_range(dtype)[1] if dtype is not None else pad_id
+    if pad_id > high:
+        msg = (
+            f"pad_id={pad_id} does not fit the batches: column {column!r} of {source} gives {dtype} token "
+            f"batches, which hold 0..{high}; give a pad token id in 0..{high} ({fix})"
+        )
+        raise ConfigError(msg)
+    return int(pad_id)
 
 
 def rule_named(name: str) -> Rule:

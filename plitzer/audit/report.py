@@ -300,7 +300,11 @@ def _padding_section(plan: Plan, out: _Sections) -> None:
         pl.col("tokens").sum(),
         pl.col("padding").sum(),
         (pl.col("padding").sum() / (pl.col("bins").sum() * plan.packing[2]).clip(1)).alias("padding_fraction"),
-        ((pl.col("floor_fraction") * pl.col("bins")).sum() / pl.col("bins").sum().clip(1)).alias("floor_fraction"),
+        pl.col("floor_bins").sum(),
+        (
+            (pl.col("floor_bins").sum() * plan.packing[2] - pl.col("tokens").sum())
+            / (pl.col("floor_bins").sum() * plan.packing[2]).clip(1)
+        ).alias("floor_fraction"),
     )
     tables["padding_per_window"] = per_window
     if isinstance(plan, MixturePlan):

@@ -353,28 +353,34 @@ def padding(plan: Plan, epoch: int = 0, by: str = "window_index") -> pl.DataFram
     """Best-fit's padding (SPEC section 15) per window of ``epoch`` (or per ``by``: ``"source"``, ``"file"``).
 
     Columns: ``by``, bins, tokens (real), padding (tokens of ``pad_id``), padding_fraction
-    (of the rows' tokens), floor_fraction (the least any packing of whole row groups pads:
-    ``ceil(T_g / L)`` bins a row group). From the plan's table: no data is read.
+    (of the rows' tokens), floor_bins (the fewest bins whole row groups fit in: ``ceil(T_g / L)``
+    a row group) and floor_fraction (the padding of those floor bins, of their tokens: the least
+    any packing of whole row groups pads). From the plan's table: no data is read.
+
+    A row group of 100 tokens at ``L = 64`` in 3 bins pads ``3 * 64 - 100 = 92`` tokens
+    (padding_fraction ``92 / 192``); its floor is 2 bins, padding ``28`` (floor_fraction
+    ``28 / 128``, of the floor's own bins).
     """
     _, _, seq_len = plan.packing
     rg = plan.row_groups(epoch)
     tokens = "tokens_selected" if "tokens_selected" in rg.columns else "tokens"
     if by not in rg.columns:  # a mixture's source: from the index
         rg = rg.with_columns(plan.index[by].gather(plan.epoch(epoch).order).alias(by))
-    floor = (pl.col(tokens) + seq_len - 1) // seq_len * seq_len - pl.col(tokens)
+    floor_bins = (pl.col(tokens) + seq_len - 1) // seq_len
     return (
         rg.group_by(by, maintain_order=True)
         .agg(
             pl.col("bins").sum(),
             pl.col(tokens).sum().alias("tokens"),
             pl.col("padding").sum(),
-            floor.sum().alias("floor"),
+            floor_bins.sum().alias("floor_bins"),
         )
         .with_columns(
             padding_fraction=pl.col("padding") / (pl.col("bins") * seq_len).clip(1),
-            floor_fraction=pl.col("floor") / (pl.col("bins") * seq_len).clip(1),
+            # The floor's padding over the floor's own rows, not over the bins best-fit made.
+            floor_fraction=(pl.col("floor_bins") * seq_len - pl.col("tokens"))
+            / (pl.col("floor_bins") * seq_len).clip(1),
         )
-        .drop("floor")
         .sort(by)
     )
 

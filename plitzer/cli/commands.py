@@ -14,6 +14,7 @@ from planner.errors import ConfigError
 from planner.order.layout import Layout
 from planner.parameters import by_name
 from planner.progress import terminal_progress
+from planner.rules import CONCAT, rule_named
 from plitzer.cli.indexing import cmd_index
 from plitzer.cli.options import (
     columns_of,
@@ -84,6 +85,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
         docs_per_row_group=args.docs_per_row_group,
         row_groups_per_file=args.row_groups_per_file,
         mean_length=args.mean_length,
+        column=args.column,
     )
     size = sum(p.stat().st_size for p in paths)
     print(f"wrote {len(paths)} files ({size / 2**20:.1f} MiB) with at least {args.tokens:,} tokens to {args.out}")
@@ -94,7 +96,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from planner import plan
 
     source, weights = source_of(args)
-    p = plan(source, **run_settings(args, weights))
+    settings = run_settings(args, weights)
+    if not rule_named(settings.get("packing", CONCAT)).pads:  # concat: 2048 where not given; best-fit: refused
+        settings.setdefault("seq_len", by_name("seq_len").default)
+    p = plan(source, **settings)
     if args.sql:
         print_frame(p.sql(args.sql, epochs=[args.epoch], external_access=args.external_access), args.format, args.out)
         return 0

@@ -22,8 +22,10 @@ from plitzer.tools.mixfile import read_mixture
 
 __all__ = [
     "ADDRESS",
+    "DATA_HELP",
     "OUT",
     "RUN",
+    "SEQ_LEN_PLAN",
     "SOURCE",
     "Arg",
     "arg",
@@ -227,11 +229,24 @@ def formats(*choices: str) -> Arg:
     return arg("--format", choices=list(choices), default=choices[0])
 
 
+DATA_HELP = (
+    "Parquet: a folder or .parquet file; Arrow IPC: a Hugging Face datasets save_to_disk folder, a folder of "
+    ".arrow files or one; or a URL: s3://bucket/prefix, gs://, az://, hf://datasets/ORG/NAME/PATH, https:// "
+    "(several allowed)"
+)
+"""The data positional's help: every kind of source a command reads (``plitzer.sources``)."""
+
+SEQ_LEN_PLAN = (
+    "tokens per sequence (L; default 2048, with --packing best-fit required: the bins are made for it), "
+    "or layout stages STEP:L,STEP:L,... (e.g. 0:2048,90000:8192)"
+)
+"""``plan``'s --seq-len help: it has no default under best-fit, as ``plitzer.plan`` has none."""
+
 SOURCE: tuple[Arg, ...] = (
     arg(
         "data",
         nargs="*",
-        help="folder, .parquet file, s3://bucket/prefix, hf://datasets/ORG/NAME/PATH or https:// URL (several allowed)",
+        help=DATA_HELP,
     ),
     arg(
         "--mixture",

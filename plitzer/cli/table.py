@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from plitzer.cli.options import ADDRESS, OUT, RUN, SOURCE, Arg, arg, formats, setting
+from plitzer.cli.options import ADDRESS, DATA_HELP, OUT, RUN, SEQ_LEN_PLAN, SOURCE, Arg, arg, formats, setting
 
 INDEX_COLUMNS = (
     "with --out: the dataset columns the job index carries besides the token column, NAME,NAME "
@@ -49,6 +49,7 @@ _COMMANDS = (
             arg("--docs-per-row-group", type=int, default=1000),
             arg("--row-groups-per-file", type=int, default=16),
             arg("--mean-length", type=float, default=1000.0),
+            arg("--column", default="tokens", help="the token column's name (default: tokens; e.g. input_ids)"),
             arg(
                 "--text",
                 action="store_true",
@@ -59,6 +60,7 @@ _COMMANDS = (
             arg("--row-group-tokens", type=int, default=4_500_000, help="with --text: tokens per row group"),
         ),
         "examples:\n  plitzer synth data/sample --tokens 20000000\n"
+        "  plitzer synth data/code --tokens 2000000 --seed 1 --column input_ids   # the README's mixture source\n"
         "  plitzer synth --text data/text --tokens 200000000   # real text, a real tokenizer",
     ),
     Command(
@@ -115,7 +117,8 @@ _COMMANDS = (
         "the plan tables, or SQL over them",
         (
             *SOURCE,
-            *RUN,
+            # --seq-len: 2048 by default under concat; under best-fit given, as plitzer.plan asks (cmd_plan).
+            *(o if o.setting != "seq_len" else setting("seq_len", default=None, help=SEQ_LEN_PLAN) for o in RUN),
             arg("--epoch", type=int, default=0),
             arg(
                 "--sql",
@@ -169,7 +172,7 @@ _COMMANDS = (
         "locate",
         "when the run saw these documents: every step, lane and offset, without replaying it",
         (
-            arg("data", nargs="*", help="folder, .parquet file or s3://bucket/prefix (several allowed)"),
+            arg("data", nargs="*", help=DATA_HELP),
             arg("--mixture", default=None, metavar="FILE", help="a mixture file (TOML), as for plan"),
             setting("column"),
             arg("--endpoint", default=None, help="S3 endpoint URL"),

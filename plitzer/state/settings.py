@@ -37,7 +37,7 @@ from planner.order.epoch import PlanSettings, Traversal, check_int
 from planner.order.layout import Layout
 from planner.order.plan import Plan
 from planner.parameters import PARAMETERS, POSITIONAL, Selection, TextSettings, take, unknown_keyword
-from planner.rules import CONCAT, Rule, check_packing, rule_named
+from planner.rules import CONCAT, Rule, check_packing, check_pad_id, rule_named
 from planner.stores.storage import revisions
 from plitzer.state.checkpoint import DATASET_FIELDS, SETTING_FIELDS
 
@@ -186,9 +186,7 @@ class LoaderSettings:
     def __post_init__(self) -> None:
         check_int("seq_len", self.seq_len, 1, "seq_len is the tokens per sequence, e.g. 2048")
         check_packing(self.packing)
-        if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, (int, np.integer)) or self.pad_id < 0:
-            msg = f"pad_id={self.pad_id!r} must be a token id, an integer >= 0 (e.g. the tokenizer's pad or EOS id)"
-            raise ConfigError(msg)
+        check_pad_id(self.pad_id)  # its sign here; its dtype's range when the data is open (make_plan)
         if self.layout is None:
             object.__setattr__(self, "layout", Layout.of(lanes=self.plan.lanes, seq_len=self.seq_len))
         api.check_layout(self.stages.stages, self.plan.world)
@@ -293,6 +291,7 @@ class LoaderSettings:
 def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:
     """The plan the loader runs from (and that ``plan.sql`` shows) for these settings."""
     rule, layout = settings.rule, settings.unit_layout
+    check_pad_id(settings.pad_id, index.dtype, index.column, index.source)  # before any pass: the batches hold it
     if settings.columns is not None:  # checked against every source, as the loader checks them
         from plitzer.readpath.aligned import resolve
 
