@@ -86,6 +86,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
         row_groups_per_file=args.row_groups_per_file,
         mean_length=args.mean_length,
         column=args.column,
+        vocab=args.vocab,
     )
     size = sum(p.stat().st_size for p in paths)
     print(f"wrote {len(paths)} files ({size / 2**20:.1f} MiB) with at least {args.tokens:,} tokens to {args.out}")

@@ -50,6 +50,7 @@ _COMMANDS = (
             arg("--row-groups-per-file", type=int, default=16),
             arg("--mean-length", type=float, default=1000.0),
             arg("--column", default="tokens", help="the token column's name (default: tokens; e.g. input_ids)"),
+            arg("--vocab", type=int, default=50257, help="token ids below this (a small model's vocabulary)"),
             arg(
                 "--text",
                 action="store_true",
