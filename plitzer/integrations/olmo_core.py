@@ -15,6 +15,7 @@
   and resumes on any data-parallel degree.
 - :class:`PlitzerEvaluatorCallbackConfig`: an in-loop evaluation on a plitzer source, read in
   storage order, one pass (``shuffle=False, epochs=1``), the same batches every time.
+- :class:`PlitzerMetricsCallbackConfig`: per-source figures as the trainer's metrics, and steering (SPEC 20).
 
 This is the only module of plitzer that imports OLMo-core.
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -33,13 +34,15 @@ from olmo_core.data.data_loader import DataLoaderConfig, TextDataLoaderBase
 from olmo_core.distributed.parallel import get_dp_process_group
 from olmo_core.distributed.utils import get_rank, get_world_size
 from olmo_core.eval.lm_evaluator import LMEvaluator
+from olmo_core.nn.lm_head import LMHead, LMLossImplementation
 from olmo_core.train.callbacks.callback import Callback, CallbackConfig
 from olmo_core.train.callbacks.evaluator_callback import EvaluatorCallback
+from olmo_core.train.common import ReduceType
 from torch.distributed.device_mesh import DeviceMesh
 
 import plitzer.torch
 from planner.errors import ConfigError
-from plitzer.integrations.feed import Feed
+from plitzer.integrations.feed import Feed, metric_names
 from plitzer.integrations.settings import Settings
 from plitzer.integrations.shared import VALIDATION, labels_of, open_dataset, resume
 from plitzer.readpath.labels import IGNORE_INDEX
@@ -49,6 +52,8 @@ __all__ = [
     "PlitzerDataLoaderConfig",
     "PlitzerEvaluatorCallbackConfig",
     "PlitzerLMEvaluator",
+    "PlitzerMetricsCallback",
+    "PlitzerMetricsCallbackConfig",
     "batch_of",
 ]
 
@@ -71,7 +76,8 @@ class PlitzerDataLoader(TextDataLoaderBase):
     ``restart``: every epoch (``reshuffle``) starts at its first step, whatever was read of it:
     an evaluation's loader, which gives the same batches every time. ``tokens_processed`` and
     the trainer's tokens seen are the run's real tokens (:class:`plitzer.integrations.feed.Feed`:
-    no padding under best-fit, every layout stage's own size).
+    no padding under best-fit, every layout stage's own size). ``steer``: the feed's steering
+    controller, which :class:`PlitzerMetricsCallback` feeds (a run without it is refused).
     """
 
     _epoch: int | None  # OLMo-core's epoch (from 1), set by reshuffle
@@ -85,6 +91,8 @@ class PlitzerDataLoader(TextDataLoaderBase):
         labels: bool = True,
         work_dir: str | None = None,
         collator: DataCollator | None = None,
+        steer: int = 0,
+        rule: str = "exp3",
     ) -> None:
         loader = dataset.loader
         super().__init__(
@@ -95,12 +103,14 @@ class PlitzerDataLoader(TextDataLoaderBase):
             dp_rank=dataset.rank,
         )
         self.dataset = dataset
-        self.feed = Feed(dataset, restart=restart)
+        self.feed = Feed(dataset, restart=restart, steer=steer, rule=rule)
         self.generate_doc_lengths = generate_doc_lengths
         self.restart = restart
         self.labels = labels
         self.last: plitzer.torch.Batch | None = None  # the batch handed out last (the metrics callback's)
         self._last_tokens: int | None = None
+        self.metrics: PlitzerMetricsCallback | None = None  # the callback that reads and steers it
+        self.max_sequence_length: int | None = None  # the train module's (the callback sets it)
 
     @property
     def total_batches(self) -> int | None:
@@ -136,6 +146,12 @@ class PlitzerDataLoader(TextDataLoaderBase):
 
     def _iter_batches(self) -> Iterable[dict[str, Any]]:
         """Each step's batch; its real tokens are counted (``tokens_processed``, the trainer's tokens seen)."""
+        if self.feed.mixer is not None and self.metrics is None:
+            msg = (
+                f"steer={self.feed.mixer.every}: the per-source losses that steer the mixture come from plitzer's "
+                'metrics callback: add .with_callback("plitzer", PlitzerMetricsCallbackConfig()) to the TrainerConfig'
+            )
+            raise ConfigError(msg)
         for batch in self.feed:
             rows, seq_len = batch.tokens.shape
             if rows * seq_len != self.rank_batch_size:
@@ -163,6 +179,7 @@ class PlitzerDataLoader(TextDataLoaderBase):
         b, n = last.lanes if lanes is None else lanes, last.seq_len if seq_len is None else seq_len
         if b * n != self.global_batch_size:
             raise ConfigError(_fixed_size(self.global_batch_size, b, n, at_step, per="global"))
+        _check_length(n, self.max_sequence_length, "a layout stage's sequence_length")
         return self.dataset.set_layout(lanes, seq_len, at_step)
 
     def state_dict(self) -> dict[str, Any]:
@@ -201,6 +218,16 @@ def _fixed_size(want: int, rows: int, seq_len: int, step: int | None, per: str =
         "global_batch_size so that their product stays the same (e.g. half the sequences, twice as long), "
         "or start a new run for another size"
     )
+
+
+def _check_length(seq_len: int, limit: int | None, what: str) -> None:
+    """Refuse sequences longer than the train module's ``max_sequence_length`` (None: not known)."""
+    if limit is not None and seq_len > limit:
+        msg = (
+            f"{what} is {seq_len} tokens and the train module's max_sequence_length is {limit}: give the data "
+            f"loader sequence_length <= {limit}, or build the train module with max_sequence_length >= {seq_len}"
+        )
+        raise ConfigError(msg)
 
 
 def _dp_group(mesh: DeviceMesh | None, group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
@@ -249,7 +276,13 @@ class PlitzerDataLoaderConfig(DataLoaderConfig, Settings):
             world=world,
             group=group,
         )
-        return PlitzerDataLoader(dataset, generate_doc_lengths=self.generate_doc_lengths, work_dir=self.work_dir)
+        return PlitzerDataLoader(
+            dataset,
+            generate_doc_lengths=self.generate_doc_lengths,
+            work_dir=self.work_dir,
+            steer=self.steer,
+            rule=self.steer_rule,
+        )
 
 
 class PlitzerLMEvaluator(LMEvaluator):
@@ -315,11 +348,16 @@ class PlitzerEvaluatorCallbackConfig(CallbackConfig, Settings):
         """The evaluator callback: this config's data, as many sequences a step as the training loader's."""
         if not self.enabled:
             return None
+        if self.steer:
+            msg = f"{self.name}: steer={self.steer} on an evaluation; steering is the training data loader's setting"
+            raise ConfigError(msg)
         train = trainer.data_loader
         group = trainer.dp_process_group
         world, rank = get_world_size(group), get_rank(group)
         seq_len = self.sequence_length or train.dataset.loader.seq_len
         lanes = self.lanes or train.dataset.loader.lanes
+        limit = getattr(trainer.train_module, "max_sequence_length", None)
+        _check_length(seq_len, limit, f"the evaluation {self.name}'s sequence_length")
         dataset = open_dataset(self, lanes=lanes, seq_len=seq_len, rank=rank, world=world, group=group)
         loader = _EvalLoader(dataset, generate_doc_lengths=self.generate_doc_lengths, restart=True, labels=False)
         return EvaluatorCallback(
@@ -329,3 +367,134 @@ class PlitzerEvaluatorCallbackConfig(CallbackConfig, Settings):
             eval_on_finish=self.eval_on_finish,
             log_interval=self.log_interval,
         )
+
+
+class PlitzerMetricsCallback(Callback):
+    """plitzer's figures through OLMo-core's metrics each step, and the steering controller fed (SPEC section 20).
+
+    Records ``plitzer/tokens/NAME`` and ``plitzer/targets/NAME`` (real tokens and targets of
+    each source; summed over the ranks), ``plitzer/padding`` (summed), ``plitzer/wait_s`` (the
+    consumer's wait, the slowest rank's) and, with ``losses``, ``plitzer/loss/NAME`` (each
+    source's mean cross-entropy on its targets in the step). OLMo-core's train module asks its
+    LM head for a summed loss and no logits; a forward hook on the head's output projection
+    takes the logits it makes anyway and computes each token's loss again, without gradient
+    (docs/trainers/olmo-core.md, "Metrics and steering"). With the loader's ``steer``, each step's
+    per-source sums and counts, all-reduced over the data-parallel group, go to the controller
+    before the checkpointer saves. Sequences over the train module's ``max_sequence_length`` are refused.
+    """
+
+    priority: ClassVar[int] = 2  # before the checkpointer (1): its checkpoint holds the step's observation
+
+    def __init__(self, *, losses: bool = True) -> None:
+        self.losses = losses
+        self.loader: PlitzerDataLoader | None = None
+        self._on = False  # between pre_step and post_train_batch: the step's forward passes
+        self._labels: torch.Tensor | None = None  # the micro-batch's labels, as the LM head takes them
+        self._parts: list[torch.Tensor] = []  # the step's micro-batches' per-token losses, in order
+        self._hooked = False
+
+    def pre_train(self) -> None:
+        """Check the sequence length against the train module's; hook the LM head (``losses`` or ``steer``)."""
+        loader = self.trainer.data_loader
+        if not isinstance(loader, PlitzerDataLoader):
+            msg = f"PlitzerMetricsCallback reads plitzer's data loader (PlitzerDataLoaderConfig), not {type(loader)}"
+            raise ConfigError(msg)
+        limit = getattr(self.trainer.train_module, "max_sequence_length", None)
+        for stage in loader.dataset.loader.layout.stages:
+            _check_length(int(stage.seq_len), limit, "the data loader's sequence_length")
+        self.loader, loader.max_sequence_length, loader.metrics = loader, limit, self
+        if self._hooked or not (self.losses or loader.feed.mixer):
+            return
+        head, why = _lm_head(self.trainer.train_module.model)
+        if head is None and loader.feed.mixer is not None:
+            msg = f"steer={loader.feed.mixer.every} needs per-token losses, and {why}: see docs/steering.md"
+            raise ConfigError(msg)
+        if head is None:
+            self.losses = False
+            return
+        head.register_forward_pre_hook(self._take_labels, with_kwargs=True)
+        head.w_out.register_forward_hook(self._token_losses)  # inert outside a training step's forward passes
+        self._hooked = True
+
+    def _take_labels(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        self._labels = kwargs.get("labels") if self._on else None
+
+    def _token_losses(self, module: Any, args: Any, logits: torch.Tensor) -> None:
+        labels, self._labels = self._labels, None
+        if labels is not None:
+            with torch.no_grad():
+                flat = logits.detach().reshape(-1, logits.shape[-1]).float()
+                loss = torch.nn.functional.cross_entropy(flat, labels.reshape(-1), reduction="none")
+            self._parts.append(loss.view(labels.shape))
+
+    def pre_step(self, batch: dict[str, Any]) -> None:
+        self._on, self._parts = True, []
+
+    def post_train_batch(self) -> None:
+        """Record this rank's figures of the step (OLMo-core reduces them); feed the controller."""
+        self._on, loader = False, self.loader
+        assert loader is not None  # pre_train set it
+        feed, batch = loader.feed, loader.last
+        for name, value in feed.metrics().items():
+            self.trainer.record_metric(name, value, ReduceType.max if name == "plitzer/wait_s" else ReduceType.sum)
+        if batch is None or not (self.losses or feed.mixer):
+            return
+        sums, counts = self._source_losses(feed, batch)
+        if self.losses:
+            for n, s in zip(metric_names(feed.dataset.loader.sources), sums.tolist(), strict=True):
+                self.trainer.record_metric(f"plitzer/loss_sum/{n}", s, ReduceType.sum)
+        if feed.mixer is not None:
+            both = torch.stack([sums, counts.to(sums.device, torch.float64)])
+            group = self.trainer.dp_process_group
+            if dist.is_initialized() and get_world_size(group) > 1:
+                dist.all_reduce(both, group=group)  # equal on every rank
+            feed.observe(batch.step, both[0], both[1])
+
+    def _source_losses(self, feed: Feed, batch: plitzer.torch.Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's per-source loss sums and target counts of the step (0 where the trainer skipped it)."""
+        parts, self._parts = self._parts, []
+        if not parts:
+            k = len(feed.dataset.loader.sources)
+            return torch.zeros(k, dtype=torch.float64), torch.zeros(k, dtype=torch.int64)
+        losses = torch.cat(parts)
+        if losses.shape != batch.tokens.shape:
+            msg = f"the LM head's per-token losses, {tuple(losses.shape)}, are not the rows {tuple(batch.tokens.shape)}"
+            raise ConfigError(msg)
+        return feed.source_losses(batch, losses)
+
+    def pre_log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """Each source's mean loss: its summed loss over its targets, both summed over the ranks."""
+        del step
+        for key in [k for k in metrics if k.startswith("plitzer/loss_sum/")]:
+            name = key.removeprefix("plitzer/loss_sum/")
+            total, targets = metrics.pop(key), metrics.get(f"plitzer/targets/{name}", 0.0)
+            if targets > 0:
+                metrics[f"plitzer/loss/{name}"] = total / targets
+
+
+def _lm_head(model: torch.nn.Module) -> tuple[LMHead | None, str]:
+    """The model's LM head where a hook can take its logits, else why not."""
+    heads = [m for m in model.modules() if isinstance(m, LMHead)]
+    if len(heads) != 1 or type(heads[0]) is not LMHead:
+        return None, f"the model's LM heads are {[type(h).__name__ for h in heads]} (plitzer hooks one LMHead)"
+    head = heads[0]
+    if head.loss_implementation != LMLossImplementation.default:
+        return None, f"the LM head's loss_implementation={head.loss_implementation} makes no logits (use 'default')"
+    if head.tp_enabled or head.cp_enabled:
+        return None, "the LM head is tensor- or context-parallel (each rank holds part of the logits or sequence)"
+    return head, ""
+
+
+@dataclass(kw_only=True)
+class PlitzerMetricsCallbackConfig(CallbackConfig):
+    """plitzer's per-source metrics and steering for OLMo-core's trainer (:class:`PlitzerMetricsCallback`):
+    ``.with_callback("plitzer", PlitzerMetricsCallbackConfig())``."""
+
+    losses: bool = True
+    """Per-source losses (a hook on the LM head's logits: one more cross-entropy a step, without gradient)."""
+    enabled: bool = True
+
+    def build(self, trainer: Any) -> Callback | None:
+        """The callback (None when not enabled: then a loader with steer is refused at its first batch)."""
+        del trainer
+        return PlitzerMetricsCallback(losses=self.losses) if self.enabled else None
