@@ -105,6 +105,11 @@ RULES: dict[str, Rule] = {
     "torchrun --nproc-per-node 8 -m torchtitan.train --module plitzer.integrations.torchtitan --config llama3_8b "
     "--dataloader.source s3://bucket/fineweb-edu --dataloader.window 64 --validator.enable "
     "--validator.dataloader.source s3://bucket/fineweb-edu-val": TRAINERS,
+    "torchrun --nproc-per-node 8 -m torchtitan.train --module plitzer.integrations.torchtitan --config llama3_8b "
+    "--dataloader.mixture mix.toml --training.disable_cuda_graphs --metrics.enable_wandb": TRAINERS,
+    "torchrun --nproc-per-node 8 -m torchtitan.train --module plitzer.integrations.torchtitan --config llama3_8b "
+    "--dataloader.mixture mix.toml --dataloader.steer 500 --training.disable_cuda_graphs --validator.enable "
+    "--validator.dataloader.source s3://bucket/fineweb-edu-val": TRAINERS,
     "litgpt pretrain --config pretrain.yaml --devices 8 --resume auto": TRAINERS,
     "litgpt pretrain --config laptop.yaml --devices 1": TRAINERS,  # test_litgpt.py's model, 1 and 2 devices
     # torchtitan on a laptop: tests/trainers/test_laptop.py runs it as the page writes it

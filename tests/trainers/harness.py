@@ -31,6 +31,37 @@ def write_data(out: Path, tokens: int = 120_000) -> Path:
     return out
 
 
+def write_mixture(out: Path, tokens: int = 60_000) -> Path:
+    """Two sources, ``a`` (tokens below ``VOCAB // 2``) and ``b`` (from ``VOCAB // 2`` on), and their mixture file.
+
+    A token's id says its source (:func:`source_of_tokens`). Returns the mixture file (TOML,
+    weights 1 and 1).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    import plitzer.synth
+
+    half = VOCAB // 2
+    for seed, name in enumerate("ab"):
+        plitzer.synth.write(out / name, tokens, seed=seed, mean_length=60, vocab=half, docs_per_row_group=100)
+    for path in sorted((out / "b").glob("*.parquet")):  # b's ids moved up by half the vocabulary
+        table = pq.read_table(path)
+        lists = table.column("tokens").combine_chunks()
+        moved = pa.ListArray.from_arrays(lists.offsets, pc.add(lists.values, pa.scalar(half, lists.values.type)))
+        pq.write_table(table.set_column(table.schema.get_field_index("tokens"), "tokens", moved), path,
+                       row_group_size=100)  # fmt: skip
+    mixture = out / "mixture.toml"
+    mixture.write_text("".join(f'[sources.{n}]\npath = "{out / n}"\nweight = 1\n\n' for n in "ab"))
+    return mixture
+
+
+def source_of_tokens(tokens: np.ndarray) -> np.ndarray:
+    """The source number (0: ``a``, 1: ``b``) of each token of :func:`write_mixture`'s data."""
+    return (tokens >= VOCAB // 2).astype(np.int64)
+
+
 def run_ranks(worker: str, world: int, args: list[str], out: Path, *, timeout: float = 300) -> int:
     """Run ``tests/trainers/<worker>`` on ``world`` gloo ranks (torchrun, standalone); its exit status.
 
@@ -71,6 +102,21 @@ def record_loss(out: Path, step: int, loss: float) -> None:
     """Append the trainer's loss at its step ``step`` (rank 0 only records)."""
     with open(out / "loss.jsonl", "a") as f:
         f.write(json.dumps({"step": step, "loss": float(loss)}) + "\n")
+
+
+def record_metrics(out: Path, step: int, metrics: dict[str, Any]) -> None:
+    """Append plitzer's figures the trainer logged at its step ``step`` (``plitzer/...``; rank 0 only records)."""
+    mine = {k: float(v) for k, v in metrics.items() if k.startswith("plitzer/")}
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": step, **mine}) + "\n")
+
+
+def logged(out: Path) -> dict[int, dict[str, float]]:
+    """The recorded figures by the trainer's step (the last ones written for a step)."""
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return {}
+    return {d.pop("step"): d for d in map(json.loads, path.read_text().splitlines())}
 
 
 def global_rows(out: Path) -> dict[int, dict[str, np.ndarray]]:

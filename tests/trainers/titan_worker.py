@@ -2,13 +2,15 @@
 
 The config comes from torchtitan's own command line (``--module plitzer.integrations.torchtitan
 --config ...``). Every step's rows of this data-parallel rank and rank 0's loss are recorded
-in OUT (tests/trainers/harness.py); with KILL_AFTER > 0 the process SIGKILLs itself right after
+in OUT (tests/trainers/harness.py), with the plitzer figures rank 0's metrics processor
+logs and, at the end, the mixture's stages; with KILL_AFTER > 0 the process SIGKILLs itself right after
 the checkpoint of that step is written (no clean-up, as a crashed job).
 """
 # ruff: noqa: E402
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -36,7 +38,7 @@ from torchtitan.config import ConfigManager
 from torchtitan.tools.logging import init_logger
 
 import plitzer.integrations.torchtitan as titan
-from tests.trainers.harness import record_loss, record_rows
+from tests.trainers.harness import record_loss, record_metrics, record_rows
 
 if not hasattr(torch.distributed, "set_timeout"):
     # torchtitan 0.3.0 shortens the process groups' timeouts after the first step with
@@ -79,10 +81,11 @@ def main() -> None:
 
     log = MetricsProcessor.log
 
-    def logged(self, step, global_avg_loss, *a, **k):  # type: ignore[no-untyped-def]
+    def logged(self, step, global_avg_loss, *a, extra_metrics=None, **k):  # type: ignore[no-untyped-def]
         if int(os.environ.get("RANK", "0")) == 0:
             record_loss(out, step, global_avg_loss)
-        return log(self, step, global_avg_loss, *a, **k)
+            record_metrics(out, step, extra_metrics or {})
+        return log(self, step, global_avg_loss, *a, extra_metrics=extra_metrics, **k)
 
     MetricsProcessor.log = logged  # type: ignore[method-assign]
 
@@ -97,6 +100,9 @@ def main() -> None:
 
     trainer.checkpointer.save = saved  # type: ignore[method-assign]
     trainer.train()
+    stages = getattr(trainer.dataloader.dataset.loader, "stages", None)
+    if stages is not None and int(os.environ.get("RANK", "0")) == 0:  # the mixture's stages, steered ones too
+        (out / "stages.json").write_text(json.dumps(stages))
     trainer.close()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
