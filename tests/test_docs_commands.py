@@ -527,11 +527,25 @@ _RUNNABLE = [
 ]
 
 
+# The heaviest runs (20-55 s of a worker each, alone) are end-to-end: `python -m pytest -m e2e`
+# runs them (CI's side lane), the README's test command leaves them out. Each is a larger
+# shape of a command that runs here too, or the peers' harness (tests/test_bench.py's too).
+HEAVY = (
+    "python -m plitzer.bench.baseline data/",
+    "python benchmarks/cluster.py --shapes --packing best-fit --shapes-row-groups 120000",
+    "python benchmarks/cluster.py --shapes --index-only",
+    "python benchmarks/dedupe_pass.py --docs 5000000",
+    "python docs/examples/train_tiny.py DATA_DIR",
+    "python benchmarks/memory.py --data",
+)
+_PARAMS = [pytest.param(c, marks=pytest.mark.e2e) if c.startswith(HEAVY) else c for c in _RUNNABLE]
+
+
 # All marked slow (the checkout's CI run has them; the wheel's three runs in parallel
 # skip them): 60 fresh processes, a few minutes on 2 cores.
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("command", _RUNNABLE, ids=[re.sub(r"[^\w.=-]+", "_", c)[:90] for c in _RUNNABLE])
+@pytest.mark.parametrize("command", _PARAMS, ids=[re.sub(r"[^\w.=-]+", "_", c)[:90] for c in _RUNNABLE])
 def test_documented_command_runs(command: str, scratch: Path, tmp_path: Path) -> None:
     if command in _FIRST:  # a command that makes data runs in an empty folder, as a new user's first
         scratch = _user_folder(tmp_path / "new-user")
