@@ -111,8 +111,8 @@ RULES: dict[str, Rule] = {
     "--dataloader.mixture mix.toml --dataloader.steer 500 --training.disable_cuda_graphs --validator.enable "
     "--validator.dataloader.source s3://bucket/fineweb-edu-val": TRAINERS,
     "litgpt pretrain --config pretrain.yaml --devices 8 --resume auto": TRAINERS,
-    "litgpt pretrain --config laptop.yaml --devices 1": TRAINERS,
-    "python docs/examples/olmo_core_laptop.py": TRAINERS,  # tests/trainers/test_laptop.py runs it  # test_litgpt.py's model, 1 and 2 devices
+    "litgpt pretrain --config laptop.yaml --devices 1": TRAINERS,  # test_litgpt.py's model, 1 and 2 devices
+    "python docs/examples/olmo_core_laptop.py": TRAINERS,  # tests/trainers/test_laptop.py runs it
     # torchtitan on a laptop: tests/trainers/test_laptop.py runs it as the page writes it
     "python -m plitzer.integrations.torchtitan_cpu --module plitzer.integrations.torchtitan --config llama3_debugmodel "
     "--dataloader.source data/small --training.local_batch_size 2 --training.seq_len 128 --training.steps 10": TRAINERS,
