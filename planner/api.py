@@ -37,7 +37,7 @@ from planner.order.layout import Layout, LayoutStage
 from planner.order.plan import Plan
 from planner.parameters import PLAN_PARAMETERS, Selection, check_keywords, document
 from planner.rules import Rule, check_pad_id, rule_named
-from planner.runtime import BINS, COLUMNS, COUNT, DEDUPE, SELECT, runtime_pass
+from planner.runtime import BINS, COLUMNS, COUNT, DEDUPE, FILES, SELECT, runtime_pass
 
 __all__ = [
     "Deduper",
@@ -237,13 +237,25 @@ def open_index(
         paths = _paths(source)
         if given.text is not None:  # text in (plitzer.text.source): tokenized as read, counted once
             return given.text(paths)
-        ix = ensure_index(paths, column=column, storage_options=storage_options, count=given.count)
+        ix = _files(given, paths, column, storage_options) or ensure_index(
+            paths, column=column, storage_options=storage_options, count=given.count
+        )
     if where is None:
         return ix
     spec = SourceSpec(
         name="", path=ix.source, column=ix.column, selection=Selection(where=where, length_column=length_column)
     )
     return _selector(given.select)(ix, spec)
+
+
+def _files(
+    given: Opening, paths: PathSource, column: str | None, storage_options: Mapping[str, Any] | None
+) -> Index | None:
+    """The index of ``paths`` where the runtime's dispatcher (``given.files``) finds a kind planner does not read."""
+    if given.files is None:
+        return None
+    path: str | list[str] = [os.fspath(p) for p in paths] if isinstance(paths, (list, tuple)) else os.fspath(paths)  # type: ignore[arg-type]
+    return given.files(SourceSpec(name="", path=path, column=column, storage_options=storage_options))
 
 
 def make_plan(
@@ -356,7 +368,7 @@ def plan(
         storage_options=storage_options,
         weights=weights,
         selection=selection,
-        opening=Opening(select=selector, count=count),
+        opening=Opening(select=selector, count=count, files=runtime_pass(None, FILES)),
         binned=rule.pads,
     )
     check_pad_id(pad_id, ix.dtype, ix.column, ix.source)  # the batches' dtype: as the loader checks it

@@ -221,7 +221,8 @@ def mixture_index(
         if s.index is not None:  # its job index: one listing, one object, no footer
             ix = jobindex.load(s.index, s.path, column=s.column, storage_options=s.storage_options)
         else:
-            ix = ensure_index(s.path, column=s.column, storage_options=s.storage_options, count=count)
+            found = None if passes.files is None else passes.files(s)  # a kind of token files planner does not read
+            ix = found or ensure_index(s.path, column=s.column, storage_options=s.storage_options, count=count)
         if s.selection.where is not None:
             if select is None:
                 msg = f"source {s.name!r}: where= needs the runtime's selection pass; import plitzer first"

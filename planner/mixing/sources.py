@@ -73,6 +73,9 @@ class Opening:
     """Indexes a text source given as paths (``tokenizer=``: its counting pass tokenizes)."""
     text_source: Callable[[SourceSpec], Index] | None = None
     """Indexes a mixture's text source (one whose dict has a ``tokenizer``)."""
+    files: Callable[[SourceSpec], Index | None] | None = None
+    """The index of a path source of a kind planner does not read (Arrow IPC, Megatron, numpy token files:
+    ``plitzer.sources.open_files``, the runtime's one dispatcher), or None where it is Parquet."""
 
 
 _SPEC_KEYS = tuple(k for k in names_of(SourceSpec) if k not in ("name", "path", "selection", "text"))

@@ -54,7 +54,13 @@ def _dataset_index(args: argparse.Namespace, source: Any, carried: list[str]) ->
         entries, src = list_files(source, storage_options_of(args))
         ix = carry(entries, src, args.column, carried, progress=terminal_progress(), count=count_chunk)
     else:
-        ix = index(source, column=args.column, storage_options=storage_options_of(args), progress=terminal_progress())
+        from planner.mixing.sources import SourceSpec
+        from plitzer.sources import open_files
+
+        spec = SourceSpec(name="", path=source, column=args.column, storage_options=storage_options_of(args))
+        ix = open_files(spec) or index(
+            source, column=args.column, storage_options=storage_options_of(args), progress=terminal_progress()
+        )
     if args.out is not None:
         from planner.catalog import jobindex
 

@@ -17,8 +17,11 @@ memory-mapped and only the framing and the offsets' pages are read). That pass i
 one ranged read of one batch's message, decoded by ``pyarrow.ipc`` against the file's schema
 (its first message, read once and kept).
 
-Capabilities: every pass (:data:`ARROW_IPC`). The order, resume, world sizes, layout stages and
-best-fit (lengths from the tokens) are the index's arithmetic. The passes that read other columns
+The kind states what it is (:class:`ArrowFormat`, a :class:`~plitzer.sources.files.Format`): its
+files, their record batches (the framing pass), one batch's tokens from its one ranged read, and
+its columns (:class:`BatchFile`); :func:`plitzer.sources.files.files_index` is its index, as any
+kind's. Capabilities: every pass (:data:`ARROW_IPC`). The order, resume, world sizes, layout
+stages and best-fit (lengths from the tokens) are the index's arithmetic. The passes that read other columns
 (``where=``, ``length_column=``, ``dedupe=``, ``exclude=``, aligned ``columns=``) read them
 through each file's :class:`BatchFile` (its :class:`~planner.catalog.files.FileEntry`'s
 ``reader``): a record batch decoded from a memory map of the file, so only the pages of the
@@ -26,42 +29,36 @@ columns a pass uses are read, and every index over the files (this one, a select
 deduplication's) reads them alike. The batches are those of the same data written as Parquet
 with one row group a record batch (``tests/test_sources_arrow.py``).
 
-A job's ranks share the framing pass (:func:`count_files`: each rank walks its share of the
-files, ``plitzer.state.share`` gathers them), as they share a Parquet dataset's footers.
+A job's ranks share the framing pass (:func:`plitzer.sources.files.share`: each rank walks its
+share of the files, an all-gather gives every rank all of them), as they share a Parquet
+dataset's footers.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 
-from planner.api import Source
 from planner.catalog.column import TokenDtype
-from planner.catalog.datasetindex import Index
-from planner.catalog.files import FileEntry
-from planner.catalog.frame import fingerprint_of
 from planner.catalog.rowgroups import Capabilities
-from planner.catalog.rowlists import INDEX_SCHEMA
 from planner.errors import ConfigError, DataError, one_line
-from planner.stores.cache import cache_dir, digest, read_entry, write_entry
-from planner.stores.storage import FileStat, LocalStorage
-from plitzer.readpath.read import check_decoded, check_list_of_integers, check_no_null_tokens, list_lengths, to_tokens
+from planner.mixing.sources import SourceSpec
+from planner.stores.cache import cache_dir
+from planner.stores.storage import FileStat, LocalStorage, Storage
+from plitzer.readpath.read import list_lengths
+from plitzer.sources.files import FIELDS, FileIndex, files_index
 
-__all__ = ["ARROW_IPC", "ArrowIndex", "BatchFile", "arrow_files", "arrow_index", "claims", "count_files", "prepare"]
+__all__ = ["ARROW_IPC", "ArrowFormat", "BatchFile", "arrow_files", "arrow_index", "format_of"]
 
 ARROW_IPC = Capabilities("arrow-ipc", selectable=True, other_columns=True, column_runs=True)
 """An Arrow IPC dataset's: every pass, a record batch a read (its columns through :class:`BatchFile`)."""
 
 _NAMES = ("input_ids", "tokens", "token_ids")
-_FIELDS = 5  # rows, tokens, empty documents, byte offset, byte length: a batch's cached row
 
 
 def arrow_files(source: object) -> list[Path] | None:
@@ -85,14 +82,19 @@ def arrow_files(source: object) -> list[Path] | None:
     return found or None
 
 
-def claims(source: Source, settings: Any) -> bool:
-    """A local ``save_to_disk`` folder, a folder of ``.arrow`` files, or one ``.arrow`` file."""
-    return arrow_files(source) is not None
+def format_of(spec: SourceSpec) -> ArrowFormat | None:
+    """A local ``save_to_disk`` folder, a folder of ``.arrow`` files, or one ``.arrow`` file; else None."""
+    paths = arrow_files(spec.path)
+    return None if paths is None else ArrowFormat.of(spec.path, paths, spec.column)  # type: ignore[arg-type]
 
 
-def prepare(source: Source, settings: Any) -> tuple[Source, dict[str, Any]]:
-    """The Arrow IPC index of ``source``: planner then selects, and :mod:`plitzer.sources.selection` deduplicates."""
-    return arrow_index(cast("str", source), column=settings.column), {}
+def arrow_index(source: str | os.PathLike[str], *, column: str | None = None) -> FileIndex:
+    """The index of an Arrow IPC source: a row a record batch, counted from the list offsets (cached)."""
+    paths = arrow_files(source)
+    if not paths:
+        msg = f"source {source!r} holds no Arrow IPC file; pass a datasets save_to_disk folder or .arrow files"
+        raise ConfigError(msg)
+    return files_index(ArrowFormat.of(source, paths, column))
 
 
 @dataclass(frozen=True)
@@ -116,49 +118,76 @@ class BatchFile:
                 f.seek(offset)
                 return pa.ipc.read_record_batch(pa.ipc.read_message(f), self.schema)
         except (pa.ArrowException, OSError, ValueError) as e:
-            msg = (
-                f"{where}: cannot decode the record batch ({type(e).__name__}: {one_line(e)}); the file is damaged "
-                f"or changed since it was indexed: restore it, or clear {cache_dir() / 'arrow'} to index it again"
-            )
-            raise DataError(msg, file=self.path) from e
+            raise _damaged(where, e, self.path, again=True) from e
 
 
-@dataclass
-class ArrowIndex(Index):
-    """An :class:`~planner.catalog.datasetindex.Index` of Arrow IPC files: a row group is a record batch."""
+def _damaged(where: str, e: Exception, file: str, *, again: bool = False) -> DataError:
+    more = f": restore it, or clear {cache_dir() / ARROW_IPC.kind} to index it again" if again else ": restore it"
+    msg = f"{where}: cannot decode the record batch ({type(e).__name__}: {one_line(e)}); the file is damaged{more}"
+    return DataError(msg, file=file)
+
+
+@dataclass(frozen=True)
+class ArrowFormat:
+    """An Arrow IPC source as a :class:`~plitzer.sources.files.Format`: a record batch a row group."""
+
+    base: Path
+    paths: tuple[Path, ...]
+    column: str
+    schemas: tuple[pa.Schema, ...] = field(repr=False)
+    capabilities: Capabilities = ARROW_IPC
+
+    @classmethod
+    def of(cls, source: str | os.PathLike[str], paths: list[Path], column: str | None) -> ArrowFormat:
+        """The format of ``paths`` (``source``'s files), its token column ``column`` or the one found."""
+        if not paths:
+            msg = f"source {source!r} holds no Arrow IPC file; pass a datasets save_to_disk folder or .arrow files"
+            raise ConfigError(msg)
+        schemas = tuple(_file_schema(p) for p in paths)
+        col = _column(schemas[0], column, str(paths[0]))
+        for p, sch in zip(paths, schemas, strict=True):
+            if col not in sch.names:
+                msg = f"{p}: no column {col!r} (its columns: {sch.names}); every file must hold the token column"
+                raise ConfigError(msg)
+        return cls(Path(os.fspath(source)).expanduser(), tuple(paths), col, schemas)
 
     @property
-    def capabilities(self) -> Capabilities:
-        return ARROW_IPC
+    def dtype(self) -> TokenDtype:
+        value = self.schemas[0].field(self.column).type.value_type
+        return "uint32" if value in (pa.uint32(), pa.uint64()) else "int32"
 
-    def schema(self) -> pa.Schema:
-        return self._schema(0)
+    @property
+    def needs_check(self) -> bool:
+        """64-bit token values may pass the batch dtype: each read checks them."""
+        return bool(self.schemas[0].field(self.column).type.value_type in (pa.int64(), pa.uint64()))
 
-    def _schema(self, fi: int) -> pa.Schema:
-        reader = self.entries[fi].reader
-        assert reader is not None  # every file of the index has its BatchFile
-        return reader.schema
+    @property
+    def key(self) -> str:
+        return self.column
 
-    def read_tokens(self, rg: int) -> pa.Array:
-        """Record batch ``rg``: one ranged read of its message, decoded, checked, as ``list<dtype>``."""
-        row = self.frame.row(rg, named=True)
-        fi, g = int(row["file_index"]), int(row["row_group"])
-        st, where = self.file(fi), self.location(fi, g)
-        data = self.storage(fi).read_range(st, int(row["byte_offset"]), int(row["byte_length"]))
+    def listing(self) -> tuple[str, Storage, list[FileStat]]:
+        stats = []
+        for p in self.paths:
+            st = p.stat()
+            name = p.name if self.base.is_file() else p.relative_to(self.base).as_posix()
+            stats.append(FileStat(name=name, location=str(p), size=st.st_size, version=str(st.st_mtime_ns)))
+        return str(self.base), LocalStorage(self.base), stats
+
+    def _schema_of(self, file: FileStat) -> pa.Schema:
+        return self.schemas[[str(p) for p in self.paths].index(file.location)]
+
+    def row_groups(self, file: FileStat) -> np.ndarray:
+        return _walk(Path(file.location), self.column)
+
+    def read(self, file: FileStat, data: bytes, row_group: int, where: str) -> pa.Array:
         try:
-            batch = pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(data)), self._schema(fi))
-            arr = batch.column(self.column)
+            batch = pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(data)), self._schema_of(file))
+            return batch.column(self.column)
         except (pa.ArrowException, OSError, ValueError, KeyError) as e:
-            msg = f"{where}: cannot decode the record batch ({type(e).__name__}: {one_line(e)}); the file is damaged"
-            raise DataError(msg, file=st.location, row_group=g) from e
-        check_list_of_integers(arr, where, file=st.location, row_group=g)
-        check_no_null_tokens(arr, where, file=st.location, row_group=g)
-        check_decoded(arr, rows=row["rows"], tokens=row["tokens"], where=where, file=st.location, row_group=g)
-        return to_tokens(arr, self.dtype, check=bool(row["needs_check"]), where=where, file=st.location, row_group=g)
+            raise _damaged(where, e, file.location) from e
 
-    def location(self, file_index: int, row_group: int | None = None) -> str:
-        where = self.file(file_index).location
-        return where if row_group is None else f"{where}, record batch {row_group}"
+    def reader(self, file: FileStat) -> BatchFile:
+        return BatchFile(file.location, self._schema_of(file))
 
 
 def _column(schema: pa.Schema, given: str | None, where: str) -> str:
@@ -181,41 +210,41 @@ def _int_list(t: pa.DataType) -> bool:
 
 
 def _walk(path: Path, column: str) -> np.ndarray:
-    """One pass over a file's framing: each record batch's (rows, tokens, empty documents, offset, length)."""
+    """One pass over a file's framing: each record batch's (rows, tokens, empty documents, offset, length).
+
+    A file cut short or damaged (a message's body past its end, bad metadata) is a DataError naming it.
+    """
     out: list[tuple[int, int, int, int, int]] = []
     with pa.memory_map(str(path)) as f:
-        if f.read(6) != b"ARROW1":
-            f.seek(0)
-        else:
-            f.seek(8)
-        reader = pa.ipc.MessageReader.open_stream(f)
-        schema = pa.ipc.read_schema(reader.read_next_message())
-        while True:
-            at = f.tell()
-            try:
-                msg = reader.read_next_message()
-            except StopIteration:
-                break
-            if msg.type == "dictionary batch":
-                why = f"{path}: dictionary-encoded columns are not read; decode them first (Dataset.cast)"
-                raise ConfigError(why)
-            if msg.type != "record batch":
-                continue
-            arr = pa.ipc.read_record_batch(msg, schema).column(column)
-            lens = list_lengths(arr)
-            out.append((len(arr), int(lens.sum()), int((lens == 0).sum()), at, f.tell() - at))
-    return np.asarray(out, np.int64).reshape(-1, _FIELDS)
+        f.seek(8 if f.read(6) == b"ARROW1" else 0)
+        try:
+            reader = pa.ipc.MessageReader.open_stream(f)
+            schema = pa.ipc.read_schema(reader.read_next_message())
+            while (got := _next(reader, f)) is not None:
+                msg, at = got
+                if msg.type == "dictionary batch":
+                    why = f"{path}: dictionary-encoded columns are not read; decode them first (Dataset.cast)"
+                    raise ConfigError(why)
+                if msg.type != "record batch":
+                    continue
+                arr = pa.ipc.read_record_batch(msg, schema).column(column)
+                lens = list_lengths(arr)
+                out.append((len(arr), int(lens.sum()), int((lens == 0).sum()), at, f.tell() - at))
+        except ConfigError:
+            raise
+        except (pa.ArrowException, OSError, ValueError) as e:
+            where = f"{path}, record batch {len(out)}"
+            raise _damaged(where, e, str(path)) from e
+    return np.asarray(out, np.int64).reshape(-1, FIELDS)
 
 
-def _batches(path: Path, stat: FileStat, column: str) -> np.ndarray:
-    """The file's batches' rows, from the cache (keyed by path, size, mtime and column), else by :func:`_walk`."""
-    entry = cache_dir() / "arrow" / f"{digest(stat.location, stat.size, stat.version, column)}.bin"
-    got = read_entry(entry)
-    if got is not None and len(got) % (8 * _FIELDS) == 0:
-        return np.frombuffer(got, np.int64).reshape(-1, _FIELDS).copy()
-    rows = _walk(path, column)
-    write_entry(entry, rows.tobytes())
-    return rows
+def _next(reader: pa.ipc.MessageReader, f: pa.MemoryMappedFile) -> tuple[pa.ipc.Message, int] | None:
+    """The stream's next message and its offset, or None at its end."""
+    at = f.tell()
+    try:
+        return reader.read_next_message(), at
+    except StopIteration:
+        return None
 
 
 def _file_schema(path: Path) -> pa.Schema:
@@ -228,72 +257,3 @@ def _file_schema(path: Path) -> pa.Schema:
         except (pa.ArrowException, ValueError, OSError) as e:
             msg = f"{path}: not an Arrow IPC file ({one_line(e)}); pass a datasets save_to_disk folder or .arrow files"
             raise DataError(msg, file=str(path)) from e
-
-
-def _stats(source: str | os.PathLike[str]) -> tuple[Path, list[Path], list[FileStat]]:
-    """The source's folder (or file), its files and their stats."""
-    paths = arrow_files(source)
-    if not paths:
-        msg = f"source {source!r} holds no Arrow IPC file; pass a datasets save_to_disk folder or .arrow files"
-        raise ConfigError(msg)
-    base = Path(os.fspath(source)).expanduser()
-    stats = []
-    for p in paths:
-        st = p.stat()
-        name = p.name if base.is_file() else p.relative_to(base).as_posix()
-        stats.append(FileStat(name=name, location=str(p), size=st.st_size, version=str(st.st_mtime_ns)))
-    return base, paths, stats
-
-
-def count_files(
-    source: str | os.PathLike[str], column: str | None, rank: int = 0, world: int = 1
-) -> dict[int, np.ndarray]:
-    """The framing pass of files ``rank, rank + world, ...`` of ``source`` (its cache's, else walked): a job's
-    share, which :func:`arrow_index` takes gathered (``counted``)."""
-    _, paths, stats = _stats(source)
-    col = _column(_file_schema(paths[0]), column, str(paths[0]))
-    return {i: _batches(paths[i], stats[i], col) for i in range(rank, len(paths), world)}
-
-
-def arrow_index(
-    source: str | os.PathLike[str], *, column: str | None = None, counted: Mapping[int, np.ndarray] | None = None
-) -> ArrowIndex:
-    """The index of an Arrow IPC source: a row a record batch, counted from the list offsets (cached).
-
-    ``counted``: files' batches counted already (a job's ranks' shares, :func:`count_files`).
-    """
-    base, paths, stats = _stats(source)
-    storage = LocalStorage(base)
-    schemas = [_file_schema(p) for p in paths]
-    col = _column(schemas[0], column, str(paths[0]))
-    entries, parts = [], []
-    for i, p in enumerate(paths):
-        if col not in schemas[i].names:
-            msg = f"{p}: no column {col!r} (its columns: {schemas[i].names}); every file must hold the token column"
-            raise ConfigError(msg)
-        got = counted.get(i) if counted is not None else None
-        parts.append(got if got is not None else _batches(p, stats[i], col))
-        reader = BatchFile(str(p), schemas[i])
-        entries.append(FileEntry(stat=stats[i], storage=storage, schema=schemas[i], reader=reader))
-    rows_all = np.concatenate(parts) if parts else np.zeros((0, _FIELDS), np.int64)
-    per = [len(r) for r in parts]
-    file_index = np.repeat(np.arange(len(paths), dtype=np.int64), per)
-    value = schemas[0].field(col).type.value_type
-    dtype: TokenDtype = "uint32" if value in (pa.uint32(), pa.uint64()) else "int32"
-    cols: Mapping[str, Any] = {
-        "file": [entries[f].stat.name for f in file_index.tolist()],
-        "file_index": file_index,
-        "row_group": np.concatenate([np.arange(n, dtype=np.int64) for n in per]) if per else [],
-        "rows": rows_all[:, 0],
-        "tokens": rows_all[:, 1],
-        "empty_docs": rows_all[:, 2],
-        "byte_offset": rows_all[:, 3],
-        "byte_length": rows_all[:, 4],
-        "needs_check": np.full(len(rows_all), value in (pa.int64(), pa.uint64())),
-        "codec": np.zeros(len(rows_all), np.uint8),
-        "chunk_values": rows_all[:, 1],
-    }
-    frame = pl.DataFrame(dict(cols)).select(pl.col(k).cast(v) for k, v in INDEX_SCHEMA.items())
-    return ArrowIndex(
-        frame=frame, column=col, dtype=dtype, fingerprint=fingerprint_of(frame), source=str(base), _files=entries
-    )

@@ -14,7 +14,7 @@ from typing import Any
 from planner.api import Source
 from planner.errors import ConfigError
 
-__all__ = ["claims", "prepare"]
+__all__ = ["claims", "prepare", "share"]
 
 
 def claims(source: Source, settings: Any) -> bool:
@@ -41,3 +41,8 @@ def prepare(source: Source, settings: Any) -> tuple[Source, dict[str, Any]]:
 
         return load_text_index(s.index, source, s.text, storage_options=s.storage_options, threads=s.threads), {}
     return load(s.index, source, column=s.column, storage_options=s.storage_options), {}
+
+
+def share(source: Source, settings: Any, group: Any) -> Source:
+    """``source`` as given: each rank reads the job index (one object, no footer to share)."""
+    return source

@@ -9,14 +9,16 @@ mixture's text source (one whose dict has a ``tokenizer``) is :func:`mixture_sou
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 from planner.api import Source
 from planner.catalog.datasetindex import Index
 from planner.mixing.sources import SourceSpec
 from planner.parameters import TextSettings
+from plitzer.sources.exchange import all_or_raise, attempt
 
-__all__ = ["claims", "is_text_index", "mixture_source", "prepare"]
+__all__ = ["claims", "is_text_index", "mixture_source", "prepare", "share", "share_text"]
 
 
 def is_text_index(source: object) -> bool:
@@ -53,3 +55,36 @@ def mixture_source(spec: SourceSpec) -> Index:
 
         return load_text_index(spec.index, spec.path, text, storage_options=spec.storage_options)
     return index_text(spec.path, text, storage_options=spec.storage_options)
+
+
+def share(source: Source, settings: Any, group: Any) -> Source:
+    """The text source's index for a job's ``group``: :func:`share_text` (an index given is checked, not shared)."""
+    if is_text_index(source):
+        return source
+    out: Source = share_text(source, settings.text, settings.storage_options, settings.threads or 32, group)
+    return out
+
+
+def share_text(path: Any, text: TextSettings, options: Mapping[str, Any] | None, threads: int, group: Any) -> Any:
+    """One text dataset's index for the whole group: one listing, each footer once, the counting pass split.
+
+    ``text``: the source's tokenizer, text column and BOS/EOS policy. Every rank's cache gets
+    every file's counts; each rank's footer cache the footers it read (so a restart there reads none from storage).
+    """
+    from planner.catalog import jobshare
+    from plitzer.text import job
+    from plitzer.text.source import text_counting
+
+    me, n = group.rank, group.world
+    counting = text_counting(text)
+    listed = group.broadcast(attempt(jobshare.listing, path, options) if me == 0 else None)
+    if isinstance(listed, BaseException):
+        raise listed
+    entries, src = jobshare.entries_of(path, options, listed)
+    # Each rank reads 1/world of the footers into rows (bytes a row group); the ranks then
+    # tokenize 1/world each of the row groups no cache counted (plitzer.text.job: three phases).
+    layouts = all_or_raise(attempt(job.layout_share, entries, counting, me, n, threads), group)
+    layout = job.take_layout(entries, src, counting, layouts)
+    del layouts
+    shares = all_or_raise(attempt(job.count_share, layout, counting, me, n), group)
+    return job.take_counts(layout, counting, shares)
