@@ -9,6 +9,7 @@ tables, the CLI's plan, and a mixture beside a Parquet source.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ import pytest
 
 import plitzer
 from plitzer.cli import main
-from plitzer.errors import DataError
+from plitzer.errors import ConfigError, DataError
+from plitzer.sources import megatron
 from tests.share_fixtures import ThreadGroup, run_ranks
 
 CFG: dict[str, Any] = {"seed": 3, "lanes": 4, "window": 2, "seq_len": 64, "threads": 2}
@@ -37,12 +39,12 @@ def documents() -> list[list[int]]:
     return docs
 
 
-def write_parquet(docs: list[list[int]], root: Path) -> Path:
+def write_parquet(docs: list[list[int]], root: Path, groups: list[list[int]] = GROUPS) -> Path:
     out = root / "pq"
     out.mkdir()
     schema = pa.schema([pa.field("tokens", pa.list_(pa.int32()))])
     with pq.ParquetWriter(out / "part.parquet", schema) as w:
-        for g in GROUPS:
+        for g in groups:
             w.write_table(pa.table({"tokens": pa.array([docs[i] for i in g], schema.field(0).type)}))
     return out
 
@@ -57,22 +59,62 @@ def write_arrow(docs: list[list[int]], root: Path) -> Path:
     return out
 
 
-WRITERS: dict[str, Callable[[list[list[int]], Path], Path]] = {"parquet": write_parquet, "arrow": write_arrow}
+MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
+
+
+def write_megatron(docs: list[list[int]], root: Path, code: int = 8, name: str = "corpus_text_document") -> Path:
+    """A ``.bin`` and ``.idx`` as Megatron-LM's builder writes them (each document two sequences where it can)."""
+    out = root / "mm"
+    out.mkdir(exist_ok=True)
+    dtype = np.dtype(MEGATRON_DTYPES[code])
+    seqs: list[list[int]] = []
+    bounds = [0]
+    for d in docs:
+        seqs.extend([d[: len(d) // 2], d[len(d) // 2 :]] if len(d) > 1 else [d])
+        bounds.append(len(seqs))
+    lengths = np.array([len(q) for q in seqs], np.int32)
+    pointers = np.concatenate([[0], np.cumsum(lengths[:-1].astype(np.int64) * dtype.itemsize)]).astype(np.int64)
+    (out / f"{name}.bin").write_bytes(np.concatenate([np.asarray(q, dtype) for q in seqs]).tobytes())
+    head = b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, code, len(seqs), len(bounds))
+    body = lengths.tobytes() + pointers.tobytes() + np.asarray(bounds, np.int64).tobytes()
+    (out / f"{name}.idx").write_bytes(head + body)
+    return out / name
+
+
+WRITERS: dict[str, Callable[[list[list[int]], Path], Path]] = {
+    "parquet": write_parquet,
+    "arrow": write_arrow,
+    "megatron": write_megatron,
+}
 
 
 @pytest.fixture(params=sorted(WRITERS))
 def kind(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
-    """A kind's source and the Parquet copy of the same documents and row groups."""
+    """A kind's source and the Parquet copy of the same documents and row groups.
+
+    Megatron's row groups are its rule's (a run of documents ending at the first end at or after
+    ``ROW_GROUP_TOKENS``): 200 here, and the Parquet copy cut the same way.
+    """
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(megatron, "ROW_GROUP_TOKENS", 200)
     docs = documents()
-    return WRITERS[request.param](docs, tmp_path / "k" if _mk(tmp_path / "k") else tmp_path), write_parquet(
-        docs, tmp_path
-    )
+    (tmp_path / "k").mkdir()
+    src = WRITERS[request.param](docs, tmp_path / "k")
+    groups = GROUPS if request.param in ("parquet", "arrow") else rule_groups(docs, 200)
+    return src, write_parquet(docs, tmp_path, groups)
 
 
-def _mk(p: Path) -> bool:
-    p.mkdir()
-    return True
+def rule_groups(docs: list[list[int]], threshold: int) -> list[list[int]]:
+    """SPEC section 21's row groups: runs of documents, each ending at the first end at or after ``threshold``."""
+    out: list[list[int]] = [[]]
+    n = 0
+    for i, d in enumerate(docs):
+        out[-1].append(i)
+        n += len(d)
+        if n >= threshold and i + 1 < len(docs):
+            out.append([])
+            n = 0
+    return out
 
 
 def _batches(source: Any, world: int, steps: int = 6) -> list[np.ndarray]:
@@ -145,3 +187,40 @@ def test_a_truncated_arrow_batch_is_a_data_error_naming_the_file(tmp_path: Path,
     with pytest.raises(DataError, match=str(f)) as e:
         plitzer.plan(src)
     assert e.value.file == str(f)
+
+
+@pytest.mark.parametrize("code", sorted(MEGATRON_DTYPES))
+def test_every_megatron_dtype_reads_its_documents(code: int, tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
+    docs = [[t % 100 for t in d] for d in documents()]  # ids every dtype holds
+    src = write_megatron(docs, tmp_path, code)
+    from planner.mixing.sources import SourceSpec
+    from plitzer.readpath.read import read_chunk
+    from plitzer.sources import open_files
+
+    for given in (src, src.with_suffix(".idx"), src.with_suffix(".bin"), src.parent):
+        ix = open_files(SourceSpec(name="", path=str(given)))
+        assert ix is not None and ix.capabilities.kind == "megatron"
+        got = [d for g in range(ix.row_groups) for d in read_chunk(ix, g).to_pylist()]
+        assert got == docs
+
+
+def test_a_kind_without_columns_refuses_where_naming_it(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
+    src = write_megatron(documents(), tmp_path)
+    with pytest.raises(ConfigError, match="megatron"):
+        plitzer.Loader(src, where="tokens is not null", **CFG)
+
+
+def test_a_damaged_megatron_file_is_a_data_error_naming_it(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
+    src = write_megatron(documents(), tmp_path)
+    idx = src.with_suffix(".idx")
+    idx.write_bytes(idx.read_bytes()[:-40])
+    with pytest.raises(DataError, match=str(idx)):
+        plitzer.plan(src)
+    write_megatron(documents(), tmp_path)
+    b = src.with_suffix(".bin")
+    b.write_bytes(b.read_bytes()[:-10])
+    with pytest.raises(DataError, match=str(b)):
+        plitzer.plan(src)

@@ -58,7 +58,7 @@ __all__ = [
     "spec_of",
 ]
 
-KINDS = ("jobindex", "text", "arrow", "parquet")
+KINDS = ("jobindex", "text", "arrow", "megatron", "parquet")
 """The kinds of source, each a module of this package, in the order they are asked (the last claims the rest)."""
 
 
