@@ -446,7 +446,7 @@ def test_installs_name_real_extras_and_ci_runs_the_rest() -> None:
         elif rule.kind == "ci":
             assert command.removeprefix("pip install ").split(" tests/")[0] in ci, command
         elif rule.kind == "trainers":
-            trainer = "torchtitan" if "torchtitan" in command else command.split()[0]
+            trainer = next((t for t in ("torchtitan", "olmo_core", "litgpt") if t in command), command.split()[0])
             assert (ROOT / "tests" / "trainers" / f"test_{trainer}.py").exists() and "tests/trainers" in ci, command
 
 
