@@ -31,11 +31,11 @@ from planner.catalog.footer import ChunkCounter
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import ConfigError
 from planner.mixing.mixture import MixtureIndex, MixturePlan, mixture_index
-from planner.mixing.sources import Opening, SourceSpec, Weights, parse_stages
+from planner.mixing.sources import Opening, SourceSpec, Weights, parse_stages, with_format
 from planner.order.epoch import PlanSettings, Traversal
 from planner.order.layout import Layout, LayoutStage
 from planner.order.plan import Plan
-from planner.parameters import PLAN_PARAMETERS, Selection, check_keywords, document
+from planner.parameters import PLAN_PARAMETERS, FileFormat, Selection, check_keywords, document
 from planner.rules import Rule, check_pad_id, rule_named
 from planner.runtime import BINS, COLUMNS, COUNT, DEDUPE, FILES, SELECT, runtime_pass
 
@@ -348,6 +348,9 @@ def plan(
     columns: Any = None,
     packing: str = "concat",
     pad_id: int = 0,
+    format: str | None = None,
+    eos_id: int | None = None,
+    dtype: str | None = None,
     selector: Selector | None = None,
     deduper: Deduper | None = None,
     count: ChunkCounter | None = None,
@@ -362,13 +365,14 @@ def plan(
     selection = Selection(where=where, length_column=length_column, dedupe=dedupe, exclude=exclude)
     rule = rule_named(packing)
     check_pad_id(pad_id)
+    fmt = FileFormat(format=format, eos_id=eos_id, dtype=dtype)
     ix = open_index(
         source,
         column=column,
         storage_options=storage_options,
         weights=weights,
         selection=selection,
-        opening=Opening(select=selector, count=count, files=runtime_pass(None, FILES)),
+        opening=Opening(select=selector, count=count, files=with_format(runtime_pass(None, FILES), fmt)),
         binned=rule.pads,
     )
     check_pad_id(pad_id, ix.dtype, ix.column, ix.source)  # the batches' dtype: as the loader checks it

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 __all__ = [
     "DEFAULT_TEXT",
+    "FileFormat",
     "MARKER",
     "PARAMETERS",
     "PLAN_PARAMETERS",
@@ -76,11 +77,12 @@ class Parameter:
     shown: str | None = None  # the default as the docs write it, where repr() would not read well
     positional: bool = False  # plitzer.Loader also takes it by position, after the source (SPEC section 5)
     plan: bool = False  # planner.plan takes it: it decides the plan tables
+    option: str | None = None  # its command-line option where not the name's (--format: a table's output)
 
     @property
     def flag(self) -> str:
         """The command-line option: ``--seq-len`` for ``seq_len``."""
-        return "--" + self.name.replace("_", "-")
+        return self.option or "--" + self.name.replace("_", "-")
 
     def render(self, default: Any = ...) -> str:
         """This parameter as a NumPy-style docstring entry (``default``: the entry point's, where it differs)."""
@@ -92,6 +94,13 @@ class Parameter:
         body = textwrap.fill(" ".join(self.doc.split()), width=84, initial_indent="    ", subsequent_indent="    ")
         return f"{self.name} : {kind}{default}\n{body}"
 
+
+_FORMAT_DOC = '``"numpy"``: OLMo numpy token files (give ``eos_id``, ``dtype``); default: found from the files.'
+_FORMAT_HELP = "numpy: OLMo numpy token files (with --eos-id, --dtype); default: found from the files"
+_EOS_DOC = 'With ``format="numpy"``: the token id that ends each document (SPEC section 21).'
+_EOS_HELP = "with --data-format numpy: the token id that ends each document"
+_DTYPE_DOC = 'With ``format="numpy"``: the files\' token dtype, ``uint8``, ``uint16``, ``uint32`` or ``uint64``.'
+_DTYPE_HELP = "with --data-format numpy: the files' token dtype (uint8, uint16, uint32, uint64)"
 
 PARAMETERS: tuple[Parameter, ...] = (
     Parameter(
@@ -350,6 +359,10 @@ PARAMETERS: tuple[Parameter, ...] = (
         "with --packing best-fit or --epochs: the token id of the padding",
         plan=True,
     ),
+    # SPEC section 21: a source's format where its files cannot say it (FileFormat)
+    Parameter("format", None, "str, optional", _FORMAT_DOC, _FORMAT_HELP, plan=True, option="--data-format"),
+    Parameter("eos_id", None, "int, optional", _EOS_DOC, _EOS_HELP, plan=True),
+    Parameter("dtype", None, "str, optional", _DTYPE_DOC, _DTYPE_HELP, plan=True),
 )
 """Every setting of a run, in the order of ``plitzer.Loader``'s signature."""
 
@@ -418,6 +431,15 @@ class Selection:
         object.__setattr__(self, "length_column", length_column)
         object.__setattr__(self, "dedupe", dedupe)
         object.__setattr__(self, "exclude", None if exclude is None else os.fspath(exclude))
+
+
+@dataclass(frozen=True, slots=True)
+class FileFormat:
+    """A source's format where its files cannot say it (SPEC section 21): ``"numpy"``, its EOS id and dtype."""
+
+    format: str | None = None
+    eos_id: int | None = None
+    dtype: str | None = None
 
 
 def names_of(group: Any) -> tuple[str, ...]:

@@ -2,9 +2,9 @@
 
 Each kind's writer (``WRITERS``) writes the documents in its own format with the same row
 groups as a Parquet copy (the kind's rule, or one record batch a row group); every entry point
-then gives the same: batches at world 1 and 2 (ranks as threads sharing the index over a
-Collective, ``tests/share_fixtures.ThreadGroup``), a resume at another world, the plan's
-tables, the CLI's plan, and a mixture beside a Parquet source.
+then gives the same (a kind given its settings, ``OPTIONS``): batches at world 1 and 2 (ranks
+as threads sharing the index over a Collective, ``tests/share_fixtures.ThreadGroup``), a resume
+at another world, the plan's tables, the CLI's plan, and a mixture beside a Parquet source.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest
 import plitzer
 from plitzer.cli import main
 from plitzer.errors import ConfigError, DataError
-from plitzer.sources import megatron
+from plitzer.sources import megatron, olmo_numpy
 from tests.share_fixtures import ThreadGroup, run_ranks
 
 CFG: dict[str, Any] = {"seed": 3, "lanes": 4, "window": 2, "seq_len": 64, "threads": 2}
@@ -81,27 +81,56 @@ def write_megatron(docs: list[list[int]], root: Path, code: int = 8, name: str =
     return out / name
 
 
+EOS = 60_000
+"""The numpy fixture's end of document (above every other id)."""
+
+
+def eos_documents() -> list[list[int]]:
+    """:func:`documents` as OLMo's numpy files hold them: each ends at ``EOS`` but the last (a trailing run)."""
+    docs = [[*d, EOS] for d in documents()]
+    docs[-1] = docs[-1][:-1]
+    return docs
+
+
+def write_numpy(docs: list[list[int]], root: Path, dtype: str = "uint16", cut: int | None = None) -> Path:
+    """Raw token files as OLMo writes them, no header: one file, or two with documents ``cut:`` in the second."""
+    out = root / "npy"
+    out.mkdir(exist_ok=True)
+    parts = [docs] if cut is None else [docs[:cut], docs[cut:]]
+    for i, part in enumerate(parts):
+        (out / f"part-{i}-00000.npy").write_bytes(np.asarray([t for d in part for t in d], dtype).tobytes())
+    return out
+
+
 WRITERS: dict[str, Callable[[list[list[int]], Path], Path]] = {
     "parquet": write_parquet,
     "arrow": write_arrow,
     "megatron": write_megatron,
+    "numpy": write_numpy,
 }
+OPTIONS: dict[str, dict[str, Any]] = {"numpy": {"format": "numpy", "eos_id": EOS, "dtype": "uint16"}}
+"""A kind's settings: what its files cannot say."""
 
 
 @pytest.fixture(params=sorted(WRITERS))
-def kind(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
-    """A kind's source and the Parquet copy of the same documents and row groups.
+def kind(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Kind:
+    """A kind's source, the Parquet copy of the same documents and row groups, and the kind's settings.
 
-    Megatron's row groups are its rule's (a run of documents ending at the first end at or after
-    ``ROW_GROUP_TOKENS``): 200 here, and the Parquet copy cut the same way.
+    Megatron's and numpy's row groups are their rule's (a run of documents ending at the first
+    end at or after ``ROW_GROUP_TOKENS``): 200 here, and the Parquet copy cut the same way.
     """
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(megatron, "ROW_GROUP_TOKENS", 200)
-    docs = documents()
+    monkeypatch.setattr(olmo_numpy, "ROW_GROUP_TOKENS", 200)
+    docs = eos_documents() if request.param == "numpy" else documents()
     (tmp_path / "k").mkdir()
     src = WRITERS[request.param](docs, tmp_path / "k")
     groups = GROUPS if request.param in ("parquet", "arrow") else rule_groups(docs, 200)
-    return src, write_parquet(docs, tmp_path, groups)
+    return src, write_parquet(docs, tmp_path, groups), OPTIONS.get(request.param, {})
+
+
+Kind = tuple[Path, Path, dict[str, Any]]
+"""A kind's source, its Parquet copy, its settings."""
 
 
 def rule_groups(docs: list[list[int]], threshold: int) -> list[list[int]]:
@@ -117,12 +146,12 @@ def rule_groups(docs: list[list[int]], threshold: int) -> list[list[int]]:
     return out
 
 
-def _batches(source: Any, world: int, steps: int = 6) -> list[np.ndarray]:
+def _batches(source: Any, world: int, steps: int = 6, **opts: Any) -> list[np.ndarray]:
     """Each step's rows of every rank, side by side, from loaders that share the index over a thread group."""
     group = ThreadGroup(world)
 
     def rank(r: int) -> list[np.ndarray]:
-        with plitzer.Loader.in_group(group.member(r), source, rank=r, world=world, **CFG) as ld:
+        with plitzer.Loader.in_group(group.member(r), source, rank=r, world=world, **CFG, **opts) as ld:
             it = iter(ld)
             return [np.from_dlpack(next(it).tokens).copy() for _ in range(steps)]
 
@@ -130,17 +159,17 @@ def _batches(source: Any, world: int, steps: int = 6) -> list[np.ndarray]:
     return [np.concatenate([p[s] for p in per]) for s in range(steps)]
 
 
-def test_same_batches_at_world_1_and_2(kind: tuple[Path, Path]) -> None:
-    src, ref = kind
+def test_same_batches_at_world_1_and_2(kind: Kind) -> None:
+    src, ref, opts = kind
     want = _batches(ref, 1)
     for world in (1, 2):
-        got = _batches(src, world)
+        got = _batches(src, world, **opts)
         assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
 
 
-def test_resume_at_another_world(kind: tuple[Path, Path]) -> None:
-    src, ref = kind
-    with plitzer.Loader(src, **CFG) as ld:
+def test_resume_at_another_world(kind: Kind) -> None:
+    src, ref, opts = kind
+    with plitzer.Loader(src, **CFG, **opts) as ld:
         it = iter(ld)
         for _ in range(3):
             next(it)
@@ -149,7 +178,7 @@ def test_resume_at_another_world(kind: tuple[Path, Path]) -> None:
         want = [np.from_dlpack(b.tokens).copy() for _, b in zip(range(5), whole, strict=False)][3:]
     got = []
     for r in range(2):
-        with plitzer.Loader(src, **CFG, world=2, rank=r) as other:
+        with plitzer.Loader(src, **CFG, **opts, world=2, rank=r) as other:
             other.resume(state)
             it = iter(other)
             got.append([np.from_dlpack(next(it).tokens).copy() for _ in range(2)])
@@ -157,20 +186,21 @@ def test_resume_at_another_world(kind: tuple[Path, Path]) -> None:
         assert np.array_equal(np.concatenate([got[0][s], got[1][s]]), want[s])
 
 
-def test_plan_tables_and_the_cli(kind: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    src, ref = kind
-    a = plitzer.plan(src, seed=3, lanes=4, window=2, world=2)
+def test_plan_tables_and_the_cli(kind: Kind, capsys: pytest.CaptureFixture[str]) -> None:
+    src, ref, opts = kind
+    a = plitzer.plan(src, seed=3, lanes=4, window=2, world=2, **opts)
     b = plitzer.plan(ref, seed=3, lanes=4, window=2, world=2)
     keep = ["epoch", "window_index", "rank", "row_group"]
     assert a.reads(0).select(keep).equals(b.reads(0).select(keep))
     assert a.row_groups(0).drop("file").equals(b.row_groups(0).drop("file"))
-    for cmd in (["plan", str(src), "--lanes", "4", "--window", "2"], ["index", str(src)]):
+    flags = [f"--{'data-format' if k == 'format' else k.replace('_', '-')}={v}" for k, v in opts.items()]
+    for cmd in (["plan", str(src), "--lanes", "4", "--window", "2", *flags], ["index", str(src), *flags]):
         assert main(cmd) == 0
 
 
-def test_a_mixture_beside_parquet(kind: tuple[Path, Path]) -> None:
-    src, ref = kind
-    mix = {"k": str(src), "p": str(ref)}
+def test_a_mixture_beside_parquet(kind: Kind) -> None:
+    src, ref, opts = kind
+    mix = {"k": {"path": str(src), **opts}, "p": str(ref)}
     p = plitzer.plan(mix, seed=3, lanes=4, window=2, seq_len=64)
     tokens = p.sources().sort("name")["tokens"].to_list()
     assert tokens[0] == tokens[1] > 0, p.sources()
@@ -224,3 +254,60 @@ def test_a_damaged_megatron_file_is_a_data_error_naming_it(tmp_path: Path, monke
     b.write_bytes(b.read_bytes()[:-10])
     with pytest.raises(DataError, match=str(b)):
         plitzer.plan(src)
+
+
+NUMPY = OPTIONS["numpy"]
+
+
+def _documents_of(source: Any, **opts: Any) -> list[list[int]]:
+    """Every document of ``source``'s index, in index order (its row groups read as the loader reads them)."""
+    from plitzer.sources import index_of
+    from plitzer.state.settings import LoaderSettings
+
+    ix = index_of(source, LoaderSettings.of(**opts))
+    return [d for rg in range(len(ix.frame)) for d in ix.read_tokens(rg).to_pylist()]
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32", "uint64"])
+def test_every_numpy_dtype_reads_its_documents_and_files_keep_theirs(
+    dtype: str, tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(olmo_numpy, "ROW_GROUP_TOKENS", 100)
+    eos = 255 if dtype == "uint8" else EOS
+    docs = [[t % 200 for t in d[:-1]] + [eos] for d in eos_documents()[:-1]] + [[1, 2, 3]]
+    src = write_numpy(docs, tmp_path, dtype, cut=31)  # the first file ends mid-way: a trailing run of no EOS
+    first = (src / "part-0-00000.npy").read_bytes()
+    (src / "part-0-00000.npy").write_bytes(first[: -np.dtype(dtype).itemsize])
+    want = [*docs[:30], docs[30][:-1], *docs[31:]]
+    assert _documents_of(src, format="numpy", eos_id=eos, dtype=dtype) == want
+    assert _documents_of(src, format="numpy", eos_id=eos, dtype=dtype) == want  # from the cached pass
+
+
+def test_numpy_settings_are_refused_where_they_do_not_go_together(tmp_path: Path) -> None:
+    src = write_numpy(eos_documents(), tmp_path)
+    for opts, match in (
+        ({"format": "numpy", "dtype": "uint16"}, "needs eos_id="),
+        ({"format": "numpy", "eos_id": EOS}, "needs dtype="),
+        ({"eos_id": EOS, "dtype": "uint16"}, "format='numpy'"),
+        ({**NUMPY, "dtype": "uint8"}, "does not fit"),
+        ({**NUMPY, "format": "olmo"}, "format='olmo'"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            plitzer.plan(src, **opts)
+    with pytest.raises(ConfigError, match="numpy"):
+        plitzer.Loader(src, where="tokens is not null", **CFG, **NUMPY)
+    with pytest.raises(ConfigError, match="source 'k'"):
+        plitzer.plan({"k": {"path": str(src), "format": "numpy"}})
+
+
+def test_a_numpy_file_of_no_whole_tokens_is_a_data_error_naming_it(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
+    src = write_numpy(eos_documents(), tmp_path)
+    f = src / "part-0-00000.npy"
+    f.write_bytes(f.read_bytes() + b"\x01")
+    with pytest.raises(DataError, match="not whole uint16 tokens") as e:
+        plitzer.plan(src, **NUMPY)
+    assert str(f) in str(e.value)
+    f.write_bytes(b"")
+    assert len(plitzer.plan(src, **NUMPY).dataset.frame) == 0  # an empty file: no documents

@@ -24,14 +24,26 @@ import numpy as np
 from planner.catalog.datasetindex import Index
 from planner.catalog.footer import ChunkCounter
 from planner.errors import ConfigError
-from planner.parameters import Selection, TextSettings, names_of
+from planner.parameters import FileFormat, Selection, TextSettings, names_of
 
-__all__ = ["Opening", "SourceSpec", "Stage", "Weights", "parse_stages", "source_specs"]
+__all__ = [
+    "FORMAT_KEYS",
+    "Opening",
+    "SourceSpec",
+    "Stage",
+    "Weights",
+    "joined",
+    "parse_stages",
+    "source_specs",
+    "with_format",
+]
 
 Weights = Mapping[str, Any] | Sequence[tuple[int, Mapping[str, Any]]] | None
 _TEXT_KEYS = names_of(TextSettings)
 _SELECTION_KEYS = ("where", "length_column")
 """The fields of :class:`~planner.parameters.Selection` a source has (deduplication is the mixture's)."""
+FORMAT_KEYS = names_of(FileFormat)
+"""A source's format settings (SPEC section 21): a mixture source's keys, and the loader's for every source."""
 _MAX_TOTAL_WEIGHT = 1 << 24
 
 
@@ -54,6 +66,8 @@ class SourceSpec:
     text: Mapping[str, Any] | None = None
     index: str | None = None
     """The source's job index (``plitzer index PATH --out URL``), read instead of its footers."""
+    file_format: FileFormat = field(default_factory=FileFormat)
+    """Its files' format where they cannot say it (``format="numpy"``, ``eos_id``, ``dtype``: SPEC section 21)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +92,9 @@ class Opening:
     ``plitzer.sources.open_files``, the runtime's one dispatcher), or None where it is Parquet."""
 
 
-_SPEC_KEYS = tuple(k for k in names_of(SourceSpec) if k not in ("name", "path", "selection", "text"))
+_SPEC_KEYS = tuple(k for k in names_of(SourceSpec) if k not in ("name", "path", "selection", "text", "file_format"))
 """The keys of a source's dict that set its spec's field of the same name (the loader's keywords otherwise)."""
-_SOURCE_KEYS = {"path", *_SPEC_KEYS, *_SELECTION_KEYS, *_TEXT_KEYS}
+_SOURCE_KEYS = {"path", *_SPEC_KEYS, *_SELECTION_KEYS, *_TEXT_KEYS, *FORMAT_KEYS}
 """The keys of a source's dict: its path, its spec's fields, its selection's, a text source's settings for ``text``."""
 
 
@@ -114,7 +128,8 @@ def source_specs(
             if extra or "path" not in value:
                 msg = (
                     f"source {name!r}: {sorted(extra) if extra else 'no path'}; a source is a path or a dict with "
-                    f"'path' and optionally 'column', 'storage_options', 'where', 'length_column' and 'index' "
+                    f"'path' and optionally 'column', 'storage_options', 'where', 'length_column', 'index', "
+                    "'format', 'eos_id' and 'dtype' "
                     "(a text source: 'tokenizer' and optionally 'text_column', 'add_eos', 'add_bos')"
                 )
                 raise ConfigError(msg)
@@ -122,6 +137,8 @@ def source_specs(
             own: dict[str, Any] = {k: value[k] for k in _SPEC_KEYS if k in value}
             if any(k in value for k in _SELECTION_KEYS):
                 own["selection"] = replace(given.selection, **{k: value[k] for k in _SELECTION_KEYS if k in value})
+            if any(k in value for k in FORMAT_KEYS):
+                own["file_format"] = FileFormat(**{k: value[k] for k in FORMAT_KEYS if k in value})
             spec = replace(given, name=name, path=value["path"], text=text, **own)
             job = spec.index
             if job is not None and not isinstance(job, (str, os.PathLike)):
@@ -160,6 +177,25 @@ def _checked(spec: SourceSpec) -> SourceSpec:
         )
         raise ConfigError(msg)
     return replace(spec, path=path, index=None if spec.index is None else os.fspath(spec.index))
+
+
+def with_format(
+    files: Callable[[SourceSpec], Index | None] | None, given: FileFormat
+) -> Callable[[SourceSpec], Index | None] | None:
+    """``files`` (an :class:`Opening`'s) given ``given``'s settings (the loader's) where a source's own are None."""
+    if files is None or given == FileFormat():
+        return files
+    of = files
+
+    def opened(spec: SourceSpec) -> Index | None:
+        return of(replace(spec, file_format=joined(spec.file_format, given)))
+
+    return opened
+
+
+def joined(own: FileFormat, given: FileFormat) -> FileFormat:
+    """A source's ``own`` format settings, ``given``'s (the loader's) where it has none."""
+    return FileFormat(**{k: getattr(own, k) if getattr(own, k) is not None else getattr(given, k) for k in FORMAT_KEYS})
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from planner.progress import terminal_progress
 from planner.rules import CONCAT, rule_named
 from plitzer.cli.indexing import cmd_index
 from plitzer.cli.options import (
+    DESTS,
     columns_of,
     mixture_defaults,
     print_frame,
@@ -53,7 +54,7 @@ def run_settings(args: argparse.Namespace, weights: Any) -> dict[str, Any]:
     :data:`DEFAULT_NOT_PASSED` at its default (the same as not passing it).
     """
     mixture_defaults(args)
-    given = {name: getattr(args, name) for name in setting_names(args.command)}
+    given = {name: getattr(args, DESTS.get(name, name)) for name in setting_names(args.command)}
     given.update(storage_options=storage_options_of(args), weights=weights, columns=columns_of(args))
     return {
         k: v for k, v in given.items() if v is not None and not (k in DEFAULT_NOT_PASSED and v == by_name(k).default)

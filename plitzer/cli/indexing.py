@@ -55,9 +55,16 @@ def _dataset_index(args: argparse.Namespace, source: Any, carried: list[str]) ->
         ix = carry(entries, src, args.column, carried, progress=terminal_progress(), count=count_chunk)
     else:
         from planner.mixing.sources import SourceSpec
+        from planner.parameters import FileFormat
         from plitzer.sources import open_files
 
-        spec = SourceSpec(name="", path=source, column=args.column, storage_options=storage_options_of(args))
+        spec = SourceSpec(
+            name="",
+            path=source,
+            column=args.column,
+            storage_options=storage_options_of(args),
+            file_format=FileFormat(args.data_format, args.eos_id, args.dtype),
+        )
         ix = open_files(spec) or index(
             source, column=args.column, storage_options=storage_options_of(args), progress=terminal_progress()
         )

@@ -23,6 +23,8 @@ from plitzer.tools.mixfile import read_mixture
 __all__ = [
     "ADDRESS",
     "DATA_HELP",
+    "DESTS",
+    "FORMAT",
     "OUT",
     "RUN",
     "SEQ_LEN_PLAN",
@@ -211,6 +213,10 @@ def arg(*flags: str, **kw: Any) -> Arg:
     return Arg(flags, kw)
 
 
+DESTS = {"format": "data_format"}
+"""Settings whose option is stored under another name (``--format`` is a table's output format)."""
+
+
 def setting(name: str, **kw: Any) -> Arg:
     """The option of run setting ``name``: flag, default and help from :data:`planner.parameters.PARAMETERS`.
 
@@ -242,6 +248,13 @@ SEQ_LEN_PLAN = (
 )
 """``plan``'s --seq-len help: it has no default under best-fit, as ``plitzer.plan`` has none."""
 
+FORMAT: tuple[Arg, ...] = (
+    setting("format", dest=DESTS["format"], choices=["numpy"]),
+    setting("eos_id"),
+    setting("dtype", choices=["uint8", "uint16", "uint32", "uint64"]),
+)
+"""A source's format where its files cannot say it (SPEC section 21): ``--data-format numpy``, its EOS id and dtype."""
+
 SOURCE: tuple[Arg, ...] = (
     arg(
         "data",
@@ -256,6 +269,7 @@ SOURCE: tuple[Arg, ...] = (
         "tables with step and weights = {NAME = w}",
     ),
     setting("column"),
+    *FORMAT,
     arg("--endpoint", default=None, help="S3 endpoint URL (or the Hub's, for hf://; else HF_ENDPOINT)"),
     arg("--region", default=None, help="S3 region"),
     setting("where"),

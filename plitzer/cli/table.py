@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from plitzer.cli.options import ADDRESS, DATA_HELP, OUT, RUN, SEQ_LEN_PLAN, SOURCE, Arg, arg, formats, setting
+from plitzer.cli.options import ADDRESS, DATA_HELP, FORMAT, OUT, RUN, SEQ_LEN_PLAN, SOURCE, Arg, arg, formats, setting
 
 INDEX_COLUMNS = (
     "with --out: the dataset columns the job index carries besides the token column, NAME,NAME "
@@ -176,6 +176,7 @@ _COMMANDS = (
             arg("data", nargs="*", help=DATA_HELP),
             arg("--mixture", default=None, metavar="FILE", help="a mixture file (TOML), as for plan"),
             setting("column"),
+            *FORMAT,
             arg("--endpoint", default=None, help="S3 endpoint URL"),
             arg("--region", default=None, help="S3 region"),
             arg("--where", default=None, help="the documents: a DuckDB SQL condition over the dataset's columns"),

@@ -140,6 +140,15 @@ class BaseSettings:
     run's end (``batch.mask`` is False there).
     """
 
+    format: str | None = None
+    """``"numpy"``: OLMo numpy token files (give ``eos_id``, ``dtype``); default: found from the files."""
+
+    eos_id: int | None = None
+    """With ``format="numpy"``: the token id that ends each document (SPEC section 21)."""
+
+    dtype: str | None = None
+    """With ``format="numpy"``: the files' token dtype, ``uint8``, ``uint16``, ``uint32`` or ``uint64``."""
+
 
 @dataclass(kw_only=True)
 class Settings(BaseSettings):

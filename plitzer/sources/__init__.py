@@ -40,7 +40,8 @@ import pyarrow as pa
 from planner.api import Opening, Source, open_index
 from planner.catalog.datasetindex import Index
 from planner.catalog.rowgroups import Capabilities, RowGroupIndex
-from planner.mixing.sources import SourceSpec
+from planner.mixing.sources import SourceSpec, with_format
+from planner.parameters import FileFormat
 from plitzer.readpath.read import count_chunk, read_chunk
 from plitzer.sources import files, selection, text
 
@@ -58,7 +59,7 @@ __all__ = [
     "spec_of",
 ]
 
-KINDS = ("jobindex", "text", "arrow", "megatron", "parquet")
+KINDS = ("jobindex", "text", "arrow", "megatron", "olmo_numpy", "parquet")
 """The kinds of source, each a module of this package, in the order they are asked (the last claims the rest)."""
 
 
@@ -126,7 +127,13 @@ def _format(kind: Any, source: Source, settings: Any) -> files.Format | None:
 def spec_of(source: Source, settings: Any) -> SourceSpec:
     """A path source under ``settings`` as a mixture's source is described (what a kind of files is given)."""
     path = [os.fspath(p) for p in source] if isinstance(source, (list, tuple)) else os.fspath(cast("str", source))
-    return SourceSpec(name="", path=path, column=settings.column, storage_options=settings.storage_options)
+    return SourceSpec(
+        name="",
+        path=path,
+        column=settings.column,
+        storage_options=settings.storage_options,
+        file_format=getattr(settings, "file_format", FileFormat()),
+    )
 
 
 def format_of(spec: SourceSpec) -> files.Format | None:
@@ -158,8 +165,12 @@ def opening(settings: Any = None) -> Opening:
     group whose footer has no statistics, and the index of a mixture's text source. A text
     source given as paths is its kind's (:func:`plitzer.sources.text.prepare` adds ``text``).
     """
+    given = getattr(settings, "file_format", FileFormat())  # the loader's format settings: every source's
     return Opening(
-        select=selection.selector(settings), count=count_chunk, text_source=text.mixture_source, files=open_files
+        select=selection.selector(settings),
+        count=count_chunk,
+        text_source=text.mixture_source,
+        files=with_format(open_files, given),
     )
 
 

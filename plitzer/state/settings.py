@@ -36,7 +36,7 @@ from planner.mixing.sources import Weights
 from planner.order.epoch import PlanSettings, Traversal, check_int
 from planner.order.layout import Layout
 from planner.order.plan import Plan
-from planner.parameters import PARAMETERS, POSITIONAL, Selection, TextSettings, take, unknown_keyword
+from planner.parameters import PARAMETERS, POSITIONAL, FileFormat, Selection, TextSettings, take, unknown_keyword
 from planner.rules import CONCAT, Rule, check_packing, check_pad_id, rule_named
 from planner.stores.storage import revisions
 from plitzer.state.checkpoint import DATASET_FIELDS, SETTING_FIELDS
@@ -89,6 +89,9 @@ class KeywordsOfLocate(TypedDict, total=False):
     microbatches: int
     packing: str
     pad_id: int
+    format: str | None
+    eos_id: int | None
+    dtype: str | None
 
 
 class KeywordsLessWhere(KeywordsOfLocate, total=False):
@@ -182,6 +185,8 @@ class LoaderSettings:
     """The packing rule's name (:mod:`planner.rules`)."""
     pad_id: int = 0
     """The token of a best-fit row's padding."""
+    file_format: FileFormat = field(default_factory=FileFormat)
+    """The source's format where its files cannot say it (``format="numpy"``, ``eos_id``, ``dtype``: SPEC 21)."""
 
     def __post_init__(self) -> None:
         check_int("seq_len", self.seq_len, 1, "seq_len is the tokens per sequence, e.g. 2048")
@@ -234,6 +239,7 @@ class LoaderSettings:
             seq_len=layout.first.seq_len,
             text=TextSettings(**take(TextSettings, kw)),
             selection=Selection(**take(Selection, kw)),
+            file_format=FileFormat(**take(FileFormat, kw)),
             layout=layout,
             **kw,  # the loader's own: budget, rank, threads and what is read
         )

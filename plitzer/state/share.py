@@ -97,10 +97,19 @@ def share_index(source: Source, cfg: LoaderSettings, group: Collective) -> Sourc
 
 
 def _spec_settings(cfg: LoaderSettings, spec: Any) -> LoaderSettings:
-    """``cfg`` as a mixture's source ``spec`` sets it (its column, storage options, tokenizer; no selection)."""
+    """``cfg`` as a mixture's source ``spec`` sets it (its column, storage options, tokenizer, format settings where
+    it gives them; no selection)."""
     text = TextSettings.of(spec.text) if spec.text is not None else TextSettings()
+    from planner.mixing.sources import joined
+
     return replace(
-        cfg, column=spec.column, storage_options=spec.storage_options, text=text, selection=Selection(), weights=None
+        cfg,
+        column=spec.column,
+        storage_options=spec.storage_options,
+        text=text,
+        selection=Selection(),
+        weights=None,
+        file_format=joined(spec.file_format, cfg.file_format),
     )
 
 
