@@ -137,7 +137,7 @@ class Loader(live.LiveChanges, DealtSteps):
     def _build(self, plan: Plan, settings: LoaderSettings, group: Any = None) -> None:
         got = parts(plan, settings)  # checked (plitzer.state.build)
         self.index = plan.dataset  # the source's, whatever the run's stages
-        self.tokens = plan.dataset.tokens  # the stream's tokens (plan.tokens counts the rule's units: bins, best-fit)
+        self.tokens = plan.dataset.tokens  # the stream's tokens, plan.tokens (its bins, best-fit: plan.bins)
         self.epoch_tokens = plan.epoch_tokens  # T, in the rule's units (a live stage never changes the first)
         # The run in force, and the settings and config derived from it (states encoded later read them).
         self._now = resume.Now(got.run, settings)

@@ -223,3 +223,51 @@ def test_every_column_is_bare_sql_and_every_documented_query_runs(data: Path) ->
     mixture = planner.plan({"code": data, "web": data}, weights={"code": 1, "web": 3}, lanes=8, window=2, world=2)
     for q in queries:
         (mixture if "source" in q else p).sql(q, epochs=[0, 1])
+
+
+def _sft(root: Path) -> Path:
+    """Row groups of short documents: under best-fit a few bins each, under concat a token stream."""
+    from tests.conftest import write_dataset
+
+    rng = np.random.default_rng(5)
+    write_dataset(root, [[[[1] * int(n) for n in rng.integers(1, 60, 25)] for _ in range(8)]])
+    return root
+
+
+@pytest.mark.parametrize("packing", ["concat", "best-fit"])
+def test_the_plan_speaks_tokens_under_either_rule(tmp_path: Path, packing: str) -> None:
+    # Issue 70 item 5: best-fit's plan gave bins for tokens (seq_len=1, plan.tokens the bin count).
+    import plitzer
+
+    d, cfg = _sft(tmp_path), {"lanes": 4, "window": 2, "seq_len": 64, "packing": packing}
+    p = plitzer.plan(d, **cfg)
+    with plitzer.Loader(d, **cfg) as loader:
+        assert p.tokens == loader.tokens == int(p.index["tokens"].sum())
+        assert p.steps(0)["seq_len"][0] == loader.seq_len == 64
+    per_window = p.sql("""
+        select window_index, sum(tokens) as tokens, count(*) as row_groups
+        from row_groups group by window_index order by window_index
+    """)
+    assert per_window["tokens"].sum() == p.tokens  # docs/usage.md's identity
+    steps, layout = p.steps(0), p.layout_table()
+    assert (steps["tokens"] == steps["lanes"] * steps["seq_len"]).all()
+    assert (steps["token_start"].diff().drop_nulls() == steps["tokens"][:-1]).all()
+    assert layout.select("lanes", "seq_len", "tokens_per_step", "start_token").rows() == [(4, 64, 256, 0)]
+    bins = p.sql("select sum(bins) as n from row_groups")["n"][0] if packing == "best-fit" else None
+    assert p.bins == bins and p.units == (p.tokens if bins is None else bins)
+    assert f"{p.tokens:,} tokens" in repr(p) and ("bins" in repr(p)) == (bins is not None)
+    if bins is not None:  # the bins in columns of their own: a step's are its lanes' rows
+        assert (steps["bins"] == steps["lanes"]).all() and (steps["token_start"] == steps["bin_start"] * 64).all()
+        assert layout.select("bins_per_step", "start_bin").rows() == [(4, 0)]
+        assert steps.height == p.steps_in_epoch(0) and p.epoch_tokens == bins
+    else:
+        assert "bins" not in steps.columns and "bins_per_step" not in layout.columns
+
+
+def test_a_finite_best_fit_run_ends_on_its_real_bins(tmp_path: Path) -> None:
+    import plitzer
+
+    p = plitzer.plan(_sft(tmp_path), lanes=4, window=2, seq_len=64, packing="best-fit", epochs=1)
+    steps = p.steps(0)
+    assert int(steps["bins"].sum()) == p.bins and (steps["tokens"] == steps["bins"] * 64).all()
+    assert int(steps["tokens"].sum()) == p.bins * 64 >= p.tokens  # slots: the real tokens and their padding

@@ -72,8 +72,7 @@ def _given_back(ep: EpochPlan) -> EpochPlan:
 class Plan:
     """A dataset's plan for given settings: any epoch's tables, SQL over them.
 
-    Build one with :func:`plan`. Tables are Polars frames computed on demand
-    from the index (the last few epochs are kept).
+    Build one with :func:`plan`. Tables are Polars frames computed on demand (the last few epochs kept).
     """
 
     def __init__(self, idx: RowGroupIndex, settings: PlanSettings, order: EpochOrder | None = None) -> None:
@@ -102,10 +101,10 @@ class Plan:
         return new, 1 << 62
 
     def __repr__(self) -> str:
-        s = self.settings
+        s, b = self.settings, self.bins
         return (
-            f"Plan({self.dataset.row_groups} row groups, {self.tokens:,} {self.rule.unit}s, seed={s.seed}, "
-            f"lanes={s.lanes}, window={s.window}, world={s.world}{self._columns_shown()})"
+            f"Plan({self.dataset.row_groups} row groups, {self.tokens:,} tokens{'' if b is None else f', {b:,} bins'}, "
+            f"seed={s.seed}, lanes={s.lanes}, window={s.window}, world={s.world}{self._columns_shown()})"
         )
 
     def _columns_shown(self) -> str:
@@ -132,13 +131,22 @@ class Plan:
 
     @property
     def tokens(self) -> int:
-        """The stream's units: every row group's tokens (those a ``where=`` selects); bins under best-fit."""
+        """The stream's tokens (those a ``where=`` selects), ``loader.tokens``, under either rule (:attr:`bins`)."""
+        return int(self._tokens.sum()) if not self.rule.pads else int(self.dataset.tokens)
+
+    @property
+    def bins(self) -> int | None:
+        """The stream's bins (rows of ``seq_len`` tokens) under best-fit, SPEC section 15; None under concat."""
+        return self.units if self.rule.pads else None
+
+    @property
+    def units(self) -> int:
+        """The stream's units, what the lanes are cut over: :attr:`tokens` under concat, :attr:`bins` under best-fit."""
         return int(self._tokens.sum())
 
     @property
     def counts(self) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-        """Each row group's units (tokens; bins under best-fit), rows and empty documents, in index order
-        (those a ``where=`` selects)."""
+        """Each row group's units (tokens; bins, best-fit), rows and empty documents (those a ``where=`` selects)."""
         return self._tokens, self._rows, self._empty
 
     @property
@@ -148,12 +156,10 @@ class Plan:
         joins the run later moves no epoch; docs/design.md, "Epochs of a mixture")."""
         return int(self.order.total)
 
-    def label_of(self, run: int) -> int:
-        """The epoch label of a step whose run units before it are ``run``: ``floor(run / T)``."""
+    def label_of(self, run: int) -> int:  # the epoch label of a step of run units ``run`` before it
         return run // self.epoch_tokens
 
-    def label_start(self, epoch: int) -> int:
-        """The run's units from which steps are labelled ``epoch``: ``epoch * T``."""
+    def label_start(self, epoch: int) -> int:  # the run's units from which steps are labelled ``epoch``
         return epoch * self.epoch_tokens
 
     @property
@@ -172,8 +178,7 @@ class Plan:
         """The epoch and window of ``unit``."""
         return self.order.unit_epoch_window(unit)
 
-    def windows_in(self, epoch: int) -> int:
-        """Windows of ``epoch``."""
+    def windows_in(self, epoch: int) -> int:  # windows of ``epoch``
         return self.order.windows_in(epoch)
 
     def _extra_tables(self) -> dict[str, pl.DataFrame]:
@@ -299,7 +304,7 @@ class Plan:
         return {}
 
     def layout_table(self) -> pl.DataFrame:
-        """The layout stages: layout_stage, start_step, lanes, seq_len, tokens_per_step, start_token.
+        """The layout stages: layout_stage, start_step, lanes, seq_len, tokens_per_step, start_token (+ best-fit's bins)
 
         ``start_token`` is the run's tokens before the stage; ``recut_epoch`` and
         ``recut_window_index`` name the window its first step cuts again (null at a
@@ -313,8 +318,8 @@ class Plan:
         ``token_start`` is the run's tokens before the step (``X(t)``, SPEC 12), ``tokens``
         the step's (``X(t + 1) - X(t)``: the layout stage in force's lanes times its seq_len), so the layout over
         a run is ``select layout_stage, min(step), sum(tokens) from steps group by 1``. A finite run
-        (``epochs``) stops at its last step, its ``tokens`` the real ones (:mod:`planner.order.runsteps`).
-        A plan made without ``seq_len`` has no steps: refused.
+        (``epochs``) stops at its last step, its ``tokens`` the real ones (:mod:`planner.order.runsteps`). Best-fit's
+        are slots (padding too), then bins, bin_start. A plan made without ``seq_len`` has no steps: refused.
 
         >>> import tempfile, planner, plitzer.synth
         >>> d = tempfile.mkdtemp(); _ = plitzer.synth.write(d, tokens=20_000, seed=0)

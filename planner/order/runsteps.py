@@ -30,6 +30,7 @@ import polars as pl
 from planner.errors import ConfigError
 from planner.order.epoch import check_int
 from planner.order.layout import Layout
+from planner.rules import rule_named
 
 __all__ = ["epoch_start", "layout_table", "run_end", "run_steps", "steps_in_epoch", "steps_table", "steps_layout"]
 
@@ -39,6 +40,7 @@ class _Epochs(Protocol):
 
     settings: Any
     layout: Layout | None
+    packing: tuple[str, int, int]
 
     @property
     def epoch_tokens(self) -> int: ...
@@ -94,17 +96,39 @@ def steps_table(plan: _Epochs, layout: Layout, epoch: int) -> pl.DataFrame:
     token_start = layout.runs_at(np.arange(first, stop + 1, dtype=np.int64))
     if end is not None:
         token_start = np.minimum(token_start, end)
+    lanes, units = layout.lanes_at(step), np.diff(token_start)
+    if not _binned(plan):
+        return pl.DataFrame(
+            {
+                "step": step,
+                "epoch": np.full(len(step), epoch, np.int64),
+                "layout_stage": layout.indices_at(step),
+                "lanes": lanes,
+                "seq_len": layout.seq_lens_at(step),
+                "tokens": units,
+                "token_start": token_start[:-1],
+            }
+        )
+    rows = layout.in_tokens(plan.packing[2])  # best-fit: the steps in tokens, a row's bin seq_len of them
+    seq_len = rows.seq_lens_at(step)
     return pl.DataFrame(
         {
             "step": step,
             "epoch": np.full(len(step), epoch, np.int64),
             "layout_stage": layout.indices_at(step),
-            "lanes": layout.lanes_at(step),
-            "seq_len": layout.seq_lens_at(step),
-            "tokens": np.diff(token_start),
-            "token_start": token_start[:-1],
+            "lanes": lanes,
+            "seq_len": seq_len,
+            "tokens": units * seq_len,
+            "token_start": rows.runs_at(step),
+            "bins": units,
+            "bin_start": token_start[:-1],
         }
     )
+
+
+def _binned(plan: Any) -> bool:
+    """Whether ``plan`` cuts bins (best-fit, SPEC section 15): its steps' tables then give tokens and bins."""
+    return rule_named(plan.packing[0]).pads
 
 
 def layout_table(plan: Any, layout: Layout) -> pl.DataFrame:
@@ -119,15 +143,22 @@ def layout_table(plan: Any, layout: Layout) -> pl.DataFrame:
         inside = x > 0 and plan.run_before(e) + int(ends[w] - wt[w]) < x
         ep_of.append(e if inside else None)
         win_of.append(w if inside else None)
-    return pl.DataFrame(
+    rows = layout.in_tokens(plan.packing[2]) if _binned(plan) else layout  # best-fit: stages in tokens
+    out = pl.DataFrame(
         {
             "layout_stage": list(range(len(layout))),
             "start_step": [s.start for s in layout.stages],
             "lanes": [s.lanes for s in layout.stages],
-            "seq_len": [s.seq_len for s in layout.stages],
-            "tokens_per_step": [s.per_step for s in layout.stages],
-            "start_token": begins,
+            "seq_len": [s.seq_len for s in rows.stages],
+            "tokens_per_step": [s.per_step for s in rows.stages],
+            "start_token": rows.begins(),
             "recut_epoch": pl.Series(ep_of, dtype=pl.Int64),
             "recut_window_index": pl.Series(win_of, dtype=pl.Int64),
         }
+    )
+    if rows is layout:
+        return out
+    return out.with_columns(
+        bins_per_step=pl.Series([s.per_step for s in layout.stages], dtype=pl.Int64),
+        start_bin=pl.Series(begins, dtype=pl.Int64),
     )

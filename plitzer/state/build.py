@@ -77,7 +77,7 @@ def check_layout(
         column_bytes = cols.itemsize if cols is not None else 0
     cb, lb = column_bytes, s.labels  # labels: a piece's 8 bytes (plitzer.readpath.cost.LABEL_BYTES)
     for st in new:  # a binned rule's units at another seq_len are that seq_len's bins (the bins pass's)
-        units = plan.tokens if rebin is None or st.seq_len == s.seq_len else rebin.plan_at(st.seq_len).tokens
+        units = plan.units if rebin is None or st.seq_len == s.seq_len else rebin.plan_at(st.seq_len).units
         if units < st.lanes:
             at = f" at seq_len={st.seq_len}" if s.stages.staged and s.rule.pads else ""
             msg = (
@@ -170,7 +170,7 @@ class Parts:
 def parts(plan: Plan, settings: LoaderSettings) -> Parts:
     """Check ``settings`` against ``plan`` and build a loader's parts (no thread starts yet)."""
     s = settings
-    if plan.tokens == 0:
+    if plan.units == 0:  # best-fit: empty documents are bins too (SPEC section 15 rule 1)
         msg = f"dataset {plan.dataset.source!r} has no tokens (every document is empty); nothing to train on"
         raise DataError(msg)
     layout = s.stages
