@@ -15,8 +15,9 @@ mtime) and the kind's :attr:`Format.key`. A job's ranks split the passes by file
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -30,11 +31,11 @@ from planner.catalog.frame import fingerprint_of
 from planner.catalog.rowgroups import Capabilities
 from planner.catalog.rowlists import INDEX_SCHEMA
 from planner.stores.cache import cache_dir, digest, read_entry, write_entry
-from planner.stores.storage import FileStat, Storage
+from planner.stores.storage import FileStat, LocalStorage, Storage
 from plitzer.readpath.read import check_decoded, check_list_of_integers, check_no_null_tokens, to_tokens
 from plitzer.sources.exchange import all_or_raise, attempt
 
-__all__ = ["FIELDS", "FileIndex", "Format", "count_share", "file_rows", "files_index", "share"]
+__all__ = ["FIELDS", "FileIndex", "Format", "count_share", "file_rows", "files_index", "local_listing", "share"]
 
 FIELDS = 5
 """A row group's counts as a kind's pass gives them: rows, tokens, empty documents, byte offset, byte length."""
@@ -79,6 +80,17 @@ class Format(Protocol):
     def reader(self, file: FileStat) -> BatchReader | None:
         """The file's reader of its row groups' columns (every column, ``where=``'s), or None: tokens only."""
         ...
+
+
+def local_listing(base: Path, paths: Sequence[Path]) -> tuple[str, Storage, list[FileStat]]:
+    """:meth:`Format.listing` of local ``paths`` under folder ``base``: names relative to it, mtime versions."""
+    stats = []
+    for p in paths:
+        st = p.stat()
+        stats.append(
+            FileStat(name=p.relative_to(base).as_posix(), location=str(p), size=st.st_size, version=str(st.st_mtime_ns))
+        )
+    return str(base), LocalStorage(base), stats
 
 
 def file_rows(fmt: Format, file: FileStat) -> np.ndarray:

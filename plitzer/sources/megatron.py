@@ -32,8 +32,8 @@ from planner.catalog.files import BatchReader
 from planner.catalog.rowgroups import Capabilities
 from planner.errors import ConfigError, DataError
 from planner.mixing.sources import SourceSpec
-from planner.stores.storage import FileStat, LocalStorage, Storage
-from plitzer.sources.files import FIELDS
+from planner.stores.storage import FileStat, Storage
+from plitzer.sources.files import FIELDS, local_listing
 
 __all__ = [
     "DTYPES",
@@ -168,12 +168,7 @@ class MegatronFormat:
         return str(self.row_group_tokens)
 
     def listing(self) -> tuple[str, Storage, list[FileStat]]:
-        stats = []
-        for p in self.paths:
-            st = p.stat()
-            name = p.relative_to(self.base).as_posix()
-            stats.append(FileStat(name=name, location=str(p), size=st.st_size, version=str(st.st_mtime_ns)))
-        return str(self.base), LocalStorage(self.base), stats
+        return local_listing(self.base, self.paths)
 
     def _of(self, file: FileStat) -> tuple[np.dtype, np.ndarray, np.ndarray, np.ndarray]:
         got = self._docs.get(file.location)

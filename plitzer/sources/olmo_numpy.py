@@ -33,8 +33,8 @@ from planner.catalog.files import BatchReader
 from planner.catalog.rowgroups import Capabilities
 from planner.errors import ConfigError, DataError
 from planner.mixing.sources import SourceSpec
-from planner.stores.storage import FileStat, LocalStorage, Storage
-from plitzer.sources.files import FIELDS
+from planner.stores.storage import FileStat, Storage
+from plitzer.sources.files import FIELDS, local_listing
 
 __all__ = ["DTYPES", "NUMPY", "ROW_GROUP_TOKENS", "NumpyFormat", "format_of", "numpy_files"]
 
@@ -134,12 +134,7 @@ class NumpyFormat:
         return f"{self.stored}:{self.eos_id}:{self.row_group_tokens}"
 
     def listing(self) -> tuple[str, Storage, list[FileStat]]:
-        stats = []
-        for p in self.paths:
-            st = p.stat()
-            name = p.relative_to(self.base).as_posix()
-            stats.append(FileStat(name=name, location=str(p), size=st.st_size, version=str(st.st_mtime_ns)))
-        return str(self.base), LocalStorage(self.base), stats
+        return local_listing(self.base, self.paths)
 
     def row_groups(self, file: FileStat) -> np.ndarray:
         size = np.dtype(self.stored).itemsize

@@ -14,23 +14,15 @@ import json
 import os
 import signal
 import sys
-import types
 from pathlib import Path
 
 import torch
-import torch._utils
 
-# torchtitan trains on accelerators: it takes "cuda" where torch finds no accelerator. On
-# this CPU test it is told "cpu" before any of its modules reads the device, and given the
-# few memory queries torch.cpu lacks (its memory monitor's), answered with nothing.
-_CPU = types.SimpleNamespace(**{k: getattr(torch.cpu, k) for k in dir(torch.cpu) if not k.startswith("_")})
-_CPU.get_device_name = lambda device=None: "cpu"
-_CPU.get_device_properties = lambda device=None: types.SimpleNamespace(total_memory=1 << 30, name="cpu")
-_CPU.memory_stats = lambda device=None: {}
-_CPU.current_device = lambda: 0
-_CPU.reset_peak_memory_stats = _CPU.empty_cache = lambda device=None: None
-torch._utils._get_available_device_type = lambda: "cpu"
-torch._utils._get_device_module = lambda device_type=None: _CPU
+from plitzer.integrations.torchtitan_cpu import use_cpu
+
+# torchtitan trains on accelerators: told "cpu" before any of its modules reads the device,
+# as the laptop launcher does (plitzer.integrations.torchtitan_cpu.use_cpu).
+use_cpu()
 
 import torchtitan.distributed.utils
 from torchtitan.components.metrics import MetricsProcessor
