@@ -1,7 +1,7 @@
 """Write the audit notebooks (without outputs): ``python notebooks/make_notebooks.py``.
 
 The notebooks are generated so that their text stays reviewable here; the stored
-``.ipynb`` files carry no outputs (tests/test_notebooks.py checks both that and
+``.ipynb`` files carry no outputs (tests/docs/test_notebooks.py checks both that and
 that they run top to bottom and draw their pictures).
 """
 

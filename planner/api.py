@@ -282,7 +282,7 @@ def make_plan(
     return out
 
 
-# planner.plan's docstring, which with its signature would pass the 60 lines of a def (tests/test_structure.py)
+# planner.plan's docstring, which with its signature would pass the 60 lines of a def (tests/docs/test_structure.py)
 _PLAN_DOC = """The plan of ``source`` (a path, URL, list, an :class:`~planner.Index`, or a dict of named sources).
 
     A dict of named sources is a mixture (:mod:`planner.mixing.mixture`): ``weights`` are its

@@ -7,7 +7,7 @@ parameters of :data:`PARAMETERS`: its docstring's parameter section is rendered
 from here (:func:`document`), ``plitzer.state.settings.Keywords`` lists the same names
 (a test checks both), and the CLI's options take their help text from here. A
 parameter added here reaches every one of them; one missing anywhere fails
-``tests/test_settings_parameters.py``. The planner's own (:data:`PLAN_PARAMETERS`) are
+``tests/planning/test_settings_parameters.py``. The planner's own (:data:`PLAN_PARAMETERS`) are
 those :func:`planner.plan` takes, which decide the plan tables. A leaf: it imports nothing of planner.
 
 >>> print(render(["seed"]))

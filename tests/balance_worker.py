@@ -1,4 +1,4 @@
-"""One rank of tests/test_balance_gloo.py (run as a script): balanced steps over a real gloo group.
+"""One rank of tests/readpath/test_balance_gloo.py (run as a script): balanced steps over a real gloo group.
 
 It joins a gloo group (TCP store on 127.0.0.1) and reads through
 ``plitzer.torch.Dataset(group=None, balance=True, ...)``: the loader makes a gloo group of

@@ -1,4 +1,4 @@
-"""One training process for tests/test_distributed.py (run as a script, one per rank).
+"""One training process for tests/state/test_distributed.py (run as a script, one per rank).
 
 It joins a gloo process group (TCP store on 127.0.0.1), reads its rank and world
 from torch.distributed through plitzer.torch.Dataset, and "trains": each step,

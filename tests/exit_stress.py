@@ -32,7 +32,7 @@ traceback: ``terminate called`` (SIGABRT from a C++ thread destroyed while joina
     python tests/exit_stress.py --processes 2000 --jobs 2 [--s3 0.25] [--down 0.1] [--seed 0]
 
 prints the counts per ending and every abnormal end with its stderr; exit status 1 if
-there is any. The test suite runs a bounded version (tests/test_shutdown.py).
+there is any. The test suite runs a bounded version (tests/lifecycle/test_shutdown.py).
 """
 
 from __future__ import annotations

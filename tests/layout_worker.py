@@ -1,4 +1,4 @@
-"""One rank of tests/test_layout.py's gloo test (run as a script): set_layout under gloo.
+"""One rank of tests/planning/test_layout.py's gloo test (run as a script): set_layout under gloo.
 
 It joins a gloo group (TCP store on 127.0.0.1), takes three steps through
 plitzer.torch.Dataset, then calls ``set_layout``: the same call on every rank

@@ -1,4 +1,4 @@
-"""One rank of tests/test_live_torch.py (run as a script): set_weights under gloo.
+"""One rank of tests/mixing/test_live_torch.py (run as a script): set_weights under gloo.
 
 It joins a gloo group (TCP store on 127.0.0.1), takes five steps of a two-source
 mixture through plitzer.torch.Dataset, then calls ``set_weights``: the same call on

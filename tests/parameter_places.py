@@ -3,7 +3,7 @@
 A place is a call (its keyword names), a function's signature, a dict (its string
 keys), a class (the names its body assigns) or a list, tuple or set of strings. Each
 that names at least :data:`AT_LEAST` of :data:`planner.parameters.PARAMETERS` restates
-the table, and must be kept in step with it by hand: ``tests/test_settings_parameters.py``
+the table, and must be kept in step with it by hand: ``tests/planning/test_settings_parameters.py``
 holds their number down. Run it to see them::
 
     python tests/parameter_places.py [DIR ...]   # default: planner plitzer

@@ -1,4 +1,4 @@
-"""One rank of tests/test_replicas.py (run as a script): a data-parallel x model-parallel mesh over gloo.
+"""One rank of tests/state/test_replicas.py (run as a script): a data-parallel x model-parallel mesh over gloo.
 
 It joins a gloo group (TCP store on 127.0.0.1), makes a ``DeviceMesh`` of ``--dp`` x ``--tp``
 (dimensions ``dp`` and ``tp``) and reads through ``plitzer.torch.Dataset(mesh=mesh, dp="dp")``:

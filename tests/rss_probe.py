@@ -6,7 +6,7 @@
 The peak resident set (``VmHWM``) of a process that imports plitzer, opens a Loader
 over DATA (``index=JOB`` where given) and takes one batch; compared with the same
 process on a one-file dataset, it is what a rank pays for the dataset's index
-(tests/test_real_shapes.py, benchmarks/cluster.py). With ``--world``, the process is
+(tests/sources/test_real_shapes.py, benchmarks/cluster.py). With ``--world``, the process is
 rank R of a gloo group on 127.0.0.1:P, and the Loader shares the index's work with the
 other ranks (each rank reads 1/N of the footers). With ``--text``, DATA's ``text`` column
 is the source, tokenized by characters (its counting pass split across the ranks). With

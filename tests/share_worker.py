@@ -1,4 +1,4 @@
-"""One rank of tests/test_job_share.py (run as a script, one per rank, each its own PLITZER_CACHE).
+"""One rank of tests/state/test_job_share.py (run as a script, one per rank, each its own PLITZER_CACHE).
 
 Joins a gloo process group (TCP store on 127.0.0.1), opens the source (the job's ranks
 share one listing and the footers), takes ``--steps`` batches and saves this rank's rows

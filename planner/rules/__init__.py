@@ -25,7 +25,7 @@ packer, best-fit's bins expanded into padded rows) is ``plitzer.readpath.pack`` 
 its name in :data:`RULES`. A rule of bins subclasses :class:`Binned` and writes ``assign``:
 the bins pass, the packer's expansion of bins into rows (``plitzer.readpath.bins``) and
 locate's lookup (:mod:`planner.lookup.bins`) ask the run's rule for it. Its reference test
-compares it with an independent implementation (tests/test_bestfit.py).
+compares it with an independent implementation (tests/planning/test_bestfit.py).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ chunk). Each backend implements :class:`Storage` (local disk here, S3 in
 :mod:`planner.stores.s3`, Google Cloud Storage in :mod:`planner.stores.gcs`, Azure Blob Storage
 in :mod:`planner.stores.azure`, the Hugging Face Hub in :mod:`planner.stores.hf`, any HTTP server
 in :mod:`planner.stores.http`); everything above it is the same code for every store,
-and the same tests run against all of them (tests/test_storage.py).
+and the same tests run against all of them (tests/stores/test_storage.py).
 
 A file is identified by a :class:`FileStat`: ``name`` is its path relative to the
 source (what the index, the fingerprint and checkpoints record, so that a dataset

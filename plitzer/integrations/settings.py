@@ -1,7 +1,7 @@
 """plitzer's settings as one dataclass, which each trainer adapter's config class inherits.
 
 Generated from planner.parameters.PARAMETERS by ``python -m plitzer.integrations.shared``
-(tests/test_integrations.py checks it is current): the data (``source`` or ``mixture``),
+(tests/integrations/test_integrations.py checks it is current): the data (``source`` or ``mixture``),
 ``replicas``, and every parameter but those a trainer decides (lanes, seq_len, rank, world)
 and labels, which the adapters always ask for. Do not edit by hand.
 """

@@ -129,7 +129,7 @@ _DATA_DOCS = {
 _SETTINGS_HEAD = '''"""plitzer's settings as one dataclass, which each trainer adapter's config class inherits.
 
 Generated from planner.parameters.PARAMETERS by ``python -m plitzer.integrations.shared``
-(tests/test_integrations.py checks it is current): the data (``source`` or ``mixture``),
+(tests/integrations/test_integrations.py checks it is current): the data (``source`` or ``mixture``),
 ``replicas``, and every parameter but those a trainer decides (lanes, seq_len, rank, world)
 and labels, which the adapters always ask for. Do not edit by hand.
 """
@@ -159,7 +159,7 @@ def settings_source() -> str:
 
     Written out rather than made at import (``make_dataclass``), so that an editor, mypy and
     the trainers' parsers (tyro reads a field's docstring from the source) see an ordinary
-    class; tests/test_integrations.py checks the file equals this text, and
+    class; tests/integrations/test_integrations.py checks the file equals this text, and
     ``python -m plitzer.integrations.shared`` writes it.
     """
     rows = [(n, t, f.default, _DATA_DOCS[n]) for n, t, f in SOURCE_FIELDS]

@@ -23,7 +23,7 @@ planner's format-neutral :class:`~planner.catalog.rowgroups.RowGroupIndex`), a r
 group's tokens (:func:`plitzer.readpath.read.read_chunk`, which asks the index: nothing is
 registered at import) and what the source can do (its
 :class:`~planner.catalog.rowgroups.Capabilities`). Only this package tests an index's type
-(``tests/test_structure.py``); everything else asks the index.
+(``tests/docs/test_structure.py``); everything else asks the index.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ through each file's :class:`BatchFile` (its :class:`~planner.catalog.files.FileE
 ``reader``): a record batch decoded from a memory map of the file, so only the pages of the
 columns a pass uses are read, and every index over the files (this one, a selection's, a
 deduplication's) reads them alike. The batches are those of the same data written as Parquet
-with one row group a record batch (``tests/test_sources_arrow.py``).
+with one row group a record batch (``tests/sources/test_sources_arrow.py``).
 
 A job's ranks share the framing pass (:func:`plitzer.sources.files.share`: each rank walks its
 share of the files, an all-gather gives every rank all of them), as they share a Parquet

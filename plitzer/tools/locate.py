@@ -269,7 +269,7 @@ def _across_seq_lens(
 _LOCATE_OWN = ("where", "rows", "epochs", "steps", "selection", "progress")  # besides the run's parameters
 
 
-# plitzer.locate's docstring, which with its signature would pass the 60 lines of a def (tests/test_structure.py)
+# plitzer.locate's docstring, which with its signature would pass the 60 lines of a def (tests/docs/test_structure.py)
 _LOCATE_DOC = """Every piece of the documents ``where`` (or ``rows``) names that the run delivers.
 
     Parameters
