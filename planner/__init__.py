@@ -9,8 +9,8 @@ runtime's reader, ``plitzer.readpath.read.count_chunk``, passed in as a ``ChunkC
 [0, 3, 1, 2]
 """
 
+from planner.api import index as _index
 from planner.api import plan
-from planner.catalog.dataset import index as _index
 from planner.catalog.datasetindex import Index
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import CheckpointError, ConfigError, DataError, PlitzerError, StorageError

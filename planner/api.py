@@ -25,7 +25,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal, cast
 
+from planner.catalog.counting import Counting
 from planner.catalog.dataset import ensure_index
+from planner.catalog.dataset import index as catalog_index
 from planner.catalog.datasetindex import Index
 from planner.catalog.footer import ChunkCounter
 from planner.catalog.rowgroups import RowGroupIndex
@@ -48,6 +50,7 @@ __all__ = [
     "check_layout",
     "check_source",
     "columns_of",
+    "index",
     "make_plan",
     "open_index",
     "plan",
@@ -246,6 +249,30 @@ def open_index(
         name="", path=ix.source, column=ix.column, selection=Selection(where=where, length_column=length_column)
     )
     return _selector(given.select)(ix, spec)
+
+
+def index(
+    source: PathSource,
+    column: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    progress: bool | None = None,
+    threads: int = 32,
+    count: ChunkCounter | None = None,
+    counting: Counting | None = None,
+) -> Index:
+    """``planner.index``: a kind of token files through the runtime's dispatcher (its ``files`` pass, as
+    installed: Arrow IPC, Megatron), else :func:`planner.catalog.dataset.index` (Parquet; its docstring is this)."""
+    if counting is None:
+        got = _files(Opening(files=runtime_pass(None, FILES)), source, column, storage_options)
+        if got is not None:
+            return got
+    return catalog_index(
+        source, column, storage_options, progress=progress, threads=threads, count=count, counting=counting
+    )
+
+
+index.__doc__ = catalog_index.__doc__
 
 
 def _files(

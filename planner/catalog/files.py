@@ -82,6 +82,10 @@ def list_files(
             entries.append(FileEntry(stat=st, storage=s))
     src = ", ".join(s.url for s in storages)
     if not entries:
-        msg = f"source {src!r} holds no *.parquet file; check the path (folders are searched recursively)"
+        msg = (
+            f"source {src!r} holds no *.parquet file; check the path (folders are searched recursively). Other "
+            "kinds: OLMo numpy token files need format='numpy' with eos_id= and dtype=; a Megatron dataset or an "
+            "Arrow IPC file in a store is named by its .idx (or .bin) or .arrow URL"
+        )
         raise ConfigError(msg)
     return entries, src

@@ -22,7 +22,7 @@ from typing import Any
 from planner.errors import ConfigError
 from planner.stores.retry import Changed, Fatal, Retrying, Throttled, Transient, check_body, with_deadline
 from planner.stores.stopping import on_loop
-from planner.stores.storage import FileStat, check_range, list_prefix, select_parquet
+from planner.stores.storage import PARQUET, FileStat, check_range, list_prefix, select_parquet
 
 __all__ = ["AzureStorage"]
 
@@ -93,8 +93,8 @@ class AzureStorage(Retrying):
 
     # -- listing ---------------------------------------------------------------------
 
-    def list_files(self) -> list[FileStat]:
-        prefix = list_prefix(self.key)
+    def list_files(self, suffixes: tuple[str, ...] = PARQUET) -> list[FileStat]:
+        prefix = list_prefix(self.key, suffixes)
         found: list[tuple[str, int, str]] = []
         token: str | None = None
 
@@ -113,7 +113,7 @@ class AzureStorage(Retrying):
             found.extend(items)
             if not token:
                 break
-        return select_parquet(self.key, found, lambda k: f"{self.scheme}://{self.netloc}/{k}")
+        return select_parquet(self.key, found, lambda k: f"{self.scheme}://{self.netloc}/{k}", suffixes)
 
     # -- ranged reads ------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from urllib.parse import quote
 from planner.errors import ConfigError
 from planner.stores.retry import Changed, Fatal, Retrying, Throttled, Transient, check_body, with_deadline
 from planner.stores.stopping import on_loop
-from planner.stores.storage import FileStat, check_range, list_prefix, select_parquet
+from planner.stores.storage import PARQUET, FileStat, check_range, list_prefix, select_parquet
 
 __all__ = ["GCSStorage", "import_gcsfs"]
 
@@ -130,8 +130,8 @@ class GCSStorage(Retrying):
 
     # -- listing ---------------------------------------------------------------------
 
-    def list_files(self) -> list[FileStat]:
-        prefix = list_prefix(self.key)
+    def list_files(self, suffixes: tuple[str, ...] = PARQUET) -> list[FileStat]:
+        prefix = list_prefix(self.key, suffixes)
         url = f"{self.endpoint}/storage/v1/b/{quote(self.bucket, safe='')}/o"
         found: list[tuple[str, int, str]] = []
         token = ""
@@ -151,7 +151,7 @@ class GCSStorage(Retrying):
             token = str(page.get("nextPageToken") or "")
             if not token:
                 break
-        return select_parquet(self.key, found, lambda k: f"{self.scheme}://{self.bucket}/{k}")
+        return select_parquet(self.key, found, lambda k: f"{self.scheme}://{self.bucket}/{k}", suffixes)
 
     # -- ranged reads ------------------------------------------------------------------
 

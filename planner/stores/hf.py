@@ -40,7 +40,7 @@ from urllib.parse import quote
 from planner.errors import ConfigError, StorageError
 from planner.stores import ranged
 from planner.stores.retry import Changed, Fatal, Retrying, Transient, check_body
-from planner.stores.storage import FileStat, check_range, select_parquet
+from planner.stores.storage import PARQUET, FileStat, check_range, select_parquet
 
 __all__ = ["HFStorage"]
 
@@ -202,9 +202,9 @@ class HFStorage(Retrying):
     def _location(self, path: str) -> str:
         return f"{self.endpoint}/{_PREFIX[self.repo_type]}{self.repo_id}/resolve/{self.commit}/{quote(path)}"
 
-    def list_files(self) -> list[FileStat]:
+    def list_files(self, suffixes: tuple[str, ...] = PARQUET) -> list[FileStat]:
         key = self.path
-        if key.endswith(".parquet"):
+        if key.endswith(suffixes):
             parent = key.rsplit("/", 1)[0] if "/" in key else ""
             exact = [e for e in self._tree(parent, recursive=False) if e.get("path") == key]
             entries = exact or self._tree(key, recursive=True)
@@ -215,7 +215,7 @@ class HFStorage(Retrying):
             for e in entries
             if e.get("type") == "file"
         )
-        return select_parquet(key, found, self._location)
+        return select_parquet(key, found, self._location, suffixes)
 
     # -- ranged reads ------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 from planner.errors import ConfigError, StorageError
 from planner.stores import ranged
 from planner.stores.retry import Changed, Retrying, check_body
-from planner.stores.storage import FileStat, check_range
+from planner.stores.storage import PARQUET, FileStat, check_range
 
 __all__ = ["HTTPStorage"]
 
@@ -121,18 +121,18 @@ class HTTPStorage(Retrying):
 
     # -- listing ---------------------------------------------------------------------
 
-    def list_files(self) -> list[FileStat]:
+    def list_files(self, suffixes: tuple[str, ...] = PARQUET) -> list[FileStat]:
         path = urlsplit(self.url).path
-        if path.endswith(".parquet"):
+        if path.endswith(suffixes):
             return [self._stat(self.url, unquote(path.rsplit("/", 1)[-1]))]
-        urls = self._manifest()
+        urls = self._manifest(suffixes)
         with ThreadPoolExecutor(max_workers=max(1, min(32, len(urls)))) as pool:
             files = list(pool.map(lambda t: self._stat(*t), urls))
         files.sort(key=lambda f: f.name.encode())
         return files
 
-    def _manifest(self) -> list[tuple[str, str]]:
-        """(URL, name) of every Parquet file the manifest lists."""
+    def _manifest(self, suffixes: tuple[str, ...]) -> list[tuple[str, str]]:
+        """(URL, name) of every Parquet file (every file ending in one of ``suffixes``) the manifest lists."""
         answer = self._get(f"{self.url}: reading the manifest", self.url)
         if len(answer.body) > _MANIFEST_CAP:
             msg = f"{self.url}: the manifest is {len(answer.body)} bytes, over {_MANIFEST_CAP}; split it into several"
@@ -152,7 +152,7 @@ class HTTPStorage(Retrying):
                 continue
             url = urljoin(answer.url, line)
             parts = urlsplit(url)
-            if not parts.path.endswith(".parquet"):
+            if not parts.path.endswith(suffixes):
                 continue
             bare = url.split("?", 1)[0].split("#", 1)[0]
             name = unquote(bare[len(base) :] if bare.startswith(base) else parts.netloc + parts.path)

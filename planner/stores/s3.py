@@ -21,7 +21,7 @@ from planner.stores.retry import Fatal as _Fatal
 from planner.stores.retry import Transient as _Retry
 from planner.stores.retry import with_deadline as _with_deadline
 from planner.stores.stopping import on_loop
-from planner.stores.storage import FileStat, check_range, list_prefix, select_parquet
+from planner.stores.storage import PARQUET, FileStat, check_range, list_prefix, select_parquet
 
 __all__ = ["S3Storage"]
 
@@ -164,9 +164,9 @@ class S3Storage(Retrying):
 
     # -- listing ---------------------------------------------------------------------
 
-    def list_files(self) -> list[FileStat]:
+    def list_files(self, suffixes: tuple[str, ...] = PARQUET) -> list[FileStat]:
         key = self.key
-        prefix = list_prefix(key)
+        prefix = list_prefix(key, suffixes)
 
         async def page(token: str | None) -> dict[str, Any]:
             s3 = await self.fs.set_session()
@@ -194,7 +194,7 @@ class S3Storage(Retrying):
             if not result.get("IsTruncated") or not token:
                 break
         found = ((str(o["Key"]), int(o["Size"]), str(o.get("ETag") or "").strip('"')) for o in objects)
-        return select_parquet(key, found, lambda k: f"s3://{self.bucket}/{k}")
+        return select_parquet(key, found, lambda k: f"s3://{self.bucket}/{k}", suffixes)
 
     # -- ranged reads ------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from planner.errors import ConfigError, FileChangedError, StorageError
 
 __all__ = [
+    "PARQUET",
     "FileStat",
     "LocalStorage",
     "ReadsInto",
@@ -40,6 +41,8 @@ __all__ = [
 ]
 
 SCHEMES = ("s3://", "gs://", "gcs://", "az://", "abfs://", "abfss://", "hf://", "https://", "http://")
+PARQUET = (".parquet",)
+"""What a listing keeps by default: Parquet files (a kind of token files asks for its own suffixes)."""
 SOURCE_FORMS = (
     "a folder, a .parquet file, s3://, gs:// or az:// bucket/prefix, hf://datasets/ORG/NAME[@REVISION]/PATH, "
     "or an https:// URL of a .parquet file or of a manifest listing them"
@@ -73,8 +76,9 @@ class Storage(Protocol):
         """Attempts beyond the first, over every request so far (thread-safe; local disk: 0)."""
         ...
 
-    def list_files(self) -> list[FileStat]:
-        """Every ``*.parquet`` file below the source, in bytewise order of ``name``."""
+    def list_files(self, suffixes: tuple[str, ...] = PARQUET) -> list[FileStat]:
+        """Every file below the source whose name ends in one of ``suffixes`` (``*.parquet``; a kind of token
+        files gives its own: ``.bin``/``.idx``, ``.npy``), in bytewise order of ``name``."""
         ...
 
     def read_range(self, file: FileStat, offset: int, length: int) -> bytes:
@@ -139,20 +143,26 @@ def check_range(file: FileStat, offset: int, length: int) -> None:
         raise StorageError(msg)
 
 
-def list_prefix(key: str) -> str:
-    """The listing prefix of an object-store key: the key itself for ``*.parquet``, else its folder."""
-    return key if key.endswith(".parquet") or not key else key + "/"
+def list_prefix(key: str, suffixes: tuple[str, ...] = PARQUET) -> str:
+    """The listing prefix of an object-store key: the key itself for a file of ``suffixes``, else its folder."""
+    return key if key.endswith(suffixes) or not key else key + "/"
 
 
-def select_parquet(key: str, objects: Iterable[tuple[str, int, str]], location: Callable[[str], str]) -> list[FileStat]:
-    """The ``*.parquet`` files of a source from its listing (object key, size, version).
+def select_parquet(
+    key: str,
+    objects: Iterable[tuple[str, int, str]],
+    location: Callable[[str], str],
+    suffixes: tuple[str, ...] = PARQUET,
+) -> list[FileStat]:
+    """The ``*.parquet`` files (or those ending in one of ``suffixes``) of a source from its listing (object key,
+    size, version).
 
-    ``key`` ends in ``.parquet``: that one object, named by its base name like a
+    ``key`` ends in ``.parquet`` (one of ``suffixes``): that one object, named by its base name like a
     local file, or else a "folder" of that name. ``location(k)`` is the URL of key k.
     """
     objs = list(objects)
-    prefix = list_prefix(key)
-    if key.endswith(".parquet"):
+    prefix = list_prefix(key, suffixes)
+    if key.endswith(suffixes):
         exact = [o for o in objs if o[0] == key]
         if exact:
             objs, prefix = exact, key.rsplit("/", 1)[0] + "/" if "/" in key else ""
@@ -161,7 +171,7 @@ def select_parquet(key: str, objects: Iterable[tuple[str, int, str]], location: 
     out = [
         FileStat(name=k[len(prefix) :], location=location(k), size=size, version=version)
         for k, size, version in objs
-        if k.endswith(".parquet") and k.startswith(prefix)
+        if k.endswith(suffixes) and k.startswith(prefix)
     ]
     out.sort(key=lambda f: f.name.encode())
     return out
@@ -188,10 +198,12 @@ class LocalStorage:
         st = p.stat()
         return FileStat(name=name, location=str(p), size=st.st_size, version=str(st.st_mtime_ns))
 
-    def list_files(self) -> list[FileStat]:
+    def list_files(self, suffixes: tuple[str, ...] = PARQUET) -> list[FileStat]:
         if self.path.is_file():
             return [self._stat(self.path, self.path.name)]
-        found = [(p.relative_to(self.path).as_posix(), p) for p in self.path.rglob("*.parquet") if p.is_file()]
+        found = [
+            (p.relative_to(self.path).as_posix(), p) for s in suffixes for p in self.path.rglob(f"*{s}") if p.is_file()
+        ]
         found.sort(key=lambda t: t[0].encode())
         return [self._stat(p, name) for name, p in found]
 

@@ -237,8 +237,11 @@ def formats(*choices: str) -> Arg:
 
 DATA_HELP = (
     "Parquet: a folder or .parquet file; Arrow IPC: a Hugging Face datasets save_to_disk folder, a folder of "
-    ".arrow files or one; or a URL: s3://bucket/prefix, gs://, az://, hf://datasets/ORG/NAME/PATH, https:// "
-    "(several allowed)"
+    ".arrow files or one; Megatron indexed dataset: its prefix (data/x_text_document for .bin + .idx), its .idx "
+    "or .bin, or a folder of pairs; OLMo numpy token files: a .npy file or a folder of them, with --data-format "
+    "numpy --eos-id ID --dtype uint16|uint32|...; or a URL: s3://bucket/prefix, gs://, az://, "
+    "hf://datasets/ORG/NAME/PATH, https:// (several allowed; a Megatron or numpy source in a bucket: see "
+    "docs/design.md)"
 )
 """The data positional's help: every kind of source a command reads (``plitzer.sources``)."""
 

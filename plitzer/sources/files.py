@@ -15,6 +15,7 @@ mtime) and the kind's :attr:`Format.key`. A job's ranks split the passes by file
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,12 +31,25 @@ from planner.catalog.files import BatchReader, FileEntry
 from planner.catalog.frame import fingerprint_of
 from planner.catalog.rowgroups import Capabilities
 from planner.catalog.rowlists import INDEX_SCHEMA
+from planner.stores.backends import open_storages
 from planner.stores.cache import cache_dir, digest, read_entry, write_entry
 from planner.stores.storage import FileStat, LocalStorage, Storage
 from plitzer.readpath.read import check_decoded, check_list_of_integers, check_no_null_tokens, to_tokens
 from plitzer.sources.exchange import all_or_raise, attempt
 
-__all__ = ["FIELDS", "FileIndex", "Format", "count_share", "file_rows", "files_index", "local_listing", "share"]
+__all__ = [
+    "FIELDS",
+    "FileIndex",
+    "Format",
+    "count_share",
+    "file_rows",
+    "files_index",
+    "is_url",
+    "local_listing",
+    "read_whole",
+    "remote_listing",
+    "share",
+]
 
 FIELDS = 5
 """A row group's counts as a kind's pass gives them: rows, tokens, empty documents, byte offset, byte length."""
@@ -91,6 +105,27 @@ def local_listing(base: Path, paths: Sequence[Path]) -> tuple[str, Storage, list
             FileStat(name=p.relative_to(base).as_posix(), location=str(p), size=st.st_size, version=str(st.st_mtime_ns))
         )
     return str(base), LocalStorage(base), stats
+
+
+def is_url(source: object) -> bool:
+    """Whether ``source`` is one URL (``s3://``, ``gs://``, ``az://``, ``hf://``, ``https://``): a store's object."""
+    return isinstance(source, (str, os.PathLike)) and "://" in os.fspath(source)
+
+
+def remote_listing(
+    url: str, storage_options: Mapping[str, Any] | None, suffixes: tuple[str, ...]
+) -> tuple[str, Storage, list[FileStat]]:
+    """:meth:`Format.listing` of a store's ``url`` through planner's storage layer: its files ending in one of
+    ``suffixes`` (one object where ``url`` names it), named as a local copy's would be, read with ranged reads."""
+    (storage,) = open_storages(url, storage_options)
+    return storage.url, storage, storage.list_files(suffixes)
+
+
+def read_whole(storage: Storage, file: FileStat) -> memoryview | np.ndarray:
+    """All of ``file``'s bytes: memory-mapped on local disk, one ranged read from a store."""
+    if isinstance(storage, LocalStorage):
+        return np.memmap(file.location, np.uint8, mode="r") if file.size else np.zeros(0, np.uint8)
+    return memoryview(storage.read_range(file, 0, file.size))
 
 
 def file_rows(fmt: Format, file: FileStat) -> np.ndarray:

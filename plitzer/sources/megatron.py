@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -33,7 +35,7 @@ from planner.catalog.rowgroups import Capabilities
 from planner.errors import ConfigError, DataError
 from planner.mixing.sources import SourceSpec
 from planner.stores.storage import FileStat, Storage
-from plitzer.sources.files import FIELDS, local_listing
+from plitzer.sources.files import FIELDS, is_url, local_listing, read_whole, remote_listing
 
 __all__ = [
     "DTYPES",
@@ -67,7 +69,7 @@ _HEAD = len(MAGIC) + 8 + 1 + 8 + 8
 
 def megatron_files(source: object) -> list[Path] | None:
     """The ``.bin`` files of ``source`` (each with its ``.idx``) in index order, or None where it is not one."""
-    if not isinstance(source, (str, os.PathLike)) or "://" in os.fspath(source):
+    if not isinstance(source, (str, os.PathLike)) or is_url(source):
         return None
     path = Path(source).expanduser()
     if path.suffix in (".idx", ".bin") and path.is_file():
@@ -82,48 +84,64 @@ def megatron_files(source: object) -> list[Path] | None:
 
 
 def format_of(spec: SourceSpec) -> MegatronFormat | None:
-    """A prefix, a ``.idx`` or ``.bin`` path, or a folder of pairs; else None."""
+    """A prefix, a ``.idx`` or ``.bin`` path, or a folder of pairs; a store's ``.idx`` or ``.bin`` URL; else None."""
+    if is_url(spec.path):
+        url = os.fspath(spec.path)  # type: ignore[arg-type]
+        return _remote(url, spec.storage_options) if url.endswith((".idx", ".bin")) else None
     paths = megatron_files(spec.path)
     if paths is None:
         return None
     base = Path(os.fspath(spec.path)).expanduser()  # type: ignore[arg-type]
-    return MegatronFormat(base if base.is_dir() else paths[0].parent, tuple(paths), ROW_GROUP_TOKENS)
+    base = base if base.is_dir() else paths[0].parent
+    bins = local_listing(base, paths)
+    _, _, idx = local_listing(base, [p.with_suffix(".idx") for p in paths])
+    return MegatronFormat(bins, tuple(idx), ROW_GROUP_TOKENS)
 
 
-def _header(idx: Path) -> tuple[np.dtype, int, int]:
+def _remote(url: str, storage_options: Mapping[str, Any] | None) -> MegatronFormat:
+    """The pair a store's ``.idx`` or ``.bin`` URL names: each object listed through planner's storage layer."""
+    prefix = url.rsplit(".", 1)[0]
+    src, storage, bins = remote_listing(prefix + ".bin", storage_options, (".bin",))
+    _, _, idx = remote_listing(prefix + ".idx", storage_options, (".idx",))
+    if len(bins) != 1 or len(idx) != 1:
+        msg = f"{url}: a Megatron dataset in a store is its {prefix}.bin and {prefix}.idx; one of them is missing"
+        raise ConfigError(msg)
+    return MegatronFormat((src, storage, bins), tuple(idx), ROW_GROUP_TOKENS)
+
+
+def _header(head: bytes | np.ndarray | memoryview, idx: str) -> tuple[np.dtype, int, int]:
     """The ``.idx``'s token dtype, sequence count and document-index count; DataError naming it where damaged."""
-    with idx.open("rb") as f:
-        head = f.read(_HEAD)
+    head = bytes(head[:_HEAD])
     if len(head) < _HEAD or head[: len(MAGIC)] != MAGIC:
         msg = f"{idx}: not a Megatron .idx (no MMIDIDX magic); the file is damaged or of another format"
-        raise DataError(msg, file=str(idx))
+        raise DataError(msg, file=idx)
     version, code, seqs, docs = struct.unpack("<QBQQ", head[len(MAGIC) :])
     if version != 1 or code not in DTYPES:
         msg = f"{idx}: version {version}, dtype code {code}: a Megatron .idx is version 1, codes 1-8"
-        raise DataError(msg, file=str(idx))
+        raise DataError(msg, file=idx)
     if DTYPES[code].kind == "f":
         msg = f"{idx}: its tokens are {DTYPES[code]}, not integers; convert the dataset to an integer dtype"
         raise ConfigError(msg)
     return DTYPES[code], int(seqs), int(docs)
 
 
-def _documents(idx: Path) -> tuple[np.dtype, np.ndarray, np.ndarray]:
-    """The token dtype, each document's token count and each document's first byte in the ``.bin``."""
-    dtype, seqs, docs = _header(idx)
+def _documents(raw: np.ndarray | memoryview, idx: str) -> tuple[np.dtype, np.ndarray, np.ndarray]:
+    """The token dtype, each document's token count and each document's first byte in the ``.bin``, from the
+    ``.idx``'s bytes ``raw`` (``idx``: where it is, for messages)."""
+    dtype, seqs, docs = _header(raw, idx)
     want = _HEAD + seqs * 4 + seqs * 8 + docs * 8
-    raw = np.memmap(idx, np.uint8, mode="r")
     if len(raw) < want or docs < 1:
         msg = f"{idx}: {len(raw)} bytes, its header promises {want}; the file is truncated"
-        raise DataError(msg, file=str(idx))
+        raise DataError(msg, file=idx)
     lengths = np.frombuffer(raw, np.int32, seqs, _HEAD).astype(np.int64)
     pointers = np.frombuffer(raw, np.int64, seqs, _HEAD + 4 * seqs)
     bounds = np.frombuffer(raw, np.int64, docs, _HEAD + 12 * seqs)
     if bounds[0] != 0 or bounds[-1] != seqs or np.any(np.diff(bounds) < 0):
         msg = f"{idx}: its document index does not run from 0 to its {seqs} sequences; the file is damaged"
-        raise DataError(msg, file=str(idx))
+        raise DataError(msg, file=idx)
     if seqs and np.any(pointers[1:] != pointers[:-1] + lengths[:-1] * dtype.itemsize):
         msg = f"{idx}: its sequences are not consecutive in the .bin; rewrite it with Megatron's builder"
-        raise DataError(msg, file=str(idx))
+        raise DataError(msg, file=idx)
     ends = np.concatenate([[0], np.cumsum(lengths)])
     doc_tokens = ends[bounds[1:]] - ends[bounds[:-1]]
     first = pointers[0] if seqs else 0
@@ -144,10 +162,11 @@ def groups_of(doc_tokens: np.ndarray, row_group_tokens: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class MegatronFormat:
-    """A Megatron indexed dataset as a :class:`~plitzer.sources.files.Format`."""
+    """A Megatron indexed dataset as a :class:`~plitzer.sources.files.Format`: its ``.bin`` files as listed (local
+    disk or a store, through planner's storage layer) and each one's ``.idx`` (``idx``, in the same order)."""
 
-    base: Path
-    paths: tuple[Path, ...]
+    listed: tuple[str, Storage, list[FileStat]] = field(compare=False)
+    idx: tuple[FileStat, ...]
     row_group_tokens: int
     capabilities: Capabilities = MEGATRON
     column: str = "tokens"
@@ -161,19 +180,21 @@ class MegatronFormat:
 
     @property
     def needs_check(self) -> bool:
-        return any(_header(p.with_suffix(".idx"))[0] == np.int64 for p in self.paths)
+        storage = self.listed[1]
+        return any(_header(storage.read_range(i, 0, min(_HEAD, i.size)), i.location)[0] == np.int64 for i in self.idx)
 
     @property
     def key(self) -> str:
         return str(self.row_group_tokens)
 
     def listing(self) -> tuple[str, Storage, list[FileStat]]:
-        return local_listing(self.base, self.paths)
+        return self.listed
 
     def _of(self, file: FileStat) -> tuple[np.dtype, np.ndarray, np.ndarray, np.ndarray]:
         got = self._docs.get(file.location)
         if got is None:
-            dtype, tokens, starts = _documents(Path(file.location).with_suffix(".idx"))
+            idx = self.idx[[f.location for f in self.listed[2]].index(file.location)]
+            dtype, tokens, starts = _documents(read_whole(self.listed[1], idx), idx.location)
             got = (dtype, tokens, starts, groups_of(tokens, self.row_group_tokens))
             self._docs.put(file.location, got)
         return got

@@ -22,7 +22,7 @@ refused, naming the kind.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -33,10 +33,10 @@ from planner.catalog.files import BatchReader
 from planner.catalog.rowgroups import Capabilities
 from planner.errors import ConfigError, DataError
 from planner.mixing.sources import SourceSpec
-from planner.stores.storage import FileStat, Storage
-from plitzer.sources.files import FIELDS, local_listing
+from planner.stores.storage import FileStat, LocalStorage, Storage
+from plitzer.sources.files import FIELDS, is_url, local_listing, remote_listing
 
-__all__ = ["DTYPES", "NUMPY", "ROW_GROUP_TOKENS", "NumpyFormat", "format_of", "numpy_files"]
+__all__ = ["DTYPES", "NUMPY", "PASS_BYTES", "ROW_GROUP_TOKENS", "NumpyFormat", "format_of", "numpy_files"]
 
 NUMPY = Capabilities("numpy", selectable=False, other_columns=False, column_runs=False)
 """OLMo numpy token files': tokens only (no columns for ``where=``, ``columns=``, ``dedupe=NAME``)."""
@@ -44,11 +44,13 @@ DTYPES = ("uint8", "uint16", "uint32", "uint64")
 """The token dtypes of ``dtype=`` (OLMo's)."""
 ROW_GROUP_TOKENS = 1 << 20
 """A row group ends at the first document end at or after this many tokens."""
+PASS_BYTES = 64 << 20
+"""The pass over a file in a store reads it this many bytes at a time (one ranged read each)."""
 
 
 def numpy_files(source: object) -> tuple[Path, list[Path]] | None:
     """The base and the ``*.npy`` files of ``source`` (one file, or a folder of them), or None where it is not one."""
-    if not isinstance(source, (str, os.PathLike)) or "://" in os.fspath(source):
+    if not isinstance(source, (str, os.PathLike)) or is_url(source):
         return None
     path = Path(source).expanduser()
     if path.is_file():
@@ -81,12 +83,20 @@ def format_of(spec: SourceSpec) -> NumpyFormat | None:
     if int(eos_id) > np.iinfo(np.dtype(dtype)).max:
         msg = f"{where}eos_id={eos_id} does not fit dtype={dtype!r}; check both against the tokenizer"
         raise ConfigError(msg)
+    if is_url(spec.path):
+        listed = remote_listing(os.fspath(spec.path), spec.storage_options, (".npy",))  # type: ignore[arg-type]
+        if not listed[2]:
+            msg = f"{where}{spec.path!r} holds no *.npy object (format='numpy'); check the URL"
+            raise ConfigError(msg)
+        return NumpyFormat(listed, int(eos_id), str(dtype), ROW_GROUP_TOKENS)
     found = numpy_files(spec.path)
     if found is None:
-        msg = f"{where}{spec.path!r} is not a file or a local folder of *.npy files (format='numpy')"
+        msg = (
+            f"{where}{spec.path!r} is not a file or a folder of *.npy files, nor a store's URL of them (format='numpy')"
+        )
         raise ConfigError(msg)
     base, paths = found
-    return NumpyFormat(base, tuple(paths), int(eos_id), str(dtype), ROW_GROUP_TOKENS)
+    return NumpyFormat(local_listing(base, paths), int(eos_id), str(dtype), ROW_GROUP_TOKENS)
 
 
 def _ends(values: np.ndarray, eos_id: int) -> np.ndarray:
@@ -111,10 +121,10 @@ def _groups(ends: np.ndarray, row_group_tokens: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class NumpyFormat:
-    """OLMo numpy token files as a :class:`~plitzer.sources.files.Format`."""
+    """OLMo numpy token files as a :class:`~plitzer.sources.files.Format`: the files as listed (local disk, or a
+    store through planner's storage layer)."""
 
-    base: Path
-    paths: tuple[Path, ...]
+    listed: tuple[str, Storage, list[FileStat]] = field(compare=False)
     eos_id: int
     stored: str
     row_group_tokens: int
@@ -134,7 +144,7 @@ class NumpyFormat:
         return f"{self.stored}:{self.eos_id}:{self.row_group_tokens}"
 
     def listing(self) -> tuple[str, Storage, list[FileStat]]:
-        return local_listing(self.base, self.paths)
+        return self.listed
 
     def row_groups(self, file: FileStat) -> np.ndarray:
         size = np.dtype(self.stored).itemsize
@@ -143,13 +153,29 @@ class NumpyFormat:
             raise DataError(msg, file=file.location)
         if file.size == 0:
             return np.zeros((0, FIELDS), np.int64)
-        ends = _ends(np.memmap(file.location, np.dtype(self.stored).newbyteorder("<"), mode="r"), self.eos_id)
+        ends = self._file_ends(file)
         last = _groups(ends, self.row_group_tokens)
         first = np.concatenate([[0], last[:-1] + 1])
         start = np.where(first > 0, ends[np.maximum(first - 1, 0)], 0)
         tokens = ends[last] - start
         zeros = np.zeros(len(last), np.int64)
         return np.stack([last - first + 1, tokens, zeros, start * size, tokens * size], axis=1).astype(np.int64)
+
+    def _file_ends(self, file: FileStat) -> np.ndarray:
+        """Each document's end (exclusive, in tokens) in ``file``: memory-mapped on local disk, else ranged reads of
+        :data:`PASS_BYTES` at a time."""
+        dtype = np.dtype(self.stored).newbyteorder("<")
+        storage = self.listed[1]
+        if isinstance(storage, LocalStorage):
+            return _ends(np.memmap(file.location, dtype, mode="r"), self.eos_id)
+        step = PASS_BYTES - PASS_BYTES % dtype.itemsize
+        parts = []
+        for at in range(0, file.size, step):
+            values = np.frombuffer(storage.read_range(file, at, min(step, file.size - at)), dtype)
+            parts.append(np.flatnonzero(values == self.eos_id) + 1 + at // dtype.itemsize)
+        ends = np.concatenate(parts).astype(np.int64)
+        n = file.size // dtype.itemsize
+        return ends if len(ends) and ends[-1] == n else np.append(ends, n).astype(np.int64)
 
     def read(self, file: FileStat, data: bytes, row_group: int, where: str) -> pa.Array:
         dtype = np.dtype(self.stored).newbyteorder("<")
