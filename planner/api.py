@@ -38,7 +38,7 @@ from planner.order.epoch import PlanSettings, Traversal
 from planner.order.layout import Layout, LayoutStage
 from planner.order.plan import Plan
 from planner.parameters import PLAN_PARAMETERS, FileFormat, Selection, check_keywords, document
-from planner.rules import Rule, check_pad_id, rule_named
+from planner.rules import UNPADDED, Packed, Rule, check_pad_id, rule_named
 from planner.runtime import BINS, COLUMNS, COUNT, DEDUPE, FILES, SELECT, runtime_pass
 
 __all__ = [
@@ -292,19 +292,21 @@ def make_plan(
     weights: Weights = None,
     seq_len: int | None = None,
     layout: Layout | None = None,
+    packing: Packed = UNPADDED,
 ) -> Plan:
     """The plan of ``index``: a mixture's (weights in stages) or one source's.
 
     ``layout``: layout stages (:mod:`planner.order.layout`), which place a weight stage's
     step in the run's tokens; by default one stage of ``settings.lanes`` and ``seq_len``.
+    ``packing``: the rule's name, ``pad_id`` and tokens a row (``plan.packing``): the rule counts the units.
     """
     if layout is None and seq_len is not None:
         layout = Layout.of(lanes=settings.lanes, seq_len=seq_len)
     if isinstance(index, MixtureIndex):
         stages = parse_stages(weights, index.names, [ix.tokens for ix in index.parts])
-        out: Plan = MixturePlan(index, settings, stages, seq_len=seq_len, layout=layout)
+        out: Plan = MixturePlan(index, settings, stages, seq_len=seq_len, layout=layout, packing=packing)
     else:
-        out = Plan(index, settings)
+        out = Plan(index, settings, packing=packing)
     out.layout = layout
     return out
 
@@ -400,7 +402,7 @@ def plan(
         weights=weights,
         selection=selection,
         opening=Opening(select=selector, count=count, files=with_format(runtime_pass(None, FILES), fmt)),
-        binned=rule.pads,
+        binned=rule.needs_counts,
     )
     check_pad_id(pad_id, ix.dtype, ix.column, ix.source)  # the batches' dtype: as the loader checks it
     ix = _deduped(ix, source, selection, deduper, storage_options)
@@ -408,11 +410,11 @@ def plan(
     if check is not None:  # a column the data lacks is refused here as the loader would refuse it
         check(ix, columns)
     tokens_a_row = layout.first.seq_len if layout is not None else 0
-    if rule.pads:  # SPEC section 15: the plan cuts bins, which the runtime's pass counts at seq_len
+    if rule.needs_counts:  # SPEC section 15: the plan cuts bins, which the runtime's pass counts at seq_len
         ix, layout, seq_len = _binned(ix, rule, packing, layout, length_column, binner)
-    p = make_plan(ix, settings, weights=weights, seq_len=seq_len, layout=layout)
+    recorded = (rule.name, int(pad_id), tokens_a_row)
+    p = make_plan(ix, settings, weights=weights, seq_len=seq_len, layout=layout, packing=recorded)
     p.columns = columns_of(columns)
-    p.packing = (rule.name, int(pad_id), tokens_a_row)
     return p
 
 

@@ -43,7 +43,7 @@ from planner.lookup.cut import Pieces
 from planner.lookup.lengths import Lengths, as_lengths
 from planner.lookup.pieces import epochs_of_steps
 from planner.lookup.staged import staged_pieces
-from planner.rules import Binned, rule_named
+from planner.rules import rule_named
 
 __all__ = ["COST_COLUMNS", "lane_costs", "step_costs"]
 
@@ -135,8 +135,8 @@ def lane_costs(plan: Any, view: Any, first: int, last: int, lengths: Lengths) ->
     lanes = layout.lanes_at(steps)
     row_at = np.concatenate([[0], np.cumsum(lanes)]).astype(np.int64)
     row_tokens = np.array([s.tokens or s.seq_len for s in layout.stages], np.int64)[layout.indices_at(steps)]
-    rule = rule_named(plan.packing[0])
-    binned = BinnedLengths(lengths, int(plan.packing[2]), rule) if isinstance(rule, Binned) else None
+    binning = rule_named(plan.packing[0]).binning
+    binned = BinnedLengths(lengths, int(plan.packing[2]), binning) if binning is not None else None
     epochs = plan.settings.epochs
     squares = np.zeros(int(row_at[-1]), np.int64)
     tokens = np.zeros(int(row_at[-1]), np.int64)

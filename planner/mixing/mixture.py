@@ -44,6 +44,7 @@ from planner.order.epoch import PlanSettings, unit_counts
 from planner.order.epoch_order import EpochOrder, Permutation
 from planner.order.layout import Layout
 from planner.order.plan import EPOCHS_KEPT, Plan
+from planner.rules import UNPADDED, Packed, rule_named
 
 __all__ = [
     "Interleave",
@@ -76,6 +77,8 @@ class MixturePlan(Plan):
         stages: Sequence[Stage],
         seq_len: int | None = None,
         layout: Layout | None = None,
+        *,
+        packing: Packed = UNPADDED,
     ) -> None:
         self.mixture = idx
         self.stages = tuple(stages)
@@ -84,13 +87,13 @@ class MixturePlan(Plan):
             raise ConfigError(msg)
         self.seq_len = seq_len
         self.names = idx.names
-        counts = unit_counts(idx)
+        counts = unit_counts(idx, rule_named(packing[0]))
         order: EpochOrder = (
             Permutation(*counts, settings)
             if len(idx.parts) == 1
             else Interleave(idx, counts, settings, self.stages, seq_len, layout)
         )
-        super().__init__(idx, settings, order)
+        super().__init__(idx, settings, order, packing=packing)
 
     def __repr__(self) -> str:
         s = self.settings

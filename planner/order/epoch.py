@@ -40,7 +40,7 @@ from planner.catalog.rowgroups import RowGroupIndex, stream_counts
 from planner.errors import ConfigError
 from planner.hashing import key, order_of
 from planner.lanes import piece_range, window_cuts, window_lane
-from planner.rules import rule_of
+from planner.rules import Rule
 
 __all__ = [
     "EpochPlan",
@@ -329,13 +329,13 @@ def _short_windows(window_tokens: I64, window_z: I64, *, lanes: int, world: int)
     return short, owns
 
 
-def unit_counts(idx: RowGroupIndex) -> tuple[I64, I64, I64]:
-    """Units, rows and unit-less documents of every row group, as the index's packing rule counts them.
+def unit_counts(idx: RowGroupIndex, rule: Rule) -> tuple[I64, I64, I64]:
+    """Units, rows and unit-less documents of every row group, as the plan's packing rule counts them.
 
     The units the order cuts (:mod:`planner.rules`): tokens under concat (:func:`row_group_counts`),
     bins under best-fit (an index the bins pass counted at the run's ``seq_len``).
     """
-    return rule_of(idx.frame).counts(idx.frame)
+    return rule.counts(idx.frame)
 
 
 def row_group_counts(idx: RowGroupIndex) -> tuple[I64, I64, I64]:

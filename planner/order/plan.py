@@ -43,7 +43,7 @@ from planner.order.epoch_order import EpochOrder, Permutation
 from planner.order.layout import Layout
 from planner.order.rankscan import rank_rows
 from planner.order.sql import run_query
-from planner.rules import Rule, rule_named
+from planner.rules import BIN, TOKEN, UNPADDED, Packed, Rule, rule_named
 
 __all__ = ["EPOCHS_KEPT", "LanesPlan", "Plan"]
 
@@ -75,18 +75,19 @@ class Plan:
     Build one with :func:`plan`. Tables are Polars frames computed on demand (the last few epochs kept).
     """
 
-    def __init__(self, idx: RowGroupIndex, settings: PlanSettings, order: EpochOrder | None = None) -> None:
+    def __init__(
+        self, idx: RowGroupIndex, settings: PlanSettings, order: EpochOrder | None = None, packing: Packed = UNPADDED
+    ) -> None:
         self.dataset = idx
         self.settings = settings
-        self._tokens, self._rows, self._empty = unit_counts(idx)
+        self.packing = packing  # its rule counts the units (SPEC section 15; plitzer.state.settings.make_plan)
+        self._tokens, self._rows, self._empty = unit_counts(idx, self.rule)
         self.order: EpochOrder = (
             order if order is not None else Permutation(self._tokens, self._rows, self._empty, settings)
         )
         self._epochs: Bounded[int, EpochPlan] = Bounded(EPOCHS_KEPT)
         self.layout: Layout | None = None  # layout stages (planner.order.layout), where the run has them
         self.columns: list[list[Any]] = []  # aligned columns the run carries ([name, fill]; SPEC section 13)
-        # The packing rule's name, pad_id and tokens a row (SPEC section 15; plitzer.state.settings.make_plan).
-        self.packing: tuple[str, int, int] = ("concat", 0, 0)
 
     def with_layout(self, layout: Layout | None) -> tuple[Plan, int]:
         """This plan under layout stages ``layout`` (a new value), and the first unit it changes.
@@ -132,12 +133,12 @@ class Plan:
     @property
     def tokens(self) -> int:
         """The stream's tokens (those a ``where=`` selects), ``loader.tokens``, under either rule (:attr:`bins`)."""
-        return int(self._tokens.sum()) if not self.rule.pads else int(self.dataset.tokens)
+        return int(self._tokens.sum()) if self.rule.unit == TOKEN else int(self.dataset.tokens)
 
     @property
     def bins(self) -> int | None:
         """The stream's bins (rows of ``seq_len`` tokens) under best-fit, SPEC section 15; None under concat."""
-        return self.units if self.rule.pads else None
+        return self.units if self.rule.unit == BIN else None
 
     @property
     def units(self) -> int:
@@ -239,10 +240,9 @@ class Plan:
         return self._binned(out, f)
 
     def _binned(self, table: pl.DataFrame, f: pl.DataFrame) -> pl.DataFrame:
-        """Under best-fit (SPEC section 15) the cuts count bins: ``bin_start``, and each row group's ``bins`` and
-        ``padding`` (``bins * seq_len`` less its stream tokens); concat's tables as they were."""
+        """Cuts in bins (SPEC section 15): ``bin_start``, and each row group's ``bins`` and ``padding``."""
         _, _, seq_len = self.packing
-        if not self.rule.pads:
+        if self.rule.unit != BIN:
             return table
         tokens = f["tokens_selected"] if "tokens_selected" in f.columns else f["tokens"]
         return table.rename({"token_start": self.cut_columns[0]}).with_columns(

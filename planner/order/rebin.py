@@ -136,8 +136,8 @@ class CurrencyPlan(Plan):
 
     def __init__(self, order: Rebinned) -> None:
         after = order.after
-        super().__init__(after.dataset, after.settings, order)
-        self.layout, self.columns, self.packing = after.layout, after.columns, after.packing
+        super().__init__(after.dataset, after.settings, order, packing=after.packing)
+        self.layout, self.columns = after.layout, after.columns
 
     def label_of(self, run: int) -> int:
         return self.order.epoch_of_run(run)

@@ -30,7 +30,7 @@ import polars as pl
 from planner.errors import ConfigError
 from planner.order.epoch import check_int
 from planner.order.layout import Layout
-from planner.rules import rule_named
+from planner.rules import BIN, rule_named
 
 __all__ = ["epoch_start", "layout_table", "run_end", "run_steps", "steps_in_epoch", "steps_table", "steps_layout"]
 
@@ -128,7 +128,7 @@ def steps_table(plan: _Epochs, layout: Layout, epoch: int) -> pl.DataFrame:
 
 def _binned(plan: Any) -> bool:
     """Whether ``plan`` cuts bins (best-fit, SPEC section 15): its steps' tables then give tokens and bins."""
-    return rule_named(plan.packing[0]).pads
+    return rule_named(plan.packing[0]).unit == BIN
 
 
 def layout_table(plan: Any, layout: Layout) -> pl.DataFrame:

@@ -15,17 +15,23 @@ A rule is one value that says what the units are:
 What a rule answers (:class:`Rule`): each row group's units, rows and unit-less documents
 (:meth:`Rule.counts`, what the plan cuts), the units of one row of a lane
 (:meth:`Rule.units_per_row`: what step ``t`` consumes), and the tokens a packed row group
-holds (:meth:`Rule.held_tokens`, the budget's). The run asks the index's rule
-(:func:`rule_of`): an index binned at ``L`` (its frame has ``bins``, the bins pass's
-counts) plans by bins, any other by tokens. The runtime's side of a rule (the concat
-packer, best-fit's bins expanded into padded rows) is ``plitzer.readpath.pack`` and
-``plitzer.readpath.bins``.
+holds (:meth:`Rule.held_tokens`, the budget's); and the questions the rest of the code asks
+instead of naming a rule: what its unit is (:attr:`Rule.unit`: :data:`TOKEN` or :data:`BIN`,
+what the plan's tables count), whether a pass over the documents counts its units
+(:attr:`Rule.needs_counts`: the bins pass before the plan, again at a ``seq_len`` change),
+how it places documents into bins (:attr:`Rule.binning`: the :class:`Binned` rule, None
+under concat; what the bins pass, the packer's rows and locate's lookups call) and whether
+a row may end in padding (:attr:`Rule.pads`: ``batch.mask`` can be False). The plan records
+its rule's name (``plan.packing``), and everything asks that rule, never the index.
+The runtime's side of a rule (the concat packer, best-fit's bins pass, its bins expanded
+into padded rows, a ``seq_len`` change's bins again) is ``plitzer.readpath.pack`` and
+the package ``plitzer.bestfit``.
 
 *Where a newcomer adds a rule*: one file here (its units, with a worked example on top) and
 its name in :data:`RULES`. A rule of bins subclasses :class:`Binned` and writes ``assign``:
-the bins pass, the packer's expansion of bins into rows (``plitzer.readpath.bins``) and
-locate's lookup (:mod:`planner.lookup.bins`) ask the run's rule for it. Its reference test
-compares it with an independent implementation (tests/planning/test_bestfit.py).
+the bins pass, the packer's expansion of bins into rows (``plitzer.bestfit``) and
+locate's lookup (:mod:`planner.lookup.bins`) ask the run's rule for it (its ``binning``). Its
+reference test compares it with an independent implementation (tests/planning/test_bestfit.py).
 """
 
 from __future__ import annotations
@@ -40,15 +46,19 @@ from planner.catalog.column import TokenDtype, token_range
 from planner.errors import ConfigError
 from planner.rules.bestfit import NAME as BEST_FIT
 from planner.rules.bestfit import BestFit
-from planner.rules.binned import BINS, Binned
+from planner.rules.binned import BIN, BINS, Binned
 from planner.rules.concat import NAME as CONCAT
-from planner.rules.concat import Concat
+from planner.rules.concat import TOKEN, Concat
 
 __all__ = [
     "BEST_FIT",
+    "BIN",
     "BINS",
     "CONCAT",
+    "Packed",
     "RULES",
+    "TOKEN",
+    "UNPADDED",
     "BestFit",
     "Binned",
     "Rule",
@@ -56,7 +66,6 @@ __all__ = [
     "check_packing",
     "check_pad_id",
     "rule_named",
-    "rule_of",
 ]
 
 
@@ -64,8 +73,14 @@ class Rule(Protocol):
     """What a packing rule answers: its units (see the module's docstring)."""
 
     name: str
+    unit: str  # what the units are, what the plan tables count: TOKEN (token_start) or BIN (bin_start)
+    needs_counts: bool  # a pass over the documents' lengths counts the units (the bins pass), not the footers
     pads: bool  # rows may end in padding (batch.mask can be False)
-    unit: str  # what the plan tables count: "token" (token_start) or "bin" (bin_start)
+
+    @property
+    def binning(self) -> Binned | None:
+        """How documents are placed into bins (the :class:`Binned` rule), None where units are tokens."""
+        ...
 
     def counts(self, frame: pl.DataFrame) -> tuple[I64, I64, I64]: ...
 
@@ -76,6 +91,11 @@ class Rule(Protocol):
 
 RULES: dict[str, Rule] = {CONCAT: Concat(), BEST_FIT: BestFit()}
 """Every rule by its name (``packing=``)."""
+
+Packed = tuple[str, int, int]
+"""What a plan records of its packing (``plan.packing``): its rule's name, ``pad_id`` and a row's tokens."""
+UNPADDED: Packed = (CONCAT, 0, 0)
+"""A plan's packing where none is given: concat (nothing padded), ``pad_id`` 0, no row's tokens recorded."""
 
 
 def check_packing(packing: object) -> str:
@@ -122,17 +142,11 @@ def rule_named(name: str) -> Rule:
     return RULES[check_packing(name)]
 
 
-def rule_of(frame: pl.DataFrame) -> Rule:
-    """The units an index's frame is planned by: bins where the bins pass counted them (any binned rule's),
-    else tokens."""
-    return RULES[BEST_FIT] if BINS in frame.columns else RULES[CONCAT]
-
-
 def binned_rule(name: str) -> Binned:
     """The binned rule of that name (a ConfigError naming the rules that bin, for another)."""
-    rule = rule_named(name)
-    if not isinstance(rule, Binned):
-        binned = ", ".join(repr(n) for n, r in RULES.items() if isinstance(r, Binned))
+    got = rule_named(name).binning
+    if got is None:
+        binned = ", ".join(repr(n) for n, r in RULES.items() if r.binning is not None)
         msg = f"packing={name!r} packs no bins: the bins pass serves {binned}"
         raise ConfigError(msg)
-    return rule
+    return got

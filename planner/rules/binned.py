@@ -17,10 +17,12 @@ import polars as pl
 from planner.arraytypes import I64
 from planner.catalog.rowgroups import stream_counts
 
-__all__ = ["BINS", "Binned", "Items", "item_lengths", "row_group_bins"]
+__all__ = ["BIN", "BINS", "Binned", "Items", "item_lengths", "row_group_bins"]
 
 BINS = "bins"
 """The index frame's column of each row group's bins (``n_g`` at the run's ``seq_len``)."""
+BIN = "bin"
+"""Its unit (:attr:`planner.rules.Rule.unit`): a bin."""
 
 
 class Items:
@@ -48,8 +50,14 @@ class Binned:
     """Units are bins; a row is one bin, padded to ``seq_len``. A rule is :meth:`assign`."""
 
     name = ""
+    unit = BIN
+    needs_counts = True  # the bins pass counts each row group's bins at seq_len (the frame's ``bins``)
     pads = True
-    unit = "bin"
+
+    @property
+    def binning(self) -> Binned:
+        """The rule that places documents into bins: this one (:attr:`planner.rules.Rule.binning`)."""
+        return self
 
     def assign(self, length: I64, seq_len: int) -> I64:
         """The bin of each item of one row group (items of at most ``seq_len`` tokens, storage order)."""

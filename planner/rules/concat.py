@@ -15,17 +15,21 @@ import polars as pl
 from planner.arraytypes import I64
 from planner.catalog.rowgroups import stream_counts
 
-__all__ = ["NAME", "Concat"]
+__all__ = ["NAME", "TOKEN", "Concat"]
 
 NAME = "concat"
+TOKEN = "token"  # noqa: S105  (a unit's name, not a secret)
+"""Its unit (:attr:`planner.rules.Rule.unit`): a token."""
 
 
 class Concat:
     """Units are tokens; a row is ``seq_len`` units of one lane; nothing is padded."""
 
     name = NAME
+    unit = TOKEN
+    needs_counts = False  # the footers count its units
+    binning = None  # no bins: documents run on from row to row
     pads = False
-    unit = "token"
 
     def counts(self, frame: pl.DataFrame) -> tuple[I64, I64, I64]:
         """Each row group's units (its stream tokens), rows and unit-less documents (its empty ones)."""

@@ -386,7 +386,7 @@ def audit(
     if "tokens_selected" in ix.frame.columns:
         _selection_section(ix, out)
     _duplicates_section(ix, out)
-    if cfg.rule.pads:
+    if plan.bins is not None:  # the plan cuts bins: their padding
         _padding_section(plan, out)
     if cfg.world > 1 and plan.layout is not None and not plan.layout.changes_tokens:
         _balance_section(plan, steps, out)

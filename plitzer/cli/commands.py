@@ -99,7 +99,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     source, weights = source_of(args)
     settings = run_settings(args, weights)
-    if not rule_named(settings.get("packing", CONCAT)).pads:  # concat: 2048 where not given; best-fit: refused
+    if not rule_named(settings.get("packing", CONCAT)).needs_counts:  # concat: 2048 where not given; best-fit: refused
         settings.setdefault("seq_len", by_name("seq_len").default)
     p = plan(source, **settings)
     if args.sql:

@@ -93,11 +93,16 @@ def _passes(args: argparse.Namespace, ix: Any, source: Any) -> Any:
         args.length_column is not None
         and args.dedupe is None
         and args.exclude is None
-        and not rule_named(args.packing).pads
+        and not rule_named(args.packing).needs_counts
     ):
         msg = "--length-column serves a pass: give --where, --dedupe, --exclude or --packing best-fit --seq-len L"
         raise ConfigError(msg)
-    elif args.engine == "ray" and args.dedupe is None and args.exclude is None and not rule_named(args.packing).pads:
+    elif (
+        args.engine == "ray"
+        and args.dedupe is None
+        and args.exclude is None
+        and not rule_named(args.packing).needs_counts
+    ):
         msg = "--engine ray runs a pass: give --where, --dedupe, --exclude or --packing best-fit --seq-len L"
         raise ConfigError(msg)
     if args.dedupe is not None or args.exclude is not None:
@@ -107,7 +112,7 @@ def _passes(args: argparse.Namespace, ix: Any, source: Any) -> Any:
         if args.engine == "ray" and args.where is None:
             dedupe_on_ray(ix, selection, source=source, storage_options=storage_options_of(args), address=args.address)
         ix = dedupe_index(ix, selection, storage_options=storage_options_of(args), progress=terminal_progress())
-    if rule_named(args.packing).pads:  # best-fit: its bins pass
+    if rule_named(args.packing).needs_counts:  # best-fit: its bins pass
         ix = _bins_pass(args, ix, source)
     return ix
 

@@ -140,8 +140,8 @@ def pack_bins(
     p = reads.place
     seq_len = p.row_tokens or rows.seq_len
     docs = unit_documents(chunks, np.zeros(len(chunks), np.int64), reads.doc_base)
-    rule = rows.rule
-    assert isinstance(rule, Binned), rule.name  # the read pool packs bins only for a binned rule
+    rule = rows.rule.binning
+    assert rule is not None, rows.rule.name  # the read pool packs bins only for a rule of bins
     rebinned = p.rest is not None and any(rc.tokens != p.rest[3] for rc in p.rest[2])
     if rebinned:
         units, items, gbin, nbins = _rebinned_units(chunks, reads, rule, docs, pack)

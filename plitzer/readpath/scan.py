@@ -162,7 +162,7 @@ class Packing:
     @classmethod
     def of(cls, index: RowGroupIndex, columns: Columns | None, rows: Rows | None, labels: bool) -> Packing:
         """The packing of a loader of ``index``: a padding rule's rows get its bins and the columns' fills."""
-        if rows is None or not rows.rule.pads:
+        if rows is None or rows.rule.binning is None:  # concat: no bins to expand
             return cls(columns, labels, None)
         bins = rows.rule.counts(index.frame)[0]
         return cls(columns, labels, replace(rows, bins=bins, fills=columns.fills if columns else None))

@@ -6,7 +6,7 @@ the first batch, like the selection pass: every row group's token chunk is read 
 (through the index's own reader, so ``where=``, ``dedupe=``, ``exclude=`` and text
 sources give the documents the stream holds), its lengths binned, and the counts kept
 as the frame's ``bins`` column (8 bytes a row group for the run's ``seq_len``), which the
-plan cuts by (:func:`planner.rules.rule_of`).
+plan cuts by under a rule of bins (``plan.packing``, :attr:`planner.rules.Rule.needs_counts`).
 
 The counts are cached under ``PLITZER_CACHE`` (``bins/``) in chunks of :data:`CHUNK` row
 groups, keyed by the index's fingerprint (which covers a selection's predicate and a text
@@ -245,9 +245,11 @@ class Rebin:
         if got is None:
             spec = replace(self._spec, seq_len=seq_len)
             base = self._plan
-            got = Plan(bin_index(base.dataset, spec, threads=self._threads, split=self._split), base.settings)
+            packing = (base.packing[0], base.packing[1], seq_len)
+            got = Plan(
+                bin_index(base.dataset, spec, threads=self._threads, split=self._split), base.settings, packing=packing
+            )
             got.layout, got.columns = base.layout, base.columns
-            got.packing = (base.packing[0], base.packing[1], seq_len)
             self._plans[seq_len] = got
         return got
 

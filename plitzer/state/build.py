@@ -48,8 +48,8 @@ def open_plan(source: Source, settings: LoaderSettings) -> Plan:
 
 def held_counts(plan: Plan, settings: LoaderSettings) -> tuple[I64, I64, I64]:
     """Each row group's tokens as packed (padding included: the rule's), rows and empty documents."""
-    tok, rows, empty = row_group_counts(plan.dataset)  # the selected ones where selected
-    return settings.rule.held_tokens(plan.dataset.frame, settings.seq_len) if settings.rule.pads else tok, rows, empty
+    _, rows, empty = row_group_counts(plan.dataset)  # the selected ones where selected
+    return settings.rule.held_tokens(plan.dataset.frame, settings.seq_len), rows, empty
 
 
 def check_layout(
@@ -79,7 +79,7 @@ def check_layout(
     for st in new:  # a binned rule's units at another seq_len are that seq_len's bins (the bins pass's)
         units = plan.units if rebin is None or st.seq_len == s.seq_len else rebin.plan_at(st.seq_len).units
         if units < st.lanes:
-            at = f" at seq_len={st.seq_len}" if s.stages.staged and s.rule.pads else ""
+            at = f" at seq_len={st.seq_len}" if s.stages.staged and s.rule.needs_counts else ""
             msg = (
                 f"lanes={st.lanes} exceeds the dataset's {units} {s.rule.unit}s{at}: some lanes could never "
                 "receive a document. Lower lanes (or use more data)"
@@ -112,7 +112,7 @@ def rebin(plan: Plan, settings: LoaderSettings) -> Rebin | None:
     """What the run asks at a ``seq_len`` change under a rule of bins (None under concat); each ``seq_len`` of the
     layout binned now, so the bins passes all run before the first batch (split between the ranks)."""
     s = settings
-    if not s.rule.pads:
+    if not s.rule.needs_counts:
         return None
     spec = BinSpec(s.seq_len, s.rule.name, s.selection.length_column)
     got = Rebin(plan, spec, threads=s.threads, split=(s.rank, s.world))

@@ -37,7 +37,7 @@ from planner.order.epoch import PlanSettings, Traversal, check_int
 from planner.order.layout import Layout
 from planner.order.plan import Plan
 from planner.parameters import PARAMETERS, POSITIONAL, FileFormat, Selection, TextSettings, take, unknown_keyword
-from planner.rules import CONCAT, Rule, check_packing, check_pad_id, rule_named
+from planner.rules import CONCAT, TOKEN, Rule, check_packing, check_pad_id, rule_named
 from planner.stores.storage import revisions
 from plitzer.state.checkpoint import DATASET_FIELDS, SETTING_FIELDS
 
@@ -275,7 +275,7 @@ class LoaderSettings:
 
     def with_unit_layout(self, units: Layout) -> LoaderSettings:
         """These settings under the run's layout ``units`` (in the rule's units): rows back in tokens."""
-        return replace(self, layout=units if not self.rule.pads else units.in_tokens(self.seq_len))
+        return replace(self, layout=units if self.rule.unit == TOKEN else units.in_tokens(self.seq_len))
 
     @property
     def seed(self) -> int:
@@ -302,15 +302,15 @@ def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:
         from plitzer.readpath.aligned import resolve
 
         resolve(index, settings.columns)
-    if rule.pads:  # best-fit: the plan cuts bins, counted by the bins pass at seq_len (plitzer.state.bins)
+    if rule.needs_counts:  # best-fit: the plan cuts bins, counted by the bins pass at seq_len (plitzer.state.bins)
         from plitzer.state.bins import BinSpec, bin_index
 
         spec = BinSpec(settings.seq_len, rule.name, settings.selection.length_column)
         index = bin_index(index, spec, threads=settings.threads, split=(settings.rank, settings.world))
     per_row = settings.units_per_row
-    p = api.make_plan(index, settings.plan, weights=settings.weights, seq_len=per_row, layout=layout)
+    packing = (rule.name, int(settings.pad_id), settings.seq_len)
+    p = api.make_plan(index, settings.plan, weights=settings.weights, seq_len=per_row, layout=layout, packing=packing)
     p.columns = api.columns_of(settings.columns)
-    p.packing = (rule.name, int(settings.pad_id), settings.seq_len)
     return p
 
 
@@ -338,7 +338,7 @@ def checkpoint_config(plan: Plan, settings: LoaderSettings) -> dict[str, Any]:
         "revisions": revisions((ix.storage(f), ix.file(f)) for f in range(len(ix.files))),
         **({"columns": _columns_config(s.columns)} if s.columns else {}),
         # Under concat, absent: its checkpoints stay byte-identical to those before rules existed.
-        **({"packing": s.packing, "pad_id": int(s.pad_id)} if s.rule.pads else {}),
+        **({"packing": s.packing, "pad_id": int(s.pad_id)} if s.rule.name != CONCAT else {}),
         # Storage order and a finite run (SPEC section 17; a finite run pads its end with pad_id), only where set.
         **({"shuffle": False} if not s.plan.shuffle else {}),
         **({"epochs": s.plan.epochs, "pad_id": int(s.pad_id)} if s.plan.epochs is not None else {}),

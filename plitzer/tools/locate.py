@@ -199,22 +199,21 @@ def locate_in_plan(
     rule = rule_named(plan.packing[0])
     binned = None
     targets = (row_groups, docs)
-    if isinstance(
-        rule, Binned
-    ):  # best-fit: the bins' places are concat's over units (one a bin); the items' are the bins'
-        raw, layout = lengths, layout.in_units(rule.units_per_row)
-        binned = BinnedLengths(lengths, seq_len, rule)
+    bins = rule.binning
+    if bins is not None:  # best-fit: the bins' places are concat's over units (one a bin); the items' are the bins'
+        raw, layout = lengths, layout.in_units(bins.units_per_row)
+        binned = BinnedLengths(lengths, seq_len, bins)
         lengths, targets = binned, binned.targets(row_groups, docs)
         if layout.changes_tokens:  # each stage in its own bins, a window binned again as the loader bins it
-            run = Run(plan, layout, plan.settings.world, 0, Rebin(plan, BinSpec(seq_len, rule.name, length_column)))
+            run = Run(plan, layout, plan.settings.world, 0, Rebin(plan, BinSpec(seq_len, bins.name, length_column)))
             if epochs is None:
                 epochs = list(epochs_of_steps(run.labels, layout, steps)) if steps is not None else [0]
             got = Pieces.concat(
-                p for e in epochs for p in _across_seq_lens(run, rule, raw, (row_groups, docs), e, steps)
+                p for e in epochs for p in _across_seq_lens(run, bins, raw, (row_groups, docs), e, steps)
             )
             return _answer(plan, layout, got, rank)
     # One source: its epochs are permutations of the index, laid out without the reads.
-    view: Any = OneSource(plan, unit_counts(plan.dataset)[0]) if isinstance(plan.order, Permutation) else plan
+    view: Any = OneSource(plan, unit_counts(plan.dataset, rule)[0]) if isinstance(plan.order, Permutation) else plan
     if epochs is None:
         epochs = list(epochs_of_steps(view, layout, steps)) if steps is not None else [0]
     parts = [staged_pieces(view, layout, e, lengths, targets=targets, steps=steps) for e in epochs]
