@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -51,7 +53,7 @@ from planner.mixing.sources import SourceSpec
 from planner.stores.cache import cache_dir
 from planner.stores.storage import FileStat, LocalStorage, Storage
 from plitzer.readpath.read import list_lengths
-from plitzer.sources.files import FIELDS, FileIndex, files_index
+from plitzer.sources.files import FIELDS, FileIndex, files_index, is_url, remote_listing
 
 __all__ = ["ARROW_IPC", "ArrowFormat", "BatchFile", "arrow_files", "arrow_index", "format_of"]
 
@@ -59,11 +61,13 @@ ARROW_IPC = Capabilities("arrow-ipc", selectable=True, other_columns=True, colum
 """An Arrow IPC dataset's: every pass, a record batch a read (its columns through :class:`BatchFile`)."""
 
 _NAMES = ("input_ids", "tokens", "token_ids")
+_HEAD_BYTES = 1 << 16
+"""A store's Arrow IPC file: its schema is looked for in this many bytes first."""
 
 
 def arrow_files(source: object) -> list[Path] | None:
     """The Arrow IPC files of ``source`` in index order, or None where it is not an Arrow IPC source."""
-    if not isinstance(source, (str, os.PathLike)) or "://" in os.fspath(source):
+    if not isinstance(source, (str, os.PathLike)) or is_url(source):
         return None
     path = Path(source).expanduser()
     if path.is_file():
@@ -83,7 +87,11 @@ def arrow_files(source: object) -> list[Path] | None:
 
 
 def format_of(spec: SourceSpec) -> ArrowFormat | None:
-    """A local ``save_to_disk`` folder, a folder of ``.arrow`` files, or one ``.arrow`` file; else None."""
+    """A local ``save_to_disk`` folder, a folder of ``.arrow`` files, one ``.arrow`` file or a store's ``.arrow``
+    URL; else None."""
+    if is_url(spec.path):
+        url = os.fspath(spec.path)  # type: ignore[arg-type]
+        return ArrowFormat.remote(url, spec.storage_options, spec.column) if url.endswith(".arrow") else None
     paths = arrow_files(spec.path)
     return None if paths is None else ArrowFormat.of(spec.path, paths, spec.column)  # type: ignore[arg-type]
 
@@ -107,9 +115,19 @@ class BatchFile:
 
     path: str
     schema: pa.Schema
+    storage: Storage | None = field(default=None, compare=False)
+    """A file in a store: its storage and its listing's :class:`FileStat` (a batch is one ranged read); None:
+    local disk, memory-mapped."""
+    stat: FileStat | None = field(default=None, compare=False)
 
     def read(self, offset: int, length: int, where: str) -> pa.RecordBatch:
         """The record batch whose message is ``length`` bytes at ``offset``, every column."""
+        if self.storage is not None and self.stat is not None:
+            data = self.storage.read_range(self.stat, offset, length)
+            try:
+                return pa.ipc.read_record_batch(pa.ipc.read_message(pa.py_buffer(data)), self.schema)
+            except (pa.ArrowException, OSError, ValueError) as e:
+                raise _damaged(where, e, self.path) from e
         try:
             with pa.memory_map(self.path) as f:
                 if offset + length > f.size():
@@ -136,6 +154,8 @@ class ArrowFormat:
     column: str
     schemas: tuple[pa.Schema, ...] = field(repr=False)
     capabilities: Capabilities = ARROW_IPC
+    listed: tuple[str, Storage, list[FileStat]] | None = field(default=None, repr=False, compare=False)
+    """A file in a store, as listed through planner's storage layer; None: local files (``paths``)."""
 
     @classmethod
     def of(cls, source: str | os.PathLike[str], paths: list[Path], column: str | None) -> ArrowFormat:
@@ -150,6 +170,17 @@ class ArrowFormat:
                 msg = f"{p}: no column {col!r} (its columns: {sch.names}); every file must hold the token column"
                 raise ConfigError(msg)
         return cls(Path(os.fspath(source)).expanduser(), tuple(paths), col, schemas)
+
+    @classmethod
+    def remote(cls, url: str, storage_options: Mapping[str, Any] | None, column: str | None) -> ArrowFormat:
+        """The format of a store's ``.arrow`` object: its schema from a ranged read of its head."""
+        listed = remote_listing(url, storage_options, (".arrow",))
+        if len(listed[2]) != 1:
+            msg = f"{url}: no such .arrow object; an Arrow IPC file in a store is named by its URL"
+            raise ConfigError(msg)
+        file = listed[2][0]
+        schema = _remote_schema(listed[1], file)
+        return cls(Path(file.name), (), _column(schema, column, file.location), (schema,), listed=listed)
 
     @property
     def dtype(self) -> TokenDtype:
@@ -166,6 +197,8 @@ class ArrowFormat:
         return self.column
 
     def listing(self) -> tuple[str, Storage, list[FileStat]]:
+        if self.listed is not None:
+            return self.listed
         stats = []
         for p in self.paths:
             st = p.stat()
@@ -174,10 +207,15 @@ class ArrowFormat:
         return str(self.base), LocalStorage(self.base), stats
 
     def _schema_of(self, file: FileStat) -> pa.Schema:
+        if self.listed is not None:
+            return self.schemas[[f.location for f in self.listed[2]].index(file.location)]
         return self.schemas[[str(p) for p in self.paths].index(file.location)]
 
     def row_groups(self, file: FileStat) -> np.ndarray:
-        return _walk(Path(file.location), self.column)
+        if self.listed is None:
+            return _walk(Path(file.location), self.column)
+        with pa.BufferReader(self.listed[1].read_range(file, 0, file.size)) as f:  # the pass reads the file once
+            return _walk_in(f, file.location, self.column)
 
     def read(self, file: FileStat, data: bytes, row_group: int, where: str) -> pa.Array:
         try:
@@ -187,6 +225,8 @@ class ArrowFormat:
             raise _damaged(where, e, file.location) from e
 
     def reader(self, file: FileStat) -> BatchFile:
+        if self.listed is not None:
+            return BatchFile(file.location, self._schema_of(file), self.listed[1], file)
         return BatchFile(file.location, self._schema_of(file))
 
 
@@ -210,35 +250,42 @@ def _int_list(t: pa.DataType) -> bool:
 
 
 def _walk(path: Path, column: str) -> np.ndarray:
-    """One pass over a file's framing: each record batch's (rows, tokens, empty documents, offset, length).
+    """One pass over a local file's framing, memory-mapped: each record batch's (rows, tokens, empty documents,
+    offset, length)."""
+    with pa.memory_map(str(path)) as f:
+        return _walk_in(f, str(path), column)
+
+
+def _walk_in(f: pa.NativeFile, path: str, column: str) -> np.ndarray:
+    """One pass over the framing of file ``f`` (at ``path``): each record batch's (rows, tokens, empty documents,
+    offset, length).
 
     A file cut short or damaged (a message's body past its end, bad metadata) is a DataError naming it.
     """
     out: list[tuple[int, int, int, int, int]] = []
-    with pa.memory_map(str(path)) as f:
-        f.seek(8 if f.read(6) == b"ARROW1" else 0)
-        try:
-            reader = pa.ipc.MessageReader.open_stream(f)
-            schema = pa.ipc.read_schema(reader.read_next_message())
-            while (got := _next(reader, f)) is not None:
-                msg, at = got
-                if msg.type == "dictionary batch":
-                    why = f"{path}: dictionary-encoded columns are not read; decode them first (Dataset.cast)"
-                    raise ConfigError(why)
-                if msg.type != "record batch":
-                    continue
-                arr = pa.ipc.read_record_batch(msg, schema).column(column)
-                lens = list_lengths(arr)
-                out.append((len(arr), int(lens.sum()), int((lens == 0).sum()), at, f.tell() - at))
-        except ConfigError:
-            raise
-        except (pa.ArrowException, OSError, ValueError) as e:
-            where = f"{path}, record batch {len(out)}"
-            raise _damaged(where, e, str(path)) from e
+    f.seek(8 if f.read(6) == b"ARROW1" else 0)
+    try:
+        reader = pa.ipc.MessageReader.open_stream(f)
+        schema = pa.ipc.read_schema(reader.read_next_message())
+        while (got := _next(reader, f)) is not None:
+            msg, at = got
+            if msg.type == "dictionary batch":
+                why = f"{path}: dictionary-encoded columns are not read; decode them first (Dataset.cast)"
+                raise ConfigError(why)
+            if msg.type != "record batch":
+                continue
+            arr = pa.ipc.read_record_batch(msg, schema).column(column)
+            lens = list_lengths(arr)
+            out.append((len(arr), int(lens.sum()), int((lens == 0).sum()), at, f.tell() - at))
+    except ConfigError:
+        raise
+    except (pa.ArrowException, OSError, ValueError) as e:
+        where = f"{path}, record batch {len(out)}"
+        raise _damaged(where, e, str(path)) from e
     return np.asarray(out, np.int64).reshape(-1, FIELDS)
 
 
-def _next(reader: pa.ipc.MessageReader, f: pa.MemoryMappedFile) -> tuple[pa.ipc.Message, int] | None:
+def _next(reader: pa.ipc.MessageReader, f: pa.NativeFile) -> tuple[pa.ipc.Message, int] | None:
     """The stream's next message and its offset, or None at its end."""
     at = f.tell()
     try:
@@ -247,13 +294,32 @@ def _next(reader: pa.ipc.MessageReader, f: pa.MemoryMappedFile) -> tuple[pa.ipc.
         return None
 
 
+def _remote_schema(storage: Storage, file: FileStat) -> pa.Schema:
+    """The schema of a store's IPC file: its first message, from a ranged read of its head (all of it if needed)."""
+    for length in sorted({min(file.size, _HEAD_BYTES), file.size}):
+        with pa.BufferReader(storage.read_range(file, 0, length)) as f:
+            try:
+                return _schema_in(f)
+            except (pa.ArrowException, ValueError, OSError) as e:
+                if length == file.size:
+                    msg = f"{file.location}: not an Arrow IPC file ({one_line(e)}); pass a .arrow file's URL"
+                    raise DataError(msg, file=file.location) from e
+    msg = f"{file.location}: an empty file is not an Arrow IPC file"  # no length tried: size 0
+    raise DataError(msg, file=file.location)
+
+
+def _schema_in(f: pa.NativeFile) -> pa.Schema:
+    """The schema of the IPC file ``f`` (stream or file format): its first message."""
+    head = f.read(min(f.size(), 8))
+    f.seek(8 if head[:6] == b"ARROW1" else 0)
+    return pa.ipc.read_schema(pa.ipc.read_message(f))
+
+
 def _file_schema(path: Path) -> pa.Schema:
     """The schema of an IPC file (its first message), read from a memory map: no batch is touched."""
     with pa.memory_map(str(path)) as f:
-        head = f.read(min(f.size(), 8))
-        f.seek(8 if head[:6] == b"ARROW1" else 0)
         try:
-            return pa.ipc.read_schema(pa.ipc.read_message(f))
+            return _schema_in(f)
         except (pa.ArrowException, ValueError, OSError) as e:
             msg = f"{path}: not an Arrow IPC file ({one_line(e)}); pass a datasets save_to_disk folder or .arrow files"
             raise DataError(msg, file=str(path)) from e
