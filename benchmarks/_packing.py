@@ -47,7 +47,7 @@ def packing_cost(args: argparse.Namespace, ix: Any, settings: dict[str, Any]) ->
     import plitzer
 
     rules = {"concat": {**settings}, "best-fit": {**settings, "packing": "best-fit", "pad_id": 0}}
-    from plitzer.state.bins import BinSpec, count_chunk
+    from plitzer.bestfit.counts import BinSpec, count_chunk
 
     t0 = time.perf_counter()
     count_chunk(ix, BinSpec(settings["seq_len"]), 0, ix.row_groups)  # the bins pass's work, uncached, on one thread

@@ -70,7 +70,8 @@ def parts(ix: Any, settings: dict[str, Any], epochs: int) -> None:
 
     import plitzer
     import plitzer.readpath.labels as lab
-    from plitzer.readpath import bins, pack
+    from plitzer.bestfit import rows as bins
+    from plitzer.readpath import pack
 
     acc = {"end_labels": 0.0, "step_labels": 0.0, "tokens' gather": 0.0, "consumer's sums": 0.0}
     end_labels, step_labels, gather_layout = lab.end_labels, lab.step_labels, pack.gather_layout

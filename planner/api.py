@@ -98,10 +98,10 @@ it (``deduper=``)."""
 
 NO_BINNER = (
     "packing='best-fit' needs the bins pass, which reads the documents' lengths: call plitzer.plan "
-    "(or pass binner=plitzer.state.bins.plan_bins)"
+    "(or pass binner=plitzer.bestfit.counts.plan_bins)"
 )
 Binner = Callable[..., Any]
-"""The bins pass (``plitzer.state.bins.plan_bins``): an index and ``seq_len`` in, the index with its bins out."""
+"""The bins pass (``plitzer.bestfit.counts.plan_bins``): an index and ``seq_len`` in, the index with its bins out."""
 
 NO_DEDUPER = (
     "dedupe= and exclude= need the deduplication pass, which reads data (planner reads metadata only): "
@@ -340,7 +340,7 @@ _PLAN_DOC = """The plan of ``source`` (a path, URL, list, an :class:`~planner.In
         Counts a row group whose footer has no statistics (``plitzer.readpath.read.count_chunk``;
         :func:`planner.index`).
     binner : callable, optional
-        The bins pass for ``packing="best-fit"`` (``plitzer.state.bins.plan_bins``): an index
+        The bins pass for ``packing="best-fit"`` (``plitzer.bestfit.counts.plan_bins``): an index
         and ``seq_len`` in, the index with each row group's bins out.
 
     Examples

@@ -23,7 +23,7 @@ bins' items, ``5, 3, 2, 2`` tokens, are binned again at 16 as one group: one bin
 
 One statement of it for the three that need it: the run (the rest's bin count ``M``, which
 the units of the stage's run count: :mod:`planner.order.rebin`), the packer (the rest's
-rows: ``plitzer.readpath.bins``) and ``locate``.
+rows: ``plitzer.bestfit.rows``) and ``locate``.
 """
 
 from __future__ import annotations

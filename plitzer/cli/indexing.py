@@ -131,7 +131,7 @@ def _summary(ix: Any, seq_len: Any) -> pl.DataFrame:
         columns["documents_selected"] = [int(f["rows_selected"].sum())]
         columns["tokens_selected"] = [int(f["tokens_selected"].sum())]
         columns["row_groups_emptied"] = [int((f["rows_selected"] == 0).sum())]
-    if "bins" in f.columns:  # best-fit's (plitzer.state.bins)
+    if "bins" in f.columns:  # best-fit's (plitzer.bestfit.counts)
         columns["bins"] = [int(f["bins"].sum())]
         columns["padding_fraction"] = [1 - int(stream_counts(f)[0].sum()) / max(1, int(f["bins"].sum()) * seq_len)]
     if "rows_duplicate" in f.columns:
@@ -252,7 +252,7 @@ def _index_mixture(args: argparse.Namespace, sources: dict[str, Any]) -> int:
 
 def _bins_pass(args: argparse.Namespace, ix: Any, source: Any) -> Any:
     """``plitzer index --packing best-fit --seq-len L``: best-fit's bins pass, cached (on Ray with --engine ray)."""
-    from plitzer.state.bins import BinSpec, bin_index, bins_on_ray
+    from plitzer.bestfit.counts import BinSpec, bin_index, bins_on_ray
 
     if not isinstance(args.seq_len, int):
         msg = "--packing best-fit bins documents at one sequence length: give --seq-len L (e.g. 2048)"

@@ -301,7 +301,7 @@ def pack_unit(
     steps before it (after a resume). ``columns``: each aligned column's values of every
     chunk and its dtype (:func:`plitzer.readpath.aligned.read_columns`), packed alike, and
     ``labels`` each sub-piece's last label (:mod:`plitzer.readpath.labels`). ``gather=False``: the layout's
-    tables and slices only, no token copied (best-fit's units, :mod:`plitzer.readpath.bins`).
+    tables and slices only, no token copied (best-fit's units, :mod:`plitzer.bestfit.rows`).
     """
     p = reads.place
     rank_lanes = p.rank_lanes

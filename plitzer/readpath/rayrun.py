@@ -2,7 +2,7 @@
 
 Every ``--engine ray`` pass runs through :func:`run_tasks`: the selection pass
 (``plitzer.selection.select``), deduplication's keys (``plitzer.selection.keying``),
-best-fit's bins (``plitzer.state.bins``) and ``plitzer tokenize``
+best-fit's bins (``plitzer.bestfit.counts``) and ``plitzer tokenize``
 (``plitzer.text.tokenize``). Each task reads its piece where it runs and returns a
 small value; this process receives the values as tasks finish (in the order they
 finish) and writes them into its cache, so a pass that follows on this machine, or a

@@ -42,7 +42,7 @@ def pack_rest(
     """
     p = reads.place
     assert p.rest is not None
-    window_start, b0, recuts, _ = p.rest  # the last: a rule of bins' tokens a row (plitzer.readpath.bins)
+    window_start, b0, recuts, _ = p.rest  # the last: a rule of bins' tokens a row (plitzer.bestfit.rows)
     rank_lanes, keep = p.rank_lanes, p.keep
     cuts = window_cuts(np.arange(b0 + 1), p.window_tokens, window_start % b0, b0)
     docs = unit_documents(chunks, p.token_start, reads.doc_base)

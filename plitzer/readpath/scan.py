@@ -27,27 +27,28 @@ import enum
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import pyarrow as pa
 from numpy.typing import NDArray
 
+from planner.arraytypes import I64
 from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import UsageError
 from planner.stores.stopping import stop, stop_on
 from plitzer.readpath import shutdown
 from plitzer.readpath.aligned import Columns, read_columns
-from plitzer.readpath.bins import Rows, pack_bins
 from plitzer.readpath.budget import Budget, Charge
-from plitzer.readpath.pack import pack_unit
+from plitzer.readpath.pack import ColumnChunks, pack_unit
 from plitzer.readpath.packed import PackedUnit, UnitReads
 from plitzer.readpath.read import read_chunk
 from plitzer.readpath.recut import pack_rest
 
-__all__ = ["AHEAD", "Packing", "ReadPool", "Stats", "UnitState"]
+__all__ = ["AHEAD", "Packing", "ReadPool", "RowMaker", "Stats", "UnitState"]
 
 
 AHEAD = 2  # units the schedule starts past the furthest one in use (read ahead), by default
@@ -146,26 +147,52 @@ class _Unit:
                 self.future.set_exception(error)
 
 
+class RowMaker(Protocol):
+    """How a rule that pads makes a unit's rows (best-fit's: :class:`plitzer.bestfit.rows.Rows`).
+
+    ``seq_len``: a row's tokens; ``bins``: each row group's units (its bins), what the budget
+    charges ``seq_len`` tokens each; :meth:`pack`: the unit's rows, its units packed by ``pack``
+    (the concat packer, :func:`~plitzer.readpath.pack.pack_unit` or
+    :func:`~plitzer.readpath.recut.pack_rest`), each then expanded into a padded row.
+    """
+
+    @property
+    def seq_len(self) -> int: ...
+
+    @property
+    def bins(self) -> I64 | None: ...
+
+    def counted(self, index: RowGroupIndex, fills: dict[str, Any] | None) -> RowMaker: ...
+
+    def pack(
+        self,
+        chunks: list[pa.Array],
+        reads: UnitReads,
+        columns: ColumnChunks | None,
+        pack: Callable[..., PackedUnit],
+        **labels: bool,
+    ) -> PackedUnit: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Packing:
     """What a unit is packed with besides its tokens, the same for every unit of a loader.
 
     ``columns``: aligned columns read and packed with the tokens (:mod:`plitzer.readpath.aligned`);
     ``labels``: each token's next in its document (:mod:`plitzer.readpath.labels`); ``rows``: how
-    rows are made where the rule pads them (best-fit: :mod:`plitzer.readpath.bins`), None under concat.
+    rows are made where the rule bins documents (:class:`RowMaker`), None under concat.
     """
 
     columns: Columns | None = None
     labels: bool = False
-    rows: Rows | None = None
+    rows: RowMaker | None = None
 
     @classmethod
-    def of(cls, index: RowGroupIndex, columns: Columns | None, rows: Rows | None, labels: bool) -> Packing:
-        """The packing of a loader of ``index``: a padding rule's rows get its bins and the columns' fills."""
-        if rows is None or rows.rule.binning is None:  # concat: no bins to expand
+    def of(cls, index: RowGroupIndex, columns: Columns | None, rows: RowMaker | None, labels: bool) -> Packing:
+        """The packing of a loader of ``index``: a rule of bins' rows get the bins and the columns' fills."""
+        if rows is None:  # concat: the packer's rows are the lanes' tokens
             return cls(columns, labels, None)
-        bins = rows.rule.counts(index.frame)[0]
-        return cls(columns, labels, replace(rows, bins=bins, fills=columns.fills if columns else None))
+        return cls(columns, labels, rows.counted(index, columns.fills if columns else None))
 
     @property
     def column_bytes(self) -> int:
@@ -321,7 +348,7 @@ class ReadPool:
             if p.rows is None:
                 packed = pack(chunks, u.reads, columns, **labels)
             else:
-                packed = pack_bins(chunks, u.reads, columns, p.rows, pack, **labels)
+                packed = p.rows.pack(chunks, u.reads, columns, pack, **labels)
         except BaseException as e:
             with self.lock:
                 u.stop(e)

@@ -25,9 +25,11 @@ from planner.order.layout import Layout, LayoutStage
 from planner.order.plan import Plan
 from planner.order.rebin import Rebinner
 from planner.run import Run
+from plitzer.bestfit.counts import BinSpec
+from plitzer.bestfit.rebin import Rebin, rebin_at
+from plitzer.bestfit.rows import rows_of
 from plitzer.readpath.aligned import resolve
 from plitzer.readpath.batch import Located
-from plitzer.readpath.bins import Rows
 from plitzer.readpath.budget import Budget
 from plitzer.readpath.cost import budget_floor
 from plitzer.readpath.scan import Packing, ReadPool
@@ -35,7 +37,6 @@ from plitzer.readpath.schedule import Schedule
 from plitzer.readpath.signals import SourceMap, SourceTotals
 from plitzer.selection.select import source_rows
 from plitzer.sources import index_of
-from plitzer.state.bins import BinSpec, Rebin
 from plitzer.state.settings import LoaderSettings, Source, checkpoint_config, default_threads, make_plan
 
 __all__ = ["Locator", "Parts", "check_layout", "held_counts", "make_config", "open_plan", "parts", "rebin"]
@@ -115,10 +116,7 @@ def rebin(plan: Plan, settings: LoaderSettings) -> Rebin | None:
     if not s.rule.needs_counts:
         return None
     spec = BinSpec(s.seq_len, s.rule.name, s.selection.length_column)
-    got = Rebin(plan, spec, threads=s.threads, split=(s.rank, s.world))
-    for st in s.stages.stages:
-        got.plan_at(st.seq_len)
-    return got
+    return rebin_at(plan, spec, [st.seq_len for st in s.stages.stages], threads=s.threads, split=(s.rank, s.world))
 
 
 def make_config(settings: LoaderSettings, run: Run) -> dict[str, Any]:
@@ -191,6 +189,6 @@ def parts(plan: Plan, settings: LoaderSettings) -> Parts:
         )
     run = Run(plan, s.unit_layout, s.world, s.rank, binned)
     threads = s.threads or default_threads(plan.dataset)
-    made = Rows(s.rule, s.seq_len, s.pad_id)  # how the rule makes rows (best-fit: padded bins)
+    made = rows_of(s.rule, s.seq_len, s.pad_id)  # how the rule makes rows (best-fit: padded bins; None: concat's)
     pool = ReadPool(plan.dataset, Budget(s.budget), Packing.of(plan.dataset, columns, made, s.labels), threads=threads)
     return Parts(run, Schedule(pool), Locator(plan.dataset), SourceTotals(SourceMap.of(plan.dataset), s.labels))

@@ -302,8 +302,8 @@ def make_plan(index: RowGroupIndex, settings: LoaderSettings) -> Plan:
         from plitzer.readpath.aligned import resolve
 
         resolve(index, settings.columns)
-    if rule.needs_counts:  # best-fit: the plan cuts bins, counted by the bins pass at seq_len (plitzer.state.bins)
-        from plitzer.state.bins import BinSpec, bin_index
+    if rule.needs_counts:  # best-fit: the plan cuts bins, counted by the bins pass at seq_len (plitzer.bestfit)
+        from plitzer.bestfit.counts import BinSpec, bin_index
 
         spec = BinSpec(settings.seq_len, rule.name, settings.selection.length_column)
         index = bin_index(index, spec, threads=settings.threads, split=(settings.rank, settings.world))

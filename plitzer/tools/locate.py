@@ -47,10 +47,11 @@ from planner.order.plan import Plan
 from planner.parameters import document
 from planner.rules import Binned, rule_named
 from planner.run import Run
+from plitzer.bestfit.counts import BinSpec, document_lengths
+from plitzer.bestfit.rebin import Rebin
 from plitzer.loader import open_plan
 from plitzer.selection.dropped import base_of, split_targets
 from plitzer.selection.select import source_rows
-from plitzer.state.bins import BinSpec, Rebin, document_lengths
 from plitzer.state.settings import KeywordsOfLocate, LoaderSettings
 from plitzer.state.settings import Source as AnySource
 from plitzer.tools.targets import Rows, part_of, target_documents

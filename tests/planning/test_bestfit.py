@@ -442,7 +442,7 @@ def _many_row_groups(root: Path) -> None:
 
 def test_the_bins_pass_is_split_between_ranks_and_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import planner
-    from plitzer.state import bins as bins_pass
+    from plitzer.bestfit import counts as bins_pass
 
     _many_row_groups(tmp_path / "d")
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
@@ -482,7 +482,7 @@ def docs_by_row_group_of(root: Path) -> list[list[list[int]]]:
 @pytest.mark.timeout(300)
 def test_the_bins_pass_runs_on_ray_ahead_of_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import planner
-    from plitzer.state import bins as bins_pass
+    from plitzer.bestfit import counts as bins_pass
     from tests.share_fixtures import ray_with_caches
 
     _many_row_groups(tmp_path / "d")
@@ -552,7 +552,7 @@ def test_live_weights_under_best_fit_equal_the_stages_given_up_front(tmp_path: P
 def test_the_bins_pass_reads_a_length_column_instead_of_the_tokens(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from plitzer.state import bins as bins_pass
+    from plitzer.bestfit import counts as bins_pass
 
     rng = np.random.default_rng(9)
     docs = [list(rng.integers(0, 99, int(n))) for n in rng.integers(0, 50, 60)]

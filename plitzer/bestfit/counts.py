@@ -17,7 +17,7 @@ skipping each chunk another rank has written meanwhile (a cache folder on a shar
 system), so ranks that start together each count about ``1/world`` of it and none waits.
 :func:`bins_on_ray` runs the chunks as Ray tasks (``plitzer index DATA --packing best-fit
 --seq-len L --engine ray``). A packed row group whose bins differ from the count (the data
-changed under the cache) is a ``DataError`` naming it (``plitzer.readpath.bins``).
+changed under the cache) is a ``DataError`` naming it (:mod:`plitzer.bestfit.rows`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,6 @@ import polars as pl
 
 from planner.arraytypes import I64
 from planner.catalog.rowgroups import RowGroupIndex
-from planner.order.plan import Plan
 from planner.rules import BEST_FIT, BINS, Binned, binned_rule
 from planner.stores.cache import cache_dir, digest, read_entry, write_entry
 from plitzer.readpath.rayrun import run_tasks
@@ -44,7 +43,6 @@ from plitzer.selection.evaluate import SelectionPass
 __all__ = [
     "CHUNK",
     "BinSpec",
-    "Rebin",
     "bin_counts",
     "bin_index",
     "bins_on_ray",
@@ -221,38 +219,3 @@ def bins_on_ray(
         write_entry(_path(ix, spec, first, ends[first]), counts.tobytes())
 
     return run_tasks(_ray_chunk, calls, got, address=address, progress=progress, desc="binning (ray)")
-
-
-class Rebin:
-    """What a run of a binned rule asks at a ``seq_len`` change (:class:`planner.order.rebin.Rebinner`).
-
-    ``plan_at(L)``: the run's plan over its index binned at ``L`` (the bins pass at ``L``, split
-    and cached as the first one; 8 bytes a row group more, a frame of its own);
-    ``lengths(row groups)``: a window's documents' lengths (:func:`document_lengths`), read when
-    a change inside it is first asked about.
-    """
-
-    def __init__(self, plan: Plan, spec: BinSpec, *, threads: int | None = None, split: tuple[int, int] = (0, 1)):
-        self._plan, self._spec, self._threads, self._split = plan, spec, threads, split
-        self._plans: dict[int, Plan] = {spec.seq_len: plan}
-
-    @property
-    def rule(self) -> Binned:
-        return self._spec.rule
-
-    def plan_at(self, seq_len: int) -> Plan:
-        got = self._plans.get(seq_len)
-        if got is None:
-            spec = replace(self._spec, seq_len=seq_len)
-            base = self._plan
-            packing = (base.packing[0], base.packing[1], seq_len)
-            got = Plan(
-                bin_index(base.dataset, spec, threads=self._threads, split=self._split), base.settings, packing=packing
-            )
-            got.layout, got.columns = base.layout, base.columns
-            self._plans[seq_len] = got
-        return got
-
-    def lengths(self, row_groups: I64) -> list[I64]:
-        ix, column = self._plan.dataset, self._spec.length_column
-        return [document_lengths(ix, int(g), column) for g in np.asarray(row_groups).tolist()]

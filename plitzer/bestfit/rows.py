@@ -1,4 +1,4 @@
-"""Best-fit's packer: a window's bins cut and shuffled as units, then each bin expanded into a padded row.
+"""Best-fit's rows: a window's bins cut and shuffled as units, then each bin expanded into a padded row.
 
 The rule (:mod:`planner.rules.bestfit`) makes a row group's units its bins. The packer
 runs in two steps, so that the lane cuts, the slice shuffles, the lanes a resume
@@ -39,6 +39,7 @@ import pyarrow as pa
 from numpy.typing import NDArray
 
 from planner.arraytypes import I64
+from planner.catalog.rowgroups import RowGroupIndex
 from planner.errors import DataError
 from planner.packing import slice_keys
 from planner.rules import Binned, Rule
@@ -50,24 +51,41 @@ from plitzer.readpath.pack import ColumnChunks, chunk_lists, gather_layout
 from plitzer.readpath.packed import ColumnBlock, Memory, PackedUnit, StepRange, UnitReads, arrow_ints
 from plitzer.readpath.pieces import Documents, unit_documents
 
-__all__ = ["Rows", "pack_bins"]
+__all__ = ["Rows", "pack_bins", "rows_of"]
 
 Packer = Callable[..., PackedUnit]  # pack_unit or pack_rest, called with gather=False
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Rows:
-    """How a run's rows are made: its rule, ``seq_len`` (tokens a row), the padding's id and fills.
+    """How a run's rows are made under a rule of bins: the rule, ``seq_len`` (tokens a row), the padding's id and fills.
 
     ``bins``: each row group's bins (the index's, from the bins pass), which every packed
-    row group is checked against.
+    row group is checked against. The read pool's ``Packing.rows`` (a
+    :class:`plitzer.readpath.scan.RowMaker`): the pool asks it to pack a unit (:meth:`pack`).
     """
 
-    rule: Rule
+    rule: Binned
     seq_len: int
     pad_id: int = 0
     bins: I64 | None = None
     fills: dict[str, Any] | None = None
+
+    def counted(self, index: RowGroupIndex, fills: dict[str, Any] | None) -> Rows:
+        """These rows with the bins of each row group of ``index`` (the bins pass's) and the columns' fills."""
+        return replace(self, bins=self.rule.counts(index.frame)[0], fills=fills)
+
+    def pack(
+        self, chunks: list[pa.Array], reads: UnitReads, columns: ColumnChunks | None, pack: Packer, **labels: bool
+    ) -> PackedUnit:
+        """A unit's rows: :func:`pack_bins` with these rows."""
+        return pack_bins(chunks, reads, columns, self, pack, **labels)
+
+
+def rows_of(rule: Rule, seq_len: int, pad_id: int) -> Rows | None:
+    """How ``rule`` makes rows of ``seq_len`` tokens: its bins, each padded with ``pad_id`` (None under concat)."""
+    binning = rule.binning
+    return None if binning is None else Rows(binning, seq_len, pad_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +158,7 @@ def pack_bins(
     p = reads.place
     seq_len = p.row_tokens or rows.seq_len
     docs = unit_documents(chunks, np.zeros(len(chunks), np.int64), reads.doc_base)
-    rule = rows.rule.binning
-    assert rule is not None, rows.rule.name  # the read pool packs bins only for a rule of bins
+    rule = rows.rule
     rebinned = p.rest is not None and any(rc.tokens != p.rest[3] for rc in p.rest[2])
     if rebinned:
         units, items, gbin, nbins = _rebinned_units(chunks, reads, rule, docs, pack)
