@@ -146,6 +146,7 @@ def encode(ix: Index, meta: Mapping[str, str] | None = None, columns: Sequence[s
             "source": ix.source,
             **chunkmeta.pack_templates([e.template for e in entries]),
             **carried_meta,
+            **_files_kind(ix),
             **(meta or {}),
         }
     )
@@ -167,6 +168,13 @@ def encode(ix: Index, meta: Mapping[str, str] | None = None, columns: Sequence[s
         pq.write_table(table, buf, compression="zstd", row_group_size=group)
     data: bytes = buf.getvalue().to_pybytes()
     return data
+
+
+def _files_kind(ix: Index) -> dict[str, str]:
+    """A kind of token files' name and key (the settings its rows follow), for the loader to check: an index over
+    a kind's format (``plitzer.sources.files.FileIndex``) has them; a Parquet index nothing."""
+    fmt = getattr(ix, "format", None)
+    return {} if fmt is None else {"files_kind": str(fmt.capabilities.kind), "files_key": str(fmt.key)}
 
 
 def _carried_columns(
@@ -331,8 +339,13 @@ def read_parts(
     *,
     storage_options: Mapping[str, Any] | None = None,
     index_options: Mapping[str, Any] | None = None,
+    listed: tuple[list[FileEntry], str] | None = None,
 ) -> JobIndexParts:
-    """Read the job index at ``url``, list ``source`` once and refuse the index if stale (no footer read)."""
+    """Read the job index at ``url``, list ``source`` once and refuse the index if stale (no footer read).
+
+    ``listed``: the files and the source for messages where the caller lists them (a kind of token files, its own
+    listing); a file of a new version is then refused (it has no footer to compare).
+    """
     where = os.fspath(url)
     data = read_object(where, storage_options if index_options is None else index_options)
     try:
@@ -354,7 +367,7 @@ def read_parts(
     except (OSError, KeyError, ValueError, pa.ArrowException, AssertionError) as e:
         msg = f"{where} is not a plitzer job index ({e}); write it with: plitzer index DATA --out {where}"
         raise DataError(msg) from e
-    entries, src = list_files(source, storage_options)
+    entries, src = list_files(source, storage_options) if listed is None else listed
     kept = {n: (s, v) for n, s, v in zip(cols["name"], cols["size"], cols["version"], strict=True)}
     moved = _stale(where, entries, kept)
     if [e.stat.name for e in entries] != cols["name"]:  # the same files, so only a damaged index
@@ -363,7 +376,7 @@ def read_parts(
     for entry, template in zip(entries, templates, strict=True):
         entry.template = template
     frame, per = rowlists.decode(table, cols["name"])
-    if moved and meta.get("kind", "tokens") != "tokens":  # a text source's counts are not in its footers
+    if moved and (meta.get("kind", "tokens") != "tokens" or "files_kind" in meta):  # counts not in footers
         at = entries[moved[0]].stat.location
         raise _stale_error(where, f"{at} has a new version (mtime or ETag)", at)
     _same_footers(where, moved, entries, frame, meta["column"])

@@ -240,8 +240,8 @@ DATA_HELP = (
     ".arrow files or one; Megatron indexed dataset: its prefix (data/x_text_document for .bin + .idx), its .idx "
     "or .bin, or a folder of pairs; OLMo numpy token files: a .npy file or a folder of them, with --data-format "
     "numpy --eos-id ID --dtype uint16|uint32|...; or a URL: s3://bucket/prefix, gs://, az://, "
-    "hf://datasets/ORG/NAME/PATH, https:// (several allowed; a Megatron or numpy source in a bucket: see "
-    "docs/design.md)"
+    "hf://datasets/ORG/NAME/PATH, https:// (several allowed; in a store, a Megatron pair is named by its .idx or "
+    ".bin URL, numpy files by a prefix or a .npy URL, an Arrow IPC file by its .arrow URL)"
 )
 """The data positional's help: every kind of source a command reads (``plitzer.sources``)."""
 

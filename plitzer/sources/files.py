@@ -31,6 +31,7 @@ from planner.catalog.files import BatchReader, FileEntry
 from planner.catalog.frame import fingerprint_of
 from planner.catalog.rowgroups import Capabilities
 from planner.catalog.rowlists import INDEX_SCHEMA
+from planner.errors import ConfigError, DataError
 from planner.stores.backends import open_storages
 from planner.stores.cache import cache_dir, digest, read_entry, write_entry
 from planner.stores.storage import FileStat, LocalStorage, Storage
@@ -45,6 +46,7 @@ __all__ = [
     "file_rows",
     "files_index",
     "is_url",
+    "load_files",
     "local_listing",
     "read_whole",
     "remote_listing",
@@ -225,6 +227,31 @@ def files_index(fmt: Format, *, counted: Mapping[int, np.ndarray] | None = None)
         _files=entries,
         format=fmt,
     )
+
+
+def load_files(url: str, fmt: Format, storage_options: Mapping[str, Any] | None) -> FileIndex:
+    """``fmt``'s index from its job index at ``url`` (``plitzer index DATA --out URL``): the kind's listing, checked
+    against it (a stale one refused, naming the file), its rows from the job index, no pass over a file."""
+    from planner.catalog.jobindex import read_parts
+
+    src, storage, stats = fmt.listing()
+    entries = [FileEntry(stat=st, storage=storage) for st in stats]
+    got = read_parts(url, src, storage_options=storage_options, listed=(entries, src))
+    kind, key = got.meta.get("files_kind"), got.meta.get("files_key")
+    if (kind, key) != (fmt.capabilities.kind, fmt.key):
+        was = f"a {kind} source's, key {key}" if kind else "a Parquet source's"
+        msg = (
+            f"job index {url} holds {was}, not this {fmt.capabilities.kind} source's (key {fmt.key}: its settings); "
+            f"write it again with the source's settings: plitzer index DATA --out {url}"
+        )
+        raise ConfigError(msg)
+    file_index = got.frame["file_index"].to_numpy()
+    rows = got.frame.select(["rows", "tokens", "empty_docs", "byte_offset", "byte_length"]).to_numpy().astype(np.int64)
+    ix = files_index(fmt, counted={i: rows[file_index == i] for i in range(len(stats))})
+    if ix.fingerprint != got.meta.get("fingerprint"):
+        msg = f"job index {url}: its rows do not give its fingerprint; the file is damaged: write it again"
+        raise DataError(msg)
+    return ix
 
 
 def _needs_check(fmt: Format) -> bool:

@@ -36,6 +36,13 @@ def prepare(source: Source, settings: Any) -> tuple[Source, dict[str, Any]]:
     if not isinstance(source, (str, os.PathLike, list, tuple)):
         msg = f"index={s.index!r} needs the source's path, URL or list of them, not {type(source).__name__}"
         raise ConfigError(msg)
+    from plitzer.sources import format_of, spec_of
+
+    fmt = None if s.text.tokenizer is not None else format_of(spec_of(source, s))
+    if fmt is not None:  # a kind of token files: its own listing, its rows from the job index
+        from plitzer.sources.files import load_files
+
+        return load_files(os.fspath(s.index), fmt, s.storage_options), {}
     if s.text.tokenizer is not None:
         from plitzer.text.job import load_text_index
 

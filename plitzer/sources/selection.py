@@ -19,9 +19,10 @@ from typing import Any
 from planner.api import Selector, Source
 from planner.catalog.datasetindex import Index
 from planner.catalog.rowgroups import RowGroupIndex
+from planner.errors import ConfigError
 from planner.mixing.sources import SourceSpec
 
-__all__ = ["deduplicate", "deduplicated", "selector"]
+__all__ = ["check_columns", "deduplicate", "deduplicated", "selector"]
 
 
 def selector(settings: Any = None) -> Selector:
@@ -51,6 +52,24 @@ def deduplicated(ix: RowGroupIndex, source: Source, settings: Any) -> RowGroupIn
     return deduplicate(ix, source, s, s.rank, s.world)
 
 
+def check_columns(ix: RowGroupIndex, dedupe: str | None, exclude: Any) -> None:
+    """A ConfigError naming the kind where a source without columns (Megatron, numpy: tokens only) is given
+    ``exclude=`` or ``dedupe=NAME`` (``dedupe="tokens"`` works for every kind); a mixture's sources each."""
+    parts = getattr(ix, "parts", None) or [ix]
+    names = getattr(ix, "names", None) or [""]
+    for name, part in zip(names, parts, strict=True):
+        caps = part.capabilities
+        if caps.other_columns or caps.tokenizes or (exclude is None and dedupe in (None, "tokens")):
+            continue
+        given = f"exclude={exclude!r}" if exclude is not None else f"dedupe={dedupe!r}"
+        where = f"source {name!r}, " if name else ""
+        msg = (
+            f"{given}: {where}a {caps.kind} source has no columns but its tokens; give dedupe='tokens' (equal token "
+            "lists), or write the data as Parquet with the columns to exclude or deduplicate by"
+        )
+        raise ConfigError(msg)
+
+
 def deduplicate(ix: RowGroupIndex, source: Source, s: Any, rank: int, world: int, **more: Any) -> RowGroupIndex:
     """The deduplication and exclusion pass of ``s`` over ``ix`` (SPEC section 14), ``rank``'s share of ``world``.
 
@@ -58,6 +77,7 @@ def deduplicate(ix: RowGroupIndex, source: Source, s: Any, rank: int, world: int
     """
     from plitzer.selection.dedupe import dedupe_index
 
+    check_columns(ix, s.selection.dedupe, s.selection.exclude)
     order = list(source) if isinstance(source, Mapping) else None
     return dedupe_index(
         ix,

@@ -45,9 +45,13 @@ THRESHOLD = 200
 _PREFIXES = itertools.count()
 
 
-def _write(kind: str, root: Path) -> tuple[Path, Path, dict[str, Any]]:
-    """``kind``'s source under ``root``, the Parquet copy of the same documents and row groups, its settings."""
+def _write(kind: str, root: Path, *, duplicates: bool = False) -> tuple[Path, Path, dict[str, Any]]:
+    """``kind``'s source under ``root``, the Parquet copy of the same documents and row groups, its settings
+    (``duplicates``: documents 20, 50 and 80 copies of 3, 10 and 11)."""
     docs = eos_documents() if kind == "numpy" else documents()
+    if duplicates:
+        for a, b in ((20, 3), (50, 10), (80, 11)):
+            docs[a] = list(docs[b])
     (root / "k").mkdir(parents=True)
     src = WRITERS[kind](docs, root / "k")
     groups = GROUPS if kind == "arrow" else rule_groups(docs, THRESHOLD)
@@ -149,3 +153,157 @@ def test_megatron_and_numpy_from_gcs_give_the_local_batches(
         gcs.put(f"{prefix}/{p.name}", p.read_bytes())
     url = _remote_url(kind, src, f"{gcs.scheme}://{gcs.bucket}/{prefix}")
     assert _same(_steps(url, storage_options=gcs.options(), **opts), _steps(ref))
+
+
+# -- the job index ---------------------------------------------------------------------
+
+
+def _flags(opts: dict[str, Any]) -> list[str]:
+    return [f"--{'data-format' if k == 'format' else k.replace('_', '-')}={v}" for k, v in opts.items()]
+
+
+def test_the_job_index_of_each_kind_gives_its_batches_without_a_pass(
+    new_kind: NewKind, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plitzer.cli import main
+    from plitzer.errors import ConfigError, StaleIndexError
+    from plitzer.sources import files
+
+    kind, src, ref, opts = new_kind
+    job = tmp_path / "job.index"
+    assert main(["index", str(src), "--out", str(job), "--no-lengths", *_flags(opts)]) == 0
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "empty-cache"))  # nothing cached: a pass would run
+    monkeypatch.setattr(files, "file_rows", _no_pass)
+    assert _same(_steps(src, index=str(job), **opts), _steps(ref))
+    if kind == "numpy":  # the job index was written under other settings: refused, naming the kind and the fix
+        with pytest.raises(ConfigError, match=r"numpy source's \(key uint16:7:.*plitzer index DATA --out"):
+            plitzer.Loader(src, index=str(job), **CFG, **{**opts, "eos_id": 7})
+    changed = _files_of(kind, src)[-1 if kind != "megatron" else 0]  # Megatron: its .bin
+    changed.write_bytes(changed.read_bytes() + bytes(8))
+    with pytest.raises(StaleIndexError, match=str(changed)):
+        plitzer.Loader(src, index=str(job), **CFG, **opts)
+
+
+def _no_pass(fmt: Any, file: FileStat) -> np.ndarray:
+    raise AssertionError(f"a pass over {file.location}: the job index has its rows")
+
+
+# -- the passes ------------------------------------------------------------------------
+
+
+def test_best_fit_gives_the_parquet_copys_batches(new_kind: NewKind) -> None:
+    _, src, ref, opts = new_kind
+    bestfit = {"packing": "best-fit", "pad_id": 0}
+    assert _same(_steps(src, **bestfit, **opts), _steps(ref, **bestfit))
+
+
+def test_dedupe_tokens_gives_the_parquet_copys_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(megatron, "ROW_GROUP_TOKENS", THRESHOLD)
+    monkeypatch.setattr(olmo_numpy, "ROW_GROUP_TOKENS", THRESHOLD)
+    for kind in NEW:
+        src, ref, opts = _write(kind, tmp_path / kind, duplicates=True)
+        got, want = _steps(src, dedupe="tokens", **opts), _steps(ref, dedupe="tokens")
+        assert _same(got, want), kind
+        with plitzer.Loader(src, dedupe="tokens", **CFG, **opts) as ld:
+            assert ld.index.tokens < plitzer.index(ref).tokens  # the copies were dropped
+
+
+@pytest.mark.parametrize("kind", ["megatron", "numpy"])
+def test_exclude_and_a_named_dedupe_key_are_refused_naming_the_kind(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from plitzer.errors import ConfigError
+
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
+    src, _, opts = _write(kind, tmp_path)
+    table = tmp_path / "exclude.parquet"
+    pq.write_table(pa.table({"url": ["u1"]}), table)
+    for given in ({"exclude": str(table)}, {"dedupe": "url"}):
+        with pytest.raises(ConfigError, match=f"a {kind} source has no columns but its tokens; give dedupe='tokens'"):
+            plitzer.Loader(src, **given, **CFG, **opts)
+    mix = {"k": {"path": str(src), **opts}, "p": str(tmp_path / "pq")}
+    with pytest.raises(ConfigError, match=f"source 'k', a {kind} source has no columns"):
+        plitzer.Loader(mix, exclude=str(table), **CFG)
+
+
+# -- planner.index, the CLI's help -------------------------------------------------------
+
+
+def test_planner_index_opens_an_arrow_folder_and_a_megatron_dataset(new_kind: NewKind) -> None:
+    import planner
+    from planner.errors import ConfigError
+
+    kind, src, ref, _ = new_kind
+    if kind == "numpy":  # nothing in the files says their dtype or EOS id: planner.index cannot open them
+        with pytest.raises(ConfigError, match="format='numpy' with eos_id= and dtype="):
+            planner.index(src)
+        return
+    ix = planner.index(src)
+    assert ix.capabilities.kind == {"arrow": "arrow-ipc"}.get(kind, kind)
+    keep = ["file_index", "row_group", "rows", "tokens", "empty_docs"]
+    assert ix.frame.select(keep).equals(planner.index(ref).frame.select(keep))
+
+
+def test_the_data_help_names_every_kind_and_its_options(capsys: pytest.CaptureFixture[str]) -> None:
+    from plitzer.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for said in ("Arrow IPC", "Megatron indexed dataset", ".idx", "OLMo numpy", "--data-format numpy", "--eos-id"):
+        assert said in text
+    assert "--dtype" in text and ".arrow URL" in text
+
+
+# -- damaged files -----------------------------------------------------------------------
+
+
+def test_a_truncated_file_of_each_kind_is_a_data_error_naming_it(new_kind: NewKind) -> None:
+    from plitzer.errors import DataError
+
+    kind, src, _, opts = new_kind
+    cut = {"arrow": -300, "megatron": -40, "numpy": -1}[kind]  # an Arrow batch, a Megatron .idx, half a token
+    damaged = src.with_suffix(".idx") if kind == "megatron" else _files_of(kind, src)[0]
+    damaged.write_bytes(damaged.read_bytes()[:cut])
+    with pytest.raises(DataError, match=str(damaged)) as e:
+        plitzer.plan(src, **opts)
+    assert e.value.file == str(damaged)
+
+
+def test_a_megatron_bin_cut_short_is_a_data_error_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from plitzer.errors import DataError
+
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
+    src, _, _ = _write("megatron", tmp_path)
+    b = src.with_suffix(".bin")
+    b.write_bytes(b.read_bytes()[:-10])
+    with pytest.raises(DataError, match=str(b)) as e:
+        plitzer.plan(src)
+    assert e.value.file == str(b)
+
+
+# -- a job's ranks as real processes -----------------------------------------------------
+
+
+@pytest.mark.slow  # real processes and gloo (the checkout run of .ci/run runs it)
+def test_two_gloo_processes_read_a_megatron_dataset_as_world_1(tmp_path: Path) -> None:
+    import json
+
+    pytest.importorskip("torch")
+    from tests.net import gloo_job
+
+    src, ref, opts = _write("megatron", tmp_path)
+    settings = {**CFG, "threads": 1}
+    args = ["--data", str(src), "--opts", json.dumps({**settings, **opts}), "--steps", "4"]
+    got = gloo_job("kinds_worker.py", [*args, "--row-group-tokens", str(THRESHOLD)], tmp_path, "w2", 2, timeout=60)
+    with plitzer.Loader(ref, **settings) as ld:
+        want = [ld.next_batch() for _ in range(4)]
+    for i, w in enumerate(want):
+        steps = [r["steps"][i] for r in got]
+        rows = {lane: row for s in steps for lane, row in zip(s["lanes"], s["tokens"], strict=True)}
+        assert sorted(rows) == list(range(CFG["lanes"]))
+        np.testing.assert_array_equal(np.array([rows[k] for k in sorted(rows)]), np.from_dlpack(w.tokens))
