@@ -90,7 +90,7 @@ class Segment:
     """
 
     lanes: int
-    seq_len: int
+    units_per_row: int  # the rule's units a lane's row takes (tokens under concat, one bin under best-fit)
     begin_step: int = 0
     begin_run: int = 0
     rest_unit: int = -1
@@ -141,7 +141,7 @@ class UnitPlace:
     ``keep``: the rank's lanes that need it (None: all); ``from_step``: the first step
     packed; ``rest``: a window cut again at a layout change, ``(run tokens before it,
     base lanes, recuts, base tokens)`` (:class:`Segment`); ``row_tokens``: a row's tokens
-    under a rule of bins (``seq_len`` counts units there; 0 under concat).
+    under a rule of bins (``units_per_row`` counts units there; 0 under concat).
     """
 
     unit: int
@@ -154,7 +154,7 @@ class UnitPlace:
     lanes: int
     rank_lanes: range
     lane_base: I64
-    seq_len: int
+    units_per_row: int  # the rule's units a lane's row takes (its tokens are ``row_tokens`` under a rule of bins)
     seed: int | None  # the slices' shuffle seed (None: stream order, shuffle=False)
     keep: NDArray[np.bool_] | None = None
     from_step: int = 0
@@ -344,7 +344,7 @@ class Run:
         """
         i = self.stage_of(step)
         g, cur = self.began(i), self.currency(i)
-        b, n = g.lanes, g.seq_len
+        b, n = g.lanes, g.units_per_row
         # Lane k's token p of the stage is run token begin + ((k - begin) mod B) + p * B.
         mine = self.rank_lanes(b)
         ks = np.arange(mine.start, mine.stop, dtype=np.int64)
@@ -360,7 +360,7 @@ class Run:
         ``stage``: the layout stage to count in (default: the one in force at ``step``).
         """
         plan, g = self.segment(self.stage_of(step) if stage is None else stage)
-        return lane_positions(plan, step, g.seq_len, g.lanes, self.rank_lanes(g.lanes), g.begin_step, g.begin_run)
+        return lane_positions(plan, step, g.units_per_row, g.lanes, self.rank_lanes(g.lanes), g.begin_step, g.begin_run)
 
     def start(self, step: int, stage: int) -> Start:
         """The units this rank's lanes are in before ``step``, counted in layout stage ``stage``."""
@@ -428,7 +428,7 @@ class Run:
             lanes=g.lanes,
             rank_lanes=self.rank_lanes(g.lanes),
             lane_base=lane_base(plan, unit, self.rank_lanes(g.lanes), g),
-            seq_len=g.seq_len,
+            units_per_row=g.units_per_row,
             seed=plan.settings.slice_seed,
             keep=start.needed(unit),
             from_step=start.step if unit <= start.last else g.begin_step,

@@ -30,7 +30,7 @@ class Began(Protocol):
     def begin_run(self) -> int: ...
 
     @property
-    def seq_len(self) -> int: ...
+    def units_per_row(self) -> int: ...
 
 
 class _Epochs(Protocol):
@@ -44,7 +44,7 @@ class _Epochs(Protocol):
 
 
 def lane_positions(
-    plan: _Epochs, step: int, seq_len: int, lanes: int, rank_lanes: range, begin_step: int = 0, begin_run: int = 0
+    plan: _Epochs, step: int, units_per_row: int, lanes: int, rank_lanes: range, begin_step: int = 0, begin_run: int = 0
 ) -> I64:
     """Where ``rank_lanes`` are before global step ``step``, from the windows' tokens alone.
 
@@ -58,11 +58,11 @@ def lane_positions(
     Under a layout stage that began at step ``begin_step``, run token ``begin_run``
     (:mod:`planner.order.layout`), the cards start there: lane ``k``'s next token is the run
     token ``begin_run + ((k - begin_run) mod B) + p * B`` with ``p = (step - begin_step)
-    * seq_len`` its tokens of the stage, and the window holding ``begin_run`` (the one
+    * units_per_row`` its units of the stage (tokens under concat), and the window holding ``begin_run`` (the one
     cut again at the change) is counted from ``begin_run``.
     """
     ks = np.arange(rank_lanes.start, rank_lanes.stop, dtype=np.int64)
-    p = (step - begin_step) * seq_len
+    p = (step - begin_step) * units_per_row
     run = begin_run + (ks - begin_run) % lanes + p * lanes
     lo, hi = plan.epoch_of_run(int(run.min())), plan.epoch_of_run(int(run.max()))
     if hi - lo <= 1:
@@ -92,8 +92,8 @@ def lane_base(plan: Plan, unit: int, rank_lanes: range, segment: Began | None = 
     The cards rule (docs/design.md, "The order"): lane ``k`` gets run tokens ``k, k + B,
     k + 2B, ...``, so its slice of the unit is its stream positions from here on. Under a
     layout stage (``segment``), the cards begin at the stage's first run token, and
-    positions count from the stage's first step times its ``seq_len`` (so that position
-    ``p`` is in step ``p // seq_len``).
+    positions count from the stage's first step times its ``units_per_row`` (so that position
+    ``p`` is in step ``p // units_per_row``).
     """
     epoch, window = plan.unit_epoch_window(unit)
     ep = plan.epoch(epoch)
@@ -103,5 +103,5 @@ def lane_base(plan: Plan, unit: int, rank_lanes: range, segment: Began | None = 
     if segment is None or segment.begin_run == 0:
         return stage_tokens(run, ks, lanes, 0)
     got = stage_tokens(max(run, segment.begin_run), ks, lanes, segment.begin_run)
-    out = segment.begin_step * segment.seq_len + got
+    out = segment.begin_step * segment.units_per_row + got
     return out

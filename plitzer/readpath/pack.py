@@ -329,11 +329,11 @@ def _empty_unit(reads: UnitReads, columns: ColumnChunks | None, labels: bool) ->
     """
     p = reads.place
     nl = len(p.rank_lanes)
-    t0, _ = _whole_steps(p.lane_base, np.zeros(nl, np.int64), p.seq_len, p.from_step, p.keep)
+    t0, _ = _whole_steps(p.lane_base, np.zeros(nl, np.int64), p.units_per_row, p.from_step, p.keep)
     z = np.zeros(0, np.int64)
 
     def nothing(dt: np.dtype[Any]) -> tuple[NDArray[Any], pa.Array]:
-        return np.zeros((0, nl, p.seq_len), dt), arrow_ints(np.zeros(0, dt), pa.from_numpy_dtype(dt))
+        return np.zeros((0, nl, p.units_per_row), dt), arrow_ints(np.zeros(0, dt), pa.from_numpy_dtype(dt))
 
     block, edges = nothing(reads.dtype)
     packed_columns = {
@@ -364,7 +364,7 @@ def _unit(
         epoch=p.epoch,
         window=p.window,
         rows=len(slices.lane_start) - 1,
-        seq_len=p.seq_len,
+        seq_len=p.units_per_row,  # tokens under concat; a rule of bins' rows are expanded after
         t0=steps_in[0],
         t1=steps_in[1],
         memory=memory,
@@ -412,14 +412,14 @@ def finish_unit(
     suffixes of its slices, which leave gaps, and gathers them through :func:`_scattered`.
     """
     p = reads.place
-    lane_base, seq_len, dtype = p.lane_base, p.seq_len, reads.dtype
+    lane_base, per_row, dtype = p.lane_base, p.units_per_row, reads.dtype
     nl = len(lane_piece) - 1
     length = pc_.end - pc_.start
     piece_end = np.cumsum(length[order])
     lane_start = np.concatenate([[0], piece_end])[lane_piece]
-    lay = _lay_out(pc_, order, lane_base, seq_len, p.from_step)
+    lay = _lay_out(pc_, order, lane_base, per_row, p.from_step)
     n_lane = np.diff(lane_start)
-    t0, t1 = _whole_steps(lane_base, n_lane, seq_len, p.from_step, p.keep)
+    t0, t1 = _whole_steps(lane_base, n_lane, per_row, p.from_step, p.keep)
     out_step = lay.step
     s_first = int(out_step[0]) if len(out_step) else t0
     s_stop = int(out_step[-1]) + 1 if len(out_step) else t0
@@ -435,10 +435,10 @@ def finish_unit(
     def gathered_as(arrs: list[pa.Array], dt: np.dtype[Any]) -> tuple[Memory | None, NDArray[Any], pa.Array, I64]:
         if not gather:  # the tables alone: nothing gathered
             z = np.zeros(0, dt)
-            return None, z.reshape(0, nl, seq_len), arrow_ints(z, pa.from_numpy_dtype(dt)), np.zeros(0, np.int64)
+            return None, z.reshape(0, nl, per_row), arrow_ints(z, pa.from_numpy_dtype(dt)), np.zeros(0, np.int64)
         if tiled and short and t1 > t0:
-            return _transposed(arrs, pc_, order, lane_piece, lane_base, n_lane, lay, dt, t0, t1, seq_len)
-        return _direct(arrs, lay, dt, (first, stop, t1 - t0, nl, seq_len), tiled=tiled)
+            return _transposed(arrs, pc_, order, lane_piece, lane_base, n_lane, lay, dt, t0, t1, per_row)
+        return _direct(arrs, lay, dt, (first, stop, t1 - t0, nl, per_row), tiled=tiled)
 
     gathered = gathered_as(arrays, dtype)
 

@@ -101,7 +101,7 @@ class Schedule:
     def seq_len(self, run: Run) -> int:
         """Tokens a row (the run's layout counts units: one a row under best-fit)."""
         rows = self.pool.packing.rows
-        return self.segment(run).seq_len if rows is None else run.layout.stages[self.stage].tokens or rows.seq_len
+        return self.segment(run).units_per_row if rows is None else run.layout.stages[self.stage].tokens or rows.seq_len
 
     def lane_base(self, run: Run, unit: int) -> NDArray[np.int64]:
         """Stream positions of the rank's lanes before ``unit`` (:meth:`planner.run.Run.lane_base`)."""

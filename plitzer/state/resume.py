@@ -233,7 +233,7 @@ def check_positions(run: Run, step: int, rows: I64) -> Checks:
     """
     plan = run.plan
     stage = run.stage_of(step)
-    seq_len = run.segment(stage)[1].seq_len
+    per_row = run.segment(stage)[1].units_per_row
     for _, e, w, _, _ in rows.tolist():
         nw = plan.windows_in(e)
         if w >= nw:
@@ -246,7 +246,7 @@ def check_positions(run: Run, step: int, rows: I64) -> Checks:
         e, w = int(rows[i, 1]), int(rows[i, 2])
         unit = plan.unit(e, w)
         if at_start[i]:
-            if int(run.lane_base(unit, stage)[i]) != step * seq_len:
+            if int(run.lane_base(unit, stage)[i]) != step * per_row:
                 _refuse(rows[i], step, want[i])
         elif (e, w) != (int(want[i, 1]), int(want[i, 2])):
             _refuse(rows[i], step, want[i])

@@ -156,7 +156,7 @@ def test_a_unit_packed_for_some_lanes_is_those_rows_of_all_lanes(data: Path) -> 
                 lanes=CFG["lanes"],
                 rank_lanes=lanes,
                 lane_base=base[lanes.start : lanes.stop],  # noqa: B023
-                seq_len=seq_len,
+                units_per_row=seq_len,
                 seed=CFG["seed"],
                 from_step=from_step,
             )
