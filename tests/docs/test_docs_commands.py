@@ -242,7 +242,7 @@ RULES: dict[str, Rule] = {
         "--time-limit 0.5 --repeat 1 --no-resume --work {scratch}/bench-work",
     ),
     # the examples, as their docstrings give them (torchrun where they use torchrun)
-    "python docs/examples/train_tiny.py": R,
+    "python docs/examples/train_tiny.py": R,  # trains, checkpoints model and data, resumes: the output is checked
     "python docs/examples/train_tiny.py DATA_DIR": scaled("python docs/examples/train_tiny.py data/sample"),
     "torchrun --nproc-per-node 2 docs/examples/train_tiny.py": R,
     "python docs/examples/loss_mixing.py": R,
@@ -531,14 +531,21 @@ _RUNNABLE = [
 
 # The heaviest runs (20-55 s of a worker each, alone) are end-to-end: `python -m pytest -m e2e`
 # runs them (CI's side lane), the README's test command leaves them out. Each is a larger
-# shape of a command that runs here too, or the peers' harness (tests/lifecycle/test_bench.py's too).
+# shape of a command that runs here too, the peers' harness (tests/lifecycle/test_bench.py's too),
+# or processes of their own whose paths other tests take: the real-shapes cluster runs (gloo ranks,
+# generated FineWeb-shaped files: 40 and 22 s; tests/planning/test_cluster_scale.py and
+# tests/sources/test_real_shapes.py), two torchrun ranks of train_tiny (22 s; the one-process
+# example runs here, tests/state/test_distributed.py kills and resumes such ranks) and the exit
+# stress's command line (31 s; CI's own step runs the stress at 200 processes).
 HEAVY = (
     "python -m plitzer.bench.baseline data/",
-    "python benchmarks/cluster.py --shapes --packing best-fit --shapes-row-groups 120000",
-    "python benchmarks/cluster.py --shapes --index-only",
+    "python benchmarks/cluster.py --shapes",
+    "python benchmarks/cluster.py --real",
     "python benchmarks/dedupe_pass.py --docs 5000000",
     "python docs/examples/train_tiny.py DATA_DIR",
+    "torchrun --nproc-per-node 2 docs/examples/train_tiny.py",
     "python benchmarks/memory.py --data",
+    "python tests/exit_stress.py",
 )
 _PARAMS = [pytest.param(c, marks=pytest.mark.e2e) if c.startswith(HEAVY) else c for c in _RUNNABLE]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 import pickle
 from pathlib import Path
 
@@ -244,27 +243,6 @@ def test_clear_errors(data: Path) -> None:
         plitzer.torch.Dataset(data, rank=0, world=3, **CFG)
     with pytest.raises(plitzer.ConfigError, match="init_process_group"):
         plitzer.torch.Dataset(data, group=object(), **CFG)  # type: ignore[arg-type]
-
-
-@pytest.mark.timeout(120)
-def test_train_tiny_example(tmp_path: Path) -> None:
-    """docs/examples/train_tiny.py trains, checkpoints model and data together, and resumes exactly."""
-    import subprocess
-    import sys
-
-    example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "train_tiny.py"
-    env = {**os.environ, "TRAIN_TINY_CKPT": str(tmp_path / "ckpt.pt")}
-    done = subprocess.run(
-        [sys.executable, "-W", "error", str(example), "--steps", "8", "--save-at", "3"],
-        capture_output=True,
-        text=True,
-        timeout=100,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "ok: the resumed run equals the uninterrupted one" in done.stdout
-    assert (tmp_path / "ckpt.pt").exists()
 
 
 def test_steering_guide_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
