@@ -129,6 +129,54 @@ def test_the_type_test_check_finds_one() -> None:
     assert _type_tests(tree) == [1, 2]
 
 
+RULES = "planner/rules/"  # where the rules are written: the one place that may name their classes
+PADDING = {  # rule.pads where it means what it says, "rows may end in padding" (batch.mask can be False)
+    "plitzer/integrations/feed.py": "a step's real tokens are counted from the mask, not computed",
+    # To ask rule.needs_counts (the bins pass follows): binned=s.rule.pads is the file's owners' to change.
+    "plitzer/sources/__init__.py": "binned= (open_index's passes): not yet asked as needs_counts",
+}
+RULE_CLASSES = {"Binned", "BestFit", "Concat"}
+
+
+def _asks_the_rule_class(tree: ast.AST) -> list[int]:
+    """Lines that ask a packing rule's class: ``rule.pads`` (any ``*rule`` or ``rule_named(...)``) or
+    ``isinstance(x, Binned)``; the code asks the rule's questions instead (planner.rules.Rule: unit,
+    needs_counts, binning)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "pads":
+            v = node.value
+            named = isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "rule_named"
+            if named or (isinstance(v, ast.Name) and v.id.endswith("rule")) or getattr(v, "attr", "") == "rule":
+                lines.append(node.lineno)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance":
+            kinds = node.args[1] if len(node.args) > 1 else None
+            names = kinds.elts if isinstance(kinds, ast.Tuple) else [kinds]
+            if any(isinstance(n, ast.Name) and n.id in RULE_CLASSES for n in names):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_the_runtime_asks_the_rule_not_its_class() -> None:
+    # docs/design.md, "The rule is the only switch (0.7)": what a caller means (the units, a
+    # pass that counts them, bins to expand) is a question of planner.rules.Rule.
+    bad = []
+    for path in _sources():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith(RULES) or rel in PADDING:
+            continue
+        bad += [f"{rel}:{line}" for line in _asks_the_rule_class(ast.parse(path.read_text(encoding="utf-8")))]
+    assert not bad, f"ask the rule (unit, needs_counts, binning) instead of rule.pads or its class: {bad}"
+
+
+def test_the_rule_class_check_finds_them() -> None:
+    text = (
+        "s.rule.pads\nrule.pads\nrule_named(n).pads\nisinstance(r, Binned)\nisinstance(r, (int, BestFit))\n"
+        "feed.pads\nisinstance(r, int)\nrule.binning\n"
+    )
+    assert _asks_the_rule_class(ast.parse(text)) == [1, 2, 3, 4, 5]
+
+
 def test_nothing_registers_a_reader_at_import() -> None:
     """No singledispatch registry: a kind's index reads itself (``read_tokens``), planner's are read as Parquet."""
     found = []
