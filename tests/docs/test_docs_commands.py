@@ -169,6 +169,7 @@ RULES: dict[str, Rule] = {
     'plitzer locate DATA --where "..." [--epochs a:b] [--steps N] [--format csv]': synopsis("plitzer locate"),
     'plitzer locate DATA --where "..."': synopsis("plitzer locate"),
     "plitzer index DATA --out URL": scaled("plitzer index data/sample --out {scratch}/job-index.parquet"),
+    "plitzer index DATA --out JOB": scaled("plitzer index data/sample --out {scratch}/job-index.parquet"),
     "python benchmarks/locate.py --part mixture --repeats 3": scaled(
         "python benchmarks/locate.py --part mixture --repeats 1 --steps 1000,100000"
     ),
