@@ -140,6 +140,42 @@ def test_each_kind_from_s3_gives_the_local_batches_one_ranged_read_a_row_group(
     assert len(reads) - len(data) <= len(ix.files)
 
 
+def test_an_arrow_files_columns_are_read_from_s3_as_from_disk(
+    tmp_path: Path, s3: S3Data, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dedupe= on a column and where= read the record batches' other columns through the store's ranged reads."""
+    import pyarrow as pa
+
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
+    docs = documents()
+    schema = pa.schema([pa.field("tokens", pa.list_(pa.int32())), pa.field("url", pa.string())])
+    local = tmp_path / "one.arrow"
+    with pa.ipc.new_stream(str(local), schema) as w:
+        for g in GROUPS:
+            urls = [f"u{i % 40}" for i in g]  # 50 of the 90 urls are an earlier document's
+            w.write_batch(pa.record_batch([pa.array([docs[i] for i in g], schema.field(0).type), urls], schema=schema))
+    key = f"kinds/columns-{next(_PREFIXES)}/one.arrow"
+    s3.client().put_object(Bucket=s3.bucket, Key=key, Body=local.read_bytes())
+    url = f"s3://{s3.bucket}/{key}"
+    for opts in ({"dedupe": "url"}, {"where": "url like 'u1%'"}):
+        got = _steps(url, steps=3, storage_options=s3.options(), **opts)
+        assert _same(got, _steps(local, steps=3, **opts)), opts
+
+
+def test_a_megatron_pair_in_a_store_lacking_its_idx_is_refused_naming_it(
+    s3: S3Data, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plitzer.errors import ConfigError
+
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
+    src, _, _ = _write("megatron", tmp_path)
+    prefix = f"kinds/lone-{next(_PREFIXES)}"
+    s3.client().put_object(Bucket=s3.bucket, Key=f"{prefix}/{src.name}.bin", Body=src.with_suffix(".bin").read_bytes())
+    url = f"s3://{s3.bucket}/{prefix}/{src.name}.bin"
+    with pytest.raises(ConfigError, match=r"\.idx; one of them is missing"):
+        plitzer.plan(url, storage_options=s3.options())
+
+
 @pytest.mark.parametrize("kind", ["megatron", "numpy"])
 def test_megatron_and_numpy_from_gcs_give_the_local_batches(
     kind: str, gcs: CloudData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
