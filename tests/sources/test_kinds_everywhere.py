@@ -162,6 +162,30 @@ def test_an_arrow_files_columns_are_read_from_s3_as_from_disk(
         assert _same(got, _steps(local, steps=3, **opts)), opts
 
 
+def test_a_megatron_pair_in_s3_in_a_mixture_and_through_its_job_index(
+    s3: S3Data, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from plitzer.cli import main
+
+    monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(megatron, "ROW_GROUP_TOKENS", THRESHOLD)
+    src, ref, _ = _write("megatron", tmp_path)
+    prefix = f"kinds/pair-{next(_PREFIXES)}"
+    for p in _files_of("megatron", src):
+        s3.client().put_object(Bucket=s3.bucket, Key=f"{prefix}/{p.name}", Body=p.read_bytes())
+    url = f"s3://{s3.bucket}/{prefix}/{src.name}.idx"
+    mix = {"m": url, "p": str(ref)}
+    p = plitzer.plan(mix, storage_options=s3.options(), seed=3, lanes=4, window=2, seq_len=64)
+    assert p.sources().sort("name")["tokens"].to_list() == [plitzer.index(ref).tokens] * 2
+    job = tmp_path / "job.index"
+    endpoint = ["--endpoint", s3.options()["endpoint"]]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.options()["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.options()["secret"])
+    assert main(["index", url, "--out", str(job), "--no-lengths", *endpoint]) == 0
+    got = _steps(url, index=str(job), storage_options=s3.options())
+    assert _same(got, _steps(ref))
+
+
 def test_a_megatron_pair_in_a_store_lacking_its_idx_is_refused_naming_it(
     s3: S3Data, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
