@@ -192,7 +192,7 @@ def index_of(source: Source, settings: Any, opened: Mapping[str, Index] | None =
         selection=s.selection,
         opening=replace(opening(s), **more),
         opened=opened,
-        binned=s.rule.pads,
+        binned=s.rule.needs_counts,
     )
     return selection.deduplicated(ix, source, s)
 

@@ -132,8 +132,6 @@ def test_the_type_test_check_finds_one() -> None:
 RULES = "planner/rules/"  # where the rules are written: the one place that may name their classes
 PADDING = {  # rule.pads where it means what it says, "rows may end in padding" (batch.mask can be False)
     "plitzer/integrations/feed.py": "a step's real tokens are counted from the mask, not computed",
-    # To ask rule.needs_counts (the bins pass follows): binned=s.rule.pads is the file's owners' to change.
-    "plitzer/sources/__init__.py": "binned= (open_index's passes): not yet asked as needs_counts",
 }
 RULE_CLASSES = {"Binned", "BestFit", "Concat"}
 
