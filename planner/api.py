@@ -380,6 +380,7 @@ def plan(
     format: str | None = None,
     eos_id: int | None = None,
     dtype: str | None = None,
+    row_group_tokens: int | None = None,
     selector: Selector | None = None,
     deduper: Deduper | None = None,
     count: ChunkCounter | None = None,
@@ -394,7 +395,7 @@ def plan(
     selection = Selection(where=where, length_column=length_column, dedupe=dedupe, exclude=exclude)
     rule = rule_named(packing)
     check_pad_id(pad_id)
-    fmt = FileFormat(format=format, eos_id=eos_id, dtype=dtype)
+    fmt = FileFormat(format=format, eos_id=eos_id, dtype=dtype, row_group_tokens=row_group_tokens)
     ix = open_index(
         source,
         column=column,

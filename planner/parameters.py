@@ -101,6 +101,12 @@ _EOS_DOC = 'With ``format="numpy"``: the token id that ends each document (SPEC 
 _EOS_HELP = "with --data-format numpy: the token id that ends each document"
 _DTYPE_DOC = 'With ``format="numpy"``: the files\' token dtype, ``uint8``, ``uint16``, ``uint32`` or ``uint64``.'
 _DTYPE_HELP = "with --data-format numpy: the files' token dtype (uint8, uint16, uint32, uint64)"
+_CUT_DOC = (
+    "Megatron and numpy sources: a row group is a run of whole documents ending at the first document end at or "
+    "after this many tokens (an int >= 1; default 2**20 = 1,048,576). Parquet and Arrow IPC row groups are the "
+    "files' own: giving it for them is a ConfigError."
+)
+_CUT_HELP = "Megatron, numpy: a row group ends at the first document end at or after this many tokens (default 2**20)"
 
 PARAMETERS: tuple[Parameter, ...] = (
     Parameter(
@@ -238,18 +244,8 @@ PARAMETERS: tuple[Parameter, ...] = (
         "or a callable from a list of strings to lists of ids (:func:`plitzer.text.source.load_tokenizer`). "
         "The batches are those of the same data tokenized first (``plitzer tokenize``).",
     ),
-    Parameter(
-        "add_eos",
-        True,
-        "bool",
-        "With ``tokenizer``: end each document with the tokenizer's EOS id.",
-    ),
-    Parameter(
-        "add_bos",
-        False,
-        "bool",
-        "With ``tokenizer``: start each document with the tokenizer's BOS id.",
-    ),
+    Parameter("add_eos", True, "bool", "With ``tokenizer``: end each document with the tokenizer's EOS id."),
+    Parameter("add_bos", False, "bool", "With ``tokenizer``: start each document with the tokenizer's BOS id."),
     Parameter(
         "where",
         None,
@@ -363,6 +359,7 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("format", None, "str, optional", _FORMAT_DOC, _FORMAT_HELP, plan=True, option="--data-format"),
     Parameter("eos_id", None, "int, optional", _EOS_DOC, _EOS_HELP, plan=True),
     Parameter("dtype", None, "str, optional", _DTYPE_DOC, _DTYPE_HELP, plan=True),
+    Parameter("row_group_tokens", None, "int, optional", _CUT_DOC, _CUT_HELP, plan=True),
 )
 """Every setting of a run, in the order of ``plitzer.Loader``'s signature."""
 
@@ -435,11 +432,13 @@ class Selection:
 
 @dataclass(frozen=True, slots=True)
 class FileFormat:
-    """A source's format where its files cannot say it (SPEC section 21): ``"numpy"``, its EOS id and dtype."""
+    """A source's format where its files cannot say it (SPEC section 21): ``"numpy"``, its EOS id and dtype, and
+    the tokens of a row group where the kind cuts its own (Megatron, numpy; None: 2**20)."""
 
     format: str | None = None
     eos_id: int | None = None
     dtype: str | None = None
+    row_group_tokens: int | None = None
 
 
 def names_of(group: Any) -> tuple[str, ...]:

@@ -129,7 +129,7 @@ def source_specs(
                 msg = (
                     f"source {name!r}: {sorted(extra) if extra else 'no path'}; a source is a path or a dict with "
                     f"'path' and optionally 'column', 'storage_options', 'where', 'length_column', 'index', "
-                    "'format', 'eos_id' and 'dtype' "
+                    "'format', 'eos_id', 'dtype' and 'row_group_tokens' "
                     "(a text source: 'tokenizer' and optionally 'text_column', 'add_eos', 'add_bos')"
                 )
                 raise ConfigError(msg)
@@ -174,6 +174,12 @@ def _checked(spec: SourceSpec) -> SourceSpec:
         msg = (
             f"source {name!r}: where= with a text source (tokenizer=) is not supported; tokenize it "
             "first with `plitzer tokenize` and select on the token dataset"
+        )
+        raise ConfigError(msg)
+    if spec.text is not None and spec.file_format.row_group_tokens is not None:
+        msg = (
+            f"source {name!r}: row_group_tokens= with a text source; a text source's row groups are its Parquet "
+            "files' own (row_group_tokens cuts Megatron and numpy sources): leave it out"
         )
         raise ConfigError(msg)
     return replace(spec, path=path, index=None if spec.index is None else os.fspath(spec.index))

@@ -63,7 +63,7 @@ def _dataset_index(args: argparse.Namespace, source: Any, carried: list[str]) ->
             path=source,
             column=args.column,
             storage_options=storage_options_of(args),
-            file_format=FileFormat(args.data_format, args.eos_id, args.dtype),
+            file_format=FileFormat(args.data_format, args.eos_id, args.dtype, args.row_group_tokens),
         )
         ix = open_files(spec) or index(
             source, column=args.column, storage_options=storage_options_of(args), progress=terminal_progress()

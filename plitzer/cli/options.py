@@ -255,8 +255,10 @@ FORMAT: tuple[Arg, ...] = (
     setting("format", dest=DESTS["format"], choices=["numpy"]),
     setting("eos_id"),
     setting("dtype", choices=["uint8", "uint16", "uint32", "uint64"]),
+    setting("row_group_tokens"),
 )
-"""A source's format where its files cannot say it (SPEC section 21): ``--data-format numpy``, its EOS id and dtype."""
+"""A source's format where its files cannot say it (SPEC section 21): ``--data-format numpy``, its EOS id and dtype,
+and ``--row-group-tokens`` where the kind cuts its own row groups (Megatron, numpy)."""
 
 SOURCE: tuple[Arg, ...] = (
     arg(

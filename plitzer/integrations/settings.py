@@ -149,6 +149,11 @@ class BaseSettings:
     dtype: str | None = None
     """With ``format="numpy"``: the files' token dtype, ``uint8``, ``uint16``, ``uint32`` or ``uint64``."""
 
+    row_group_tokens: int | None = None
+    """Megatron and numpy sources: a row group is a run of whole documents ending at the first document end at or
+    after this many tokens (an int >= 1; default 2**20 = 1,048,576).
+    """
+
 
 @dataclass(kw_only=True)
 class Settings(BaseSettings):

@@ -40,6 +40,7 @@ import pyarrow as pa
 from planner.api import Opening, Source, open_index
 from planner.catalog.datasetindex import Index
 from planner.catalog.rowgroups import Capabilities, RowGroupIndex
+from planner.errors import ConfigError
 from planner.mixing.sources import SourceSpec, with_format
 from planner.parameters import FileFormat
 from plitzer.readpath.read import count_chunk, read_chunk
@@ -110,8 +111,11 @@ def kind_of(source: Source, settings: Any) -> Kind:
         if hasattr(kind, "format_of"):
             fmt = _format(kind, source, settings)
             if fmt is not None:
+                _cuts(kind, name, getattr(settings, "file_format", FileFormat()), "")
                 return FileKind(fmt)
         elif cast("Kind", kind).claims(source, settings):
+            if name != "jobindex" and isinstance(source, (str, os.PathLike, list, tuple)):  # a job index's: its kind's
+                _cuts(kind, name, getattr(settings, "file_format", FileFormat()), "")
             return cast("Kind", kind)
     msg = f"no source kind claims {source!r}"  # parquet claims every source: never reached
     raise AssertionError(msg)
@@ -138,13 +142,32 @@ def spec_of(source: Source, settings: Any) -> SourceSpec:
 
 def format_of(spec: SourceSpec) -> files.Format | None:
     """The format of the first kind of token files in :data:`KINDS` that claims ``spec``'s path, else None."""
+    where = f"source {spec.name!r}: " if spec.name else ""
     for name in KINDS:
         kind = importlib.import_module(f"plitzer.sources.{name}")
         if hasattr(kind, "format_of"):
             fmt = cast("files.Format | None", kind.format_of(spec))
             if fmt is not None:
+                _cuts(kind, name, spec.file_format, where)
                 return fmt
+    _cuts(None, "parquet", spec.file_format, where)
     return None
+
+
+_NAMES = {"arrow": "an Arrow IPC", "parquet": "a Parquet", "text": "a text"}
+
+
+def _cuts(kind: Any, name: str, given: FileFormat, where: str) -> None:
+    """Refuse ``row_group_tokens`` for a kind whose row groups are its files' own (one without ``ROW_GROUP_TOKENS``:
+    Parquet, Arrow IPC, text), naming the kind and the fix."""
+    if given.row_group_tokens is None or hasattr(kind, "ROW_GROUP_TOKENS"):
+        return
+    msg = (
+        f"{where}row_group_tokens={given.row_group_tokens!r} is for Megatron and numpy sources, whose row groups "
+        f"plitzer cuts; {_NAMES.get(name, 'this')} source's row groups are its files' own: leave row_group_tokens "
+        "out (in a mixture, give it as a key of the Megatron and numpy sources only)"
+    )
+    raise ConfigError(msg)
 
 
 def open_files(spec: SourceSpec) -> Index | None:

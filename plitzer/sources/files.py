@@ -32,6 +32,7 @@ from planner.catalog.frame import fingerprint_of
 from planner.catalog.rowgroups import Capabilities
 from planner.catalog.rowlists import INDEX_SCHEMA
 from planner.errors import ConfigError, DataError
+from planner.mixing.sources import SourceSpec
 from planner.stores.backends import open_storages
 from planner.stores.cache import cache_dir, digest, read_entry, write_entry
 from planner.stores.storage import FileStat, LocalStorage, Storage
@@ -50,6 +51,7 @@ __all__ = [
     "local_listing",
     "read_whole",
     "remote_listing",
+    "row_group_tokens",
     "share",
 ]
 
@@ -107,6 +109,19 @@ def local_listing(base: Path, paths: Sequence[Path]) -> tuple[str, Storage, list
             FileStat(name=p.relative_to(base).as_posix(), location=str(p), size=st.st_size, version=str(st.st_mtime_ns))
         )
     return str(base), LocalStorage(base), stats
+
+
+def row_group_tokens(spec: SourceSpec, default: int) -> int:
+    """The tokens at or after which a kind that cuts its own row groups ends one: ``spec``'s ``row_group_tokens``
+    setting, ``default`` where it gives none; a ConfigError naming the source unless an int >= 1."""
+    got = spec.file_format.row_group_tokens
+    if got is None:
+        return default
+    if isinstance(got, bool) or not isinstance(got, (int, np.integer)) or got < 1:
+        where = f"source {spec.name!r}: " if spec.name else ""
+        msg = f"{where}row_group_tokens={got!r}: give an int >= 1, the tokens of a row group (default {default})"
+        raise ConfigError(msg)
+    return int(got)
 
 
 def is_url(source: object) -> bool:

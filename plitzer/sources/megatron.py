@@ -10,20 +10,19 @@ its ``.idx`` or ``.bin`` path, or a folder of such pairs (no ``*.parquet``); its
 ``.bin`` files, in bytewise order of their names.
 
 A row group is a run of whole consecutive documents of one file, ending at the first document
-end at or after :data:`ROW_GROUP_TOKENS` tokens (the last may be shorter): fixed by the data,
-read with one ranged read of the ``.bin`` (its documents' bytes are consecutive there; a file
-whose sequences are not is a DataError). The pass over the ``.idx`` is cached by the ``.bin``'s
-identity (:mod:`plitzer.sources.files`). Tokens only: ``where=`` and ``columns=`` are refused.
+end at or after ``row_group_tokens`` tokens (the setting, default :data:`ROW_GROUP_TOKENS`; the
+last may be shorter): fixed by the data and the setting, read with one ranged read of the
+``.bin`` (its documents' bytes are consecutive there; a file whose sequences are not is a
+DataError). The pass over the ``.idx`` is cached by the ``.bin``'s identity
+(:mod:`plitzer.sources.files`). Tokens only: ``where=`` and ``columns=`` are refused.
 """
 
 from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -35,7 +34,7 @@ from planner.catalog.rowgroups import Capabilities
 from planner.errors import ConfigError, DataError
 from planner.mixing.sources import SourceSpec
 from planner.stores.storage import FileStat, Storage
-from plitzer.sources.files import FIELDS, is_url, local_listing, read_whole, remote_listing
+from plitzer.sources.files import FIELDS, is_url, local_listing, read_whole, remote_listing, row_group_tokens
 
 __all__ = [
     "DTYPES",
@@ -63,7 +62,8 @@ DTYPES: dict[int, np.dtype] = {
 }
 """The ``.idx`` dtype codes (Megatron-LM's ``DType``)."""
 ROW_GROUP_TOKENS = 1 << 20
-"""A row group ends at the first document end at or after this many tokens."""
+"""A row group ends at the first document end at or after this many tokens: the default of the setting
+``row_group_tokens`` (``spec.file_format``)."""
 _HEAD = len(MAGIC) + 8 + 1 + 8 + 8
 
 
@@ -87,7 +87,7 @@ def format_of(spec: SourceSpec) -> MegatronFormat | None:
     """A prefix, a ``.idx`` or ``.bin`` path, or a folder of pairs; a store's ``.idx`` or ``.bin`` URL; else None."""
     if is_url(spec.path):
         url = os.fspath(spec.path)  # type: ignore[arg-type]
-        return _remote(url, spec.storage_options) if url.endswith((".idx", ".bin")) else None
+        return _remote(url, spec) if url.endswith((".idx", ".bin")) else None
     paths = megatron_files(spec.path)
     if paths is None:
         return None
@@ -95,18 +95,18 @@ def format_of(spec: SourceSpec) -> MegatronFormat | None:
     base = base if base.is_dir() else paths[0].parent
     bins = local_listing(base, paths)
     _, _, idx = local_listing(base, [p.with_suffix(".idx") for p in paths])
-    return MegatronFormat(bins, tuple(idx), ROW_GROUP_TOKENS)
+    return MegatronFormat(bins, tuple(idx), row_group_tokens(spec, ROW_GROUP_TOKENS))
 
 
-def _remote(url: str, storage_options: Mapping[str, Any] | None) -> MegatronFormat:
+def _remote(url: str, spec: SourceSpec) -> MegatronFormat:
     """The pair a store's ``.idx`` or ``.bin`` URL names: each object listed through planner's storage layer."""
     prefix = url.rsplit(".", 1)[0]
-    src, storage, bins = remote_listing(prefix + ".bin", storage_options, (".bin",))
-    _, _, idx = remote_listing(prefix + ".idx", storage_options, (".idx",))
+    src, storage, bins = remote_listing(prefix + ".bin", spec.storage_options, (".bin",))
+    _, _, idx = remote_listing(prefix + ".idx", spec.storage_options, (".idx",))
     if len(bins) != 1 or len(idx) != 1:
         msg = f"{url}: a Megatron dataset in a store is its {prefix}.bin and {prefix}.idx; one of them is missing"
         raise ConfigError(msg)
-    return MegatronFormat((src, storage, bins), tuple(idx), ROW_GROUP_TOKENS)
+    return MegatronFormat((src, storage, bins), tuple(idx), row_group_tokens(spec, ROW_GROUP_TOKENS))
 
 
 def _header(head: bytes | np.ndarray | memoryview, idx: str) -> tuple[np.dtype, int, int]:

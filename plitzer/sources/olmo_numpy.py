@@ -9,13 +9,14 @@ a mixture's source, CLI options); ``eos_id=`` or ``dtype=`` without ``format="nu
 ConfigError, as is ``format="numpy"`` without either. A source is one file or a folder of
 ``*.npy`` files (no ``*.parquet``), in bytewise order of their names.
 
-A file's documents are found by one pass over it (the positions of ``eos_id``, the file
-memory-mapped); a row group is a run of whole consecutive documents of one file, ending at the
-first document end at or after :data:`ROW_GROUP_TOKENS` tokens (the last may be shorter):
-fixed by the data, as a Megatron dataset's, and read with one ranged read, whose EOS ids split
-it into its documents again. The pass is cached by the file's identity, the dtype and the EOS id
-and split between a job's ranks (:mod:`plitzer.sources.files`). A file whose size is not a
-whole number of tokens is a DataError naming it. Tokens only: ``where=`` and ``columns=`` are
+A file's documents are found by one pass over it (the positions of ``eos_id``, the file memory-
+mapped); a row group is a run of whole consecutive documents of one file, ending at the first
+document end at or after ``row_group_tokens`` tokens (the setting, default
+:data:`ROW_GROUP_TOKENS`; the last may be shorter): fixed by the data and the setting, as a
+Megatron dataset's, and read with one ranged read, whose EOS ids split it into its documents
+again. The pass is cached by the file's identity, the dtype, the EOS id and the threshold, and
+split between a job's ranks (:mod:`plitzer.sources.files`). A file whose size is not a whole
+number of tokens is a DataError naming it. Tokens only: ``where=`` and ``columns=`` are
 refused, naming the kind.
 """
 
@@ -34,7 +35,7 @@ from planner.catalog.rowgroups import Capabilities
 from planner.errors import ConfigError, DataError
 from planner.mixing.sources import SourceSpec
 from planner.stores.storage import FileStat, LocalStorage, Storage
-from plitzer.sources.files import FIELDS, is_url, local_listing, remote_listing
+from plitzer.sources.files import FIELDS, is_url, local_listing, remote_listing, row_group_tokens
 
 __all__ = ["DTYPES", "NUMPY", "PASS_BYTES", "ROW_GROUP_TOKENS", "NumpyFormat", "format_of", "numpy_files"]
 
@@ -43,7 +44,8 @@ NUMPY = Capabilities("numpy", selectable=False, other_columns=False, column_runs
 DTYPES = ("uint8", "uint16", "uint32", "uint64")
 """The token dtypes of ``dtype=`` (OLMo's)."""
 ROW_GROUP_TOKENS = 1 << 20
-"""A row group ends at the first document end at or after this many tokens."""
+"""A row group ends at the first document end at or after this many tokens: the default of the setting
+``row_group_tokens`` (``spec.file_format``)."""
 PASS_BYTES = 64 << 20
 """The pass over a file in a store reads it this many bytes at a time (one ranged read each)."""
 
@@ -83,12 +85,13 @@ def format_of(spec: SourceSpec) -> NumpyFormat | None:
     if int(eos_id) > np.iinfo(np.dtype(dtype)).max:
         msg = f"{where}eos_id={eos_id} does not fit dtype={dtype!r}; check both against the tokenizer"
         raise ConfigError(msg)
+    cut = row_group_tokens(spec, ROW_GROUP_TOKENS)
     if is_url(spec.path):
         listed = remote_listing(os.fspath(spec.path), spec.storage_options, (".npy",))  # type: ignore[arg-type]
         if not listed[2]:
             msg = f"{where}{spec.path!r} holds no *.npy object (format='numpy'); check the URL"
             raise ConfigError(msg)
-        return NumpyFormat(listed, int(eos_id), str(dtype), ROW_GROUP_TOKENS)
+        return NumpyFormat(listed, int(eos_id), str(dtype), cut)
     found = numpy_files(spec.path)
     if found is None:
         msg = (
@@ -96,7 +99,7 @@ def format_of(spec: SourceSpec) -> NumpyFormat | None:
         )
         raise ConfigError(msg)
     base, paths = found
-    return NumpyFormat(local_listing(base, paths), int(eos_id), str(dtype), ROW_GROUP_TOKENS)
+    return NumpyFormat(local_listing(base, paths), int(eos_id), str(dtype), cut)
 
 
 def _ends(values: np.ndarray, eos_id: int) -> np.ndarray:

@@ -92,6 +92,7 @@ class KeywordsOfLocate(TypedDict, total=False):
     format: str | None
     eos_id: int | None
     dtype: str | None
+    row_group_tokens: int | None
 
 
 class KeywordsLessWhere(KeywordsOfLocate, total=False):

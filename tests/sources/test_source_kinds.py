@@ -23,7 +23,6 @@ import pytest
 import plitzer
 from plitzer.cli import main
 from plitzer.errors import ConfigError, DataError
-from plitzer.sources import megatron, olmo_numpy
 from tests.share_fixtures import ThreadGroup, run_ranks
 
 CFG: dict[str, Any] = {"seed": 3, "lanes": 4, "window": 2, "seq_len": 64, "threads": 2}
@@ -108,8 +107,11 @@ WRITERS: dict[str, Callable[[list[list[int]], Path], Path]] = {
     "megatron": write_megatron,
     "numpy": write_numpy,
 }
-OPTIONS: dict[str, dict[str, Any]] = {"numpy": {"format": "numpy", "eos_id": EOS, "dtype": "uint16"}}
-"""A kind's settings: what its files cannot say."""
+OPTIONS: dict[str, dict[str, Any]] = {
+    "megatron": {"row_group_tokens": 200},
+    "numpy": {"format": "numpy", "eos_id": EOS, "dtype": "uint16", "row_group_tokens": 200},
+}
+"""A kind's settings: what its files cannot say, and the tokens of its row groups where it cuts them."""
 
 
 @pytest.fixture(params=sorted(WRITERS))
@@ -117,11 +119,10 @@ def kind(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mon
     """A kind's source, the Parquet copy of the same documents and row groups, and the kind's settings.
 
     Megatron's and numpy's row groups are their rule's (a run of documents ending at the first
-    end at or after ``ROW_GROUP_TOKENS``): 200 here, and the Parquet copy cut the same way.
+    end at or after ``row_group_tokens``): 200 here (their ``OPTIONS``), and the Parquet copy cut
+    the same way.
     """
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(megatron, "ROW_GROUP_TOKENS", 200)
-    monkeypatch.setattr(olmo_numpy, "ROW_GROUP_TOKENS", 200)
     docs = eos_documents() if request.param == "numpy" else documents()
     (tmp_path / "k").mkdir()
     src = WRITERS[request.param](docs, tmp_path / "k")
@@ -273,15 +274,15 @@ def test_every_numpy_dtype_reads_its_documents_and_files_keep_theirs(
     dtype: str, tmp_path: Path, monkeypatch: Any
 ) -> None:
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(olmo_numpy, "ROW_GROUP_TOKENS", 100)
     eos = 255 if dtype == "uint8" else EOS
     docs = [[t % 200 for t in d[:-1]] + [eos] for d in eos_documents()[:-1]] + [[1, 2, 3]]
     src = write_numpy(docs, tmp_path, dtype, cut=31)  # the first file ends mid-way: a trailing run of no EOS
     first = (src / "part-0-00000.npy").read_bytes()
     (src / "part-0-00000.npy").write_bytes(first[: -np.dtype(dtype).itemsize])
     want = [*docs[:30], docs[30][:-1], *docs[31:]]
-    assert _documents_of(src, format="numpy", eos_id=eos, dtype=dtype) == want
-    assert _documents_of(src, format="numpy", eos_id=eos, dtype=dtype) == want  # from the cached pass
+    opts = {"format": "numpy", "eos_id": eos, "dtype": dtype, "row_group_tokens": 100}
+    assert _documents_of(src, **opts) == want
+    assert _documents_of(src, **opts) == want  # from the cached pass
 
 
 def test_numpy_settings_are_refused_where_they_do_not_go_together(tmp_path: Path) -> None:
