@@ -1,9 +1,9 @@
 """One rank of tests/sources/test_kinds_everywhere.py's gloo test (run as a script): a new kind of source read
 through ``plitzer.torch.Dataset`` by a real gloo process group.
 
-It joins a gloo group (TCP store on 127.0.0.1), sets the Megatron and numpy kinds' row-group
-threshold (``--row-group-tokens``, as the test's fixtures do), opens ``--data`` with the settings
-``--opts`` (JSON) and writes, per step, its rows' lanes and tokens to ``--out`` as JSON.
+It joins a gloo group (TCP store on 127.0.0.1), opens ``--data`` with the settings ``--opts``
+(JSON: a Megatron or numpy source's ``row_group_tokens`` among them, as the test's fixtures give
+it) and writes, per step, its rows' lanes and tokens to ``--out`` as JSON.
 """
 
 from __future__ import annotations
@@ -20,18 +20,15 @@ def main() -> None:
     import torch.distributed as dist
 
     import plitzer.torch
-    from plitzer.sources import megatron, olmo_numpy
 
     p = argparse.ArgumentParser()
     p.add_argument("--data", required=True)
     p.add_argument("--opts", required=True)
     p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--row-group-tokens", type=int, required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
     join_gloo(a.port)
-    megatron.ROW_GROUP_TOKENS = olmo_numpy.ROW_GROUP_TOKENS = a.row_group_tokens
     steps = []
     with plitzer.torch.Dataset(a.data, **json.loads(a.opts)) as ds:
         for _ in range(a.steps):

@@ -23,7 +23,7 @@ import pytest
 
 import plitzer
 from planner.stores.storage import FileStat, Storage
-from plitzer.sources import megatron, olmo_numpy
+from plitzer.sources import megatron
 from tests.cloud_fixtures import CloudData, gcs
 from tests.s3_fixtures import S3Data, s3
 from tests.sources.test_source_kinds import (
@@ -40,8 +40,9 @@ from tests.sources.test_source_kinds import (
 __all__ = ["gcs", "s3"]  # the fixtures, imported for pytest
 
 NEW = ("arrow", "megatron", "numpy")
-THRESHOLD = 200
-"""Megatron's and numpy's row groups here: a run of documents ending at the first end at or after 200 tokens."""
+THRESHOLD = OPTIONS["megatron"]["row_group_tokens"]
+"""Megatron's and numpy's row groups here (their setting ``row_group_tokens``, in ``OPTIONS``): a run of documents
+ending at the first end at or after 200 tokens."""
 _PREFIXES = itertools.count()
 
 
@@ -64,10 +65,9 @@ NewKind = tuple[str, Path, Path, dict[str, Any]]
 
 @pytest.fixture(params=NEW)
 def new_kind(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> NewKind:
-    """A new kind's name, its source, the Parquet copy and its settings (a private cache, 200-token row groups)."""
+    """A new kind's name, its source, the Parquet copy and its settings (a private cache; Megatron's and numpy's
+    settings give 200-token row groups)."""
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(megatron, "ROW_GROUP_TOKENS", THRESHOLD)
-    monkeypatch.setattr(olmo_numpy, "ROW_GROUP_TOKENS", THRESHOLD)
     return (request.param, *_write(request.param, tmp_path))
 
 
@@ -168,21 +168,20 @@ def test_a_megatron_pair_in_s3_in_a_mixture_and_through_its_job_index(
     from plitzer.cli import main
 
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(megatron, "ROW_GROUP_TOKENS", THRESHOLD)
-    src, ref, _ = _write("megatron", tmp_path)
+    src, ref, opts = _write("megatron", tmp_path)
     prefix = f"kinds/pair-{next(_PREFIXES)}"
     for p in _files_of("megatron", src):
         s3.client().put_object(Bucket=s3.bucket, Key=f"{prefix}/{p.name}", Body=p.read_bytes())
     url = f"s3://{s3.bucket}/{prefix}/{src.name}.idx"
-    mix = {"m": url, "p": str(ref)}
+    mix = {"m": {"path": url, **opts}, "p": str(ref)}  # its row_group_tokens, a key of the source
     p = plitzer.plan(mix, storage_options=s3.options(), seed=3, lanes=4, window=2, seq_len=64)
     assert p.sources().sort("name")["tokens"].to_list() == [plitzer.index(ref).tokens] * 2
     job = tmp_path / "job.index"
     endpoint = ["--endpoint", s3.options()["endpoint"]]
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.options()["key"])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.options()["secret"])
-    assert main(["index", url, "--out", str(job), "--no-lengths", *endpoint]) == 0
-    got = _steps(url, index=str(job), storage_options=s3.options())
+    assert main(["index", url, "--out", str(job), "--no-lengths", *endpoint, *_flags(opts)]) == 0
+    got = _steps(url, index=str(job), storage_options=s3.options(), **opts)
     assert _same(got, _steps(ref))
 
 
@@ -205,8 +204,6 @@ def test_megatron_and_numpy_from_gcs_give_the_local_batches(
     kind: str, gcs: CloudData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(megatron, "ROW_GROUP_TOKENS", THRESHOLD)
-    monkeypatch.setattr(olmo_numpy, "ROW_GROUP_TOKENS", THRESHOLD)
     src, ref, opts = _write(kind, tmp_path)
     prefix = f"kinds/{kind}-{next(_PREFIXES)}"
     for p in _files_of(kind, src):
@@ -259,8 +256,6 @@ def test_best_fit_gives_the_parquet_copys_batches(new_kind: NewKind) -> None:
 
 def test_dedupe_tokens_gives_the_parquet_copys_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(megatron, "ROW_GROUP_TOKENS", THRESHOLD)
-    monkeypatch.setattr(olmo_numpy, "ROW_GROUP_TOKENS", THRESHOLD)
     for kind in NEW:
         src, ref, opts = _write(kind, tmp_path / kind, duplicates=True)
         got, want = _steps(src, dedupe="tokens", **opts), _steps(ref, dedupe="tokens")
@@ -293,7 +288,7 @@ def test_exclude_and_a_named_dedupe_key_are_refused_naming_the_kind(
 # -- planner.index, the CLI's help -------------------------------------------------------
 
 
-def test_planner_index_opens_an_arrow_folder_and_a_megatron_dataset(new_kind: NewKind) -> None:
+def test_planner_index_opens_an_arrow_folder_and_a_megatron_dataset(new_kind: NewKind, tmp_path: Path) -> None:
     import planner
     from planner.errors import ConfigError
 
@@ -303,6 +298,9 @@ def test_planner_index_opens_an_arrow_folder_and_a_megatron_dataset(new_kind: Ne
             planner.index(src)
         return
     ix = planner.index(src)
+    if kind == "megatron":  # planner.index takes no settings: row_group_tokens' default, 2**20 (one group here)
+        (tmp_path / "default").mkdir()
+        ref = write_parquet(documents(), tmp_path / "default", rule_groups(documents(), megatron.ROW_GROUP_TOKENS))
     assert ix.capabilities.kind == {"arrow": "arrow-ipc"}.get(kind, kind)
     keep = ["file_index", "row_group", "rows", "tokens", "empty_docs"]
     assert ix.frame.select(keep).equals(planner.index(ref).frame.select(keep))
@@ -359,7 +357,7 @@ def test_two_gloo_processes_read_a_megatron_dataset_as_world_1(tmp_path: Path) -
     src, ref, opts = _write("megatron", tmp_path)
     settings = {**CFG, "threads": 1}
     args = ["--data", str(src), "--opts", json.dumps({**settings, **opts}), "--steps", "4"]
-    got = gloo_job("kinds_worker.py", [*args, "--row-group-tokens", str(THRESHOLD)], tmp_path, "w2", 2, timeout=60)
+    got = gloo_job("kinds_worker.py", args, tmp_path, "w2", 2, timeout=60)  # row_group_tokens: one of opts
     with plitzer.Loader(ref, **settings) as ld:
         want = [ld.next_batch() for _ in range(4)]
     for i, w in enumerate(want):
