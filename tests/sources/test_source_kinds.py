@@ -4,7 +4,8 @@ Each kind's writer (``WRITERS``) writes the documents in its own format with the
 groups as a Parquet copy (the kind's rule, or one record batch a row group); every entry point
 then gives the same (a kind given its settings, ``OPTIONS``): batches at world 1 and 2 (ranks
 as threads sharing the index over a Collective, ``tests/share_fixtures.ThreadGroup``), a resume
-at another world, the plan's tables, the CLI's plan, and a mixture beside a Parquet source.
+at another world, the plan's tables, the CLI's plan, index, explain, locate and audit, and a mixture
+beside a Parquet source (object storage, the job index and the passes: tests/sources/test_kinds_everywhere.py).
 """
 
 from __future__ import annotations
@@ -197,6 +198,31 @@ def test_plan_tables_and_the_cli(kind: Kind, capsys: pytest.CaptureFixture[str])
     flags = [f"--{'data-format' if k == 'format' else k.replace('_', '-')}={v}" for k, v in opts.items()]
     for cmd in (["plan", str(src), "--lanes", "4", "--window", "2", *flags], ["index", str(src), *flags]):
         assert main(cmd) == 0
+
+
+def _cli_table(argv: list[str], capsys: pytest.CaptureFixture[str]) -> pl.DataFrame:
+    """A CLI command's table (``--format csv``), its ``file`` column left out (the kinds name their files)."""
+    capsys.readouterr()
+    assert main([*argv, "--format", "csv"]) == 0
+    got = pl.read_csv(capsys.readouterr().out.encode())
+    return got.drop([c for c in got.columns if c == "file"])
+
+
+def test_explain_locate_and_audit_give_the_parquet_copys(kind: Kind, tmp_path: Path, capsys: Any) -> None:
+    """The CLI's explain (a step's pieces), locate (a document named by file and number) and audit, per kind."""
+    src, ref, opts = kind
+    flags = [f"--{'data-format' if k == 'format' else k.replace('_', '-')}={v}" for k, v in opts.items()]
+    run = ["--seed", "3", "--lanes", "4", "--window", "2", "--seq-len", "64"]
+    tables = []
+    for path, more in ((src, flags), (ref, [])):
+        first = plitzer.plan(path, seed=3, lanes=4, window=2, **opts if path == src else {}).row_groups(0)["file"][0]
+        explain = _cli_table(["explain", str(path), *more, *run, "--step", "2"], capsys)
+        located = _cli_table(["locate", str(path), *more, *run, "--row", f"{first}:17", "--epochs", "0:1"], capsys)
+        tables.append((explain, located))
+        assert main(["audit", str(path), *more, *run, "--out", str(tmp_path / f"{path.name}.html")]) == 0
+    (e1, l1), (e2, l2) = tables
+    assert e1.height > 0 and e1.equals(e2)
+    assert l1.height > 0 and l1.equals(l2)
 
 
 def test_a_mixture_beside_parquet(kind: Kind) -> None:
