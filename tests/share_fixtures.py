@@ -28,6 +28,7 @@ __all__ = [
     "ThreadGroup",
     "assert_ranks_make_the_whole",
     "gloo_ranks",
+    "local_ray",
     "ray_with_caches",
     "nonempty_texts",
     "run_ranks",
@@ -124,23 +125,34 @@ def assert_ranks_make_the_whole(ranks: Sequence[Any], whole: Any, steps: int) ->
         assert got.tobytes() == want.tobytes(), f"step {t}"
 
 
-@contextmanager
-def ray_with_caches(tmp_path: Path, monkeypatch: Any) -> Iterator[Any]:
-    """A local Ray runtime (2 CPUs) whose workers share a cache folder apart from this process's; skips without Ray."""
+def local_ray() -> Any:
+    """The test process's local Ray runtime (2 CPUs, no dashboard), started by the first test that asks and
+    left to Ray's own shutdown at exit: each start cost 10-20 CPU s (raylet, GCS, workers), five times in
+    the e2e run. Its workers' cache is a folder of their own, apart from every test's (``PLITZER_CACHE``);
+    skips without Ray."""
+    import tempfile
+
     import pytest
 
     ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'plitzer[ray]')")
+    if not ray.is_initialized():
+        workers = tempfile.mkdtemp(prefix="plitzer-ray-workers-")
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PLITZER_CACHE": workers}},
+        )
+    return ray
+
+
+@contextmanager
+def ray_with_caches(tmp_path: Path, monkeypatch: Any) -> Iterator[Any]:
+    """:func:`local_ray`, this process's cache a folder of the test's own (``tmp_path / "cache"``), apart from
+    the Ray workers'; skips without Ray."""
+    ray = local_ray()
     monkeypatch.setenv("PLITZER_CACHE", str(tmp_path / "cache"))
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PLITZER_CACHE": str(tmp_path / "workers")}},
-    )
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+    yield ray
 
 
 def utf8_bytes(texts: list[str]) -> list[list[int]]:

@@ -462,9 +462,16 @@ def _user_folder(d: Path) -> Path:
 
 def _shared_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The data the docs make first (``_FIRST``), made once for the whole run, by the first
-    worker that asks under a lock (each of the workers made it again before: ~15 s each)."""
+    worker that asks under a lock (each of the workers made it again before: ~15 s each).
+
+    ``PLITZER_TESTS_DOCS_DATA`` names a folder that runs share: .ci/run's two runs (the README's
+    test command and the e2e suites, which run the heaviest commands) make it once between them.
+    """
     base = tmp_path_factory.getbasetemp()
     root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # shared by every worker of this run
+    if os.environ.get("PLITZER_TESTS_DOCS_DATA"):
+        root = Path(os.environ["PLITZER_TESTS_DOCS_DATA"])
+        root.mkdir(parents=True, exist_ok=True)
     made = root / "docs-data"
     with (root / "docs-data.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -537,7 +544,7 @@ _RUNNABLE = [
 # generated FineWeb-shaped files: 40 and 22 s; tests/planning/test_cluster_scale.py and
 # tests/sources/test_real_shapes.py), two torchrun ranks of train_tiny (22 s; the one-process
 # example runs here, tests/state/test_distributed.py kills and resumes such ranks) and the exit
-# stress's command line (31 s; CI's own step runs the stress at 200 processes).
+# stress's command line (31 s; CI's own step runs the stress at full size).
 HEAVY = (
     "python -m plitzer.bench.baseline data/",
     "python benchmarks/cluster.py --shapes",

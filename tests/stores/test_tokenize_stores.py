@@ -236,14 +236,12 @@ def test_tokenize_command_line_with_urls_and_variables(
         assert got[rel]["input_ids"].equals(table["input_ids"]), rel
 
 
-@pytest.fixture
-def local_ray() -> Iterator[Any]:
-    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'plitzer[ray]')")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+@pytest.fixture(name="local_ray")
+def _local_ray() -> Any:
+    """The process's one Ray runtime (tests/share_fixtures.py)."""
+    from tests.share_fixtures import local_ray
+
+    return local_ray()
 
 
 @pytest.mark.ray

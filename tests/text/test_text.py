@@ -15,7 +15,7 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -353,16 +353,12 @@ def test_tokenize_killed_and_rerun(bpe: Any, tmp_path: Path) -> None:
     assert again.stdout.startswith("wrote 0 files (8 already complete)")
 
 
-@pytest.fixture
-def local_ray() -> Iterator[Any]:
-    ray = pytest.importorskip(
-        "ray", reason="ray is not installed (pip install 'plitzer[ray]'); the Ray engine test skips"
-    )
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+@pytest.fixture(name="local_ray")
+def _local_ray() -> Any:
+    """The process's one Ray runtime (tests/share_fixtures.py)."""
+    from tests.share_fixtures import local_ray
+
+    return local_ray()
 
 
 @pytest.mark.ray
