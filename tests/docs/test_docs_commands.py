@@ -224,24 +224,15 @@ RULES: dict[str, Rule] = {
     ),
     "python -m plitzer.bench.baseline": synopsis("python -m plitzer.bench.baseline"),
     "python -m plitzer.bench.baseline --help": R,
-    # The harness on the docs' own data folders, with plitzer: each peer runs end to end
-    # (rows, resume) in tests/lifecycle/test_bench.py. The two text commands scale to one run.
+    # The harness on the docs' own data folders: tests/lifecycle/test_bench.py runs it end to end
+    # (baseline.main, plitzer and every installed peer: rows, resume); here, that the command starts.
     "python -m plitzer.bench.baseline data/text --loaders plitzer,mosaic,hf,hf-stream --batch 64 --workers 2 --setup": (
-        scaled(
-            "python -m plitzer.bench.baseline data/text --loaders plitzer --batch 8 --workers 1 "
-            "--time-limit 0.5 --repeat 1 --no-resume --work {scratch}/bench-work",
-        )
+        synopsis("python -m plitzer.bench.baseline")
     ),
     "python -m plitzer.bench.baseline data/text --loaders plitzer,litdata,grain,mosaic,hf,hf-stream --batch 64 "
-    "--workers 2 --setup": scaled(
-        "python -m plitzer.bench.baseline data/text --loaders plitzer --batch 8 --workers 1 "
-        "--time-limit 0.5 --repeat 1 --no-resume --work {scratch}/bench-work",
-    ),
+    "--workers 2 --setup": synopsis("python -m plitzer.bench.baseline"),
     "python -m plitzer.bench.baseline data/synth-300M --loaders plitzer,mosaic,hf,hf-stream --batch 64 --workers 2 "
-    "--setup": scaled(  # the same run as the text commands' (one harness run: 31 s of a worker each)
-        "python -m plitzer.bench.baseline data/text --loaders plitzer --batch 8 --workers 1 "
-        "--time-limit 0.5 --repeat 1 --no-resume --work {scratch}/bench-work",
-    ),
+    "--setup": synopsis("python -m plitzer.bench.baseline"),
     # the examples, as their docstrings give them (torchrun where they use torchrun)
     "python docs/examples/train_tiny.py": R,  # trains, checkpoints model and data, resumes: the output is checked
     "python docs/examples/train_tiny.py DATA_DIR": scaled("python docs/examples/train_tiny.py data/sample"),
@@ -537,22 +528,27 @@ _RUNNABLE = [
 ]
 
 
-# The heaviest runs (20-55 s of a worker each, alone) are end-to-end: `python -m pytest -m e2e`
-# runs them (CI's side lane), the README's test command leaves them out. Each is a larger
-# shape of a command that runs here too, the peers' harness (tests/lifecycle/test_bench.py's too),
-# or processes of their own whose paths other tests take: the real-shapes cluster runs (gloo ranks,
-# generated FineWeb-shaped files: 40 and 22 s; tests/planning/test_cluster_scale.py and
+# The heaviest runs are end-to-end: `python -m pytest -m e2e` runs them (CI), the README's test
+# command leaves them out. Each is a larger shape of a command that runs here too, or a process
+# of its own whose paths other tests take: the real-shapes cluster runs (gloo ranks, generated
+# FineWeb-shaped files: 40 and 22 s; tests/planning/test_cluster_scale.py and
 # tests/sources/test_real_shapes.py), two torchrun ranks of train_tiny (22 s; the one-process
-# example runs here, tests/state/test_distributed.py kills and resumes such ranks) and the exit
-# stress's command line (31 s; CI's own step runs the stress at full size).
+# example runs here, tests/state/test_distributed.py kills and resumes such ranks), the exit
+# stress's command line (31 s; CI's own step runs the stress at full size), and, at 8-12 s each,
+# benchmarks at their smallest (memory, simulated store latency, the dedupe pass, tokenizing)
+# and the examples that mask or pack whole documents (tests/readpath, tests/selection and
+# tests/text take each path).
 HEAVY = (
-    "python -m plitzer.bench.baseline data/",
     "python benchmarks/cluster.py --shapes",
     "python benchmarks/cluster.py --real",
-    "python benchmarks/dedupe_pass.py --docs 5000000",
+    "python benchmarks/dedupe_pass.py",
+    "python benchmarks/memory.py",
+    "python benchmarks/s3.py --latency-ms",
+    "python benchmarks/tokenize_text.py",
     "python docs/examples/train_tiny.py DATA_DIR",
+    "python docs/examples/whole_documents.py",
+    "python docs/examples/sft_mask.py",
     "torchrun --nproc-per-node 2 docs/examples/train_tiny.py",
-    "python benchmarks/memory.py --data",
     "python tests/exit_stress.py",
 )
 _PARAMS = [pytest.param(c, marks=pytest.mark.e2e) if c.startswith(HEAVY) else c for c in _RUNNABLE]

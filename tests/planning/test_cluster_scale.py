@@ -76,6 +76,7 @@ def test_reads_equal_the_full_rank_table(seed: int) -> None:
 # -- the cluster benchmark's real run -------------------------------------------------------
 
 
+@pytest.mark.e2e  # a gloo job against a store at scale: the e2e run's
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(sys.platform == "win32", reason="gloo process groups on loopback are tested on POSIX")
 def test_the_real_run_counts_one_listing_and_a_footer_a_file(tmp_path: Path) -> None:

@@ -58,6 +58,7 @@ def test_row_group_larger_than_the_budget_fails_at_construction(tmp_path: Path) 
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # a size extreme at scale: the e2e run's
 @pytest.mark.timeout(120)
 def test_twenty_thousand_tiny_row_groups(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)

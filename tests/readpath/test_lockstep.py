@@ -34,6 +34,7 @@ def tiny_row_groups(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # thousands of windows: a long run, the e2e run's
 @pytest.mark.filterwarnings("ignore::plitzer.PerformanceWarning")  # the floor has no room to prefetch
 @pytest.mark.parametrize(("window", "world", "budget"), [(1, 1, "floor"), (2, 2, "large")])
 def test_thousands_of_windows_hold_two_plus_prefetch(

@@ -188,6 +188,7 @@ FAST = {"backoff": 0.05, "read_timeout": 5, "connect_timeout": 2}
 # slow: 20 s of waiting, by design. The long tests run first (tests/conftest.py), where CI's
 # side lane fills the core a wait leaves idle; met last, it idled a core for half a minute.
 @pytest.mark.slow
+@pytest.mark.e2e  # 20 s of a store away, by design: the e2e run's
 @pytest.mark.timeout(90)
 def test_a_store_away_longer_than_the_old_budget_gives_the_same_batches(
     s3: S3Data, refusing: FaultProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
