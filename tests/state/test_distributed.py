@@ -41,7 +41,7 @@ EVERY = 4
 
 
 # Real processes and gloo: the slowest tests; the checkout run of .ci/run runs them.
-pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # killed and resumed gloo jobs: the e2e run's
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

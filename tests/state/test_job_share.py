@@ -34,7 +34,7 @@ WORKER = ROOT / "tests" / "share_worker.py"
 WORLD = 4
 STEPS = 3
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # gloo jobs of 4 processes against S3: the e2e run's
+pytestmark = pytest.mark.slow
 
 
 def _run_job(source: str, opts: dict[str, str] | None, out: Path, mode: str = "dataset") -> None:

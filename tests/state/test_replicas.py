@@ -26,7 +26,7 @@ from tests.replica_worker import SETTINGS
 from tests.s3_fixtures import FaultProxy, S3Data, s3
 
 pytest.importorskip("torch")
-pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # DP x TP meshes of gloo processes against S3: the e2e run's
+pytestmark = pytest.mark.slow  # real processes and gloo (the checkout run of .ci/run runs it)
 __all__ = ["s3"]  # the fixture, imported for pytest
 
 FIELDS = (
